@@ -1,0 +1,167 @@
+//! The math of one attention block, independent of schedules and communication.
+//!
+//! Every tensor here is *head-major*: `[batch, heads, rows, head_dim]` for Q, K, V, O and their
+//! gradients, `[batch, heads, rows]` for per-row statistics (m, l, LSE, D). Head-major keeps one
+//! head's rows contiguous, which is what both the CPU tiles and the GPU kernels read. The public
+//! file format (`--save`) is `[batch, seq, heads, head_dim]`; `layout` converts at that edge.
+//!
+//! A block is the query rows of one chunk against the key/value rows of another. Rows carry their
+//! absolute position in the sequence (`Span`), so the causal mask is "key position ≤ query
+//! position" for any pair of chunks, of any sizes.
+
+mod block;
+pub mod layout;
+mod merge;
+pub mod oracle;
+
+pub use block::{backward_block, forward_block};
+pub use merge::{delta, finalize, merge};
+
+use anyhow::{Result, bail};
+
+/// Largest head dimension any backend accepts; tiles and GPU registers are sized for it.
+pub const MAX_HEAD_DIM: usize = 256;
+
+/// The shape of an attention problem apart from sequence length.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Dims {
+    pub batch: usize,
+    /// Query heads.
+    pub heads: usize,
+    /// Key/value heads; query head `h` reads KV head `h / (heads / kv_heads)` (GQA/MQA).
+    pub kv_heads: usize,
+    pub head_dim: usize,
+}
+
+impl Dims {
+    /// Checks the shape once, up front, so kernels can assume it and users get one sentence.
+    pub fn validate(&self) -> Result<()> {
+        if self.batch == 0 {
+            bail!("batch must be at least 1");
+        }
+        if self.heads == 0 || self.kv_heads == 0 {
+            bail!("heads and kv-heads must be at least 1");
+        }
+        if self.heads % self.kv_heads != 0 {
+            bail!(
+                "heads ({}) must be a multiple of kv-heads ({}): each KV head serves an equal group of query heads",
+                self.heads,
+                self.kv_heads
+            );
+        }
+        if self.head_dim == 0 || self.head_dim > MAX_HEAD_DIM {
+            bail!(
+                "head dim {} is unsupported: use 1..={MAX_HEAD_DIM}",
+                self.head_dim
+            );
+        }
+        Ok(())
+    }
+
+    /// Query heads per KV head.
+    pub fn group(&self) -> usize {
+        self.heads / self.kv_heads
+    }
+
+    /// Softmax scale 1/sqrt(head_dim).
+    pub fn scale(&self) -> f32 {
+        1.0 / (self.head_dim as f32).sqrt()
+    }
+
+    /// Elements of a query-side tensor (Q, O, dO, dQ) with `rows` rows.
+    pub fn q_len(&self, rows: usize) -> usize {
+        self.batch * self.heads * rows * self.head_dim
+    }
+
+    /// Elements of a key/value-side tensor (K, V, dK, dV) with `rows` rows.
+    pub fn kv_len(&self, rows: usize) -> usize {
+        self.batch * self.kv_heads * rows * self.head_dim
+    }
+
+    /// Elements of a per-row statistic (m, l, LSE, D) with `rows` rows.
+    pub fn stat_len(&self, rows: usize) -> usize {
+        self.batch * self.heads * rows
+    }
+}
+
+/// A run of consecutive sequence positions `[start, start + len)`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Span {
+    pub start: usize,
+    pub len: usize,
+}
+
+impl Span {
+    pub fn end(&self) -> usize {
+        self.start + self.len
+    }
+}
+
+/// Query rows `q` against key/value rows `kv` under the causal mask.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Block {
+    pub q: Span,
+    pub kv: Span,
+}
+
+impl Block {
+    /// Number of (query, key) pairs the causal mask leaves visible: the block's work.
+    pub fn visible_pairs(&self) -> u64 {
+        (self.q.start..self.q.end())
+            .map(|p| (p + 1).saturating_sub(self.kv.start).min(self.kv.len) as u64)
+            .sum()
+    }
+
+    /// Keys (local indices `0..n`) visible to query rows `rows` (local indices): a prefix.
+    pub(crate) fn visible_keys(&self, last_row: usize) -> usize {
+        (self.q.start + last_row + 1)
+            .saturating_sub(self.kv.start)
+            .min(self.kv.len)
+    }
+}
+
+/// Online-softmax state of one query chunk while blocks are folded in: running max `m`, running
+/// sum `l` (both `[b, h, rows]`) and the unnormalised accumulator `acc` (`[b, h, rows, d]`).
+#[derive(Clone, Debug)]
+pub struct RunningState<T> {
+    pub m: T,
+    pub l: T,
+    pub acc: T,
+}
+
+/// A finished (or partial) attention result: `out` `[b, h, rows, d]` and natural-log `lse`
+/// `[b, h, rows]`. Two partials over disjoint key sets merge exactly (`merge`).
+#[derive(Clone, Debug)]
+pub struct Partial<T> {
+    pub out: T,
+    pub lse: T,
+}
+
+/// Gradients a block backward accumulates into.
+#[derive(Clone, Debug)]
+pub struct Grads<T> {
+    pub dq: T,
+    pub dk: T,
+    pub dv: T,
+}
+
+/// The saved query-side tensors a block backward reads: the query, the output gradient, and the
+/// final LSE and D = rowsum(dO ∘ O) of those rows.
+#[derive(Clone, Copy, Debug)]
+pub struct QuerySide<'a, T> {
+    pub q: &'a T,
+    pub dout: &'a T,
+    pub lse: &'a T,
+    pub delta: &'a T,
+}
+
+/// Forward FLOPs of a causal attention over `seq` tokens, counted as the usual 4·N²·H·d/2 (two
+/// matrix products over the visible half), so our rates compare with published ones.
+pub fn causal_forward_flops(dims: &Dims, seq: usize) -> f64 {
+    4.0 * (seq as f64).powi(2) * dims.heads as f64 * dims.head_dim as f64 * dims.batch as f64 / 2.0
+}
+
+/// Backward FLOPs: 2.5× forward (five matrix products instead of two), the FlashAttention count.
+pub fn causal_backward_flops(dims: &Dims, seq: usize) -> f64 {
+    2.5 * causal_forward_flops(dims, seq)
+}

@@ -1,0 +1,82 @@
+//! Devices that run the block math. `exec` drives any `Backend` through the same calls, so a
+//! schedule checked on the CPU runs unchanged on a GPU.
+
+pub mod cpu;
+
+use crate::attn::{Block, Dims, Grads, Partial, QuerySide, RunningState};
+use anyhow::Result;
+
+/// The block API every device implements. Tensors are head-major (see `attn`); the backend
+/// chooses their storage type and precision (f32 host vectors on the CPU, device buffers on CUDA).
+/// Per-row statistics and gradient accumulators are always at least f32.
+pub trait Backend: Sync {
+    /// A tensor on this device.
+    type Tensor: Send + Sync;
+
+    /// Short name for reports ("cpu", "cuda:0").
+    fn name(&self) -> String;
+
+    /// Copies host f32 data to the device, in the backend's input precision.
+    fn upload(&self, host: &[f32]) -> Result<Self::Tensor>;
+
+    /// Copies a tensor back to the host as f32.
+    fn download(&self, tensor: &Self::Tensor) -> Result<Vec<f32>>;
+
+    /// A zero-filled accumulator (f32) of `len` elements.
+    fn zeros(&self, len: usize) -> Result<Self::Tensor>;
+
+    /// `dst += src`, elementwise, for gradient accumulators.
+    fn add_assign(&self, dst: &mut Self::Tensor, src: &Self::Tensor) -> Result<()>;
+
+    /// A fresh online-softmax state for `rows` query rows: m = −∞, l = 0, acc = 0.
+    fn new_state(&self, dims: &Dims, rows: usize) -> Result<RunningState<Self::Tensor>>;
+
+    /// Folds block (Q rows `block.q`, K/V rows `block.kv`) into `state`, causal mask by position.
+    fn forward_block(
+        &self,
+        dims: &Dims,
+        block: Block,
+        q: &Self::Tensor,
+        k: &Self::Tensor,
+        v: &Self::Tensor,
+        state: &mut RunningState<Self::Tensor>,
+    ) -> Result<()>;
+
+    /// Turns a running state into (O, LSE); rows that saw no key get O = 0, LSE = −∞.
+    fn finalize(
+        &self,
+        dims: &Dims,
+        rows: usize,
+        state: RunningState<Self::Tensor>,
+    ) -> Result<Partial<Self::Tensor>>;
+
+    /// Merges `other` into `into`; both cover the same rows over disjoint keys.
+    fn merge(
+        &self,
+        dims: &Dims,
+        rows: usize,
+        into: &mut Partial<Self::Tensor>,
+        other: &Partial<Self::Tensor>,
+    ) -> Result<()>;
+
+    /// D = rowsum(dO ∘ O), the backward's per-row constant (f32, `[b, h, rows]`).
+    fn delta(
+        &self,
+        dims: &Dims,
+        rows: usize,
+        out: &Self::Tensor,
+        dout: &Self::Tensor,
+    ) -> Result<Self::Tensor>;
+
+    /// Backward of one block from the final O's statistics: accumulates dQ (for `block.q` rows)
+    /// and dK, dV (for `block.kv` rows) into `grads`.
+    fn backward_block(
+        &self,
+        dims: &Dims,
+        block: Block,
+        query: QuerySide<'_, Self::Tensor>,
+        k: &Self::Tensor,
+        v: &Self::Tensor,
+        grads: &mut Grads<Self::Tensor>,
+    ) -> Result<()>;
+}
