@@ -12,7 +12,7 @@ use clap::{Parser, Subcommand};
 use cudarc::driver::sys::CUevent_flags;
 use distflash::attn::{self, Block, Dims, Grads, Partial, QuerySide, Span};
 use distflash::backend::Backend;
-use distflash::backend::cuda::{CudaBackend, InputDtype, Tensor};
+use distflash::backend::cuda::{CudaBackend, InputDtype, Tensor, Tuning};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use rayon::prelude::*;
@@ -22,9 +22,18 @@ struct Cli {
     /// GPU ordinal.
     #[arg(long, default_value_t = 0)]
     device: usize,
-    /// Warps per backward CTA (4 or 8).
-    #[arg(long, default_value_t = 8)]
-    bwd_warps: usize,
+    /// Kernel variant: warps per forward CTA (4, 8, 12).
+    #[arg(long)]
+    fwd_warps: Option<usize>,
+    /// Kernel variant: m16 row tiles per forward warp (1, 2).
+    #[arg(long)]
+    fwd_mtiles: Option<usize>,
+    /// Kernel variant: Q fragments in registers.
+    #[arg(long)]
+    fwd_qreg: Option<bool>,
+    /// Kernel variant: warps per backward CTA (4, 8).
+    #[arg(long)]
+    bwd_warps: Option<usize>,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -46,6 +55,9 @@ enum Cmd {
         /// Where to write one JSON object per measurement.
         #[arg(long)]
         json: Option<std::path::PathBuf>,
+        /// Time the forward only (when comparing forward variants).
+        #[arg(long)]
+        fwd_only: bool,
     },
     /// Writes q, k, v, dout and our out, lse, dq, dk, dv to a safetensors file.
     Dump {
@@ -68,7 +80,26 @@ enum Cmd {
 
 fn main() -> Result<()> {
     let cli = Cli::parse();
-    let open = |dtype| CudaBackend::new(cli.device, dtype)?.with_backward_warps(cli.bwd_warps);
+    // Any variant flag overrides the per-head-dim defaults (for all head dims run).
+    let overridden = cli.fwd_warps.is_some()
+        || cli.fwd_mtiles.is_some()
+        || cli.fwd_qreg.is_some()
+        || cli.bwd_warps.is_some();
+    let d = Tuning::for_head_dim(128);
+    let tuning = Tuning {
+        fwd_warps: cli.fwd_warps.unwrap_or(d.fwd_warps),
+        fwd_mtiles: cli.fwd_mtiles.unwrap_or(d.fwd_mtiles),
+        fwd_q_in_registers: cli.fwd_qreg.unwrap_or(d.fwd_q_in_registers),
+        bwd_warps: cli.bwd_warps.unwrap_or(d.bwd_warps),
+    };
+    let open = |dtype| {
+        let be = CudaBackend::new(cli.device, dtype)?;
+        if overridden {
+            be.with_tuning(tuning)
+        } else {
+            Ok(be)
+        }
+    };
     match cli.cmd {
         Cmd::Check => check(&open),
         Cmd::Bench {
@@ -77,7 +108,15 @@ fn main() -> Result<()> {
             heads,
             dtype,
             json,
-        } => bench(&open(dtype)?, &seqs, &head_dims, heads, json.as_deref()),
+            fwd_only,
+        } => bench(
+            &open(dtype)?,
+            &seqs,
+            &head_dims,
+            heads,
+            json.as_deref(),
+            fwd_only,
+        ),
         Cmd::Dump {
             out,
             batch,
@@ -431,6 +470,7 @@ fn bench(
     head_dims: &[usize],
     heads: usize,
     json: Option<&std::path::Path>,
+    fwd_only: bool,
 ) -> Result<()> {
     let mut lines = vec![];
     for &head_dim in head_dims {
@@ -452,16 +492,30 @@ fn bench(
             let f_ms = time_ms(be, reps, &mut run_fwd)?;
             let mut run_bwd =
                 || be.causal_backward_into(&dims, seq, &p.q, &p.k, &p.v, &fwd, &p.dout, &mut grads);
-            let b_ms = time_ms(be, reps, &mut run_bwd)?;
+            let b_ms = if fwd_only {
+                f64::NAN
+            } else {
+                time_ms(be, reps, &mut run_bwd)?
+            };
             be.synchronize()?;
             let ff = attn::causal_forward_flops(&dims, seq);
             let bf = attn::causal_backward_flops(&dims, seq);
-            let tf = |flops: f64, ms: f64| flops / (ms * 1e-3) / 1e12;
+            // JSON has no NaN: an untimed quantity is null.
+            let num = |x: f64, digits: usize| {
+                if x.is_finite() {
+                    format!("{x:.digits$}")
+                } else {
+                    "null".into()
+                }
+            };
+            let tf = |flops: f64, ms: f64| num(flops / (ms * 1e-3) / 1e12, 1);
             let line = format!(
                 "{{\"impl\":\"distflash\",\"dtype\":\"{}\",\"seq\":{seq},\"heads\":{heads},\"head_dim\":{head_dim},\
-                 \"bwd_warps\":{},\"fwd_ms\":{f_ms:.4},\"bwd_ms\":{b_ms:.4},\"fwd_tflops\":{:.1},\"bwd_tflops\":{:.1},\"fwdbwd_tflops\":{:.1},\"reps\":{reps}}}",
+                 \"tuning\":\"{:?}\",\"fwd_ms\":{},\"bwd_ms\":{},\"fwd_tflops\":{},\"bwd_tflops\":{},\"fwdbwd_tflops\":{},\"reps\":{reps}}}",
                 be.dtype().name(),
-                be.backward_warps(),
+                be.tuning(head_dim),
+                num(f_ms, 4),
+                num(b_ms, 4),
                 tf(ff, f_ms),
                 tf(bf, b_ms),
                 tf(ff + bf, f_ms + b_ms)

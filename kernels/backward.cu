@@ -201,7 +201,7 @@ extern "C" __global__ void __launch_bounds__(BWD_THREADS, 8 / BWD_WARPS)
         constexpr int PARTS = BWD_WARPS / 4;
         constexpr int COLS = D / PARTS;
         const int mq = (warp % 4) * 16;
-        constexpr int CH = COLS < 64 ? COLS : 64;  // columns per pass: bounds the registers
+        constexpr int CH = COLS < 32 ? COLS : 32;  // columns per pass: 32 keeps W=8 free of spills
         const int col_base = (warp / 4) * COLS;
 #pragma unroll
         for (int cc = 0; cc < COLS; cc += CH) {

@@ -6,6 +6,7 @@
 //! (including the `#define`s that select head dim and dtype), the options, the architecture and
 //! the NVRTC version.
 
+use super::launch::Tuning;
 use anyhow::{Context, Result, bail};
 use cudarc::nvrtc::{CompileError, CompileOptions, Ptx};
 use std::path::{Path, PathBuf};
@@ -16,11 +17,11 @@ const BACKWARD: &str = include_str!("../../../kernels/backward.cu");
 const ROWS: &str = include_str!("../../../kernels/rows.cu");
 
 /// The full translation unit for one kernel variant: the selecting `#define`s, then the sources.
-pub(crate) fn kernel_source(head_dim: usize, bf16: bool, bwd_warps: usize) -> String {
+pub(crate) fn kernel_source(head_dim: usize, bf16: bool, tuning: &Tuning) -> String {
     let dtype = if bf16 { "DTYPE_BF16" } else { "DTYPE_F16" };
     format!(
-        "#define HEAD_DIM {head_dim}\n#define {dtype}\n#define BWD_WARPS {bwd_warps}\n\
-         {COMMON}\n{FORWARD}\n{BACKWARD}\n{ROWS}"
+        "#define HEAD_DIM {head_dim}\n#define {dtype}\n{}{COMMON}\n{FORWARD}\n{BACKWARD}\n{ROWS}",
+        tuning.defines()
     )
 }
 
@@ -174,9 +175,11 @@ mod tests {
 
     #[test]
     fn source_selects_variant() {
-        let s = kernel_source(128, true, 8);
-        assert!(s.starts_with("#define HEAD_DIM 128\n#define DTYPE_BF16\n#define BWD_WARPS 8\n"));
-        assert!(kernel_source(64, false, 4).contains("#define DTYPE_F16"));
+        let t = Tuning::for_head_dim(128);
+        let s = kernel_source(128, true, &t);
+        assert!(s.starts_with("#define HEAD_DIM 128\n#define DTYPE_BF16\n#define FWD_WARPS 8\n"));
+        assert!(s.contains("#define BWD_WARPS 8\n"));
+        assert!(kernel_source(64, false, &t).contains("#define DTYPE_F16"));
         assert!(s.contains("fwd_final") && s.contains("bwd_block") && s.contains("merge_rows"));
         assert!(compile_options(9, 0)[0].ends_with("compute_90"));
     }

@@ -23,6 +23,8 @@
 mod compile;
 mod launch;
 
+pub use launch::Tuning;
+
 use super::Backend;
 use crate::attn::{Block, Dims, Grads, Partial, QuerySide, RunningState, Span};
 use anyhow::{Result, bail};
@@ -172,7 +174,8 @@ struct Kernels {
 pub struct CudaBackend {
     ordinal: usize,
     dtype: InputDtype,
-    bwd_warps: usize,
+    /// `None`: the per-head-dim default ([`Tuning::for_head_dim`]).
+    tuning: Option<Tuning>,
     capability: (i32, i32),
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
@@ -201,7 +204,7 @@ impl CudaBackend {
         Ok(CudaBackend {
             ordinal,
             dtype,
-            bwd_warps: 8,
+            tuning: None,
             capability,
             ctx,
             stream,
@@ -209,16 +212,11 @@ impl CudaBackend {
         })
     }
 
-    /// Chooses how many warps (4 or 8) a backward CTA has: 8 halves the dQ atomics, 4 lets two
-    /// CTAs share a multiprocessor. A tuning knob; the default is the faster on an H200.
-    pub fn with_backward_warps(mut self, warps: usize) -> Result<Self> {
-        if !launch::BWD_WARP_CHOICES.contains(&warps) {
-            bail!(
-                "backward warps must be one of {:?}, not {warps}",
-                launch::BWD_WARP_CHOICES
-            );
-        }
-        self.bwd_warps = warps;
+    /// Selects another kernel shape variant for every head dim (see [`Tuning`]); for re-tuning
+    /// on other GPUs.
+    pub fn with_tuning(mut self, tuning: Tuning) -> Result<Self> {
+        tuning.validate()?;
+        self.tuning = Some(tuning);
         self.kernels
             .lock()
             .map_err(|_| anyhow::anyhow!("kernel cache lock poisoned"))?
@@ -226,9 +224,10 @@ impl CudaBackend {
         Ok(self)
     }
 
-    /// Warps per backward CTA (see [`Self::with_backward_warps`]).
-    pub fn backward_warps(&self) -> usize {
-        self.bwd_warps
+    /// The kernel shape variant used for `head_dim`.
+    pub fn tuning(&self, head_dim: usize) -> Tuning {
+        self.tuning
+            .unwrap_or_else(|| Tuning::for_head_dim(head_dim))
     }
 
     /// The input dtype chosen at construction.
@@ -267,8 +266,11 @@ impl CudaBackend {
         if let Some(k) = map.get(&head_dim) {
             return Ok(k.clone());
         }
-        let source =
-            compile::kernel_source(head_dim, self.dtype == InputDtype::Bf16, self.bwd_warps);
+        let source = compile::kernel_source(
+            head_dim,
+            self.dtype == InputDtype::Bf16,
+            &self.tuning(head_dim),
+        );
         let ptx = compile::compile_cached(&source, self.capability.0, self.capability.1)?;
         let module = self
             .ctx
@@ -291,11 +293,17 @@ impl CudaBackend {
             delta_half: f("delta_half")?,
         };
         let smem = [
-            (&kernels.fwd_final, launch::forward_smem(head_dim)),
-            (&kernels.fwd_state, launch::forward_smem(head_dim)),
+            (
+                &kernels.fwd_final,
+                launch::forward_smem(head_dim, &self.tuning(head_dim)),
+            ),
+            (
+                &kernels.fwd_state,
+                launch::forward_smem(head_dim, &self.tuning(head_dim)),
+            ),
             (
                 &kernels.bwd_block,
-                launch::backward_smem(head_dim, self.bwd_warps),
+                launch::backward_smem(head_dim, self.tuning(head_dim).bwd_warps),
             ),
         ];
         for (func, bytes) in smem {
@@ -372,7 +380,7 @@ impl CudaBackend {
             ),
         };
         let lse = f32_mut(&mut out.lse, dims.stat_len(qn), "LSE")?;
-        let cfg = launch::forward_config(dims, qn)?;
+        let cfg = launch::forward_config(dims, qn, &self.tuning(dims.head_dim))?;
         let ints = block_ints(dims, block)?;
         let scale_log2 = dims.scale() * std::f32::consts::LOG2_E;
         let mut b = self.stream.launch_builder(&kern.fwd_final);
@@ -595,7 +603,7 @@ impl Backend for CudaBackend {
         let m = f32_mut(&mut state.m, dims.stat_len(qn), "the running max")?;
         let l = f32_mut(&mut state.l, dims.stat_len(qn), "the running sum")?;
         let acc = f32_mut(&mut state.acc, dims.q_len(qn), "the accumulator")?;
-        let cfg = launch::forward_config(dims, qn)?;
+        let cfg = launch::forward_config(dims, qn, &self.tuning(dims.head_dim))?;
         let ints = block_ints(dims, block)?;
         let scale_log2 = dims.scale() * std::f32::consts::LOG2_E;
         let mut b = self.stream.launch_builder(&kern.fwd_state);
@@ -701,7 +709,7 @@ impl Backend for CudaBackend {
         let dq = f32_mut(&mut grads.dq, dims.q_len(qn), "dQ")?;
         let dk = f32_mut(&mut grads.dk, dims.kv_len(kvn), "dK")?;
         let dv = f32_mut(&mut grads.dv, dims.kv_len(kvn), "dV")?;
-        let cfg = launch::backward_config(dims, kvn, self.bwd_warps)?;
+        let cfg = launch::backward_config(dims, kvn, self.tuning(dims.head_dim).bwd_warps)?;
         let ints = block_ints(dims, block)?;
         let scale = dims.scale();
         let mut b = self.stream.launch_builder(&kern.bwd_block);
