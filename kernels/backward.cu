@@ -5,8 +5,9 @@
 // can see its keys, streaming Q, dO, LSE and D through a two-stage cp.async pipeline. Per tile:
 //   Sᵀ = K·Qᵀ,  Pᵀ = exp2(scale·log2e·Sᵀ − LSE·log2e),  dV += Pᵀ·dO,
 //   dPᵀ = V·dOᵀ, dSᵀ = Pᵀ∘(dPᵀ − D),  dK += dSᵀ·Q,
-// then dSᵀ goes to shared memory and the warps compute dQ += dS·K for the tile, added to the f32
-// dQ accumulator with vector atomics (other key tiles add to the same rows). dK and dV are added
+// then dSᵀ goes to shared memory (two buffers) and, one tile later, the warps compute dQ += dS·K
+// for it, added to the f32 dQ accumulator with vector atomics (other key tiles add to the same
+// rows). dK and dV are added
 // (atomically: GQA heads share them) at the end. All three gradients therefore *accumulate*,
 // which is exactly the block API's contract. The softmax scale is applied to dQ and dK on the
 // way out.
@@ -48,6 +49,7 @@ extern "C" __global__ void __launch_bounds__(BWD_THREADS, 8 / BWD_WARPS)
     const u16* Vh = V + (size_t)kvh * kv_len * D;
 
     constexpr u32 Q_STAGE = BWD_BQ * D * 2;
+    constexpr u32 DS_STAGE = BWD_BKV * BWD_BQ * 2;
     const u32 sK = smem_addr(smem);
     const u32 sV = sK + BWD_BKV * D * 2;
     const u32 sQ = sV + BWD_BKV * D * 2;
@@ -73,6 +75,47 @@ extern "C" __global__ void __launch_bounds__(BWD_THREADS, 8 / BWD_WARPS)
         for (int e = 0; e < 4; ++e) dk[nt][e] = dv[nt][e] = 0.f;
 
     const int krow = warp * 16 + g;  // this thread's key rows (local to the tile): krow, krow + 8
+
+    // dQ(tile at row r0) += scale · dS·K from the dSᵀ tile at `ds`: warp → 16 query rows × a
+    // slice of the head dim, in passes of 32 columns (more would spill at 8 warps).
+    auto dq_tile = [&](u32 ds, int r0) {
+        constexpr int PARTS = BWD_WARPS / 4;
+        constexpr int COLS = D / PARTS;
+        constexpr int CH = COLS < 32 ? COLS : 32;
+        const int mq = (warp % 4) * 16;
+        const int col_base = (warp / 4) * COLS;
+#pragma unroll
+        for (int cc = 0; cc < COLS; cc += CH) {
+            float acc[CH / 8][4];
+#pragma unroll
+            for (int nt = 0; nt < CH / 8; ++nt)
+                acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
+#pragma unroll
+            for (int kk = 0; kk < BWD_BKV / 16; ++kk) {
+                u32 a[4];
+                ldsm_x4_t(a, ds + swz<BWD_BQ>(kk * 16 + lane % 8 + (lane / 16) * 8,
+                                              mq + ((lane / 8) % 2) * 8));
+#pragma unroll
+                for (int dn = 0; dn < CH / 16; ++dn) {
+                    u32 bf[4];
+                    ldsm_x4_t(bf, sK + swz<D>(kk * 16 + lane % 8 + ((lane / 8) % 2) * 8,
+                                              col_base + cc + dn * 16 + (lane / 16) * 8));
+                    mma(acc[2 * dn], a, bf[0], bf[1]);
+                    mma(acc[2 * dn + 1], a, bf[2], bf[3]);
+                }
+            }
+#pragma unroll
+            for (int i = 0; i < 2; ++i) {
+                const int qr = r0 + mq + g + 8 * i;
+                if (qr < q_len) {
+#pragma unroll
+                    for (int nt = 0; nt < CH / 8; ++nt)
+                        red_add2(dQh + (size_t)qr * D + col_base + cc + nt * 8 + 2 * t,
+                                 acc[nt][2 * i] * scale, acc[nt][2 * i + 1] * scale);
+                }
+            }
+        }
+    };
 
     for (int qt = t_begin; qt < n_qt; ++qt) {
         cp_wait<0>();
@@ -165,7 +208,7 @@ extern "C" __global__ void __launch_bounds__(BWD_THREADS, 8 / BWD_WARPS)
         }
 
         // dSᵀ = Pᵀ∘(dPᵀ − D), kept in s; also staged in shared memory ([key][query]) for dQ.
-        unsigned char* dS_bytes = smem + (sdS - sK);
+        unsigned char* dS_bytes = smem + (sdS + stage * DS_STAGE - sK);
 #pragma unroll
         for (int nt = 0; nt < BWD_BQ / 8; ++nt) {
             const int qc = nt * 8 + 2 * t;
@@ -195,46 +238,12 @@ extern "C" __global__ void __launch_bounds__(BWD_THREADS, 8 / BWD_WARPS)
             }
         }
 
-        __syncthreads();  // dS tile complete
-
-        // dQ(tile) += scale · dS·K: warp → 16 query rows × a slice of the head dim.
-        constexpr int PARTS = BWD_WARPS / 4;
-        constexpr int COLS = D / PARTS;
-        const int mq = (warp % 4) * 16;
-        constexpr int CH = COLS < 32 ? COLS : 32;  // columns per pass: 32 keeps W=8 free of spills
-        const int col_base = (warp / 4) * COLS;
-#pragma unroll
-        for (int cc = 0; cc < COLS; cc += CH) {
-            float acc[CH / 8][4];
-#pragma unroll
-            for (int nt = 0; nt < CH / 8; ++nt)
-                acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
-#pragma unroll
-            for (int kk = 0; kk < BWD_BKV / 16; ++kk) {
-                u32 a[4];
-                ldsm_x4_t(a, sdS + swz<BWD_BQ>(kk * 16 + lane % 8 + (lane / 16) * 8,
-                                               mq + ((lane / 8) % 2) * 8));
-#pragma unroll
-                for (int dn = 0; dn < CH / 16; ++dn) {
-                    u32 bf[4];
-                    ldsm_x4_t(bf, sK + swz<D>(kk * 16 + lane % 8 + ((lane / 8) % 2) * 8,
-                                              col_base + cc + dn * 16 + (lane / 16) * 8));
-                    mma(acc[2 * dn], a, bf[0], bf[1]);
-                    mma(acc[2 * dn + 1], a, bf[2], bf[3]);
-                }
-            }
-#pragma unroll
-            for (int i = 0; i < 2; ++i) {
-                const int qr = r0 + mq + g + 8 * i;
-                if (qr < q_len) {
-#pragma unroll
-                    for (int nt = 0; nt < CH / 8; ++nt)
-                        red_add2(dQh + (size_t)qr * D + col_base + cc + nt * 8 + 2 * t,
-                                 acc[nt][2 * i] * scale, acc[nt][2 * i + 1] * scale);
-                }
-            }
-        }
+        // dQ of the previous tile, whose dS the barrier at the top of this iteration completed;
+        // deferring it by one tile leaves one barrier per iteration instead of two.
+        if (qt > t_begin) dq_tile(sdS + ((stage ^ 1) * DS_STAGE), (qt - 1) * BWD_BQ);
     }
+    __syncthreads();
+    dq_tile(sdS + (((n_qt - 1 - t_begin) & 1) * DS_STAGE), (n_qt - 1) * BWD_BQ);
 
     float* dKh = dK + (size_t)kvh * kv_len * D;
     float* dVh = dV + (size_t)kvh * kv_len * D;
