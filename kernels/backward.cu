@@ -1,16 +1,21 @@
 // FlashAttention-2 backward over one (query span, key span) block, causal by absolute position.
 //
-// One CTA = BWD_BKV key rows of one (batch, query head); BWD_WARPS warps own 16 key rows each and
-// keep that slice of dK and dV in f32 registers. The CTA walks the query tiles (BWD_BQ rows) that
-// can see its keys, streaming Q, dO, LSE and D through a two-stage cp.async pipeline. Per tile:
-//   Sᵀ = K·Qᵀ,  Pᵀ = exp2(scale·log2e·Sᵀ − LSE·log2e),  dV += Pᵀ·dO,
-//   dPᵀ = V·dOᵀ, dSᵀ = Pᵀ∘(dPᵀ − D),  dK += dSᵀ·Q,
-// then dSᵀ goes to shared memory (two buffers) and, one tile later, the warps compute dQ += dS·K
-// for it, added to the f32 dQ accumulator with vector atomics (other key tiles add to the same
-// rows). dK and dV are added
-// (atomically: GQA heads share them) at the end. All three gradients therefore *accumulate*,
-// which is exactly the block API's contract. The softmax scale is applied to dQ and dK on the
-// way out.
+// One CTA = BWD_BKV key rows of one (batch, query head), BWD_WARPS warps. The CTA walks the
+// query tiles (BWD_BQ rows) that can see its keys, streaming Q, dO, LSE and D through a
+// two-stage cp.async pipeline. Per tile, in three phases separated by barriers:
+//  1. scores: warp (kb, half) computes, for its 32 keys × 32 queries,
+//       Sᵀ = K·Qᵀ,  Pᵀ = exp2(scale·log2e·Sᵀ − LSE·log2e),  dPᵀ = V·dOᵀ,  dSᵀ = Pᵀ∘(dPᵀ − D),
+//     and writes Pᵀ and dSᵀ (16-bit) to shared memory;
+//  2. key gradients: warp (kb, half) owns 32 keys × half the head dim of dV and dK in f32
+//     registers:  dV += Pᵀ·dO,  dK += dSᵀ·Q;
+//  3. query gradient: warp owns 32 queries × 2·HEAD_DIM/BWD_WARPS columns of dQ += dS·K for the
+//     tile, added to the f32 dQ accumulator with vector atomics (other key tiles add to the same
+//     rows).
+// Every matrix product thus runs on warp tiles of at least 32×32, so each fragment read from
+// shared memory feeds two MMAs or more — shared-memory bandwidth, not the tensor cores, is what
+// limits this kernel on Hopper. dK and dV are added (atomically: GQA heads share them) at the
+// end, so all three gradients *accumulate*, which is exactly the block API's contract. The
+// softmax scale is applied to dQ and dK on the way out.
 //
 // The host prepends BWD_WARPS (4 or 8).
 
@@ -25,6 +30,8 @@ extern "C" __global__ void __launch_bounds__(BWD_THREADS, 8 / BWD_WARPS)
               float* __restrict__ dV, int heads, int kv_heads, int q_len, int kv_len, int q_start,
               int kv_start, float scale) {
     constexpr int D = HEAD_DIM;
+    constexpr int HALF = D / 2;                      // phase 2: head-dim columns per warp
+    constexpr int QCOLS = 2 * D / BWD_WARPS;         // phase 3: dQ columns per warp
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int g = lane / 4, t = lane % 4;
     const float scale_log2 = scale * LOG2E;
@@ -49,16 +56,18 @@ extern "C" __global__ void __launch_bounds__(BWD_THREADS, 8 / BWD_WARPS)
     const u16* Vh = V + (size_t)kvh * kv_len * D;
 
     constexpr u32 Q_STAGE = BWD_BQ * D * 2;
-    constexpr u32 DS_STAGE = BWD_BKV * BWD_BQ * 2;
     const u32 sK = smem_addr(smem);
     const u32 sV = sK + BWD_BKV * D * 2;
     const u32 sQ = sV + BWD_BKV * D * 2;
     const u32 sdO = sQ + 2 * Q_STAGE;
     const u32 sL = sdO + 2 * Q_STAGE;
     const u32 sD = sL + 2 * BWD_BQ * 4;
-    const u32 sdS = sD + 2 * BWD_BQ * 4;
+    const u32 sP = sD + 2 * BWD_BQ * 4;  // Pᵀ  [key][query], 16-bit, swizzled
+    const u32 sdS = sP + BWD_BKV * BWD_BQ * 2;  // dSᵀ [key][query]
     const float* fL = reinterpret_cast<const float*>(smem + (sL - sK));
     const float* fD = reinterpret_cast<const float*>(smem + (sD - sK));
+    unsigned char* pP = smem + (sP - sK);
+    unsigned char* pdS = smem + (sdS - sK);
 
     load_tile<BWD_BKV, BWD_THREADS>(sK, Kh, c0, kv_len);
     load_tile<BWD_BKV, BWD_THREADS>(sV, Vh, c0, kv_len);
@@ -68,58 +77,26 @@ extern "C" __global__ void __launch_bounds__(BWD_THREADS, 8 / BWD_WARPS)
     load_vec<BWD_BQ>(sD, Dh, t_begin * BWD_BQ, q_len);
     cp_commit();
 
-    float dk[D / 8][4], dv[D / 8][4];
-#pragma unroll
-    for (int nt = 0; nt < D / 8; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) dk[nt][e] = dv[nt][e] = 0.f;
+    // Phases 1 and 2: this warp's 32 keys (kr0..) and its half (0/1) of the queries (phase 1)
+    // or of the head dim (phase 2). Phase 3: 32 queries (qr0..) × QCOLS columns (dq0..).
+    const int kr0 = (warp / 2) * 32;
+    const int half = warp % 2;
+    const int qc0 = half * 32;
+    const int dc0 = half * HALF;
+    const int qr0 = (warp / (BWD_WARPS / 2)) * 32;
+    const int dq0 = (warp % (BWD_WARPS / 2)) * QCOLS;
 
-    const int krow = warp * 16 + g;  // this thread's key rows (local to the tile): krow, krow + 8
-
-    // dQ(tile at row r0) += scale · dS·K from the dSᵀ tile at `ds`: warp → 16 query rows × a
-    // slice of the head dim, in passes of 32 columns (more would spill at 8 warps).
-    auto dq_tile = [&](u32 ds, int r0) {
-        constexpr int PARTS = BWD_WARPS / 4;
-        constexpr int COLS = D / PARTS;
-        constexpr int CH = COLS < 32 ? COLS : 32;
-        const int mq = (warp % 4) * 16;
-        const int col_base = (warp / 4) * COLS;
+    float dk[2][HALF / 8][4], dv[2][HALF / 8][4];
 #pragma unroll
-        for (int cc = 0; cc < COLS; cc += CH) {
-            float acc[CH / 8][4];
+    for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-            for (int nt = 0; nt < CH / 8; ++nt)
-                acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
+        for (int nt = 0; nt < HALF / 8; ++nt)
 #pragma unroll
-            for (int kk = 0; kk < BWD_BKV / 16; ++kk) {
-                u32 a[4];
-                ldsm_x4_t(a, ds + swz<BWD_BQ>(kk * 16 + lane % 8 + (lane / 16) * 8,
-                                              mq + ((lane / 8) % 2) * 8));
-#pragma unroll
-                for (int dn = 0; dn < CH / 16; ++dn) {
-                    u32 bf[4];
-                    ldsm_x4_t(bf, sK + swz<D>(kk * 16 + lane % 8 + ((lane / 8) % 2) * 8,
-                                              col_base + cc + dn * 16 + (lane / 16) * 8));
-                    mma(acc[2 * dn], a, bf[0], bf[1]);
-                    mma(acc[2 * dn + 1], a, bf[2], bf[3]);
-                }
-            }
-#pragma unroll
-            for (int i = 0; i < 2; ++i) {
-                const int qr = r0 + mq + g + 8 * i;
-                if (qr < q_len) {
-#pragma unroll
-                    for (int nt = 0; nt < CH / 8; ++nt)
-                        red_add2(dQh + (size_t)qr * D + col_base + cc + nt * 8 + 2 * t,
-                                 acc[nt][2 * i] * scale, acc[nt][2 * i + 1] * scale);
-                }
-            }
-        }
-    };
+            for (int e = 0; e < 4; ++e) dk[mt][nt][e] = dv[mt][nt][e] = 0.f;
 
     for (int qt = t_begin; qt < n_qt; ++qt) {
         cp_wait<0>();
-        __syncthreads();
+        __syncthreads();  // tile qt landed; phases 2-3 of the last tile are done with sP, sdS
         const int stage = (qt - t_begin) & 1;
         if (qt + 1 < n_qt) {
             const int ns = stage ^ 1;
@@ -135,128 +112,163 @@ extern "C" __global__ void __launch_bounds__(BWD_THREADS, 8 / BWD_WARPS)
         const float* cD = fD + stage * BWD_BQ;
         const int r0 = qt * BWD_BQ;
 
-        // Sᵀ = K·Qᵀ for this warp's 16 keys × BWD_BQ queries.
-        float s[BWD_BQ / 8][4];
+        // ---- Phase 1: Sᵀ and dPᵀ for 32 keys × 32 queries.
+        float s[2][4][4], dp[2][4][4];
 #pragma unroll
-        for (int nt = 0; nt < BWD_BQ / 8; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
+        for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+            for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) s[mt][nt][e] = dp[mt][nt][e] = 0.f;
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk) {
-            u32 ka[4];
-            ldsm_x4(ka, sK + swz<D>(warp * 16 + lane % 16, kk * 16 + (lane / 16) * 8));
+            u32 ka[2][4], va[2][4];
 #pragma unroll
-            for (int nn = 0; nn < BWD_BQ / 16; ++nn) {
-                u32 bf[4];
-                ldsm_x4(bf, cQ + swz<D>(nn * 16 + lane % 8 + (lane / 16) * 8,
-                                        kk * 16 + ((lane / 8) % 2) * 8));
-                mma(s[2 * nn], ka, bf[0], bf[1]);
-                mma(s[2 * nn + 1], ka, bf[2], bf[3]);
+            for (int mt = 0; mt < 2; ++mt) {
+                const u32 off = swz<D>(kr0 + mt * 16 + lane % 16, kk * 16 + (lane / 16) * 8);
+                ldsm_x4(ka[mt], sK + off);
+                ldsm_x4(va[mt], sV + off);
+            }
+#pragma unroll
+            for (int nn = 0; nn < 2; ++nn) {
+                const u32 off = swz<D>(qc0 + nn * 16 + lane % 8 + (lane / 16) * 8,
+                                       kk * 16 + ((lane / 8) % 2) * 8);
+                u32 qb[4], ob[4];
+                ldsm_x4(qb, cQ + off);
+                ldsm_x4(ob, cdO + off);
+#pragma unroll
+                for (int mt = 0; mt < 2; ++mt) {
+                    mma(s[mt][2 * nn], ka[mt], qb[0], qb[1]);
+                    mma(s[mt][2 * nn + 1], ka[mt], qb[2], qb[3]);
+                    mma(dp[mt][2 * nn], va[mt], ob[0], ob[1]);
+                    mma(dp[mt][2 * nn + 1], va[mt], ob[2], ob[3]);
+                }
             }
         }
 
-        // Pᵀ from the final LSE; masked (future, or out-of-range) pairs get exactly 0.
+        // Pᵀ from the final LSE (masked pairs exactly 0), dSᵀ = Pᵀ∘(dPᵀ − D); both to smem.
         const bool need_mask = (q_start + r0 < kv_start + c0 + BWD_BKV - 1) ||
                                (r0 + BWD_BQ > q_len) || (c0 + BWD_BKV > kv_len);
 #pragma unroll
-        for (int nt = 0; nt < BWD_BQ / 8; ++nt)
+        for (int nt = 0; nt < 4; ++nt) {
+            const int qc = qc0 + nt * 8 + 2 * t;
+            float lse2[2], dd[2];
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int qc = nt * 8 + 2 * t + (e & 1);
-                const float lse = cL[qc];
+            for (int c = 0; c < 2; ++c) {
+                const float lse = cL[qc + c];
                 // A row with no visible key anywhere (LSE = −∞) has P = 0.
-                const float lse2 = lse == NEG_INF ? POS_INF : lse * LOG2E;
-                float p = exp2f(fmaf(s[nt][e], scale_log2, -lse2));
-                if (need_mask) {
-                    const int kr = c0 + krow + (e >= 2 ? 8 : 0);
-                    const int qr = r0 + qc;
-                    if (qr >= q_len || kr >= kv_len || kv_start + kr > q_start + qr) p = 0.f;
+                lse2[c] = lse == NEG_INF ? POS_INF : lse * LOG2E;
+                dd[c] = cD[qc + c];
+            }
+#pragma unroll
+            for (int mt = 0; mt < 2; ++mt) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    float p = exp2f(fmaf(s[mt][nt][e], scale_log2, -lse2[e & 1]));
+                    if (need_mask) {
+                        const int kr = c0 + kr0 + mt * 16 + g + (e >= 2 ? 8 : 0);
+                        const int qr = r0 + qc + (e & 1);
+                        if (qr >= q_len || kr >= kv_len || kv_start + kr > q_start + qr) p = 0.f;
+                    }
+                    s[mt][nt][e] = p;
+                    dp[mt][nt][e] = p * (dp[mt][nt][e] - dd[e & 1]);
                 }
-                s[nt][e] = p;
+                const int kl = kr0 + mt * 16 + g;
+                *reinterpret_cast<u32*>(pP + swz<BWD_BQ>(kl, qc)) = pack2(s[mt][nt][0], s[mt][nt][1]);
+                *reinterpret_cast<u32*>(pP + swz<BWD_BQ>(kl + 8, qc)) =
+                    pack2(s[mt][nt][2], s[mt][nt][3]);
+                *reinterpret_cast<u32*>(pdS + swz<BWD_BQ>(kl, qc)) =
+                    pack2(dp[mt][nt][0], dp[mt][nt][1]);
+                *reinterpret_cast<u32*>(pdS + swz<BWD_BQ>(kl + 8, qc)) =
+                    pack2(dp[mt][nt][2], dp[mt][nt][3]);
             }
+        }
+        __syncthreads();  // Pᵀ and dSᵀ complete
 
-        // dV += Pᵀ·dO.
+        // ---- Phase 2: dV += Pᵀ·dO and dK += dSᵀ·Q for 32 keys × HALF columns.
 #pragma unroll
         for (int kk = 0; kk < BWD_BQ / 16; ++kk) {
-            const u32 pa[4] = {pack2(s[2 * kk][0], s[2 * kk][1]), pack2(s[2 * kk][2], s[2 * kk][3]),
-                               pack2(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                               pack2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+            u32 pa[2][4], da[2][4];
 #pragma unroll
-            for (int dn = 0; dn < D / 16; ++dn) {
-                u32 bf[4];
-                ldsm_x4_t(bf, cdO + swz<D>(kk * 16 + lane % 8 + ((lane / 8) % 2) * 8,
-                                           dn * 16 + (lane / 16) * 8));
-                mma(dv[2 * dn], pa, bf[0], bf[1]);
-                mma(dv[2 * dn + 1], pa, bf[2], bf[3]);
+            for (int mt = 0; mt < 2; ++mt) {
+                const u32 off = swz<BWD_BQ>(kr0 + mt * 16 + lane % 16, kk * 16 + (lane / 16) * 8);
+                ldsm_x4(pa[mt], sP + off);
+                ldsm_x4(da[mt], sdS + off);
+            }
+#pragma unroll
+            for (int dn = 0; dn < HALF / 16; ++dn) {
+                const u32 off = swz<D>(kk * 16 + lane % 8 + ((lane / 8) % 2) * 8,
+                                       dc0 + dn * 16 + (lane / 16) * 8);
+                u32 ob[4], qb[4];
+                ldsm_x4_t(ob, cdO + off);
+                ldsm_x4_t(qb, cQ + off);
+#pragma unroll
+                for (int mt = 0; mt < 2; ++mt) {
+                    mma(dv[mt][2 * dn], pa[mt], ob[0], ob[1]);
+                    mma(dv[mt][2 * dn + 1], pa[mt], ob[2], ob[3]);
+                    mma(dk[mt][2 * dn], da[mt], qb[0], qb[1]);
+                    mma(dk[mt][2 * dn + 1], da[mt], qb[2], qb[3]);
+                }
             }
         }
 
-        // dPᵀ = V·dOᵀ.
-        float dp[BWD_BQ / 8][4];
+        // ---- Phase 3: dQ(tile) += scale · dS·K for 32 queries × QCOLS columns.
+        {
+            float acc[2][QCOLS / 8][4];
 #pragma unroll
-        for (int nt = 0; nt < BWD_BQ / 8; ++nt) dp[nt][0] = dp[nt][1] = dp[nt][2] = dp[nt][3] = 0.f;
+            for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk) {
-            u32 va[4];
-            ldsm_x4(va, sV + swz<D>(warp * 16 + lane % 16, kk * 16 + (lane / 16) * 8));
+                for (int nt = 0; nt < QCOLS / 8; ++nt)
 #pragma unroll
-            for (int nn = 0; nn < BWD_BQ / 16; ++nn) {
-                u32 bf[4];
-                ldsm_x4(bf, cdO + swz<D>(nn * 16 + lane % 8 + (lane / 16) * 8,
-                                         kk * 16 + ((lane / 8) % 2) * 8));
-                mma(dp[2 * nn], va, bf[0], bf[1]);
-                mma(dp[2 * nn + 1], va, bf[2], bf[3]);
+                    for (int e = 0; e < 4; ++e) acc[mt][nt][e] = 0.f;
+#pragma unroll
+            for (int kk = 0; kk < BWD_BKV / 16; ++kk) {
+                u32 a[2][4];
+#pragma unroll
+                for (int mt = 0; mt < 2; ++mt)
+                    ldsm_x4_t(a[mt], sdS + swz<BWD_BQ>(kk * 16 + lane % 8 + (lane / 16) * 8,
+                                                      qr0 + mt * 16 + ((lane / 8) % 2) * 8));
+#pragma unroll
+                for (int dn = 0; dn < QCOLS / 16; ++dn) {
+                    u32 bf[4];
+                    ldsm_x4_t(bf, sK + swz<D>(kk * 16 + lane % 8 + ((lane / 8) % 2) * 8,
+                                              dq0 + dn * 16 + (lane / 16) * 8));
+#pragma unroll
+                    for (int mt = 0; mt < 2; ++mt) {
+                        mma(acc[mt][2 * dn], a[mt], bf[0], bf[1]);
+                        mma(acc[mt][2 * dn + 1], a[mt], bf[2], bf[3]);
+                    }
+                }
             }
-        }
-
-        // dSᵀ = Pᵀ∘(dPᵀ − D), kept in s; also staged in shared memory ([key][query]) for dQ.
-        unsigned char* dS_bytes = smem + (sdS + stage * DS_STAGE - sK);
 #pragma unroll
-        for (int nt = 0; nt < BWD_BQ / 8; ++nt) {
-            const int qc = nt * 8 + 2 * t;
-            const float d0 = cD[qc], d1 = cD[qc + 1];
-            s[nt][0] *= dp[nt][0] - d0;
-            s[nt][1] *= dp[nt][1] - d1;
-            s[nt][2] *= dp[nt][2] - d0;
-            s[nt][3] *= dp[nt][3] - d1;
-            *reinterpret_cast<u32*>(dS_bytes + swz<BWD_BQ>(krow, qc)) = pack2(s[nt][0], s[nt][1]);
-            *reinterpret_cast<u32*>(dS_bytes + swz<BWD_BQ>(krow + 8, qc)) =
-                pack2(s[nt][2], s[nt][3]);
-        }
-
-        // dK += dSᵀ·Q (scaled at the end).
+            for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-        for (int kk = 0; kk < BWD_BQ / 16; ++kk) {
-            const u32 da[4] = {pack2(s[2 * kk][0], s[2 * kk][1]), pack2(s[2 * kk][2], s[2 * kk][3]),
-                               pack2(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                               pack2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+                for (int i = 0; i < 2; ++i) {
+                    const int qr = r0 + qr0 + mt * 16 + g + 8 * i;
+                    if (qr < q_len) {
 #pragma unroll
-            for (int dn = 0; dn < D / 16; ++dn) {
-                u32 bf[4];
-                ldsm_x4_t(bf, cQ + swz<D>(kk * 16 + lane % 8 + ((lane / 8) % 2) * 8,
-                                          dn * 16 + (lane / 16) * 8));
-                mma(dk[2 * dn], da, bf[0], bf[1]);
-                mma(dk[2 * dn + 1], da, bf[2], bf[3]);
-            }
+                        for (int nt = 0; nt < QCOLS / 8; ++nt)
+                            red_add2(dQh + (size_t)qr * D + dq0 + nt * 8 + 2 * t,
+                                     acc[mt][nt][2 * i] * scale, acc[mt][nt][2 * i + 1] * scale);
+                    }
+                }
         }
-
-        // dQ of the previous tile, whose dS the barrier at the top of this iteration completed;
-        // deferring it by one tile leaves one barrier per iteration instead of two.
-        if (qt > t_begin) dq_tile(sdS + ((stage ^ 1) * DS_STAGE), (qt - 1) * BWD_BQ);
     }
-    __syncthreads();
-    dq_tile(sdS + (((n_qt - 1 - t_begin) & 1) * DS_STAGE), (n_qt - 1) * BWD_BQ);
 
     float* dKh = dK + (size_t)kvh * kv_len * D;
     float* dVh = dV + (size_t)kvh * kv_len * D;
 #pragma unroll
-    for (int i = 0; i < 2; ++i) {
-        const int kr = c0 + krow + 8 * i;
-        if (kr < kv_len) {
+    for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-            for (int nt = 0; nt < D / 8; ++nt) {
-                red_add2(dKh + (size_t)kr * D + nt * 8 + 2 * t, dk[nt][2 * i] * scale,
-                         dk[nt][2 * i + 1] * scale);
-                red_add2(dVh + (size_t)kr * D + nt * 8 + 2 * t, dv[nt][2 * i], dv[nt][2 * i + 1]);
+        for (int i = 0; i < 2; ++i) {
+            const int kr = c0 + kr0 + mt * 16 + g + 8 * i;
+            if (kr < kv_len) {
+#pragma unroll
+                for (int nt = 0; nt < HALF / 8; ++nt) {
+                    const size_t o = (size_t)kr * D + dc0 + nt * 8 + 2 * t;
+                    red_add2(dKh + o, dk[mt][nt][2 * i] * scale, dk[mt][nt][2 * i + 1] * scale);
+                    red_add2(dVh + o, dv[mt][nt][2 * i], dv[mt][nt][2 * i + 1]);
+                }
             }
         }
-    }
 }

@@ -119,7 +119,7 @@ pub(crate) fn forward_config(dims: &Dims, q_rows: usize, tuning: &Tuning) -> Res
 }
 
 /// Dynamic shared memory of the backward kernel: the K and V tiles, two stages of Q, dO, LSE
-/// and D, and two dSᵀ tiles (16-bit).
+/// and D, and the Pᵀ and dSᵀ tiles (16-bit).
 pub(crate) fn backward_smem(head_dim: usize, warps: usize) -> u32 {
     let bkv = 16 * warps;
     (2 * bkv * head_dim * 2 + 4 * BWD_BQ * head_dim * 2 + 4 * BWD_BQ * 4 + 2 * bkv * BWD_BQ * 2)
