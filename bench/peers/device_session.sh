@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # One device call: correctness (f64 reference, PyTorch comparison), then timing of distflash's
 # kernels and of PyTorch SDPA on the same shapes. Run from the repository root on the GPU
-# machine with the release example binary at $BIN (default ./.dev/cuda_attn) and $OUT set.
-#   BENCH_SEQS=4096,16384,65536 BWD_WARPS="8 4" bash bench/peers/device_session.sh
+# machine with the release example binary and these scripts copied to .dev/cuda/ (see
+# bench/kernel-notes.md) and $OUT set:
+#   bash .dev/cuda/peers/device_session.sh
+#   BENCH_SEQS=16384 BWD_WARPS="8 4" bash .dev/cuda/peers/device_session.sh   # compare variants
 set -u
-BIN=${BIN:-./.dev/cuda_attn}
-PEERS=${PEERS:-bench/peers}
+BIN=${BIN:-./.dev/cuda/cuda_attn}
+PEERS=${PEERS:-./.dev/cuda/peers}
 SEQS=${BENCH_SEQS:-4096,16384,65536}
 DIMS=${BENCH_DIMS:-128,64}
-WARPS=${BWD_WARPS:-8 4}
+WARPS=${BWD_WARPS:-8}
 export DISTFLASH_CACHE_DIR=${DISTFLASH_CACHE_DIR:-/tmp/distflash-cache}
 export PYTHONUNBUFFERED=1
 step() { echo "=== $*"; }

@@ -19,6 +19,11 @@
 //! - [`CudaBackend::causal_forward`] / [`CudaBackend::causal_backward`]: a whole causal sequence
 //!   in one forward launch (state in registers, O and LSE written once) and one backward launch
 //!   (plus the D = rowsum(dO∘O) pre-pass), for single-GPU training and benchmarks.
+//!
+//! Shapes: head dim 64 or 128 (others are refused with a sentence), bf16 or fp16, any batch,
+//! MHA/GQA/MQA, any lengths (tiles past the end are zero-filled and masked). Kernel tile shapes
+//! are a [`Tuning`], by default the fastest measured on an H200 for the head dim; numbers and
+//! history in `bench/kernel-notes.md`.
 
 mod compile;
 mod launch;
@@ -83,10 +88,12 @@ impl std::str::FromStr for InputDtype {
 /// accumulators and gradients.
 #[derive(Debug)]
 pub enum Tensor {
+    /// Q, K, V, dO, and O of the fast path: the kernels read the bits as bf16 or fp16.
     Half {
         dtype: InputDtype,
         data: CudaSlice<u16>,
     },
+    /// Everything kept in full precision (m, l, acc, LSE, D, block-API O, gradients).
     F32(CudaSlice<f32>),
 }
 
@@ -140,10 +147,10 @@ fn f32_ref<'a>(t: &'a Tensor, len: usize, what: &str) -> Result<&'a CudaSlice<f3
 }
 
 fn f32_mut<'a>(t: &'a mut Tensor, len: usize, what: &str) -> Result<&'a mut CudaSlice<f32>> {
-    let found = t.describe();
+    f32_ref(t, len, what)?; // validates, with the sentence
     match t {
-        Tensor::F32(data) if data.len() == len => Ok(data),
-        _ => bail!("{what} must be an f32 tensor of {len} elements, got a {found}"),
+        Tensor::F32(data) => Ok(data),
+        Tensor::Half { .. } => bail!("{what} must be an f32 tensor"),
     }
 }
 
@@ -370,14 +377,9 @@ impl CudaBackend {
         let q = half(q, dt, dims.q_len(qn), "Q")?;
         let k = half(k, dt, dims.kv_len(kvn), "K")?;
         let v = half(v, dt, dims.kv_len(kvn), "V")?;
-        let found = out.out.describe();
-        let o = match &mut out.out {
-            Tensor::Half { dtype, data } if *dtype == dt && data.len() == dims.q_len(qn) => data,
-            _ => bail!(
-                "O must be a {} tensor of {}, got a {found}",
-                dt.name(),
-                dims.q_len(qn)
-            ),
+        half(&out.out, dt, dims.q_len(qn), "O")?; // validates, with the sentence
+        let Tensor::Half { data: o, .. } = &mut out.out else {
+            bail!("O must be a {} tensor", dt.name());
         };
         let lse = f32_mut(&mut out.lse, dims.stat_len(qn), "LSE")?;
         let cfg = launch::forward_config(dims, qn, &self.tuning(dims.head_dim))?;
