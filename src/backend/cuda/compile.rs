@@ -86,11 +86,15 @@ fn nvrtc_version() -> Result<(i32, i32)> {
     Ok((major, minor))
 }
 
+fn nvrtc_present() -> bool {
+    // SAFETY: only probes whether the shared library can be opened.
+    unsafe { cudarc::nvrtc::sys::is_culib_present() }
+}
+
 /// Compiles `source` to PTX for `major.minor`, or reads it from the disk cache. A compile error
 /// carries NVRTC's log. Failing to write the cache is not an error (the PTX is still returned).
 pub(crate) fn compile_cached(source: &str, major: i32, minor: i32) -> Result<Ptx> {
-    // SAFETY: only probes whether the shared library can be opened.
-    if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+    if !nvrtc_present() {
         bail!(
             "the NVRTC library (libnvrtc) was not found: the CUDA backend compiles its kernels at run time and needs it"
         );
@@ -171,6 +175,42 @@ mod tests {
             p("/h/.cache/distflash")
         );
         assert_eq!(cache_dir(None, None, None), None);
+    }
+
+    /// Compiles every kernel variant for sm_90 and sm_80 where NVRTC is installed (no GPU
+    /// needed), so a kernel syntax error shows before any device time is spent. Skipped where
+    /// NVRTC is absent (CI).
+    #[test]
+    fn kernels_compile_where_nvrtc_exists() {
+        if !nvrtc_present() {
+            return;
+        }
+        for head_dim in [64, 128] {
+            for bf16 in [true, false] {
+                let t = Tuning::for_head_dim(head_dim);
+                let src = kernel_source(head_dim, bf16, &t);
+                for (major, minor) in [(9, 0), (8, 0)] {
+                    let ptx = compile(&src, compile_options(major, minor))
+                        .unwrap_or_else(|e| panic!("d{head_dim} sm{major}{minor}: {e}"));
+                    assert!(ptx.to_src().contains(".entry bwd_block"));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn compile_error_carries_the_log() {
+        if !nvrtc_present() {
+            return;
+        }
+        let err = compile(
+            "__global__ void k() { undeclared(); }",
+            compile_options(9, 0),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("NVRTC could not compile"), "{err}");
+        assert!(err.contains("undeclared"), "log missing: {err}");
     }
 
     #[test]

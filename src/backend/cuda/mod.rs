@@ -111,12 +111,52 @@ impl Tensor {
         self.len() == 0
     }
 
-    fn describe(&self) -> String {
+    fn kind(&self) -> Kind {
         match self {
-            Tensor::Half { dtype, data } => format!("{} tensor of {}", dtype.name(), data.len()),
-            Tensor::F32(data) => format!("f32 tensor of {}", data.len()),
+            Tensor::Half { dtype, .. } => Kind::Half(*dtype),
+            Tensor::F32(_) => Kind::F32,
         }
     }
+
+    fn describe(&self) -> String {
+        format!("{} tensor of {}", self.kind().a(), self.len())
+    }
+}
+
+/// Element type of a [`Tensor`], so shape checks are plain data (and testable without a GPU).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    Half(InputDtype),
+    F32,
+}
+
+impl Kind {
+    fn name(self) -> &'static str {
+        match self {
+            Kind::Half(d) => d.name(),
+            Kind::F32 => "f32",
+        }
+    }
+
+    /// "a bf16", "an f32": the name with its article.
+    fn a(self) -> String {
+        let article = if self == Kind::F32 { "an" } else { "a" };
+        format!("{article} {}", self.name())
+    }
+}
+
+/// One sentence when an argument has the wrong element type or length.
+fn expect(found: (Kind, usize), want: (Kind, usize), what: &str) -> Result<()> {
+    if found != want {
+        bail!(
+            "{what} must be {} tensor of {} elements, got {} tensor of {}",
+            want.0.a(),
+            want.1,
+            found.0.a(),
+            found.1
+        );
+    }
+    Ok(())
 }
 
 /// Checks that `t` is a 16-bit tensor of the backend's dtype with `len` elements.
@@ -126,23 +166,18 @@ fn half<'a>(
     len: usize,
     what: &str,
 ) -> Result<&'a CudaSlice<u16>> {
+    expect((t.kind(), t.len()), (Kind::Half(dtype), len), what)?;
     match t {
-        Tensor::Half { dtype: d, data } if *d == dtype && data.len() == len => Ok(data),
-        other => bail!(
-            "{what} must be a {} tensor of {len} elements, got a {}",
-            dtype.name(),
-            other.describe()
-        ),
+        Tensor::Half { data, .. } => Ok(data),
+        Tensor::F32(_) => bail!("{what} must be a {} tensor", dtype.name()),
     }
 }
 
 fn f32_ref<'a>(t: &'a Tensor, len: usize, what: &str) -> Result<&'a CudaSlice<f32>> {
+    expect((t.kind(), t.len()), (Kind::F32, len), what)?;
     match t {
-        Tensor::F32(data) if data.len() == len => Ok(data),
-        other => bail!(
-            "{what} must be an f32 tensor of {len} elements, got a {}",
-            other.describe()
-        ),
+        Tensor::F32(data) => Ok(data),
+        Tensor::Half { .. } => bail!("{what} must be an f32 tensor"),
     }
 }
 
@@ -679,7 +714,7 @@ impl Backend for CudaBackend {
                 self.launch("delta_half", b, cfg)?;
             }
             other => bail!(
-                "O must be an f32 or {} tensor of {len} elements, got a {}",
+                "O must be an f32 or {} tensor of {len} elements, got {}",
                 self.dtype.name(),
                 other.describe()
             ),
@@ -763,6 +798,27 @@ mod tests {
             1.0
         );
         assert!(InputDtype::F16.decode(InputDtype::F16.encode(1.0 + 1.0 / 512.0)) > 1.0);
+    }
+
+    #[test]
+    fn argument_checks_are_sentences() {
+        let bf = Kind::Half(InputDtype::Bf16);
+        assert!(expect((bf, 10), (bf, 10), "Q").is_ok());
+        let err = expect((Kind::Half(InputDtype::F16), 10), (bf, 10), "Q")
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            err,
+            "Q must be a bf16 tensor of 10 elements, got a fp16 tensor of 10"
+        );
+        let err = expect((Kind::F32, 9), (Kind::F32, 12), "LSE")
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            err,
+            "LSE must be an f32 tensor of 12 elements, got an f32 tensor of 9"
+        );
+        assert!(expect((bf, 12), (Kind::F32, 12), "dQ").is_err());
     }
 
     #[test]
