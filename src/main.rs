@@ -1,3 +1,18 @@
-fn main() {
-    println!("Hello, world!");
+//! The `distflash` command line. Each subcommand lives in `cli/`; this file only parses and
+//! reports errors as one sentence with a non-zero exit, never a backtrace.
+
+mod cli;
+
+use clap::Parser;
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    let args = cli::Cli::parse();
+    match cli::run(args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
 }

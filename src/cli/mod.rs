@@ -1,0 +1,47 @@
+//! Argument definitions and dispatch.
+
+mod attention;
+mod bench;
+mod plan;
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+use std::fs::File;
+use std::path::Path;
+
+/// Exact distributed FlashAttention (DistFlashAttn) for long-context training.
+#[derive(Parser)]
+#[command(name = "distflash", version, about)]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Show the schedule: which block each worker computes at each step and what moves where.
+    Plan(plan::Args),
+    /// Run distributed causal attention forward and backward on random inputs.
+    Attention(attention::Args),
+    /// Measure this machine's rates.
+    #[command(subcommand)]
+    Bench(bench::Target),
+}
+
+pub fn run(cli: Cli) -> Result<()> {
+    match cli.command {
+        Command::Plan(args) => plan::run(args),
+        Command::Attention(args) => attention::run(args),
+        Command::Bench(target) => bench::run(target),
+    }
+}
+
+/// Opens `path` for writing before any work starts, so an unwritable path costs nothing.
+fn create_output(path: &Path) -> Result<File> {
+    File::create(path).map_err(|e| {
+        anyhow::anyhow!(
+            "cannot write {}: {e}; choose a writable path",
+            path.display()
+        )
+    })
+}
