@@ -1,8 +1,10 @@
 //! Moving buffers between workers. `exec` speaks only this trait, so the same plan runs over
 //! in-process channels (CPU workers as threads) or NCCL (one process per GPU).
 
+mod endpoint;
 mod local;
 
+pub use endpoint::{Body, Buf, Endpoint, Envelope, Transport};
 pub use local::{LocalComm, local_group};
 
 use anyhow::Result;
@@ -37,7 +39,8 @@ pub trait Communicator<T: Wire> {
     /// Sends `parts` to rank `to`; does not wait for the receiver.
     fn send(&mut self, to: usize, tag: Tag, parts: &[&T]) -> Result<()>;
 
-    /// Waits for the message `tag` from rank `from`. Fails with `PeerFailed` if any rank aborts
+    /// Waits for the message `tag` from rank `from`. Messages with the same sender and tag are
+    /// received in the order they were sent. Fails with `PeerFailed` if any rank aborts
     /// meanwhile, and with a timeout error instead of waiting forever.
     fn recv(&mut self, from: usize, tag: Tag) -> Result<Vec<T>>;
 

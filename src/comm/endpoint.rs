@@ -1,0 +1,208 @@
+//! The receiving half every host communicator shares: an inbox that transports fill, a stash for
+//! messages that arrive before they are asked for (so a worker may receive in any order), abort
+//! messages that turn into `PeerFailed`, timeouts, and collectives built on point-to-point.
+
+use super::{Communicator, PeerFailed, Tag, Wire};
+use anyhow::{Result, bail};
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::time::{Duration, Instant};
+
+/// Host buffers: what CPU workers exchange.
+pub type Buf = Vec<f32>;
+
+/// What a message holds: tensors, or a rank's last word before it gives up.
+pub enum Body {
+    Data(Vec<Buf>),
+    Abort(String),
+}
+
+/// A message with its sender and tag.
+pub struct Envelope {
+    pub from: usize,
+    pub tag: Tag,
+    pub body: Body,
+}
+
+/// How envelopes reach other ranks (channels within a process, sockets between processes).
+pub trait Transport {
+    fn world(&self) -> usize;
+
+    /// Delivers `envelope` to rank `to`. Fails when that rank is gone.
+    fn post(&mut self, to: usize, envelope: Envelope) -> Result<()>;
+}
+
+/// A communicator endpoint over some transport, carrying host f32 buffers.
+pub struct Endpoint<T> {
+    rank: usize,
+    transport: T,
+    inbox: Receiver<Envelope>,
+    stash: Vec<Envelope>,
+    timeout: Duration,
+    bytes_sent: u64,
+    collective_round: u64,
+}
+
+impl<T: Transport> Endpoint<T> {
+    /// An endpoint for `rank` that sends through `transport` and reads `inbox`, which the
+    /// transport (or its peers) fill; a receive waits at most `timeout`.
+    pub fn new(rank: usize, transport: T, inbox: Receiver<Envelope>, timeout: Duration) -> Self {
+        Endpoint {
+            rank,
+            transport,
+            inbox,
+            stash: Vec::new(),
+            timeout,
+            bytes_sent: 0,
+            collective_round: 0,
+        }
+    }
+
+    fn post(&mut self, to: usize, tag: Tag, body: Body) -> Result<()> {
+        let envelope = Envelope {
+            from: self.rank,
+            tag,
+            body,
+        };
+        if to >= self.transport.world() {
+            bail!(
+                "worker {} sent to worker {to}, which does not exist",
+                self.rank
+            );
+        }
+        self.transport
+            .post(to, envelope)
+            .map_err(|_| self.departed(to))
+    }
+
+    /// The error for a send to a peer that is gone: its own abort reason if it left one.
+    fn departed(&self, to: usize) -> anyhow::Error {
+        while let Ok(e) = self.inbox.try_recv() {
+            if let Body::Abort(reason) = e.body {
+                return PeerFailed {
+                    rank: e.from,
+                    reason,
+                }
+                .into();
+            }
+        }
+        PeerFailed {
+            rank: to,
+            reason: format!("it exited before worker {} could send to it", self.rank),
+        }
+        .into()
+    }
+
+    fn take(&mut self, from: usize, tag: Tag) -> Option<Vec<Buf>> {
+        let i = self
+            .stash
+            .iter()
+            .position(|e| e.from == from && e.tag == tag)?;
+        match self.stash.remove(i).body {
+            Body::Data(parts) => Some(parts),
+            Body::Abort(_) => None,
+        }
+    }
+
+    fn next_collective_tag(&mut self) -> Tag {
+        self.collective_round += 1;
+        Tag(Tag::COLLECTIVE + self.collective_round)
+    }
+}
+
+impl<T: Transport> Communicator<Buf> for Endpoint<T> {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn world(&self) -> usize {
+        self.transport.world()
+    }
+
+    fn send(&mut self, to: usize, tag: Tag, parts: &[&Buf]) -> Result<()> {
+        let owned: Vec<Buf> = parts.iter().map(|&p| p.clone()).collect();
+        let bytes: usize = owned.iter().map(Wire::wire_bytes).sum();
+        self.post(to, tag, Body::Data(owned))?;
+        self.bytes_sent += bytes as u64;
+        Ok(())
+    }
+
+    fn recv(&mut self, from: usize, tag: Tag) -> Result<Vec<Buf>> {
+        if let Some(parts) = self.take(from, tag) {
+            return Ok(parts);
+        }
+        let deadline = Instant::now() + self.timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.inbox.recv_timeout(left) {
+                Ok(Envelope {
+                    from: culprit,
+                    body: Body::Abort(reason),
+                    ..
+                }) => {
+                    return Err(PeerFailed {
+                        rank: culprit,
+                        reason,
+                    }
+                    .into());
+                }
+                Ok(Envelope {
+                    from: f,
+                    tag: t,
+                    body: Body::Data(parts),
+                }) if f == from && t == tag => return Ok(parts),
+                Ok(e) => self.stash.push(e),
+                Err(RecvTimeoutError::Timeout) => bail!(
+                    "worker {} waited {:.0} s for a message from worker {from} that never arrived (is worker {from} stuck? raise --timeout if its step is that slow)",
+                    self.rank,
+                    self.timeout.as_secs_f64()
+                ),
+                Err(RecvTimeoutError::Disconnected) => {
+                    bail!("worker {}: every other worker has exited", self.rank)
+                }
+            }
+        }
+    }
+
+    /// Rank 0 sums the buffers in rank order (so every run gives the same bits) and sends the
+    /// sum back to all.
+    fn all_reduce_sum(&mut self, buf: &mut Buf) -> Result<()> {
+        let tag = self.next_collective_tag();
+        let world = self.world();
+        if self.rank == 0 {
+            for from in 1..world {
+                let part = self.recv(from, tag)?.pop().unwrap_or_default();
+                if part.len() != buf.len() {
+                    bail!(
+                        "all-reduce size mismatch: worker 0 has {} elements, worker {from} {}",
+                        buf.len(),
+                        part.len()
+                    );
+                }
+                buf.iter_mut().zip(&part).for_each(|(a, b)| *a += b);
+            }
+            for to in 1..world {
+                self.post(to, tag, Body::Data(vec![buf.clone()]))?;
+            }
+        } else {
+            self.post(0, tag, Body::Data(vec![buf.clone()]))?;
+            *buf = self.recv(0, tag)?.pop().unwrap_or_default();
+        }
+        Ok(())
+    }
+
+    fn barrier(&mut self) -> Result<()> {
+        self.all_reduce_sum(&mut Vec::new())
+    }
+
+    fn abort(&mut self, reason: &str) {
+        let me = self.rank;
+        for to in (0..self.world()).filter(|&r| r != me) {
+            // A peer that has already exited needs no warning.
+            let _ = self.post(to, Tag(u64::MAX), Body::Abort(reason.to_string()));
+        }
+    }
+
+    fn bytes_sent(&self) -> u64 {
+        self.bytes_sent
+    }
+}
