@@ -6,7 +6,11 @@ use super::create_output;
 use anyhow::{Result, bail};
 use clap::ValueEnum;
 use distflash::attn::{self, Dims, layout, oracle};
-use distflash::exec::{AttentionRun, run_attention};
+use distflash::comm::{
+    connect_mesh,
+    rendezvous::{self, LaunchEnv},
+};
+use distflash::exec::{AttentionRun, run_attention, run_attention_rank};
 use distflash::inputs::Inputs;
 use distflash::plan::Schedule;
 use distflash::tensor_file::{self, Named};
@@ -25,9 +29,9 @@ pub enum Device {
 pub struct Args {
     #[arg(long, value_enum, default_value = "cpu")]
     device: Device,
-    /// Workers the sequence is split across.
-    #[arg(long, default_value_t = 4)]
-    workers: usize,
+    /// Workers the sequence is split across [default: WORLD_SIZE under a launcher, else 4].
+    #[arg(long)]
+    workers: Option<usize>,
     /// Tokens in the sequence (need not divide by the worker count).
     #[arg(long, default_value_t = 2048)]
     seq_len: usize,
@@ -59,6 +63,9 @@ pub struct Args {
     /// Seconds a worker waits for a message before declaring its sender stuck.
     #[arg(long, default_value_t = 600)]
     timeout: u64,
+    /// Seconds ranks of a multi-process job wait for each other at start-up.
+    #[arg(long, default_value_t = 60)]
+    rendezvous_timeout: u64,
 }
 
 /// Relative error above which `--check` fails: f32 results land orders of magnitude below it.
@@ -116,28 +123,51 @@ pub fn run(args: Args) -> Result<()> {
         head_dim: args.head_dim,
     };
     dims.validate()?;
-    if args.workers == 0 {
-        bail!("--workers must be at least 1");
-    }
+    let launch = LaunchEnv::from_env()?;
+    let workers = match (args.workers, &launch) {
+        (Some(0), _) => bail!("--workers must be at least 1"),
+        (Some(w), Some(env)) if w != env.world => bail!(
+            "--workers {w} does not match WORLD_SIZE={}: under a launcher every process is one worker",
+            env.world
+        ),
+        (Some(w), _) => w,
+        (None, Some(env)) => env.world,
+        (None, None) => 4,
+    };
     let save = args
         .save
         .as_deref()
         .map(|p| create_output(p).map(|_| p))
         .transpose()?;
     let x = Inputs::random(dims, args.seq_len, args.seed);
-    let run = run_attention(
-        &x,
-        args.workers,
-        args.schedule,
-        Duration::from_secs(args.timeout),
-    )?;
+    let timeout = Duration::from_secs(args.timeout);
+    let run = match launch {
+        None => run_attention(&x, workers, args.schedule, timeout)?,
+        Some(env) => {
+            let joined = rendezvous::join(
+                &env,
+                super::args_hash(),
+                Duration::from_secs(args.rendezvous_timeout),
+                || Ok(Vec::new()),
+            )?;
+            let mut comm = connect_mesh(
+                joined,
+                Duration::from_secs(args.rendezvous_timeout),
+                timeout,
+            )?;
+            match run_attention_rank(&x, args.schedule, &mut comm)? {
+                Some(run) => run,
+                None => return Ok(()), // rank 0 reports for everyone
+            }
+        }
+    };
     let check = args.check.then(|| check(&x, &run));
     if let Some(path) = save {
         save_run(path, &x, &run)?;
     }
     let report = Report {
         device: args.device,
-        workers: args.workers,
+        workers,
         schedule: args.schedule,
         seq_len: args.seq_len,
         batch: args.batch,

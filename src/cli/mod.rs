@@ -2,6 +2,7 @@
 
 mod attention;
 mod bench;
+mod launch;
 mod plan;
 
 use anyhow::Result;
@@ -23,6 +24,10 @@ enum Command {
     Plan(plan::Args),
     /// Run distributed causal attention forward and backward on random inputs.
     Attention(attention::Args),
+    /// Start one process per worker on this node (sets RANK, WORLD_SIZE, LOCAL_RANK,
+    /// MASTER_ADDR, MASTER_PORT like torchrun), e.g. `distflash launch --nproc-per-node 4 --
+    /// attention --check`.
+    Launch(launch::Args),
     /// Measure this machine's rates.
     #[command(subcommand)]
     Bench(bench::Target),
@@ -32,6 +37,7 @@ pub fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Plan(args) => plan::run(args),
         Command::Attention(args) => attention::run(args),
+        Command::Launch(args) => launch::run(args),
         Command::Bench(target) => bench::run(target),
     }
 }
@@ -44,4 +50,12 @@ fn create_output(path: &Path) -> Result<File> {
             path.display()
         )
     })
+}
+
+/// A hash of this process's arguments: ranks of one job must have been started alike.
+fn args_hash() -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    std::env::args().skip(1).collect::<Vec<_>>().hash(&mut h);
+    h.finish()
 }

@@ -10,10 +10,12 @@ use std::time::{Duration, Instant};
 /// Host buffers: what CPU workers exchange.
 pub type Buf = Vec<f32>;
 
-/// What a message holds: tensors, or a rank's last word before it gives up.
+/// What a message holds: tensors, a rank's last word before it gives up, or the transport's
+/// note that the connection to a rank ended.
 pub enum Body {
     Data(Vec<Buf>),
     Abort(String),
+    Closed(String),
 }
 
 /// A message with its sender and tag.
@@ -37,6 +39,8 @@ pub struct Endpoint<T> {
     transport: T,
     inbox: Receiver<Envelope>,
     stash: Vec<Envelope>,
+    /// Why the connection to each rank ended, for ranks whose connection has ended.
+    closed: Vec<Option<String>>,
     timeout: Duration,
     bytes_sent: u64,
     collective_round: u64,
@@ -48,6 +52,7 @@ impl<T: Transport> Endpoint<T> {
     pub fn new(rank: usize, transport: T, inbox: Receiver<Envelope>, timeout: Duration) -> Self {
         Endpoint {
             rank,
+            closed: vec![None; transport.world()],
             transport,
             inbox,
             stash: Vec::new(),
@@ -99,7 +104,7 @@ impl<T: Transport> Endpoint<T> {
             .position(|e| e.from == from && e.tag == tag)?;
         match self.stash.remove(i).body {
             Body::Data(parts) => Some(parts),
-            Body::Abort(_) => None,
+            Body::Abort(_) | Body::Closed(_) => None,
         }
     }
 
@@ -129,6 +134,13 @@ impl<T: Transport> Communicator<Buf> for Endpoint<T> {
     fn recv(&mut self, from: usize, tag: Tag) -> Result<Vec<Buf>> {
         if let Some(parts) = self.take(from, tag) {
             return Ok(parts);
+        }
+        if let Some(reason) = &self.closed[from] {
+            return Err(PeerFailed {
+                rank: from,
+                reason: reason.clone(),
+            }
+            .into());
         }
         let deadline = Instant::now() + self.timeout;
         loop {

@@ -3,9 +3,12 @@
 
 mod endpoint;
 mod local;
+pub mod rendezvous;
+mod tcp;
 
 pub use endpoint::{Body, Buf, Endpoint, Envelope, Transport};
 pub use local::{LocalComm, local_group};
+pub use tcp::{TcpComm, connect_mesh};
 
 use anyhow::Result;
 use std::fmt;

@@ -6,9 +6,11 @@
 //! inputs of step t + 1 therefore travel while step t computes; only returned partials wait for
 //! the compute that makes them.
 
+mod driver;
 mod local;
 
-pub use local::{AttentionRun, WorkerReport, collect_results, run_attention, run_workers};
+pub use driver::{AttentionRun, WorkerReport, run_attention, run_attention_rank};
+pub use local::{collect_results, run_workers};
 
 use crate::attn::{Block, Dims, Grads, Partial, QuerySide, Span};
 use crate::backend::Backend;

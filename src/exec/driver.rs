@@ -1,0 +1,244 @@
+//! Distributed attention over a whole sequence: split it into chunks, run each worker's forward
+//! and backward, and join the results, with workers as threads (`run_attention`) or as one rank
+//! of a multi-process job (`run_attention_rank`).
+
+use super::local::{collect_results, run_workers};
+use super::{OwnChunk, Saved, Worker, chunk_spans};
+use crate::attn::{Span, layout};
+use crate::backend::Backend;
+use crate::backend::cpu::CpuBackend;
+use crate::comm::{Communicator, PeerFailed, Tag};
+use crate::inputs::Inputs;
+use crate::plan::{self, Pass, Plan, Schedule};
+use anyhow::{Result, bail};
+use std::time::{Duration, Instant};
+
+/// Per-worker measurements of one run.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct WorkerReport {
+    pub rows: usize,
+    pub forward_busy_secs: f64,
+    pub backward_busy_secs: f64,
+    pub forward_bytes_sent: u64,
+    pub backward_bytes_sent: u64,
+}
+
+/// The joined results (head-major, whole sequence) and measurements of a distributed run.
+pub struct AttentionRun {
+    pub out: Vec<f32>,
+    pub lse: Vec<f32>,
+    pub dq: Vec<f32>,
+    pub dk: Vec<f32>,
+    pub dv: Vec<f32>,
+    /// Wall time of the forward (slowest worker), seconds.
+    pub forward_secs: f64,
+    pub backward_secs: f64,
+    pub workers: Vec<WorkerReport>,
+}
+
+struct WorkerResult {
+    /// out, lse, dq, dk, dv of this worker's rows.
+    tensors: [Vec<f32>; 5],
+    forward_secs: f64,
+    backward_secs: f64,
+    report: WorkerReport,
+}
+
+/// The schedule and chunking every rank derives identically from the arguments.
+struct Setup {
+    spans: Vec<Span>,
+    forward: Plan,
+    backward: Plan,
+}
+
+impl Setup {
+    fn new(problem: &Inputs, workers: usize, schedule: Schedule) -> Result<Setup> {
+        problem.dims.validate()?;
+        Ok(Setup {
+            spans: chunk_spans(&plan::chunk_sizes(problem.seq, workers)?),
+            forward: Plan::new(workers, schedule, Pass::Forward)?,
+            backward: Plan::new(workers, schedule, Pass::Backward)?,
+        })
+    }
+}
+
+/// Runs forward then backward of causal attention with `workers` CPU worker threads.
+pub fn run_attention(
+    problem: &Inputs,
+    workers: usize,
+    schedule: Schedule,
+    timeout: Duration,
+) -> Result<AttentionRun> {
+    let setup = Setup::new(problem, workers, schedule)?;
+    let results = run_workers(workers, timeout, |rank, comm| {
+        run_rank(problem, &setup, rank, comm)
+    });
+    Ok(assemble(problem, collect_results(results)?))
+}
+
+/// Runs this process's rank of a multi-process job (one rank per worker) and gathers every
+/// rank's results to rank 0, which gets `Some(run)`; the other ranks get `None`.
+pub fn run_attention_rank<C: Communicator<Vec<f32>>>(
+    problem: &Inputs,
+    schedule: Schedule,
+    comm: &mut C,
+) -> Result<Option<AttentionRun>> {
+    let setup = Setup::new(problem, comm.world(), schedule)?;
+    let rank = comm.rank();
+    let mine = match run_rank(problem, &setup, rank, comm) {
+        Ok(mine) => mine,
+        Err(e) => {
+            if !e.chain().any(|c| c.is::<PeerFailed>()) {
+                comm.abort(&format!("{e:#}"));
+            }
+            return Err(e);
+        }
+    };
+    // Tag space above the plans' (pass << 40) tags and below the collectives'.
+    let gather = Tag(1 << 50);
+    if rank != 0 {
+        let meta = pack(&mine);
+        let [out, lse, dq, dk, dv] = &mine.tensors;
+        comm.send(0, gather, &[out, lse, dq, dk, dv, &meta])?;
+        comm.barrier()?;
+        return Ok(None);
+    }
+    let mut parts = vec![mine];
+    for from in 1..comm.world() {
+        let mut got = comm.recv(from, gather)?;
+        if got.len() != 6 {
+            bail!(
+                "worker {from} sent {} result tensors instead of 6",
+                got.len()
+            );
+        }
+        let meta = got.pop().expect("six parts");
+        let tensors: [Vec<f32>; 5] = got.try_into().expect("five tensors");
+        parts.push(unpack(tensors, &meta)?);
+    }
+    comm.barrier()?;
+    Ok(Some(assemble(problem, parts)))
+}
+
+/// A worker's timings and counters as f32 bit patterns (u64s split in halves), so they travel
+/// exactly with the tensors.
+fn pack(r: &WorkerResult) -> Vec<f32> {
+    let w = &r.report;
+    [
+        r.forward_secs.to_bits(),
+        r.backward_secs.to_bits(),
+        w.forward_busy_secs.to_bits(),
+        w.backward_busy_secs.to_bits(),
+        w.rows as u64,
+        w.forward_bytes_sent,
+        w.backward_bytes_sent,
+    ]
+    .iter()
+    .flat_map(|&x| [f32::from_bits(x as u32), f32::from_bits((x >> 32) as u32)])
+    .collect()
+}
+
+fn unpack(tensors: [Vec<f32>; 5], meta: &[f32]) -> Result<WorkerResult> {
+    let v: Vec<u64> = meta
+        .chunks_exact(2)
+        .map(|p| p[0].to_bits() as u64 | ((p[1].to_bits() as u64) << 32))
+        .collect();
+    let [fwd, bwd, fwd_busy, bwd_busy, rows, fwd_bytes, bwd_bytes] = v[..] else {
+        bail!("a worker's report has {} fields instead of 7", v.len());
+    };
+    Ok(WorkerResult {
+        tensors,
+        forward_secs: f64::from_bits(fwd),
+        backward_secs: f64::from_bits(bwd),
+        report: WorkerReport {
+            rows: rows as usize,
+            forward_busy_secs: f64::from_bits(fwd_busy),
+            backward_busy_secs: f64::from_bits(bwd_busy),
+            forward_bytes_sent: fwd_bytes,
+            backward_bytes_sent: bwd_bytes,
+        },
+    })
+}
+
+/// Joins the workers' chunks (in rank order) into whole-sequence tensors.
+fn assemble(problem: &Inputs, parts: Vec<WorkerResult>) -> AttentionRun {
+    let dims = problem.dims;
+    let (q_rows, kv_rows) = (dims.batch * dims.heads, dims.batch * dims.kv_heads);
+    let shapes = [
+        (q_rows, dims.head_dim),
+        (q_rows, 1),
+        (q_rows, dims.head_dim),
+        (kv_rows, dims.head_dim),
+        (kv_rows, dims.head_dim),
+    ];
+    let [out, lse, dq, dk, dv] = std::array::from_fn(|i| {
+        let chunks: Vec<Vec<f32>> = parts.iter().map(|p| p.tensors[i].clone()).collect();
+        layout::join_rows(&chunks, shapes[i].0, shapes[i].1)
+    });
+    AttentionRun {
+        out,
+        lse,
+        dq,
+        dk,
+        dv,
+        forward_secs: parts.iter().map(|p| p.forward_secs).fold(0.0, f64::max),
+        backward_secs: parts.iter().map(|p| p.backward_secs).fold(0.0, f64::max),
+        workers: parts.into_iter().map(|p| p.report).collect(),
+    }
+}
+
+/// One worker's forward and backward over its chunk.
+fn run_rank<C: Communicator<Vec<f32>>>(
+    problem: &Inputs,
+    setup: &Setup,
+    rank: usize,
+    comm: &mut C,
+) -> Result<WorkerResult> {
+    let dims = problem.dims;
+    let span = setup.spans[rank];
+    let spans = &setup.spans;
+    let (q_rows, kv_rows) = (dims.batch * dims.heads, dims.batch * dims.kv_heads);
+    let d = dims.head_dim;
+    let take = |t: &[f32], outer| layout::take_rows(t, outer, problem.seq, d, span);
+    let own = OwnChunk {
+        q: take(&problem.q, q_rows),
+        k: take(&problem.k, kv_rows),
+        v: take(&problem.v, kv_rows),
+    };
+    let dout = take(&problem.dout, q_rows);
+    let backend = CpuBackend;
+    let mut worker = Worker {
+        backend: &backend,
+        comm,
+        dims,
+        spans,
+        compute: Duration::ZERO,
+    };
+    worker.comm.barrier()?;
+    let start = Instant::now();
+    let result = worker.forward(&setup.forward, &own)?;
+    let forward_secs = start.elapsed().as_secs_f64();
+    let forward_busy = worker.compute;
+    let forward_bytes = worker.comm.bytes_sent();
+    let saved = Saved {
+        delta: backend.delta(&dims, span.len, &result.out, &dout)?,
+        dout,
+        lse: result.lse.clone(),
+    };
+    worker.comm.barrier()?;
+    let start = Instant::now();
+    let grads = worker.backward(&setup.backward, &own, &saved)?;
+    let backward_secs = start.elapsed().as_secs_f64();
+    Ok(WorkerResult {
+        tensors: [result.out, result.lse, grads.dq, grads.dk, grads.dv],
+        forward_secs,
+        backward_secs,
+        report: WorkerReport {
+            rows: span.len,
+            forward_busy_secs: forward_busy.as_secs_f64(),
+            backward_busy_secs: (worker.compute - forward_busy).as_secs_f64(),
+            forward_bytes_sent: forward_bytes,
+            backward_bytes_sent: worker.comm.bytes_sent() - forward_bytes,
+        },
+    })
+}
