@@ -125,3 +125,15 @@ fn more_workers_than_tokens_is_an_error_not_a_panic() {
         "{err:#}"
     );
 }
+
+#[test]
+fn a_lone_worker_on_a_backend_equals_the_threaded_single_worker() {
+    let x = Inputs::random(dims(2, 4, 2, 16), 70, 8);
+    let alone =
+        distflash::exec::run_attention_alone(&distflash::backend::cpu::CpuBackend, &x).unwrap();
+    let threads = run_attention(&x, 1, Schedule::Balanced, Duration::from_secs(60)).unwrap();
+    assert_eq!(alone.out, threads.out);
+    assert_eq!(alone.dq, threads.dq);
+    assert_eq!(alone.dv, threads.dv);
+    assert_eq!(alone.workers[0].forward_bytes_sent, 0);
+}

@@ -24,6 +24,10 @@ impl Backend for CpuBackend {
         Ok(tensor.clone())
     }
 
+    fn synchronize(&self) -> Result<()> {
+        Ok(()) // CPU work is done when its call returns
+    }
+
     fn zeros(&self, len: usize) -> Result<Vec<f32>> {
         Ok(vec![0.0; len])
     }

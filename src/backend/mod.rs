@@ -22,6 +22,9 @@ pub trait Backend: Sync {
     /// Copies a tensor back to the host as f32.
     fn download(&self, tensor: &Self::Tensor) -> Result<Vec<f32>>;
 
+    /// Waits until all work issued so far has finished, so host clocks time device work.
+    fn synchronize(&self) -> Result<()>;
+
     /// A zero-filled accumulator (f32) of `len` elements.
     fn zeros(&self, len: usize) -> Result<Self::Tensor>;
 

@@ -4,10 +4,12 @@
 mod endpoint;
 mod local;
 pub mod rendezvous;
+mod solo;
 mod tcp;
 
 pub use endpoint::{Body, Buf, Endpoint, Envelope, Transport};
 pub use local::{LocalComm, local_group};
+pub use solo::Solo;
 pub use tcp::{TcpComm, connect_mesh};
 
 use anyhow::Result;

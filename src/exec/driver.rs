@@ -7,7 +7,7 @@ use super::{OwnChunk, Saved, Worker, chunk_spans};
 use crate::attn::{Span, layout};
 use crate::backend::Backend;
 use crate::backend::cpu::CpuBackend;
-use crate::comm::{Communicator, PeerFailed, Tag};
+use crate::comm::{Communicator, PeerFailed, Solo, Tag, Wire};
 use crate::inputs::Inputs;
 use crate::plan::{self, Pass, Plan, Schedule};
 use anyhow::{Result, bail};
@@ -71,9 +71,20 @@ pub fn run_attention(
 ) -> Result<AttentionRun> {
     let setup = Setup::new(problem, workers, schedule)?;
     let results = run_workers(workers, timeout, |rank, comm| {
-        run_rank(problem, &setup, rank, comm)
+        run_rank(&CpuBackend, problem, &setup, rank, comm)
     });
     Ok(assemble(problem, collect_results(results)?))
+}
+
+/// Runs forward then backward with one worker on `backend` (no communication): the path of a
+/// single device.
+pub fn run_attention_alone<B: Backend>(backend: &B, problem: &Inputs) -> Result<AttentionRun>
+where
+    B::Tensor: Wire,
+{
+    let setup = Setup::new(problem, 1, Schedule::Balanced)?;
+    let part = run_rank(backend, problem, &setup, 0, &mut Solo)?;
+    Ok(assemble(problem, vec![part]))
 }
 
 /// Runs this process's rank of a multi-process job (one rank per worker) and gathers every
@@ -85,7 +96,7 @@ pub fn run_attention_rank<C: Communicator<Vec<f32>>>(
 ) -> Result<Option<AttentionRun>> {
     let setup = Setup::new(problem, comm.world(), schedule)?;
     let rank = comm.rank();
-    let mine = match run_rank(problem, &setup, rank, comm) {
+    let mine = match run_rank(&CpuBackend, problem, &setup, rank, comm) {
         Ok(mine) => mine,
         Err(e) => {
             if !e.chain().any(|c| c.is::<PeerFailed>()) {
@@ -187,28 +198,32 @@ fn assemble(problem: &Inputs, parts: Vec<WorkerResult>) -> AttentionRun {
     }
 }
 
-/// One worker's forward and backward over its chunk.
-fn run_rank<C: Communicator<Vec<f32>>>(
+/// One worker's forward and backward over its chunk on `backend`; results come back as host f32.
+fn run_rank<B: Backend, C: Communicator<B::Tensor>>(
+    backend: &B,
     problem: &Inputs,
     setup: &Setup,
     rank: usize,
     comm: &mut C,
-) -> Result<WorkerResult> {
+) -> Result<WorkerResult>
+where
+    B::Tensor: Wire,
+{
     let dims = problem.dims;
     let span = setup.spans[rank];
     let spans = &setup.spans;
     let (q_rows, kv_rows) = (dims.batch * dims.heads, dims.batch * dims.kv_heads);
     let d = dims.head_dim;
-    let take = |t: &[f32], outer| layout::take_rows(t, outer, problem.seq, d, span);
+    let take =
+        |t: &[f32], outer| backend.upload(&layout::take_rows(t, outer, problem.seq, d, span));
     let own = OwnChunk {
-        q: take(&problem.q, q_rows),
-        k: take(&problem.k, kv_rows),
-        v: take(&problem.v, kv_rows),
+        q: take(&problem.q, q_rows)?,
+        k: take(&problem.k, kv_rows)?,
+        v: take(&problem.v, kv_rows)?,
     };
-    let dout = take(&problem.dout, q_rows);
-    let backend = CpuBackend;
+    let dout = take(&problem.dout, q_rows)?;
     let mut worker = Worker {
-        backend: &backend,
+        backend,
         comm,
         dims,
         spans,
@@ -217,20 +232,29 @@ fn run_rank<C: Communicator<Vec<f32>>>(
     worker.comm.barrier()?;
     let start = Instant::now();
     let result = worker.forward(&setup.forward, &own)?;
+    backend.synchronize()?;
     let forward_secs = start.elapsed().as_secs_f64();
     let forward_busy = worker.compute;
     let forward_bytes = worker.comm.bytes_sent();
     let saved = Saved {
         delta: backend.delta(&dims, span.len, &result.out, &dout)?,
         dout,
-        lse: result.lse.clone(),
+        lse: result.lse,
     };
     worker.comm.barrier()?;
     let start = Instant::now();
     let grads = worker.backward(&setup.backward, &own, &saved)?;
+    backend.synchronize()?;
     let backward_secs = start.elapsed().as_secs_f64();
+    let host = |t: &B::Tensor| backend.download(t);
     Ok(WorkerResult {
-        tensors: [result.out, result.lse, grads.dq, grads.dk, grads.dv],
+        tensors: [
+            host(&result.out)?,
+            host(&saved.lse)?,
+            host(&grads.dq)?,
+            host(&grads.dk)?,
+            host(&grads.dv)?,
+        ],
         forward_secs,
         backward_secs,
         report: WorkerReport {

@@ -9,7 +9,9 @@
 mod driver;
 mod local;
 
-pub use driver::{AttentionRun, WorkerReport, run_attention, run_attention_rank};
+pub use driver::{
+    AttentionRun, WorkerReport, run_attention, run_attention_alone, run_attention_rank,
+};
 pub use local::{collect_results, run_workers};
 
 use crate::attn::{Block, Dims, Grads, Partial, QuerySide, Span};
