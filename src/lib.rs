@@ -11,4 +11,5 @@ pub mod comm;
 pub mod exec;
 pub mod inputs;
 pub mod plan;
+pub mod sim;
 pub mod tensor_file;

@@ -4,6 +4,7 @@ mod attention;
 mod bench;
 mod launch;
 mod plan;
+mod simulate;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -28,6 +29,8 @@ enum Command {
     /// MASTER_ADDR, MASTER_PORT like torchrun), e.g. `distflash launch --nproc-per-node 4 --
     /// attention --check`.
     Launch(launch::Args),
+    /// Predict distributed attention time on P devices from device and link rates.
+    Simulate(simulate::Args),
     /// Measure this machine's rates.
     #[command(subcommand)]
     Bench(bench::Target),
@@ -38,6 +41,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Plan(args) => plan::run(args),
         Command::Attention(args) => attention::run(args),
         Command::Launch(args) => launch::run(args),
+        Command::Simulate(args) => simulate::run(args),
         Command::Bench(target) => bench::run(target),
     }
 }

@@ -41,3 +41,18 @@ pub fn elements_sent(plan: &Plan, dims: &Dims, chunk_rows: &[usize]) -> Vec<usiz
     }
     sent
 }
+
+/// Bytes carried by `payload` for a chunk of `rows` rows when inputs (Q, K, V, dO) travel as
+/// `input_bytes`-byte values and statistics, partial results and gradients as f32 — what the
+/// GPU path sends (bf16 inputs: `input_bytes` = 2).
+pub fn bytes(payload: Payload, dims: &Dims, rows: usize, input_bytes: usize) -> usize {
+    let (q, kv, stat) = (dims.q_len(rows), dims.kv_len(rows), dims.stat_len(rows));
+    match payload {
+        Payload::KeyValue => 2 * kv * input_bytes,
+        Payload::Query => q * input_bytes,
+        Payload::PartialOut => (q + stat) * 4,
+        Payload::QueryGradInputs => 2 * q * input_bytes + 2 * stat * 4,
+        Payload::KvGrad => 2 * kv * 4,
+        Payload::QueryGrad => q * 4,
+    }
+}
