@@ -164,7 +164,7 @@ fn bad_input_gets_one_sentence_and_a_nonzero_exit() {
         (&["attention", "--workers", "0"], "at least 1"),
         (
             &["attention", "--seq-len", "3", "--workers", "4"],
-            "shorter than the worker count",
+            "too short for 4 workers",
         ),
         (
             &["attention", "--head-dim", "0"],
@@ -175,8 +175,8 @@ fn bad_input_gets_one_sentence_and_a_nonzero_exit() {
             "head dim 257 is unsupported",
         ),
         (
-            &["attention", "--schedule", "zigzag"],
-            "unknown schedule 'zigzag'",
+            &["attention", "--schedule", "ring"],
+            "unknown schedule 'ring'",
         ),
         (
             &["plan", "--out", "/nonexistent-dir/x.svg"],

@@ -61,16 +61,16 @@ fn run_with_fault(culprit: usize, panic: bool) -> Vec<Result<()>> {
         head_dim: 8,
     };
     let x = Inputs::random(dims, seq, 1);
-    let spans = chunk_spans(&chunk_sizes(seq, workers).unwrap());
+    let spans = chunk_spans(&chunk_sizes(seq, workers, Schedule::Balanced).unwrap());
     let plan = Plan::new(workers, Schedule::Balanced, Pass::Forward).unwrap();
     // A long timeout: the test passes only if failure propagation, not the timeout, ends waits.
     run_workers(workers, Duration::from_secs(120), |rank, comm| {
         let take = |t: &[f32]| layout::take_rows(t, 2, seq, 8, spans[rank]);
-        let own = OwnChunk {
+        let own = [OwnChunk {
             q: take(&x.q),
             k: take(&x.k),
             v: take(&x.v),
-        };
+        }];
         let mut faulty = Faulty {
             inner: comm,
             sends: 0,
@@ -84,7 +84,7 @@ fn run_with_fault(culprit: usize, panic: bool) -> Vec<Result<()>> {
             spans: &spans,
             compute: Duration::ZERO,
         };
-        worker.forward(&plan, &own).map(|_| ())
+        worker.forward(&plan, &own[..]).map(|_| ())
     })
 }
 

@@ -2,7 +2,7 @@
 //! oracle-checked reference for every algorithm and what CI runs.
 
 use super::Backend;
-use crate::attn::{self, Block, Dims, Grads, Partial, QuerySide, RunningState};
+use crate::attn::{self, Block, Dims, GradsMut, Partial, QuerySide, RunningState};
 use anyhow::Result;
 
 /// Runs blocks on the CPU in f32 with rayon.
@@ -95,7 +95,7 @@ impl Backend for CpuBackend {
         query: QuerySide<'_, Vec<f32>>,
         k: &Vec<f32>,
         v: &Vec<f32>,
-        grads: &mut Grads<Vec<f32>>,
+        grads: GradsMut<'_, Vec<f32>>,
     ) -> Result<()> {
         attn::backward_block(dims, block, query, k, v, grads);
         Ok(())

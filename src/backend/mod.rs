@@ -3,7 +3,7 @@
 
 pub mod cpu;
 
-use crate::attn::{Block, Dims, Grads, Partial, QuerySide, RunningState};
+use crate::attn::{Block, Dims, GradsMut, Partial, QuerySide, RunningState};
 use anyhow::Result;
 
 /// The block API every device implements. Tensors are head-major (see `attn`); the backend
@@ -80,6 +80,6 @@ pub trait Backend: Sync {
         query: QuerySide<'_, Self::Tensor>,
         k: &Self::Tensor,
         v: &Self::Tensor,
-        grads: &mut Grads<Self::Tensor>,
+        grads: GradsMut<'_, Self::Tensor>,
     ) -> Result<()>;
 }

@@ -64,7 +64,12 @@ pub fn run(args: Args) -> Result<()> {
         .workers
         .iter()
         .map(|&workers| {
-            let w = Workload { dims, seq: args.seq_len, workers, schedule: args.schedule };
+            let w = Workload {
+                dims,
+                seq: args.seq_len,
+                workers,
+                schedule: args.schedule,
+            };
             sim::predict(&w, &machine)
         })
         .collect::<Result<Vec<_>>>()?;
@@ -77,7 +82,11 @@ pub fn run(args: Args) -> Result<()> {
     println!(
         "{} schedule{}, seq {}, heads {}/{}, head dim {}: {} / {} TFLOP/s fwd/bwd, {} GB/s links",
         args.schedule,
-        if args.no_overlap { " without overlap" } else { "" },
+        if args.no_overlap {
+            " without overlap"
+        } else {
+            ""
+        },
         args.seq_len,
         args.heads,
         args.kv_heads,

@@ -36,9 +36,12 @@ pub struct AttentionRun {
     pub workers: Vec<WorkerReport>,
 }
 
+/// Results of one chunk: out, lse, dq, dk, dv of its rows, host f32.
+type ChunkTensors = [Vec<f32>; 5];
+
 struct WorkerResult {
-    /// out, lse, dq, dk, dv of this worker's rows.
-    tensors: [Vec<f32>; 5],
+    /// (chunk index, its tensors) for every chunk the worker owns.
+    chunks: Vec<(usize, ChunkTensors)>,
     forward_secs: f64,
     backward_secs: f64,
     report: WorkerReport,
@@ -55,7 +58,7 @@ impl Setup {
     fn new(problem: &Inputs, workers: usize, schedule: Schedule) -> Result<Setup> {
         problem.dims.validate()?;
         Ok(Setup {
-            spans: chunk_spans(&plan::chunk_sizes(problem.seq, workers)?),
+            spans: chunk_spans(&plan::chunk_sizes(problem.seq, workers, schedule)?),
             forward: Plan::new(workers, schedule, Pass::Forward)?,
             backward: Plan::new(workers, schedule, Pass::Backward)?,
         })
@@ -109,30 +112,24 @@ pub fn run_attention_rank<C: Communicator<Vec<f32>>>(
     let gather = Tag(1 << 50);
     if rank != 0 {
         let meta = pack(&mine);
-        let [out, lse, dq, dk, dv] = &mine.tensors;
-        comm.send(0, gather, &[out, lse, dq, dk, dv, &meta])?;
+        let mut parts: Vec<&Vec<f32>> = mine.chunks.iter().flat_map(|(_, t)| t.iter()).collect();
+        parts.push(&meta);
+        comm.send(0, gather, &parts)?;
         comm.barrier()?;
         return Ok(None);
     }
     let mut parts = vec![mine];
     for from in 1..comm.world() {
         let mut got = comm.recv(from, gather)?;
-        if got.len() != 6 {
-            bail!(
-                "worker {from} sent {} result tensors instead of 6",
-                got.len()
-            );
-        }
-        let meta = got.pop().expect("six parts");
-        let tensors: [Vec<f32>; 5] = got.try_into().expect("five tensors");
-        parts.push(unpack(tensors, &meta)?);
+        let meta = got.pop().unwrap_or_default();
+        parts.push(unpack(got, &meta).map_err(|e| e.context(format!("results of worker {from}")))?);
     }
     comm.barrier()?;
     Ok(Some(assemble(problem, parts)))
 }
 
-/// A worker's timings and counters as f32 bit patterns (u64s split in halves), so they travel
-/// exactly with the tensors.
+/// A worker's timings, counters and chunk indices as f32 bit patterns (u64s split in halves),
+/// so they travel exactly with the tensors.
 fn pack(r: &WorkerResult) -> Vec<f32> {
     let w = &r.report;
     [
@@ -144,21 +141,45 @@ fn pack(r: &WorkerResult) -> Vec<f32> {
         w.forward_bytes_sent,
         w.backward_bytes_sent,
     ]
-    .iter()
-    .flat_map(|&x| [f32::from_bits(x as u32), f32::from_bits((x >> 32) as u32)])
+    .into_iter()
+    .chain(r.chunks.iter().map(|(c, _)| *c as u64))
+    .flat_map(|x| [f32::from_bits(x as u32), f32::from_bits((x >> 32) as u32)])
     .collect()
 }
 
-fn unpack(tensors: [Vec<f32>; 5], meta: &[f32]) -> Result<WorkerResult> {
+fn unpack(tensors: Vec<Vec<f32>>, meta: &[f32]) -> Result<WorkerResult> {
     let v: Vec<u64> = meta
         .chunks_exact(2)
         .map(|p| p[0].to_bits() as u64 | ((p[1].to_bits() as u64) << 32))
         .collect();
-    let [fwd, bwd, fwd_busy, bwd_busy, rows, fwd_bytes, bwd_bytes] = v[..] else {
-        bail!("a worker's report has {} fields instead of 7", v.len());
+    let [
+        fwd,
+        bwd,
+        fwd_busy,
+        bwd_busy,
+        rows,
+        fwd_bytes,
+        bwd_bytes,
+        ref chunk_ids @ ..,
+    ] = v[..]
+    else {
+        bail!("the report has {} fields, fewer than 7", v.len());
     };
+    if tensors.len() != 5 * chunk_ids.len() {
+        bail!("{} tensors for {} chunks", tensors.len(), chunk_ids.len());
+    }
+    let mut it = tensors.into_iter();
+    let chunks = chunk_ids
+        .iter()
+        .map(|&c| {
+            (
+                c as usize,
+                std::array::from_fn(|_| it.next().expect("counted")),
+            )
+        })
+        .collect();
     Ok(WorkerResult {
-        tensors,
+        chunks,
         forward_secs: f64::from_bits(fwd),
         backward_secs: f64::from_bits(bwd),
         report: WorkerReport {
@@ -171,7 +192,7 @@ fn unpack(tensors: [Vec<f32>; 5], meta: &[f32]) -> Result<WorkerResult> {
     })
 }
 
-/// Joins the workers' chunks (in rank order) into whole-sequence tensors.
+/// Joins every worker's chunks, in chunk order, into whole-sequence tensors.
 fn assemble(problem: &Inputs, parts: Vec<WorkerResult>) -> AttentionRun {
     let dims = problem.dims;
     let (q_rows, kv_rows) = (dims.batch * dims.heads, dims.batch * dims.kv_heads);
@@ -182,9 +203,11 @@ fn assemble(problem: &Inputs, parts: Vec<WorkerResult>) -> AttentionRun {
         (kv_rows, dims.head_dim),
         (kv_rows, dims.head_dim),
     ];
+    let mut chunks: Vec<&(usize, ChunkTensors)> = parts.iter().flat_map(|p| &p.chunks).collect();
+    chunks.sort_by_key(|(c, _)| *c);
     let [out, lse, dq, dk, dv] = std::array::from_fn(|i| {
-        let chunks: Vec<Vec<f32>> = parts.iter().map(|p| p.tensors[i].clone()).collect();
-        layout::join_rows(&chunks, shapes[i].0, shapes[i].1)
+        let pieces: Vec<Vec<f32>> = chunks.iter().map(|(_, t)| t[i].clone()).collect();
+        layout::join_rows(&pieces, shapes[i].0, shapes[i].1)
     });
     AttentionRun {
         out,
@@ -198,7 +221,7 @@ fn assemble(problem: &Inputs, parts: Vec<WorkerResult>) -> AttentionRun {
     }
 }
 
-/// One worker's forward and backward over its chunk on `backend`; results come back as host f32.
+/// One worker's forward and backward over its chunks on `backend`; results come back as host f32.
 fn run_rank<B: Backend, C: Communicator<B::Tensor>>(
     backend: &B,
     problem: &Inputs,
@@ -210,55 +233,78 @@ where
     B::Tensor: Wire,
 {
     let dims = problem.dims;
-    let span = setup.spans[rank];
-    let spans = &setup.spans;
+    let mine = setup.forward.chunks_of(rank);
     let (q_rows, kv_rows) = (dims.batch * dims.heads, dims.batch * dims.kv_heads);
     let d = dims.head_dim;
-    let take =
-        |t: &[f32], outer| backend.upload(&layout::take_rows(t, outer, problem.seq, d, span));
-    let own = OwnChunk {
-        q: take(&problem.q, q_rows)?,
-        k: take(&problem.k, kv_rows)?,
-        v: take(&problem.v, kv_rows)?,
+    let take = |t: &[f32], outer, c: usize| {
+        backend.upload(&layout::take_rows(t, outer, problem.seq, d, setup.spans[c]))
     };
-    let dout = take(&problem.dout, q_rows)?;
+    let own = mine
+        .iter()
+        .map(|&c| {
+            Ok(OwnChunk {
+                q: take(&problem.q, q_rows, c)?,
+                k: take(&problem.k, kv_rows, c)?,
+                v: take(&problem.v, kv_rows, c)?,
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let dout = mine
+        .iter()
+        .map(|&c| take(&problem.dout, q_rows, c))
+        .collect::<Result<Vec<_>>>()?;
     let mut worker = Worker {
         backend,
         comm,
         dims,
-        spans,
+        spans: &setup.spans,
         compute: Duration::ZERO,
     };
     worker.comm.barrier()?;
     let start = Instant::now();
-    let result = worker.forward(&setup.forward, &own)?;
+    let results = worker.forward(&setup.forward, &own)?;
     backend.synchronize()?;
     let forward_secs = start.elapsed().as_secs_f64();
     let forward_busy = worker.compute;
     let forward_bytes = worker.comm.bytes_sent();
-    let saved = Saved {
-        delta: backend.delta(&dims, span.len, &result.out, &dout)?,
-        dout,
-        lse: result.lse,
-    };
+    let mut outs = Vec::with_capacity(mine.len());
+    let mut saved = Vec::with_capacity(mine.len());
+    for ((&c, result), dout) in mine.iter().zip(results).zip(dout) {
+        saved.push(Saved {
+            delta: backend.delta(&dims, setup.spans[c].len, &result.out, &dout)?,
+            dout,
+            lse: result.lse,
+        });
+        outs.push(result.out);
+    }
     worker.comm.barrier()?;
     let start = Instant::now();
     let grads = worker.backward(&setup.backward, &own, &saved)?;
     backend.synchronize()?;
     let backward_secs = start.elapsed().as_secs_f64();
     let host = |t: &B::Tensor| backend.download(t);
+    let chunks = mine
+        .iter()
+        .zip(outs.iter().zip(&saved).zip(&grads))
+        .map(|(&c, ((out, s), g))| {
+            Ok((
+                c,
+                [
+                    host(out)?,
+                    host(&s.lse)?,
+                    host(&g.dq)?,
+                    host(&g.dk)?,
+                    host(&g.dv)?,
+                ],
+            ))
+        })
+        .collect::<Result<Vec<_>>>()?;
     Ok(WorkerResult {
-        tensors: [
-            host(&result.out)?,
-            host(&saved.lse)?,
-            host(&grads.dq)?,
-            host(&grads.dk)?,
-            host(&grads.dv)?,
-        ],
+        chunks,
         forward_secs,
         backward_secs,
         report: WorkerReport {
-            rows: span.len,
+            rows: mine.iter().map(|&c| setup.spans[c].len).sum(),
             forward_busy_secs: forward_busy.as_secs_f64(),
             backward_busy_secs: (worker.compute - forward_busy).as_secs_f64(),
             forward_bytes_sent: forward_bytes,
