@@ -12,7 +12,8 @@ pub use local::{LocalComm, local_group};
 pub use solo::Solo;
 pub use tcp::{TcpComm, connect_mesh};
 
-use anyhow::Result;
+use crate::plan::volume::Part;
+use anyhow::{Result, bail};
 use std::fmt;
 
 /// Identifies a message between one sender and one receiver; both sides compute it from the
@@ -25,15 +26,40 @@ impl Tag {
     const COLLECTIVE: u64 = 1 << 62;
 }
 
-/// Something that can travel: the communicator counts its bytes.
+/// Something that can travel: the communicator counts its bytes and checks its length.
 pub trait Wire: Send {
     fn wire_bytes(&self) -> usize;
+    fn elements(&self) -> usize;
 }
 
 impl Wire for Vec<f32> {
     fn wire_bytes(&self) -> usize {
         self.len() * std::mem::size_of::<f32>()
     }
+
+    fn elements(&self) -> usize {
+        self.len()
+    }
+}
+
+/// A message to post: its receiver, tag and tensors.
+pub struct Outgoing<'a, T> {
+    pub to: usize,
+    pub tag: Tag,
+    pub parts: Vec<&'a T>,
+}
+
+/// A message expected: its sender, tag and the tensors it must hold.
+#[derive(Clone, Debug)]
+pub struct Incoming {
+    pub from: usize,
+    pub tag: Tag,
+    pub parts: Vec<Part>,
+}
+
+/// Receives posted together, to be collected with `Communicator::wait`.
+pub struct Posted {
+    pub recvs: Vec<Incoming>,
 }
 
 /// Point-to-point messages, collectives and failure propagation among `world` ranks.
@@ -48,6 +74,39 @@ pub trait Communicator<T: Wire> {
     /// received in the order they were sent. Fails with `PeerFailed` if any rank aborts
     /// meanwhile, and with a timeout error instead of waiting forever.
     fn recv(&mut self, from: usize, tag: Tag) -> Result<Vec<T>>;
+
+    /// Posts `sends` and `recvs` as one group. Every rank posts its groups in the same order
+    /// (they come from the same plan), which is what NCCL needs to match sends with receives;
+    /// receives complete at `wait`, so compute can run in between. Host communicators send at
+    /// once and receive at `wait`.
+    fn post(&mut self, sends: &[Outgoing<'_, T>], recvs: Vec<Incoming>) -> Result<Posted> {
+        for s in sends {
+            self.send(s.to, s.tag, &s.parts)?;
+        }
+        Ok(Posted { recvs })
+    }
+
+    /// The tensors of a posted group's receives, in posting order, each checked against its
+    /// expected shape.
+    fn wait(&mut self, posted: Posted) -> Result<Vec<Vec<T>>> {
+        posted
+            .recvs
+            .iter()
+            .map(|r| {
+                let got = self.recv(r.from, r.tag)?;
+                let lens: Vec<usize> = got.iter().map(Wire::elements).collect();
+                let want: Vec<usize> = r.parts.iter().map(|p| p.len).collect();
+                if lens != want {
+                    bail!(
+                        "worker {} expected tensors of {want:?} elements from worker {}, got {lens:?}",
+                        self.rank(),
+                        r.from
+                    );
+                }
+                Ok(got)
+            })
+            .collect()
+    }
 
     /// Elementwise sum of `buf` over all ranks, left in every rank's `buf`.
     fn all_reduce_sum(&mut self, buf: &mut T) -> Result<()>;

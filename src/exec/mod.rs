@@ -16,9 +16,9 @@ pub use local::{collect_results, run_workers};
 
 use crate::attn::{Block, Dims, Grads, GradsMut, Partial, QuerySide, RunningState, Span};
 use crate::backend::Backend;
-use crate::comm::{Communicator, Tag, Wire};
-use crate::plan::{Pass, Payload, Plan, Role, Task, Transfer};
-use anyhow::{Context as _, Result, bail};
+use crate::comm::{Communicator, Incoming, Outgoing, Posted, Tag, Wire};
+use crate::plan::{Pass, Payload, Plan, Role, Task, Transfer, volume};
+use anyhow::{Context as _, Result};
 use std::time::{Duration, Instant};
 
 /// Rows of each chunk in the sequence, from the chunk sizes.
@@ -69,22 +69,26 @@ fn tag(pass: Pass, step: usize, chunk: usize, payload: Payload) -> Tag {
     Tag((pass << 40) | ((step as u64) << 20) | ((chunk as u64) << 4) | payload.index())
 }
 
-/// Tensors received this step, by the chunk they belong to.
-struct Received<T>(PerChunk<Vec<T>>);
-
-impl<T> Received<T> {
-    fn get(&self, chunk: usize) -> &[T] {
-        let (_, parts) = self
-            .0
-            .iter()
-            .find(|(c, _)| *c == chunk)
-            .expect("the plan fetches every remote operand of a task in the same step");
-        parts
-    }
+/// A posted group, with the chunk each of its receives belongs to.
+#[derive(Default)]
+struct Pending {
+    posted: Option<Posted>,
+    chunks: Vec<usize>,
+    context: String,
 }
 
 /// Values keyed by chunk index; a step touches only a few chunks, so a list beats a map.
 type PerChunk<T> = Vec<(usize, T)>;
+
+/// The value for `chunk`, which the plan guarantees is there (a fetched operand of a task, or a
+/// result a task of this step produced).
+fn find<T>(list: &PerChunk<T>, chunk: usize) -> &T {
+    &list
+        .iter()
+        .find(|(c, _)| *c == chunk)
+        .expect("the plan pairs every operand and result with its transfer")
+        .1
+}
 
 /// Per-chunk scratch created on first use within a step (a helper's running state, an owner's
 /// dK/dV for fetched K/V).
@@ -133,65 +137,66 @@ where
         r
     }
 
-    /// Sends this worker's tensors for the fetches of `step` (if the plan has that step);
-    /// `owned(payload, chunk)` lists them.
-    fn send_fetches(
+    /// Posts this worker's side of `transfers` (all of step `step`) as one group: sends
+    /// `data(transfer)` for those from it, expects the plan's tensors for those to it.
+    fn exchange<'d>(
+        &mut self,
+        plan: &Plan,
+        step: usize,
+        transfers: &[Transfer],
+        data: impl Fn(&Transfer) -> Vec<&'d B::Tensor>,
+    ) -> Result<Pending>
+    where
+        B::Tensor: 'd,
+    {
+        let me = self.rank();
+        let tag = |t: &Transfer| tag(plan.pass, step, t.chunk, t.payload);
+        let sends: Vec<Outgoing<'d, B::Tensor>> = transfers
+            .iter()
+            .filter(|t| t.from == me)
+            .map(|t| Outgoing {
+                to: t.to,
+                tag: tag(t),
+                parts: data(t),
+            })
+            .collect();
+        let incoming: Vec<&Transfer> = transfers.iter().filter(|t| t.to == me).collect();
+        let recvs = incoming
+            .iter()
+            .map(|t| Incoming {
+                from: t.from,
+                tag: tag(t),
+                parts: volume::parts(t.payload, &self.dims, self.spans[t.chunk].len),
+            })
+            .collect();
+        let posted = self.comm.post(&sends, recvs)?;
+        Ok(Pending {
+            posted: Some(posted),
+            chunks: incoming.iter().map(|t| t.chunk).collect(),
+            context: format!("worker {me} at {:?} step {step}", plan.pass),
+        })
+    }
+
+    /// Posts the fetches of `step`, if the plan has that step (every rank agrees on that).
+    fn post_fetches(
         &mut self,
         plan: &Plan,
         step: usize,
         owned: impl Fn(Payload, usize) -> Vec<&'a B::Tensor>,
-    ) -> Result<()>
-    where
-        B::Tensor: 'a,
-    {
-        let Some(s) = plan.steps.get(step) else {
-            return Ok(());
+    ) -> Result<Pending> {
+        match plan.steps.get(step) {
+            Some(s) => self.exchange(plan, step, &s.fetches, |t| owned(t.payload, t.chunk)),
+            None => Ok(Pending::default()),
+        }
+    }
+
+    /// Waits for a posted group's receives.
+    fn collect(&mut self, pending: Pending) -> Result<PerChunk<Vec<B::Tensor>>> {
+        let Some(posted) = pending.posted else {
+            return Ok(Vec::new());
         };
-        let me = self.rank();
-        for t in s.fetches.iter().filter(|t| t.from == me) {
-            let parts = owned(t.payload, t.chunk);
-            self.comm
-                .send(t.to, tag(plan.pass, step, t.chunk, t.payload), &parts)?;
-        }
-        Ok(())
-    }
-
-    fn recv(
-        &mut self,
-        plan: &Plan,
-        step: usize,
-        t: &Transfer,
-        expect: usize,
-    ) -> Result<Vec<B::Tensor>> {
-        let parts = self
-            .comm
-            .recv(t.from, tag(plan.pass, step, t.chunk, t.payload))
-            .with_context(|| format!("worker {} at {:?} step {step}", self.rank(), plan.pass))?;
-        if parts.len() != expect {
-            bail!(
-                "worker {} expected {expect} tensors of {:?} from worker {} at step {step}, got {}",
-                self.rank(),
-                t.payload,
-                t.from,
-                parts.len()
-            );
-        }
-        Ok(parts)
-    }
-
-    /// Receives the inputs fetched for this step's tasks.
-    fn recv_fetches(&mut self, plan: &Plan, step: usize) -> Result<Received<B::Tensor>> {
-        let me = self.rank();
-        let mut got = Vec::new();
-        for t in plan.steps[step].fetches.iter().filter(|t| t.to == me) {
-            let expect = match t.payload {
-                Payload::KeyValue => 2,
-                Payload::QueryGradInputs => 4,
-                _ => 1,
-            };
-            got.push((t.chunk, self.recv(plan, step, t, expect)?));
-        }
-        Ok(Received(got))
+        let got = self.comm.wait(posted).context(pending.context)?;
+        Ok(pending.chunks.into_iter().zip(got).collect())
     }
 
     /// Forward of this worker's query chunks (`own`, in `plan.chunks_of` order): returns their
@@ -214,10 +219,11 @@ where
             Payload::KeyValue => vec![&own[at(c)].k, &own[at(c)].v],
             _ => vec![&own[at(c)].q],
         };
-        self.send_fetches(plan, 0, owned)?;
+        let mut next = self.post_fetches(plan, 0, owned)?;
         for (t, step) in plan.steps.iter().enumerate() {
-            self.send_fetches(plan, t + 1, owned)?;
-            let fetched = self.recv_fetches(plan, t)?;
+            // Prefetch: step t + 1's inputs are posted before step t computes.
+            let current = std::mem::replace(&mut next, self.post_fetches(plan, t + 1, owned)?);
+            let fetched = self.collect(current)?;
             let mut helping: PerChunk<RunningState<B::Tensor>> = Vec::new();
             for task in step.tasks_of(me) {
                 let block = self.block(&task);
@@ -229,14 +235,14 @@ where
                         self.timed(|b| b.forward_block(&dims, block, &q.q, &kv.k, &kv.v, state))?;
                     }
                     Role::Owner => {
-                        let kv = fetched.get(j);
+                        let kv = find(&fetched, j);
                         let state = &mut states[at(i)];
                         self.timed(|b| {
                             b.forward_block(&dims, block, &own[at(i)].q, &kv[0], &kv[1], state)
                         })?;
                     }
                     Role::Helper => {
-                        let q = &fetched.get(i)[0];
+                        let q = &find(&fetched, i)[0];
                         let backend = self.backend;
                         let state =
                             slot(&mut helping, i, || backend.new_state(&dims, block.q.len))?;
@@ -245,18 +251,21 @@ where
                     }
                 }
             }
+            let mut finished: PerChunk<Partial<B::Tensor>> = Vec::new();
             for r in step.returns.iter().filter(|r| r.from == me) {
                 let state = take(&mut helping, r.chunk);
                 let rows = self.spans[r.chunk].len;
-                let partial = self.timed(|b| b.finalize(&dims, rows, state))?;
-                let tag = tag(plan.pass, t, r.chunk, r.payload);
-                self.comm.send(r.to, tag, &[&partial.out, &partial.lse])?;
+                finished.push((r.chunk, self.timed(|b| b.finalize(&dims, rows, state))?));
             }
-            for r in step.returns.iter().filter(|r| r.to == me) {
-                let mut parts = self.recv(plan, t, r, 2)?;
+            let sent = |r: &Transfer| {
+                let p = find(&finished, r.chunk);
+                vec![&p.out, &p.lse]
+            };
+            let posted = self.exchange(plan, t, &step.returns, sent)?;
+            for (chunk, mut parts) in self.collect(posted)? {
                 let lse = parts.pop().expect("two parts");
                 let out = parts.pop().expect("two parts");
-                returned[at(r.chunk)].push(Partial { out, lse });
+                returned[at(chunk)].push(Partial { out, lse });
             }
         }
         let mut results = Vec::with_capacity(mine.len());
@@ -311,10 +320,10 @@ where
             lse: &saved[at(c)].lse,
             delta: &saved[at(c)].delta,
         };
-        self.send_fetches(plan, 0, owned)?;
+        let mut next = self.post_fetches(plan, 0, owned)?;
         for (t, step) in plan.steps.iter().enumerate() {
-            self.send_fetches(plan, t + 1, owned)?;
-            let fetched = self.recv_fetches(plan, t)?;
+            let current = std::mem::replace(&mut next, self.post_fetches(plan, t + 1, owned)?);
+            let fetched = self.collect(current)?;
             let mut kv_grads: PerChunk<(B::Tensor, B::Tensor)> = Vec::new();
             let mut q_grads: PerChunk<B::Tensor> = Vec::new();
             for task in step.tasks_of(me) {
@@ -334,7 +343,7 @@ where
                         })?;
                     }
                     Role::Owner => {
-                        let kv = fetched.get(j);
+                        let kv = find(&fetched, j);
                         let len = dims.kv_len(block.kv.len);
                         let (tk, tv) = slot(&mut kv_grads, j, || {
                             Ok((backend.zeros(len)?, backend.zeros(len)?))
@@ -349,7 +358,7 @@ where
                         })?;
                     }
                     Role::Helper => {
-                        let inputs = fetched.get(i);
+                        let inputs = find(&fetched, i);
                         let remote = QuerySide {
                             q: &inputs[0],
                             dout: &inputs[1],
@@ -368,33 +377,24 @@ where
                     }
                 }
             }
-            for r in step.returns.iter().filter(|r| r.from == me) {
-                let tag = tag(plan.pass, t, r.chunk, r.payload);
-                match r.payload {
-                    Payload::KvGrad => {
-                        let (gk, gv) = take(&mut kv_grads, r.chunk);
-                        self.comm.send(r.to, tag, &[&gk, &gv])?;
-                    }
-                    _ => {
-                        let gq = take(&mut q_grads, r.chunk);
-                        self.comm.send(r.to, tag, &[&gq])?;
-                    }
+            let sent = |r: &Transfer| match r.payload {
+                Payload::KvGrad => {
+                    let (gk, gv) = find(&kv_grads, r.chunk);
+                    vec![gk, gv]
                 }
-            }
-            for r in step.returns.iter().filter(|r| r.to == me) {
-                let c = at(r.chunk);
+                _ => vec![find(&q_grads, r.chunk)],
+            };
+            let posted = self.exchange(plan, t, &step.returns, sent)?;
+            let got = self.collect(posted)?;
+            let to_me = step.returns.iter().filter(|r| r.to == me);
+            for (r, (chunk, parts)) in to_me.zip(got) {
+                let c = at(chunk);
                 match r.payload {
-                    Payload::KvGrad => {
-                        let parts = self.recv(plan, t, r, 2)?;
-                        self.timed(|b| {
-                            b.add_assign(&mut dk[c], &parts[0])?;
-                            b.add_assign(&mut dv[c], &parts[1])
-                        })?;
-                    }
-                    _ => {
-                        let parts = self.recv(plan, t, r, 1)?;
-                        self.timed(|b| b.add_assign(&mut dq[c], &parts[0]))?;
-                    }
+                    Payload::KvGrad => self.timed(|b| {
+                        b.add_assign(&mut dk[c], &parts[0])?;
+                        b.add_assign(&mut dv[c], &parts[1])
+                    })?,
+                    _ => self.timed(|b| b.add_assign(&mut dq[c], &parts[0]))?,
                 }
             }
         }
