@@ -2,6 +2,7 @@
 //! schedule checked on the CPU runs unchanged on a GPU.
 
 pub mod cpu;
+pub mod cuda;
 
 use crate::attn::{Block, Dims, GradsMut, Partial, QuerySide, RunningState};
 use anyhow::Result;
