@@ -194,3 +194,28 @@ fn bad_input_gets_one_sentence_and_a_nonzero_exit() {
         );
     }
 }
+
+#[test]
+fn cuda_without_a_gpu_says_so_in_one_sentence() {
+    let out = distflash(&[
+        "attention",
+        "--device",
+        "cuda",
+        "--seq-len",
+        "64",
+        "--heads",
+        "2",
+        "--kv-heads",
+        "1",
+    ]);
+    if out.status.success() {
+        return; // a machine with a GPU: the run itself is the check
+    }
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("no CUDA driver found; use --device cpu")
+            || err.contains("could not open CUDA device"),
+        "{err}"
+    );
+    assert!(!err.contains("panicked"), "{err}");
+}

@@ -59,6 +59,11 @@ impl InputDtype {
         }
     }
 
+    /// `x` as the device will see it after upload: rounded to this format and back.
+    pub fn round(self, x: f32) -> f32 {
+        self.decode(self.encode(x))
+    }
+
     /// Name as written on the command line and in reports.
     pub fn name(self) -> &'static str {
         match self {
@@ -109,6 +114,19 @@ impl Tensor {
             Tensor::Half { dtype, data } => format!("{} tensor of {}", dtype.name(), data.len()),
             Tensor::F32(data) => format!("f32 tensor of {}", data.len()),
         }
+    }
+}
+
+impl crate::comm::Wire for Tensor {
+    fn wire_bytes(&self) -> usize {
+        match self {
+            Tensor::Half { data, .. } => 2 * data.len(),
+            Tensor::F32(data) => 4 * data.len(),
+        }
+    }
+
+    fn elements(&self) -> usize {
+        self.len()
     }
 }
 
