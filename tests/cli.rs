@@ -219,3 +219,35 @@ fn cuda_without_a_gpu_says_so_in_one_sentence() {
     );
     assert!(!err.contains("panicked"), "{err}");
 }
+
+#[test]
+fn bench_report_tables_ours_beside_the_peers() {
+    let dir = temp_path("results");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("ours.jsonl"),
+        r#"{"impl":"distflash","seq":4096,"head_dim":128,"fwd_tflops":300.0,"bwd_tflops":250.0,"fwdbwd_tflops":262.0,"command":"distflash bench attention"}"#,
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("sdpa.jsonl"),
+        "{\"impl\":\"sdpa_flash2\",\"seq\":4096,\"head_dim\":128,\"fwdbwd_tflops\":131.0}\n{\"impl\":\"sdpa_cudnn\",\"seq\":4096,\"head_dim\":128,\"fwdbwd_tflops\":524.0}\n",
+    )
+    .unwrap();
+    let out = distflash(&["bench", "report", "--results", dir.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let md = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        md.contains("| 128 | 4096 | 300 | 250 | 262 | 131 | 524 | 2.00× | 0.50× |"),
+        "{md}"
+    );
+    assert!(md.contains("distflash bench attention"), "{md}");
+    let empty = temp_path("no-results");
+    std::fs::create_dir_all(&empty).unwrap();
+    let out = distflash(&["bench", "report", "--results", empty.to_str().unwrap()]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no JSON lines"));
+}

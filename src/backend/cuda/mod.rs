@@ -22,6 +22,9 @@
 
 mod compile;
 mod launch;
+mod timing;
+
+pub use timing::{AttentionTiming, time_attention};
 
 pub use launch::Tuning;
 
