@@ -176,15 +176,16 @@ pub fn run(args: Args) -> Result<()> {
     let check = args
         .check
         .then(|| check(&x, &run, check_tolerance(args.device, args.dtype)));
+    let precision = match args.device {
+        Device::Cpu => "f32",
+        Device::Cuda => args.dtype.name(),
+    };
     if let Some(path) = save {
-        save_run(path, &x, &run)?;
+        save_run(path, &x, &run, precision)?;
     }
     let report = Report {
         device: args.device,
-        precision: match args.device {
-            Device::Cpu => "f32",
-            Device::Cuda => args.dtype.name(),
-        },
+        precision,
         workers,
         schedule: args.schedule,
         seq_len: args.seq_len,
@@ -304,7 +305,7 @@ fn check(x: &Inputs, run: &AttentionRun, tolerance: f64) -> Check {
 
 /// Saves inputs and results in the public layout: `[batch, seq, heads, head_dim]` tensors and
 /// `lse` as `[batch, heads, seq]`.
-fn save_run(path: &std::path::Path, x: &Inputs, run: &AttentionRun) -> Result<()> {
+fn save_run(path: &std::path::Path, x: &Inputs, run: &AttentionRun, precision: &str) -> Result<()> {
     let d = x.dims;
     let n = x.seq;
     let q_shape = vec![d.batch, n, d.heads, d.head_dim];
@@ -338,7 +339,7 @@ fn save_run(path: &std::path::Path, x: &Inputs, run: &AttentionRun) -> Result<()
         shape: vec![d.batch, d.heads, n],
         data: &run.lse,
     });
-    tensor_file::write(path, &named)
+    tensor_file::write(path, &named, &[("dtype", precision)])
 }
 
 fn print_table(r: &Report) {
