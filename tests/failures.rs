@@ -157,14 +157,18 @@ fn tensors_of_the_wrong_size_are_refused_by_the_receiver() {
 
 #[test]
 fn a_peer_that_never_sends_ends_in_a_timeout_error() {
-    let results = run_workers(2, Duration::from_millis(200), |rank, comm| {
-        if rank == 1 {
-            // Worker 1 "hangs": it neither sends nor fails until worker 0 has given up.
-            std::thread::sleep(Duration::from_millis(600));
-            return Ok(());
-        }
-        comm.recv(1, Tag(7)).map(|_| ())
-    });
+    let results = run_workers(
+        2,
+        Duration::from_millis(200),
+        |rank, comm: &mut LocalComm| {
+            if rank == 1 {
+                // Worker 1 "hangs": it neither sends nor fails until worker 0 has given up.
+                std::thread::sleep(Duration::from_millis(600));
+                return Ok(());
+            }
+            comm.recv(1, Tag(7)).map(|_| ())
+        },
+    );
     let err = results[0].as_ref().unwrap_err();
     assert!(format!("{err:#}").contains("never arrived"), "{err:#}");
 }

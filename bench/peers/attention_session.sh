@@ -20,7 +20,15 @@ for shape in "128 8 8 1000 bf16" "128 8 2 1000 bf16" "64 8 2 2048 bf16" "64 4 4 
   timeout 300 "$BIN" attention --device cuda --head-dim "$1" --heads "$2" --kv-heads "$3" --seq-len "$4" \
     --dtype "$5" --check --json --save "$f" > "$OUT/check_d$1_h$2_$3_n$4_$5.json" 2>&1
   echo "oracle check exit $?: $(grep -o '"passed": [a-z]*' "$OUT/check_d$1_h$2_$3_n$4_$5.json")"
-  timeout 300 python3 bench/peers/check_against_torch.py "$f" 2>&1 | tee -a "$OUT/torch_check.jsonl"
+  timeout 300 python3 bench/peers/check_against_torch.py "$f" 2>&1 | tee -a "$OUT/torch_check.log"
+done
+# Virtual workers: the distributed schedules on one GPU (transfers are device copies), exact.
+for sched in "4 balanced" "8 zigzag" "3 unbalanced"; do
+  set -- $sched
+  step "virtual workers: $1 $2"
+  timeout 300 "$BIN" attention --device cuda --workers "$1" --schedule "$2" --seq-len 3000 --heads 8 \
+    --kv-heads 2 --head-dim 128 --check --json > "$OUT/virtual_$1_$2.json" 2>&1
+  echo "exit $?: $(grep -o '"passed": [a-z]*' "$OUT/virtual_$1_$2.json")"
 done
 step "bench distflash"
 timeout 400 "$BIN" bench attention --device cuda --seqs "$SEQS" --head-dims "$DIMS" --json "$OUT/distflash.jsonl" 2>&1 | tail -n 8

@@ -11,7 +11,9 @@ use distflash::comm::{
     connect_mesh,
     rendezvous::{self, LaunchEnv},
 };
-use distflash::exec::{AttentionRun, run_attention, run_attention_alone, run_attention_rank};
+use distflash::exec::{
+    AttentionRun, run_attention, run_attention_alone, run_attention_on, run_attention_rank,
+};
 use distflash::inputs::Inputs;
 use distflash::plan::Schedule;
 use distflash::tensor_file::{self, Named};
@@ -244,19 +246,22 @@ fn execute(
             let mut comm = connect_mesh(joined, rendezvous_timeout, timeout)?;
             run_attention_rank(x, args.schedule, &mut comm)
         }
-        (Device::Cuda, _) => {
-            if workers != 1 {
-                bail!(
-                    "--device cuda runs one worker on one GPU for now; multi-GPU runs are not built yet: use --workers 1"
-                );
-            }
+        (Device::Cuda, Some(_)) => bail!(
+            "--device cuda under a launcher (one process per GPU over NCCL) is not built yet; run one process with --workers P for P virtual workers on one GPU"
+        ),
+        (Device::Cuda, None) => {
             let backend = CudaBackend::new(0, args.dtype)?;
             for t in [&mut x.q, &mut x.k, &mut x.v, &mut x.dout] {
                 t.iter_mut().for_each(|v| *v = args.dtype.round(*v));
             }
             // The first run compiles (or loads) and warms the kernels; the second is timed.
-            run_attention_alone(&backend, x)?;
-            run_attention_alone(&backend, x).map(Some)
+            // Several workers share the GPU as threads (virtual workers): exact, not fast.
+            let once = || match workers {
+                1 => run_attention_alone(&backend, x),
+                _ => run_attention_on(&backend, x, workers, args.schedule, timeout),
+            };
+            once()?;
+            once().map(Some)
         }
     }
 }

@@ -2,7 +2,7 @@
 //! messages that arrive before they are asked for (so a worker may receive in any order), abort
 //! messages that turn into `PeerFailed`, timeouts, and collectives built on point-to-point.
 
-use super::{Communicator, PeerFailed, Tag, Wire};
+use super::{Buffer, Communicator, PeerFailed, Tag, Wire};
 use anyhow::{Result, bail};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
@@ -12,33 +12,34 @@ pub type Buf = Vec<f32>;
 
 /// What a message holds: tensors, a rank's last word before it gives up, or the transport's
 /// note that the connection to a rank ended.
-pub enum Body {
-    Data(Vec<Buf>),
+pub enum Body<B> {
+    Data(Vec<B>),
     Abort(String),
     Closed(String),
 }
 
 /// A message with its sender and tag.
-pub struct Envelope {
+pub struct Envelope<B> {
     pub from: usize,
     pub tag: Tag,
-    pub body: Body,
+    pub body: Body<B>,
 }
 
-/// How envelopes reach other ranks (channels within a process, sockets between processes).
-pub trait Transport {
+/// How envelopes of buffers `B` reach other ranks (channels within a process, sockets between
+/// processes).
+pub trait Transport<B> {
     fn world(&self) -> usize;
 
     /// Delivers `envelope` to rank `to`. Fails when that rank is gone.
-    fn post(&mut self, to: usize, envelope: Envelope) -> Result<()>;
+    fn post(&mut self, to: usize, envelope: Envelope<B>) -> Result<()>;
 }
 
-/// A communicator endpoint over some transport, carrying host f32 buffers.
-pub struct Endpoint<T> {
+/// A communicator endpoint carrying buffers `B` over transport `X`.
+pub struct Endpoint<B, X> {
     rank: usize,
-    transport: T,
-    inbox: Receiver<Envelope>,
-    stash: Vec<Envelope>,
+    transport: X,
+    inbox: Receiver<Envelope<B>>,
+    stash: Vec<Envelope<B>>,
     /// Why the connection to each rank ended, for ranks whose connection has ended.
     closed: Vec<Option<String>>,
     timeout: Duration,
@@ -46,10 +47,10 @@ pub struct Endpoint<T> {
     collective_round: u64,
 }
 
-impl<T: Transport> Endpoint<T> {
+impl<B: Buffer, X: Transport<B>> Endpoint<B, X> {
     /// An endpoint for `rank` that sends through `transport` and reads `inbox`, which the
     /// transport (or its peers) fill; a receive waits at most `timeout`.
-    pub fn new(rank: usize, transport: T, inbox: Receiver<Envelope>, timeout: Duration) -> Self {
+    pub fn new(rank: usize, transport: X, inbox: Receiver<Envelope<B>>, timeout: Duration) -> Self {
         Endpoint {
             rank,
             closed: vec![None; transport.world()],
@@ -62,7 +63,7 @@ impl<T: Transport> Endpoint<T> {
         }
     }
 
-    fn post(&mut self, to: usize, tag: Tag, body: Body) -> Result<()> {
+    fn post(&mut self, to: usize, tag: Tag, body: Body<B>) -> Result<()> {
         let envelope = Envelope {
             from: self.rank,
             tag,
@@ -97,7 +98,7 @@ impl<T: Transport> Endpoint<T> {
         .into()
     }
 
-    fn take(&mut self, from: usize, tag: Tag) -> Option<Vec<Buf>> {
+    fn take(&mut self, from: usize, tag: Tag) -> Option<Vec<B>> {
         let i = self
             .stash
             .iter()
@@ -114,7 +115,7 @@ impl<T: Transport> Endpoint<T> {
     }
 }
 
-impl<T: Transport> Communicator<Buf> for Endpoint<T> {
+impl<B: Buffer, X: Transport<B>> Communicator<B> for Endpoint<B, X> {
     fn rank(&self) -> usize {
         self.rank
     }
@@ -123,15 +124,18 @@ impl<T: Transport> Communicator<Buf> for Endpoint<T> {
         self.transport.world()
     }
 
-    fn send(&mut self, to: usize, tag: Tag, parts: &[&Buf]) -> Result<()> {
-        let owned: Vec<Buf> = parts.iter().map(|&p| p.clone()).collect();
+    fn send(&mut self, to: usize, tag: Tag, parts: &[&B]) -> Result<()> {
+        let owned = parts
+            .iter()
+            .map(|p| p.duplicate())
+            .collect::<Result<Vec<B>>>()?;
         let bytes: usize = owned.iter().map(Wire::wire_bytes).sum();
         self.post(to, tag, Body::Data(owned))?;
         self.bytes_sent += bytes as u64;
         Ok(())
     }
 
-    fn recv(&mut self, from: usize, tag: Tag) -> Result<Vec<Buf>> {
+    fn recv(&mut self, from: usize, tag: Tag) -> Result<Vec<B>> {
         if let Some(parts) = self.take(from, tag) {
             return Ok(parts);
         }
@@ -177,33 +181,49 @@ impl<T: Transport> Communicator<Buf> for Endpoint<T> {
 
     /// Rank 0 sums the buffers in rank order (so every run gives the same bits) and sends the
     /// sum back to all.
-    fn all_reduce_sum(&mut self, buf: &mut Buf) -> Result<()> {
+    fn all_reduce_sum(&mut self, buf: &mut B) -> Result<()> {
         let tag = self.next_collective_tag();
         let world = self.world();
         if self.rank == 0 {
             for from in 1..world {
-                let part = self.recv(from, tag)?.pop().unwrap_or_default();
-                if part.len() != buf.len() {
+                let parts = self.recv(from, tag)?;
+                let [part] = &parts[..] else {
                     bail!(
-                        "all-reduce size mismatch: worker 0 has {} elements, worker {from} {}",
-                        buf.len(),
-                        part.len()
+                        "all-reduce: worker {from} sent {} buffers instead of 1",
+                        parts.len()
                     );
-                }
-                buf.iter_mut().zip(&part).for_each(|(a, b)| *a += b);
+                };
+                buf.sum_from(part)
+                    .map_err(|e| e.context(format!("all-reduce with worker {from}")))?;
             }
             for to in 1..world {
-                self.post(to, tag, Body::Data(vec![buf.clone()]))?;
+                self.post(to, tag, Body::Data(vec![buf.duplicate()?]))?;
             }
         } else {
-            self.post(0, tag, Body::Data(vec![buf.clone()]))?;
-            *buf = self.recv(0, tag)?.pop().unwrap_or_default();
+            self.post(0, tag, Body::Data(vec![buf.duplicate()?]))?;
+            match self.recv(0, tag)?.pop() {
+                Some(sum) => *buf = sum,
+                None => bail!("all-reduce: worker 0 sent no result"),
+            }
         }
         Ok(())
     }
 
+    /// An all-reduce of nothing: a message with no buffers to rank 0 and back.
     fn barrier(&mut self) -> Result<()> {
-        self.all_reduce_sum(&mut Vec::new())
+        let tag = self.next_collective_tag();
+        if self.rank == 0 {
+            for from in 1..self.world() {
+                self.recv(from, tag)?;
+            }
+            for to in 1..self.world() {
+                self.post(to, tag, Body::Data(Vec::new()))?;
+            }
+        } else {
+            self.post(0, tag, Body::Data(Vec::new()))?;
+            self.recv(0, tag)?;
+        }
+        Ok(())
     }
 
     fn abort(&mut self, reason: &str) {

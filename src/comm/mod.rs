@@ -42,6 +42,29 @@ impl Wire for Vec<f32> {
     }
 }
 
+/// A buffer the in-process communicator can carry: it copies what it sends (a host clone, or a
+/// device-to-device copy for GPU workers sharing a device) and sums for all-reduce.
+pub trait Buffer: Wire + Sized {
+    fn duplicate(&self) -> Result<Self>;
+
+    /// `self += other`, elementwise.
+    fn sum_from(&mut self, other: &Self) -> Result<()>;
+}
+
+impl Buffer for Vec<f32> {
+    fn duplicate(&self) -> Result<Self> {
+        Ok(self.clone())
+    }
+
+    fn sum_from(&mut self, other: &Self) -> Result<()> {
+        if self.len() != other.len() {
+            bail!("sizes differ: {} and {} elements", self.len(), other.len());
+        }
+        self.iter_mut().zip(other).for_each(|(a, b)| *a += b);
+        Ok(())
+    }
+}
+
 /// A message to post: its receiver, tag and tensors.
 pub struct Outgoing<'a, T> {
     pub to: usize,

@@ -20,12 +20,12 @@ pub struct Sockets {
     writers: Vec<Option<BufWriter<TcpStream>>>,
 }
 
-impl Transport for Sockets {
+impl Transport<Buf> for Sockets {
     fn world(&self) -> usize {
         self.writers.len()
     }
 
-    fn post(&mut self, to: usize, envelope: Envelope) -> Result<()> {
+    fn post(&mut self, to: usize, envelope: Envelope<Buf>) -> Result<()> {
         let w = self.writers[to]
             .as_mut()
             .ok_or_else(|| anyhow!("no connection to worker {to}"))?;
@@ -36,9 +36,9 @@ impl Transport for Sockets {
 }
 
 /// A rank's endpoint between processes.
-pub type TcpComm = Endpoint<Sockets>;
+pub type TcpComm = Endpoint<Buf, Sockets>;
 
-fn write_frame(w: &mut impl Write, e: &Envelope) -> Result<()> {
+fn write_frame(w: &mut impl Write, e: &Envelope<Buf>) -> Result<()> {
     w.write_all(&(e.from as u32).to_le_bytes())?;
     w.write_all(&e.tag.0.to_le_bytes())?;
     match &e.body {
@@ -67,7 +67,7 @@ fn read_array<const N: usize>(r: &mut impl Read) -> std::io::Result<[u8; N]> {
     Ok(b)
 }
 
-fn read_frame(r: &mut impl Read) -> std::io::Result<Envelope> {
+fn read_frame(r: &mut impl Read) -> std::io::Result<Envelope<Buf>> {
     let from = u32::from_le_bytes(read_array(r)?) as usize;
     let tag = Tag(u64::from_le_bytes(read_array(r)?));
     let body = match read_array::<1>(r)?[0] {
@@ -105,7 +105,7 @@ fn read_frame(r: &mut impl Read) -> std::io::Result<Envelope> {
 /// Feeds frames from `peer` into the inbox until the connection ends. A connection that ends
 /// while the rank still runs is reported as that peer's failure; after a clean finish nobody
 /// reads it.
-fn pump(stream: TcpStream, peer: usize, inbox: Sender<Envelope>) {
+fn pump(stream: TcpStream, peer: usize, inbox: Sender<Envelope<Buf>>) {
     let mut reader = BufReader::with_capacity(1 << 20, stream);
     loop {
         match read_frame(&mut reader) {

@@ -7,7 +7,7 @@ use super::{OwnChunk, Saved, Worker, chunk_spans};
 use crate::attn::{Span, layout};
 use crate::backend::Backend;
 use crate::backend::cpu::CpuBackend;
-use crate::comm::{Communicator, PeerFailed, Solo, Tag, Wire};
+use crate::comm::{Buffer, Communicator, LocalComm, PeerFailed, Solo, Tag, Wire};
 use crate::inputs::Inputs;
 use crate::plan::{self, Pass, Plan, Schedule};
 use anyhow::{Result, bail};
@@ -72,9 +72,25 @@ pub fn run_attention(
     schedule: Schedule,
     timeout: Duration,
 ) -> Result<AttentionRun> {
+    run_attention_on(&CpuBackend, problem, workers, schedule, timeout)
+}
+
+/// Runs forward then backward with `workers` worker threads sharing one `backend`: CPU workers,
+/// or virtual workers on one GPU (transfers become device copies), which checks a schedule
+/// exactly on the GPU kernels with fewer devices than workers.
+pub fn run_attention_on<B: Backend>(
+    backend: &B,
+    problem: &Inputs,
+    workers: usize,
+    schedule: Schedule,
+    timeout: Duration,
+) -> Result<AttentionRun>
+where
+    B::Tensor: Buffer,
+{
     let setup = Setup::new(problem, workers, schedule)?;
-    let results = run_workers(workers, timeout, |rank, comm| {
-        run_rank(&CpuBackend, problem, &setup, rank, comm)
+    let results = run_workers(workers, timeout, |rank, comm: &mut LocalComm<B::Tensor>| {
+        run_rank(backend, problem, &setup, rank, comm)
     });
     Ok(assemble(problem, collect_results(results)?))
 }

@@ -1,19 +1,19 @@
 //! Workers as threads of this process over an in-process communicator. A failing worker (error
 //! or panic) aborts the group, so the others return an error naming it instead of waiting.
 
-use crate::comm::{Communicator, LocalComm, PeerFailed, local_group};
+use crate::comm::{Buffer, Communicator, LocalComm, PeerFailed, local_group};
 use anyhow::{Result, anyhow};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::time::Duration;
 
 /// Runs `work(rank, endpoint)` on `world` threads. A worker that fails tells the others (through
 /// `abort`), so every call returns: one result per worker, in rank order, all `Ok` or all `Err`.
-pub fn run_workers<R: Send>(
+pub fn run_workers<B: Buffer + Send, R: Send>(
     world: usize,
     timeout: Duration,
-    work: impl Fn(usize, &mut LocalComm) -> Result<R> + Sync,
+    work: impl Fn(usize, &mut LocalComm<B>) -> Result<R> + Sync,
 ) -> Vec<Result<R>> {
-    let endpoints = local_group(world, timeout);
+    let endpoints = local_group::<B>(world, timeout);
     std::thread::scope(|scope| {
         let handles: Vec<_> = endpoints
             .into_iter()

@@ -133,6 +133,26 @@ impl crate::comm::Wire for Tensor {
     }
 }
 
+/// Virtual workers on one GPU pass tensors through the in-process communicator as device copies.
+impl crate::comm::Buffer for Tensor {
+    fn duplicate(&self) -> Result<Self> {
+        let err = |e| anyhow::anyhow!("could not copy a tensor on the device: {e:?}");
+        Ok(match self {
+            Tensor::Half { dtype, data } => Tensor::Half {
+                dtype: *dtype,
+                data: data.try_clone().map_err(err)?,
+            },
+            Tensor::F32(data) => Tensor::F32(data.try_clone().map_err(err)?),
+        })
+    }
+
+    fn sum_from(&mut self, _other: &Self) -> Result<()> {
+        bail!(
+            "the in-process communicator does not sum device tensors; GPU ranks all-reduce through NCCL"
+        )
+    }
+}
+
 /// Checks that `t` is a 16-bit tensor of the backend's dtype with `len` elements.
 fn half<'a>(
     t: &'a Tensor,
