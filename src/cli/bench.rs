@@ -88,6 +88,18 @@ pub fn run(target: Target) -> Result<()> {
     }
 }
 
+/// The benchmarks' shape: batch 1, as many KV heads as query heads (the published tables').
+fn mha(heads: usize, head_dim: usize) -> Result<Dims> {
+    let dims = Dims {
+        batch: 1,
+        heads,
+        kv_heads: heads,
+        head_dim,
+    };
+    dims.validate()?;
+    Ok(dims)
+}
+
 fn cpu(
     seq_len: usize,
     heads: usize,
@@ -96,13 +108,7 @@ fn cpu(
     repeats: usize,
     json: bool,
 ) -> Result<()> {
-    let dims = Dims {
-        batch: 1,
-        heads,
-        kv_heads: heads,
-        head_dim,
-    };
-    dims.validate()?;
+    let dims = mha(heads, head_dim)?;
     let gemm = bench::cpu_matmul_gflops(matmul_size, repeats);
     let attention = bench::cpu_attention_forward_gflops(dims, seq_len, repeats);
     let threads = rayon::current_num_threads();
@@ -144,13 +150,7 @@ fn attention(
     let command = std::env::args().collect::<Vec<_>>().join(" ");
     for &head_dim in head_dims {
         for &seq in seqs {
-            let dims = Dims {
-                batch: 1,
-                heads,
-                kv_heads: heads,
-                head_dim,
-            };
-            dims.validate()?;
+            let dims = mha(heads, head_dim)?;
             let t = time_attention(&be, dims, seq)?;
             let (f, b) = (
                 attn::causal_forward_flops(&dims, seq),

@@ -228,17 +228,7 @@ fn lead(
         // A rank that already left will learn nothing more from us.
         let _ = send_line(stream, &reply);
     }
-    match reply {
-        Reply::Ok { peers, payload } => Ok(Joined {
-            rank: 0,
-            world: env.world,
-            local_rank: env.local_rank,
-            payload,
-            peers,
-            listener: data,
-        }),
-        Reply::Err(e) => bail!("{e}"),
-    }
+    joined(env, reply, data)
 }
 
 /// The first problem with a rank's hello, as the sentence every rank will print.
@@ -299,6 +289,11 @@ fn follow(
     let reply: Reply = read_line(&stream, deadline + timeout).map_err(|e| {
         anyhow!("rank 0 did not complete the rendezvous ({e}); did it fail to start?")
     })?;
+    joined(env, reply, data)
+}
+
+/// What rank 0's reply means for this rank: the job's table, or the sentence that ends it.
+fn joined(env: &LaunchEnv, reply: Reply, listener: TcpListener) -> Result<Joined> {
     match reply {
         Reply::Ok { peers, payload } => Ok(Joined {
             rank: env.rank,
@@ -306,7 +301,7 @@ fn follow(
             local_rank: env.local_rank,
             payload,
             peers,
-            listener: data,
+            listener,
         }),
         Reply::Err(e) => bail!("{e}"),
     }
