@@ -10,7 +10,7 @@
 use anyhow::{Result, bail};
 use clap::{Parser, Subcommand};
 use cudarc::driver::sys::CUevent_flags;
-use distflash::attn::{self, Block, Dims, Grads, Partial, QuerySide, Span};
+use distflash::attn::{self, Block, Dims, Grads, GradsMut, Partial, QuerySide, Span};
 use distflash::backend::Backend;
 use distflash::backend::cuda::{CudaBackend, InputDtype, Tensor, Tuning};
 use rand::rngs::StdRng;
@@ -397,7 +397,12 @@ fn check(open: &dyn Fn(InputDtype) -> Result<CudaBackend>) -> Result<()> {
                     q: qs_span,
                     kv: spans[j],
                 };
-                be.backward_block(&dims, block, query, &ks[j], &vs[j], &mut blk)?;
+                let g = GradsMut {
+                    dq: &mut blk.dq,
+                    dk: &mut blk.dk,
+                    dv: &mut blk.dv,
+                };
+                be.backward_block(&dims, block, query, &ks[j], &vs[j], g)?;
                 be.add_assign(&mut dqs[i], &blk.dq)?;
                 be.add_assign(&mut dks[j], &blk.dk)?;
                 be.add_assign(&mut dvs[j], &blk.dv)?;

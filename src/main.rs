@@ -1,3 +1,22 @@
-fn main() {
-    println!("Hello, world!");
+//! The `distflash` command line. Each subcommand lives in `cli/`; this file only parses and
+//! reports errors as one sentence with a non-zero exit, never a backtrace.
+
+mod cli;
+
+use clap::Parser;
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    let args = cli::Cli::parse();
+    match cli::run(args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            // Under a launcher every rank prints; say which one speaks.
+            match std::env::var("RANK") {
+                Ok(rank) => eprintln!("error (rank {rank}): {e:#}"),
+                Err(_) => eprintln!("error: {e:#}"),
+            }
+            ExitCode::FAILURE
+        }
+    }
 }

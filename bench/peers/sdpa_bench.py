@@ -7,6 +7,7 @@ Prints one JSON object per (backend, head_dim, seq) line and optionally writes t
 """
 import argparse
 import json
+import sys
 
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -66,7 +67,7 @@ def main():
                             "fwd_tflops": round(tf(fwd_flops, f_ms), 1),
                             "bwd_tflops": round(tf(2.5 * fwd_flops, b_ms), 1),
                             "fwdbwd_tflops": round(tf(3.5 * fwd_flops, f_ms + b_ms), 1),
-                            "reps": reps}
+                            "reps": reps, "command": "python3 " + " ".join(sys.argv)}
                 print(json.dumps(line), flush=True)
                 lines.append(line)
             del q, k, v, dout

@@ -42,7 +42,7 @@ impl Dims {
         if self.heads == 0 || self.kv_heads == 0 {
             bail!("heads and kv-heads must be at least 1");
         }
-        if self.heads % self.kv_heads != 0 {
+        if !self.heads.is_multiple_of(self.kv_heads) {
             bail!(
                 "heads ({}) must be a multiple of kv-heads ({}): each KV head serves an equal group of query heads",
                 self.heads,
@@ -66,6 +66,11 @@ impl Dims {
     /// Softmax scale 1/sqrt(head_dim).
     pub fn scale(&self) -> f32 {
         1.0 / (self.head_dim as f32).sqrt()
+    }
+
+    /// Flat (batch, KV head) index read by flat (batch, query head) index `bh`.
+    pub fn kv_index(&self, bh: usize) -> usize {
+        (bh / self.heads) * self.kv_heads + (bh % self.heads) / self.group()
     }
 
     /// Elements of a query-side tensor (Q, O, dO, dQ) with `rows` rows.
@@ -145,15 +150,34 @@ pub struct Grads<T> {
     pub dv: T,
 }
 
+/// Where a block backward accumulates: dQ of its query rows, dK and dV of its key rows. Three
+/// references, because they may live in different places (own chunks, scratch for fetched ones).
+#[derive(Debug)]
+pub struct GradsMut<'a, T> {
+    pub dq: &'a mut T,
+    pub dk: &'a mut T,
+    pub dv: &'a mut T,
+}
+
 /// The saved query-side tensors a block backward reads: the query, the output gradient, and the
 /// final LSE and D = rowsum(dO ∘ O) of those rows.
-#[derive(Clone, Copy, Debug)]
+#[derive(Debug)]
 pub struct QuerySide<'a, T> {
     pub q: &'a T,
     pub dout: &'a T,
     pub lse: &'a T,
     pub delta: &'a T,
 }
+
+// Manual impls: a bundle of shared references is copyable whatever `T` is (derive would demand
+// `T: Copy`).
+impl<T> Clone for QuerySide<'_, T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<T> Copy for QuerySide<'_, T> {}
 
 /// Forward FLOPs of a causal attention over `seq` tokens, counted as the usual 4·N²·H·d/2 (two
 /// matrix products over the visible half), so our rates compare with published ones.

@@ -27,11 +27,14 @@
 
 mod compile;
 mod launch;
+mod timing;
+
+pub use timing::{AttentionTiming, time_attention};
 
 pub use launch::Tuning;
 
 use super::Backend;
-use crate::attn::{Block, Dims, Grads, Partial, QuerySide, RunningState, Span};
+use crate::attn::{Block, Dims, Grads, GradsMut, Partial, QuerySide, RunningState, Span};
 use anyhow::{Result, bail};
 use cudarc::driver::sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
 use cudarc::driver::{
@@ -62,6 +65,11 @@ impl InputDtype {
             InputDtype::Bf16 => half::bf16::from_bits(bits).to_f32(),
             InputDtype::F16 => half::f16::from_bits(bits).to_f32(),
         }
+    }
+
+    /// `x` as the device will see it after upload: rounded to this format and back.
+    pub fn round(self, x: f32) -> f32 {
+        self.decode(self.encode(x))
     }
 
     /// Name as written on the command line and in reports.
@@ -157,6 +165,39 @@ fn expect(found: (Kind, usize), want: (Kind, usize), what: &str) -> Result<()> {
         );
     }
     Ok(())
+}
+
+impl crate::comm::Wire for Tensor {
+    fn wire_bytes(&self) -> usize {
+        match self {
+            Tensor::Half { data, .. } => 2 * data.len(),
+            Tensor::F32(data) => 4 * data.len(),
+        }
+    }
+
+    fn elements(&self) -> usize {
+        self.len()
+    }
+}
+
+/// Virtual workers on one GPU pass tensors through the in-process communicator as device copies.
+impl crate::comm::Buffer for Tensor {
+    fn duplicate(&self) -> Result<Self> {
+        let err = |e| anyhow::anyhow!("could not copy a tensor on the device: {e:?}");
+        Ok(match self {
+            Tensor::Half { dtype, data } => Tensor::Half {
+                dtype: *dtype,
+                data: data.try_clone().map_err(err)?,
+            },
+            Tensor::F32(data) => Tensor::F32(data.try_clone().map_err(err)?),
+        })
+    }
+
+    fn sum_from(&mut self, _other: &Self) -> Result<()> {
+        bail!(
+            "the in-process communicator does not sum device tensors; GPU ranks all-reduce through NCCL"
+        )
+    }
 }
 
 /// Checks that `t` is a 16-bit tensor of the backend's dtype with `len` elements.
@@ -536,7 +577,11 @@ impl CudaBackend {
             query,
             k,
             v,
-            grads,
+            GradsMut {
+                dq: &mut grads.dq,
+                dk: &mut grads.dk,
+                dv: &mut grads.dv,
+            },
         )
     }
 }
@@ -565,6 +610,10 @@ fn block_ints(dims: &Dims, block: Block) -> Result<[i32; 6]> {
 
 impl Backend for CudaBackend {
     type Tensor = Tensor;
+
+    fn synchronize(&self) -> Result<()> {
+        CudaBackend::synchronize(self)
+    }
 
     fn name(&self) -> String {
         format!("cuda:{}", self.ordinal)
@@ -729,7 +778,7 @@ impl Backend for CudaBackend {
         query: QuerySide<'_, Tensor>,
         k: &Tensor,
         v: &Tensor,
-        grads: &mut Grads<Tensor>,
+        grads: GradsMut<'_, Tensor>,
     ) -> Result<()> {
         launch::check_dims(dims)?;
         let kern = self.kernels(dims.head_dim)?;
@@ -743,9 +792,9 @@ impl Backend for CudaBackend {
         let delta = f32_ref(query.delta, dims.stat_len(qn), "D")?;
         let k = half(k, dt, dims.kv_len(kvn), "K")?;
         let v = half(v, dt, dims.kv_len(kvn), "V")?;
-        let dq = f32_mut(&mut grads.dq, dims.q_len(qn), "dQ")?;
-        let dk = f32_mut(&mut grads.dk, dims.kv_len(kvn), "dK")?;
-        let dv = f32_mut(&mut grads.dv, dims.kv_len(kvn), "dV")?;
+        let dq = f32_mut(grads.dq, dims.q_len(qn), "dQ")?;
+        let dk = f32_mut(grads.dk, dims.kv_len(kvn), "dK")?;
+        let dv = f32_mut(grads.dv, dims.kv_len(kvn), "dV")?;
         let cfg = launch::backward_config(dims, kvn, self.tuning(dims.head_dim).bwd_warps)?;
         let ints = block_ints(dims, block)?;
         let scale = dims.scale();

@@ -1,0 +1,135 @@
+//! The f64 reference: whole-sequence causal attention, forward and backward, written as plainly
+//! as the math (full score rows, exact softmax). Slow and memory-hungry by design: it is the
+//! truth every fast path is compared with, not something to run at scale.
+
+use crate::inputs::Inputs;
+use rayon::prelude::*;
+
+/// Forward result in f64: O `[b, h, seq, d]`, LSE `[b, h, seq]`.
+pub struct Forward {
+    pub out: Vec<f64>,
+    pub lse: Vec<f64>,
+}
+
+/// Gradients in f64, head-major.
+pub struct Backward {
+    pub dq: Vec<f64>,
+    pub dk: Vec<f64>,
+    pub dv: Vec<f64>,
+}
+
+/// Softmax probabilities of query row `i` over keys `0..=i` for one (batch, head), and the row's
+/// log-sum-exp.
+fn probabilities(q: &[f64], k: &[f64], d: usize, i: usize, scale: f64) -> (Vec<f64>, f64) {
+    let scores: Vec<f64> = (0..=i)
+        .map(|j| scale * dot(&q[i * d..(i + 1) * d], &k[j * d..(j + 1) * d]))
+        .collect();
+    let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let sum: f64 = scores.iter().map(|s| (s - max).exp()).sum();
+    let lse = max + sum.ln();
+    (scores.iter().map(|s| (s - lse).exp()).collect(), lse)
+}
+
+/// One (batch, head)'s f64 copies of Q, K, V.
+fn head(x: &Inputs, bh: usize) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+    let (n, d) = (x.seq, x.dims.head_dim);
+    let kvh = x.dims.kv_index(bh);
+    let up = |t: &[f32], i: usize| {
+        t[i * n * d..(i + 1) * n * d]
+            .iter()
+            .map(|&v| v as f64)
+            .collect()
+    };
+    (up(&x.q, bh), up(&x.k, kvh), up(&x.v, kvh))
+}
+
+/// Causal attention forward in f64.
+pub fn forward(x: &Inputs) -> Forward {
+    let dims = &x.dims;
+    let (n, d) = (x.seq, dims.head_dim);
+    let scale = 1.0 / (d as f64).sqrt();
+    let per_head: Vec<(Vec<f64>, Vec<f64>)> = (0..dims.batch * dims.heads)
+        .into_par_iter()
+        .map(|bh| {
+            let (q, k, v) = head(x, bh);
+            let mut out = vec![0.0; n * d];
+            let mut lse = vec![0.0; n];
+            for i in 0..n {
+                let (p, row_lse) = probabilities(&q, &k, d, i, scale);
+                lse[i] = row_lse;
+                for (j, pj) in p.iter().enumerate() {
+                    for c in 0..d {
+                        out[i * d + c] += pj * v[j * d + c];
+                    }
+                }
+            }
+            (out, lse)
+        })
+        .collect();
+    Forward {
+        out: per_head
+            .iter()
+            .flat_map(|(o, _)| o.iter().copied())
+            .collect(),
+        lse: per_head
+            .iter()
+            .flat_map(|(_, l)| l.iter().copied())
+            .collect(),
+    }
+}
+
+/// Causal attention backward in f64 for the output gradient `x.dout`.
+pub fn backward(x: &Inputs) -> Backward {
+    let (dims, dout) = (&x.dims, &x.dout);
+    let (n, d) = (x.seq, dims.head_dim);
+    let scale = 1.0 / (d as f64).sqrt();
+    let per_head: Vec<(Vec<f64>, Vec<f64>, Vec<f64>)> = (0..dims.batch * dims.heads)
+        .into_par_iter()
+        .map(|bh| {
+            let (q, k, v) = head(x, bh);
+            let g: Vec<f64> = dout[bh * n * d..(bh + 1) * n * d]
+                .iter()
+                .map(|&v| v as f64)
+                .collect();
+            let (mut dq, mut dk, mut dv) = (vec![0.0; n * d], vec![0.0; n * d], vec![0.0; n * d]);
+            for i in 0..n {
+                let (p, _) = probabilities(&q, &k, d, i, scale);
+                let gi = &g[i * d..(i + 1) * d];
+                let dp: Vec<f64> = (0..=i).map(|j| dot(gi, &v[j * d..(j + 1) * d])).collect();
+                let row_delta: f64 = p.iter().zip(&dp).map(|(a, b)| a * b).sum();
+                for j in 0..=i {
+                    let ds = p[j] * (dp[j] - row_delta);
+                    for c in 0..d {
+                        dv[j * d + c] += p[j] * gi[c];
+                        dq[i * d + c] += scale * ds * k[j * d + c];
+                        dk[j * d + c] += scale * ds * q[i * d + c];
+                    }
+                }
+            }
+            (dq, dk, dv)
+        })
+        .collect();
+    // Query heads of one GQA group all add into their shared KV head.
+    let kv_size = n * d;
+    let mut dk = vec![0.0; dims.batch * dims.kv_heads * kv_size];
+    let mut dv = dk.clone();
+    for (bh, (_, hk, hv)) in per_head.iter().enumerate() {
+        let kvh = dims.kv_index(bh);
+        for (i, (a, b)) in hk.iter().zip(hv).enumerate() {
+            dk[kvh * kv_size + i] += a;
+            dv[kvh * kv_size + i] += b;
+        }
+    }
+    Backward {
+        dq: per_head
+            .iter()
+            .flat_map(|(q, _, _)| q.iter().copied())
+            .collect(),
+        dk,
+        dv,
+    }
+}
+
+fn dot(a: &[f64], b: &[f64]) -> f64 {
+    a.iter().zip(b).map(|(x, y)| x * y).sum()
+}

@@ -1,0 +1,103 @@
+//! The CPU backend: f32 host vectors and the `attn` block math on all cores. It is the
+//! oracle-checked reference for every algorithm and what CI runs.
+
+use super::Backend;
+use crate::attn::{self, Block, Dims, GradsMut, Partial, QuerySide, RunningState};
+use anyhow::Result;
+
+/// Runs blocks on the CPU in f32 with rayon.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CpuBackend;
+
+impl Backend for CpuBackend {
+    type Tensor = Vec<f32>;
+
+    fn name(&self) -> String {
+        "cpu".into()
+    }
+
+    fn upload(&self, host: &[f32]) -> Result<Vec<f32>> {
+        Ok(host.to_vec())
+    }
+
+    fn download(&self, tensor: &Vec<f32>) -> Result<Vec<f32>> {
+        Ok(tensor.clone())
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        Ok(()) // CPU work is done when its call returns
+    }
+
+    fn zeros(&self, len: usize) -> Result<Vec<f32>> {
+        Ok(vec![0.0; len])
+    }
+
+    fn add_assign(&self, dst: &mut Vec<f32>, src: &Vec<f32>) -> Result<()> {
+        dst.iter_mut().zip(src).for_each(|(a, b)| *a += b);
+        Ok(())
+    }
+
+    fn new_state(&self, dims: &Dims, rows: usize) -> Result<RunningState<Vec<f32>>> {
+        Ok(RunningState {
+            m: vec![f32::NEG_INFINITY; dims.stat_len(rows)],
+            l: vec![0.0; dims.stat_len(rows)],
+            acc: vec![0.0; dims.q_len(rows)],
+        })
+    }
+
+    fn forward_block(
+        &self,
+        dims: &Dims,
+        block: Block,
+        q: &Vec<f32>,
+        k: &Vec<f32>,
+        v: &Vec<f32>,
+        state: &mut RunningState<Vec<f32>>,
+    ) -> Result<()> {
+        attn::forward_block(dims, block, q, k, v, state);
+        Ok(())
+    }
+
+    fn finalize(
+        &self,
+        dims: &Dims,
+        _rows: usize,
+        state: RunningState<Vec<f32>>,
+    ) -> Result<Partial<Vec<f32>>> {
+        Ok(attn::finalize(dims.head_dim, state))
+    }
+
+    fn merge(
+        &self,
+        dims: &Dims,
+        _rows: usize,
+        into: &mut Partial<Vec<f32>>,
+        other: &Partial<Vec<f32>>,
+    ) -> Result<()> {
+        attn::merge(dims.head_dim, into, other);
+        Ok(())
+    }
+
+    fn delta(
+        &self,
+        dims: &Dims,
+        _rows: usize,
+        out: &Vec<f32>,
+        dout: &Vec<f32>,
+    ) -> Result<Vec<f32>> {
+        Ok(attn::delta(dims.head_dim, out, dout))
+    }
+
+    fn backward_block(
+        &self,
+        dims: &Dims,
+        block: Block,
+        query: QuerySide<'_, Vec<f32>>,
+        k: &Vec<f32>,
+        v: &Vec<f32>,
+        grads: GradsMut<'_, Vec<f32>>,
+    ) -> Result<()> {
+        attn::backward_block(dims, block, query, k, v, grads);
+        Ok(())
+    }
+}

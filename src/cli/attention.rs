@@ -1,0 +1,410 @@
+//! `distflash attention`: distributed causal attention forward and backward on random inputs,
+//! with timings, per-worker load and traffic, an optional check against the f64 oracle and an
+//! optional safetensors dump of inputs and results.
+
+use super::create_output;
+use anyhow::{Result, bail};
+use clap::ValueEnum;
+use distflash::attn::{self, Dims, layout, oracle};
+use distflash::backend::cuda::{CudaBackend, InputDtype};
+use distflash::comm::{
+    connect_mesh,
+    rendezvous::{self, LaunchEnv},
+};
+use distflash::exec::{
+    AttentionRun, run_attention, run_attention_alone, run_attention_on, run_attention_rank,
+};
+use distflash::inputs::Inputs;
+use distflash::plan::Schedule;
+use distflash::tensor_file::{self, Named};
+use serde::Serialize;
+use std::path::PathBuf;
+use std::time::Duration;
+
+#[derive(Clone, Copy, ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Device {
+    /// Worker threads on this machine's cores (f32).
+    Cpu,
+    /// One NVIDIA GPU (bf16 or fp16 inputs, f32 accumulation).
+    Cuda,
+}
+
+impl Device {
+    fn name(self) -> &'static str {
+        match self {
+            Device::Cpu => "cpu",
+            Device::Cuda => "cuda",
+        }
+    }
+}
+
+#[derive(clap::Args)]
+pub struct Args {
+    #[arg(long, value_enum, default_value = "cpu")]
+    device: Device,
+    /// Workers the sequence is split across [default: WORLD_SIZE under a launcher, else 4 on
+    /// the CPU and 1 on CUDA].
+    #[arg(long)]
+    workers: Option<usize>,
+    /// Tokens in the sequence (need not divide by the worker count).
+    #[arg(long, default_value_t = 2048)]
+    seq_len: usize,
+    /// Query heads.
+    #[arg(long, default_value_t = 8)]
+    heads: usize,
+    /// Key/value heads (GQA when fewer than heads, MQA at 1).
+    #[arg(long, default_value_t = 2)]
+    kv_heads: usize,
+    #[arg(long, default_value_t = 64)]
+    head_dim: usize,
+    #[arg(long, default_value_t = 1)]
+    batch: usize,
+    /// `balanced` (DistFlashAttn) or `unbalanced`.
+    #[arg(long, default_value = "balanced")]
+    schedule: Schedule,
+    /// Seed of the random inputs.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Compare with the f64 oracle (quadratic memory-free but slow: keep seq-len moderate).
+    #[arg(long)]
+    check: bool,
+    /// Write q, k, v, dout, out, lse, dq, dk, dv to this safetensors file.
+    #[arg(long)]
+    save: Option<PathBuf>,
+    /// Print one JSON object instead of the table.
+    #[arg(long)]
+    json: bool,
+    /// Seconds a worker waits for a message before declaring its sender stuck.
+    #[arg(long, default_value_t = 600)]
+    timeout: u64,
+    /// Input precision on the GPU: bf16 or fp16 (--device cuda).
+    #[arg(long, default_value = "bf16")]
+    dtype: InputDtype,
+    /// Seconds ranks of a multi-process job wait for each other at start-up.
+    #[arg(long, default_value_t = 60)]
+    rendezvous_timeout: u64,
+}
+
+/// Relative error (max abs error / max abs value) above which `--check` fails. f32 CPU results
+/// land orders of magnitude below 1e-4. On a GPU the oracle sees the same rounded inputs, so
+/// the error is the kernels' own: probabilities rounded to 16 bits before P·V and dS·K (8
+/// significant bits in bf16, 11 in fp16) with f32 accumulation.
+fn check_tolerance(device: Device, dtype: InputDtype) -> f64 {
+    match (device, dtype) {
+        (Device::Cpu, _) => 1e-4,
+        // Seen on an H200 (bench/cuda.md): at most 3.1e-3 in bf16 and 2.2e-4 in fp16.
+        (Device::Cuda, InputDtype::Bf16) => 1e-2,
+        (Device::Cuda, InputDtype::F16) => 1e-3,
+    }
+}
+
+#[derive(Serialize)]
+struct Error {
+    max_abs: f64,
+    relative: f64,
+}
+
+#[derive(Serialize)]
+struct Check {
+    tolerance: f64,
+    passed: bool,
+    out: Error,
+    lse: Error,
+    dq: Error,
+    dk: Error,
+    dv: Error,
+}
+
+#[derive(Serialize)]
+struct Report {
+    device: Device,
+    /// Precision of the inputs: f32 on the CPU, bf16 or fp16 on a GPU.
+    precision: &'static str,
+    workers: usize,
+    schedule: Schedule,
+    seq_len: usize,
+    batch: usize,
+    heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+    forward_secs: f64,
+    backward_secs: f64,
+    forward_gflops: f64,
+    backward_gflops: f64,
+    per_worker: Vec<WorkerLine>,
+    check: Option<Check>,
+}
+
+#[derive(Serialize)]
+struct WorkerLine {
+    rows: usize,
+    forward_busy: f64,
+    backward_busy: f64,
+    forward_bytes_sent: u64,
+    backward_bytes_sent: u64,
+}
+
+pub fn run(args: Args) -> Result<()> {
+    let dims = Dims {
+        batch: args.batch,
+        heads: args.heads,
+        kv_heads: args.kv_heads,
+        head_dim: args.head_dim,
+    };
+    dims.validate()?;
+    let launch = LaunchEnv::from_env()?;
+    let workers = match (args.workers, &launch) {
+        (Some(0), _) => bail!("--workers must be at least 1"),
+        (Some(w), Some(env)) if w != env.world => bail!(
+            "--workers {w} does not match WORLD_SIZE={}: under a launcher every process is one worker",
+            env.world
+        ),
+        (Some(w), _) => w,
+        (None, Some(env)) => env.world,
+        (None, None) => match args.device {
+            Device::Cpu => 4,
+            Device::Cuda => 1,
+        },
+    };
+    let save = args
+        .save
+        .as_deref()
+        .map(|p| create_output(p).map(|_| p))
+        .transpose()?;
+    let mut x = Inputs::random(dims, args.seq_len, args.seed);
+    let Some(run) = execute(&args, &mut x, workers, launch)? else {
+        return Ok(()); // a rank other than 0: rank 0 reports for everyone
+    };
+    let check = args
+        .check
+        .then(|| check(&x, &run, check_tolerance(args.device, args.dtype)));
+    let precision = match args.device {
+        Device::Cpu => "f32",
+        Device::Cuda => args.dtype.name(),
+    };
+    if let Some(path) = save {
+        save_run(path, &x, &run, precision)?;
+    }
+    let report = Report {
+        device: args.device,
+        precision,
+        workers,
+        schedule: args.schedule,
+        seq_len: args.seq_len,
+        batch: args.batch,
+        heads: args.heads,
+        kv_heads: args.kv_heads,
+        head_dim: args.head_dim,
+        forward_secs: run.forward_secs,
+        backward_secs: run.backward_secs,
+        forward_gflops: attn::causal_forward_flops(&dims, args.seq_len) / run.forward_secs / 1e9,
+        backward_gflops: attn::causal_backward_flops(&dims, args.seq_len) / run.backward_secs / 1e9,
+        per_worker: run
+            .workers
+            .iter()
+            .map(|w| WorkerLine {
+                rows: w.rows,
+                forward_busy: w.forward_busy_secs / run.forward_secs,
+                backward_busy: w.backward_busy_secs / run.backward_secs,
+                forward_bytes_sent: w.forward_bytes_sent,
+                backward_bytes_sent: w.backward_bytes_sent,
+            })
+            .collect(),
+        check,
+    };
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print_table(&report);
+    }
+    match &report.check {
+        Some(c) if !c.passed => bail!(
+            "check failed: an error exceeds the tolerance {}",
+            c.tolerance
+        ),
+        _ => Ok(()),
+    }
+}
+
+/// Runs the job where the arguments say: CPU threads, one rank of a multi-process job (`None`
+/// on ranks other than 0), or one GPU, whose inputs are first rounded to its precision so the
+/// check and the saved file describe exactly what it computed.
+fn execute(
+    args: &Args,
+    x: &mut Inputs,
+    workers: usize,
+    launch: Option<LaunchEnv>,
+) -> Result<Option<AttentionRun>> {
+    let timeout = Duration::from_secs(args.timeout);
+    let rendezvous_timeout = Duration::from_secs(args.rendezvous_timeout);
+    match (args.device, launch) {
+        (Device::Cpu, None) => run_attention(x, workers, args.schedule, timeout).map(Some),
+        (Device::Cpu, Some(env)) => {
+            let joined = rendezvous::join(&env, super::args_hash(), rendezvous_timeout, || {
+                Ok(Vec::new())
+            })?;
+            let mut comm = connect_mesh(joined, rendezvous_timeout, timeout)?;
+            run_attention_rank(x, args.schedule, &mut comm)
+        }
+        (Device::Cuda, Some(_)) => bail!(
+            "--device cuda under a launcher (one process per GPU over NCCL) is not built yet; run one process with --workers P for P virtual workers on one GPU"
+        ),
+        (Device::Cuda, None) => {
+            let backend = CudaBackend::new(0, args.dtype)?;
+            for t in [&mut x.q, &mut x.k, &mut x.v, &mut x.dout] {
+                t.iter_mut().for_each(|v| *v = args.dtype.round(*v));
+            }
+            // The first run compiles (or loads) and warms the kernels; the second is timed.
+            // Several workers share the GPU as threads (virtual workers): exact, not fast.
+            let once = || match workers {
+                1 => run_attention_alone(&backend, x),
+                _ => run_attention_on(&backend, x, workers, args.schedule, timeout),
+            };
+            once()?;
+            once().map(Some)
+        }
+    }
+}
+
+fn error(got: &[f32], want: &[f64]) -> Error {
+    let max_abs = got
+        .iter()
+        .zip(want)
+        .map(|(&g, &w)| {
+            if g.is_finite() {
+                (g as f64 - w).abs()
+            } else {
+                f64::INFINITY
+            }
+        })
+        .fold(0.0, f64::max);
+    let scale = want.iter().map(|w| w.abs()).fold(0.0, f64::max);
+    Error {
+        max_abs,
+        relative: max_abs / scale.max(f64::MIN_POSITIVE),
+    }
+}
+
+fn check(x: &Inputs, run: &AttentionRun, tolerance: f64) -> Check {
+    let fwd = oracle::forward(x);
+    let bwd = oracle::backward(x);
+    let errors = [
+        error(&run.out, &fwd.out),
+        error(&run.lse, &fwd.lse),
+        error(&run.dq, &bwd.dq),
+        error(&run.dk, &bwd.dk),
+        error(&run.dv, &bwd.dv),
+    ];
+    let passed = errors.iter().all(|e| e.relative <= tolerance);
+    let [out, lse, dq, dk, dv] = errors;
+    Check {
+        tolerance,
+        passed,
+        out,
+        lse,
+        dq,
+        dk,
+        dv,
+    }
+}
+
+/// Saves inputs and results in the public layout: `[batch, seq, heads, head_dim]` tensors and
+/// `lse` as `[batch, heads, seq]`.
+fn save_run(path: &std::path::Path, x: &Inputs, run: &AttentionRun, precision: &str) -> Result<()> {
+    let d = x.dims;
+    let n = x.seq;
+    let q_shape = vec![d.batch, n, d.heads, d.head_dim];
+    let kv_shape = vec![d.batch, n, d.kv_heads, d.head_dim];
+    let sm = |t: &[f32], heads| layout::to_seq_major(t, d.batch, n, heads, d.head_dim);
+    let tensors = [
+        ("q", &x.q, d.heads),
+        ("k", &x.k, d.kv_heads),
+        ("v", &x.v, d.kv_heads),
+        ("dout", &x.dout, d.heads),
+        ("out", &run.out, d.heads),
+        ("dq", &run.dq, d.heads),
+        ("dk", &run.dk, d.kv_heads),
+        ("dv", &run.dv, d.kv_heads),
+    ]
+    .map(|(name, t, heads)| (name, sm(t, heads), heads));
+    let mut named: Vec<Named<'_>> = tensors
+        .iter()
+        .map(|(name, data, heads)| Named {
+            name,
+            shape: if *heads == d.heads {
+                q_shape.clone()
+            } else {
+                kv_shape.clone()
+            },
+            data,
+        })
+        .collect();
+    named.push(Named {
+        name: "lse",
+        shape: vec![d.batch, d.heads, n],
+        data: &run.lse,
+    });
+    tensor_file::write(path, &named, &[("dtype", precision)])
+}
+
+fn print_table(r: &Report) {
+    let bytes = |b: u64| format!("{:.2} MB", b as f64 / 1e6);
+    println!(
+        "distflash attention: {} ({}), {} workers, {} schedule, seq {}, batch {}, heads {}/{} (q/kv), head dim {}",
+        r.device.name(),
+        r.precision,
+        r.workers,
+        r.schedule,
+        r.seq_len,
+        r.batch,
+        r.heads,
+        r.kv_heads,
+        r.head_dim
+    );
+    let rate = |gflops: f64| match gflops {
+        g if g >= 1e3 => format!("{:8.1} TFLOP/s", g / 1e3),
+        g => format!("{g:8.2} GFLOP/s"),
+    };
+    println!(
+        "forward   {:9.4} s  {}",
+        r.forward_secs,
+        rate(r.forward_gflops)
+    );
+    println!(
+        "backward  {:9.4} s  {}",
+        r.backward_secs,
+        rate(r.backward_gflops)
+    );
+    println!("\nworker  rows    busy fwd  busy bwd  sent fwd     sent bwd");
+    for (w, line) in r.per_worker.iter().enumerate() {
+        println!(
+            "{w:<7} {:<7} {:>7.0}%  {:>7.0}%  {:<12} {}",
+            line.rows,
+            100.0 * line.forward_busy,
+            100.0 * line.backward_busy,
+            bytes(line.forward_bytes_sent),
+            bytes(line.backward_bytes_sent)
+        );
+    }
+    if let Some(c) = &r.check {
+        println!("\ncheck against the f64 oracle (relative = max abs error / max abs value):");
+        for (name, e) in [
+            ("out", &c.out),
+            ("lse", &c.lse),
+            ("dq", &c.dq),
+            ("dk", &c.dk),
+            ("dv", &c.dv),
+        ] {
+            println!(
+                "  {name:<4} max abs {:.3e}  relative {:.3e}",
+                e.max_abs, e.relative
+            );
+        }
+        println!(
+            "  {} (tolerance {:.0e})",
+            if c.passed { "PASSED" } else { "FAILED" },
+            c.tolerance
+        );
+    }
+}

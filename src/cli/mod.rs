@@ -1,0 +1,65 @@
+//! Argument definitions and dispatch.
+
+mod attention;
+mod bench;
+mod launch;
+mod plan;
+mod simulate;
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+use std::fs::File;
+use std::path::Path;
+
+/// Exact distributed FlashAttention (DistFlashAttn) for long-context training.
+#[derive(Parser)]
+#[command(name = "distflash", version, about)]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Show the schedule: which block each worker computes at each step and what moves where.
+    Plan(plan::Args),
+    /// Run distributed causal attention forward and backward on random inputs.
+    Attention(attention::Args),
+    /// Start one process per worker on this node (sets RANK, WORLD_SIZE, LOCAL_RANK,
+    /// MASTER_ADDR, MASTER_PORT like torchrun), e.g. `distflash launch --nproc-per-node 4 --
+    /// attention --check`.
+    Launch(launch::Args),
+    /// Predict distributed attention time on P devices from device and link rates.
+    Simulate(simulate::Args),
+    /// Measure this machine's rates.
+    #[command(subcommand)]
+    Bench(bench::Target),
+}
+
+pub fn run(cli: Cli) -> Result<()> {
+    match cli.command {
+        Command::Plan(args) => plan::run(args),
+        Command::Attention(args) => attention::run(args),
+        Command::Launch(args) => launch::run(args),
+        Command::Simulate(args) => simulate::run(args),
+        Command::Bench(target) => bench::run(target),
+    }
+}
+
+/// Opens `path` for writing before any work starts, so an unwritable path costs nothing.
+fn create_output(path: &Path) -> Result<File> {
+    File::create(path).map_err(|e| {
+        anyhow::anyhow!(
+            "cannot write {}: {e}; choose a writable path",
+            path.display()
+        )
+    })
+}
+
+/// A hash of this process's arguments: ranks of one job must have been started alike.
+fn args_hash() -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    std::env::args().skip(1).collect::<Vec<_>>().hash(&mut h);
+    h.finish()
+}

@@ -1,0 +1,15 @@
+//! distflash: exact distributed FlashAttention (DistFlashAttn) for long-context training.
+//!
+//! The modules follow DESIGN.md's map: `plan` (schedules), `attn` (block math and the f64
+//! oracle), `comm` (moving buffers between workers), `exec` (running a plan on a backend) and
+//! `backend` (devices).
+
+pub mod attn;
+pub mod backend;
+pub mod bench;
+pub mod comm;
+pub mod exec;
+pub mod inputs;
+pub mod plan;
+pub mod sim;
+pub mod tensor_file;

@@ -1,0 +1,218 @@
+use super::*;
+use std::collections::HashMap;
+
+const ALL: [Schedule; 3] = [Schedule::Unbalanced, Schedule::Balanced, Schedule::Zigzag];
+
+fn both(workers: usize) -> [(Plan, Plan); 3] {
+    ALL.map(|s| {
+        (
+            Plan::new(workers, s, Pass::Forward).unwrap(),
+            Plan::new(workers, s, Pass::Backward).unwrap(),
+        )
+    })
+}
+
+#[test]
+fn every_causal_block_is_computed_exactly_once() {
+    for p in 1..=16 {
+        for (plan, _) in both(p) {
+            let mut seen = HashMap::new();
+            for task in plan.steps.iter().flat_map(|s| &s.tasks) {
+                *seen.entry((task.q_chunk, task.kv_chunk)).or_insert(0) += 1;
+            }
+            for i in 0..plan.chunks() {
+                for j in 0..=i {
+                    assert_eq!(
+                        seen.remove(&(i, j)),
+                        Some(1),
+                        "P={p} {}: block ({i},{j})",
+                        plan.schedule
+                    );
+                }
+            }
+            assert!(
+                seen.is_empty(),
+                "P={p} {}: non-causal blocks {seen:?}",
+                plan.schedule
+            );
+        }
+    }
+}
+
+#[test]
+fn every_task_has_a_local_operand_and_zigzag_steps_are_even() {
+    for p in 1..=16 {
+        for (plan, _) in both(p) {
+            for step in &plan.steps {
+                for t in &step.tasks {
+                    let local =
+                        plan.owner[t.q_chunk] == t.worker || plan.owner[t.kv_chunk] == t.worker;
+                    assert!(local, "P={p} {}: {t:?} has no local operand", plan.schedule);
+                }
+                let loads: Vec<f64> = (0..p)
+                    .map(|w| step.tasks_of(w).map(|t| plan.task_cost(&t)).sum())
+                    .collect();
+                match plan.schedule {
+                    Schedule::Zigzag => assert!(
+                        loads.iter().all(|&l| (l - 0.5).abs() < 1e-12),
+                        "P={p}: zigzag step loads {loads:?}"
+                    ),
+                    _ => assert!((0..p).all(|w| step.tasks_of(w).count() <= 1)),
+                }
+            }
+        }
+    }
+}
+
+/// Every remote operand is fetched by exactly one transfer of the same step, from its owner;
+/// every helper result goes back to the query's owner; nothing else moves.
+#[test]
+fn transfers_match_the_tasks_that_need_them() {
+    for p in 1..=16 {
+        for (fwd, bwd) in both(p) {
+            for plan in [&fwd, &bwd] {
+                for (t, step) in plan.steps.iter().enumerate() {
+                    let mut want_fetch = Vec::new();
+                    let mut want_return = Vec::new();
+                    for task in &step.tasks {
+                        let (w, i, j) = (task.worker, task.q_chunk, task.kv_chunk);
+                        let (qo, kvo) = (plan.owner[i], plan.owner[j]);
+                        let want = |list: &mut Vec<_>, x| {
+                            if !list.contains(&x) {
+                                list.push(x);
+                            }
+                        };
+                        match (plan.role(task), plan.pass) {
+                            (Role::Local, _) => {}
+                            (Role::Owner, Pass::Forward) => {
+                                want(&mut want_fetch, (kvo, w, j, Payload::KeyValue))
+                            }
+                            (Role::Owner, Pass::Backward) => {
+                                want(&mut want_fetch, (kvo, w, j, Payload::KeyValue));
+                                want(&mut want_return, (w, kvo, j, Payload::KvGrad));
+                            }
+                            (Role::Helper, Pass::Forward) => {
+                                want(&mut want_fetch, (qo, w, i, Payload::Query));
+                                want(&mut want_return, (w, qo, i, Payload::PartialOut));
+                            }
+                            (Role::Helper, Pass::Backward) => {
+                                want(&mut want_fetch, (qo, w, i, Payload::QueryGradInputs));
+                                want(&mut want_return, (w, qo, i, Payload::QueryGrad));
+                            }
+                        }
+                    }
+                    let as_tuple = |v: &Vec<Transfer>| {
+                        let mut v: Vec<_> = v
+                            .iter()
+                            .map(|x| (x.from, x.to, x.chunk, x.payload))
+                            .collect();
+                        v.sort_by_key(|x| (x.0, x.1, x.2, x.3.index()));
+                        v
+                    };
+                    want_fetch.sort_by_key(|x| (x.0, x.1, x.2, x.3.index()));
+                    want_return.sort_by_key(|x| (x.0, x.1, x.2, x.3.index()));
+                    assert_eq!(
+                        as_tuple(&step.fetches),
+                        want_fetch,
+                        "P={p} {:?} step {t}",
+                        plan.pass
+                    );
+                    assert_eq!(
+                        as_tuple(&step.returns),
+                        want_return,
+                        "P={p} {:?} step {t}",
+                        plan.pass
+                    );
+                    assert!(
+                        step.fetches
+                            .iter()
+                            .chain(&step.returns)
+                            .all(|x| x.from != x.to && x.from < p && x.to < p)
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn paper_speedups_for_eight_workers() {
+    let balanced = Plan::new(8, Schedule::Balanced, Pass::Forward).unwrap();
+    let unbalanced = Plan::new(8, Schedule::Unbalanced, Pass::Forward).unwrap();
+    assert_eq!(balanced.steps.len(), 5);
+    assert_eq!(unbalanced.steps.len(), 8);
+    assert!((balanced.ideal_speedup() - 32.0 / 4.5).abs() < 1e-12);
+    assert!((unbalanced.ideal_speedup() - 32.0 / 7.5).abs() < 1e-12);
+    assert!((balanced.idle_fraction() - (1.0 - 32.0 / 36.0)).abs() < 1e-12);
+}
+
+#[test]
+fn balanced_odd_worker_counts_have_no_idle_time_and_beat_unbalanced() {
+    for p in (3..=15).step_by(2) {
+        let plan = Plan::new(p, Schedule::Balanced, Pass::Forward).unwrap();
+        assert_eq!(plan.steps.len(), p / 2 + 1);
+        assert!(plan.idle_fraction().abs() < 1e-12, "P={p}");
+    }
+    for p in 2..=16 {
+        let b = Plan::new(p, Schedule::Balanced, Pass::Forward).unwrap();
+        let u = Plan::new(p, Schedule::Unbalanced, Pass::Forward).unwrap();
+        assert!(b.ideal_speedup() >= u.ideal_speedup(), "P={p}");
+        // The unbalanced plan idles about half the machine.
+        assert!(
+            (u.idle_fraction() - (1.0 - u.total_work() / (p as f64 * (p as f64 - 0.5)))).abs()
+                < 1e-12
+        );
+    }
+}
+
+#[test]
+fn zigzag_is_perfectly_balanced_for_every_worker_count() {
+    for p in 1..=16 {
+        let plan = Plan::new(p, Schedule::Zigzag, Pass::Forward).unwrap();
+        assert_eq!(plan.steps.len(), p);
+        assert!((plan.ideal_speedup() - p as f64).abs() < 1e-9, "P={p}");
+        assert!(plan.idle_fraction().abs() < 1e-9);
+        assert_eq!(plan.chunks_of(0), vec![0, 2 * p - 1]);
+    }
+    // Where the paper's schedule cannot help: two workers.
+    let balanced = Plan::new(2, Schedule::Balanced, Pass::Forward).unwrap();
+    assert!((balanced.ideal_speedup() - 4.0 / 3.0).abs() < 1e-12);
+}
+
+#[test]
+fn chunk_sizes_cover_the_sequence_evenly() {
+    assert_eq!(
+        chunk_sizes(10, 4, Schedule::Balanced).unwrap(),
+        vec![3, 3, 2, 2]
+    );
+    assert_eq!(chunk_sizes(8, 8, Schedule::Unbalanced).unwrap(), vec![1; 8]);
+    assert_eq!(
+        chunk_sizes(9, 2, Schedule::Zigzag).unwrap(),
+        vec![3, 2, 2, 2]
+    );
+    assert!(chunk_sizes(3, 4, Schedule::Balanced).is_err());
+    assert!(chunk_sizes(7, 4, Schedule::Zigzag).is_err());
+    assert!(chunk_sizes(3, 0, Schedule::Balanced).is_err());
+    assert!(Plan::new(0, Schedule::Balanced, Pass::Forward).is_err());
+}
+
+#[test]
+fn renderings_carry_the_schedule() {
+    let fwd = Plan::new(4, Schedule::Balanced, Pass::Forward).unwrap();
+    let bwd = Plan::new(4, Schedule::Balanced, Pass::Backward).unwrap();
+    let json = to_json(&fwd, &bwd);
+    assert_eq!(json["workers"], 4);
+    assert_eq!(json["schedule"], "balanced");
+    assert_eq!(
+        json["steps"][1][0],
+        serde_json::json!({"worker": 0, "q_chunk": 3, "kv_chunk": 0})
+    );
+    assert_eq!(json["transfers"][1][0]["payload"], "query");
+    assert!((json["ideal_speedup"].as_f64().unwrap() - fwd.ideal_speedup()).abs() < 1e-12);
+    assert!(json["idle_fraction"].is_number());
+    let text = to_text(&fwd);
+    assert!(text.contains("Q3·KV0*"), "{text}");
+    let svg = to_svg(&fwd);
+    assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
+    assert!(svg.contains("Q3·KV0 → w3") && svg.contains("marker-end"));
+}

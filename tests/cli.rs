@@ -1,0 +1,253 @@
+//! The command-line contract: JSON fields other tools rely on, the saved file's layout, and one
+//! sentence (no panic) for bad input.
+
+use distflash::attn::{Dims, layout, oracle};
+use distflash::inputs::Inputs;
+use distflash::tensor_file;
+use std::process::{Command, Output};
+
+fn distflash(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_distflash"))
+        .args(args)
+        .output()
+        .expect("binary runs")
+}
+
+fn temp_path(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("distflash-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join(name)
+}
+
+#[test]
+fn plan_json_has_the_documented_fields() {
+    let out = distflash(&[
+        "plan",
+        "--workers",
+        "8",
+        "--schedule",
+        "balanced",
+        "--format",
+        "json",
+    ]);
+    assert!(out.status.success());
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["workers"], 8);
+    assert_eq!(v["schedule"], "balanced");
+    assert_eq!(v["steps"].as_array().unwrap().len(), 5);
+    assert!(v["steps"][0][0]["q_chunk"].is_number() && v["steps"][0][0]["kv_chunk"].is_number());
+    assert!(
+        v["transfers"][1]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|t| t["payload"] == "key_value")
+    );
+    assert!((v["ideal_speedup"].as_f64().unwrap() - 32.0 / 4.5).abs() < 1e-9);
+    assert!(v["idle_fraction"].is_number());
+}
+
+#[test]
+fn plan_svg_is_written_to_a_file() {
+    let path = temp_path("plan.svg");
+    let out = distflash(&[
+        "plan",
+        "--workers",
+        "5",
+        "--format",
+        "svg",
+        "--out",
+        path.to_str().unwrap(),
+    ]);
+    assert!(out.status.success());
+    let svg = std::fs::read_to_string(&path).unwrap();
+    assert!(svg.starts_with("<svg") && svg.contains("worker 4"));
+}
+
+#[test]
+fn saved_file_has_public_layouts_and_matches_the_oracle() {
+    let path = temp_path("run.safetensors");
+    let out = distflash(&[
+        "attention",
+        "--workers",
+        "3",
+        "--seq-len",
+        "37",
+        "--heads",
+        "4",
+        "--kv-heads",
+        "2",
+        "--head-dim",
+        "8",
+        "--batch",
+        "2",
+        "--seed",
+        "9",
+        "--check",
+        "--json",
+        "--save",
+        path.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["check"]["passed"], true);
+    assert_eq!(report["per_worker"].as_array().unwrap().len(), 3);
+    assert!(report["forward_gflops"].as_f64().unwrap() > 0.0);
+
+    let t = tensor_file::read(&path).unwrap();
+    let (b, n, h, hk, d) = (2, 37, 4, 2, 8);
+    for name in ["q", "dout", "out", "dq"] {
+        assert_eq!(t[name].0, vec![b, n, h, d], "{name}");
+    }
+    for name in ["k", "v", "dk", "dv"] {
+        assert_eq!(t[name].0, vec![b, n, hk, d], "{name}");
+    }
+    assert_eq!(t["lse"].0, vec![b, h, n]);
+    // Recompute from the saved inputs alone: the file is self-contained and in the stated layout.
+    let dims = Dims {
+        batch: b,
+        heads: h,
+        kv_heads: hk,
+        head_dim: d,
+    };
+    let hm = |name: &str, heads| layout::to_head_major(&t[name].1, b, n, heads, d);
+    let x = Inputs {
+        dims,
+        seq: n,
+        q: hm("q", h),
+        k: hm("k", hk),
+        v: hm("v", hk),
+        dout: hm("dout", h),
+    };
+    let want = oracle::forward(&x);
+    let got = hm("out", h);
+    let err = got
+        .iter()
+        .zip(&want.out)
+        .map(|(&g, &w)| (g as f64 - w).abs())
+        .fold(0.0, f64::max);
+    assert!(err < 1e-5, "saved out differs from the oracle by {err}");
+    let lse_err = t["lse"]
+        .1
+        .iter()
+        .zip(&want.lse)
+        .map(|(&g, &w)| (g as f64 - w).abs())
+        .fold(0.0, f64::max);
+    assert!(
+        lse_err < 1e-5,
+        "saved lse differs from the oracle by {lse_err}"
+    );
+    let want_g = oracle::backward(&x);
+    let dk = hm("dk", hk);
+    let dk_err = dk
+        .iter()
+        .zip(&want_g.dk)
+        .map(|(&g, &w)| (g as f64 - w).abs())
+        .fold(0.0, f64::max);
+    assert!(
+        dk_err < 1e-5,
+        "saved dk differs from the oracle by {dk_err}"
+    );
+}
+
+#[test]
+fn bad_input_gets_one_sentence_and_a_nonzero_exit() {
+    let cases: [(&[&str], &str); 7] = [
+        (
+            &["attention", "--heads", "6", "--kv-heads", "4"],
+            "must be a multiple of kv-heads",
+        ),
+        (&["attention", "--workers", "0"], "at least 1"),
+        (
+            &["attention", "--seq-len", "3", "--workers", "4"],
+            "too short for 4 workers",
+        ),
+        (
+            &["attention", "--head-dim", "0"],
+            "head dim 0 is unsupported",
+        ),
+        (
+            &["attention", "--head-dim", "257"],
+            "head dim 257 is unsupported",
+        ),
+        (
+            &["attention", "--schedule", "ring"],
+            "unknown schedule 'ring'",
+        ),
+        (
+            &["plan", "--out", "/nonexistent-dir/x.svg"],
+            "cannot write /nonexistent-dir/x.svg",
+        ),
+    ];
+    for (args, needle) in cases {
+        let out = distflash(args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} succeeded");
+        assert!(err.contains(needle), "{args:?}: {err}");
+        assert!(
+            !err.contains("panicked") && !err.contains("backtrace"),
+            "{args:?}: {err}"
+        );
+    }
+}
+
+#[test]
+fn cuda_without_a_gpu_says_so_in_one_sentence() {
+    let out = distflash(&[
+        "attention",
+        "--device",
+        "cuda",
+        "--seq-len",
+        "64",
+        "--heads",
+        "2",
+        "--kv-heads",
+        "1",
+    ]);
+    if out.status.success() {
+        return; // a machine with a GPU: the run itself is the check
+    }
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("no CUDA driver found; use --device cpu")
+            || err.contains("could not open CUDA device"),
+        "{err}"
+    );
+    assert!(!err.contains("panicked"), "{err}");
+}
+
+#[test]
+fn bench_report_tables_ours_beside_the_peers() {
+    let dir = temp_path("results");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("ours.jsonl"),
+        r#"{"impl":"distflash","seq":4096,"head_dim":128,"fwd_tflops":300.0,"bwd_tflops":250.0,"fwdbwd_tflops":262.0,"command":"distflash bench attention"}"#,
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("sdpa.jsonl"),
+        "{\"impl\":\"sdpa_flash2\",\"seq\":4096,\"head_dim\":128,\"fwdbwd_tflops\":131.0}\n{\"impl\":\"sdpa_cudnn\",\"seq\":4096,\"head_dim\":128,\"fwdbwd_tflops\":524.0}\n",
+    )
+    .unwrap();
+    let out = distflash(&["bench", "report", "--results", dir.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let md = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        md.contains("| 128 | 4096 | 300 | 250 | 262 | 131 | 524 | 2.00× | 0.50× |"),
+        "{md}"
+    );
+    assert!(md.contains("distflash bench attention"), "{md}");
+    let empty = temp_path("no-results");
+    std::fs::create_dir_all(&empty).unwrap();
+    let out = distflash(&["bench", "report", "--results", empty.to_str().unwrap()]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no JSON lines"));
+}

@@ -1,0 +1,139 @@
+//! Distributed attention against the f64 oracle and against the plan's byte count, for every
+//! worker count 1..=8, both schedules, MHA/GQA/MQA, several head dims, even and uneven chunks.
+
+use distflash::attn::{Dims, oracle};
+use distflash::exec::run_attention;
+use distflash::inputs::Inputs;
+use distflash::plan::{Pass, Plan, Schedule, chunk_sizes, volume};
+use std::time::Duration;
+
+/// max |got − want| / max |want|: relative to the tensor's scale, so a tensor of small entries
+/// is not judged by an absolute bar.
+fn rel_err(got: &[f32], want: &[f64]) -> f64 {
+    assert_eq!(got.len(), want.len(), "tensor sizes differ");
+    let err = got
+        .iter()
+        .zip(want)
+        .map(|(&g, &w)| (g as f64 - w).abs())
+        .fold(0.0, f64::max);
+    let scale = want.iter().map(|w| w.abs()).fold(0.0, f64::max);
+    assert!(got.iter().all(|g| g.is_finite()), "non-finite output");
+    err / scale.max(f64::MIN_POSITIVE)
+}
+
+const TOL: f64 = 1e-5;
+
+fn dims(batch: usize, heads: usize, kv_heads: usize, head_dim: usize) -> Dims {
+    Dims {
+        batch,
+        heads,
+        kv_heads,
+        head_dim,
+    }
+}
+
+fn check_against_oracle(d: Dims, seq: usize, seed: u64) {
+    let x = Inputs::random(d, seq, seed);
+    let fwd = oracle::forward(&x);
+    let bwd = oracle::backward(&x);
+    for workers in 1..=8.min(seq / 2) {
+        for schedule in [Schedule::Unbalanced, Schedule::Balanced, Schedule::Zigzag] {
+            let run = run_attention(&x, workers, schedule, Duration::from_secs(60)).unwrap();
+            let what = format!("{d:?} seq {seq} workers {workers} {schedule}");
+            for (name, got, want) in [
+                ("out", &run.out, &fwd.out),
+                ("lse", &run.lse, &fwd.lse),
+                ("dq", &run.dq, &bwd.dq),
+                ("dk", &run.dk, &bwd.dk),
+                ("dv", &run.dv, &bwd.dv),
+            ] {
+                let e = rel_err(got, want);
+                assert!(e <= TOL, "{what}: {name} relative error {e:e} > {TOL:e}");
+            }
+        }
+    }
+}
+
+#[test]
+fn mha_matches_oracle_even_and_uneven() {
+    check_against_oracle(dims(2, 3, 3, 16), 48, 1); // divides 1,2,3,4,6,8
+    check_against_oracle(dims(1, 2, 2, 32), 37, 2); // prime: uneven for every P > 1
+}
+
+#[test]
+fn gqa_and_mqa_match_oracle() {
+    check_against_oracle(dims(2, 6, 2, 8), 29, 3);
+    check_against_oracle(dims(1, 4, 1, 24), 40, 4);
+}
+
+#[test]
+fn head_dims_from_1_to_256_match_oracle() {
+    for (i, hd) in [1, 7, 64, 256].into_iter().enumerate() {
+        check_against_oracle(dims(1, 2, 1, hd), 19, 10 + i as u64);
+    }
+}
+
+#[test]
+fn chunks_spanning_several_tiles_match_oracle() {
+    // 300 rows: chunks of 37..300 rows cross the 64-row query and 128-row key tiles.
+    check_against_oracle(dims(1, 2, 1, 16), 300, 5);
+}
+
+#[test]
+fn bytes_sent_equal_the_plan_prediction() {
+    let d = dims(2, 4, 2, 8);
+    let seq = 53;
+    let x = Inputs::random(d, seq, 6);
+    for workers in 1..=8 {
+        for schedule in [Schedule::Unbalanced, Schedule::Balanced, Schedule::Zigzag] {
+            let rows = chunk_sizes(seq, workers, schedule).unwrap();
+            let run = run_attention(&x, workers, schedule, Duration::from_secs(60)).unwrap();
+            let fwd = volume::elements_sent(
+                &Plan::new(workers, schedule, Pass::Forward).unwrap(),
+                &d,
+                &rows,
+            );
+            let bwd = volume::elements_sent(
+                &Plan::new(workers, schedule, Pass::Backward).unwrap(),
+                &d,
+                &rows,
+            );
+            for (w, report) in run.workers.iter().enumerate() {
+                assert_eq!(
+                    report.forward_bytes_sent,
+                    4 * fwd[w] as u64,
+                    "P={workers} {schedule} worker {w} forward"
+                );
+                assert_eq!(
+                    report.backward_bytes_sent,
+                    4 * bwd[w] as u64,
+                    "P={workers} {schedule} worker {w} backward"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn more_workers_than_tokens_is_an_error_not_a_panic() {
+    let x = Inputs::random(dims(1, 1, 1, 4), 3, 7);
+    let err = run_attention(&x, 4, Schedule::Balanced, Duration::from_secs(5))
+        .err()
+        .unwrap();
+    assert!(
+        format!("{err:#}").contains("too short for 4 workers"),
+        "{err:#}"
+    );
+}
+
+#[test]
+fn a_lone_worker_on_a_backend_equals_the_threaded_single_worker() {
+    let x = Inputs::random(dims(2, 4, 2, 16), 70, 8);
+    let alone =
+        distflash::exec::run_attention_alone(&distflash::backend::cpu::CpuBackend, &x).unwrap();
+    let threads = run_attention(&x, 1, Schedule::Balanced, Duration::from_secs(60)).unwrap();
+    assert_eq!(alone.out, threads.out);
+    assert_eq!(alone.dq, threads.dq);
+    assert_eq!(alone.dv, threads.dv);
+    assert_eq!(alone.workers[0].forward_bytes_sent, 0);
+}
