@@ -6,13 +6,16 @@ use super::create_output;
 use anyhow::{Result, bail};
 use clap::ValueEnum;
 use distflash::attn::{self, Dims, layout, oracle};
+use distflash::backend::cpu::CpuBackend;
 use distflash::backend::cuda::{CudaBackend, InputDtype};
+use distflash::comm::nccl::{self, NcclComm};
 use distflash::comm::{
-    connect_mesh,
+    Communicator, connect_mesh,
     rendezvous::{self, LaunchEnv},
 };
 use distflash::exec::{
-    AttentionRun, run_attention, run_attention_alone, run_attention_on, run_attention_rank,
+    AttentionRun, gather_to_root, run_attention, run_attention_alone, run_attention_on,
+    run_attention_rank,
 };
 use distflash::inputs::Inputs;
 use distflash::plan::Schedule;
@@ -21,7 +24,7 @@ use serde::Serialize;
 use std::path::PathBuf;
 use std::time::Duration;
 
-#[derive(Clone, Copy, ValueEnum, Serialize)]
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Device {
     /// Worker threads on this machine's cores (f32).
@@ -238,6 +241,12 @@ fn execute(
 ) -> Result<Option<AttentionRun>> {
     let timeout = Duration::from_secs(args.timeout);
     let rendezvous_timeout = Duration::from_secs(args.rendezvous_timeout);
+    if args.device == Device::Cuda {
+        for t in [&mut x.q, &mut x.k, &mut x.v, &mut x.dout] {
+            t.iter_mut().for_each(|v| *v = args.dtype.round(*v));
+        }
+    }
+    let x = &*x;
     match (args.device, launch) {
         (Device::Cpu, None) => run_attention(x, workers, args.schedule, timeout).map(Some),
         (Device::Cpu, Some(env)) => {
@@ -245,16 +254,34 @@ fn execute(
                 Ok(Vec::new())
             })?;
             let mut comm = connect_mesh(joined, rendezvous_timeout, timeout)?;
-            run_attention_rank(x, args.schedule, &mut comm)
+            let mine = run_attention_rank(&CpuBackend, x, args.schedule, &mut comm)?;
+            gather_to_root(x, mine, &mut comm)
         }
-        (Device::Cuda, Some(_)) => bail!(
-            "--device cuda under a launcher (one process per GPU over NCCL) is not built yet; run one process with --workers P for P virtual workers on one GPU"
-        ),
+        (Device::Cuda, Some(env)) => {
+            // One process per GPU: NCCL carries the tensors, a TCP mesh beside it carries
+            // failures and the gathered results. Rank 0 creates the NCCL id and the
+            // rendezvous hands it to everyone.
+            let backend = CudaBackend::new(env.local_rank, args.dtype)?;
+            let joined =
+                rendezvous::join(&env, super::args_hash(), rendezvous_timeout, nccl::new_id)?;
+            let id = joined.payload.clone();
+            let mut host = connect_mesh(joined, rendezvous_timeout, timeout)?;
+            let mine =
+                NcclComm::connect(&backend, env.rank, env.world, &id).and_then(|mut comm| {
+                    // The first run compiles (or loads) and warms the kernels; the second is timed.
+                    run_attention_rank(&backend, x, args.schedule, &mut comm)?;
+                    run_attention_rank(&backend, x, args.schedule, &mut comm)
+                });
+            match mine {
+                Ok(mine) => gather_to_root(x, mine, &mut host),
+                Err(e) => {
+                    host.abort(&format!("{e:#}"));
+                    Err(e)
+                }
+            }
+        }
         (Device::Cuda, None) => {
             let backend = CudaBackend::new(0, args.dtype)?;
-            for t in [&mut x.q, &mut x.k, &mut x.v, &mut x.dout] {
-                t.iter_mut().for_each(|v| *v = args.dtype.round(*v));
-            }
             // The first run compiles (or loads) and warms the kernels; the second is timed.
             // Several workers share the GPU as threads (virtual workers): exact, not fast.
             let once = || match workers {

@@ -3,6 +3,7 @@
 
 mod endpoint;
 mod local;
+pub mod nccl;
 pub mod rendezvous;
 mod solo;
 mod tcp;
@@ -83,6 +84,8 @@ pub struct Incoming {
 /// Receives posted together, to be collected with `Communicator::wait`.
 pub struct Posted {
     pub recvs: Vec<Incoming>,
+    /// Which of a device communicator's groups in flight this is (0 for host communicators).
+    pub ticket: u64,
 }
 
 /// Point-to-point messages, collectives and failure propagation among `world` ranks.
@@ -106,7 +109,7 @@ pub trait Communicator<T: Wire> {
         for s in sends {
             self.send(s.to, s.tag, &s.parts)?;
         }
-        Ok(Posted { recvs })
+        Ok(Posted { recvs, ticket: 0 })
     }
 
     /// The tensors of a posted group's receives, in posting order, each checked against its

@@ -106,41 +106,57 @@ where
     Ok(assemble(problem, vec![part]))
 }
 
-/// Runs this process's rank of a multi-process job (one rank per worker) and gathers every
-/// rank's results to rank 0, which gets `Some(run)`; the other ranks get `None`.
-pub fn run_attention_rank<C: Communicator<Vec<f32>>>(
+/// One rank's share of a multi-process job: its chunks' results (on the host) and measurements.
+pub struct RankResult(WorkerResult);
+
+/// Runs this process's rank of a multi-process job (one rank per worker) on `backend` over
+/// `comm`. A failure is announced to the other ranks through `comm` (or, for a device
+/// communicator that cannot, by the caller's host mesh) before it is returned.
+pub fn run_attention_rank<B: Backend, C: Communicator<B::Tensor>>(
+    backend: &B,
     problem: &Inputs,
     schedule: Schedule,
     comm: &mut C,
-) -> Result<Option<AttentionRun>> {
+) -> Result<RankResult>
+where
+    B::Tensor: Wire,
+{
     let setup = Setup::new(problem, comm.world(), schedule)?;
     let rank = comm.rank();
-    let mine = match run_rank(&CpuBackend, problem, &setup, rank, comm) {
-        Ok(mine) => mine,
-        Err(e) => {
+    run_rank(backend, problem, &setup, rank, comm)
+        .map(RankResult)
+        .inspect_err(|e| {
             if !e.chain().any(|c| c.is::<PeerFailed>()) {
                 comm.abort(&format!("{e:#}"));
             }
-            return Err(e);
-        }
-    };
+        })
+}
+
+/// Gathers every rank's results to rank 0 over a host communicator: `Some(run)` on rank 0,
+/// `None` elsewhere.
+pub fn gather_to_root<H: Communicator<Vec<f32>>>(
+    problem: &Inputs,
+    mine: RankResult,
+    host: &mut H,
+) -> Result<Option<AttentionRun>> {
+    let mine = mine.0;
     // Tag space above the plans' (pass << 40) tags and below the collectives'.
     let gather = Tag(1 << 50);
-    if rank != 0 {
+    if host.rank() != 0 {
         let meta = pack(&mine);
         let mut parts: Vec<&Vec<f32>> = mine.chunks.iter().flat_map(|(_, t)| t.iter()).collect();
         parts.push(&meta);
-        comm.send(0, gather, &parts)?;
-        comm.barrier()?;
+        host.send(0, gather, &parts)?;
+        host.barrier()?;
         return Ok(None);
     }
     let mut parts = vec![mine];
-    for from in 1..comm.world() {
-        let mut got = comm.recv(from, gather)?;
+    for from in 1..host.world() {
+        let mut got = host.recv(from, gather)?;
         let meta = got.pop().unwrap_or_default();
         parts.push(unpack(got, &meta).map_err(|e| e.context(format!("results of worker {from}")))?);
     }
-    comm.barrier()?;
+    host.barrier()?;
     Ok(Some(assemble(problem, parts)))
 }
 

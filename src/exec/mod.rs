@@ -10,8 +10,8 @@ mod driver;
 mod local;
 
 pub use driver::{
-    AttentionRun, WorkerReport, run_attention, run_attention_alone, run_attention_on,
-    run_attention_rank,
+    AttentionRun, RankResult, WorkerReport, gather_to_root, run_attention, run_attention_alone,
+    run_attention_on, run_attention_rank,
 };
 pub use local::{collect_results, run_workers};
 
