@@ -10,5 +10,7 @@ pub mod bench;
 pub mod comm;
 pub mod exec;
 pub mod inputs;
+pub mod model;
 pub mod plan;
 pub mod tensor_file;
+pub mod train;

@@ -91,7 +91,7 @@ impl LocalComm {
             .stash
             .iter()
             .position(|e| e.from == from && e.tag == tag)?;
-        match self.stash.swap_remove(i).body {
+        match self.stash.remove(i).body {
             Body::Data(parts) => Some(parts),
             Body::Abort(_) => None,
         }

@@ -1,0 +1,201 @@
+//! How a layer's attention is computed, behind one trait: `Distributed` runs distflash across the
+//! workers of a communicator (training); `Dense` is a plain single-chunk causal attention in any
+//! precision, the reference for the f64 gradient check.
+//!
+//! Tensors cross this interface sequence-major (`[rows, heads, head_dim]`, a linear layer's
+//! output as is); LSE is opaque to the model, which only keeps it for the backward.
+
+use super::float::Float;
+use crate::attn::{Dims, Span, layout};
+use crate::backend::Backend;
+use crate::backend::cpu::CpuBackend;
+use crate::comm::LocalComm;
+use crate::exec::{OwnChunk, Saved, Worker};
+use crate::plan::{Pass, Plan, Schedule};
+use anyhow::Result;
+use std::time::Duration;
+
+/// Causal attention of this worker's rows over the whole sequence so far.
+pub trait Attention<T> {
+    /// (O, LSE) from the rotated Q, K and V of this worker's rows.
+    fn forward(&mut self, q: &T, k: &T, v: &T) -> Result<(T, T)>;
+    /// (dQ, dK, dV) from the saved O and LSE: no forward is re-run.
+    fn backward(&mut self, q: &T, k: &T, v: &T, o: &T, lse: &T, dout: &T) -> Result<(T, T, T)>;
+}
+
+/// distflash over the in-process communicator: this worker owns rows `spans[rank]`.
+pub struct Distributed<'c> {
+    pub comm: &'c mut LocalComm,
+    pub dims: Dims,
+    pub spans: Vec<Span>,
+    forward: Plan,
+    backward: Plan,
+    /// Time spent in block math, for reports.
+    pub compute: Duration,
+}
+
+impl<'c> Distributed<'c> {
+    pub fn new(comm: &'c mut LocalComm, dims: Dims, spans: Vec<Span>, schedule: Schedule) -> Result<Self> {
+        let world = spans.len();
+        Ok(Distributed {
+            comm,
+            dims,
+            spans,
+            forward: Plan::new(world, schedule, Pass::Forward)?,
+            backward: Plan::new(world, schedule, Pass::Backward)?,
+            compute: Duration::ZERO,
+        })
+    }
+
+    fn rows(&self) -> usize {
+        use crate::comm::Communicator;
+        self.spans[self.comm.rank()].len
+    }
+
+    fn head_major(&self, t: &[f32], heads: usize) -> Vec<f32> {
+        layout::to_head_major(t, 1, self.rows(), heads, self.dims.head_dim)
+    }
+
+    fn seq_major(&self, t: &[f32], heads: usize) -> Vec<f32> {
+        layout::to_seq_major(t, 1, self.rows(), heads, self.dims.head_dim)
+    }
+
+    fn own(&self, q: &[f32], k: &[f32], v: &[f32]) -> OwnChunk<Vec<f32>> {
+        let (h, hk) = (self.dims.heads, self.dims.kv_heads);
+        OwnChunk {
+            q: self.head_major(q, h),
+            k: self.head_major(k, hk),
+            v: self.head_major(v, hk),
+        }
+    }
+}
+
+impl Attention<Vec<f32>> for Distributed<'_> {
+    fn forward(&mut self, q: &Vec<f32>, k: &Vec<f32>, v: &Vec<f32>) -> Result<(Vec<f32>, Vec<f32>)> {
+        let own = self.own(q, k, v);
+        let mut worker = Worker {
+            backend: &CpuBackend,
+            comm: &mut *self.comm,
+            dims: self.dims,
+            spans: &self.spans,
+            compute: Duration::ZERO,
+        };
+        let p = worker.forward(&self.forward, &own)?;
+        self.compute += worker.compute;
+        Ok((self.seq_major(&p.out, self.dims.heads), p.lse))
+    }
+
+    fn backward(
+        &mut self,
+        q: &Vec<f32>,
+        k: &Vec<f32>,
+        v: &Vec<f32>,
+        o: &Vec<f32>,
+        lse: &Vec<f32>,
+        dout: &Vec<f32>,
+    ) -> Result<(Vec<f32>, Vec<f32>, Vec<f32>)> {
+        let own = self.own(q, k, v);
+        let h = self.dims.heads;
+        let dout = self.head_major(dout, h);
+        let saved = Saved {
+            delta: CpuBackend.delta(&self.dims, self.rows(), &self.head_major(o, h), &dout)?,
+            dout,
+            lse: lse.clone(),
+        };
+        let mut worker = Worker {
+            backend: &CpuBackend,
+            comm: &mut *self.comm,
+            dims: self.dims,
+            spans: &self.spans,
+            compute: Duration::ZERO,
+        };
+        let g = worker.backward(&self.backward, &own, &saved)?;
+        self.compute += worker.compute;
+        let hk = self.dims.kv_heads;
+        Ok((
+            self.seq_major(&g.dq, h),
+            self.seq_major(&g.dk, hk),
+            self.seq_major(&g.dv, hk),
+        ))
+    }
+}
+
+/// Causal attention of one chunk holding the whole sequence, written plainly in precision `F`:
+/// the reference the gradient check differentiates through.
+pub struct Dense {
+    pub dims: Dims,
+    pub rows: usize,
+}
+
+impl Dense {
+    /// Offsets of query row i, head h and of key row j, KV head of h.
+    fn at(&self, i: usize, h: usize, heads: usize) -> usize {
+        (i * heads + h) * self.dims.head_dim
+    }
+
+    /// Scaled score and softmax weight of (i, j) for head h, given that row's LSE.
+    fn score<F: Float>(&self, q: &[F], k: &[F], i: usize, j: usize, h: usize) -> F {
+        let d = self.dims;
+        let kh = h / d.group();
+        let (qi, kj) = (self.at(i, h, d.heads), self.at(j, kh, d.kv_heads));
+        let dot = (0..d.head_dim).fold(F::zero(), |a, c| a + q[qi + c] * k[kj + c]);
+        dot / F::of((d.head_dim as f64).sqrt())
+    }
+}
+
+impl<F: Float> Attention<Vec<F>> for Dense {
+    fn forward(&mut self, q: &Vec<F>, k: &Vec<F>, v: &Vec<F>) -> Result<(Vec<F>, Vec<F>)> {
+        let d = self.dims;
+        let mut o = vec![F::zero(); self.rows * d.heads * d.head_dim];
+        let mut lse = vec![F::zero(); d.heads * self.rows];
+        for h in 0..d.heads {
+            for i in 0..self.rows {
+                let s: Vec<F> = (0..=i).map(|j| self.score(q, k, i, j, h)).collect();
+                let max = s.iter().copied().fold(F::neg_infinity(), F::max);
+                let l = max + s.iter().fold(F::zero(), |a, &x| a + (x - max).exp()).ln();
+                lse[h * self.rows + i] = l;
+                let oi = self.at(i, h, d.heads);
+                for (j, &sj) in s.iter().enumerate() {
+                    let p = (sj - l).exp();
+                    let vj = self.at(j, h / d.group(), d.kv_heads);
+                    for c in 0..d.head_dim {
+                        o[oi + c] += p * v[vj + c];
+                    }
+                }
+            }
+        }
+        Ok((o, lse))
+    }
+
+    fn backward(
+        &mut self,
+        q: &Vec<F>,
+        k: &Vec<F>,
+        v: &Vec<F>,
+        o: &Vec<F>,
+        lse: &Vec<F>,
+        dout: &Vec<F>,
+    ) -> Result<(Vec<F>, Vec<F>, Vec<F>)> {
+        let d = self.dims;
+        let scale = F::of(1.0 / (d.head_dim as f64).sqrt());
+        let (mut dq, mut dk, mut dv) = (vec![F::zero(); q.len()], vec![F::zero(); k.len()], vec![F::zero(); v.len()]);
+        for h in 0..d.heads {
+            for i in 0..self.rows {
+                let qi = self.at(i, h, d.heads);
+                let delta = (0..d.head_dim).fold(F::zero(), |a, c| a + dout[qi + c] * o[qi + c]);
+                for j in 0..=i {
+                    let kj = self.at(j, h / d.group(), d.kv_heads);
+                    let p = (self.score(q, k, i, j, h) - lse[h * self.rows + i]).exp();
+                    let dp = (0..d.head_dim).fold(F::zero(), |a, c| a + dout[qi + c] * v[kj + c]);
+                    let ds = p * (dp - delta) * scale;
+                    for c in 0..d.head_dim {
+                        dv[kj + c] += p * dout[qi + c];
+                        dq[qi + c] += ds * k[kj + c];
+                        dk[kj + c] += ds * q[qi + c];
+                    }
+                }
+            }
+        }
+        Ok((dq, dk, dv))
+    }
+}
