@@ -34,7 +34,7 @@ fn host_weights(c: &Config, seed: u64) -> Vec<Vec<f32>> {
     specs(c)
         .iter()
         .map(|s| {
-            (0..s.len())
+            (0..s.elements())
                 .map(|_| {
                     let r: f32 = rng.random_range(-0.5..0.5);
                     if s.decays() { r } else { 1.0 + r }
@@ -46,33 +46,62 @@ fn host_weights(c: &Config, seed: u64) -> Vec<Vec<f32>> {
 
 fn tokens(c: &Config, n: usize, seed: u64) -> Vec<u32> {
     let mut rng = StdRng::seed_from_u64(seed);
-    (0..=n).map(|_| rng.random_range(0..c.vocab_size as u32)).collect()
+    (0..=n)
+        .map(|_| rng.random_range(0..c.vocab_size as u32))
+        .collect()
 }
 
 /// Mean loss and gradients of the f64 model with dense attention (one chunk).
-fn f64_model(c: &Config, host: &[Vec<f64>], toks: &[u32], policy: Checkpoint) -> (f64, Vec<Vec<f64>>) {
+fn f64_model(
+    c: &Config,
+    host: &[Vec<f64>],
+    toks: &[u32],
+    policy: Checkpoint,
+) -> (f64, Vec<Vec<f64>>) {
     let ops = Cpu::<f64>::new();
     let mut it = host.iter();
     let w: Weights<Vec<f64>> = Weights::build(c, |_| Ok(it.next().unwrap().clone())).unwrap();
-    let mut g: Weights<Vec<f64>> = Weights::build(c, |s| Ok(vec![0.0; s.len()])).unwrap();
+    let mut g: Weights<Vec<f64>> = Weights::build(c, |s| Ok(vec![0.0; s.elements()])).unwrap();
     let n = toks.len() - 1;
-    let mut attn = Dense { dims: c.dims(), rows: n };
+    let mut attn = Dense {
+        dims: c.dims(),
+        rows: n,
+    };
     let chunk = Chunk {
         tokens: &toks[..n],
         targets: &toks[1..],
         start: 0,
     };
-    let out = forward_backward(&ops, c, &w, &mut g, &mut attn, chunk, policy, 1.0 / n as f64).unwrap();
-    (out.loss_sum / n as f64, g.tensors().into_iter().cloned().collect())
+    let out = forward_backward(
+        &ops,
+        c,
+        &w,
+        &mut g,
+        &mut attn,
+        chunk,
+        policy,
+        1.0 / n as f64,
+    )
+    .unwrap();
+    (
+        out.loss_sum / n as f64,
+        g.tensors().into_iter().cloned().collect(),
+    )
 }
 
 fn widen(host: &[Vec<f32>]) -> Vec<Vec<f64>> {
-    host.iter().map(|t| t.iter().map(|&x| x as f64).collect()).collect()
+    host.iter()
+        .map(|t| t.iter().map(|&x| x as f64).collect())
+        .collect()
 }
 
 /// max |a − b| / max |b| over one tensor.
 fn rel(a: &[f32], b: &[f64]) -> f64 {
-    let err = a.iter().zip(b).map(|(&x, &y)| (x as f64 - y).abs()).fold(0.0, f64::max);
+    let err = a
+        .iter()
+        .zip(b)
+        .map(|(&x, &y)| (x as f64 - y).abs())
+        .fold(0.0, f64::max);
     err / b.iter().map(|y| y.abs()).fold(f64::MIN_POSITIVE, f64::max)
 }
 
@@ -87,7 +116,7 @@ fn gradients_match_finite_differences_in_f64() {
         let mut rng = StdRng::seed_from_u64(3);
         for (t, spec) in specs(&c).iter().enumerate() {
             for _ in 0..4 {
-                let i = rng.random_range(0..spec.len());
+                let i = rng.random_range(0..spec.elements());
                 let mut plus = host.clone();
                 plus[t][i] += h;
                 let mut minus = host.clone();
@@ -113,12 +142,30 @@ fn distributed_equals_one_worker_and_the_f64_model() {
     let toks = tokens(&c, 23, 5);
     let (loss64, grads64) = f64_model(&c, &widen(&host), &toks, Checkpoint::None);
     let run = |workers, schedule| {
-        gradients(&c, &host, &toks, workers, schedule, Checkpoint::Remat, Duration::from_secs(60)).unwrap()
+        gradients(
+            &c,
+            &host,
+            &toks,
+            workers,
+            schedule,
+            Checkpoint::Remat,
+            Duration::from_secs(60),
+        )
+        .unwrap()
     };
     let one = run(1, Schedule::Balanced);
-    assert!((one.loss - loss64).abs() < 1e-5 * loss64, "f32 loss {} vs f64 {loss64}", one.loss);
+    assert!(
+        (one.loss - loss64).abs() < 1e-5 * loss64,
+        "f32 loss {} vs f64 {loss64}",
+        one.loss
+    );
     for (s, (g, want)) in specs(&c).iter().zip(one.grads.iter().zip(&grads64)) {
-        assert!(rel(g, want) < 1e-4, "{}: relative error {:e} against f64", s.name, rel(g, want));
+        assert!(
+            rel(g, want) < 1e-4,
+            "{}: relative error {:e} against f64",
+            s.name,
+            rel(g, want)
+        );
     }
     for workers in 2..=4 {
         for schedule in [Schedule::Balanced, Schedule::Unbalanced] {
@@ -142,7 +189,18 @@ fn checkpoint_policies_give_the_same_gradients() {
     let c = small(false);
     let host = host_weights(&c, 6);
     let toks = tokens(&c, 16, 7);
-    let run = |policy| gradients(&c, &host, &toks, 3, Schedule::Balanced, policy, Duration::from_secs(60)).unwrap();
+    let run = |policy| {
+        gradients(
+            &c,
+            &host,
+            &toks,
+            3,
+            Schedule::Balanced,
+            policy,
+            Duration::from_secs(60),
+        )
+        .unwrap()
+    };
     let none = run(Checkpoint::None);
     let layer = run(Checkpoint::Layer);
     let remat = run(Checkpoint::Remat);
@@ -151,7 +209,10 @@ fn checkpoint_policies_give_the_same_gradients() {
     assert_eq!(remat.attention_forwards_per_layer, vec![1, 1]);
     for other in [&layer, &remat] {
         assert_eq!(other.loss, none.loss);
-        assert_eq!(other.grads, none.grads, "recomputation must repeat the same arithmetic");
+        assert_eq!(
+            other.grads, none.grads,
+            "recomputation must repeat the same arithmetic"
+        );
     }
     assert!(none.peak_activation_bytes > remat.peak_activation_bytes);
     assert!(remat.peak_activation_bytes > layer.peak_activation_bytes);

@@ -35,11 +35,13 @@ pub fn run(args: Args) -> Result<()> {
     let (config, init) = args.model.resolve()?;
     let text = std::fs::read_to_string(&args.tokens)
         .with_context(|| format!("cannot read {}", args.tokens.display()))?;
-    let tokens: Vec<u32> = serde_json::from_str(&text).with_context(|| {
-        format!("{} is not a JSON array of token ids", args.tokens.display())
-    })?;
+    let tokens: Vec<u32> = serde_json::from_str(&text)
+        .with_context(|| format!("{} is not a JSON array of token ids", args.tokens.display()))?;
     if let Some(t) = tokens.iter().find(|&&t| t as usize >= config.vocab_size) {
-        bail!("token {t} is outside the vocabulary of {}", config.vocab_size);
+        bail!(
+            "token {t} is outside the vocabulary of {}",
+            config.vocab_size
+        );
     }
     let ops = Cpu::<f32>::new();
     let w = match &init {

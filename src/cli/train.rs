@@ -3,10 +3,10 @@
 //! resume.
 
 use anyhow::{Context, Result, bail};
+use distflash::model::Checkpoint;
 use distflash::model::config::Config;
 use distflash::model::ops::AdamW;
 use distflash::model::weights::specs;
-use distflash::model::Checkpoint;
 use distflash::plan::Schedule;
 use distflash::tensor_file::{self, Named};
 use distflash::train::data::Data;
@@ -45,7 +45,11 @@ pub struct ModelArgs {
 impl ModelArgs {
     /// The config and where weights come from; `tiny` when nothing is named.
     pub fn resolve(&self) -> Result<(Config, Init)> {
-        let named = [self.preset.is_some(), self.config.is_some(), self.init_from.is_some()];
+        let named = [
+            self.preset.is_some(),
+            self.config.is_some(),
+            self.init_from.is_some(),
+        ];
         if named.iter().filter(|&&n| n).count() > 1 {
             bail!("--preset, --config and --init-from each name a model: give one");
         }
@@ -146,7 +150,9 @@ pub fn run(args: Args) -> Result<()> {
     let (config, init) = args.model.resolve()?;
     let data = match &args.data {
         Some(path) => Data::bytes(path, args.data_seed)?,
-        None => Data::Synthetic { seed: args.data_seed },
+        None => Data::Synthetic {
+            seed: args.data_seed,
+        },
     };
     let opts = Options {
         config,
@@ -210,12 +216,18 @@ pub fn run(args: Args) -> Result<()> {
         }
         if let Some(bar) = &bar {
             let recall = if r.recall_total > 0 {
-                format!("  recall {:.2}", r.recall_correct as f64 / r.recall_total as f64)
+                format!(
+                    "  recall {:.2}",
+                    r.recall_correct as f64 / r.recall_total as f64
+                )
             } else {
                 String::new()
             };
             bar.set_position(r.step);
-            bar.set_message(format!("loss {:.4}{recall}  {:.0} tok/s", r.loss, r.tokens_per_sec));
+            bar.set_message(format!(
+                "loss {:.4}{recall}  {:.0} tok/s",
+                r.loss, r.tokens_per_sec
+            ));
         } else {
             println!("{line}");
         }
@@ -231,7 +243,10 @@ pub fn run(args: Args) -> Result<()> {
         write_curve(dir, &list)?;
     }
     let Some(last) = list.last() else {
-        println!("nothing to do: the run had already taken {} steps", args.steps);
+        println!(
+            "nothing to do: the run had already taken {} steps",
+            args.steps
+        );
         return Ok(());
     };
     let tail = &list[list.len().saturating_sub(WINDOW)..];

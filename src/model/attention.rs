@@ -35,7 +35,12 @@ pub struct Distributed<'c> {
 }
 
 impl<'c> Distributed<'c> {
-    pub fn new(comm: &'c mut LocalComm, dims: Dims, spans: Vec<Span>, schedule: Schedule) -> Result<Self> {
+    pub fn new(
+        comm: &'c mut LocalComm,
+        dims: Dims,
+        spans: Vec<Span>,
+        schedule: Schedule,
+    ) -> Result<Self> {
         let world = spans.len();
         Ok(Distributed {
             comm,
@@ -71,7 +76,12 @@ impl<'c> Distributed<'c> {
 }
 
 impl Attention<Vec<f32>> for Distributed<'_> {
-    fn forward(&mut self, q: &Vec<f32>, k: &Vec<f32>, v: &Vec<f32>) -> Result<(Vec<f32>, Vec<f32>)> {
+    fn forward(
+        &mut self,
+        q: &Vec<f32>,
+        k: &Vec<f32>,
+        v: &Vec<f32>,
+    ) -> Result<(Vec<f32>, Vec<f32>)> {
         let own = self.own(q, k, v);
         let mut worker = Worker {
             backend: &CpuBackend,
@@ -178,7 +188,11 @@ impl<F: Float> Attention<Vec<F>> for Dense {
     ) -> Result<(Vec<F>, Vec<F>, Vec<F>)> {
         let d = self.dims;
         let scale = F::of(1.0 / (d.head_dim as f64).sqrt());
-        let (mut dq, mut dk, mut dv) = (vec![F::zero(); q.len()], vec![F::zero(); k.len()], vec![F::zero(); v.len()]);
+        let (mut dq, mut dk, mut dv) = (
+            vec![F::zero(); q.len()],
+            vec![F::zero(); k.len()],
+            vec![F::zero(); v.len()],
+        );
         for h in 0..d.heads {
             for i in 0..self.rows {
                 let qi = self.at(i, h, d.heads);

@@ -23,10 +23,22 @@ pub struct Config {
 
 /// Names accepted by `--preset`, with what each is for.
 pub const PRESETS: &[(&str, &str)] = &[
-    ("tiny", "2 layers, width 64, 4 query / 2 KV heads, byte vocabulary: trains on a CPU"),
-    ("llama2-7b", "LLaMA-2-7B: 32 layers, width 4096, 32 heads, vocabulary 32000"),
-    ("llama-7b-gqa", "LLaMA-2-7B with grouped-query attention: 8 KV heads"),
-    ("llama-7b-33h", "7B with 33 heads of 128 (width 4224), which tensor-parallel systems pad"),
+    (
+        "tiny",
+        "2 layers, width 64, 4 query / 2 KV heads, byte vocabulary: trains on a CPU",
+    ),
+    (
+        "llama2-7b",
+        "LLaMA-2-7B: 32 layers, width 4096, 32 heads, vocabulary 32000",
+    ),
+    (
+        "llama-7b-gqa",
+        "LLaMA-2-7B with grouped-query attention: 8 KV heads",
+    ),
+    (
+        "llama-7b-33h",
+        "7B with 33 heads of 128 (width 4224), which tensor-parallel systems pad",
+    ),
 ];
 
 impl Config {
@@ -126,7 +138,10 @@ impl Config {
             num_attention_heads: heads,
             num_key_value_heads: int("num_key_value_heads").unwrap_or(heads),
             head_dim: int("head_dim").unwrap_or(hidden / heads.max(1)),
-            rms_norm_eps: v.get("rms_norm_eps").and_then(Value::as_f64).unwrap_or(1e-6),
+            rms_norm_eps: v
+                .get("rms_norm_eps")
+                .and_then(Value::as_f64)
+                .unwrap_or(1e-6),
             rope_theta: rope
                 .get("rope_theta")
                 .and_then(Value::as_f64)
@@ -228,7 +243,10 @@ mod tests {
             let c = Config::preset(name).unwrap();
             assert_eq!(Config::from_json(&c.to_json()).unwrap(), c);
         }
-        assert_eq!(Config::preset("llama-7b-gqa").unwrap().num_key_value_heads, 8);
+        assert_eq!(
+            Config::preset("llama-7b-gqa").unwrap().num_key_value_heads,
+            8
+        );
         assert!(Config::preset("gpt2").is_err());
     }
 

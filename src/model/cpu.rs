@@ -35,10 +35,7 @@ fn view_mut<F>(data: &mut [F], rows: usize, cols: usize) -> ArrayViewMut2<'_, F>
 
 fn check_len<F>(what: &str, t: &[F], want: usize) -> Result<()> {
     if t.len() != want {
-        bail!(
-            "{what} has {} elements where {want} were expected",
-            t.len()
-        );
+        bail!("{what} has {} elements where {want} were expected", t.len());
     }
     Ok(())
 }
@@ -57,7 +54,14 @@ fn gemm_rows<F: Float>(a: &[F], b: ArrayView2<'_, F>, rows: usize, beta: F, out:
 }
 
 /// dw (`[out, inp]`) += dyᵀ x, split over blocks of output rows.
-fn gemm_weight_grad<F: Float>(dy: &[F], x: &[F], rows: usize, inp: usize, out: usize, dw: &mut [F]) {
+fn gemm_weight_grad<F: Float>(
+    dy: &[F],
+    x: &[F],
+    rows: usize,
+    inp: usize,
+    out: usize,
+    dw: &mut [F],
+) {
     let dy = view(dy, rows, out);
     let x = view(x, rows, inp);
     dw.par_chunks_mut(ROW_BLOCK * inp)
@@ -143,7 +147,14 @@ impl<F: Float> Ops for Cpu<F> {
         Ok(())
     }
 
-    fn linear(&self, x: &Vec<F>, w: &Vec<F>, rows: usize, inp: usize, out: usize) -> Result<Vec<F>> {
+    fn linear(
+        &self,
+        x: &Vec<F>,
+        w: &Vec<F>,
+        rows: usize,
+        inp: usize,
+        out: usize,
+    ) -> Result<Vec<F>> {
         check_len("a linear layer's input", x, rows * inp)?;
         check_len("a linear layer's weight", w, out * inp)?;
         let mut y = vec![F::zero(); rows * out];
@@ -314,12 +325,12 @@ impl<F: Float> Ops for Cpu<F> {
                 .par_chunks_mut(vocab)
                 .zip(&targets[r0..r0 + n])
                 .map(|(row, &t)| {
-                    let (best, max) = row
-                        .iter()
-                        .enumerate()
-                        .fold((0, F::neg_infinity()), |(bi, bm), (i, &v)| {
-                            if v > bm { (i, v) } else { (bi, bm) }
-                        });
+                    let (best, max) =
+                        row.iter()
+                            .enumerate()
+                            .fold((0, F::neg_infinity()), |(bi, bm), (i, &v)| {
+                                if v > bm { (i, v) } else { (bi, bm) }
+                            });
                     let sum = row.iter().fold(F::zero(), |a, &v| a + (v - max).exp());
                     let lse = max + sum.ln();
                     let loss = (lse - row[t as usize]).f64();

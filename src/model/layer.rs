@@ -172,7 +172,13 @@ impl<O: Ops> Layer<'_, O> {
         let a = self.acts(w, x, None, attn, forwards)?;
         let all = self.acts_bytes(&a);
         meter.hold(all);
-        let mut out = self.ops.linear(&a.m, &w.w_down, self.rows, c.intermediate_size, c.hidden_size)?;
+        let mut out = self.ops.linear(
+            &a.m,
+            &w.w_down,
+            self.rows,
+            c.intermediate_size,
+            c.hidden_size,
+        )?;
         self.ops.add_assign(&mut out, &a.x2)?;
         let kept = match policy {
             Checkpoint::None => Kept::All(a),
@@ -200,7 +206,12 @@ impl<O: Ops> Layer<'_, O> {
         meter: &mut Meter,
     ) -> Result<O::T> {
         let (ops, c, n) = (self.ops, self.cfg, self.rows);
-        let (d, i, qw, kw) = (c.hidden_size, c.intermediate_size, c.q_width(), c.kv_width());
+        let (d, i, qw, kw) = (
+            c.hidden_size,
+            c.intermediate_size,
+            c.q_width(),
+            c.kv_width(),
+        );
         let had = self.kept_bytes(&kept);
         let a = match kept {
             Kept::All(a) => a,
@@ -218,7 +229,16 @@ impl<O: Ops> Layer<'_, O> {
         let mut dh2 = ops.zeros(n * d)?;
         ops.linear_backward(&dg, &a.h2, &w.w_gate, n, d, i, &mut dh2, &mut grads.w_gate)?;
         ops.linear_backward(&du, &a.h2, &w.w_up, n, d, i, &mut dh2, &mut grads.w_up)?;
-        ops.rmsnorm_backward(&a.x2, &w.mlp_norm, &a.rstd2, &dh2, n, d, &mut dx2, &mut grads.mlp_norm)?;
+        ops.rmsnorm_backward(
+            &a.x2,
+            &w.mlp_norm,
+            &a.rstd2,
+            &dh2,
+            n,
+            d,
+            &mut dx2,
+            &mut grads.mlp_norm,
+        )?;
 
         // x2 = x + o Woᵀ;  o = attention(q, k, v), backward from the saved o and lse
         let mut dout_attn = ops.zeros(n * qw)?;
@@ -227,14 +247,39 @@ impl<O: Ops> Layer<'_, O> {
 
         // q, k = rope(h1 Wqᵀ, h1 Wkᵀ);  v = h1 Wvᵀ;  h1 = rmsnorm(x)·g1
         let hd = c.head_dim;
-        ops.rope(&mut dq, n, c.num_attention_heads, hd, self.start, c.rope_theta, true)?;
-        ops.rope(&mut dk, n, c.num_key_value_heads, hd, self.start, c.rope_theta, true)?;
+        ops.rope(
+            &mut dq,
+            n,
+            c.num_attention_heads,
+            hd,
+            self.start,
+            c.rope_theta,
+            true,
+        )?;
+        ops.rope(
+            &mut dk,
+            n,
+            c.num_key_value_heads,
+            hd,
+            self.start,
+            c.rope_theta,
+            true,
+        )?;
         let mut dh1 = ops.zeros(n * d)?;
         ops.linear_backward(&dq, &a.h1, &w.wq, n, d, qw, &mut dh1, &mut grads.wq)?;
         ops.linear_backward(&dk, &a.h1, &w.wk, n, d, kw, &mut dh1, &mut grads.wk)?;
         ops.linear_backward(&dv, &a.h1, &w.wv, n, d, kw, &mut dh1, &mut grads.wv)?;
         let mut dx = dx2;
-        ops.rmsnorm_backward(&a.x, &w.attn_norm, &a.rstd1, &dh1, n, d, &mut dx, &mut grads.attn_norm)?;
+        ops.rmsnorm_backward(
+            &a.x,
+            &w.attn_norm,
+            &a.rstd1,
+            &dh1,
+            n,
+            d,
+            &mut dx,
+            &mut grads.attn_norm,
+        )?;
         meter.release(all);
         Ok(dx)
     }

@@ -17,11 +17,11 @@ pub mod weights;
 
 pub use layer::{Checkpoint, Layer};
 
+use anyhow::{Result, bail};
 use attention::Attention;
 use config::Config;
 use ops::Ops;
 use weights::Weights;
-use anyhow::{Result, bail};
 
 /// Bytes of activations held for the backward: current and peak.
 #[derive(Clone, Copy, Debug, Default)]
@@ -116,7 +116,16 @@ pub fn forward_backward<O: Ops>(
     )?;
 
     let mut dx = ops.zeros(rows * d)?;
-    ops.rmsnorm_backward(&x, &w.norm, &rstd, &loss.dh, rows, d, &mut dx, &mut grads.norm)?;
+    ops.rmsnorm_backward(
+        &x,
+        &w.norm,
+        &rstd,
+        &loss.dh,
+        rows,
+        d,
+        &mut dx,
+        &mut grads.norm,
+    )?;
     for (l, k) in kept.into_iter().enumerate().rev() {
         let (lw, lg) = (&w.layers[l], &mut grads.layers[l]);
         dx = layer.backward(lw, k, dx, attn, lg, &mut forwards[l], &mut meter)?;

@@ -60,8 +60,14 @@ pub trait Ops: Sync {
     ) -> Result<()>;
 
     /// y = x Wᵀ for x `[rows, inp]`, W `[out, inp]`.
-    fn linear(&self, x: &Self::T, w: &Self::T, rows: usize, inp: usize, out: usize)
-    -> Result<Self::T>;
+    fn linear(
+        &self,
+        x: &Self::T,
+        w: &Self::T,
+        rows: usize,
+        inp: usize,
+        out: usize,
+    ) -> Result<Self::T>;
     /// dx += dy W and dW += dyᵀ x (accumulating, so branches that share an input add up).
     #[allow(clippy::too_many_arguments)]
     fn linear_backward(
@@ -117,12 +123,8 @@ pub trait Ops: Sync {
     /// m = silu(g) ∘ u.
     fn swiglu(&self, g: &Self::T, u: &Self::T) -> Result<Self::T>;
     /// (dg, du) from dm: du = dm∘silu(g), dg = dm∘u∘σ(g)(1 + g(1 − σ(g))).
-    fn swiglu_backward(
-        &self,
-        g: &Self::T,
-        u: &Self::T,
-        dm: &Self::T,
-    ) -> Result<(Self::T, Self::T)>;
+    fn swiglu_backward(&self, g: &Self::T, u: &Self::T, dm: &Self::T)
+    -> Result<(Self::T, Self::T)>;
 
     /// Cross-entropy of logits h Wᵀ against `targets`, forward and backward fused and chunked
     /// over rows, so the logits of only a few rows exist at a time. The gradient is of

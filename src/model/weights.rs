@@ -42,7 +42,8 @@ pub struct Spec {
 }
 
 impl Spec {
-    pub fn len(&self) -> usize {
+    /// Elements of the tensor.
+    pub fn elements(&self) -> usize {
         self.shape.iter().product()
     }
 
@@ -167,7 +168,7 @@ impl<T> Weights<T> {
 
 /// Zero tensors of the model's shape (gradients, optimizer moments).
 pub fn zeros<O: Ops>(ops: &O, c: &Config) -> Result<Weights<O::T>> {
-    Weights::build(c, |s| ops.zeros(s.len()))
+    Weights::build(c, |s| ops.zeros(s.elements()))
 }
 
 /// Random weights from a seed: norm gains 1, matrices uniform with standard deviation 0.02
@@ -177,9 +178,11 @@ pub fn random<O: Ops>(ops: &O, c: &Config, seed: u64) -> Result<Weights<O::T>> {
     let amp = 0.02 * 3f32.sqrt();
     Weights::build(c, |s| {
         let host: Vec<f32> = if s.decays() {
-            (0..s.len()).map(|_| rng.random_range(-amp..amp)).collect()
+            (0..s.elements())
+                .map(|_| rng.random_range(-amp..amp))
+                .collect()
         } else {
-            vec![1.0; s.len()]
+            vec![1.0; s.elements()]
         };
         ops.upload(&host)
     })

@@ -2,10 +2,12 @@
 //! sequences the interrupted one would have: the data position is just a count.
 //!
 //! - `Synthetic`: a long-range recall task. A key marker and a random value are planted in the
-//!   first eighth of the sequence; the last input is a query marker whose next token is that
-//!   value. Everything else is a counting filler (each token the successor of the one before, from
-//!   a random start) that a model learns locally. The value can only be recalled by attending from
-//!   the last worker's chunk back into the first's.
+//!   first eighth of the sequence; the last eighth asks for it `ASKS` times (a query marker
+//!   followed by the value) at random places. Everything else is a counting filler (each token
+//!   the successor of the one before, from a random start) that a model learns locally. The
+//!   first ask can only be answered by attending from the last worker's chunk back into the
+//!   first's; it is the scored probe. The later asks, at random distances from earlier answers,
+//!   train the same content-based copying and so give it more signal.
 //! - `Bytes`: windows of a file, one token per byte, at offsets drawn from the seed.
 
 use anyhow::{Context, Result, bail};
@@ -19,14 +21,22 @@ pub const KEY: u32 = 1;
 pub const QUERY: u32 = 2;
 /// Values are tokens `VALUES_FROM..VALUES_FROM + VALUES`.
 pub const VALUES_FROM: u32 = 16;
-pub const VALUES: u32 = 32;
+pub const VALUES: u32 = 16;
 /// Filler tokens are `FILLER_FROM..vocab`.
 pub const FILLER_FROM: u32 = 64;
+/// Times the value is asked for at the end of a synthetic sequence.
+pub const ASKS: usize = 4;
 
 /// Where sequences come from.
 pub enum Data {
-    Synthetic { seed: u64 },
-    Bytes { bytes: Vec<u8>, name: String, seed: u64 },
+    Synthetic {
+        seed: u64,
+    },
+    Bytes {
+        bytes: Vec<u8>,
+        name: String,
+        seed: u64,
+    },
 }
 
 /// One sequence of `seq_len + 1` tokens (inputs are the first `seq_len`, targets the last), and
@@ -68,7 +78,9 @@ impl Data {
             }
             Data::Bytes { bytes, name, .. } => {
                 if vocab < 256 {
-                    bail!("byte-level data needs a vocabulary of at least 256, the model has {vocab}");
+                    bail!(
+                        "byte-level data needs a vocabulary of at least 256, the model has {vocab}"
+                    );
                 }
                 if bytes.len() <= seq_len {
                     bail!(
@@ -98,11 +110,24 @@ impl Data {
                 let value = VALUES_FROM + rng.random_range(0..VALUES);
                 tokens[key_at] = KEY;
                 tokens[key_at + 1] = value;
-                tokens[seq_len - 1] = QUERY;
-                tokens[seq_len] = value;
+                // Asks at distinct, non-overlapping even offsets of the last eighth; the last
+                // input is always one.
+                let tail = seq_len - seq_len / 8;
+                let slots = (seq_len - tail) / 2;
+                let mut asks = vec![seq_len - 1];
+                while asks.len() < ASKS.min(slots) {
+                    let at = seq_len - 1 - 2 * rng.random_range(1..slots);
+                    if !asks.contains(&at) {
+                        asks.push(at);
+                    }
+                }
+                for &at in &asks {
+                    tokens[at] = QUERY;
+                    tokens[at + 1] = value;
+                }
                 Sample {
                     tokens,
-                    probe: Some(seq_len - 1),
+                    probe: asks.iter().min().copied(),
                 }
             }
             Data::Bytes { bytes, seed, .. } => {
@@ -140,7 +165,10 @@ mod tests {
         assert!(key < 8);
         assert_eq!(s.tokens[key + 1], s.tokens[64]);
         assert_eq!(s.tokens[63], QUERY);
-        assert_eq!(s.probe, Some(63));
+        let asks: Vec<usize> = (0..64).filter(|&i| s.tokens[i] == QUERY).collect();
+        assert_eq!(asks.len(), ASKS);
+        assert_eq!(s.probe, Some(asks[0]));
+        assert!(asks[0] >= 56 && asks.iter().all(|&a| s.tokens[a + 1] == s.tokens[64]));
         assert_eq!(data.sample(7, 64, 256).tokens, s.tokens);
         assert!(data.check(64, 100).is_err());
     }

@@ -28,7 +28,9 @@ use std::time::{Duration, Instant};
 /// Where the first weights come from.
 #[derive(Clone, Debug)]
 pub enum Init {
-    Random { seed: u64 },
+    Random {
+        seed: u64,
+    },
     /// A Hugging Face model directory (`config.json`, `model.safetensors`).
     HuggingFace(PathBuf),
 }
@@ -103,7 +105,10 @@ fn initial_state(o: &Options) -> Result<State> {
         Init::Random { seed } => weights::random(&ops, &o.config, *seed)?,
         Init::HuggingFace(dir) => weights::load_hf(&ops, &o.config, dir)?,
     };
-    let zeros: Vec<Vec<f32>> = specs(&o.config).iter().map(|s| vec![0.0; s.len()]).collect();
+    let zeros: Vec<Vec<f32>> = specs(&o.config)
+        .iter()
+        .map(|s| vec![0.0; s.elements()])
+        .collect();
     Ok(State {
         step: 0,
         samples: 0,
@@ -143,7 +148,16 @@ fn accumulate(
         targets: &sample.tokens[span.start + 1..span.end() + 1],
         start: span.start,
     };
-    let out = forward_backward(&Cpu::<f32>::new(), cfg, w, grads, attn, chunk, policy, scale)?;
+    let out = forward_backward(
+        &Cpu::<f32>::new(),
+        cfg,
+        w,
+        grads,
+        attn,
+        chunk,
+        policy,
+        scale,
+    )?;
     tally.loss_sum += out.loss_sum;
     if let Some(p) = sample.probe
         && (span.start..span.end()).contains(&p)
@@ -155,11 +169,19 @@ fn accumulate(
 }
 
 /// Sums gradients and the tally over all workers.
-fn all_reduce(comm: &mut LocalComm, grads: &mut Weights<Vec<f32>>, tally: &mut Tally) -> Result<()> {
+fn all_reduce(
+    comm: &mut LocalComm,
+    grads: &mut Weights<Vec<f32>>,
+    tally: &mut Tally,
+) -> Result<()> {
     for g in grads.tensors_mut() {
         comm.all_reduce_sum(g)?;
     }
-    let mut t = vec![tally.loss_sum as f32, tally.correct as f32, tally.probes as f32];
+    let mut t = vec![
+        tally.loss_sum as f32,
+        tally.correct as f32,
+        tally.probes as f32,
+    ];
     comm.all_reduce_sum(&mut t)?;
     *tally = Tally {
         loss_sum: t[0] as f64,
@@ -210,8 +232,22 @@ pub fn gradients(
     let results = run_workers(workers, timeout, |rank, comm| {
         let mut grads = weights::zeros(&Cpu::<f32>::new(), cfg)?;
         let mut attn = Distributed::new(comm, cfg.dims(), spans.clone(), schedule)?;
-        let mut tally = Tally { loss_sum: 0.0, correct: 0, probes: 0 };
-        let out = accumulate(cfg, &w, &mut grads, &mut attn, spans[rank], &sample, policy, 1.0 / seq as f64, &mut tally)?;
+        let mut tally = Tally {
+            loss_sum: 0.0,
+            correct: 0,
+            probes: 0,
+        };
+        let out = accumulate(
+            cfg,
+            &w,
+            &mut grads,
+            &mut attn,
+            spans[rank],
+            &sample,
+            policy,
+            1.0 / seq as f64,
+            &mut tally,
+        )?;
         all_reduce(attn.comm, &mut grads, &mut tally)?;
         Ok(Gradients {
             loss: tally.loss_sum / seq as f64,
@@ -272,12 +308,26 @@ fn worker(
     for step in start.step + 1..=o.steps {
         let began = Instant::now();
         let mut grads = weights::zeros(&ops, cfg)?;
-        let mut tally = Tally { loss_sum: 0.0, correct: 0, probes: 0 };
+        let mut tally = Tally {
+            loss_sum: 0.0,
+            correct: 0,
+            probes: 0,
+        };
         let mut last = None;
         for _ in 0..o.batch {
             let sample = o.data.sample(samples, o.seq_len, cfg.vocab_size);
             samples += 1;
-            last = Some(accumulate(cfg, &w, &mut grads, &mut attn, spans[rank], &sample, o.checkpoint, scale, &mut tally)?);
+            last = Some(accumulate(
+                cfg,
+                &w,
+                &mut grads,
+                &mut attn,
+                spans[rank],
+                &sample,
+                o.checkpoint,
+                scale,
+                &mut tally,
+            )?);
         }
         all_reduce(attn.comm, &mut grads, &mut tally)?;
         let norm = grads
@@ -293,7 +343,12 @@ fn worker(
         }
         let lr = o.adamw.lr * (step as f64 / o.warmup.max(1) as f64).min(1.0);
         let hp = AdamW { lr, ..o.adamw };
-        let (ws, gs, ms, vs) = (w.tensors_mut(), grads.tensors(), m.tensors_mut(), v.tensors_mut());
+        let (ws, gs, ms, vs) = (
+            w.tensors_mut(),
+            grads.tensors(),
+            m.tensors_mut(),
+            v.tensors_mut(),
+        );
         for ((((p, g), m), v), s) in ws.into_iter().zip(gs).zip(ms).zip(vs).zip(&specs) {
             ops.adamw(p, g, m, v, &hp, step, s.decays())?;
         }

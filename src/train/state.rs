@@ -57,7 +57,11 @@ pub fn save(path: &Path, key: &RunKey, state: &State) -> Result<()> {
     let specs = specs(&key.config);
     let mut names = Vec::new();
     let mut data: Vec<&Vec<f32>> = Vec::new();
-    for (prefix, list) in [("", &state.weights), ("adamw.m.", &state.m), ("adamw.v.", &state.v)] {
+    for (prefix, list) in [
+        ("", &state.weights),
+        ("adamw.m.", &state.m),
+        ("adamw.v.", &state.v),
+    ] {
         for (s, t) in specs.iter().zip(list) {
             names.push((format!("{prefix}{}", s.name), s.shape.clone()));
             data.push(t);
@@ -117,7 +121,10 @@ pub fn load(path: &Path, key: &RunKey) -> Result<State> {
     let saved_config = Config::from_json(&serde_json::from_str(&get("config")?)?)
         .with_context(|| format!("the model config in {shown} is unreadable"))?;
     if saved_config != key.config {
-        bail!("{shown} holds a different model ({saved_config:?}) than this run's ({:?})", key.config);
+        bail!(
+            "{shown} holds a different model ({saved_config:?}) than this run's ({:?})",
+            key.config
+        );
     }
     for (what, saved, now) in [
         ("data", get("data")?, key.data.clone()),
@@ -125,7 +132,9 @@ pub fn load(path: &Path, key: &RunKey) -> Result<State> {
         ("--batch", get("batch")?, key.batch.to_string()),
     ] {
         if saved != now {
-            bail!("{shown} was saved with {what} '{saved}', but this run uses '{now}': resuming would not continue the same run");
+            bail!(
+                "{shown} was saved with {what} '{saved}', but this run uses '{now}': resuming would not continue the same run"
+            );
         }
     }
     let number = |k: &str| -> Result<u64> {
@@ -155,7 +164,10 @@ pub fn load(path: &Path, key: &RunKey) -> Result<State> {
                     .remove(&name)
                     .with_context(|| format!("{shown} lacks tensor '{name}'"))?;
                 if shape != s.shape {
-                    bail!("tensor '{name}' in {shown} has shape {shape:?}, expected {:?}", s.shape);
+                    bail!(
+                        "tensor '{name}' in {shown} has shape {shape:?}, expected {:?}",
+                        s.shape
+                    );
                 }
                 Ok(data)
             })
