@@ -76,10 +76,10 @@ pub struct Args {
     #[arg(long, default_value_t = 0)]
     data_seed: u64,
     /// Tokens per sequence, split across the workers.
-    #[arg(long, default_value_t = 256)]
+    #[arg(long, default_value_t = 128)]
     seq_len: usize,
     /// Sequences per optimizer step.
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value_t = 8)]
     batch: usize,
     #[arg(long, default_value_t = 4)]
     workers: usize,
@@ -93,9 +93,9 @@ pub struct Args {
     #[arg(long, default_value = "remat")]
     checkpoint: Checkpoint,
     /// Optimizer steps to reach (a resumed run counts its saved steps).
-    #[arg(long, default_value_t = 300)]
+    #[arg(long, default_value_t = 1000)]
     steps: u64,
-    #[arg(long, default_value_t = 3e-3)]
+    #[arg(long, default_value_t = 1e-2)]
     lr: f64,
     #[arg(long, default_value_t = 20)]
     warmup: u64,
@@ -126,6 +126,7 @@ const WINDOW: usize = 20;
 
 #[derive(Serialize)]
 struct Summary {
+    device: Device,
     steps: u64,
     wall_secs: f64,
     workers: usize,
@@ -252,6 +253,7 @@ pub fn run(args: Args) -> Result<()> {
     let tail = &list[list.len().saturating_sub(WINDOW)..];
     let probes: u64 = tail.iter().map(|r| r.recall_total).sum();
     let summary = Summary {
+        device: args.device,
         steps: last.step,
         wall_secs: wall,
         workers: args.workers,

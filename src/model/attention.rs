@@ -30,8 +30,6 @@ pub struct Distributed<'c> {
     pub spans: Vec<Span>,
     forward: Plan,
     backward: Plan,
-    /// Time spent in block math, for reports.
-    pub compute: Duration,
 }
 
 impl<'c> Distributed<'c> {
@@ -48,7 +46,6 @@ impl<'c> Distributed<'c> {
             spans,
             forward: Plan::new(world, schedule, Pass::Forward)?,
             backward: Plan::new(world, schedule, Pass::Backward)?,
-            compute: Duration::ZERO,
         })
     }
 
@@ -75,6 +72,21 @@ impl<'c> Distributed<'c> {
     }
 }
 
+/// The executor for one attention call on this worker's endpoint.
+fn worker<'a>(
+    comm: &'a mut LocalComm,
+    dims: Dims,
+    spans: &'a [Span],
+) -> Worker<'a, CpuBackend, LocalComm> {
+    Worker {
+        backend: &CpuBackend,
+        comm,
+        dims,
+        spans,
+        compute: Duration::ZERO,
+    }
+}
+
 impl Attention<Vec<f32>> for Distributed<'_> {
     fn forward(
         &mut self,
@@ -83,15 +95,7 @@ impl Attention<Vec<f32>> for Distributed<'_> {
         v: &Vec<f32>,
     ) -> Result<(Vec<f32>, Vec<f32>)> {
         let own = self.own(q, k, v);
-        let mut worker = Worker {
-            backend: &CpuBackend,
-            comm: &mut *self.comm,
-            dims: self.dims,
-            spans: &self.spans,
-            compute: Duration::ZERO,
-        };
-        let p = worker.forward(&self.forward, &own)?;
-        self.compute += worker.compute;
+        let p = worker(self.comm, self.dims, &self.spans).forward(&self.forward, &own)?;
         Ok((self.seq_major(&p.out, self.dims.heads), p.lse))
     }
 
@@ -112,15 +116,7 @@ impl Attention<Vec<f32>> for Distributed<'_> {
             dout,
             lse: lse.clone(),
         };
-        let mut worker = Worker {
-            backend: &CpuBackend,
-            comm: &mut *self.comm,
-            dims: self.dims,
-            spans: &self.spans,
-            compute: Duration::ZERO,
-        };
-        let g = worker.backward(&self.backward, &own, &saved)?;
-        self.compute += worker.compute;
+        let g = worker(self.comm, self.dims, &self.spans).backward(&self.backward, &own, &saved)?;
         let hk = self.dims.kv_heads;
         Ok((
             self.seq_major(&g.dq, h),
@@ -138,12 +134,12 @@ pub struct Dense {
 }
 
 impl Dense {
-    /// Offsets of query row i, head h and of key row j, KV head of h.
+    /// Offset of row i, head h in a `[rows, heads, head_dim]` tensor.
     fn at(&self, i: usize, h: usize, heads: usize) -> usize {
         (i * heads + h) * self.dims.head_dim
     }
 
-    /// Scaled score and softmax weight of (i, j) for head h, given that row's LSE.
+    /// The scaled score q_i · k_j / √d of query head h (against its KV head).
     fn score<F: Float>(&self, q: &[F], k: &[F], i: usize, j: usize, h: usize) -> F {
         let d = self.dims;
         let kh = h / d.group();
