@@ -153,6 +153,10 @@ fn bad_configs_give_a_sentence() {
         "no model.safetensors",
     );
     fails_with(&["train", "--workers", "0"], "at least 1");
+    fails_with(
+        &["train", "--preset", "llama2-7b"],
+        "6.74B parameters needs about",
+    );
     std::fs::remove_dir_all(dir).unwrap();
 }
 

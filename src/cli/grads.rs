@@ -43,6 +43,7 @@ pub fn run(args: Args) -> Result<()> {
             config.vocab_size
         );
     }
+    train::check_memory(&config, args.workers)?;
     let ops = Cpu::<f32>::new();
     let w = match &init {
         Init::Random { seed } => weights::random(&ops, &config, *seed)?,

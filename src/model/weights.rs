@@ -278,3 +278,29 @@ pub fn load_hf<O: Ops>(ops: &O, c: &Config, dir: &Path) -> Result<Weights<O::T>>
     }
     from_host(ops, c, &host, &dir.display().to_string())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::cpu::Cpu;
+
+    #[test]
+    fn loading_names_a_missing_or_misshapen_tensor() {
+        let c = Config::preset("tiny").unwrap();
+        let ops = Cpu::<f32>::new();
+        let w = random(&ops, &c, 0).unwrap();
+        let mut host: HostTensors = specs(&c)
+            .into_iter()
+            .zip(w.tensors())
+            .map(|(s, t)| (s.name, (s.shape, t.clone())))
+            .collect();
+        assert!(from_host(&ops, &c, &host, "m").is_ok());
+        host.get_mut("model.norm.weight").unwrap().0 = vec![2, 32];
+        let e = from_host(&ops, &c, &host, "m").unwrap_err().to_string();
+        assert!(e.contains("has shape [2, 32]"), "{e}");
+        host.get_mut("model.norm.weight").unwrap().0 = vec![64];
+        host.remove("lm_head.weight");
+        let e = from_host(&ops, &c, &host, "m").unwrap_err().to_string();
+        assert!(e.contains("m has no tensor 'lm_head.weight'"), "{e}");
+    }
+}

@@ -191,6 +191,31 @@ fn all_reduce(
     Ok(())
 }
 
+/// Refuses, with the numbers, a model whose per-worker copies (weights, gradients, AdamW
+/// moments: every CPU worker holds all four in f32) do not fit in this machine's available
+/// memory, instead of letting the system kill the run.
+pub fn check_memory(c: &Config, workers: usize) -> Result<()> {
+    let params: usize = specs(c).iter().map(|s| s.elements()).sum();
+    let need = params as f64 * 4.0 * (4 * workers + 3) as f64;
+    let available = std::fs::read_to_string("/proc/meminfo").ok().and_then(|m| {
+        let line = m.lines().find(|l| l.starts_with("MemAvailable:"))?;
+        let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+        Some(kib * 1024.0)
+    });
+    if let Some(have) = available
+        && need > have
+    {
+        let gib = |b: f64| b / (1u64 << 30) as f64;
+        bail!(
+            "a model of {:.2}B parameters needs about {:.0} GiB for {workers} CPU workers (weights, gradients and AdamW moments each), but only {:.0} GiB is available: train a smaller preset such as 'tiny'",
+            params as f64 / 1e9,
+            gib(need),
+            gib(have)
+        );
+    }
+    Ok(())
+}
+
 fn spans_for(seq_len: usize, workers: usize) -> Result<Vec<Span>> {
     if workers == 0 {
         bail!("--workers must be at least 1");
@@ -267,6 +292,7 @@ pub fn train(o: &Options, on_step: impl Fn(&StepReport) + Sync) -> Result<Vec<Ve
         bail!("--batch must be at least 1");
     }
     o.data.check(o.seq_len, o.config.vocab_size)?;
+    check_memory(&o.config, o.workers)?;
     if let Some(dir) = &o.save_dir {
         std::fs::create_dir_all(dir)
             .with_context(|| format!("cannot create the save directory {}", dir.display()))?;
