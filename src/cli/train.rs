@@ -121,7 +121,7 @@ pub struct Args {
     timeout: u64,
 }
 
-/// Steps over which the summary averages loss and recall at the start and the end.
+/// Most steps over which the summary averages loss and recall at the start and the end.
 const WINDOW: usize = 20;
 
 #[derive(Serialize)]
@@ -250,7 +250,9 @@ pub fn run(args: Args) -> Result<()> {
         );
         return Ok(());
     };
-    let tail = &list[list.len().saturating_sub(WINDOW)..];
+    // Disjoint windows, so a short run still compares its start with its end.
+    let window = (list.len() / 2).clamp(1, WINDOW);
+    let tail = &list[list.len() - window..];
     let probes: u64 = tail.iter().map(|r| r.recall_total).sum();
     let summary = Summary {
         device: args.device,
@@ -260,7 +262,7 @@ pub fn run(args: Args) -> Result<()> {
         seq_len: args.seq_len,
         batch: args.batch,
         checkpoint: args.checkpoint,
-        loss_first: mean(list.iter().take(WINDOW).map(|r| r.loss)),
+        loss_first: mean(list.iter().take(window).map(|r| r.loss)),
         loss_last: mean(tail.iter().map(|r| r.loss)),
         recall_accuracy_last: (probes > 0)
             .then(|| tail.iter().map(|r| r.recall_correct).sum::<u64>() as f64 / probes as f64),
@@ -271,7 +273,7 @@ pub fn run(args: Args) -> Result<()> {
     if args.json {
         println!("{}", serde_json::to_string(&summary)?);
     } else {
-        print_summary(&summary, list.len().min(WINDOW));
+        print_summary(&summary, window);
     }
     Ok(())
 }
