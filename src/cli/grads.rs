@@ -5,11 +5,10 @@
 use super::train::ModelArgs;
 use anyhow::{Context, Result, bail};
 use distflash::model::Checkpoint;
-use distflash::model::cpu::Cpu;
-use distflash::model::weights::{self, specs};
+use distflash::model::weights::specs;
 use distflash::plan::Schedule;
 use distflash::tensor_file::{self, Named};
-use distflash::train::{self, Init};
+use distflash::train;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -44,12 +43,7 @@ pub fn run(args: Args) -> Result<()> {
         );
     }
     train::check_memory(&config, args.workers)?;
-    let ops = Cpu::<f32>::new();
-    let w = match &init {
-        Init::Random { seed } => weights::random(&ops, &config, *seed)?,
-        Init::HuggingFace(dir) => weights::load_hf(&ops, &config, dir)?,
-    };
-    let host: Vec<Vec<f32>> = w.tensors().into_iter().cloned().collect();
+    let host = train::initial_weights(&config, &init)?;
     let g = train::gradients(
         &config,
         &host,

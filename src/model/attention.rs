@@ -1,19 +1,14 @@
-//! How a layer's attention is computed, behind one trait: `Distributed` runs distflash across the
-//! workers of a communicator (training); `Dense` is a plain single-chunk causal attention in any
-//! precision, the reference for the f64 gradient check.
+//! How a layer's attention is computed, behind one trait, so the model knows nothing of how
+//! attention is distributed: `train::attention::Distributed` runs distflash across workers;
+//! `Dense` here is a plain single-chunk causal attention in any precision, the reference for the
+//! f64 gradient check.
 //!
 //! Tensors cross this interface sequence-major (`[rows, heads, head_dim]`, a linear layer's
 //! output as is); LSE is opaque to the model, which only keeps it for the backward.
 
 use super::float::Float;
-use crate::attn::{Dims, Span, layout};
-use crate::backend::Backend;
-use crate::backend::cpu::CpuBackend;
-use crate::comm::LocalComm;
-use crate::exec::{OwnChunk, Saved, Worker};
-use crate::plan::{Pass, Plan, Schedule};
+use crate::attn::Dims;
 use anyhow::Result;
-use std::time::Duration;
 
 /// Causal attention of this worker's rows over the whole sequence so far.
 pub trait Attention<T> {
@@ -21,109 +16,6 @@ pub trait Attention<T> {
     fn forward(&mut self, q: &T, k: &T, v: &T) -> Result<(T, T)>;
     /// (dQ, dK, dV) from the saved O and LSE: no forward is re-run.
     fn backward(&mut self, q: &T, k: &T, v: &T, o: &T, lse: &T, dout: &T) -> Result<(T, T, T)>;
-}
-
-/// distflash over the in-process communicator: this worker owns rows `spans[rank]`.
-pub struct Distributed<'c> {
-    pub comm: &'c mut LocalComm,
-    pub dims: Dims,
-    pub spans: Vec<Span>,
-    forward: Plan,
-    backward: Plan,
-}
-
-impl<'c> Distributed<'c> {
-    pub fn new(
-        comm: &'c mut LocalComm,
-        dims: Dims,
-        spans: Vec<Span>,
-        schedule: Schedule,
-    ) -> Result<Self> {
-        let world = spans.len();
-        Ok(Distributed {
-            comm,
-            dims,
-            spans,
-            forward: Plan::new(world, schedule, Pass::Forward)?,
-            backward: Plan::new(world, schedule, Pass::Backward)?,
-        })
-    }
-
-    fn rows(&self) -> usize {
-        use crate::comm::Communicator;
-        self.spans[self.comm.rank()].len
-    }
-
-    fn head_major(&self, t: &[f32], heads: usize) -> Vec<f32> {
-        layout::to_head_major(t, 1, self.rows(), heads, self.dims.head_dim)
-    }
-
-    fn seq_major(&self, t: &[f32], heads: usize) -> Vec<f32> {
-        layout::to_seq_major(t, 1, self.rows(), heads, self.dims.head_dim)
-    }
-
-    fn own(&self, q: &[f32], k: &[f32], v: &[f32]) -> OwnChunk<Vec<f32>> {
-        let (h, hk) = (self.dims.heads, self.dims.kv_heads);
-        OwnChunk {
-            q: self.head_major(q, h),
-            k: self.head_major(k, hk),
-            v: self.head_major(v, hk),
-        }
-    }
-}
-
-/// The executor for one attention call on this worker's endpoint.
-fn worker<'a>(
-    comm: &'a mut LocalComm,
-    dims: Dims,
-    spans: &'a [Span],
-) -> Worker<'a, CpuBackend, LocalComm> {
-    Worker {
-        backend: &CpuBackend,
-        comm,
-        dims,
-        spans,
-        compute: Duration::ZERO,
-    }
-}
-
-impl Attention<Vec<f32>> for Distributed<'_> {
-    fn forward(
-        &mut self,
-        q: &Vec<f32>,
-        k: &Vec<f32>,
-        v: &Vec<f32>,
-    ) -> Result<(Vec<f32>, Vec<f32>)> {
-        let own = self.own(q, k, v);
-        let p = worker(self.comm, self.dims, &self.spans).forward(&self.forward, &own)?;
-        Ok((self.seq_major(&p.out, self.dims.heads), p.lse))
-    }
-
-    fn backward(
-        &mut self,
-        q: &Vec<f32>,
-        k: &Vec<f32>,
-        v: &Vec<f32>,
-        o: &Vec<f32>,
-        lse: &Vec<f32>,
-        dout: &Vec<f32>,
-    ) -> Result<(Vec<f32>, Vec<f32>, Vec<f32>)> {
-        let own = self.own(q, k, v);
-        let h = self.dims.heads;
-        let dout = self.head_major(dout, h);
-        let saved = Saved {
-            delta: CpuBackend.delta(&self.dims, self.rows(), &self.head_major(o, h), &dout)?,
-            dout,
-            lse: lse.clone(),
-        };
-        let g = worker(self.comm, self.dims, &self.spans).backward(&self.backward, &own, &saved)?;
-        let hk = self.dims.kv_heads;
-        Ok((
-            self.seq_major(&g.dq, h),
-            self.seq_major(&g.dk, hk),
-            self.seq_major(&g.dv, hk),
-        ))
-    }
 }
 
 /// Causal attention of one chunk holding the whole sequence, written plainly in precision `F`:

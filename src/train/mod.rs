@@ -4,6 +4,7 @@
 //! all workers. AdamW keeps f32 master weights and moments, identical on every worker because the
 //! all-reduce is deterministic. Rank 0 reports each step and saves checkpoints.
 
+mod attention;
 pub mod data;
 pub mod state;
 pub mod svg;
@@ -11,7 +12,6 @@ pub mod svg;
 use crate::attn::Span;
 use crate::comm::{Communicator, LocalComm};
 use crate::exec::{chunk_spans, collect_results, run_workers};
-use crate::model::attention::Distributed;
 use crate::model::config::Config;
 use crate::model::cpu::Cpu;
 use crate::model::ops::{AdamW, Ops};
@@ -19,6 +19,7 @@ use crate::model::weights::{self, Weights, specs};
 use crate::model::{Checkpoint, Chunk, forward_backward};
 use crate::plan::{Schedule, chunk_sizes};
 use anyhow::{Context, Result, bail};
+use attention::Distributed;
 use data::{Data, Sample};
 use serde::Serialize;
 use state::{RunKey, State};
@@ -90,6 +91,16 @@ fn run_key(o: &Options) -> RunKey {
     }
 }
 
+/// Fresh weights (host, `specs` order): random from the seed, or a Hugging Face directory's.
+pub fn initial_weights(c: &Config, init: &Init) -> Result<Vec<Vec<f32>>> {
+    let ops = Cpu::<f32>::new();
+    let w = match init {
+        Init::Random { seed } => weights::random(&ops, c, *seed)?,
+        Init::HuggingFace(dir) => weights::load_hf(&ops, c, dir)?,
+    };
+    Ok(w.tensors().into_iter().cloned().collect())
+}
+
 /// The state a run starts from: a resumed checkpoint, or fresh weights and zero moments.
 fn initial_state(o: &Options) -> Result<State> {
     if let Some(path) = &o.resume {
@@ -100,11 +111,6 @@ fn initial_state(o: &Options) -> Result<State> {
         };
         return state::load(&file, &run_key(o));
     }
-    let ops = Cpu::<f32>::new();
-    let w = match &o.init {
-        Init::Random { seed } => weights::random(&ops, &o.config, *seed)?,
-        Init::HuggingFace(dir) => weights::load_hf(&ops, &o.config, dir)?,
-    };
     let zeros: Vec<Vec<f32>> = specs(&o.config)
         .iter()
         .map(|s| vec![0.0; s.elements()])
@@ -112,7 +118,7 @@ fn initial_state(o: &Options) -> Result<State> {
     Ok(State {
         step: 0,
         samples: 0,
-        weights: w.tensors().into_iter().cloned().collect(),
+        weights: initial_weights(&o.config, &o.init)?,
         m: zeros.clone(),
         v: zeros,
     })
