@@ -174,7 +174,10 @@ impl<F: Float> Ops for Cpu<F> {
         dw: &mut Vec<F>,
     ) -> Result<()> {
         check_len("a linear layer's output gradient", dy, rows * out)?;
+        check_len("a linear layer's input", x, rows * inp)?;
+        check_len("a linear layer's weight", w, out * inp)?;
         check_len("a linear layer's input gradient", dx, rows * inp)?;
+        check_len("a linear layer's weight gradient", dw, out * inp)?;
         gemm_rows(dy, view(w, out, inp), rows, F::one(), dx);
         gemm_weight_grad(dy, x, rows, inp, out, dw);
         Ok(())
@@ -189,6 +192,7 @@ impl<F: Float> Ops for Cpu<F> {
         eps: f64,
     ) -> Result<(Vec<F>, Vec<F>)> {
         check_len("a norm's input", x, rows * dim)?;
+        check_len("a norm's gain", w, dim)?;
         let rstd: Vec<F> = x
             .par_chunks(dim)
             .map(|r| {
@@ -215,6 +219,9 @@ impl<F: Float> Ops for Cpu<F> {
         dw: &mut Vec<F>,
     ) -> Result<()> {
         check_len("a norm's output gradient", dy, rows * dim)?;
+        check_len("a norm's input", x, rows * dim)?;
+        check_len("a norm's input gradient", dx, rows * dim)?;
+        check_len("a norm's gain gradient", dw, dim)?;
         dx.par_chunks_mut(dim)
             .zip(x.par_chunks(dim).zip(dy.par_chunks(dim)))
             .zip(rstd.par_iter())
@@ -307,6 +314,8 @@ impl<F: Float> Ops for Cpu<F> {
     ) -> Result<LossOut<Vec<F>>> {
         let rows = targets.len();
         check_len("the final hidden states", h, rows * dim)?;
+        check_len("the output projection", w, vocab * dim)?;
+        check_len("the output projection's gradient", dw, vocab * dim)?;
         if let Some(&t) = targets.iter().find(|&&t| t as usize >= vocab) {
             bail!("target token {t} is outside the vocabulary of {vocab}");
         }
