@@ -12,5 +12,6 @@ pub mod exec;
 pub mod inputs;
 pub mod model;
 pub mod plan;
+pub mod sim;
 pub mod tensor_file;
 pub mod train;

@@ -11,7 +11,11 @@ fn main() -> ExitCode {
     match cli::run(args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            // Under a launcher every rank prints; say which one speaks.
+            match std::env::var("RANK") {
+                Ok(rank) => eprintln!("error (rank {rank}): {e:#}"),
+                Err(_) => eprintln!("error: {e:#}"),
+            }
             ExitCode::FAILURE
         }
     }

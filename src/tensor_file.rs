@@ -13,9 +13,9 @@ pub struct Named<'a> {
     pub data: &'a [f32],
 }
 
-/// Writes `tensors` to `path` (through a temporary file and a rename, so a reader never sees a
-/// half-written file).
-pub fn write(path: &Path, tensors: &[Named<'_>]) -> Result<()> {
+/// Writes `tensors` and string `metadata` to `path` (through a temporary file and a rename, so a
+/// reader never sees a half-written file).
+pub fn write(path: &Path, tensors: &[Named<'_>], metadata: &[(&str, &str)]) -> Result<()> {
     let bytes: Vec<Vec<u8>> = tensors
         .iter()
         .map(|t| t.data.iter().flat_map(|x| x.to_le_bytes()).collect())
@@ -32,7 +32,11 @@ pub fn write(path: &Path, tensors: &[Named<'_>]) -> Result<()> {
         }
         views.push((t.name, TensorView::new(Dtype::F32, t.shape.clone(), b)?));
     }
-    let buffer = safetensors::serialize(views, None)?;
+    let meta: HashMap<String, String> = metadata
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    let buffer = safetensors::serialize(views, (!meta.is_empty()).then_some(meta))?;
     let tmp = path.with_extension("tmp");
     std::fs::write(&tmp, buffer).with_context(|| format!("cannot write {}", tmp.display()))?;
     std::fs::rename(&tmp, path)
@@ -84,6 +88,7 @@ mod tests {
                 shape: vec![2, 3],
                 data: &a,
             }],
+            &[("dtype", "f32")],
         )
         .unwrap();
         let back = read(&path).unwrap();
@@ -95,7 +100,8 @@ mod tests {
                     name: "a",
                     shape: vec![4],
                     data: &a
-                }]
+                }],
+                &[]
             )
             .is_err()
         );

@@ -164,7 +164,7 @@ fn bad_input_gets_one_sentence_and_a_nonzero_exit() {
         (&["attention", "--workers", "0"], "at least 1"),
         (
             &["attention", "--seq-len", "3", "--workers", "4"],
-            "shorter than the worker count",
+            "too short for 4 workers",
         ),
         (
             &["attention", "--head-dim", "0"],
@@ -175,8 +175,8 @@ fn bad_input_gets_one_sentence_and_a_nonzero_exit() {
             "head dim 257 is unsupported",
         ),
         (
-            &["attention", "--schedule", "zigzag"],
-            "unknown schedule 'zigzag'",
+            &["attention", "--schedule", "ring"],
+            "unknown schedule 'ring'",
         ),
         (
             &["plan", "--out", "/nonexistent-dir/x.svg"],
@@ -193,4 +193,61 @@ fn bad_input_gets_one_sentence_and_a_nonzero_exit() {
             "{args:?}: {err}"
         );
     }
+}
+
+#[test]
+fn cuda_without_a_gpu_says_so_in_one_sentence() {
+    let out = distflash(&[
+        "attention",
+        "--device",
+        "cuda",
+        "--seq-len",
+        "64",
+        "--heads",
+        "2",
+        "--kv-heads",
+        "1",
+    ]);
+    if out.status.success() {
+        return; // a machine with a GPU: the run itself is the check
+    }
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("no CUDA driver found; use --device cpu")
+            || err.contains("could not open CUDA device"),
+        "{err}"
+    );
+    assert!(!err.contains("panicked"), "{err}");
+}
+
+#[test]
+fn bench_report_tables_ours_beside_the_peers() {
+    let dir = temp_path("results");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("ours.jsonl"),
+        r#"{"impl":"distflash","seq":4096,"head_dim":128,"fwd_tflops":300.0,"bwd_tflops":250.0,"fwdbwd_tflops":262.0,"command":"distflash bench attention"}"#,
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("sdpa.jsonl"),
+        "{\"impl\":\"sdpa_flash2\",\"seq\":4096,\"head_dim\":128,\"fwdbwd_tflops\":131.0}\n{\"impl\":\"sdpa_cudnn\",\"seq\":4096,\"head_dim\":128,\"fwdbwd_tflops\":524.0}\n",
+    )
+    .unwrap();
+    let out = distflash(&["bench", "report", "--results", dir.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let md = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        md.contains("| 128 | 4096 | 300 | 250 | 262 | 131 | 524 | 2.00× | 0.50× |"),
+        "{md}"
+    );
+    assert!(md.contains("distflash bench attention"), "{md}");
+    let empty = temp_path("no-results");
+    std::fs::create_dir_all(&empty).unwrap();
+    let out = distflash(&["bench", "report", "--results", empty.to_str().unwrap()]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no JSON lines"));
 }

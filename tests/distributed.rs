@@ -36,8 +36,8 @@ fn check_against_oracle(d: Dims, seq: usize, seed: u64) {
     let x = Inputs::random(d, seq, seed);
     let fwd = oracle::forward(&x);
     let bwd = oracle::backward(&x);
-    for workers in 1..=8.min(seq) {
-        for schedule in [Schedule::Unbalanced, Schedule::Balanced] {
+    for workers in 1..=8.min(seq / 2) {
+        for schedule in [Schedule::Unbalanced, Schedule::Balanced, Schedule::Zigzag] {
             let run = run_attention(&x, workers, schedule, Duration::from_secs(60)).unwrap();
             let what = format!("{d:?} seq {seq} workers {workers} {schedule}");
             for (name, got, want) in [
@@ -85,8 +85,8 @@ fn bytes_sent_equal_the_plan_prediction() {
     let seq = 53;
     let x = Inputs::random(d, seq, 6);
     for workers in 1..=8 {
-        let rows = chunk_sizes(seq, workers).unwrap();
-        for schedule in [Schedule::Unbalanced, Schedule::Balanced] {
+        for schedule in [Schedule::Unbalanced, Schedule::Balanced, Schedule::Zigzag] {
+            let rows = chunk_sizes(seq, workers, schedule).unwrap();
             let run = run_attention(&x, workers, schedule, Duration::from_secs(60)).unwrap();
             let fwd = volume::elements_sent(
                 &Plan::new(workers, schedule, Pass::Forward).unwrap(),
@@ -121,7 +121,19 @@ fn more_workers_than_tokens_is_an_error_not_a_panic() {
         .err()
         .unwrap();
     assert!(
-        format!("{err:#}").contains("shorter than the worker count"),
+        format!("{err:#}").contains("too short for 4 workers"),
         "{err:#}"
     );
+}
+
+#[test]
+fn a_lone_worker_on_a_backend_equals_the_threaded_single_worker() {
+    let x = Inputs::random(dims(2, 4, 2, 16), 70, 8);
+    let alone =
+        distflash::exec::run_attention_alone(&distflash::backend::cpu::CpuBackend, &x).unwrap();
+    let threads = run_attention(&x, 1, Schedule::Balanced, Duration::from_secs(60)).unwrap();
+    assert_eq!(alone.out, threads.out);
+    assert_eq!(alone.dq, threads.dq);
+    assert_eq!(alone.dv, threads.dv);
+    assert_eq!(alone.workers[0].forward_bytes_sent, 0);
 }

@@ -10,12 +10,20 @@ use distflash::inputs::Inputs;
 use distflash::plan::{Pass, Plan, Schedule, chunk_sizes};
 use std::time::{Duration, Instant};
 
-/// Passes everything through, except that send number `fail_at` fails (or panics).
+#[derive(Clone, Copy)]
+enum Fault {
+    Error,
+    Panic,
+    /// Deliver tensors one element short: a peer that disagrees about shapes.
+    Truncate,
+}
+
+/// Passes everything through, except that send number `fail_at` goes wrong.
 struct Faulty<'a> {
     inner: &'a mut LocalComm,
     sends: usize,
     fail_at: usize,
-    panic: bool,
+    fault: Fault,
 }
 
 impl Communicator<Vec<f32>> for Faulty<'_> {
@@ -28,10 +36,15 @@ impl Communicator<Vec<f32>> for Faulty<'_> {
     fn send(&mut self, to: usize, tag: Tag, parts: &[&Vec<f32>]) -> Result<()> {
         self.sends += 1;
         if self.sends == self.fail_at {
-            if self.panic {
-                panic!("injected panic");
+            match self.fault {
+                Fault::Panic => panic!("injected panic"),
+                Fault::Error => bail!("injected failure"),
+                Fault::Truncate => {
+                    let short: Vec<Vec<f32>> = parts.iter().map(|p| p[1..].to_vec()).collect();
+                    let refs: Vec<&Vec<f32>> = short.iter().collect();
+                    return self.inner.send(to, tag, &refs);
+                }
             }
-            bail!("injected failure");
         }
         self.inner.send(to, tag, parts)
     }
@@ -52,7 +65,7 @@ impl Communicator<Vec<f32>> for Faulty<'_> {
     }
 }
 
-fn run_with_fault(culprit: usize, panic: bool) -> Vec<Result<()>> {
+fn run_with_fault(culprit: usize, fault: Fault) -> Vec<Result<()>> {
     let (workers, seq) = (6, 60);
     let dims = Dims {
         batch: 1,
@@ -61,21 +74,21 @@ fn run_with_fault(culprit: usize, panic: bool) -> Vec<Result<()>> {
         head_dim: 8,
     };
     let x = Inputs::random(dims, seq, 1);
-    let spans = chunk_spans(&chunk_sizes(seq, workers).unwrap());
+    let spans = chunk_spans(&chunk_sizes(seq, workers, Schedule::Balanced).unwrap());
     let plan = Plan::new(workers, Schedule::Balanced, Pass::Forward).unwrap();
     // A long timeout: the test passes only if failure propagation, not the timeout, ends waits.
     run_workers(workers, Duration::from_secs(120), |rank, comm| {
         let take = |t: &[f32]| layout::take_rows(t, 2, seq, 8, spans[rank]);
-        let own = OwnChunk {
+        let own = [OwnChunk {
             q: take(&x.q),
             k: take(&x.k),
             v: take(&x.v),
-        };
+        }];
         let mut faulty = Faulty {
             inner: comm,
             sends: 0,
             fail_at: if rank == culprit { 2 } else { 0 },
-            panic,
+            fault,
         };
         let mut worker = Worker {
             backend: &CpuBackend,
@@ -84,7 +97,7 @@ fn run_with_fault(culprit: usize, panic: bool) -> Vec<Result<()>> {
             spans: &spans,
             compute: Duration::ZERO,
         };
-        worker.forward(&plan, &own).map(|_| ())
+        worker.forward(&plan, &own[..]).map(|_| ())
     })
 }
 
@@ -113,7 +126,7 @@ fn assert_everyone_names(culprit: usize, results: &[Result<()>], cause: &str) {
 #[test]
 fn an_error_mid_plan_stops_every_worker_with_its_name() {
     let start = Instant::now();
-    let results = run_with_fault(3, false);
+    let results = run_with_fault(3, Fault::Error);
     assert!(
         start.elapsed() < Duration::from_secs(30),
         "workers waited instead of stopping"
@@ -128,20 +141,34 @@ fn an_error_mid_plan_stops_every_worker_with_its_name() {
 
 #[test]
 fn a_panic_mid_plan_stops_every_worker_with_its_name() {
-    let results = run_with_fault(1, true);
+    let results = run_with_fault(1, Fault::Panic);
     assert_everyone_names(1, &results, "injected panic");
 }
 
 #[test]
+fn tensors_of_the_wrong_size_are_refused_by_the_receiver() {
+    let results = run_with_fault(2, Fault::Truncate);
+    let err = collect_results(results).unwrap_err();
+    assert!(
+        format!("{err:#}").contains("expected tensors of"),
+        "{err:#}"
+    );
+}
+
+#[test]
 fn a_peer_that_never_sends_ends_in_a_timeout_error() {
-    let results = run_workers(2, Duration::from_millis(200), |rank, comm| {
-        if rank == 1 {
-            // Worker 1 "hangs": it neither sends nor fails until worker 0 has given up.
-            std::thread::sleep(Duration::from_millis(600));
-            return Ok(());
-        }
-        comm.recv(1, Tag(7)).map(|_| ())
-    });
+    let results = run_workers(
+        2,
+        Duration::from_millis(200),
+        |rank, comm: &mut LocalComm| {
+            if rank == 1 {
+                // Worker 1 "hangs": it neither sends nor fails until worker 0 has given up.
+                std::thread::sleep(Duration::from_millis(600));
+                return Ok(());
+            }
+            comm.recv(1, Tag(7)).map(|_| ())
+        },
+    );
     let err = results[0].as_ref().unwrap_err();
     assert!(format!("{err:#}").contains("never arrived"), "{err:#}");
 }

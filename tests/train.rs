@@ -154,6 +154,10 @@ fn bad_configs_give_a_sentence() {
     );
     fails_with(&["train", "--workers", "0"], "at least 1");
     fails_with(
+        &["train", "--schedule", "zigzag"],
+        "balanced and unbalanced",
+    );
+    fails_with(
         &["train", "--preset", "llama2-7b"],
         "6.74B parameters needs about",
     );

@@ -2,7 +2,7 @@
 //! tile ever exists, with matrix products through `ndarray` (matrixmultiply kernels) and one
 //! rayon task per (batch, head, query tile).
 
-use super::{Block, Dims, Grads, QuerySide, RunningState};
+use super::{Block, Dims, GradsMut, QuerySide, RunningState};
 use ndarray::linalg::general_mat_mul;
 use ndarray::{Array2, ArrayView2, ArrayViewMut2, Axis, s};
 use rayon::prelude::*;
@@ -109,7 +109,7 @@ pub fn backward_block(
     query: QuerySide<'_, Vec<f32>>,
     k: &[f32],
     v: &[f32],
-    grads: &mut Grads<Vec<f32>>,
+    grads: GradsMut<'_, Vec<f32>>,
 ) {
     let d = dims.head_dim;
     let (nq, nk) = (block.q.len, block.kv.len);

@@ -150,6 +150,15 @@ pub struct Grads<T> {
     pub dv: T,
 }
 
+/// Where a block backward accumulates: dQ of its query rows, dK and dV of its key rows. Three
+/// references, because they may live in different places (own chunks, scratch for fetched ones).
+#[derive(Debug)]
+pub struct GradsMut<'a, T> {
+    pub dq: &'a mut T,
+    pub dk: &'a mut T,
+    pub dv: &'a mut T,
+}
+
 /// The saved query-side tensors a block backward reads: the query, the output gradient, and the
 /// final LSE and D = rowsum(dO ∘ O) of those rows.
 #[derive(Debug)]

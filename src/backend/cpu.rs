@@ -2,7 +2,7 @@
 //! oracle-checked reference for every algorithm and what CI runs.
 
 use super::Backend;
-use crate::attn::{self, Block, Dims, Grads, Partial, QuerySide, RunningState};
+use crate::attn::{self, Block, Dims, GradsMut, Partial, QuerySide, RunningState};
 use anyhow::Result;
 
 /// Runs blocks on the CPU in f32 with rayon.
@@ -22,6 +22,10 @@ impl Backend for CpuBackend {
 
     fn download(&self, tensor: &Vec<f32>) -> Result<Vec<f32>> {
         Ok(tensor.clone())
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        Ok(()) // CPU work is done when its call returns
     }
 
     fn zeros(&self, len: usize) -> Result<Vec<f32>> {
@@ -91,7 +95,7 @@ impl Backend for CpuBackend {
         query: QuerySide<'_, Vec<f32>>,
         k: &Vec<f32>,
         v: &Vec<f32>,
-        grads: &mut Grads<Vec<f32>>,
+        grads: GradsMut<'_, Vec<f32>>,
     ) -> Result<()> {
         attn::backward_block(dims, block, query, k, v, grads);
         Ok(())

@@ -2,8 +2,9 @@
 //! schedule checked on the CPU runs unchanged on a GPU.
 
 pub mod cpu;
+pub mod cuda;
 
-use crate::attn::{Block, Dims, Grads, Partial, QuerySide, RunningState};
+use crate::attn::{Block, Dims, GradsMut, Partial, QuerySide, RunningState};
 use anyhow::Result;
 
 /// The block API every device implements. Tensors are head-major (see `attn`); the backend
@@ -21,6 +22,9 @@ pub trait Backend: Sync {
 
     /// Copies a tensor back to the host as f32.
     fn download(&self, tensor: &Self::Tensor) -> Result<Vec<f32>>;
+
+    /// Waits until all work issued so far has finished, so host clocks time device work.
+    fn synchronize(&self) -> Result<()>;
 
     /// A zero-filled accumulator (f32) of `len` elements.
     fn zeros(&self, len: usize) -> Result<Self::Tensor>;
@@ -77,6 +81,6 @@ pub trait Backend: Sync {
         query: QuerySide<'_, Self::Tensor>,
         k: &Self::Tensor,
         v: &Self::Tensor,
-        grads: &mut Grads<Self::Tensor>,
+        grads: GradsMut<'_, Self::Tensor>,
     ) -> Result<()>;
 }

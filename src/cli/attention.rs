@@ -6,7 +6,17 @@ use super::create_output;
 use anyhow::{Result, bail};
 use clap::ValueEnum;
 use distflash::attn::{self, Dims, layout, oracle};
-use distflash::exec::{AttentionRun, run_attention};
+use distflash::backend::cpu::CpuBackend;
+use distflash::backend::cuda::{CudaBackend, InputDtype};
+use distflash::comm::nccl::{self, NcclComm};
+use distflash::comm::{
+    Communicator, connect_mesh,
+    rendezvous::{self, LaunchEnv},
+};
+use distflash::exec::{
+    AttentionRun, gather_to_root, run_attention, run_attention_alone, run_attention_on,
+    run_attention_rank,
+};
 use distflash::inputs::Inputs;
 use distflash::plan::Schedule;
 use distflash::tensor_file::{self, Named};
@@ -14,20 +24,32 @@ use serde::Serialize;
 use std::path::PathBuf;
 use std::time::Duration;
 
-#[derive(Clone, Copy, ValueEnum, Serialize)]
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Device {
     /// Worker threads on this machine's cores (f32).
     Cpu,
+    /// One NVIDIA GPU (bf16 or fp16 inputs, f32 accumulation).
+    Cuda,
+}
+
+impl Device {
+    fn name(self) -> &'static str {
+        match self {
+            Device::Cpu => "cpu",
+            Device::Cuda => "cuda",
+        }
+    }
 }
 
 #[derive(clap::Args)]
 pub struct Args {
     #[arg(long, value_enum, default_value = "cpu")]
     device: Device,
-    /// Workers the sequence is split across.
-    #[arg(long, default_value_t = 4)]
-    workers: usize,
+    /// Workers the sequence is split across [default: WORLD_SIZE under a launcher, else 4 on
+    /// the CPU and 1 on CUDA].
+    #[arg(long)]
+    workers: Option<usize>,
     /// Tokens in the sequence (need not divide by the worker count).
     #[arg(long, default_value_t = 2048)]
     seq_len: usize,
@@ -59,10 +81,26 @@ pub struct Args {
     /// Seconds a worker waits for a message before declaring its sender stuck.
     #[arg(long, default_value_t = 600)]
     timeout: u64,
+    /// Input precision on the GPU: bf16 or fp16 (--device cuda).
+    #[arg(long, default_value = "bf16")]
+    dtype: InputDtype,
+    /// Seconds ranks of a multi-process job wait for each other at start-up.
+    #[arg(long, default_value_t = 60)]
+    rendezvous_timeout: u64,
 }
 
-/// Relative error above which `--check` fails: f32 results land orders of magnitude below it.
-const CHECK_TOLERANCE: f64 = 1e-4;
+/// Relative error (max abs error / max abs value) above which `--check` fails. f32 CPU results
+/// land orders of magnitude below 1e-4. On a GPU the oracle sees the same rounded inputs, so
+/// the error is the kernels' own: probabilities rounded to 16 bits before P·V and dS·K (8
+/// significant bits in bf16, 11 in fp16) with f32 accumulation.
+fn check_tolerance(device: Device, dtype: InputDtype) -> f64 {
+    match (device, dtype) {
+        (Device::Cpu, _) => 1e-4,
+        // Seen on an H200 (bench/cuda.md): at most 3.1e-3 in bf16 and 2.2e-4 in fp16.
+        (Device::Cuda, InputDtype::Bf16) => 1e-2,
+        (Device::Cuda, InputDtype::F16) => 1e-3,
+    }
+}
 
 #[derive(Serialize)]
 struct Error {
@@ -84,6 +122,8 @@ struct Check {
 #[derive(Serialize)]
 struct Report {
     device: Device,
+    /// Precision of the inputs: f32 on the CPU, bf16 or fp16 on a GPU.
+    precision: &'static str,
     workers: usize,
     schedule: Schedule,
     seq_len: usize,
@@ -116,28 +156,43 @@ pub fn run(args: Args) -> Result<()> {
         head_dim: args.head_dim,
     };
     dims.validate()?;
-    if args.workers == 0 {
-        bail!("--workers must be at least 1");
-    }
+    let launch = LaunchEnv::from_env()?;
+    let workers = match (args.workers, &launch) {
+        (Some(0), _) => bail!("--workers must be at least 1"),
+        (Some(w), Some(env)) if w != env.world => bail!(
+            "--workers {w} does not match WORLD_SIZE={}: under a launcher every process is one worker",
+            env.world
+        ),
+        (Some(w), _) => w,
+        (None, Some(env)) => env.world,
+        (None, None) => match args.device {
+            Device::Cpu => 4,
+            Device::Cuda => 1,
+        },
+    };
     let save = args
         .save
         .as_deref()
         .map(|p| create_output(p).map(|_| p))
         .transpose()?;
-    let x = Inputs::random(dims, args.seq_len, args.seed);
-    let run = run_attention(
-        &x,
-        args.workers,
-        args.schedule,
-        Duration::from_secs(args.timeout),
-    )?;
-    let check = args.check.then(|| check(&x, &run));
+    let mut x = Inputs::random(dims, args.seq_len, args.seed);
+    let Some(run) = execute(&args, &mut x, workers, launch)? else {
+        return Ok(()); // a rank other than 0: rank 0 reports for everyone
+    };
+    let check = args
+        .check
+        .then(|| check(&x, &run, check_tolerance(args.device, args.dtype)));
+    let precision = match args.device {
+        Device::Cpu => "f32",
+        Device::Cuda => args.dtype.name(),
+    };
     if let Some(path) = save {
-        save_run(path, &x, &run)?;
+        save_run(path, &x, &run, precision)?;
     }
     let report = Report {
         device: args.device,
-        workers: args.workers,
+        precision,
+        workers,
         schedule: args.schedule,
         seq_len: args.seq_len,
         batch: args.batch,
@@ -175,6 +230,70 @@ pub fn run(args: Args) -> Result<()> {
     }
 }
 
+/// Runs the job where the arguments say: CPU threads, one rank of a multi-process job (`None`
+/// on ranks other than 0), or one GPU, whose inputs are first rounded to its precision so the
+/// check and the saved file describe exactly what it computed.
+fn execute(
+    args: &Args,
+    x: &mut Inputs,
+    workers: usize,
+    launch: Option<LaunchEnv>,
+) -> Result<Option<AttentionRun>> {
+    let timeout = Duration::from_secs(args.timeout);
+    let rendezvous_timeout = Duration::from_secs(args.rendezvous_timeout);
+    if args.device == Device::Cuda {
+        for t in [&mut x.q, &mut x.k, &mut x.v, &mut x.dout] {
+            t.iter_mut().for_each(|v| *v = args.dtype.round(*v));
+        }
+    }
+    let x = &*x;
+    match (args.device, launch) {
+        (Device::Cpu, None) => run_attention(x, workers, args.schedule, timeout).map(Some),
+        (Device::Cpu, Some(env)) => {
+            let joined = rendezvous::join(&env, super::args_hash(), rendezvous_timeout, || {
+                Ok(Vec::new())
+            })?;
+            let mut comm = connect_mesh(joined, rendezvous_timeout, timeout)?;
+            let mine = run_attention_rank(&CpuBackend, x, args.schedule, &mut comm)?;
+            gather_to_root(x, mine, &mut comm)
+        }
+        (Device::Cuda, Some(env)) => {
+            // One process per GPU: NCCL carries the tensors, a TCP mesh beside it carries
+            // failures and the gathered results. Rank 0 creates the NCCL id and the
+            // rendezvous hands it to everyone.
+            let backend = CudaBackend::new(env.local_rank, args.dtype)?;
+            let joined =
+                rendezvous::join(&env, super::args_hash(), rendezvous_timeout, nccl::new_id)?;
+            let id = joined.payload.clone();
+            let mut host = connect_mesh(joined, rendezvous_timeout, timeout)?;
+            let mine =
+                NcclComm::connect(&backend, env.rank, env.world, &id).and_then(|mut comm| {
+                    // The first run compiles (or loads) and warms the kernels; the second is timed.
+                    run_attention_rank(&backend, x, args.schedule, &mut comm)?;
+                    run_attention_rank(&backend, x, args.schedule, &mut comm)
+                });
+            match mine {
+                Ok(mine) => gather_to_root(x, mine, &mut host),
+                Err(e) => {
+                    host.abort(&format!("{e:#}"));
+                    Err(e)
+                }
+            }
+        }
+        (Device::Cuda, None) => {
+            let backend = CudaBackend::new(0, args.dtype)?;
+            // The first run compiles (or loads) and warms the kernels; the second is timed.
+            // Several workers share the GPU as threads (virtual workers): exact, not fast.
+            let once = || match workers {
+                1 => run_attention_alone(&backend, x),
+                _ => run_attention_on(&backend, x, workers, args.schedule, timeout),
+            };
+            once()?;
+            once().map(Some)
+        }
+    }
+}
+
 fn error(got: &[f32], want: &[f64]) -> Error {
     let max_abs = got
         .iter()
@@ -194,7 +313,7 @@ fn error(got: &[f32], want: &[f64]) -> Error {
     }
 }
 
-fn check(x: &Inputs, run: &AttentionRun) -> Check {
+fn check(x: &Inputs, run: &AttentionRun, tolerance: f64) -> Check {
     let fwd = oracle::forward(x);
     let bwd = oracle::backward(x);
     let errors = [
@@ -204,10 +323,10 @@ fn check(x: &Inputs, run: &AttentionRun) -> Check {
         error(&run.dk, &bwd.dk),
         error(&run.dv, &bwd.dv),
     ];
-    let passed = errors.iter().all(|e| e.relative <= CHECK_TOLERANCE);
+    let passed = errors.iter().all(|e| e.relative <= tolerance);
     let [out, lse, dq, dk, dv] = errors;
     Check {
-        tolerance: CHECK_TOLERANCE,
+        tolerance,
         passed,
         out,
         lse,
@@ -219,7 +338,7 @@ fn check(x: &Inputs, run: &AttentionRun) -> Check {
 
 /// Saves inputs and results in the public layout: `[batch, seq, heads, head_dim]` tensors and
 /// `lse` as `[batch, heads, seq]`.
-fn save_run(path: &std::path::Path, x: &Inputs, run: &AttentionRun) -> Result<()> {
+fn save_run(path: &std::path::Path, x: &Inputs, run: &AttentionRun, precision: &str) -> Result<()> {
     let d = x.dims;
     let n = x.seq;
     let q_shape = vec![d.batch, n, d.heads, d.head_dim];
@@ -253,22 +372,36 @@ fn save_run(path: &std::path::Path, x: &Inputs, run: &AttentionRun) -> Result<()
         shape: vec![d.batch, d.heads, n],
         data: &run.lse,
     });
-    tensor_file::write(path, &named)
+    tensor_file::write(path, &named, &[("dtype", precision)])
 }
 
 fn print_table(r: &Report) {
     let bytes = |b: u64| format!("{:.2} MB", b as f64 / 1e6);
     println!(
-        "distflash attention: {} workers, {} schedule, seq {}, batch {}, heads {}/{} (q/kv), head dim {}",
-        r.workers, r.schedule, r.seq_len, r.batch, r.heads, r.kv_heads, r.head_dim
+        "distflash attention: {} ({}), {} workers, {} schedule, seq {}, batch {}, heads {}/{} (q/kv), head dim {}",
+        r.device.name(),
+        r.precision,
+        r.workers,
+        r.schedule,
+        r.seq_len,
+        r.batch,
+        r.heads,
+        r.kv_heads,
+        r.head_dim
+    );
+    let rate = |gflops: f64| match gflops {
+        g if g >= 1e3 => format!("{:8.1} TFLOP/s", g / 1e3),
+        g => format!("{g:8.2} GFLOP/s"),
+    };
+    println!(
+        "forward   {:9.4} s  {}",
+        r.forward_secs,
+        rate(r.forward_gflops)
     );
     println!(
-        "forward   {:9.4} s  {:8.2} GFLOP/s",
-        r.forward_secs, r.forward_gflops
-    );
-    println!(
-        "backward  {:9.4} s  {:8.2} GFLOP/s",
-        r.backward_secs, r.backward_gflops
+        "backward  {:9.4} s  {}",
+        r.backward_secs,
+        rate(r.backward_gflops)
     );
     println!("\nworker  rows    busy fwd  busy bwd  sent fwd     sent bwd");
     for (w, line) in r.per_worker.iter().enumerate() {

@@ -1,11 +1,15 @@
-//! `distflash bench cpu`: this machine's f32 matrix-multiply rate next to the single-worker
-//! attention forward rate, measured in the same run.
+//! `distflash bench`: rates measured on this machine (`cpu`), the single-GPU attention sweep
+//! (`attention`), and the table that sets our results beside the peers' (`report`).
 
-use anyhow::Result;
+use anyhow::{Context, Result, bail};
 use clap::Subcommand;
-use distflash::attn::Dims;
+use distflash::attn::{self, Dims};
+use distflash::backend::cuda::{CudaBackend, InputDtype, time_attention};
 use distflash::bench;
-use serde_json::json;
+use serde_json::{Value, json};
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::PathBuf;
 
 #[derive(Subcommand)]
 pub enum Target {
@@ -25,17 +29,67 @@ pub enum Target {
         #[arg(long)]
         json: bool,
     },
+    /// Causal attention forward and backward on one GPU: TFLOP/s per shape (CUDA events,
+    /// median of repeats after warm-up), one JSON line per shape.
+    Attention {
+        /// Only `cuda` is timed here; the CPU rate is `bench cpu`.
+        #[arg(long, default_value = "cuda")]
+        device: String,
+        #[arg(long, value_delimiter = ',', default_value = "4096,16384,65536")]
+        seqs: Vec<usize>,
+        #[arg(long, value_delimiter = ',', default_value = "128,64")]
+        head_dims: Vec<usize>,
+        #[arg(long, default_value_t = 32)]
+        heads: usize,
+        #[arg(long, default_value = "bf16")]
+        dtype: InputDtype,
+        /// Also write the JSON lines here.
+        #[arg(long)]
+        json: Option<PathBuf>,
+    },
+    /// Markdown table of the JSON lines in a results folder (ours and the peers', measured in
+    /// one device call), with each rate's ratio to the peers.
+    Report {
+        /// Folder of `*.jsonl` files (`bench attention --json`, `bench/peers/sdpa_bench.py`).
+        #[arg(long)]
+        results: PathBuf,
+        /// Write the table here (e.g. bench/RESULTS.md); standard output if absent.
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
 }
 
 pub fn run(target: Target) -> Result<()> {
-    let Target::Cpu {
-        seq_len,
-        heads,
-        head_dim,
-        matmul_size,
-        repeats,
-        json,
-    } = target;
+    match target {
+        Target::Cpu {
+            seq_len,
+            heads,
+            head_dim,
+            matmul_size,
+            repeats,
+            json,
+        } => cpu(seq_len, heads, head_dim, matmul_size, repeats, json),
+        Target::Attention {
+            device,
+            seqs,
+            head_dims,
+            heads,
+            dtype,
+            json,
+        } => {
+            if device != "cuda" {
+                bail!(
+                    "bench attention times a GPU (--device cuda); for the CPU use `distflash bench cpu`"
+                );
+            }
+            attention(&seqs, &head_dims, heads, dtype, json)
+        }
+        Target::Report { results, out } => report(&results, out),
+    }
+}
+
+/// The benchmarks' shape: batch 1, as many KV heads as query heads (the published tables').
+fn mha(heads: usize, head_dim: usize) -> Result<Dims> {
     let dims = Dims {
         batch: 1,
         heads,
@@ -43,6 +97,18 @@ pub fn run(target: Target) -> Result<()> {
         head_dim,
     };
     dims.validate()?;
+    Ok(dims)
+}
+
+fn cpu(
+    seq_len: usize,
+    heads: usize,
+    head_dim: usize,
+    matmul_size: usize,
+    repeats: usize,
+    json: bool,
+) -> Result<()> {
+    let dims = mha(heads, head_dim)?;
     let gemm = bench::cpu_matmul_gflops(matmul_size, repeats);
     let attention = bench::cpu_attention_forward_gflops(dims, seq_len, repeats);
     let threads = rayon::current_num_threads();
@@ -68,6 +134,133 @@ pub fn run(target: Target) -> Result<()> {
             "attention / matmul               {:8.1} %",
             100.0 * attention / gemm
         );
+    }
+    Ok(())
+}
+
+fn attention(
+    seqs: &[usize],
+    head_dims: &[usize],
+    heads: usize,
+    dtype: InputDtype,
+    json: Option<PathBuf>,
+) -> Result<()> {
+    let mut file = json.as_deref().map(super::create_output).transpose()?;
+    let be = CudaBackend::new(0, dtype)?;
+    let command = std::env::args().collect::<Vec<_>>().join(" ");
+    for &head_dim in head_dims {
+        for &seq in seqs {
+            let dims = mha(heads, head_dim)?;
+            let t = time_attention(&be, dims, seq)?;
+            let (f, b) = (
+                attn::causal_forward_flops(&dims, seq),
+                attn::causal_backward_flops(&dims, seq),
+            );
+            let tflops = |flops: f64, ms: f64| flops / (ms * 1e-3) / 1e12;
+            let line = json!({
+                "impl": "distflash", "dtype": dtype.name(), "seq": seq, "heads": heads,
+                "head_dim": head_dim, "fwd_ms": t.forward_ms, "bwd_ms": t.backward_ms,
+                "fwd_tflops": tflops(f, t.forward_ms), "bwd_tflops": tflops(b, t.backward_ms),
+                "fwdbwd_tflops": tflops(f + b, t.forward_ms + t.backward_ms),
+                "reps": t.repeats, "command": command,
+            });
+            println!("{line}");
+            if let Some(f) = file.as_mut() {
+                writeln!(f, "{line}")?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Every JSON line of every `*.jsonl` file in `dir`.
+fn read_lines(dir: &std::path::Path) -> Result<Vec<Value>> {
+    let mut lines = Vec::new();
+    let mut files: Vec<_> = std::fs::read_dir(dir)
+        .with_context(|| format!("cannot read the results folder {}", dir.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "jsonl"))
+        .collect();
+    files.sort();
+    for path in files {
+        let text = std::fs::read_to_string(&path)?;
+        for (i, l) in text
+            .lines()
+            .enumerate()
+            .filter(|(_, l)| !l.trim().is_empty())
+        {
+            let v: Value = serde_json::from_str(l)
+                .with_context(|| format!("{}:{} is not JSON", path.display(), i + 1))?;
+            lines.push(v);
+        }
+    }
+    if lines.is_empty() {
+        bail!("no JSON lines in {}/*.jsonl", dir.display());
+    }
+    Ok(lines)
+}
+
+fn report(dir: &std::path::Path, out: Option<PathBuf>) -> Result<()> {
+    let lines = read_lines(dir)?;
+    // (head_dim, seq) → impl → line
+    let mut table: BTreeMap<(u64, u64), BTreeMap<String, &Value>> = BTreeMap::new();
+    for l in &lines {
+        let (Some(d), Some(n), Some(name)) = (
+            l["head_dim"].as_u64(),
+            l["seq"].as_u64(),
+            l["impl"].as_str(),
+        ) else {
+            continue;
+        };
+        table.entry((d, n)).or_default().insert(name.to_string(), l);
+    }
+    let rate = |l: Option<&&Value>, key: &str| l.and_then(|l| l[key].as_f64());
+    let cell = |x: Option<f64>| x.map_or("—".to_string(), |x| format!("{x:.0}"));
+    let ratio = |a: Option<f64>, b: Option<f64>| match (a, b) {
+        (Some(a), Some(b)) if b > 0.0 => format!("{:.2}×", a / b),
+        _ => "—".into(),
+    };
+    let mut md = format!(
+        "Generated by `distflash bench report --results {}` from the JSON lines there; all rates in\n\
+         TFLOP/s (causal; forward 4·N²·H·d/2 FLOPs, backward 2.5× that), batch 1, measured in one\n\
+         device call. Ratios are distflash over the peer, forward+backward.\n\n\
+         | head dim | seq | ours fwd | ours bwd | ours fwd+bwd | SDPA FA2 fwd+bwd | SDPA cuDNN fwd+bwd | vs FA2 | vs cuDNN |\n\
+         | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
+        dir.display()
+    );
+    for ((d, n), impls) in &table {
+        let ours = impls.get("distflash");
+        let fa2 = rate(impls.get("sdpa_flash2"), "fwdbwd_tflops");
+        let cudnn = rate(impls.get("sdpa_cudnn"), "fwdbwd_tflops");
+        let both = rate(ours, "fwdbwd_tflops");
+        md += &format!(
+            "| {d} | {n} | {} | {} | {} | {} | {} | {} | {} |\n",
+            cell(rate(ours, "fwd_tflops")),
+            cell(rate(ours, "bwd_tflops")),
+            cell(both),
+            cell(fa2),
+            cell(cudnn),
+            ratio(both, fa2),
+            ratio(both, cudnn)
+        );
+    }
+    let commands: Vec<&str> = lines
+        .iter()
+        .filter_map(|l| l["command"].as_str())
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    if !commands.is_empty() {
+        md += "\nCommands:\n\n";
+        for c in commands {
+            md += &format!("    {c}\n");
+        }
+    }
+    match out {
+        Some(path) => {
+            std::fs::write(&path, md).with_context(|| format!("cannot write {}", path.display()))?
+        }
+        None => print!("{md}"),
     }
     Ok(())
 }

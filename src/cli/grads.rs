@@ -63,7 +63,7 @@ pub fn run(args: Args) -> Result<()> {
             data: d,
         })
         .collect();
-    tensor_file::write(&args.out, &named)?;
+    tensor_file::write(&args.out, &named, &[("format", "pt")])?;
     println!(
         "{}",
         serde_json::json!({

@@ -3,7 +3,9 @@
 mod attention;
 mod bench;
 mod grads;
+mod launch;
 mod plan;
+mod simulate;
 mod train;
 
 use anyhow::Result;
@@ -25,6 +27,12 @@ enum Command {
     Plan(plan::Args),
     /// Run distributed causal attention forward and backward on random inputs.
     Attention(attention::Args),
+    /// Start one process per worker on this node (sets RANK, WORLD_SIZE, LOCAL_RANK,
+    /// MASTER_ADDR, MASTER_PORT like torchrun), e.g. `distflash launch --nproc-per-node 4 --
+    /// attention --check`.
+    Launch(launch::Args),
+    /// Predict distributed attention time on P devices from device and link rates.
+    Simulate(simulate::Args),
     /// Measure this machine's rates.
     #[command(subcommand)]
     Bench(bench::Target),
@@ -40,6 +48,8 @@ pub fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Plan(args) => plan::run(args),
         Command::Attention(args) => attention::run(args),
+        Command::Launch(args) => launch::run(args),
+        Command::Simulate(args) => simulate::run(args),
         Command::Bench(target) => bench::run(target),
         Command::Train(args) => train::run(args),
         Command::Grads(args) => grads::run(args),
@@ -54,4 +64,12 @@ fn create_output(path: &Path) -> Result<File> {
             path.display()
         )
     })
+}
+
+/// A hash of this process's arguments: ranks of one job must have been started alike.
+fn args_hash() -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    std::env::args().skip(1).collect::<Vec<_>>().hash(&mut h);
+    h.finish()
 }

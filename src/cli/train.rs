@@ -313,7 +313,8 @@ pub fn save_model(dir: &Path, config: &Config, weights: &[Vec<f32>]) -> Result<(
             data: w,
         })
         .collect();
-    tensor_file::write(&dir.join("model.safetensors"), &named)?;
+    // transformers loads only safetensors files that say they hold PyTorch tensors.
+    tensor_file::write(&dir.join("model.safetensors"), &named, &[("format", "pt")])?;
     let path = dir.join("config.json");
     std::fs::write(&path, serde_json::to_string_pretty(&config.to_json())?)
         .with_context(|| format!("cannot write {}", path.display()))

@@ -6,15 +6,20 @@
 //! inputs of step t + 1 therefore travel while step t computes; only returned partials wait for
 //! the compute that makes them.
 
+mod driver;
 mod local;
 
-pub use local::{AttentionRun, WorkerReport, collect_results, run_attention, run_workers};
+pub use driver::{
+    AttentionRun, RankResult, WorkerReport, gather_to_root, run_attention, run_attention_alone,
+    run_attention_on, run_attention_rank,
+};
+pub use local::{collect_results, run_workers};
 
-use crate::attn::{Block, Dims, Grads, Partial, QuerySide, Span};
+use crate::attn::{Block, Dims, Grads, GradsMut, Partial, QuerySide, RunningState, Span};
 use crate::backend::Backend;
-use crate::comm::{Communicator, Tag, Wire};
-use crate::plan::{Pass, Payload, Plan, Role, Transfer};
-use anyhow::{Context as _, Result, bail};
+use crate::comm::{Communicator, Incoming, Outgoing, Posted, Tag, Wire};
+use crate::plan::{Pass, Payload, Plan, Role, Task, Transfer, volume};
+use anyhow::{Context as _, Result};
 use std::time::{Duration, Instant};
 
 /// Rows of each chunk in the sequence, from the chunk sizes.
@@ -30,30 +35,85 @@ pub fn chunk_spans(sizes: &[usize]) -> Vec<Span> {
 }
 
 /// What one worker needs to run a plan: the device, its endpoint, the problem's shape, the row
-/// spans of every chunk, and its rank.
+/// spans of every chunk, and the time it has spent computing.
 pub struct Worker<'a, B, C> {
     pub backend: &'a B,
     pub comm: &'a mut C,
     pub dims: Dims,
+    /// Rows of each chunk of the plan, by chunk index.
     pub spans: &'a [Span],
     /// Time spent in block math (forward or backward), for busy fractions.
     pub compute: Duration,
 }
 
-/// A worker's own chunk: Q (`[b, h, n, d]`), K and V (`[b, hkv, n, d]`), head-major.
+/// One chunk a worker owns: Q (`[b, h, n, d]`), K and V (`[b, hkv, n, d]`), head-major.
 pub struct OwnChunk<T> {
     pub q: T,
     pub k: T,
     pub v: T,
 }
 
-/// The tag of a message: pass, step and payload identify it uniquely between two workers.
-fn tag(pass: Pass, step: usize, payload: Payload) -> Tag {
+/// What the forward leaves for the backward of one chunk's query rows: dO from the layer above,
+/// and LSE and D = rowsum(dO ∘ O) (O itself is not needed once D is known).
+pub struct Saved<T> {
+    pub dout: T,
+    pub lse: T,
+    pub delta: T,
+}
+
+/// The tag of a message: pass, step, chunk and payload identify it uniquely between two workers.
+fn tag(pass: Pass, step: usize, chunk: usize, payload: Payload) -> Tag {
     let pass = match pass {
         Pass::Forward => 0,
         Pass::Backward => 1,
     };
-    Tag((pass << 40) | ((step as u64) << 8) | payload.index())
+    Tag((pass << 40) | ((step as u64) << 20) | ((chunk as u64) << 4) | payload.index())
+}
+
+/// A posted group, with the chunk each of its receives belongs to.
+#[derive(Default)]
+struct Pending {
+    posted: Option<Posted>,
+    chunks: Vec<usize>,
+    context: String,
+}
+
+/// Values keyed by chunk index; a step touches only a few chunks, so a list beats a map.
+type PerChunk<T> = Vec<(usize, T)>;
+
+/// The value for `chunk`, which the plan guarantees is there (a fetched operand of a task, or a
+/// result a task of this step produced).
+fn find<T>(list: &PerChunk<T>, chunk: usize) -> &T {
+    &list
+        .iter()
+        .find(|(c, _)| *c == chunk)
+        .expect("the plan pairs every operand and result with its transfer")
+        .1
+}
+
+/// Per-chunk scratch created on first use within a step (a helper's running state, an owner's
+/// dK/dV for fetched K/V).
+fn slot<T>(
+    list: &mut PerChunk<T>,
+    chunk: usize,
+    make: impl FnOnce() -> Result<T>,
+) -> Result<&mut T> {
+    let i = match list.iter().position(|(c, _)| *c == chunk) {
+        Some(i) => i,
+        None => {
+            list.push((chunk, make()?));
+            list.len() - 1
+        }
+    };
+    Ok(&mut list[i].1)
+}
+
+fn take<T>(list: &mut PerChunk<T>, chunk: usize) -> T {
+    let i = list
+        .iter()
+        .position(|(c, _)| *c == chunk)
+        .expect("the plan returns only results a task of this step produced");
+    list.swap_remove(i).1
 }
 
 impl<'a, B: Backend, C: Communicator<B::Tensor>> Worker<'a, B, C>
@@ -64,10 +124,10 @@ where
         self.comm.rank()
     }
 
-    fn block(&self, q_chunk: usize, kv_chunk: usize) -> Block {
+    fn block(&self, task: &Task) -> Block {
         Block {
-            q: self.spans[q_chunk],
-            kv: self.spans[kv_chunk],
+            q: self.spans[task.q_chunk],
+            kv: self.spans[task.kv_chunk],
         }
     }
 
@@ -78,219 +138,272 @@ where
         r
     }
 
-    /// Sends this worker's tensors for the fetches of `step` (if the plan has that step).
-    fn send_fetches(
+    /// Posts this worker's side of `transfers` (all of step `step`) as one group: sends
+    /// `data(transfer)` for those from it, expects the plan's tensors for those to it.
+    fn exchange<'d>(
         &mut self,
         plan: &Plan,
         step: usize,
-        owned: impl Fn(Payload) -> Vec<&'a B::Tensor>,
-    ) -> Result<()>
+        transfers: &[Transfer],
+        data: impl Fn(&Transfer) -> Vec<&'d B::Tensor>,
+    ) -> Result<Pending>
     where
-        B::Tensor: 'a,
+        B::Tensor: 'd,
     {
-        let Some(s) = plan.steps.get(step) else {
-            return Ok(());
-        };
-        let mine: Vec<Transfer> = s
-            .fetches
+        let me = self.rank();
+        let tag = |t: &Transfer| tag(plan.pass, step, t.chunk, t.payload);
+        let sends: Vec<Outgoing<'d, B::Tensor>> = transfers
             .iter()
-            .copied()
-            .filter(|t| t.from == self.rank())
+            .filter(|t| t.from == me)
+            .map(|t| Outgoing {
+                to: t.to,
+                tag: tag(t),
+                parts: data(t),
+            })
             .collect();
-        for t in mine {
-            self.comm
-                .send(t.to, tag(plan.pass, step, t.payload), &owned(t.payload))?;
-        }
-        Ok(())
+        let incoming: Vec<&Transfer> = transfers.iter().filter(|t| t.to == me).collect();
+        let recvs = incoming
+            .iter()
+            .map(|t| Incoming {
+                from: t.from,
+                tag: tag(t),
+                parts: volume::parts(t.payload, &self.dims, self.spans[t.chunk].len),
+            })
+            .collect();
+        let posted = self.comm.post(&sends, recvs)?;
+        Ok(Pending {
+            posted: Some(posted),
+            chunks: incoming.iter().map(|t| t.chunk).collect(),
+            context: format!("worker {me} at {:?} step {step}", plan.pass),
+        })
     }
 
-    fn recv(
+    /// Posts the fetches of `step`, if the plan has that step (every rank agrees on that).
+    fn post_fetches(
         &mut self,
         plan: &Plan,
         step: usize,
-        from: usize,
-        payload: Payload,
-        expect: usize,
-    ) -> Result<Vec<B::Tensor>> {
-        let parts = self
-            .comm
-            .recv(from, tag(plan.pass, step, payload))
-            .with_context(|| format!("worker {} at {:?} step {step}", self.rank(), plan.pass))?;
-        if parts.len() != expect {
-            bail!(
-                "worker {} expected {expect} tensors of {payload:?} from worker {from} at step {step}, got {}",
-                self.rank(),
-                parts.len()
-            );
+        owned: impl Fn(Payload, usize) -> Vec<&'a B::Tensor>,
+    ) -> Result<Pending> {
+        match plan.steps.get(step) {
+            Some(s) => self.exchange(plan, step, &s.fetches, |t| owned(t.payload, t.chunk)),
+            None => Ok(Pending::default()),
         }
-        Ok(parts)
     }
 
-    /// Forward of this worker's query chunk: returns its final (O, LSE).
+    /// Waits for a posted group's receives.
+    fn collect(&mut self, pending: Pending) -> Result<PerChunk<Vec<B::Tensor>>> {
+        let Some(posted) = pending.posted else {
+            return Ok(Vec::new());
+        };
+        let got = self.comm.wait(posted).context(pending.context)?;
+        Ok(pending.chunks.into_iter().zip(got).collect())
+    }
+
+    /// Forward of this worker's query chunks (`own`, in `plan.chunks_of` order): returns their
+    /// final (O, LSE), in the same order.
     pub fn forward(
         &mut self,
         plan: &Plan,
-        own: &'a OwnChunk<B::Tensor>,
-    ) -> Result<Partial<B::Tensor>> {
+        own: &'a [OwnChunk<B::Tensor>],
+    ) -> Result<Vec<Partial<B::Tensor>>> {
         let me = self.rank();
         let dims = self.dims;
-        let rows = self.spans[me].len;
-        let mut state = self.backend.new_state(&dims, rows)?;
-        let mut partials = Vec::new();
-        let owned = |p: Payload| match p {
-            Payload::KeyValue => vec![&own.k, &own.v],
-            _ => vec![&own.q],
+        let mine = plan.chunks_of(me);
+        let at = |c: usize| mine.iter().position(|&m| m == c).expect("own chunk");
+        let mut states = mine
+            .iter()
+            .map(|&c| self.backend.new_state(&dims, self.spans[c].len))
+            .collect::<Result<Vec<_>>>()?;
+        let mut returned: Vec<Vec<Partial<B::Tensor>>> = mine.iter().map(|_| Vec::new()).collect();
+        let owned = |p: Payload, c: usize| match p {
+            Payload::KeyValue => vec![&own[at(c)].k, &own[at(c)].v],
+            _ => vec![&own[at(c)].q],
         };
-        self.send_fetches(plan, 0, owned)?;
+        let mut next = self.post_fetches(plan, 0, owned)?;
         for (t, step) in plan.steps.iter().enumerate() {
-            self.send_fetches(plan, t + 1, owned)?;
-            if let Some(task) = step.task_of(me) {
-                let block = self.block(task.q_chunk, task.kv_chunk);
-                match task.role() {
-                    Role::Diagonal => self.timed(|b| {
-                        b.forward_block(&dims, block, &own.q, &own.k, &own.v, &mut state)
-                    })?,
+            // Prefetch: step t + 1's inputs are posted before step t computes.
+            let current = std::mem::replace(&mut next, self.post_fetches(plan, t + 1, owned)?);
+            let fetched = self.collect(current)?;
+            let mut helping: PerChunk<RunningState<B::Tensor>> = Vec::new();
+            for task in step.tasks_of(me) {
+                let block = self.block(&task);
+                let (i, j) = (task.q_chunk, task.kv_chunk);
+                match plan.role(&task) {
+                    Role::Local => {
+                        let (q, kv) = (&own[at(i)], &own[at(j)]);
+                        let state = &mut states[at(i)];
+                        self.timed(|b| b.forward_block(&dims, block, &q.q, &kv.k, &kv.v, state))?;
+                    }
                     Role::Owner => {
-                        let kv = self.recv(plan, t, task.kv_chunk, Payload::KeyValue, 2)?;
+                        let kv = find(&fetched, j);
+                        let state = &mut states[at(i)];
                         self.timed(|b| {
-                            b.forward_block(&dims, block, &own.q, &kv[0], &kv[1], &mut state)
+                            b.forward_block(&dims, block, &own[at(i)].q, &kv[0], &kv[1], state)
                         })?;
                     }
                     Role::Helper => {
-                        let q = self.recv(plan, t, task.q_chunk, Payload::Query, 1)?;
-                        let n = block.q.len;
-                        let partial = self.timed(|b| {
-                            let mut s = b.new_state(&dims, n)?;
-                            b.forward_block(&dims, block, &q[0], &own.k, &own.v, &mut s)?;
-                            b.finalize(&dims, n, s)
-                        })?;
-                        self.comm.send(
-                            task.q_chunk,
-                            tag(plan.pass, t, Payload::PartialOut),
-                            &[&partial.out, &partial.lse],
-                        )?;
+                        let q = &find(&fetched, i)[0];
+                        let backend = self.backend;
+                        let state =
+                            slot(&mut helping, i, || backend.new_state(&dims, block.q.len))?;
+                        let kv = &own[at(j)];
+                        self.timed(|b| b.forward_block(&dims, block, q, &kv.k, &kv.v, state))?;
                     }
                 }
             }
-            for ret in step.returns.iter().filter(|r| r.to == me) {
-                let mut parts = self.recv(plan, t, ret.from, Payload::PartialOut, 2)?;
+            let mut finished: PerChunk<Partial<B::Tensor>> = Vec::new();
+            for r in step.returns.iter().filter(|r| r.from == me) {
+                let state = take(&mut helping, r.chunk);
+                let rows = self.spans[r.chunk].len;
+                finished.push((r.chunk, self.timed(|b| b.finalize(&dims, rows, state))?));
+            }
+            let sent = |r: &Transfer| {
+                let p = find(&finished, r.chunk);
+                vec![&p.out, &p.lse]
+            };
+            let posted = self.exchange(plan, t, &step.returns, sent)?;
+            for (chunk, mut parts) in self.collect(posted)? {
                 let lse = parts.pop().expect("two parts");
                 let out = parts.pop().expect("two parts");
-                partials.push(Partial { out, lse });
+                returned[at(chunk)].push(Partial { out, lse });
             }
         }
-        let mut result = self.timed(|b| b.finalize(&dims, rows, state))?;
-        for p in &partials {
-            self.timed(|b| b.merge(&dims, rows, &mut result, p))?;
+        let mut results = Vec::with_capacity(mine.len());
+        for ((&c, state), partials) in mine.iter().zip(states).zip(&returned) {
+            let rows = self.spans[c].len;
+            let mut result = self.timed(|b| b.finalize(&dims, rows, state))?;
+            for p in partials {
+                self.timed(|b| b.merge(&dims, rows, &mut result, p))?;
+            }
+            results.push(result);
         }
-        Ok(result)
+        Ok(results)
     }
 
-    /// Backward of this worker's chunks from its final O, LSE and dO: returns dQ for its query
-    /// rows and dK, dV for its key/value rows, summed over every block that used them.
+    /// Backward of this worker's chunks from their final LSE, D and dO (`saved`, in
+    /// `plan.chunks_of` order): returns dQ for its query rows and dK, dV for its key/value rows,
+    /// summed over every block that used them, in the same order.
     pub fn backward(
         &mut self,
         plan: &Plan,
-        own: &'a OwnChunk<B::Tensor>,
-        saved: &'a Saved<B::Tensor>,
-    ) -> Result<Grads<B::Tensor>> {
+        own: &'a [OwnChunk<B::Tensor>],
+        saved: &'a [Saved<B::Tensor>],
+    ) -> Result<Vec<Grads<B::Tensor>>> {
         let me = self.rank();
         let dims = self.dims;
-        let rows = self.spans[me].len;
-        let owned = |p: Payload| match p {
-            Payload::KeyValue => vec![&own.k, &own.v],
-            _ => vec![&own.q, &saved.dout, &saved.lse, &saved.delta],
+        let mine = plan.chunks_of(me);
+        let at = |c: usize| mine.iter().position(|&m| m == c).expect("own chunk");
+        let owned = |p: Payload, c: usize| match p {
+            Payload::KeyValue => vec![&own[at(c)].k, &own[at(c)].v],
+            _ => {
+                let s = &saved[at(c)];
+                vec![&own[at(c)].q, &s.dout, &s.lse, &s.delta]
+            }
         };
-        let mut dq = self.backend.zeros(dims.q_len(rows))?;
-        let mut dk = self.backend.zeros(dims.kv_len(rows))?;
-        let mut dv = self.backend.zeros(dims.kv_len(rows))?;
-        let query = QuerySide {
-            q: &own.q,
-            dout: &saved.dout,
-            lse: &saved.lse,
-            delta: &saved.delta,
+        let zeros = |len: usize| self.backend.zeros(len);
+        let rows = |c: usize| self.spans[c].len;
+        let mut dq = mine
+            .iter()
+            .map(|&c| zeros(dims.q_len(rows(c))))
+            .collect::<Result<Vec<_>>>()?;
+        let mut dk = mine
+            .iter()
+            .map(|&c| zeros(dims.kv_len(rows(c))))
+            .collect::<Result<Vec<_>>>()?;
+        let mut dv = mine
+            .iter()
+            .map(|&c| zeros(dims.kv_len(rows(c))))
+            .collect::<Result<Vec<_>>>()?;
+        let query_side = |c: usize| QuerySide {
+            q: &own[at(c)].q,
+            dout: &saved[at(c)].dout,
+            lse: &saved[at(c)].lse,
+            delta: &saved[at(c)].delta,
         };
-        self.send_fetches(plan, 0, owned)?;
+        let mut next = self.post_fetches(plan, 0, owned)?;
         for (t, step) in plan.steps.iter().enumerate() {
-            self.send_fetches(plan, t + 1, owned)?;
-            if let Some(task) = step.task_of(me) {
-                let block = self.block(task.q_chunk, task.kv_chunk);
-                match task.role() {
-                    Role::Diagonal => {
-                        let mut g = Grads { dq, dk, dv };
-                        self.timed(|b| {
-                            b.backward_block(&dims, block, query, &own.k, &own.v, &mut g)
-                        })?;
-                        Grads { dq, dk, dv } = g;
-                    }
-                    Role::Owner => {
-                        let kv = self.recv(plan, t, task.kv_chunk, Payload::KeyValue, 2)?;
-                        let n = block.kv.len;
-                        let mut g = Grads {
-                            dq,
-                            dk: self.backend.zeros(dims.kv_len(n))?,
-                            dv: self.backend.zeros(dims.kv_len(n))?,
+            let current = std::mem::replace(&mut next, self.post_fetches(plan, t + 1, owned)?);
+            let fetched = self.collect(current)?;
+            let mut kv_grads: PerChunk<(B::Tensor, B::Tensor)> = Vec::new();
+            let mut q_grads: PerChunk<B::Tensor> = Vec::new();
+            for task in step.tasks_of(me) {
+                let block = self.block(&task);
+                let (i, j) = (task.q_chunk, task.kv_chunk);
+                let backend = self.backend;
+                match plan.role(&task) {
+                    Role::Local => {
+                        let kv = &own[at(j)];
+                        let g = GradsMut {
+                            dq: &mut dq[at(i)],
+                            dk: &mut dk[at(j)],
+                            dv: &mut dv[at(j)],
                         };
                         self.timed(|b| {
-                            b.backward_block(&dims, block, query, &kv[0], &kv[1], &mut g)
+                            b.backward_block(&dims, block, query_side(i), &kv.k, &kv.v, g)
                         })?;
-                        dq = g.dq;
-                        self.comm.send(
-                            task.kv_chunk,
-                            tag(plan.pass, t, Payload::KvGrad),
-                            &[&g.dk, &g.dv],
-                        )?;
+                    }
+                    Role::Owner => {
+                        let kv = find(&fetched, j);
+                        let len = dims.kv_len(block.kv.len);
+                        let (tk, tv) = slot(&mut kv_grads, j, || {
+                            Ok((backend.zeros(len)?, backend.zeros(len)?))
+                        })?;
+                        let g = GradsMut {
+                            dq: &mut dq[at(i)],
+                            dk: tk,
+                            dv: tv,
+                        };
+                        self.timed(|b| {
+                            b.backward_block(&dims, block, query_side(i), &kv[0], &kv[1], g)
+                        })?;
                     }
                     Role::Helper => {
-                        let inputs =
-                            self.recv(plan, t, task.q_chunk, Payload::QueryGradInputs, 4)?;
+                        let inputs = find(&fetched, i);
                         let remote = QuerySide {
                             q: &inputs[0],
                             dout: &inputs[1],
                             lse: &inputs[2],
                             delta: &inputs[3],
                         };
-                        let mut g = Grads {
-                            dq: self.backend.zeros(dims.q_len(block.q.len))?,
-                            dk,
-                            dv,
+                        let len = dims.q_len(block.q.len);
+                        let tq = slot(&mut q_grads, i, || backend.zeros(len))?;
+                        let kv = &own[at(j)];
+                        let g = GradsMut {
+                            dq: tq,
+                            dk: &mut dk[at(j)],
+                            dv: &mut dv[at(j)],
                         };
-                        self.timed(|b| {
-                            b.backward_block(&dims, block, remote, &own.k, &own.v, &mut g)
-                        })?;
-                        (dk, dv) = (g.dk, g.dv);
-                        self.comm.send(
-                            task.q_chunk,
-                            tag(plan.pass, t, Payload::QueryGrad),
-                            &[&g.dq],
-                        )?;
+                        self.timed(|b| b.backward_block(&dims, block, remote, &kv.k, &kv.v, g))?;
                     }
                 }
             }
-            for ret in step.returns.iter().filter(|r| r.to == me) {
-                match ret.payload {
-                    Payload::KvGrad => {
-                        let parts = self.recv(plan, t, ret.from, Payload::KvGrad, 2)?;
-                        self.timed(|b| {
-                            b.add_assign(&mut dk, &parts[0])?;
-                            b.add_assign(&mut dv, &parts[1])
-                        })?;
-                    }
-                    _ => {
-                        let parts = self.recv(plan, t, ret.from, Payload::QueryGrad, 1)?;
-                        self.timed(|b| b.add_assign(&mut dq, &parts[0]))?;
-                    }
+            let sent = |r: &Transfer| match r.payload {
+                Payload::KvGrad => {
+                    let (gk, gv) = find(&kv_grads, r.chunk);
+                    vec![gk, gv]
+                }
+                _ => vec![find(&q_grads, r.chunk)],
+            };
+            let posted = self.exchange(plan, t, &step.returns, sent)?;
+            let got = self.collect(posted)?;
+            let to_me = step.returns.iter().filter(|r| r.to == me);
+            for (r, (chunk, parts)) in to_me.zip(got) {
+                let c = at(chunk);
+                match r.payload {
+                    Payload::KvGrad => self.timed(|b| {
+                        b.add_assign(&mut dk[c], &parts[0])?;
+                        b.add_assign(&mut dv[c], &parts[1])
+                    })?,
+                    _ => self.timed(|b| b.add_assign(&mut dq[c], &parts[0]))?,
                 }
             }
         }
-        Ok(Grads { dq, dk, dv })
+        Ok(dq
+            .into_iter()
+            .zip(dk)
+            .zip(dv)
+            .map(|((dq, dk), dv)| Grads { dq, dk, dv })
+            .collect())
     }
-}
-
-/// What the forward leaves for the backward of one worker's query rows: dO from the layer above,
-/// and LSE and D = rowsum(dO ∘ O) (O itself is not needed once D is known).
-pub struct Saved<T> {
-    pub dout: T,
-    pub lse: T,
-    pub delta: T,
 }

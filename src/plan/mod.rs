@@ -1,14 +1,20 @@
-//! The static schedule of distributed causal attention: at each step, which block
+//! The static schedule of distributed causal attention: at each step, which blocks
 //! (query chunk, key/value chunk) every worker computes, and which tensors move between whom.
 //!
-//! Worker `r` owns chunk `r` (its rows of Q, K, V). Block (i, j) is needed for j ≤ i. Two
-//! schedules are offered (DESIGN.md, "The schedules"):
-//! - `unbalanced`: at step t, worker r computes (r, r − t) if r ≥ t, fetching K/V from worker
-//!   r − t. Worker P−1 works P steps, worker 0 one.
-//! - `balanced` (DistFlashAttn): owners still compute offset t at step t, but a worker r < t,
-//!   idle above, helps the worker P − t + r with the far block (P − t + r, r), using its own K/V
-//!   and the fetched query chunk, and returns the partial (O, LSE) to be merged. Offsets t and
-//!   P − t are covered together, so ⌊P/2⌋ + 1 steps suffice.
+//! The sequence is cut into chunks of consecutive rows; each chunk (its Q, K, V) belongs to one
+//! worker. Block (i, j) is needed for j ≤ i. Three schedules are offered (DESIGN.md, "The
+//! schedules"):
+//! - `unbalanced`: P chunks, worker r owns chunk r. At step t, worker r computes (r, r − t) if
+//!   r ≥ t, fetching K/V from worker r − t. Worker P−1 works P steps, worker 0 one.
+//! - `balanced` (DistFlashAttn): the same chunks; owners still compute offset t at step t, but a
+//!   worker r < t, idle above, helps the worker P − t + r with the far block (P − t + r, r),
+//!   using its own K/V and the fetched query chunk, and returns the partial (O, LSE) to be
+//!   merged. Offsets t and P − t are covered together, so ⌊P/2⌋ + 1 steps suffice.
+//! - `zigzag` (head-tail, as other context-parallel systems use): 2P half-size chunks, worker r
+//!   owns chunks r and 2P − 1 − r. At step t every worker computes its queries against the K/V
+//!   of worker r − t (mod P): each step gives every worker the same work, two quarter-size blocks
+//!   (or three smaller ones at step 0), so P steps make a speedup of P even for P = 2, where
+//!   `balanced` reaches only 4/3.
 //!
 //! The backward pass follows the same tasks; only what travels changes (see `Payload`).
 
@@ -28,6 +34,7 @@ pub use render::{to_json, to_svg, to_text};
 pub enum Schedule {
     Unbalanced,
     Balanced,
+    Zigzag,
 }
 
 impl FromStr for Schedule {
@@ -36,8 +43,9 @@ impl FromStr for Schedule {
         match s {
             "unbalanced" => Ok(Schedule::Unbalanced),
             "balanced" => Ok(Schedule::Balanced),
+            "zigzag" => Ok(Schedule::Zigzag),
             other => Err(format!(
-                "unknown schedule '{other}': use 'balanced' or 'unbalanced'"
+                "unknown schedule '{other}': use 'balanced', 'unbalanced' or 'zigzag'"
             )),
         }
     }
@@ -48,7 +56,25 @@ impl fmt::Display for Schedule {
         f.write_str(match self {
             Schedule::Unbalanced => "unbalanced",
             Schedule::Balanced => "balanced",
+            Schedule::Zigzag => "zigzag",
         })
+    }
+}
+
+impl Schedule {
+    /// How many chunks the sequence is cut into for `workers` workers.
+    pub fn chunks(self, workers: usize) -> usize {
+        match self {
+            Schedule::Unbalanced | Schedule::Balanced => workers,
+            Schedule::Zigzag => 2 * workers,
+        }
+    }
+
+    /// The worker that owns each chunk.
+    fn owners(self, workers: usize) -> Vec<usize> {
+        (0..self.chunks(workers))
+            .map(|c| if c < workers { c } else { 2 * workers - 1 - c })
+            .collect()
     }
 }
 
@@ -68,36 +94,15 @@ pub struct Task {
     pub kv_chunk: usize,
 }
 
-/// How a task relates to the worker computing it.
+/// Where a task's operands live relative to the worker computing it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Role {
-    /// (r, r): everything is local; the causal mask applies.
-    Diagonal,
-    /// (r, j), j < r: the worker's own queries against fetched K/V.
+    /// Both chunks are the worker's own (the diagonal, or two chunks of one zigzag worker).
+    Local,
+    /// The worker's own queries against fetched K/V.
     Owner,
-    /// (i, r), i > r: the worker's own K/V against fetched queries; results go back to i.
+    /// The worker's own K/V against fetched queries; results go back to the queries' owner.
     Helper,
-}
-
-impl Task {
-    pub fn role(&self) -> Role {
-        if self.q_chunk == self.kv_chunk {
-            Role::Diagonal
-        } else if self.q_chunk == self.worker {
-            Role::Owner
-        } else {
-            Role::Helper
-        }
-    }
-
-    /// Cost in the model where an off-diagonal block costs 1 and a diagonal one, half masked, ½.
-    pub fn cost(&self) -> f64 {
-        if self.role() == Role::Diagonal {
-            0.5
-        } else {
-            1.0
-        }
-    }
 }
 
 /// What a transfer carries.
@@ -135,7 +140,8 @@ pub struct Transfer {
 }
 
 /// One step: tasks computed in parallel, the inputs fetched for them (issued one step early, so
-/// they arrive while the previous step computes) and the results returned after them.
+/// they arrive while the previous step computes) and the results returned after them. A chunk
+/// moves at most once per step to a worker, however many of its tasks use it.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Step {
     pub tasks: Vec<Task>,
@@ -144,14 +150,12 @@ pub struct Step {
 }
 
 impl Step {
-    /// The task `worker` computes at this step, if any.
-    pub fn task_of(&self, worker: usize) -> Option<Task> {
-        self.tasks.iter().copied().find(|t| t.worker == worker)
-    }
-
-    /// Time of the step in the cost model: its slowest task.
-    pub fn cost(&self) -> f64 {
-        self.tasks.iter().map(Task::cost).fold(0.0, f64::max)
+    /// The tasks `worker` computes at this step.
+    pub fn tasks_of(&self, worker: usize) -> impl Iterator<Item = Task> + '_ {
+        self.tasks
+            .iter()
+            .copied()
+            .filter(move |t| t.worker == worker)
     }
 }
 
@@ -161,26 +165,32 @@ pub struct Plan {
     pub workers: usize,
     pub schedule: Schedule,
     pub pass: Pass,
+    /// The worker owning each chunk.
+    pub owner: Vec<usize>,
     pub steps: Vec<Step>,
 }
 
 impl Plan {
-    /// Builds the plan for `workers` chunks (one per worker).
+    /// Builds the plan for `workers` workers.
     pub fn new(workers: usize, schedule: Schedule, pass: Pass) -> Result<Plan> {
         if workers == 0 {
             bail!("workers must be at least 1");
         }
+        let owner = schedule.owners(workers);
         let steps = task_steps(workers, schedule)
             .into_iter()
             .map(|tasks| {
-                let (fetches, returns) = tasks
-                    .iter()
-                    .map(|t| moves(t, pass))
-                    .unzip::<_, _, Vec<_>, Vec<_>>();
+                let mut fetches = Vec::new();
+                let mut returns = Vec::new();
+                for task in &tasks {
+                    let (fetch, ret) = moves(task, role(&owner, task), &owner, pass);
+                    fetches.extend(fetch.filter(|f| !fetches.contains(f)));
+                    returns.extend(ret.filter(|r| !returns.contains(r)));
+                }
                 Step {
                     tasks,
-                    fetches: fetches.into_iter().flatten().collect(),
-                    returns: returns.into_iter().flatten().collect(),
+                    fetches,
+                    returns,
                 }
             })
             .collect();
@@ -188,20 +198,57 @@ impl Plan {
             workers,
             schedule,
             pass,
+            owner,
             steps,
         })
     }
 
+    /// Number of chunks the sequence is cut into.
+    pub fn chunks(&self) -> usize {
+        self.owner.len()
+    }
+
+    /// The chunks `worker` owns, in sequence order.
+    pub fn chunks_of(&self, worker: usize) -> Vec<usize> {
+        (0..self.chunks())
+            .filter(|&c| self.owner[c] == worker)
+            .collect()
+    }
+
+    /// Where `task`'s operands live.
+    pub fn role(&self, task: &Task) -> Role {
+        role(&self.owner, task)
+    }
+
+    /// Cost in the model where a block between two worker-sized chunks (N/P rows) costs 1 and a
+    /// causal diagonal block half its area.
+    pub fn task_cost(&self, task: &Task) -> f64 {
+        let side = self.workers as f64 / self.chunks() as f64;
+        let area = if task.q_chunk == task.kv_chunk {
+            0.5
+        } else {
+            1.0
+        };
+        area * side * side
+    }
+
+    /// Time of a step in the cost model: its busiest worker.
+    pub fn step_cost(&self, step: &Step) -> f64 {
+        (0..self.workers)
+            .map(|w| step.tasks_of(w).map(|t| self.task_cost(&t)).sum::<f64>())
+            .fold(0.0, f64::max)
+    }
+
     /// Work of one worker computing every block alone, in the cost model: P diagonal halves
-    /// plus P(P−1)/2 full blocks.
+    /// plus P(P−1)/2 full blocks, P²/2 in all, however the sequence is chunked.
     pub fn total_work(&self) -> f64 {
         let p = self.workers as f64;
-        0.5 * p + p * (p - 1.0) / 2.0
+        p * p / 2.0
     }
 
     /// Time of the plan in the cost model (steps run in lock-step).
     pub fn makespan(&self) -> f64 {
-        self.steps.iter().map(Step::cost).sum()
+        self.steps.iter().map(|s| self.step_cost(s)).sum()
     }
 
     /// Speedup over one worker if communication were free and blocks cost what the model says.
@@ -218,9 +265,20 @@ impl Plan {
     pub fn busy_fractions(&self) -> Vec<f64> {
         let mut busy = vec![0.0; self.workers];
         for task in self.steps.iter().flat_map(|s| &s.tasks) {
-            busy[task.worker] += task.cost();
+            busy[task.worker] += self.task_cost(task);
         }
         busy.iter().map(|b| b / self.makespan()).collect()
+    }
+}
+
+fn role(owner: &[usize], task: &Task) -> Role {
+    match (
+        owner[task.q_chunk] == task.worker,
+        owner[task.kv_chunk] == task.worker,
+    ) {
+        (true, true) => Role::Local,
+        (true, false) => Role::Owner,
+        _ => Role::Helper,
     }
 }
 
@@ -231,25 +289,48 @@ fn task_steps(p: usize, schedule: Schedule) -> Vec<Vec<Task>> {
         q_chunk,
         kv_chunk,
     };
-    let diagonal = (0..p).map(|r| task(r, r, r)).collect();
-    let later: Vec<Vec<Task>> = match schedule {
-        Schedule::Unbalanced => (1..p)
+    match schedule {
+        Schedule::Unbalanced => (0..p)
             .map(|t| (t..p).map(|r| task(r, r, r - t)).collect())
             .collect(),
-        Schedule::Balanced => (1..=p / 2)
+        Schedule::Balanced => (0..=p / 2)
             .map(|t| {
                 let owners = (t..p).map(|r| task(r, r, r - t));
                 // Helpers take offset P − t unless the owners already cover it (t = P/2).
-                let helpers = (0..t).filter(|_| p - t > t).map(|r| task(r, p - t + r, r));
+                let helpers = (0..t)
+                    .filter(|_| t > 0 && p - t > t)
+                    .map(|r| task(r, p - t + r, r));
                 helpers.chain(owners).collect()
             })
             .collect(),
-    };
-    std::iter::once(diagonal).chain(later).collect()
+        Schedule::Zigzag => {
+            let own = |w: usize| [w, 2 * p - 1 - w];
+            (0..p)
+                .map(|t| {
+                    (0..p)
+                        .flat_map(|w| {
+                            let source = (w + p - t) % p;
+                            own(w).into_iter().flat_map(move |q| {
+                                own(source)
+                                    .into_iter()
+                                    .filter(move |&kv| kv <= q)
+                                    .map(move |kv| task(w, q, kv))
+                            })
+                        })
+                        .collect()
+                })
+                .collect()
+        }
+    }
 }
 
 /// The transfer that brings a task's remote operand, and the one that returns its result.
-fn moves(task: &Task, pass: Pass) -> (Option<Transfer>, Option<Transfer>) {
+fn moves(
+    task: &Task,
+    role: Role,
+    owner: &[usize],
+    pass: Pass,
+) -> (Option<Transfer>, Option<Transfer>) {
     let (w, i, j) = (task.worker, task.q_chunk, task.kv_chunk);
     let t = |from, to, chunk, payload| {
         Some(Transfer {
@@ -259,35 +340,40 @@ fn moves(task: &Task, pass: Pass) -> (Option<Transfer>, Option<Transfer>) {
             payload,
         })
     };
-    match (task.role(), pass) {
-        (Role::Diagonal, _) => (None, None),
-        (Role::Owner, Pass::Forward) => (t(j, w, j, Payload::KeyValue), None),
-        (Role::Owner, Pass::Backward) => {
-            (t(j, w, j, Payload::KeyValue), t(w, j, j, Payload::KvGrad))
-        }
-        (Role::Helper, Pass::Forward) => {
-            (t(i, w, i, Payload::Query), t(w, i, i, Payload::PartialOut))
-        }
+    let (qo, kvo) = (owner[i], owner[j]);
+    match (role, pass) {
+        (Role::Local, _) => (None, None),
+        (Role::Owner, Pass::Forward) => (t(kvo, w, j, Payload::KeyValue), None),
+        (Role::Owner, Pass::Backward) => (
+            t(kvo, w, j, Payload::KeyValue),
+            t(w, kvo, j, Payload::KvGrad),
+        ),
+        (Role::Helper, Pass::Forward) => (
+            t(qo, w, i, Payload::Query),
+            t(w, qo, i, Payload::PartialOut),
+        ),
         (Role::Helper, Pass::Backward) => (
-            t(i, w, i, Payload::QueryGradInputs),
-            t(w, i, i, Payload::QueryGrad),
+            t(qo, w, i, Payload::QueryGradInputs),
+            t(w, qo, i, Payload::QueryGrad),
         ),
     }
 }
 
-/// Splits `seq` tokens into `workers` chunks of consecutive rows whose sizes differ by at most
-/// one (the first `seq % workers` chunks take the extra row).
-pub fn chunk_sizes(seq: usize, workers: usize) -> Result<Vec<usize>> {
+/// Splits `seq` tokens into the schedule's chunks for `workers` workers: consecutive rows,
+/// sizes differing by at most one (the first `seq % chunks` chunks take the extra row).
+pub fn chunk_sizes(seq: usize, workers: usize, schedule: Schedule) -> Result<Vec<usize>> {
     if workers == 0 {
         bail!("workers must be at least 1");
     }
-    if seq < workers {
+    let chunks = schedule.chunks(workers);
+    if seq < chunks {
         bail!(
-            "sequence length {seq} is shorter than the worker count {workers}: every worker needs at least one token; use --workers {seq} or fewer"
+            "sequence length {seq} is too short for {workers} workers with the {schedule} schedule: it cuts the sequence into {chunks} chunks of at least one token; use --workers {} or fewer",
+            seq * workers / chunks
         );
     }
-    Ok((0..workers)
-        .map(|r| seq / workers + usize::from(r < seq % workers))
+    Ok((0..chunks)
+        .map(|r| seq / chunks + usize::from(r < seq % chunks))
         .collect())
 }
 

@@ -73,7 +73,7 @@ fn headline(plan: &Plan) -> String {
 /// A table of steps × workers ("Q3·KV1", `*` marking a helper) followed by each step's moves.
 pub fn to_text(plan: &Plan) -> String {
     let mut out = headline(plan) + "\n\n";
-    let width = 12;
+    let width = 14;
     let _ = write!(out, "{:<6}", "step");
     for w in 0..plan.workers {
         let _ = write!(out, "{:<width$}", format!("w{w}"));
@@ -82,13 +82,8 @@ pub fn to_text(plan: &Plan) -> String {
     for (t, step) in plan.steps.iter().enumerate() {
         let _ = write!(out, "{t:<6}");
         for w in 0..plan.workers {
-            let cell = match step.task_of(w) {
-                Some(task) => format!(
-                    "Q{}·KV{}{}",
-                    task.q_chunk,
-                    task.kv_chunk,
-                    if task.role() == Role::Helper { "*" } else { "" }
-                ),
+            let cell = match cell(plan, step, w) {
+                Some(c) => format!("{}{}", c.label, if c.helper { "*" } else { "" }),
                 None => "-".into(),
             };
             let _ = write!(out, "{cell:<width$}");
@@ -126,6 +121,35 @@ pub fn to_text(plan: &Plan) -> String {
         }
     }
     out
+}
+
+/// What a worker does at one step, for display.
+struct Cell {
+    /// "Q3·KV1", or "Q1,6·KV0" for several blocks.
+    label: String,
+    /// Whose queries it serves (the owner of the query chunks).
+    serves: usize,
+    /// True when it computes another worker's queries.
+    helper: bool,
+}
+
+fn cell(plan: &Plan, step: &super::Step, worker: usize) -> Option<Cell> {
+    let tasks: Vec<_> = step.tasks_of(worker).collect();
+    let first = tasks.first()?;
+    let list = |pick: fn(&super::Task) -> usize| {
+        let mut v: Vec<usize> = tasks.iter().map(pick).collect();
+        v.sort();
+        v.dedup();
+        v.iter()
+            .map(|c| c.to_string())
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    Some(Cell {
+        label: format!("Q{}·KV{}", list(|t| t.q_chunk), list(|t| t.kv_chunk)),
+        serves: plan.owner[first.q_chunk],
+        helper: plan.role(first) == Role::Helper,
+    })
 }
 
 /// Colour of query chunk `q` of `p`: one hue per chunk, so a helper's cell has the colour of
@@ -175,20 +199,15 @@ pub fn to_svg(plan: &Plan) -> String {
         );
         for w in 0..plan.workers {
             let y = top + ch * w as f64;
-            let (fill, stroke, dash, label, ink) = match step.task_of(w) {
-                Some(task) => (
-                    chunk_colour(task.q_chunk, plan.workers),
+            let (fill, stroke, dash, label, ink) = match cell(plan, step, w) {
+                Some(c) => (
+                    chunk_colour(c.serves, plan.workers),
                     "#333",
-                    if task.role() == Role::Helper {
-                        "5,3"
+                    if c.helper { "5,3" } else { "none" },
+                    if c.helper {
+                        format!("{} → w{}", c.label, c.serves)
                     } else {
-                        "none"
-                    },
-                    match task.role() {
-                        Role::Helper => {
-                            format!("Q{}·KV{} → w{}", task.q_chunk, task.kv_chunk, task.q_chunk)
-                        }
-                        _ => format!("Q{}·KV{}", task.q_chunk, task.kv_chunk),
+                        c.label
                     },
                     "#000",
                 ),

@@ -1,8 +1,10 @@
 use super::*;
 use std::collections::HashMap;
 
-fn both(workers: usize) -> [(Plan, Plan); 2] {
-    [Schedule::Unbalanced, Schedule::Balanced].map(|s| {
+const ALL: [Schedule; 3] = [Schedule::Unbalanced, Schedule::Balanced, Schedule::Zigzag];
+
+fn both(workers: usize) -> [(Plan, Plan); 3] {
+    ALL.map(|s| {
         (
             Plan::new(workers, s, Pass::Forward).unwrap(),
             Plan::new(workers, s, Pass::Backward).unwrap(),
@@ -18,7 +20,7 @@ fn every_causal_block_is_computed_exactly_once() {
             for task in plan.steps.iter().flat_map(|s| &s.tasks) {
                 *seen.entry((task.q_chunk, task.kv_chunk)).or_insert(0) += 1;
             }
-            for i in 0..p {
+            for i in 0..plan.chunks() {
                 for j in 0..=i {
                     assert_eq!(
                         seen.remove(&(i, j)),
@@ -38,23 +40,24 @@ fn every_causal_block_is_computed_exactly_once() {
 }
 
 #[test]
-fn each_worker_does_at_most_one_task_per_step_with_one_local_operand() {
+fn every_task_has_a_local_operand_and_zigzag_steps_are_even() {
     for p in 1..=16 {
         for (plan, _) in both(p) {
             for step in &plan.steps {
-                let mut workers: Vec<_> = step.tasks.iter().map(|t| t.worker).collect();
-                workers.sort();
-                workers.dedup();
-                assert_eq!(
-                    workers.len(),
-                    step.tasks.len(),
-                    "P={p}: a worker has two tasks in one step"
-                );
                 for t in &step.tasks {
-                    assert!(
-                        t.q_chunk == t.worker || t.kv_chunk == t.worker,
-                        "P={p}: {t:?} has no local operand"
-                    );
+                    let local =
+                        plan.owner[t.q_chunk] == t.worker || plan.owner[t.kv_chunk] == t.worker;
+                    assert!(local, "P={p} {}: {t:?} has no local operand", plan.schedule);
+                }
+                let loads: Vec<f64> = (0..p)
+                    .map(|w| step.tasks_of(w).map(|t| plan.task_cost(&t)).sum())
+                    .collect();
+                match plan.schedule {
+                    Schedule::Zigzag => assert!(
+                        loads.iter().all(|&l| (l - 0.5).abs() < 1e-12),
+                        "P={p}: zigzag step loads {loads:?}"
+                    ),
+                    _ => assert!((0..p).all(|w| step.tasks_of(w).count() <= 1)),
                 }
             }
         }
@@ -73,22 +76,28 @@ fn transfers_match_the_tasks_that_need_them() {
                     let mut want_return = Vec::new();
                     for task in &step.tasks {
                         let (w, i, j) = (task.worker, task.q_chunk, task.kv_chunk);
-                        match (task.role(), plan.pass) {
-                            (Role::Diagonal, _) => {}
+                        let (qo, kvo) = (plan.owner[i], plan.owner[j]);
+                        let want = |list: &mut Vec<_>, x| {
+                            if !list.contains(&x) {
+                                list.push(x);
+                            }
+                        };
+                        match (plan.role(task), plan.pass) {
+                            (Role::Local, _) => {}
                             (Role::Owner, Pass::Forward) => {
-                                want_fetch.push((j, w, j, Payload::KeyValue))
+                                want(&mut want_fetch, (kvo, w, j, Payload::KeyValue))
                             }
                             (Role::Owner, Pass::Backward) => {
-                                want_fetch.push((j, w, j, Payload::KeyValue));
-                                want_return.push((w, j, j, Payload::KvGrad));
+                                want(&mut want_fetch, (kvo, w, j, Payload::KeyValue));
+                                want(&mut want_return, (w, kvo, j, Payload::KvGrad));
                             }
                             (Role::Helper, Pass::Forward) => {
-                                want_fetch.push((i, w, i, Payload::Query));
-                                want_return.push((w, i, i, Payload::PartialOut));
+                                want(&mut want_fetch, (qo, w, i, Payload::Query));
+                                want(&mut want_return, (w, qo, i, Payload::PartialOut));
                             }
                             (Role::Helper, Pass::Backward) => {
-                                want_fetch.push((i, w, i, Payload::QueryGradInputs));
-                                want_return.push((w, i, i, Payload::QueryGrad));
+                                want(&mut want_fetch, (qo, w, i, Payload::QueryGradInputs));
+                                want(&mut want_return, (w, qo, i, Payload::QueryGrad));
                             }
                         }
                     }
@@ -157,11 +166,33 @@ fn balanced_odd_worker_counts_have_no_idle_time_and_beat_unbalanced() {
 }
 
 #[test]
+fn zigzag_is_perfectly_balanced_for_every_worker_count() {
+    for p in 1..=16 {
+        let plan = Plan::new(p, Schedule::Zigzag, Pass::Forward).unwrap();
+        assert_eq!(plan.steps.len(), p);
+        assert!((plan.ideal_speedup() - p as f64).abs() < 1e-9, "P={p}");
+        assert!(plan.idle_fraction().abs() < 1e-9);
+        assert_eq!(plan.chunks_of(0), vec![0, 2 * p - 1]);
+    }
+    // Where the paper's schedule cannot help: two workers.
+    let balanced = Plan::new(2, Schedule::Balanced, Pass::Forward).unwrap();
+    assert!((balanced.ideal_speedup() - 4.0 / 3.0).abs() < 1e-12);
+}
+
+#[test]
 fn chunk_sizes_cover_the_sequence_evenly() {
-    assert_eq!(chunk_sizes(10, 4).unwrap(), vec![3, 3, 2, 2]);
-    assert_eq!(chunk_sizes(8, 8).unwrap(), vec![1; 8]);
-    assert!(chunk_sizes(3, 4).is_err());
-    assert!(chunk_sizes(3, 0).is_err());
+    assert_eq!(
+        chunk_sizes(10, 4, Schedule::Balanced).unwrap(),
+        vec![3, 3, 2, 2]
+    );
+    assert_eq!(chunk_sizes(8, 8, Schedule::Unbalanced).unwrap(), vec![1; 8]);
+    assert_eq!(
+        chunk_sizes(9, 2, Schedule::Zigzag).unwrap(),
+        vec![3, 2, 2, 2]
+    );
+    assert!(chunk_sizes(3, 4, Schedule::Balanced).is_err());
+    assert!(chunk_sizes(7, 4, Schedule::Zigzag).is_err());
+    assert!(chunk_sizes(3, 0, Schedule::Balanced).is_err());
     assert!(Plan::new(0, Schedule::Balanced, Pass::Forward).is_err());
 }
 

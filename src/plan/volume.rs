@@ -18,15 +18,46 @@
 use super::{Payload, Plan};
 use crate::attn::Dims;
 
+/// How a tensor of a payload is stored: in the backend's input precision (Q, K, V, dO: bf16 or
+/// fp16 on a GPU) or always f32 (statistics, partial results, gradients).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Precision {
+    Input,
+    F32,
+}
+
+/// One tensor of a payload: its element count and precision. A receiver allocates from this
+/// before the data arrives (NCCL needs the buffer up front) and checks what it got against it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Part {
+    pub len: usize,
+    pub precision: Precision,
+}
+
+/// The tensors `payload` carries for a chunk of `rows` rows, in the order they travel.
+pub fn parts(payload: Payload, dims: &Dims, rows: usize) -> Vec<Part> {
+    let (q, kv, stat) = (dims.q_len(rows), dims.kv_len(rows), dims.stat_len(rows));
+    let input = |len| Part {
+        len,
+        precision: Precision::Input,
+    };
+    let f32 = |len| Part {
+        len,
+        precision: Precision::F32,
+    };
+    match payload {
+        Payload::KeyValue => vec![input(kv), input(kv)],
+        Payload::Query => vec![input(q)],
+        Payload::PartialOut => vec![f32(q), f32(stat)],
+        Payload::QueryGradInputs => vec![input(q), input(q), f32(stat), f32(stat)],
+        Payload::KvGrad => vec![f32(kv), f32(kv)],
+        Payload::QueryGrad => vec![f32(q)],
+    }
+}
+
 /// Elements carried by `payload` for a chunk of `rows` rows.
 pub fn elements(payload: Payload, dims: &Dims, rows: usize) -> usize {
-    let (q, kv, stat) = (dims.q_len(rows), dims.kv_len(rows), dims.stat_len(rows));
-    match payload {
-        Payload::KeyValue | Payload::KvGrad => 2 * kv,
-        Payload::Query | Payload::QueryGrad => q,
-        Payload::PartialOut => q + stat,
-        Payload::QueryGradInputs => 2 * q + 2 * stat,
-    }
+    parts(payload, dims, rows).iter().map(|p| p.len).sum()
 }
 
 /// Elements each worker sends over the whole plan, given the chunk sizes.
@@ -40,4 +71,17 @@ pub fn elements_sent(plan: &Plan, dims: &Dims, chunk_rows: &[usize]) -> Vec<usiz
         sent[transfer.from] += elements(transfer.payload, dims, chunk_rows[transfer.chunk]);
     }
     sent
+}
+
+/// Bytes carried by `payload` for a chunk of `rows` rows when inputs (Q, K, V, dO) travel as
+/// `input_bytes`-byte values and statistics, partial results and gradients as f32 — what the
+/// GPU path sends (bf16 inputs: `input_bytes` = 2).
+pub fn bytes(payload: Payload, dims: &Dims, rows: usize, input_bytes: usize) -> usize {
+    parts(payload, dims, rows)
+        .iter()
+        .map(|p| match p.precision {
+            Precision::Input => p.len * input_bytes,
+            Precision::F32 => p.len * 4,
+        })
+        .sum()
 }

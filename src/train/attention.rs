@@ -9,10 +9,12 @@ use crate::comm::LocalComm;
 use crate::exec::{OwnChunk, Saved, Worker};
 use crate::model::attention::Attention;
 use crate::plan::{Pass, Plan, Schedule};
-use anyhow::Result;
+use anyhow::{Context, Result};
 use std::time::Duration;
 
-/// distflash over the in-process communicator: this worker owns rows `spans[rank]`.
+/// distflash over the in-process communicator: this worker owns one chunk, rows `spans[rank]`
+/// (the `balanced` and `unbalanced` schedules; `train` refuses `zigzag`, whose two chunks per
+/// worker are not one run of positions).
 pub struct Distributed<'c> {
     pub comm: &'c mut LocalComm,
     pub dims: Dims,
@@ -84,7 +86,11 @@ impl Attention<Vec<f32>> for Distributed<'_> {
         v: &Vec<f32>,
     ) -> Result<(Vec<f32>, Vec<f32>)> {
         let own = self.own(q, k, v);
-        let p = worker(self.comm, self.dims, &self.spans).forward(&self.forward, &own)?;
+        let mut parts = worker(self.comm, self.dims, &self.spans)
+            .forward(&self.forward, std::slice::from_ref(&own))?;
+        let p = parts
+            .pop()
+            .context("the executor returned no result for this worker's chunk")?;
         Ok((self.seq_major(&p.out, self.dims.heads), p.lse))
     }
 
@@ -105,7 +111,14 @@ impl Attention<Vec<f32>> for Distributed<'_> {
             dout,
             lse: lse.clone(),
         };
-        let g = worker(self.comm, self.dims, &self.spans).backward(&self.backward, &own, &saved)?;
+        let g = worker(self.comm, self.dims, &self.spans)
+            .backward(
+                &self.backward,
+                std::slice::from_ref(&own),
+                std::slice::from_ref(&saved),
+            )?
+            .pop()
+            .context("the executor returned no gradients for this worker's chunk")?;
         let hk = self.dims.kv_heads;
         Ok((
             self.seq_major(&g.dq, h),

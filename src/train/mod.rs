@@ -222,11 +222,18 @@ pub fn check_memory(c: &Config, workers: usize) -> Result<()> {
     Ok(())
 }
 
-fn spans_for(seq_len: usize, workers: usize) -> Result<Vec<Span>> {
+/// The rows of each worker's chunk: one contiguous run per worker, so rotary positions are
+/// the chunk's start plus the row.
+fn spans_for(seq_len: usize, workers: usize, schedule: Schedule) -> Result<Vec<Span>> {
     if workers == 0 {
         bail!("--workers must be at least 1");
     }
-    Ok(chunk_spans(&chunk_sizes(seq_len, workers)?))
+    if schedule.chunks(workers) != workers {
+        bail!(
+            "training runs the balanced and unbalanced schedules; {schedule} gives each worker several chunks, which the model's one run of positions per worker does not cover yet"
+        );
+    }
+    Ok(chunk_spans(&chunk_sizes(seq_len, workers, schedule)?))
 }
 
 /// The gradients of the mean loss of one sequence, without an update: the check against other
@@ -254,7 +261,7 @@ pub fn gradients(
         bail!("gradients need at least 2 tokens (one input and its target)");
     }
     let seq = tokens.len() - 1;
-    let spans = spans_for(seq, workers)?;
+    let spans = spans_for(seq, workers, schedule)?;
     let w = to_weights(cfg, weights)?;
     let sample = Sample {
         tokens: tokens.to_vec(),
@@ -293,7 +300,7 @@ pub fn gradients(
 /// Trains as `o` says, calling `on_step` (from rank 0's thread) after every step. Returns the
 /// final host weights (`specs` order).
 pub fn train(o: &Options, on_step: impl Fn(&StepReport) + Sync) -> Result<Vec<Vec<f32>>> {
-    let spans = spans_for(o.seq_len, o.workers)?;
+    let spans = spans_for(o.seq_len, o.workers, o.schedule)?;
     if o.batch == 0 {
         bail!("--batch must be at least 1");
     }

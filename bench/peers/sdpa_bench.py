@@ -1,0 +1,81 @@
+"""Times PyTorch SDPA (FlashAttention-2 and cuDNN backends) on the shapes distflash's
+`cuda_attn bench` times: causal, batch 1, `--heads` heads, head dims and sequence lengths as
+given, bf16 by default. FLOPs are counted as in distflash (forward 4·N²·H·d/2, backward 2.5×).
+Prints one JSON object per (backend, head_dim, seq) line and optionally writes them to --json.
+
+    python3 bench/peers/sdpa_bench.py --seqs 4096,16384,65536 --head-dims 128,64 --json sdpa.jsonl
+"""
+import argparse
+import json
+import sys
+
+import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+import torch.nn.functional as F
+
+
+def time_ms(fn, reps):
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    times.sort()
+    return times[len(times) // 2]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seqs", default="4096,16384,65536")
+    ap.add_argument("--head-dims", default="128,64")
+    ap.add_argument("--heads", type=int, default=32)
+    ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float16
+    lines = []
+    for d in [int(x) for x in args.head_dims.split(",")]:
+        for n in [int(x) for x in args.seqs.split(",")]:
+            gen = torch.Generator(device="cuda").manual_seed(7)
+            shape = (1, args.heads, n, d)
+            q, k, v = [(torch.rand(shape, device="cuda", generator=gen, dtype=torch.float32) * 4 - 2)
+                       .to(dtype).requires_grad_() for _ in range(3)]
+            dout = (torch.rand(shape, device="cuda", generator=gen) * 2 - 1).to(dtype)
+            fwd_flops = 4 * n * n * args.heads * d / 2
+            for name, backend in [("sdpa_flash2", SDPBackend.FLASH_ATTENTION),
+                                  ("sdpa_cudnn", SDPBackend.CUDNN_ATTENTION)]:
+                try:
+                    with sdpa_kernel(backend):
+                        run = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)
+                        out = run()
+                        grad = lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
+                        grad()
+                        torch.cuda.synchronize()
+                        first = time_ms(run, 1)
+                        reps = max(3, min(30, int(1000 / max(first, 1e-3))))
+                        f_ms = time_ms(run, reps)
+                        b_ms = time_ms(grad, reps)
+                except RuntimeError as e:  # a backend that refuses a shape is reported, not fatal
+                    line = {"impl": name, "seq": n, "head_dim": d, "error": str(e).splitlines()[0]}
+                else:
+                    tf = lambda flops, ms: flops / (ms * 1e-3) / 1e12
+                    line = {"impl": name, "dtype": args.dtype, "seq": n, "heads": args.heads,
+                            "head_dim": d, "fwd_ms": round(f_ms, 4), "bwd_ms": round(b_ms, 4),
+                            "fwd_tflops": round(tf(fwd_flops, f_ms), 1),
+                            "bwd_tflops": round(tf(2.5 * fwd_flops, b_ms), 1),
+                            "fwdbwd_tflops": round(tf(3.5 * fwd_flops, f_ms + b_ms), 1),
+                            "reps": reps, "command": "python3 " + " ".join(sys.argv)}
+                print(json.dumps(line), flush=True)
+                lines.append(line)
+            del q, k, v, dout
+            torch.cuda.empty_cache()
+    if args.json:
+        with open(args.json, "w") as f:
+            f.write("".join(json.dumps(x) + "\n" for x in lines))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,186 @@
+//! Run-time compilation of the kernels in `kernels/` with NVRTC, cached on disk.
+//!
+//! The kernels are compiled for the device's own compute capability at first use, so one binary
+//! serves any GPU the NVRTC on the machine knows. Compiling takes seconds; the PTX is therefore
+//! kept under the user's cache directory, keyed by everything that changes the output: the source
+//! (including the `#define`s that select head dim and dtype), the options, the architecture and
+//! the NVRTC version.
+
+use super::launch::Tuning;
+use anyhow::{Context, Result, bail};
+use cudarc::nvrtc::{CompileError, CompileOptions, Ptx};
+use std::path::{Path, PathBuf};
+
+const COMMON: &str = include_str!("../../../kernels/common.cuh");
+const FORWARD: &str = include_str!("../../../kernels/forward.cu");
+const BACKWARD: &str = include_str!("../../../kernels/backward.cu");
+const ROWS: &str = include_str!("../../../kernels/rows.cu");
+
+/// The full translation unit for one kernel variant: the selecting `#define`s, then the sources.
+pub(crate) fn kernel_source(head_dim: usize, bf16: bool, tuning: &Tuning) -> String {
+    let dtype = if bf16 { "DTYPE_BF16" } else { "DTYPE_F16" };
+    format!(
+        "#define HEAD_DIM {head_dim}\n#define {dtype}\n{}{COMMON}\n{FORWARD}\n{BACKWARD}\n{ROWS}",
+        tuning.defines()
+    )
+}
+
+/// NVRTC options for compute capability `major.minor`; PTX for `compute_XY`, which the driver
+/// turns into the device's machine code when the module loads.
+pub(crate) fn compile_options(major: i32, minor: i32) -> Vec<String> {
+    vec![
+        format!("--gpu-architecture=compute_{major}{minor}"),
+        "--use_fast_math".into(),
+        "--std=c++17".into(),
+    ]
+}
+
+/// Cache key: FNV-1a (64-bit) over every input of the compilation, with lengths in between so
+/// that moving text from one field to the next changes the key. FNV is fixed forever, unlike
+/// `std`'s hasher, so the key is stable across Rust releases.
+pub(crate) fn cache_key(source: &str, options: &[String], nvrtc_version: (i32, i32)) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut eat = |bytes: &[u8]| {
+        for &b in (bytes.len() as u64).to_le_bytes().iter().chain(bytes) {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    };
+    eat(source.as_bytes());
+    for o in options {
+        eat(o.as_bytes());
+    }
+    eat(format!("nvrtc {}.{}", nvrtc_version.0, nvrtc_version.1).as_bytes());
+    format!("{h:016x}")
+}
+
+/// Where compiled kernels are kept: `$DISTFLASH_CACHE_DIR`, else `$XDG_CACHE_HOME/distflash`,
+/// else `~/.cache/distflash`; `None` when none of these can be formed (then nothing is cached).
+pub(crate) fn cache_dir(
+    explicit: Option<&str>,
+    xdg: Option<&str>,
+    home: Option<&str>,
+) -> Option<PathBuf> {
+    let nonempty = |s: Option<&str>| s.filter(|s| !s.is_empty()).map(PathBuf::from);
+    nonempty(explicit)
+        .or_else(|| nonempty(xdg).map(|p| p.join("distflash")))
+        .or_else(|| nonempty(home).map(|p| p.join(".cache").join("distflash")))
+}
+
+fn default_cache_dir() -> Option<PathBuf> {
+    let var = |k: &str| std::env::var(k).ok();
+    cache_dir(
+        var("DISTFLASH_CACHE_DIR").as_deref(),
+        var("XDG_CACHE_HOME").as_deref(),
+        var("HOME").as_deref(),
+    )
+}
+
+fn nvrtc_version() -> Result<(i32, i32)> {
+    let (mut major, mut minor) = (0, 0);
+    // SAFETY: NVRTC's presence was checked by the caller; the two out-pointers are valid locals.
+    let status = unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut major, &mut minor) };
+    if status != cudarc::nvrtc::sys::nvrtcResult::NVRTC_SUCCESS {
+        bail!("NVRTC did not report its version ({status:?})");
+    }
+    Ok((major, minor))
+}
+
+/// Compiles `source` to PTX for `major.minor`, or reads it from the disk cache. A compile error
+/// carries NVRTC's log. Failing to write the cache is not an error (the PTX is still returned).
+pub(crate) fn compile_cached(source: &str, major: i32, minor: i32) -> Result<Ptx> {
+    // SAFETY: only probes whether the shared library can be opened.
+    if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+        bail!(
+            "the NVRTC library (libnvrtc) was not found: the CUDA backend compiles its kernels at run time and needs it"
+        );
+    }
+    let options = compile_options(major, minor);
+    let key = cache_key(source, &options, nvrtc_version()?);
+    let path = default_cache_dir().map(|d| d.join(format!("attn-sm{major}{minor}-{key}.ptx")));
+    if let Some(text) = path
+        .as_deref()
+        .and_then(|p| std::fs::read_to_string(p).ok())
+    {
+        return Ok(Ptx::from_src(text));
+    }
+    let ptx = compile(source, options)?;
+    if let Some(path) = &path {
+        // Best effort: a read-only home directory only costs a recompile next time.
+        let _ = store(path, &ptx.to_src());
+    }
+    Ok(ptx)
+}
+
+fn compile(source: &str, options: Vec<String>) -> Result<Ptx> {
+    let opts = CompileOptions {
+        options,
+        name: Some("distflash_attn.cu".into()),
+        ..Default::default()
+    };
+    cudarc::nvrtc::compile_ptx_with_opts(source, opts).map_err(|e| match e {
+        CompileError::CompileError {
+            nvrtc,
+            options,
+            log,
+        } => anyhow::anyhow!(
+            "NVRTC could not compile the attention kernels ({nvrtc:?}, options {options:?}):\n{}",
+            log.to_string_lossy()
+        ),
+        other => anyhow::anyhow!("NVRTC failed: {other:?}"),
+    })
+}
+
+/// Writes atomically (temporary file, then rename) so a concurrent reader never sees half a file.
+fn store(path: &Path, text: &str) -> Result<()> {
+    let dir = path.parent().context("cache path has no parent")?;
+    std::fs::create_dir_all(dir)?;
+    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    std::fs::write(&tmp, text)?;
+    std::fs::rename(&tmp, path)?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn key_changes_with_every_input() {
+        let opts = compile_options(9, 0);
+        let base = cache_key("src", &opts, (13, 0));
+        assert_eq!(base, cache_key("src", &opts, (13, 0)), "deterministic");
+        assert_ne!(base, cache_key("src2", &opts, (13, 0)));
+        assert_ne!(base, cache_key("src", &compile_options(8, 0), (13, 0)));
+        assert_ne!(base, cache_key("src", &opts, (13, 1)));
+        // Field boundaries matter: "ab"+"c" differs from "a"+"bc".
+        assert_ne!(
+            cache_key("ab", &["c".into()], (1, 0)),
+            cache_key("a", &["bc".into()], (1, 0))
+        );
+        assert_eq!(base.len(), 16);
+    }
+
+    #[test]
+    fn cache_dir_precedence() {
+        let p = |s: &str| Some(PathBuf::from(s));
+        assert_eq!(cache_dir(Some("/x"), Some("/y"), Some("/h")), p("/x"));
+        assert_eq!(cache_dir(None, Some("/y"), Some("/h")), p("/y/distflash"));
+        assert_eq!(
+            cache_dir(Some(""), Some(""), Some("/h")),
+            p("/h/.cache/distflash")
+        );
+        assert_eq!(cache_dir(None, None, None), None);
+    }
+
+    #[test]
+    fn source_selects_variant() {
+        let t = Tuning::for_head_dim(128);
+        let s = kernel_source(128, true, &t);
+        assert!(s.starts_with("#define HEAD_DIM 128\n#define DTYPE_BF16\n#define FWD_WARPS 8\n"));
+        assert!(s.contains("#define BWD_WARPS 8\n"));
+        assert!(kernel_source(64, false, &t).contains("#define DTYPE_F16"));
+        assert!(s.contains("fwd_final") && s.contains("bwd_block") && s.contains("merge_rows"));
+        assert!(compile_options(9, 0)[0].ends_with("compute_90"));
+    }
+}

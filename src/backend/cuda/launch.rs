@@ -1,0 +1,247 @@
+//! Launch shapes of the kernels, as plain arithmetic so it is tested without a GPU. The tile
+//! sizes mirror the `#define`s in `kernels/forward.cu` and `kernels/backward.cu`; a change there
+//! must change these too (the shared-memory sizes would be wrong otherwise).
+
+use crate::attn::Dims;
+use anyhow::{Result, bail};
+use cudarc::driver::LaunchConfig;
+
+/// Key rows per forward pipeline stage (`FWD_BKV`).
+const FWD_BKV: usize = 64;
+/// Query rows per backward inner step (`BWD_BQ`).
+const BWD_BQ: usize = 64;
+/// Rows per block of the row-wise helper kernels (one warp per row).
+const ROWS_PER_BLOCK: usize = 8;
+/// CUDA's limit on `gridDim.y`.
+const MAX_GRID_Y: usize = 65_535;
+
+/// Head dims the kernels are instantiated for.
+pub(crate) const HEAD_DIMS: [usize; 2] = [64, 128];
+
+/// Compile-time shape choices of the kernels (they become `#define`s). Each trades registers
+/// against reuse of shared-memory fragments; [`Tuning::for_head_dim`] is the fastest measured on
+/// an H200 (see `bench/kernel-notes.md`), the others stay selectable for re-tuning elsewhere.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Tuning {
+    /// Warps per forward CTA (4, 8 or 12).
+    pub fwd_warps: usize,
+    /// m16 row tiles per forward warp (1 or 2): more rows reuse each K/V fragment more.
+    pub fwd_mtiles: usize,
+    /// Keep Q's fragments in registers (true) or re-read them from shared memory per tile.
+    pub fwd_q_in_registers: bool,
+    /// Warps per backward CTA (4 or 8), each owning 16 key rows.
+    pub bwd_warps: usize,
+}
+
+impl Tuning {
+    /// The measured best for a head dim: 8 forward warps of 32 rows each (two m16 tiles reuse
+    /// every K/V fragment twice); at head dim 128 Q is re-read from shared memory to free the
+    /// registers this needs, at 64 it fits in registers. 8 backward warps (128-key tiles).
+    pub fn for_head_dim(head_dim: usize) -> Tuning {
+        Tuning {
+            fwd_warps: 8,
+            fwd_mtiles: 2,
+            fwd_q_in_registers: head_dim <= 64,
+            bwd_warps: 8,
+        }
+    }
+
+    /// Rejects combinations the kernels were not written for.
+    pub fn validate(&self) -> Result<()> {
+        if ![4, 8, 12].contains(&self.fwd_warps) {
+            bail!("forward warps must be 4, 8 or 12, not {}", self.fwd_warps);
+        }
+        if ![1, 2].contains(&self.fwd_mtiles) {
+            bail!(
+                "forward row tiles per warp must be 1 or 2, not {}",
+                self.fwd_mtiles
+            );
+        }
+        if ![4, 8].contains(&self.bwd_warps) {
+            bail!("backward warps must be 4 or 8, not {}", self.bwd_warps);
+        }
+        Ok(())
+    }
+
+    /// Query rows per forward CTA.
+    pub fn fwd_rows(&self) -> usize {
+        16 * self.fwd_warps * self.fwd_mtiles
+    }
+
+    /// The `#define` lines that select this variant in the kernel sources.
+    pub(crate) fn defines(&self) -> String {
+        format!(
+            "#define FWD_WARPS {}\n#define FWD_MT {}\n#define FWD_QREG {}\n#define BWD_WARPS {}\n",
+            self.fwd_warps, self.fwd_mtiles, self.fwd_q_in_registers as u8, self.bwd_warps
+        )
+    }
+}
+
+/// Rejects shapes the kernels were not built for, in one sentence.
+pub(crate) fn check_dims(dims: &Dims) -> Result<()> {
+    dims.validate()?;
+    if !HEAD_DIMS.contains(&dims.head_dim) {
+        bail!(
+            "the CUDA backend supports head dim 64 or 128, not {}; use --device cpu for other sizes",
+            dims.head_dim
+        );
+    }
+    Ok(())
+}
+
+fn grid_x(dims: &Dims) -> Result<u32> {
+    u32::try_from(dims.batch * dims.heads)
+        .map_err(|_| anyhow::anyhow!("batch × heads is too large for one launch"))
+}
+
+fn tiles(rows: usize, tile: usize, what: &str) -> Result<u32> {
+    let n = rows.div_ceil(tile);
+    if n > MAX_GRID_Y {
+        bail!(
+            "{rows} {what} rows need {n} tiles, more than CUDA's grid limit of {MAX_GRID_Y}: split the sequence into chunks"
+        );
+    }
+    Ok(n as u32)
+}
+
+/// Dynamic shared memory of the forward kernel: the Q tile and two stages of K and V.
+pub(crate) fn forward_smem(head_dim: usize, tuning: &Tuning) -> u32 {
+    ((tuning.fwd_rows() + 4 * FWD_BKV) * head_dim * 2) as u32
+}
+
+/// Forward: one CTA per (batch·head, query tile).
+pub(crate) fn forward_config(dims: &Dims, q_rows: usize, tuning: &Tuning) -> Result<LaunchConfig> {
+    Ok(LaunchConfig {
+        grid_dim: (grid_x(dims)?, tiles(q_rows, tuning.fwd_rows(), "query")?, 1),
+        block_dim: (32 * tuning.fwd_warps as u32, 1, 1),
+        shared_mem_bytes: forward_smem(dims.head_dim, tuning),
+    })
+}
+
+/// Dynamic shared memory of the backward kernel: the K and V tiles, two stages of Q, dO, LSE
+/// and D, and the dSᵀ tile (16-bit).
+pub(crate) fn backward_smem(head_dim: usize, warps: usize) -> u32 {
+    let bkv = 16 * warps;
+    (2 * bkv * head_dim * 2 + 4 * BWD_BQ * head_dim * 2 + 4 * BWD_BQ * 4 + bkv * BWD_BQ * 2) as u32
+}
+
+/// Backward: one CTA per (batch·query head, key tile of 16·warps rows).
+pub(crate) fn backward_config(dims: &Dims, kv_rows: usize, warps: usize) -> Result<LaunchConfig> {
+    Ok(LaunchConfig {
+        grid_dim: (grid_x(dims)?, tiles(kv_rows, 16 * warps, "key")?, 1),
+        block_dim: (32 * warps as u32, 1, 1),
+        shared_mem_bytes: backward_smem(dims.head_dim, warps),
+    })
+}
+
+/// Row-wise helpers: one warp per row.
+pub(crate) fn rows_config(rows: usize) -> Result<LaunchConfig> {
+    let blocks = u32::try_from(rows.div_ceil(ROWS_PER_BLOCK).max(1))
+        .map_err(|_| anyhow::anyhow!("{rows} rows are too many for one launch"))?;
+    Ok(LaunchConfig {
+        grid_dim: (blocks, 1, 1),
+        block_dim: (32 * ROWS_PER_BLOCK as u32, 1, 1),
+        shared_mem_bytes: 0,
+    })
+}
+
+/// Elementwise helpers: grid-stride loops, so a bounded grid covers any length.
+pub(crate) fn elementwise_config(len: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (len.div_ceil(256).clamp(1, 65_536) as u32, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dims(head_dim: usize) -> Dims {
+        Dims {
+            batch: 2,
+            heads: 32,
+            kv_heads: 8,
+            head_dim,
+        }
+    }
+
+    #[test]
+    fn forward_grid_covers_uneven_rows() {
+        let t = Tuning::for_head_dim(128);
+        let c = forward_config(&dims(128), 1000, &t).unwrap();
+        assert_eq!(c.grid_dim, (64, 4, 1)); // 1000 rows → 4 tiles of 256 (last partial)
+        assert_eq!(c.block_dim, (256, 1, 1));
+        assert_eq!(c.shared_mem_bytes, 128 * 1024);
+        assert_eq!(forward_smem(64, &t), 64 * 1024);
+        let wide = Tuning {
+            fwd_warps: 4,
+            fwd_mtiles: 2,
+            ..t
+        };
+        assert_eq!(
+            forward_config(&dims(64), 1000, &wide).unwrap().block_dim.0,
+            128
+        );
+        // The largest variant still fits the 227 KiB per-block limit.
+        let big = Tuning {
+            fwd_warps: 12,
+            fwd_mtiles: 2,
+            ..t
+        };
+        assert!(forward_smem(128, &big) <= 227 * 1024);
+    }
+
+    #[test]
+    fn tuning_validation_and_defines() {
+        let t = Tuning::for_head_dim(128);
+        assert!(t.validate().is_ok());
+        assert!(t.defines().contains("#define FWD_QREG 0\n"));
+        assert!(
+            Tuning::for_head_dim(64)
+                .defines()
+                .contains("#define FWD_QREG 1\n")
+        );
+        let bad = Tuning { bwd_warps: 6, ..t };
+        assert!(
+            bad.validate()
+                .unwrap_err()
+                .to_string()
+                .contains("backward warps")
+        );
+        assert!(Tuning { fwd_mtiles: 3, ..t }.validate().is_err());
+    }
+
+    #[test]
+    fn backward_fits_in_shared_memory() {
+        // 227 KiB is the per-block limit on sm_90; 4 warps must leave room for two CTAs.
+        assert!(backward_smem(128, 8) <= 227 * 1024);
+        assert!(2 * backward_smem(128, 4) <= 227 * 1024);
+        let c = backward_config(&dims(128), 129, 4).unwrap();
+        assert_eq!(c.grid_dim, (64, 3, 1)); // 64-key tiles
+        assert_eq!(c.block_dim, (128, 1, 1));
+        assert_eq!(backward_config(&dims(64), 129, 8).unwrap().grid_dim.1, 2);
+    }
+
+    #[test]
+    fn rejects_unsupported_shapes() {
+        let err = check_dims(&dims(96)).unwrap_err().to_string();
+        assert!(err.contains("head dim 64 or 128"), "{err}");
+        let mut d = dims(128);
+        d.kv_heads = 5;
+        assert!(check_dims(&d).is_err());
+        assert!(check_dims(&dims(64)).is_ok());
+        let err = forward_config(&dims(128), 256 * 70_000, &Tuning::for_head_dim(128))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("grid limit"), "{err}");
+    }
+
+    #[test]
+    fn helper_grids() {
+        assert_eq!(rows_config(17).unwrap().grid_dim.0, 3);
+        assert_eq!(rows_config(0).unwrap().grid_dim.0, 1);
+        assert_eq!(elementwise_config(1 << 30).grid_dim.0, 65_536);
+    }
+}

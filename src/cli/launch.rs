@@ -1,0 +1,98 @@
+//! `distflash launch`: start one process per worker on this node with the variables torchrun
+//! sets, watch them, and end the job as soon as one fails.
+
+use anyhow::{Result, bail};
+use std::net::TcpListener;
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Processes to start on this node (one per GPU or CPU worker).
+    #[arg(long)]
+    nproc_per_node: usize,
+    /// Rank 0's address, which every process connects to.
+    #[arg(long, default_value = "127.0.0.1")]
+    master_addr: String,
+    /// Rank 0's port; by default a free one is picked.
+    #[arg(long)]
+    master_port: Option<u16>,
+    /// Seconds the others get to stop by themselves after one process fails, before being killed.
+    #[arg(long, default_value_t = 5)]
+    grace_secs: u64,
+    /// The distflash command each process runs, after `--`.
+    #[arg(last = true, required = true)]
+    command: Vec<String>,
+}
+
+/// A port nobody listens on now (the OS picks it); rank 0 binds it moments later.
+fn free_port(addr: &str) -> Result<u16> {
+    Ok(TcpListener::bind((addr, 0))?.local_addr()?.port())
+}
+
+pub fn run(args: Args) -> Result<()> {
+    if args.nproc_per_node == 0 {
+        bail!("--nproc-per-node must be at least 1");
+    }
+    let port = match args.master_port {
+        Some(p) => p,
+        None => free_port(&args.master_addr)?,
+    };
+    let exe = std::env::current_exe()?;
+    let mut children: Vec<Option<Child>> = Vec::new();
+    for rank in 0..args.nproc_per_node {
+        let child = Command::new(&exe)
+            .args(&args.command)
+            .env("RANK", rank.to_string())
+            .env("LOCAL_RANK", rank.to_string())
+            .env("WORLD_SIZE", args.nproc_per_node.to_string())
+            .env("LOCAL_WORLD_SIZE", args.nproc_per_node.to_string())
+            .env("MASTER_ADDR", &args.master_addr)
+            .env("MASTER_PORT", port.to_string())
+            .spawn();
+        match child {
+            Ok(c) => children.push(Some(c)),
+            Err(e) => {
+                kill_all(&mut children);
+                bail!("could not start rank {rank}: {e}");
+            }
+        }
+    }
+    watch(children, Duration::from_secs(args.grace_secs))
+}
+
+/// Waits for every child. The first failure starts the grace period; whoever is still running
+/// after it is killed, and the launcher reports the first failed rank.
+fn watch(mut children: Vec<Option<Child>>, grace: Duration) -> Result<()> {
+    let mut failed: Option<(usize, String)> = None;
+    let mut deadline: Option<Instant> = None;
+    while children.iter().any(Option::is_some) {
+        for (rank, slot) in children.iter_mut().enumerate() {
+            let Some(child) = slot else { continue };
+            if let Some(status) = child.try_wait()? {
+                *slot = None;
+                if !status.success() && failed.is_none() {
+                    failed = Some((rank, status.to_string()));
+                    deadline = Some(Instant::now() + grace);
+                }
+            }
+        }
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            kill_all(&mut children);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    match failed {
+        Some((rank, status)) => bail!("rank {rank} failed ({status}); the job was stopped"),
+        None => Ok(()),
+    }
+}
+
+fn kill_all(children: &mut [Option<Child>]) {
+    for child in children.iter_mut().flatten() {
+        // Already-exited children make kill fail; either way we reap it.
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    children.iter_mut().for_each(|c| *c = None);
+}

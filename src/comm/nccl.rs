@@ -1,0 +1,262 @@
+//! NCCL between GPU ranks, one process per GPU. NCCL pairs sends with receives by the order in
+//! which ranks post them, not by tag, and needs receive buffers up front: `exec` posts each
+//! step's transfers as one group on every rank in the same order, and describes every receive
+//! (`plan::volume::parts`), which is exactly what this communicator needs.
+//!
+//! Streams: transfers run on a communication stream of their own. A posted group first waits
+//! for the compute stream's work so far (the data it sends), and `wait` makes the compute
+//! stream wait for the group, so the next step's fetches travel while the current step
+//! computes. 16-bit tensors travel as bytes.
+
+use super::{Communicator, Incoming, Outgoing, Posted, Tag, Wire};
+use crate::backend::cuda::{CudaBackend, InputDtype, Tensor};
+use crate::plan::volume::Precision;
+use anyhow::{Result, anyhow, bail};
+use cudarc::driver::{CudaEvent, CudaStream};
+use cudarc::nccl::{Comm, Id, ReduceOp, result as nccl};
+use std::sync::Arc;
+
+/// A posted group: its receive buffers and the event that marks its end on the comm stream.
+struct InFlight {
+    ticket: u64,
+    buffers: Vec<Vec<Tensor>>,
+    done: CudaEvent,
+}
+
+/// One GPU rank's NCCL endpoint.
+pub struct NcclComm {
+    comm: Comm,
+    compute: Arc<CudaStream>,
+    dtype: InputDtype,
+    bytes_sent: u64,
+    in_flight: Vec<InFlight>,
+    next_ticket: u64,
+}
+
+fn nccl_err(what: &str) -> impl Fn(nccl::NcclError) -> anyhow::Error + '_ {
+    move |e| anyhow!("NCCL {what} failed: {:?}", e.0)
+}
+
+fn cuda_err(what: &str) -> impl Fn(cudarc::driver::DriverError) -> anyhow::Error + '_ {
+    move |e| anyhow!("CUDA {what} failed: {e:?}")
+}
+
+/// A fresh NCCL unique id (on rank 0), as the bytes the rendezvous hands to every rank.
+pub fn new_id() -> Result<Vec<u8>> {
+    let id = Id::new().map_err(nccl_err("unique id creation"))?;
+    Ok(id.internal().iter().map(|&c| c as u8).collect())
+}
+
+impl NcclComm {
+    /// Joins the NCCL communicator of `world` ranks named by `id` (from `new_id` on rank 0),
+    /// for the GPU of `backend`.
+    pub fn connect(backend: &CudaBackend, rank: usize, world: usize, id: &[u8]) -> Result<Self> {
+        let bytes: [u8; 128] = id.try_into().map_err(|_| {
+            anyhow!(
+                "the NCCL id from rank 0 has {} bytes instead of 128",
+                id.len()
+            )
+        })?;
+        let id = Id::uninit(bytes.map(|b| b as std::ffi::c_char));
+        let compute = backend.stream().clone();
+        let stream = compute
+            .context()
+            .new_stream()
+            .map_err(cuda_err("stream creation"))?;
+        let comm = Comm::from_rank(stream, rank, world, id).map_err(nccl_err("initialisation"))?;
+        Ok(NcclComm {
+            comm,
+            compute,
+            dtype: backend.dtype(),
+            bytes_sent: 0,
+            in_flight: Vec::new(),
+            next_ticket: 1,
+        })
+    }
+
+    fn alloc(&self, len: usize, precision: Precision) -> Result<Tensor> {
+        let stream = self.comm.stream();
+        let err = cuda_err("allocation of a receive buffer");
+        Ok(match precision {
+            Precision::Input => Tensor::Half {
+                dtype: self.dtype,
+                // SAFETY: NCCL overwrites every element before anyone reads the buffer.
+                data: unsafe { stream.alloc::<u16>(len) }.map_err(err)?,
+            },
+            // SAFETY: as above.
+            Precision::F32 => Tensor::F32(unsafe { stream.alloc::<f32>(len) }.map_err(err)?),
+        })
+    }
+
+    /// Enqueues the sends and receives of one group between group start and end.
+    fn enqueue(
+        &self,
+        sends: &[Outgoing<'_, Tensor>],
+        recvs: &[Incoming],
+        buffers: &mut [Vec<Tensor>],
+    ) -> Result<()> {
+        for s in sends {
+            for part in &s.parts {
+                send(&self.comm, part, s.to)?;
+            }
+        }
+        for (r, bufs) in recvs.iter().zip(buffers.iter_mut()) {
+            for buf in bufs.iter_mut() {
+                recv(&self.comm, buf, r.from)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+fn peer(rank: usize) -> Result<i32> {
+    i32::try_from(rank).map_err(|_| anyhow!("rank {rank} does not fit NCCL's 32-bit ranks"))
+}
+
+/// Sends a tensor's bytes to `to`.
+fn send(comm: &Comm, t: &Tensor, to: usize) -> Result<()> {
+    let err = nccl_err("send");
+    let bytes = t.wire_bytes();
+    match t {
+        Tensor::F32(data) => comm.send(data, peer(to)?).map_err(err),
+        Tensor::Half { data, .. } => {
+            // SAFETY: a u16 slice viewed as its bytes: same allocation, twice the count, u8 has
+            // no invalid bit patterns, and NCCL only reads it.
+            let view = unsafe { data.transmute::<u8>(bytes) }
+                .ok_or_else(|| anyhow!("a tensor of {bytes} bytes could not be viewed as bytes"))?;
+            comm.send(&view, peer(to)?).map_err(err)
+        }
+    }
+}
+
+/// Receives into a tensor's bytes from `from`.
+fn recv(comm: &Comm, t: &mut Tensor, from: usize) -> Result<()> {
+    let err = nccl_err("receive");
+    let bytes = t.wire_bytes();
+    match t {
+        Tensor::F32(data) => comm.recv(data, peer(from)?).map(|_| ()).map_err(err),
+        Tensor::Half { data, .. } => {
+            // SAFETY: as in `send`; any bytes NCCL writes are valid u16 values.
+            let mut view = unsafe { data.transmute_mut::<u8>(bytes) }
+                .ok_or_else(|| anyhow!("a tensor of {bytes} bytes could not be viewed as bytes"))?;
+            comm.recv(&mut view, peer(from)?).map(|_| ()).map_err(err)
+        }
+    }
+}
+
+impl Communicator<Tensor> for NcclComm {
+    fn rank(&self) -> usize {
+        self.comm.rank()
+    }
+
+    fn world(&self) -> usize {
+        self.comm.world_size()
+    }
+
+    fn send(&mut self, to: usize, tag: Tag, parts: &[&Tensor]) -> Result<()> {
+        let posted = self.post(
+            &[Outgoing {
+                to,
+                tag,
+                parts: parts.to_vec(),
+            }],
+            Vec::new(),
+        )?;
+        self.wait(posted).map(|_| ())
+    }
+
+    fn recv(&mut self, from: usize, _tag: Tag) -> Result<Vec<Tensor>> {
+        bail!(
+            "an NCCL receive from worker {from} needs its tensor sizes: post it with its parts and wait"
+        )
+    }
+
+    fn post(&mut self, sends: &[Outgoing<'_, Tensor>], recvs: Vec<Incoming>) -> Result<Posted> {
+        let stream = self.comm.stream();
+        let ready = self
+            .compute
+            .record_event(None)
+            .map_err(cuda_err("event record"))?;
+        stream.wait(&ready).map_err(cuda_err("stream wait"))?;
+        let mut buffers = recvs
+            .iter()
+            .map(|r| {
+                r.parts
+                    .iter()
+                    .map(|p| self.alloc(p.len, p.precision))
+                    .collect()
+            })
+            .collect::<Result<Vec<Vec<Tensor>>>>()?;
+        nccl::group_start().map_err(nccl_err("group start"))?;
+        let enqueued = self.enqueue(sends, &recvs, &mut buffers);
+        let ended = nccl::group_end().map_err(nccl_err("group end"));
+        enqueued?;
+        ended?;
+        self.bytes_sent += sends
+            .iter()
+            .flat_map(|s| &s.parts)
+            .map(|p| p.wire_bytes() as u64)
+            .sum::<u64>();
+        let done = stream
+            .record_event(None)
+            .map_err(cuda_err("event record"))?;
+        let ticket = self.next_ticket;
+        self.next_ticket += 1;
+        self.in_flight.push(InFlight {
+            ticket,
+            buffers,
+            done,
+        });
+        Ok(Posted { recvs, ticket })
+    }
+
+    fn wait(&mut self, posted: Posted) -> Result<Vec<Vec<Tensor>>> {
+        let i = self
+            .in_flight
+            .iter()
+            .position(|f| f.ticket == posted.ticket)
+            .ok_or_else(|| anyhow!("no NCCL group {} is in flight", posted.ticket))?;
+        let flight = self.in_flight.swap_remove(i);
+        self.compute
+            .wait(&flight.done)
+            .map_err(cuda_err("stream wait"))?;
+        Ok(flight.buffers)
+    }
+
+    fn all_reduce_sum(&mut self, buf: &mut Tensor) -> Result<()> {
+        let Tensor::F32(data) = buf else {
+            bail!("NCCL all-reduce sums f32 tensors, not 16-bit inputs");
+        };
+        let stream = self.comm.stream();
+        let ready = self
+            .compute
+            .record_event(None)
+            .map_err(cuda_err("event record"))?;
+        stream.wait(&ready).map_err(cuda_err("stream wait"))?;
+        self.comm
+            .all_reduce_in_place(data, &ReduceOp::Sum)
+            .map_err(nccl_err("all-reduce"))?;
+        let done = stream
+            .record_event(None)
+            .map_err(cuda_err("event record"))?;
+        self.compute.wait(&done).map_err(cuda_err("stream wait"))
+    }
+
+    fn barrier(&mut self) -> Result<()> {
+        let stream = self.comm.stream();
+        let mut one = stream
+            .alloc_zeros::<f32>(1)
+            .map_err(cuda_err("allocation"))?;
+        self.comm
+            .all_reduce_in_place(&mut one, &ReduceOp::Sum)
+            .map_err(nccl_err("barrier"))?;
+        stream.synchronize().map_err(cuda_err("barrier"))
+    }
+
+    /// NCCL cannot tell the other ranks; the host mesh beside it (or the launcher) does.
+    fn abort(&mut self, _reason: &str) {}
+
+    fn bytes_sent(&self) -> u64 {
+        self.bytes_sent
+    }
+}
