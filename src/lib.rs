@@ -10,6 +10,8 @@ pub mod bench;
 pub mod comm;
 pub mod exec;
 pub mod inputs;
+pub mod model;
 pub mod plan;
 pub mod sim;
 pub mod tensor_file;
+pub mod train;

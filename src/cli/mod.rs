@@ -2,9 +2,11 @@
 
 mod attention;
 mod bench;
+mod grads;
 mod launch;
 mod plan;
 mod simulate;
+mod train;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -34,6 +36,12 @@ enum Command {
     /// Measure this machine's rates.
     #[command(subcommand)]
     Bench(bench::Target),
+    /// Train a LLaMA-family model whose attention is distflash (default: the tiny preset on the
+    /// synthetic long-range recall task, 4 CPU workers).
+    Train(train::Args),
+    /// Loss and every parameter gradient of one token sequence, as safetensors (for parity
+    /// checks against other implementations).
+    Grads(grads::Args),
 }
 
 pub fn run(cli: Cli) -> Result<()> {
@@ -43,6 +51,8 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Launch(args) => launch::run(args),
         Command::Simulate(args) => simulate::run(args),
         Command::Bench(target) => bench::run(target),
+        Command::Train(args) => train::run(args),
+        Command::Grads(args) => grads::run(args),
     }
 }
 

@@ -1,0 +1,139 @@
+#!/usr/bin/env python3
+"""Hugging Face parity: our loss and every parameter gradient against transformers' own.
+
+Builds a small random LlamaForCausalLM (GQA, untied embeddings, rope theta 500000, norm gains
+away from 1), saves it (config.json + model.safetensors, float32), computes the mean
+next-token cross-entropy of one random sequence and all parameter gradients in float64 with
+transformers, then runs `distflash grads --init-from DIR` on the same tokens (several worker
+counts and checkpoint policies) and reports, per tensor, max |ours - theirs| / max |theirs|.
+
+    python3 bench/peers/hf_parity.py --bin target/release/distflash --out OUTDIR
+
+Needs torch, transformers and safetensors (run on the CPU; no GPU used).
+"""
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+import transformers
+from safetensors.torch import load_file
+from transformers import LlamaConfig, LlamaForCausalLM
+
+TOLERANCE = 1e-4  # f32 results against a float64 reference
+
+
+def build(out: Path, seed: int):
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=96,
+        hidden_size=64,
+        intermediate_size=112,
+        num_hidden_layers=2,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        head_dim=8,
+        rms_norm_eps=1e-5,
+        rope_theta=500000.0,
+        tie_word_embeddings=False,
+        attention_bias=False,
+        mlp_bias=False,
+        initializer_range=0.1,
+        max_position_embeddings=4096,
+    )
+    config._attn_implementation = "eager"
+    model = LlamaForCausalLM(config).to(torch.float32)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 1:  # norm gains: away from 1 so their gradients matter
+                p.copy_(1.0 + 0.2 * torch.randn_like(p))
+    model.save_pretrained(out, safe_serialization=True)
+    theta = 1.0 / model.model.rotary_emb.inv_freq[1].item() ** (config.head_dim / 2)
+    assert abs(theta - 500000.0) / 500000.0 < 1e-3, f"rope theta not applied: {theta}"
+    return model.to(torch.float64), config
+
+
+def reference(model, tokens):
+    model.zero_grad()
+    logits = model(input_ids=tokens[None, :-1]).logits[0]
+    loss = torch.nn.functional.cross_entropy(logits, tokens[1:])
+    loss.backward()
+    grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
+    return loss.item(), grads
+
+
+def ours(binary, model_dir, tokens_file, out_file, workers, checkpoint):
+    cmd = [binary, "grads", "--init-from", str(model_dir), "--tokens", str(tokens_file),
+           "--out", str(out_file), "--workers", str(workers), "--checkpoint", checkpoint]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        sys.exit(f"{' '.join(cmd)} failed: {done.stderr.strip()}")
+    return json.loads(done.stdout), load_file(out_file)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bin", required=True, help="the distflash binary")
+    ap.add_argument("--out", required=True, help="directory for the model, tokens and report")
+    ap.add_argument("--seq-len", type=int, default=64)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    out = Path(args.out)
+    model_dir = out / "hf-model"
+    model_dir.mkdir(parents=True, exist_ok=True)
+    model, config = build(model_dir, args.seed)
+    g = torch.Generator().manual_seed(args.seed + 1)
+    tokens = torch.randint(0, config.vocab_size, (args.seq_len + 1,), generator=g)
+    tokens_file = out / "tokens.json"
+    tokens_file.write_text(json.dumps(tokens.tolist()))
+    loss_ref, grads_ref = reference(model, tokens)
+
+    runs = []
+    for workers, checkpoint in [(1, "remat"), (4, "remat"), (4, "layer"), (3, "none")]:
+        report, grads = ours(args.bin, model_dir, tokens_file, out / "grads.safetensors",
+                             workers, checkpoint)
+        missing = sorted(set(grads_ref) - set(grads))
+        if missing:
+            sys.exit(f"distflash returned no gradient for {missing}")
+        errors = {}
+        for name, ref in grads_ref.items():
+            diff = (grads[name].double() - ref).abs().max().item()
+            errors[name] = diff / max(ref.abs().max().item(), 1e-300)
+        loss_err = abs(report["loss"] - loss_ref) / abs(loss_ref)
+        worst = max(errors, key=errors.get)
+        runs.append({
+            "workers": workers,
+            "checkpoint": checkpoint,
+            "loss": report["loss"],
+            "loss_relative_error": loss_err,
+            "max_gradient_relative_error": errors[worst],
+            "worst_tensor": worst,
+            "gradient_relative_error": errors,
+            "passed": loss_err <= TOLERANCE and errors[worst] <= TOLERANCE,
+        })
+        print(f"workers {workers} checkpoint {checkpoint}: loss {report['loss']:.8f} vs "
+              f"{loss_ref:.8f} (rel {loss_err:.2e}), worst gradient rel error "
+              f"{errors[worst]:.2e} ({worst})")
+    result = {
+        "what": "distflash grads vs transformers LlamaForCausalLM (float64 reference)",
+        "transformers": transformers.__version__,
+        "torch": torch.__version__,
+        "config": {k: getattr(config, k, None) for k in [
+            "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+            "num_attention_heads", "num_key_value_heads", "head_dim", "rms_norm_eps",
+            "tie_word_embeddings"]} | {"rope_theta": 500000.0},
+        "seq_len": args.seq_len,
+        "loss_reference": loss_ref,
+        "tolerance": TOLERANCE,
+        "runs": runs,
+        "passed": all(r["passed"] for r in runs),
+    }
+    (out / "hf_parity.json").write_text(json.dumps(result, indent=2))
+    print("PASSED" if result["passed"] else "FAILED")
+    sys.exit(0 if result["passed"] else 1)
+
+
+if __name__ == "__main__":
+    main()

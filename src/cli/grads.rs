@@ -1,0 +1,79 @@
+//! `distflash grads`: the loss and every parameter gradient of one sequence, without an update,
+//! written as safetensors under Hugging Face parameter names, so another implementation (the
+//! `bench/peers/hf_parity.py` script) can compare them with its own.
+
+use super::train::ModelArgs;
+use anyhow::{Context, Result, bail};
+use distflash::model::Checkpoint;
+use distflash::model::weights::specs;
+use distflash::plan::Schedule;
+use distflash::tensor_file::{self, Named};
+use distflash::train;
+use std::path::PathBuf;
+use std::time::Duration;
+
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// A JSON array of N + 1 token ids: N inputs, each followed by its target.
+    #[arg(long)]
+    tokens: PathBuf,
+    /// Where to write the gradients (safetensors, named like the weights).
+    #[arg(long)]
+    out: PathBuf,
+    #[arg(long, default_value_t = 4)]
+    workers: usize,
+    #[arg(long, default_value = "balanced")]
+    schedule: Schedule,
+    #[arg(long, default_value = "remat")]
+    checkpoint: Checkpoint,
+}
+
+pub fn run(args: Args) -> Result<()> {
+    let (config, init) = args.model.resolve()?;
+    let text = std::fs::read_to_string(&args.tokens)
+        .with_context(|| format!("cannot read {}", args.tokens.display()))?;
+    let tokens: Vec<u32> = serde_json::from_str(&text)
+        .with_context(|| format!("{} is not a JSON array of token ids", args.tokens.display()))?;
+    if let Some(t) = tokens.iter().find(|&&t| t as usize >= config.vocab_size) {
+        bail!(
+            "token {t} is outside the vocabulary of {}",
+            config.vocab_size
+        );
+    }
+    train::check_memory(&config, args.workers)?;
+    let host = train::initial_weights(&config, &init)?;
+    let g = train::gradients(
+        &config,
+        &host,
+        &tokens,
+        args.workers,
+        args.schedule,
+        args.checkpoint,
+        Duration::from_secs(600),
+    )?;
+    let specs = specs(&config);
+    let named: Vec<Named<'_>> = specs
+        .iter()
+        .zip(&g.grads)
+        .map(|(s, d)| Named {
+            name: &s.name,
+            shape: s.shape.clone(),
+            data: d,
+        })
+        .collect();
+    tensor_file::write(&args.out, &named, &[("format", "pt")])?;
+    println!(
+        "{}",
+        serde_json::json!({
+            "loss": g.loss,
+            "tokens": tokens.len() - 1,
+            "workers": args.workers,
+            "checkpoint": args.checkpoint,
+            "attention_forwards_per_layer": g.attention_forwards_per_layer,
+            "peak_activation_bytes": g.peak_activation_bytes,
+        })
+    );
+    Ok(())
+}

@@ -1,0 +1,340 @@
+//! `distflash train`: trains a LLaMA-family model whose attention is distflash, with a progress
+//! bar (or JSON lines), metrics and a loss-curve SVG in the save directory, checkpoints and
+//! resume.
+
+use anyhow::{Context, Result, bail};
+use distflash::model::Checkpoint;
+use distflash::model::config::Config;
+use distflash::model::ops::AdamW;
+use distflash::model::weights::specs;
+use distflash::plan::Schedule;
+use distflash::tensor_file::{self, Named};
+use distflash::train::data::Data;
+use distflash::train::{self, Init, Options, StepReport, svg};
+use indicatif::{ProgressBar, ProgressStyle};
+use serde::Serialize;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+#[derive(Clone, Copy, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Device {
+    /// Worker threads on this machine's cores (f32).
+    Cpu,
+}
+
+/// Where the model's shape and first weights come from (shared with `grads`).
+#[derive(clap::Args)]
+pub struct ModelArgs {
+    /// A built-in model shape: tiny, llama2-7b, llama-7b-gqa, llama-7b-33h.
+    #[arg(long)]
+    preset: Option<String>,
+    /// A Hugging Face config.json to take the shape from.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// A Hugging Face model directory (config.json and model.safetensors) to start from.
+    #[arg(long)]
+    init_from: Option<PathBuf>,
+    /// Seed of random weights (when not --init-from).
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+}
+
+impl ModelArgs {
+    /// The config and where weights come from; `tiny` when nothing is named.
+    pub fn resolve(&self) -> Result<(Config, Init)> {
+        let named = [
+            self.preset.is_some(),
+            self.config.is_some(),
+            self.init_from.is_some(),
+        ];
+        if named.iter().filter(|&&n| n).count() > 1 {
+            bail!("--preset, --config and --init-from each name a model: give one");
+        }
+        if let Some(dir) = &self.init_from {
+            let config = Config::from_file(&dir.join("config.json"))?;
+            return Ok((config, Init::HuggingFace(dir.clone())));
+        }
+        let config = match &self.config {
+            Some(path) => Config::from_file(path)?,
+            None => Config::preset(self.preset.as_deref().unwrap_or("tiny"))?,
+        };
+        Ok((config, Init::Random { seed: self.seed }))
+    }
+}
+
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Train on the bytes of this file (one token per byte) instead of the synthetic recall task.
+    #[arg(long)]
+    data: Option<PathBuf>,
+    /// Seed of the data (synthetic sequences, or window offsets in --data).
+    #[arg(long, default_value_t = 0)]
+    data_seed: u64,
+    /// Tokens per sequence, split across the workers.
+    #[arg(long, default_value_t = 128)]
+    seq_len: usize,
+    /// Sequences per optimizer step.
+    #[arg(long, default_value_t = 8)]
+    batch: usize,
+    #[arg(long, default_value_t = 4)]
+    workers: usize,
+    #[arg(long, value_enum, default_value = "cpu")]
+    device: Device,
+    /// `balanced` (DistFlashAttn) or `unbalanced`.
+    #[arg(long, default_value = "balanced")]
+    schedule: Schedule,
+    /// What layers keep for the backward: none, layer (re-run the layer) or remat (keep the
+    /// attention output: attention's forward runs once).
+    #[arg(long, default_value = "remat")]
+    checkpoint: Checkpoint,
+    /// Optimizer steps to reach (a resumed run counts its saved steps).
+    #[arg(long, default_value_t = 1000)]
+    steps: u64,
+    #[arg(long, default_value_t = 1e-2)]
+    lr: f64,
+    #[arg(long, default_value_t = 20)]
+    warmup: u64,
+    #[arg(long, default_value_t = 0.0)]
+    weight_decay: f64,
+    /// Largest global gradient norm (0: no clipping).
+    #[arg(long, default_value_t = 1.0)]
+    clip: f64,
+    /// Directory for checkpoints (state.safetensors), metrics.jsonl, loss.svg and the final
+    /// model (config.json, model.safetensors, loadable by transformers and --init-from).
+    #[arg(long)]
+    save_dir: Option<PathBuf>,
+    #[arg(long, default_value_t = 50)]
+    save_every: u64,
+    /// Continue from a checkpoint file or a save directory.
+    #[arg(long)]
+    resume: Option<PathBuf>,
+    /// Print one JSON line per step and a JSON summary instead of the progress bar.
+    #[arg(long)]
+    json: bool,
+    /// Seconds a worker waits for a message before declaring its sender stuck.
+    #[arg(long, default_value_t = 600)]
+    timeout: u64,
+}
+
+/// Most steps over which the summary averages loss and recall at the start and the end.
+const WINDOW: usize = 20;
+
+#[derive(Serialize)]
+struct Summary {
+    device: Device,
+    steps: u64,
+    wall_secs: f64,
+    workers: usize,
+    seq_len: usize,
+    batch: usize,
+    checkpoint: Checkpoint,
+    loss_first: f64,
+    loss_last: f64,
+    /// Recall accuracy over the last steps' sequences, each scored before it was trained on.
+    recall_accuracy_last: Option<f64>,
+    attention_forwards_per_layer: Vec<u32>,
+    peak_activation_bytes: usize,
+    tokens_per_sec: f64,
+}
+
+fn mean(xs: impl Iterator<Item = f64>) -> f64 {
+    let (sum, n) = xs.fold((0.0, 0), |(s, n), x| (s + x, n + 1));
+    sum / n.max(1) as f64
+}
+
+pub fn run(args: Args) -> Result<()> {
+    let (config, init) = args.model.resolve()?;
+    let data = match &args.data {
+        Some(path) => Data::bytes(path, args.data_seed)?,
+        None => Data::Synthetic {
+            seed: args.data_seed,
+        },
+    };
+    let opts = Options {
+        config,
+        init,
+        data,
+        seq_len: args.seq_len,
+        batch: args.batch,
+        workers: args.workers,
+        schedule: args.schedule,
+        checkpoint: args.checkpoint,
+        steps: args.steps,
+        adamw: AdamW {
+            lr: args.lr,
+            beta1: 0.9,
+            beta2: 0.95,
+            eps: 1e-8,
+            weight_decay: args.weight_decay,
+        },
+        warmup: args.warmup,
+        clip: args.clip,
+        save_dir: args.save_dir.clone(),
+        save_every: args.save_every,
+        resume: args.resume.clone(),
+        timeout: Duration::from_secs(args.timeout),
+    };
+    let metrics = match &args.save_dir {
+        Some(dir) => {
+            std::fs::create_dir_all(dir)
+                .with_context(|| format!("cannot create the save directory {}", dir.display()))?;
+            let path = dir.join("metrics.jsonl");
+            let file = std::fs::OpenOptions::new()
+                .create(true)
+                .append(args.resume.is_some())
+                .write(true)
+                .truncate(args.resume.is_none())
+                .open(&path)
+                .with_context(|| format!("cannot write {}", path.display()))?;
+            Some(file)
+        }
+        None => None,
+    };
+    let bar = (!args.json).then(|| {
+        let bar = ProgressBar::new(args.steps);
+        bar.set_style(
+            ProgressStyle::with_template(
+                "{elapsed_precise} [{bar:30}] {pos}/{len} steps  {msg}  ETA {eta}",
+            )
+            .expect("valid template")
+            .progress_chars("=> "),
+        );
+        bar
+    });
+    let reports = Mutex::new((Vec::<StepReport>::new(), metrics));
+    let began = Instant::now();
+    let weights = train::train(&opts, |r| {
+        let line = serde_json::to_string(r).expect("reports serialize");
+        let mut guard = reports.lock().expect("reporting never panics");
+        let (list, file) = &mut *guard;
+        if let Some(f) = file {
+            let _ = writeln!(f, "{line}");
+        }
+        if let Some(bar) = &bar {
+            let recall = if r.recall_total > 0 {
+                format!(
+                    "  recall {:.2}",
+                    r.recall_correct as f64 / r.recall_total as f64
+                )
+            } else {
+                String::new()
+            };
+            bar.set_position(r.step);
+            bar.set_message(format!(
+                "loss {:.4}{recall}  {:.0} tok/s",
+                r.loss, r.tokens_per_sec
+            ));
+        } else {
+            println!("{line}");
+        }
+        list.push(r.clone());
+    })?;
+    if let Some(bar) = &bar {
+        bar.finish();
+    }
+    let wall = began.elapsed().as_secs_f64();
+    let (list, _) = reports.into_inner().expect("reporting never panics");
+    if let Some(dir) = &args.save_dir {
+        save_model(dir, &opts.config, &weights)?;
+        write_curve(dir, &list)?;
+    }
+    let Some(last) = list.last() else {
+        println!(
+            "nothing to do: the run had already taken {} steps",
+            args.steps
+        );
+        return Ok(());
+    };
+    // Disjoint windows, so a short run still compares its start with its end.
+    let window = (list.len() / 2).clamp(1, WINDOW);
+    let tail = &list[list.len() - window..];
+    let probes: u64 = tail.iter().map(|r| r.recall_total).sum();
+    let summary = Summary {
+        device: args.device,
+        steps: last.step,
+        wall_secs: wall,
+        workers: args.workers,
+        seq_len: args.seq_len,
+        batch: args.batch,
+        checkpoint: args.checkpoint,
+        loss_first: mean(list.iter().take(window).map(|r| r.loss)),
+        loss_last: mean(tail.iter().map(|r| r.loss)),
+        recall_accuracy_last: (probes > 0)
+            .then(|| tail.iter().map(|r| r.recall_correct).sum::<u64>() as f64 / probes as f64),
+        attention_forwards_per_layer: last.attention_forwards_per_layer.clone(),
+        peak_activation_bytes: last.peak_activation_bytes,
+        tokens_per_sec: mean(list.iter().map(|r| r.tokens_per_sec)),
+    };
+    if args.json {
+        println!("{}", serde_json::to_string(&summary)?);
+    } else {
+        print_summary(&summary, window);
+    }
+    Ok(())
+}
+
+fn print_summary(s: &Summary, window: usize) {
+    println!(
+        "trained {} steps in {:.1} s: {} workers, {} tokens/sequence, {} sequences/step, checkpoint {}",
+        s.steps, s.wall_secs, s.workers, s.seq_len, s.batch, s.checkpoint
+    );
+    println!(
+        "loss {:.4} -> {:.4} (mean of the first and last {window} steps), {:.0} tokens/s",
+        s.loss_first, s.loss_last, s.tokens_per_sec
+    );
+    if let Some(acc) = s.recall_accuracy_last {
+        println!(
+            "recall accuracy {:.1}% over the last {window} steps' sequences (chance: {:.1}%)",
+            100.0 * acc,
+            100.0 / train::data::VALUES as f64
+        );
+    }
+    println!(
+        "attention forwards per layer per sequence: {:?}; peak activation memory per worker {:.2} MiB",
+        s.attention_forwards_per_layer,
+        s.peak_activation_bytes as f64 / (1 << 20) as f64
+    );
+}
+
+/// Writes the trained weights as a Hugging Face model directory.
+pub fn save_model(dir: &Path, config: &Config, weights: &[Vec<f32>]) -> Result<()> {
+    let specs = specs(config);
+    let named: Vec<Named<'_>> = specs
+        .iter()
+        .zip(weights)
+        .map(|(s, w)| Named {
+            name: &s.name,
+            shape: s.shape.clone(),
+            data: w,
+        })
+        .collect();
+    // transformers loads only safetensors files that say they hold PyTorch tensors.
+    tensor_file::write(&dir.join("model.safetensors"), &named, &[("format", "pt")])?;
+    let path = dir.join("config.json");
+    std::fs::write(&path, serde_json::to_string_pretty(&config.to_json())?)
+        .with_context(|| format!("cannot write {}", path.display()))
+}
+
+fn write_curve(dir: &Path, list: &[StepReport]) -> Result<()> {
+    // A resumed run appends to metrics.jsonl; draw the whole run from it.
+    let text = std::fs::read_to_string(dir.join("metrics.jsonl")).unwrap_or_default();
+    let mut points: Vec<(u64, f64)> = text
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter_map(|v| Some((v["step"].as_u64()?, v["loss"].as_f64()?)))
+        .collect();
+    if points.is_empty() {
+        points = list.iter().map(|r| (r.step, r.loss)).collect();
+    }
+    points.sort_by_key(|p| p.0);
+    points.dedup_by_key(|p| p.0);
+    let (steps, loss): (Vec<u64>, Vec<f64>) = points.into_iter().unzip();
+    let path = dir.join("loss.svg");
+    std::fs::write(&path, svg::loss_curve("training loss", &steps, &loss))
+        .with_context(|| format!("cannot write {}", path.display()))
+}

@@ -1,0 +1,157 @@
+//! The device interface of the model: every primitive a LLaMA layer's forward and backward, the
+//! loss and the optimizer need, each forward beside its backward. The model is written against
+//! this trait only; `cpu` implements it (the spec) and a GPU backend implements the same calls.
+//!
+//! Matrices are row-major. Activations are `[rows, features]` with one row per token of the
+//! worker's chunk; a linear layer's weight is `[out, in]` as Hugging Face stores it.
+
+use anyhow::Result;
+
+/// Hyperparameters of one AdamW update (decoupled weight decay, bias-corrected moments).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AdamW {
+    pub lr: f64,
+    pub beta1: f64,
+    pub beta2: f64,
+    pub eps: f64,
+    pub weight_decay: f64,
+}
+
+/// What the fused loss returns besides gradients: the summed (unscaled) loss of the rows and,
+/// per row, the most likely next token (for accuracy probes).
+pub struct LossOut<T> {
+    pub loss_sum: f64,
+    pub argmax: Vec<u32>,
+    /// Gradient of the scaled loss with respect to the final hidden states.
+    pub dh: T,
+}
+
+/// Per-layer primitives of a LLaMA model on one device.
+pub trait Ops: Sync {
+    /// A tensor on this device.
+    type T: Clone + Send + Sync;
+
+    /// Copies host f32 data to the device.
+    fn upload(&self, host: &[f32]) -> Result<Self::T>;
+    /// Copies a tensor back to the host as f32.
+    fn download(&self, t: &Self::T) -> Result<Vec<f32>>;
+    fn zeros(&self, len: usize) -> Result<Self::T>;
+    /// Elements of `t`, for memory accounting.
+    fn len(&self, t: &Self::T) -> usize;
+    /// Bytes per element, for memory accounting.
+    fn elem_bytes(&self) -> usize;
+
+    /// `dst += src`.
+    fn add_assign(&self, dst: &mut Self::T, src: &Self::T) -> Result<()>;
+    /// Σ t², for the global gradient norm.
+    fn sum_squares(&self, t: &Self::T) -> Result<f64>;
+    /// `t *= s`.
+    fn scale(&self, t: &mut Self::T, s: f64) -> Result<()>;
+
+    /// Rows of `table` (`[vocab, dim]`) picked by `tokens`.
+    fn embed(&self, table: &Self::T, tokens: &[u32], dim: usize) -> Result<Self::T>;
+    /// `dtable[tokens[r]] += dy[r]`.
+    fn embed_backward(
+        &self,
+        dtable: &mut Self::T,
+        tokens: &[u32],
+        dy: &Self::T,
+        dim: usize,
+    ) -> Result<()>;
+
+    /// y = x Wᵀ for x `[rows, inp]`, W `[out, inp]`.
+    fn linear(
+        &self,
+        x: &Self::T,
+        w: &Self::T,
+        rows: usize,
+        inp: usize,
+        out: usize,
+    ) -> Result<Self::T>;
+    /// dx += dy W and dW += dyᵀ x (accumulating, so branches that share an input add up).
+    #[allow(clippy::too_many_arguments)]
+    fn linear_backward(
+        &self,
+        dy: &Self::T,
+        x: &Self::T,
+        w: &Self::T,
+        rows: usize,
+        inp: usize,
+        out: usize,
+        dx: &mut Self::T,
+        dw: &mut Self::T,
+    ) -> Result<()>;
+
+    /// y = x · rstd · w with rstd = 1/√(mean(x²) + eps) per row; returns (y, rstd).
+    fn rmsnorm(
+        &self,
+        x: &Self::T,
+        w: &Self::T,
+        rows: usize,
+        dim: usize,
+        eps: f64,
+    ) -> Result<(Self::T, Self::T)>;
+    /// dx += rstd·(g − x·rstd²·mean(g∘x)) with g = dy∘w, and dw += Σ_rows dy∘x·rstd.
+    #[allow(clippy::too_many_arguments)]
+    fn rmsnorm_backward(
+        &self,
+        x: &Self::T,
+        w: &Self::T,
+        rstd: &Self::T,
+        dy: &Self::T,
+        rows: usize,
+        dim: usize,
+        dx: &mut Self::T,
+        dw: &mut Self::T,
+    ) -> Result<()>;
+
+    /// Rotary embedding in place on `[rows, heads, head_dim]`, Hugging Face's rotate-half
+    /// pairing (i, i + head_dim/2); row r sits at position `start + r`. The backward is the
+    /// rotation by the opposite angle (`inverse`).
+    #[allow(clippy::too_many_arguments)]
+    fn rope(
+        &self,
+        x: &mut Self::T,
+        rows: usize,
+        heads: usize,
+        head_dim: usize,
+        start: usize,
+        theta: f64,
+        inverse: bool,
+    ) -> Result<()>;
+
+    /// m = silu(g) ∘ u.
+    fn swiglu(&self, g: &Self::T, u: &Self::T) -> Result<Self::T>;
+    /// (dg, du) from dm: du = dm∘silu(g), dg = dm∘u∘σ(g)(1 + g(1 − σ(g))).
+    fn swiglu_backward(&self, g: &Self::T, u: &Self::T, dm: &Self::T)
+    -> Result<(Self::T, Self::T)>;
+
+    /// Cross-entropy of logits h Wᵀ against `targets`, forward and backward fused and chunked
+    /// over rows, so the logits of only a few rows exist at a time. The gradient is of
+    /// `scale · Σ loss`; dW accumulates into `dw`.
+    #[allow(clippy::too_many_arguments)]
+    fn cross_entropy(
+        &self,
+        h: &Self::T,
+        w: &Self::T,
+        targets: &[u32],
+        dim: usize,
+        vocab: usize,
+        scale: f64,
+        dw: &mut Self::T,
+    ) -> Result<LossOut<Self::T>>;
+
+    /// One AdamW update of `param` from `grad` at 1-based `step`; `decay` says whether weight
+    /// decay applies (matrices yes, norm gains no).
+    #[allow(clippy::too_many_arguments)]
+    fn adamw(
+        &self,
+        param: &mut Self::T,
+        grad: &Self::T,
+        m: &mut Self::T,
+        v: &mut Self::T,
+        hp: &AdamW,
+        step: u64,
+        decay: bool,
+    ) -> Result<()>;
+}

@@ -1,0 +1,306 @@
+//! The parameters of a LLaMA model, named and shaped as Hugging Face names them, so weights load
+//! from and save to `model.safetensors` files that `transformers` reads. The same struct holds
+//! gradients and optimizer moments.
+
+use super::config::Config;
+use super::ops::Ops;
+use anyhow::{Context, Result, bail};
+use rand::rngs::StdRng;
+use rand::{RngExt, SeedableRng};
+use safetensors::{Dtype, SafeTensors};
+use std::collections::HashMap;
+use std::path::Path;
+
+/// One decoder layer's weights (linear weights `[out, in]`).
+#[derive(Clone, Debug)]
+pub struct LayerWeights<T> {
+    pub attn_norm: T,
+    pub wq: T,
+    pub wk: T,
+    pub wv: T,
+    pub wo: T,
+    pub mlp_norm: T,
+    pub w_gate: T,
+    pub w_up: T,
+    pub w_down: T,
+}
+
+/// Every parameter of the model; `lm_head` is `None` when tied to `embed`.
+#[derive(Clone, Debug)]
+pub struct Weights<T> {
+    pub embed: T,
+    pub layers: Vec<LayerWeights<T>>,
+    pub norm: T,
+    pub lm_head: Option<T>,
+}
+
+/// A parameter's Hugging Face name and shape.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Spec {
+    pub name: String,
+    pub shape: Vec<usize>,
+}
+
+impl Spec {
+    /// Elements of the tensor.
+    pub fn elements(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    /// Whether weight decay applies: matrices yes, norm gains (vectors) no.
+    pub fn decays(&self) -> bool {
+        self.shape.len() > 1
+    }
+}
+
+/// Every parameter's name and shape, in the order `Weights::tensors` lists them.
+pub fn specs(c: &Config) -> Vec<Spec> {
+    let spec = |name: String, shape: &[usize]| Spec {
+        name,
+        shape: shape.to_vec(),
+    };
+    let (d, i) = (c.hidden_size, c.intermediate_size);
+    let mut out = vec![spec("model.embed_tokens.weight".into(), &[c.vocab_size, d])];
+    for l in 0..c.num_hidden_layers {
+        let p = format!("model.layers.{l}");
+        out.extend([
+            spec(format!("{p}.input_layernorm.weight"), &[d]),
+            spec(format!("{p}.self_attn.q_proj.weight"), &[c.q_width(), d]),
+            spec(format!("{p}.self_attn.k_proj.weight"), &[c.kv_width(), d]),
+            spec(format!("{p}.self_attn.v_proj.weight"), &[c.kv_width(), d]),
+            spec(format!("{p}.self_attn.o_proj.weight"), &[d, c.q_width()]),
+            spec(format!("{p}.post_attention_layernorm.weight"), &[d]),
+            spec(format!("{p}.mlp.gate_proj.weight"), &[i, d]),
+            spec(format!("{p}.mlp.up_proj.weight"), &[i, d]),
+            spec(format!("{p}.mlp.down_proj.weight"), &[d, i]),
+        ]);
+    }
+    out.push(spec("model.norm.weight".into(), &[d]));
+    if !c.tie_word_embeddings {
+        out.push(spec("lm_head.weight".into(), &[c.vocab_size, d]));
+    }
+    out
+}
+
+impl<T> Weights<T> {
+    /// Builds the weights tensor by tensor, in `specs` order.
+    pub fn build(c: &Config, mut make: impl FnMut(&Spec) -> Result<T>) -> Result<Weights<T>> {
+        let specs = specs(c);
+        let mut it = specs.iter();
+        let mut next = || make(it.next().expect("specs cover every tensor"));
+        let embed = next()?;
+        let layers = (0..c.num_hidden_layers)
+            .map(|_| {
+                Ok(LayerWeights {
+                    attn_norm: next()?,
+                    wq: next()?,
+                    wk: next()?,
+                    wv: next()?,
+                    wo: next()?,
+                    mlp_norm: next()?,
+                    w_gate: next()?,
+                    w_up: next()?,
+                    w_down: next()?,
+                })
+            })
+            .collect::<Result<_>>()?;
+        let norm = next()?;
+        let lm_head = if c.tie_word_embeddings {
+            None
+        } else {
+            Some(next()?)
+        };
+        Ok(Weights {
+            embed,
+            layers,
+            norm,
+            lm_head,
+        })
+    }
+
+    /// Every tensor, in `specs` order.
+    pub fn tensors(&self) -> Vec<&T> {
+        let mut out = vec![&self.embed];
+        for l in &self.layers {
+            out.extend([
+                &l.attn_norm,
+                &l.wq,
+                &l.wk,
+                &l.wv,
+                &l.wo,
+                &l.mlp_norm,
+                &l.w_gate,
+                &l.w_up,
+                &l.w_down,
+            ]);
+        }
+        out.push(&self.norm);
+        out.extend(&self.lm_head);
+        out
+    }
+
+    /// Every tensor, mutably, in `specs` order.
+    pub fn tensors_mut(&mut self) -> Vec<&mut T> {
+        let mut out = vec![&mut self.embed];
+        for l in &mut self.layers {
+            out.extend([
+                &mut l.attn_norm,
+                &mut l.wq,
+                &mut l.wk,
+                &mut l.wv,
+                &mut l.wo,
+                &mut l.mlp_norm,
+                &mut l.w_gate,
+                &mut l.w_up,
+                &mut l.w_down,
+            ]);
+        }
+        out.push(&mut self.norm);
+        out.extend(&mut self.lm_head);
+        out
+    }
+
+    /// The output projection: `lm_head`, or the embedding when tied.
+    pub fn output(&self) -> &T {
+        self.lm_head.as_ref().unwrap_or(&self.embed)
+    }
+}
+
+/// Zero tensors of the model's shape (gradients, optimizer moments).
+pub fn zeros<O: Ops>(ops: &O, c: &Config) -> Result<Weights<O::T>> {
+    Weights::build(c, |s| ops.zeros(s.elements()))
+}
+
+/// Random weights from a seed: norm gains 1, matrices uniform with standard deviation 0.02
+/// (Hugging Face's `initializer_range`).
+pub fn random<O: Ops>(ops: &O, c: &Config, seed: u64) -> Result<Weights<O::T>> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let amp = 0.02 * 3f32.sqrt();
+    Weights::build(c, |s| {
+        let host: Vec<f32> = if s.decays() {
+            (0..s.elements())
+                .map(|_| rng.random_range(-amp..amp))
+                .collect()
+        } else {
+            vec![1.0; s.elements()]
+        };
+        ops.upload(&host)
+    })
+}
+
+/// Host tensors by name: shape and f32 data.
+pub type HostTensors = HashMap<String, (Vec<usize>, Vec<f32>)>;
+
+/// Reads the f32, bf16 or f16 tensors of one safetensors file as f32.
+pub fn read_safetensors(path: &Path, into: &mut HostTensors) -> Result<()> {
+    let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let file = SafeTensors::deserialize(&bytes)
+        .with_context(|| format!("{} is not a valid safetensors file", path.display()))?;
+    for (name, view) in file.tensors() {
+        let b = view.data();
+        let data: Vec<f32> = match view.dtype() {
+            Dtype::F32 => b
+                .chunks_exact(4)
+                .map(|x| f32::from_le_bytes([x[0], x[1], x[2], x[3]]))
+                .collect(),
+            Dtype::BF16 => b
+                .chunks_exact(2)
+                .map(|x| half::bf16::from_le_bytes([x[0], x[1]]).to_f32())
+                .collect(),
+            Dtype::F16 => b
+                .chunks_exact(2)
+                .map(|x| half::f16::from_le_bytes([x[0], x[1]]).to_f32())
+                .collect(),
+            other => bail!(
+                "tensor '{name}' in {} is {other:?}; only F32, BF16 and F16 weights load",
+                path.display()
+            ),
+        };
+        into.insert(name, (view.shape().to_vec(), data));
+    }
+    Ok(())
+}
+
+/// Weights from host tensors, checking that every parameter is present with its shape.
+pub fn from_host<O: Ops>(
+    ops: &O,
+    c: &Config,
+    host: &HostTensors,
+    source: &str,
+) -> Result<Weights<O::T>> {
+    Weights::build(c, |s| {
+        let (shape, data) = host.get(&s.name).with_context(|| {
+            format!(
+                "{source} has no tensor '{}', which a model of this config needs",
+                s.name
+            )
+        })?;
+        if *shape != s.shape {
+            bail!(
+                "tensor '{}' in {source} has shape {shape:?}, but the config needs {:?}",
+                s.name,
+                s.shape
+            );
+        }
+        ops.upload(data)
+    })
+}
+
+/// Loads a Hugging Face model directory's weights: `model.safetensors`, or the shards listed in
+/// `model.safetensors.index.json`.
+pub fn load_hf<O: Ops>(ops: &O, c: &Config, dir: &Path) -> Result<Weights<O::T>> {
+    let mut host = HostTensors::new();
+    let single = dir.join("model.safetensors");
+    let index = dir.join("model.safetensors.index.json");
+    if single.exists() {
+        read_safetensors(&single, &mut host)?;
+    } else if index.exists() {
+        let text = std::fs::read_to_string(&index)
+            .with_context(|| format!("cannot read {}", index.display()))?;
+        let v: serde_json::Value = serde_json::from_str(&text)
+            .with_context(|| format!("{} is not valid JSON", index.display()))?;
+        let mut files: Vec<&str> = v["weight_map"]
+            .as_object()
+            .with_context(|| format!("{} has no weight_map", index.display()))?
+            .values()
+            .filter_map(|f| f.as_str())
+            .collect();
+        files.sort();
+        files.dedup();
+        for f in files {
+            read_safetensors(&dir.join(f), &mut host)?;
+        }
+    } else {
+        bail!(
+            "{} has no model.safetensors (nor a sharded index): there are no weights to load",
+            dir.display()
+        );
+    }
+    from_host(ops, c, &host, &dir.display().to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::cpu::Cpu;
+
+    #[test]
+    fn loading_names_a_missing_or_misshapen_tensor() {
+        let c = Config::preset("tiny").unwrap();
+        let ops = Cpu::<f32>::new();
+        let w = random(&ops, &c, 0).unwrap();
+        let mut host: HostTensors = specs(&c)
+            .into_iter()
+            .zip(w.tensors())
+            .map(|(s, t)| (s.name, (s.shape, t.clone())))
+            .collect();
+        assert!(from_host(&ops, &c, &host, "m").is_ok());
+        host.get_mut("model.norm.weight").unwrap().0 = vec![2, 32];
+        let e = from_host(&ops, &c, &host, "m").unwrap_err().to_string();
+        assert!(e.contains("has shape [2, 32]"), "{e}");
+        host.get_mut("model.norm.weight").unwrap().0 = vec![64];
+        host.remove("lm_head.weight");
+        let e = from_host(&ops, &c, &host, "m").unwrap_err().to_string();
+        assert!(e.contains("m has no tensor 'lm_head.weight'"), "{e}");
+    }
+}

@@ -1,0 +1,175 @@
+//! Training sequences, each a pure function of its index, so a resumed run sees exactly the
+//! sequences the interrupted one would have: the data position is just a count.
+//!
+//! - `Synthetic`: a long-range recall task. A key marker and a random value are planted in the
+//!   first eighth of the sequence; the last eighth asks for it `ASKS` times (a query marker
+//!   followed by the value) at random places. Everything else is a counting filler (each token
+//!   the successor of the one before, from a random start) that a model learns locally. The
+//!   first ask can only be answered by attending from the last worker's chunk back into the
+//!   first's; it is the scored probe. The later asks, at random distances from earlier answers,
+//!   train the same content-based copying and so give it more signal.
+//! - `Bytes`: windows of a file, one token per byte, at offsets drawn from the seed.
+
+use anyhow::{Context, Result, bail};
+use rand::rngs::StdRng;
+use rand::{RngExt, SeedableRng};
+use std::path::Path;
+
+/// Marks the planted value.
+pub const KEY: u32 = 1;
+/// Asks for the planted value.
+pub const QUERY: u32 = 2;
+/// Values are tokens `VALUES_FROM..VALUES_FROM + VALUES`.
+pub const VALUES_FROM: u32 = 16;
+pub const VALUES: u32 = 16;
+/// Filler tokens are `FILLER_FROM..vocab`.
+pub const FILLER_FROM: u32 = 64;
+/// Times the value is asked for at the end of a synthetic sequence.
+pub const ASKS: usize = 4;
+
+/// Where sequences come from.
+pub enum Data {
+    Synthetic {
+        seed: u64,
+    },
+    Bytes {
+        bytes: Vec<u8>,
+        name: String,
+        seed: u64,
+    },
+}
+
+/// One sequence of `seq_len + 1` tokens (inputs are the first `seq_len`, targets the last), and
+/// the input position whose target is a recall probe, if the task has one.
+pub struct Sample {
+    pub tokens: Vec<u32>,
+    pub probe: Option<usize>,
+}
+
+fn rng_for(seed: u64, index: u64) -> StdRng {
+    StdRng::seed_from_u64(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ index)
+}
+
+impl Data {
+    /// The bytes of `path` as training text.
+    pub fn bytes(path: &Path, seed: u64) -> Result<Data> {
+        let bytes =
+            std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+        Ok(Data::Bytes {
+            bytes,
+            name: path.display().to_string(),
+            seed,
+        })
+    }
+
+    /// Checks that sequences of `seq_len` fit this data and a vocabulary of `vocab`.
+    pub fn check(&self, seq_len: usize, vocab: usize) -> Result<()> {
+        match self {
+            Data::Synthetic { .. } => {
+                if vocab < 2 * FILLER_FROM as usize {
+                    bail!(
+                        "the synthetic task needs a vocabulary of at least {}, the model has {vocab}",
+                        2 * FILLER_FROM
+                    );
+                }
+                if seq_len < 16 {
+                    bail!("the synthetic task needs --seq-len of at least 16, not {seq_len}");
+                }
+            }
+            Data::Bytes { bytes, name, .. } => {
+                if vocab < 256 {
+                    bail!(
+                        "byte-level data needs a vocabulary of at least 256, the model has {vocab}"
+                    );
+                }
+                if bytes.len() <= seq_len {
+                    bail!(
+                        "{name} has {} bytes, too few for sequences of {seq_len} tokens",
+                        bytes.len()
+                    );
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Sequence number `index` (of `seq_len` inputs) for a model with `vocab` tokens.
+    pub fn sample(&self, index: u64, seq_len: usize, vocab: usize) -> Sample {
+        match self {
+            Data::Synthetic { seed } => {
+                let mut rng = rng_for(*seed, index);
+                let span = vocab as u32 - FILLER_FROM;
+                let mut filler = rng.random_range(0..span);
+                let mut tokens: Vec<u32> = (0..=seq_len)
+                    .map(|_| {
+                        filler = (filler + 1) % span;
+                        FILLER_FROM + filler
+                    })
+                    .collect();
+                let key_at = rng.random_range(0..seq_len / 8);
+                let value = VALUES_FROM + rng.random_range(0..VALUES);
+                tokens[key_at] = KEY;
+                tokens[key_at + 1] = value;
+                // Asks at distinct, non-overlapping even offsets of the last eighth; the last
+                // input is always one.
+                let tail = seq_len - seq_len / 8;
+                let slots = (seq_len - tail) / 2;
+                let mut asks = vec![seq_len - 1];
+                while asks.len() < ASKS.min(slots) {
+                    let at = seq_len - 1 - 2 * rng.random_range(1..slots);
+                    if !asks.contains(&at) {
+                        asks.push(at);
+                    }
+                }
+                for &at in &asks {
+                    tokens[at] = QUERY;
+                    tokens[at + 1] = value;
+                }
+                Sample {
+                    tokens,
+                    probe: asks.iter().min().copied(),
+                }
+            }
+            Data::Bytes { bytes, seed, .. } => {
+                let mut rng = rng_for(*seed, index);
+                let at = rng.random_range(0..bytes.len() - seq_len);
+                Sample {
+                    tokens: bytes[at..=at + seq_len].iter().map(|&b| b as u32).collect(),
+                    probe: None,
+                }
+            }
+        }
+    }
+
+    /// Names the data, so a checkpoint is not resumed on other data by mistake.
+    pub fn describe(&self) -> String {
+        match self {
+            Data::Synthetic { seed } => format!("synthetic recall, seed {seed}"),
+            Data::Bytes { bytes, name, seed } => {
+                format!("bytes of {name} ({} bytes), seed {seed}", bytes.len())
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn synthetic_plants_the_value_early_and_asks_for_it_last() {
+        let data = Data::Synthetic { seed: 3 };
+        let s = data.sample(7, 64, 256);
+        assert_eq!(s.tokens.len(), 65);
+        let key = s.tokens.iter().position(|&t| t == KEY).unwrap();
+        assert!(key < 8);
+        assert_eq!(s.tokens[key + 1], s.tokens[64]);
+        assert_eq!(s.tokens[63], QUERY);
+        let asks: Vec<usize> = (0..64).filter(|&i| s.tokens[i] == QUERY).collect();
+        assert_eq!(asks.len(), ASKS);
+        assert_eq!(s.probe, Some(asks[0]));
+        assert!(asks[0] >= 56 && asks.iter().all(|&a| s.tokens[a + 1] == s.tokens[64]));
+        assert_eq!(data.sample(7, 64, 256).tokens, s.tokens);
+        assert!(data.check(64, 100).is_err());
+    }
+}

@@ -1,0 +1,426 @@
+//! The training loop: every worker holds its chunk of each sequence (rotary positions offset by
+//! the chunk's start), runs the model's forward and backward with distflash attention, and
+//! all-reduces the gradients of the replicated weights; the loss is averaged over all tokens of
+//! all workers. AdamW keeps f32 master weights and moments, identical on every worker because the
+//! all-reduce is deterministic. Rank 0 reports each step and saves checkpoints.
+
+mod attention;
+pub mod data;
+pub mod state;
+pub mod svg;
+
+use crate::attn::Span;
+use crate::comm::{Communicator, LocalComm};
+use crate::exec::{chunk_spans, collect_results, run_workers};
+use crate::model::config::Config;
+use crate::model::cpu::Cpu;
+use crate::model::ops::{AdamW, Ops};
+use crate::model::weights::{self, Weights, specs};
+use crate::model::{Checkpoint, Chunk, forward_backward};
+use crate::plan::{Schedule, chunk_sizes};
+use anyhow::{Context, Result, bail};
+use attention::Distributed;
+use data::{Data, Sample};
+use serde::Serialize;
+use state::{RunKey, State};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+/// Where the first weights come from.
+#[derive(Clone, Debug)]
+pub enum Init {
+    Random {
+        seed: u64,
+    },
+    /// A Hugging Face model directory (`config.json`, `model.safetensors`).
+    HuggingFace(PathBuf),
+}
+
+/// Everything a training run is asked to do.
+pub struct Options {
+    pub config: Config,
+    pub init: Init,
+    pub data: Data,
+    pub seq_len: usize,
+    /// Sequences per optimizer step (gradients accumulate over them).
+    pub batch: usize,
+    pub workers: usize,
+    pub schedule: Schedule,
+    pub checkpoint: Checkpoint,
+    /// Train until this many optimizer steps have been taken (counting resumed ones).
+    pub steps: u64,
+    pub adamw: AdamW,
+    /// Steps of linear learning-rate warm-up.
+    pub warmup: u64,
+    /// Largest global gradient norm; larger gradients are scaled down to it (0: no clipping).
+    pub clip: f64,
+    pub save_dir: Option<PathBuf>,
+    /// Save a checkpoint every this many steps (and at the end) when `save_dir` is set.
+    pub save_every: u64,
+    /// A checkpoint file (or a directory holding `state.safetensors`) to continue from.
+    pub resume: Option<PathBuf>,
+    pub timeout: Duration,
+}
+
+/// One optimizer step, as reported (and written as a JSON line).
+#[derive(Clone, Debug, Serialize)]
+pub struct StepReport {
+    /// Steps taken after this one (1-based).
+    pub step: u64,
+    /// Mean loss over every token of the step's sequences.
+    pub loss: f64,
+    /// Recall probes answered right / asked (synthetic task; 0 / 0 otherwise).
+    pub recall_correct: u64,
+    pub recall_total: u64,
+    pub grad_norm: f64,
+    pub lr: f64,
+    pub tokens_per_sec: f64,
+    pub step_secs: f64,
+    /// Attention forwards each layer ran per sequence (remat and none: 1, layer: 2).
+    pub attention_forwards_per_layer: Vec<u32>,
+    /// Peak bytes of layer activations one worker held for the backward.
+    pub peak_activation_bytes: usize,
+}
+
+fn run_key(o: &Options) -> RunKey {
+    RunKey {
+        config: o.config.clone(),
+        data: o.data.describe(),
+        seq_len: o.seq_len,
+        batch: o.batch,
+    }
+}
+
+/// Fresh weights (host, `specs` order): random from the seed, or a Hugging Face directory's.
+pub fn initial_weights(c: &Config, init: &Init) -> Result<Vec<Vec<f32>>> {
+    let ops = Cpu::<f32>::new();
+    let w = match init {
+        Init::Random { seed } => weights::random(&ops, c, *seed)?,
+        Init::HuggingFace(dir) => weights::load_hf(&ops, c, dir)?,
+    };
+    Ok(w.tensors().into_iter().cloned().collect())
+}
+
+/// The state a run starts from: a resumed checkpoint, or fresh weights and zero moments.
+fn initial_state(o: &Options) -> Result<State> {
+    if let Some(path) = &o.resume {
+        let file = if path.is_dir() {
+            state::path_in(path)
+        } else {
+            path.clone()
+        };
+        return state::load(&file, &run_key(o));
+    }
+    let zeros: Vec<Vec<f32>> = specs(&o.config)
+        .iter()
+        .map(|s| vec![0.0; s.elements()])
+        .collect();
+    Ok(State {
+        step: 0,
+        samples: 0,
+        weights: initial_weights(&o.config, &o.init)?,
+        m: zeros.clone(),
+        v: zeros,
+    })
+}
+
+fn to_weights(c: &Config, host: &[Vec<f32>]) -> Result<Weights<Vec<f32>>> {
+    let mut it = host.iter();
+    Weights::build(c, |_| Ok(it.next().expect("a tensor per spec").clone()))
+}
+
+/// Per-step sums all workers add up: loss, probes right, probes asked.
+struct Tally {
+    loss_sum: f64,
+    correct: u64,
+    probes: u64,
+}
+
+/// Forward and backward of this worker's rows of `sample`, gradients into `grads`.
+#[allow(clippy::too_many_arguments)]
+fn accumulate(
+    cfg: &Config,
+    w: &Weights<Vec<f32>>,
+    grads: &mut Weights<Vec<f32>>,
+    attn: &mut Distributed<'_>,
+    span: Span,
+    sample: &Sample,
+    policy: Checkpoint,
+    scale: f64,
+    tally: &mut Tally,
+) -> Result<crate::model::Outcome> {
+    let chunk = Chunk {
+        tokens: &sample.tokens[span.start..span.end()],
+        targets: &sample.tokens[span.start + 1..span.end() + 1],
+        start: span.start,
+    };
+    let out = forward_backward(
+        &Cpu::<f32>::new(),
+        cfg,
+        w,
+        grads,
+        attn,
+        chunk,
+        policy,
+        scale,
+    )?;
+    tally.loss_sum += out.loss_sum;
+    if let Some(p) = sample.probe
+        && (span.start..span.end()).contains(&p)
+    {
+        tally.probes += 1;
+        tally.correct += (out.argmax[p - span.start] == sample.tokens[p + 1]) as u64;
+    }
+    Ok(out)
+}
+
+/// Sums gradients and the tally over all workers.
+fn all_reduce(
+    comm: &mut LocalComm,
+    grads: &mut Weights<Vec<f32>>,
+    tally: &mut Tally,
+) -> Result<()> {
+    for g in grads.tensors_mut() {
+        comm.all_reduce_sum(g)?;
+    }
+    let mut t = vec![
+        tally.loss_sum as f32,
+        tally.correct as f32,
+        tally.probes as f32,
+    ];
+    comm.all_reduce_sum(&mut t)?;
+    *tally = Tally {
+        loss_sum: t[0] as f64,
+        correct: t[1] as u64,
+        probes: t[2] as u64,
+    };
+    Ok(())
+}
+
+/// Refuses, with the numbers, a model whose per-worker copies (weights, gradients, AdamW
+/// moments: every CPU worker holds all four in f32) do not fit in this machine's available
+/// memory, instead of letting the system kill the run.
+pub fn check_memory(c: &Config, workers: usize) -> Result<()> {
+    let params: usize = specs(c).iter().map(|s| s.elements()).sum();
+    let need = params as f64 * 4.0 * (4 * workers + 3) as f64;
+    let available = std::fs::read_to_string("/proc/meminfo").ok().and_then(|m| {
+        let line = m.lines().find(|l| l.starts_with("MemAvailable:"))?;
+        let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+        Some(kib * 1024.0)
+    });
+    if let Some(have) = available
+        && need > have
+    {
+        let gib = |b: f64| b / (1u64 << 30) as f64;
+        bail!(
+            "a model of {:.2}B parameters needs about {:.0} GiB for {workers} CPU workers (weights, gradients and AdamW moments each), but only {:.0} GiB is available: train a smaller preset such as 'tiny'",
+            params as f64 / 1e9,
+            gib(need),
+            gib(have)
+        );
+    }
+    Ok(())
+}
+
+/// The rows of each worker's chunk: one contiguous run per worker, so rotary positions are
+/// the chunk's start plus the row.
+fn spans_for(seq_len: usize, workers: usize, schedule: Schedule) -> Result<Vec<Span>> {
+    if workers == 0 {
+        bail!("--workers must be at least 1");
+    }
+    if schedule.chunks(workers) != workers {
+        bail!(
+            "training runs the balanced and unbalanced schedules; {schedule} gives each worker several chunks, which the model's one run of positions per worker does not cover yet"
+        );
+    }
+    Ok(chunk_spans(&chunk_sizes(seq_len, workers, schedule)?))
+}
+
+/// The gradients of the mean loss of one sequence, without an update: the check against other
+/// implementations (`distflash grads`, tests).
+pub struct Gradients {
+    pub loss: f64,
+    /// In `specs` order.
+    pub grads: Vec<Vec<f32>>,
+    pub attention_forwards_per_layer: Vec<u32>,
+    pub peak_activation_bytes: usize,
+}
+
+/// Loss and gradients of `weights` (host, `specs` order) on `tokens` (inputs and, shifted by
+/// one, targets) with `workers` workers.
+pub fn gradients(
+    cfg: &Config,
+    weights: &[Vec<f32>],
+    tokens: &[u32],
+    workers: usize,
+    schedule: Schedule,
+    policy: Checkpoint,
+    timeout: Duration,
+) -> Result<Gradients> {
+    if tokens.len() < 2 {
+        bail!("gradients need at least 2 tokens (one input and its target)");
+    }
+    let seq = tokens.len() - 1;
+    let spans = spans_for(seq, workers, schedule)?;
+    let w = to_weights(cfg, weights)?;
+    let sample = Sample {
+        tokens: tokens.to_vec(),
+        probe: None,
+    };
+    let results = run_workers(workers, timeout, |rank, comm| {
+        let mut grads = weights::zeros(&Cpu::<f32>::new(), cfg)?;
+        let mut attn = Distributed::new(comm, cfg.dims(), spans.clone(), schedule)?;
+        let mut tally = Tally {
+            loss_sum: 0.0,
+            correct: 0,
+            probes: 0,
+        };
+        let out = accumulate(
+            cfg,
+            &w,
+            &mut grads,
+            &mut attn,
+            spans[rank],
+            &sample,
+            policy,
+            1.0 / seq as f64,
+            &mut tally,
+        )?;
+        all_reduce(attn.comm, &mut grads, &mut tally)?;
+        Ok(Gradients {
+            loss: tally.loss_sum / seq as f64,
+            grads: grads.tensors().into_iter().cloned().collect(),
+            attention_forwards_per_layer: out.attention_forwards,
+            peak_activation_bytes: out.peak_activation_bytes,
+        })
+    });
+    Ok(collect_results(results)?.swap_remove(0))
+}
+
+/// Trains as `o` says, calling `on_step` (from rank 0's thread) after every step. Returns the
+/// final host weights (`specs` order).
+pub fn train(o: &Options, on_step: impl Fn(&StepReport) + Sync) -> Result<Vec<Vec<f32>>> {
+    let spans = spans_for(o.seq_len, o.workers, o.schedule)?;
+    if o.batch == 0 {
+        bail!("--batch must be at least 1");
+    }
+    o.data.check(o.seq_len, o.config.vocab_size)?;
+    check_memory(&o.config, o.workers)?;
+    if let Some(dir) = &o.save_dir {
+        std::fs::create_dir_all(dir)
+            .with_context(|| format!("cannot create the save directory {}", dir.display()))?;
+    }
+    let start = initial_state(o)?;
+    if start.step > o.steps {
+        bail!(
+            "the checkpoint has already taken {} steps, more than --steps {}",
+            start.step,
+            o.steps
+        );
+    }
+    let key = run_key(o);
+    let results = run_workers(o.workers, o.timeout, |rank, comm| {
+        worker(o, &key, &start, &spans, rank, comm, &on_step)
+    });
+    Ok(collect_results(results)?.swap_remove(0))
+}
+
+#[allow(clippy::too_many_arguments)]
+fn worker(
+    o: &Options,
+    key: &RunKey,
+    start: &State,
+    spans: &[Span],
+    rank: usize,
+    comm: &mut LocalComm,
+    on_step: &(impl Fn(&StepReport) + Sync),
+) -> Result<Vec<Vec<f32>>> {
+    let ops = Cpu::<f32>::new();
+    let cfg = &o.config;
+    let specs = specs(cfg);
+    let mut w = to_weights(cfg, &start.weights)?;
+    let mut m = to_weights(cfg, &start.m)?;
+    let mut v = to_weights(cfg, &start.v)?;
+    let mut attn = Distributed::new(comm, cfg.dims(), spans.to_vec(), o.schedule)?;
+    let scale = 1.0 / (o.seq_len * o.batch) as f64;
+    let mut samples = start.samples;
+    for step in start.step + 1..=o.steps {
+        let began = Instant::now();
+        let mut grads = weights::zeros(&ops, cfg)?;
+        let mut tally = Tally {
+            loss_sum: 0.0,
+            correct: 0,
+            probes: 0,
+        };
+        let mut last = None;
+        for _ in 0..o.batch {
+            let sample = o.data.sample(samples, o.seq_len, cfg.vocab_size);
+            samples += 1;
+            last = Some(accumulate(
+                cfg,
+                &w,
+                &mut grads,
+                &mut attn,
+                spans[rank],
+                &sample,
+                o.checkpoint,
+                scale,
+                &mut tally,
+            )?);
+        }
+        all_reduce(attn.comm, &mut grads, &mut tally)?;
+        let norm = grads
+            .tensors()
+            .iter()
+            .map(|g| ops.sum_squares(g))
+            .sum::<Result<f64>>()?
+            .sqrt();
+        if o.clip > 0.0 && norm > o.clip {
+            for g in grads.tensors_mut() {
+                ops.scale(g, o.clip / norm)?;
+            }
+        }
+        let lr = o.adamw.lr * (step as f64 / o.warmup.max(1) as f64).min(1.0);
+        let hp = AdamW { lr, ..o.adamw };
+        let (ws, gs, ms, vs) = (
+            w.tensors_mut(),
+            grads.tensors(),
+            m.tensors_mut(),
+            v.tensors_mut(),
+        );
+        for ((((p, g), m), v), s) in ws.into_iter().zip(gs).zip(ms).zip(vs).zip(&specs) {
+            ops.adamw(p, g, m, v, &hp, step, s.decays())?;
+        }
+        if rank != 0 {
+            continue;
+        }
+        let secs = began.elapsed().as_secs_f64();
+        let out = last.expect("batch is at least 1");
+        on_step(&StepReport {
+            step,
+            loss: tally.loss_sum * scale,
+            recall_correct: tally.correct,
+            recall_total: tally.probes,
+            grad_norm: norm,
+            lr,
+            tokens_per_sec: (o.seq_len * o.batch) as f64 / secs,
+            step_secs: secs,
+            attention_forwards_per_layer: out.attention_forwards,
+            peak_activation_bytes: out.peak_activation_bytes,
+        });
+        if let Some(dir) = &o.save_dir
+            && (step % o.save_every.max(1) == 0 || step == o.steps)
+        {
+            let host = |t: &Weights<Vec<f32>>| t.tensors().into_iter().cloned().collect();
+            let state = State {
+                step,
+                samples,
+                weights: host(&w),
+                m: host(&m),
+                v: host(&v),
+            };
+            state::save(&state::path_in(dir), key, &state)?;
+        }
+    }
+    Ok(w.tensors().into_iter().cloned().collect())
+}

@@ -1,0 +1,219 @@
+//! The model's gradients: against finite differences (f64, dense attention), distributed over
+//! 1..4 workers against one worker and against the f64 model, and equal under every checkpoint
+//! policy.
+
+use distflash::model::attention::Dense;
+use distflash::model::config::Config;
+use distflash::model::cpu::Cpu;
+use distflash::model::weights::{Weights, specs};
+use distflash::model::{Checkpoint, Chunk, forward_backward};
+use distflash::plan::Schedule;
+use distflash::train::gradients;
+use rand::rngs::StdRng;
+use rand::{RngExt, SeedableRng};
+use std::time::Duration;
+
+fn small(tied: bool) -> Config {
+    Config {
+        vocab_size: 24,
+        hidden_size: 16,
+        intermediate_size: 24,
+        num_hidden_layers: 2,
+        num_attention_heads: 4,
+        num_key_value_heads: 2,
+        head_dim: 4,
+        rms_norm_eps: 1e-5,
+        rope_theta: 500000.0,
+        tie_word_embeddings: tied,
+    }
+}
+
+/// Weights large enough that attention is far from uniform and every path carries gradient.
+fn host_weights(c: &Config, seed: u64) -> Vec<Vec<f32>> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    specs(c)
+        .iter()
+        .map(|s| {
+            (0..s.elements())
+                .map(|_| {
+                    let r: f32 = rng.random_range(-0.5..0.5);
+                    if s.decays() { r } else { 1.0 + r }
+                })
+                .collect()
+        })
+        .collect()
+}
+
+fn tokens(c: &Config, n: usize, seed: u64) -> Vec<u32> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    (0..=n)
+        .map(|_| rng.random_range(0..c.vocab_size as u32))
+        .collect()
+}
+
+/// Mean loss and gradients of the f64 model with dense attention (one chunk).
+fn f64_model(
+    c: &Config,
+    host: &[Vec<f64>],
+    toks: &[u32],
+    policy: Checkpoint,
+) -> (f64, Vec<Vec<f64>>) {
+    let ops = Cpu::<f64>::new();
+    let mut it = host.iter();
+    let w: Weights<Vec<f64>> = Weights::build(c, |_| Ok(it.next().unwrap().clone())).unwrap();
+    let mut g: Weights<Vec<f64>> = Weights::build(c, |s| Ok(vec![0.0; s.elements()])).unwrap();
+    let n = toks.len() - 1;
+    let mut attn = Dense {
+        dims: c.dims(),
+        rows: n,
+    };
+    let chunk = Chunk {
+        tokens: &toks[..n],
+        targets: &toks[1..],
+        start: 0,
+    };
+    let out = forward_backward(
+        &ops,
+        c,
+        &w,
+        &mut g,
+        &mut attn,
+        chunk,
+        policy,
+        1.0 / n as f64,
+    )
+    .unwrap();
+    (
+        out.loss_sum / n as f64,
+        g.tensors().into_iter().cloned().collect(),
+    )
+}
+
+fn widen(host: &[Vec<f32>]) -> Vec<Vec<f64>> {
+    host.iter()
+        .map(|t| t.iter().map(|&x| x as f64).collect())
+        .collect()
+}
+
+/// max |a − b| / max |b| over one tensor.
+fn rel(a: &[f32], b: &[f64]) -> f64 {
+    let err = a
+        .iter()
+        .zip(b)
+        .map(|(&x, &y)| (x as f64 - y).abs())
+        .fold(0.0, f64::max);
+    err / b.iter().map(|y| y.abs()).fold(f64::MIN_POSITIVE, f64::max)
+}
+
+#[test]
+fn gradients_match_finite_differences_in_f64() {
+    for tied in [false, true] {
+        let c = small(tied);
+        let host = widen(&host_weights(&c, 1));
+        let toks = tokens(&c, 9, 2);
+        let (_, grads) = f64_model(&c, &host, &toks, Checkpoint::Remat);
+        let h = 1e-5;
+        let mut rng = StdRng::seed_from_u64(3);
+        for (t, spec) in specs(&c).iter().enumerate() {
+            for _ in 0..4 {
+                let i = rng.random_range(0..spec.elements());
+                let mut plus = host.clone();
+                plus[t][i] += h;
+                let mut minus = host.clone();
+                minus[t][i] -= h;
+                let fd = (f64_model(&c, &plus, &toks, Checkpoint::None).0
+                    - f64_model(&c, &minus, &toks, Checkpoint::None).0)
+                    / (2.0 * h);
+                let got = grads[t][i];
+                assert!(
+                    (got - fd).abs() <= 1e-7 + 1e-6 * fd.abs(),
+                    "{} [{i}] (tied {tied}): backward {got:e}, finite difference {fd:e}",
+                    spec.name
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn distributed_equals_one_worker_and_the_f64_model() {
+    let c = small(false);
+    let host = host_weights(&c, 4);
+    let toks = tokens(&c, 23, 5);
+    let (loss64, grads64) = f64_model(&c, &widen(&host), &toks, Checkpoint::None);
+    let run = |workers, schedule| {
+        gradients(
+            &c,
+            &host,
+            &toks,
+            workers,
+            schedule,
+            Checkpoint::Remat,
+            Duration::from_secs(60),
+        )
+        .unwrap()
+    };
+    let one = run(1, Schedule::Balanced);
+    assert!(
+        (one.loss - loss64).abs() < 1e-5 * loss64,
+        "f32 loss {} vs f64 {loss64}",
+        one.loss
+    );
+    for (s, (g, want)) in specs(&c).iter().zip(one.grads.iter().zip(&grads64)) {
+        assert!(
+            rel(g, want) < 1e-4,
+            "{}: relative error {:e} against f64",
+            s.name,
+            rel(g, want)
+        );
+    }
+    for workers in 2..=4 {
+        for schedule in [Schedule::Balanced, Schedule::Unbalanced] {
+            let many = run(workers, schedule);
+            assert!((many.loss - one.loss).abs() < 1e-6 * one.loss);
+            for (s, (g, want)) in specs(&c).iter().zip(many.grads.iter().zip(&one.grads)) {
+                let want: Vec<f64> = want.iter().map(|&x| x as f64).collect();
+                assert!(
+                    rel(g, &want) < 1e-5,
+                    "{} with {workers} workers ({schedule}): relative error {:e}",
+                    s.name,
+                    rel(g, &want)
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn checkpoint_policies_give_the_same_gradients() {
+    let c = small(false);
+    let host = host_weights(&c, 6);
+    let toks = tokens(&c, 16, 7);
+    let run = |policy| {
+        gradients(
+            &c,
+            &host,
+            &toks,
+            3,
+            Schedule::Balanced,
+            policy,
+            Duration::from_secs(60),
+        )
+        .unwrap()
+    };
+    let none = run(Checkpoint::None);
+    let layer = run(Checkpoint::Layer);
+    let remat = run(Checkpoint::Remat);
+    assert_eq!(none.attention_forwards_per_layer, vec![1, 1]);
+    assert_eq!(layer.attention_forwards_per_layer, vec![2, 2]);
+    assert_eq!(remat.attention_forwards_per_layer, vec![1, 1]);
+    for other in [&layer, &remat] {
+        assert_eq!(other.loss, none.loss);
+        assert_eq!(
+            other.grads, none.grads,
+            "recomputation must repeat the same arithmetic"
+        );
+    }
+    assert!(none.peak_activation_bytes > remat.peak_activation_bytes);
+    assert!(remat.peak_activation_bytes > layer.peak_activation_bytes);
+}

@@ -1,0 +1,230 @@
+//! The training loop and its command: resume equals an uninterrupted run, damaged or mismatched
+//! checkpoints are refused with a sentence (and left as they were), bad configs give a sentence,
+//! and `train` / `grads` write what they promise.
+
+use distflash::model::Checkpoint;
+use distflash::model::config::Config;
+use distflash::model::ops::AdamW;
+use distflash::plan::Schedule;
+use distflash::train::data::Data;
+use distflash::train::{Init, Options, StepReport, state, train};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::Mutex;
+use std::time::Duration;
+
+fn temp_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("distflash-train-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn options(steps: u64, save_dir: Option<&Path>, resume: Option<&Path>) -> Options {
+    let mut config = Config::preset("tiny").unwrap();
+    config.hidden_size = 32;
+    config.head_dim = 8;
+    config.intermediate_size = 48;
+    Options {
+        config,
+        init: Init::Random { seed: 1 },
+        data: Data::Synthetic { seed: 2 },
+        seq_len: 48,
+        batch: 2,
+        workers: 3,
+        schedule: Schedule::Balanced,
+        checkpoint: Checkpoint::Remat,
+        steps,
+        adamw: AdamW {
+            lr: 3e-3,
+            beta1: 0.9,
+            beta2: 0.95,
+            eps: 1e-8,
+            weight_decay: 0.1,
+        },
+        warmup: 2,
+        clip: 1.0,
+        save_dir: save_dir.map(Path::to_path_buf),
+        save_every: 2,
+        resume: resume.map(Path::to_path_buf),
+        timeout: Duration::from_secs(60),
+    }
+}
+
+fn run(o: &Options) -> (Vec<f64>, Vec<Vec<f32>>) {
+    let losses = Mutex::new(Vec::new());
+    let w = train(o, |r: &StepReport| losses.lock().unwrap().push(r.loss)).unwrap();
+    (losses.into_inner().unwrap(), w)
+}
+
+#[test]
+fn resumed_run_follows_the_uninterrupted_trajectory() {
+    let dir = temp_dir("resume");
+    let (whole, w_whole) = run(&options(5, None, None));
+    let (first, _) = run(&options(3, Some(&dir), None));
+    let (rest, w_rest) = run(&options(5, None, Some(&dir)));
+    assert_eq!(first, whole[..3]);
+    assert_eq!(
+        rest,
+        whole[3..],
+        "resumed losses differ from the uninterrupted run"
+    );
+    assert_eq!(w_rest, w_whole);
+    assert!(whole[4] < whole[0], "loss should fall: {whole:?}");
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn damaged_or_mismatched_checkpoints_are_refused_and_kept() {
+    let dir = temp_dir("damaged");
+    run(&options(2, Some(&dir), None));
+    let path = state::path_in(&dir);
+    let good = std::fs::read(&path).unwrap();
+    let resume = |o: &Options| train(o, |_| {}).unwrap_err().to_string();
+
+    let mut other = options(4, None, Some(&dir));
+    other.seq_len = 36;
+    assert!(
+        resume(&other).contains("resuming would not continue"),
+        "{}",
+        resume(&other)
+    );
+
+    std::fs::write(&path, &good[..good.len() / 2]).unwrap();
+    let e = resume(&options(4, None, Some(&dir)));
+    assert!(e.contains("truncated or corrupt"), "{e}");
+
+    let mut flipped = good.clone();
+    let last = flipped.len() - 3;
+    flipped[last] ^= 0x40;
+    std::fs::write(&path, &flipped).unwrap();
+    let e = resume(&options(4, None, Some(&dir)));
+    assert!(e.contains("corrupt"), "{e}");
+
+    // A failed resume writes nothing: a save directory's checkpoint survives it.
+    std::fs::write(&path, &good).unwrap();
+    let mut bad = options(4, Some(&dir), Some(&dir));
+    bad.seq_len = 36;
+    assert!(train(&bad, |_| {}).is_err());
+    assert_eq!(std::fs::read(&path).unwrap(), good);
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+fn distflash(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_distflash"))
+        .args(args)
+        .output()
+        .expect("binary runs")
+}
+
+fn fails_with(args: &[&str], words: &str) {
+    let out = distflash(args);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{args:?} succeeded");
+    assert!(err.contains(words), "{args:?}: {err}");
+    assert!(!err.contains("panicked"), "{err}");
+    assert_eq!(
+        err.trim().lines().count(),
+        1,
+        "one sentence expected: {err}"
+    );
+}
+
+#[test]
+fn bad_configs_give_a_sentence() {
+    let dir = temp_dir("bad");
+    fails_with(&["train", "--preset", "gpt-5"], "unknown preset 'gpt-5'");
+    let mut config = Config::preset("tiny").unwrap().to_json();
+    config["num_key_value_heads"] = serde_json::json!(3);
+    let path = dir.join("config.json");
+    std::fs::write(&path, config.to_string()).unwrap();
+    fails_with(
+        &["train", "--config", path.to_str().unwrap()],
+        "must be a multiple of num_key_value_heads",
+    );
+    fails_with(
+        &["train", "--init-from", dir.to_str().unwrap()],
+        "multiple of",
+    );
+    config["num_key_value_heads"] = serde_json::json!(2);
+    std::fs::write(&path, config.to_string()).unwrap();
+    fails_with(
+        &["train", "--init-from", dir.to_str().unwrap()],
+        "no model.safetensors",
+    );
+    fails_with(&["train", "--workers", "0"], "at least 1");
+    fails_with(
+        &["train", "--schedule", "zigzag"],
+        "balanced and unbalanced",
+    );
+    fails_with(
+        &["train", "--preset", "llama2-7b"],
+        "6.74B parameters needs about",
+    );
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn train_writes_metrics_curve_and_model_and_grads_reads_it() {
+    let dir = temp_dir("cli");
+    let d = dir.to_str().unwrap();
+    let out = distflash(&[
+        "train",
+        "--steps",
+        "3",
+        "--seq-len",
+        "32",
+        "--workers",
+        "2",
+        "--batch",
+        "1",
+        "--save-dir",
+        d,
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let summary: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    assert_eq!(summary["steps"], 3);
+    assert_eq!(
+        summary["attention_forwards_per_layer"],
+        serde_json::json!([1, 1])
+    );
+    assert!(summary["recall_accuracy_last"].is_number());
+    let metrics = std::fs::read_to_string(dir.join("metrics.jsonl")).unwrap();
+    assert_eq!(metrics.lines().count(), 3);
+    assert!(
+        std::fs::read_to_string(dir.join("loss.svg"))
+            .unwrap()
+            .contains("<polyline")
+    );
+
+    let tokens = dir.join("tokens.json");
+    std::fs::write(&tokens, "[1, 20, 70, 71, 72, 2, 20]").unwrap();
+    let grads = dir.join("grads.safetensors");
+    let out = distflash(&[
+        "grads",
+        "--init-from",
+        d,
+        "--tokens",
+        tokens.to_str().unwrap(),
+        "--out",
+        grads.to_str().unwrap(),
+        "--workers",
+        "3",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(report["loss"].as_f64().unwrap() > 0.0);
+    let g = distflash::tensor_file::read(&grads).unwrap();
+    assert_eq!(g["lm_head.weight"].0, vec![256, 64]);
+    std::fs::remove_dir_all(dir).unwrap();
+}
