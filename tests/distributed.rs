@@ -137,3 +137,41 @@ fn a_lone_worker_on_a_backend_equals_the_threaded_single_worker() {
     assert_eq!(alone.dv, threads.dv);
     assert_eq!(alone.workers[0].forward_bytes_sent, 0);
 }
+
+#[test]
+fn a_second_run_on_the_same_communicators_reports_only_its_own_bytes() {
+    use distflash::comm::LocalComm;
+    use distflash::exec::{collect_results, gather_to_root, run_attention_rank, run_workers};
+    let d = dims(1, 4, 2, 8);
+    let (seq, workers) = (40, 3);
+    let x = Inputs::random(d, seq, 9);
+    let results = run_workers(
+        workers,
+        Duration::from_secs(60),
+        |_, comm: &mut LocalComm| {
+            let cpu = distflash::backend::cpu::CpuBackend;
+            run_attention_rank(&cpu, &x, Schedule::Balanced, comm)?; // the warm-up
+            let mine = run_attention_rank(&cpu, &x, Schedule::Balanced, comm)?;
+            gather_to_root(&x, mine, comm)
+        },
+    );
+    let run = collect_results(results)
+        .unwrap()
+        .remove(0)
+        .expect("rank 0 gathers");
+    let rows = chunk_sizes(seq, workers, Schedule::Balanced).unwrap();
+    let fwd = volume::elements_sent(
+        &Plan::new(workers, Schedule::Balanced, Pass::Forward).unwrap(),
+        &d,
+        &rows,
+    );
+    let bwd = volume::elements_sent(
+        &Plan::new(workers, Schedule::Balanced, Pass::Backward).unwrap(),
+        &d,
+        &rows,
+    );
+    for (w, report) in run.workers.iter().enumerate() {
+        assert_eq!(report.forward_bytes_sent, 4 * fwd[w] as u64, "worker {w}");
+        assert_eq!(report.backward_bytes_sent, 4 * bwd[w] as u64, "worker {w}");
+    }
+}

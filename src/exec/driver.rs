@@ -293,12 +293,14 @@ where
         compute: Duration::ZERO,
     };
     worker.comm.barrier()?;
+    // A communicator may have carried earlier runs (a warm-up): count this run's bytes only.
+    let bytes_before = worker.comm.bytes_sent();
     let start = Instant::now();
     let results = worker.forward(&setup.forward, &own)?;
     backend.synchronize()?;
     let forward_secs = start.elapsed().as_secs_f64();
     let forward_busy = worker.compute;
-    let forward_bytes = worker.comm.bytes_sent();
+    let forward_bytes = worker.comm.bytes_sent() - bytes_before;
     let mut outs = Vec::with_capacity(mine.len());
     let mut saved = Vec::with_capacity(mine.len());
     for ((&c, result), dout) in mine.iter().zip(results).zip(dout) {
@@ -340,7 +342,7 @@ where
             forward_busy_secs: forward_busy.as_secs_f64(),
             backward_busy_secs: (worker.compute - forward_busy).as_secs_f64(),
             forward_bytes_sent: forward_bytes,
-            backward_bytes_sent: worker.comm.bytes_sent() - forward_bytes,
+            backward_bytes_sent: worker.comm.bytes_sent() - bytes_before - forward_bytes,
         },
     })
 }
