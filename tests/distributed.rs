@@ -175,3 +175,27 @@ fn a_second_run_on_the_same_communicators_reports_only_its_own_bytes() {
         assert_eq!(report.backward_bytes_sent, 4 * bwd[w] as u64, "worker {w}");
     }
 }
+
+#[test]
+fn serialised_communication_gives_the_same_bits_and_bytes() {
+    use distflash::exec::Strategy;
+    let x = Inputs::random(dims(1, 4, 2, 8), 45, 11);
+    for workers in 1..=5 {
+        for schedule in [Schedule::Unbalanced, Schedule::Balanced, Schedule::Zigzag] {
+            let overlapped = run_attention(&x, workers, schedule, Duration::from_secs(60)).unwrap();
+            let serial = Strategy {
+                schedule,
+                overlap: false,
+            };
+            let serial = run_attention(&x, workers, serial, Duration::from_secs(60)).unwrap();
+            let what = format!("P={workers} {schedule}");
+            assert_eq!(overlapped.out, serial.out, "{what}");
+            assert_eq!(overlapped.dq, serial.dq, "{what}");
+            assert_eq!(overlapped.dk, serial.dk, "{what}");
+            for (a, b) in overlapped.workers.iter().zip(&serial.workers) {
+                assert_eq!(a.forward_bytes_sent, b.forward_bytes_sent, "{what}");
+                assert_eq!(a.backward_bytes_sent, b.backward_bytes_sent, "{what}");
+            }
+        }
+    }
+}

@@ -96,6 +96,7 @@ fn run_with_fault(culprit: usize, fault: Fault) -> Vec<Result<()>> {
             dims,
             spans: &spans,
             compute: Duration::ZERO,
+            overlap: true,
         };
         worker.forward(&plan, &own[..]).map(|_| ())
     })

@@ -14,7 +14,7 @@ use distflash::comm::{
     rendezvous::{self, LaunchEnv},
 };
 use distflash::exec::{
-    AttentionRun, gather_to_root, run_attention, run_attention_alone, run_attention_on,
+    AttentionRun, Strategy, gather_to_root, run_attention, run_attention_alone, run_attention_on,
     run_attention_rank,
 };
 use distflash::inputs::Inputs;
@@ -66,6 +66,10 @@ pub struct Args {
     /// `balanced` (DistFlashAttn) or `unbalanced`.
     #[arg(long, default_value = "balanced")]
     schedule: Schedule,
+    /// Serialise communication with compute (each step fetches its inputs just before it
+    /// computes) — the paper's ablation of prefetching.
+    #[arg(long)]
+    no_overlap: bool,
     /// Seed of the random inputs.
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -247,14 +251,18 @@ fn execute(
         }
     }
     let x = &*x;
+    let how = Strategy {
+        schedule: args.schedule,
+        overlap: !args.no_overlap,
+    };
     match (args.device, launch) {
-        (Device::Cpu, None) => run_attention(x, workers, args.schedule, timeout).map(Some),
+        (Device::Cpu, None) => run_attention(x, workers, how, timeout).map(Some),
         (Device::Cpu, Some(env)) => {
             let joined = rendezvous::join(&env, super::args_hash(), rendezvous_timeout, || {
                 Ok(Vec::new())
             })?;
             let mut comm = connect_mesh(joined, rendezvous_timeout, timeout)?;
-            let mine = run_attention_rank(&CpuBackend, x, args.schedule, &mut comm)?;
+            let mine = run_attention_rank(&CpuBackend, x, how, &mut comm)?;
             gather_to_root(x, mine, &mut comm)
         }
         (Device::Cuda, Some(env)) => {
@@ -269,8 +277,8 @@ fn execute(
             let mine =
                 NcclComm::connect(&backend, env.rank, env.world, &id).and_then(|mut comm| {
                     // The first run compiles (or loads) and warms the kernels; the second is timed.
-                    run_attention_rank(&backend, x, args.schedule, &mut comm)?;
-                    run_attention_rank(&backend, x, args.schedule, &mut comm)
+                    run_attention_rank(&backend, x, how, &mut comm)?;
+                    run_attention_rank(&backend, x, how, &mut comm)
                 });
             match mine {
                 Ok(mine) => gather_to_root(x, mine, &mut host),
@@ -286,7 +294,7 @@ fn execute(
             // Several workers share the GPU as threads (virtual workers): exact, not fast.
             let once = || match workers {
                 1 => run_attention_alone(&backend, x),
-                _ => run_attention_on(&backend, x, workers, args.schedule, timeout),
+                _ => run_attention_on(&backend, x, workers, how, timeout),
             };
             once()?;
             once().map(Some)

@@ -3,7 +3,7 @@
 //! of a multi-process job (`run_attention_rank`).
 
 use super::local::{collect_results, run_workers};
-use super::{OwnChunk, Saved, Worker, chunk_spans};
+use super::{OwnChunk, Saved, Strategy, Worker, chunk_spans};
 use crate::attn::{Span, layout};
 use crate::backend::Backend;
 use crate::backend::cpu::CpuBackend;
@@ -52,15 +52,18 @@ struct Setup {
     spans: Vec<Span>,
     forward: Plan,
     backward: Plan,
+    overlap: bool,
 }
 
 impl Setup {
-    fn new(problem: &Inputs, workers: usize, schedule: Schedule) -> Result<Setup> {
+    fn new(problem: &Inputs, workers: usize, how: Strategy) -> Result<Setup> {
         problem.dims.validate()?;
+        let schedule = how.schedule;
         Ok(Setup {
             spans: chunk_spans(&plan::chunk_sizes(problem.seq, workers, schedule)?),
             forward: Plan::new(workers, schedule, Pass::Forward)?,
             backward: Plan::new(workers, schedule, Pass::Backward)?,
+            overlap: how.overlap,
         })
     }
 }
@@ -69,10 +72,10 @@ impl Setup {
 pub fn run_attention(
     problem: &Inputs,
     workers: usize,
-    schedule: Schedule,
+    how: impl Into<Strategy>,
     timeout: Duration,
 ) -> Result<AttentionRun> {
-    run_attention_on(&CpuBackend, problem, workers, schedule, timeout)
+    run_attention_on(&CpuBackend, problem, workers, how, timeout)
 }
 
 /// Runs forward then backward with `workers` worker threads sharing one `backend`: CPU workers,
@@ -82,13 +85,13 @@ pub fn run_attention_on<B: Backend>(
     backend: &B,
     problem: &Inputs,
     workers: usize,
-    schedule: Schedule,
+    how: impl Into<Strategy>,
     timeout: Duration,
 ) -> Result<AttentionRun>
 where
     B::Tensor: Buffer,
 {
-    let setup = Setup::new(problem, workers, schedule)?;
+    let setup = Setup::new(problem, workers, how.into())?;
     let results = run_workers(workers, timeout, |rank, comm: &mut LocalComm<B::Tensor>| {
         run_rank(backend, problem, &setup, rank, comm)
     });
@@ -101,7 +104,7 @@ pub fn run_attention_alone<B: Backend>(backend: &B, problem: &Inputs) -> Result<
 where
     B::Tensor: Wire,
 {
-    let setup = Setup::new(problem, 1, Schedule::Balanced)?;
+    let setup = Setup::new(problem, 1, Schedule::Balanced.into())?;
     let part = run_rank(backend, problem, &setup, 0, &mut Solo)?;
     Ok(assemble(problem, vec![part]))
 }
@@ -115,13 +118,13 @@ pub struct RankResult(WorkerResult);
 pub fn run_attention_rank<B: Backend, C: Communicator<B::Tensor>>(
     backend: &B,
     problem: &Inputs,
-    schedule: Schedule,
+    how: impl Into<Strategy>,
     comm: &mut C,
 ) -> Result<RankResult>
 where
     B::Tensor: Wire,
 {
-    let setup = Setup::new(problem, comm.world(), schedule)?;
+    let setup = Setup::new(problem, comm.world(), how.into())?;
     let rank = comm.rank();
     run_rank(backend, problem, &setup, rank, comm)
         .map(RankResult)
@@ -291,6 +294,7 @@ where
         dims,
         spans: &setup.spans,
         compute: Duration::ZERO,
+        overlap: setup.overlap,
     };
     worker.comm.barrier()?;
     // A communicator may have carried earlier runs (a warm-up): count this run's bytes only.

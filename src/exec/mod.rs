@@ -18,7 +18,7 @@ pub use local::{collect_results, run_workers};
 use crate::attn::{Block, Dims, Grads, GradsMut, Partial, QuerySide, RunningState, Span};
 use crate::backend::Backend;
 use crate::comm::{Communicator, Incoming, Outgoing, Posted, Tag, Wire};
-use crate::plan::{Pass, Payload, Plan, Role, Task, Transfer, volume};
+use crate::plan::{Pass, Payload, Plan, Role, Schedule, Task, Transfer, volume};
 use anyhow::{Context as _, Result};
 use std::time::{Duration, Instant};
 
@@ -44,6 +44,26 @@ pub struct Worker<'a, B, C> {
     pub spans: &'a [Span],
     /// Time spent in block math (forward or backward), for busy fractions.
     pub compute: Duration,
+    /// Post step t + 1's fetches before step t computes (prefetch). Off, a step's fetches are
+    /// posted and awaited just before it computes: the paper's no-overlap ablation.
+    pub overlap: bool,
+}
+
+/// How a plan is run: which schedule, and whether communication overlaps compute.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Strategy {
+    pub schedule: Schedule,
+    pub overlap: bool,
+}
+
+impl From<Schedule> for Strategy {
+    /// A schedule with overlap on, the normal way to run.
+    fn from(schedule: Schedule) -> Self {
+        Strategy {
+            schedule,
+            overlap: true,
+        }
+    }
 }
 
 /// One chunk a worker owns: Q (`[b, h, n, d]`), K and V (`[b, hkv, n, d]`), head-major.
@@ -191,6 +211,37 @@ where
         }
     }
 
+    /// The inputs of step `t`: with overlap, those posted one step earlier (in `next`), after
+    /// posting step t + 1's; without, posted and awaited now.
+    fn fetches_for_step(
+        &mut self,
+        plan: &Plan,
+        t: usize,
+        next: &mut Pending,
+        owned: impl Fn(Payload, usize) -> Vec<&'a B::Tensor>,
+    ) -> Result<PerChunk<Vec<B::Tensor>>> {
+        let current = if self.overlap {
+            std::mem::replace(next, self.post_fetches(plan, t + 1, owned)?)
+        } else {
+            self.post_fetches(plan, t, owned)?
+        };
+        self.collect(current)
+    }
+
+    /// With overlap, step 0's fetches are posted before the loop (as every step's are one
+    /// step early); without, nothing is.
+    fn first_fetches(
+        &mut self,
+        plan: &Plan,
+        owned: impl Fn(Payload, usize) -> Vec<&'a B::Tensor>,
+    ) -> Result<Pending> {
+        if self.overlap {
+            self.post_fetches(plan, 0, owned)
+        } else {
+            Ok(Pending::default())
+        }
+    }
+
     /// Waits for a posted group's receives.
     fn collect(&mut self, pending: Pending) -> Result<PerChunk<Vec<B::Tensor>>> {
         let Some(posted) = pending.posted else {
@@ -220,11 +271,9 @@ where
             Payload::KeyValue => vec![&own[at(c)].k, &own[at(c)].v],
             _ => vec![&own[at(c)].q],
         };
-        let mut next = self.post_fetches(plan, 0, owned)?;
+        let mut next = self.first_fetches(plan, owned)?;
         for (t, step) in plan.steps.iter().enumerate() {
-            // Prefetch: step t + 1's inputs are posted before step t computes.
-            let current = std::mem::replace(&mut next, self.post_fetches(plan, t + 1, owned)?);
-            let fetched = self.collect(current)?;
+            let fetched = self.fetches_for_step(plan, t, &mut next, owned)?;
             let mut helping: PerChunk<RunningState<B::Tensor>> = Vec::new();
             for task in step.tasks_of(me) {
                 let block = self.block(&task);
@@ -321,10 +370,9 @@ where
             lse: &saved[at(c)].lse,
             delta: &saved[at(c)].delta,
         };
-        let mut next = self.post_fetches(plan, 0, owned)?;
+        let mut next = self.first_fetches(plan, owned)?;
         for (t, step) in plan.steps.iter().enumerate() {
-            let current = std::mem::replace(&mut next, self.post_fetches(plan, t + 1, owned)?);
-            let fetched = self.collect(current)?;
+            let fetched = self.fetches_for_step(plan, t, &mut next, owned)?;
             let mut kv_grads: PerChunk<(B::Tensor, B::Tensor)> = Vec::new();
             let mut q_grads: PerChunk<B::Tensor> = Vec::new();
             for task in step.tasks_of(me) {

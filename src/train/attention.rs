@@ -75,6 +75,7 @@ fn worker<'a>(
         dims,
         spans,
         compute: Duration::ZERO,
+        overlap: true,
     }
 }
 
