@@ -146,8 +146,10 @@ struct Report {
 #[derive(Serialize)]
 struct WorkerLine {
     rows: usize,
-    forward_busy: f64,
-    backward_busy: f64,
+    /// Share of the pass spent in block math; measured with host clocks, so only on the CPU
+    /// (on a GPU that times kernel launches, not kernels, and is left out).
+    forward_busy: Option<f64>,
+    backward_busy: Option<f64>,
     forward_bytes_sent: u64,
     backward_bytes_sent: u64,
 }
@@ -193,6 +195,7 @@ pub fn run(args: Args) -> Result<()> {
     if let Some(path) = save {
         save_run(path, &x, &run, precision)?;
     }
+    let host_timed = args.device == Device::Cpu;
     let report = Report {
         device: args.device,
         precision,
@@ -212,8 +215,8 @@ pub fn run(args: Args) -> Result<()> {
             .iter()
             .map(|w| WorkerLine {
                 rows: w.rows,
-                forward_busy: w.forward_busy_secs / run.forward_secs,
-                backward_busy: w.backward_busy_secs / run.backward_secs,
+                forward_busy: host_timed.then(|| w.forward_busy_secs / run.forward_secs),
+                backward_busy: host_timed.then(|| w.backward_busy_secs / run.backward_secs),
                 forward_bytes_sent: w.forward_bytes_sent,
                 backward_bytes_sent: w.backward_bytes_sent,
             })
@@ -411,13 +414,14 @@ fn print_table(r: &Report) {
         r.backward_secs,
         rate(r.backward_gflops)
     );
+    let share = |x: Option<f64>| x.map_or("—".to_string(), |x| format!("{:.0}%", 100.0 * x));
     println!("\nworker  rows    busy fwd  busy bwd  sent fwd     sent bwd");
     for (w, line) in r.per_worker.iter().enumerate() {
         println!(
-            "{w:<7} {:<7} {:>7.0}%  {:>7.0}%  {:<12} {}",
+            "{w:<7} {:<7} {:>8}  {:>8}  {:<12} {}",
             line.rows,
-            100.0 * line.forward_busy,
-            100.0 * line.backward_busy,
+            share(line.forward_busy),
+            share(line.backward_busy),
             bytes(line.forward_bytes_sent),
             bytes(line.backward_bytes_sent)
         );
