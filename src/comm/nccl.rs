@@ -74,6 +74,18 @@ impl NcclComm {
         })
     }
 
+    /// The communication stream, made to wait for everything the compute stream has queued so
+    /// far (the data about to be sent or reduced).
+    fn after_compute(&self) -> Result<Arc<CudaStream>> {
+        let stream = self.comm.stream();
+        let ready = self
+            .compute
+            .record_event(None)
+            .map_err(cuda_err("event record"))?;
+        stream.wait(&ready).map_err(cuda_err("stream wait"))?;
+        Ok(stream)
+    }
+
     fn alloc(&self, len: usize, precision: Precision) -> Result<Tensor> {
         let stream = self.comm.stream();
         let err = cuda_err("allocation of a receive buffer");
@@ -172,12 +184,7 @@ impl Communicator<Tensor> for NcclComm {
     }
 
     fn post(&mut self, sends: &[Outgoing<'_, Tensor>], recvs: Vec<Incoming>) -> Result<Posted> {
-        let stream = self.comm.stream();
-        let ready = self
-            .compute
-            .record_event(None)
-            .map_err(cuda_err("event record"))?;
-        stream.wait(&ready).map_err(cuda_err("stream wait"))?;
+        let stream = self.after_compute()?;
         let mut buffers = recvs
             .iter()
             .map(|r| {
@@ -227,12 +234,7 @@ impl Communicator<Tensor> for NcclComm {
         let Tensor::F32(data) = buf else {
             bail!("NCCL all-reduce sums f32 tensors, not 16-bit inputs");
         };
-        let stream = self.comm.stream();
-        let ready = self
-            .compute
-            .record_event(None)
-            .map_err(cuda_err("event record"))?;
-        stream.wait(&ready).map_err(cuda_err("stream wait"))?;
+        let stream = self.after_compute()?;
         self.comm
             .all_reduce_in_place(data, &ReduceOp::Sum)
             .map_err(nccl_err("all-reduce"))?;

@@ -413,6 +413,23 @@ impl CudaBackend {
             .map_err(|e| anyhow::anyhow!("launching {what} failed: {e:?}"))
     }
 
+    /// Q, K and V of `block` as the kernels read them, each checked for dtype and size.
+    fn block_qkv<'t>(
+        &self,
+        dims: &Dims,
+        block: Block,
+        q: &'t Tensor,
+        k: &'t Tensor,
+        v: &'t Tensor,
+    ) -> Result<[&'t CudaSlice<u16>; 3]> {
+        let (dt, qn, kvn) = (self.dtype, block.q.len, block.kv.len);
+        Ok([
+            half(q, dt, dims.q_len(qn), "Q")?,
+            half(k, dt, dims.kv_len(kvn), "K")?,
+            half(v, dt, dims.kv_len(kvn), "V")?,
+        ])
+    }
+
     fn alloc_f32(&self, len: usize) -> Result<CudaSlice<f32>> {
         self.stream
             .alloc_zeros::<f32>(len)
@@ -449,24 +466,18 @@ impl CudaBackend {
     ) -> Result<()> {
         launch::check_dims(dims)?;
         let kern = self.kernels(dims.head_dim)?;
-        let (dt, qn, kvn) = (self.dtype, block.q.len, block.kv.len);
-        let q = half(q, dt, dims.q_len(qn), "Q")?;
-        let k = half(k, dt, dims.kv_len(kvn), "K")?;
-        let v = half(v, dt, dims.kv_len(kvn), "V")?;
+        let (dt, qn) = (self.dtype, block.q.len);
+        let [q, k, v] = self.block_qkv(dims, block, q, k, v)?;
         half(&out.out, dt, dims.q_len(qn), "O")?; // validates, with the sentence
         let Tensor::Half { data: o, .. } = &mut out.out else {
             bail!("O must be a {} tensor", dt.name());
         };
         let lse = f32_mut(&mut out.lse, dims.stat_len(qn), "LSE")?;
         let cfg = launch::forward_config(dims, qn, &self.tuning(dims.head_dim))?;
-        let ints = block_ints(dims, block)?;
-        let scale_log2 = dims.scale() * std::f32::consts::LOG2_E;
+        let geometry = ForwardGeometry::new(dims, block)?;
         let mut b = self.stream.launch_builder(&kern.fwd_final);
         b.arg(q).arg(k).arg(v).arg(o).arg(lse);
-        for i in &ints {
-            b.arg(i);
-        }
-        b.arg(&scale_log2);
+        geometry.push(&mut b);
         self.launch("the attention forward", b, cfg)
     }
 
@@ -586,6 +597,29 @@ impl CudaBackend {
     }
 }
 
+/// What both forward kernels take after their tensors: the block's geometry and the softmax
+/// scale in base 2 (the kernels use exp2).
+struct ForwardGeometry {
+    ints: [i32; 6],
+    scale_log2: f32,
+}
+
+impl ForwardGeometry {
+    fn new(dims: &Dims, block: Block) -> Result<Self> {
+        Ok(ForwardGeometry {
+            ints: block_ints(dims, block)?,
+            scale_log2: dims.scale() * std::f32::consts::LOG2_E,
+        })
+    }
+
+    fn push<'a>(&'a self, b: &mut LaunchArgs<'a>) {
+        for i in &self.ints {
+            b.arg(i);
+        }
+        b.arg(&self.scale_log2);
+    }
+}
+
 /// The kernels' integer arguments for a block: heads, kv_heads, q_len, kv_len, q_start, kv_start.
 fn block_ints(dims: &Dims, block: Block) -> Result<[i32; 6]> {
     let vals = [
@@ -679,25 +713,19 @@ impl Backend for CudaBackend {
     ) -> Result<()> {
         launch::check_dims(dims)?;
         let kern = self.kernels(dims.head_dim)?;
-        let (dt, qn, kvn) = (self.dtype, block.q.len, block.kv.len);
+        let (qn, kvn) = (block.q.len, block.kv.len);
         if qn == 0 || kvn == 0 {
             return Ok(());
         }
-        let q = half(q, dt, dims.q_len(qn), "Q")?;
-        let k = half(k, dt, dims.kv_len(kvn), "K")?;
-        let v = half(v, dt, dims.kv_len(kvn), "V")?;
+        let [q, k, v] = self.block_qkv(dims, block, q, k, v)?;
         let m = f32_mut(&mut state.m, dims.stat_len(qn), "the running max")?;
         let l = f32_mut(&mut state.l, dims.stat_len(qn), "the running sum")?;
         let acc = f32_mut(&mut state.acc, dims.q_len(qn), "the accumulator")?;
         let cfg = launch::forward_config(dims, qn, &self.tuning(dims.head_dim))?;
-        let ints = block_ints(dims, block)?;
-        let scale_log2 = dims.scale() * std::f32::consts::LOG2_E;
+        let geometry = ForwardGeometry::new(dims, block)?;
         let mut b = self.stream.launch_builder(&kern.fwd_state);
         b.arg(q).arg(k).arg(v).arg(m).arg(l).arg(acc);
-        for i in &ints {
-            b.arg(i);
-        }
-        b.arg(&scale_log2);
+        geometry.push(&mut b);
         self.launch("the attention block forward", b, cfg)
     }
 
