@@ -129,8 +129,12 @@ fn more_workers_than_tokens_is_an_error_not_a_panic() {
 #[test]
 fn a_lone_worker_on_a_backend_equals_the_threaded_single_worker() {
     let x = Inputs::random(dims(2, 4, 2, 16), 70, 8);
-    let alone =
-        distflash::exec::run_attention_alone(&distflash::backend::cpu::CpuBackend, &x).unwrap();
+    let alone = distflash::exec::run_attention_alone(
+        &distflash::backend::cpu::CpuBackend,
+        &x,
+        Schedule::Balanced,
+    )
+    .unwrap();
     let threads = run_attention(&x, 1, Schedule::Balanced, Duration::from_secs(60)).unwrap();
     assert_eq!(alone.out, threads.out);
     assert_eq!(alone.dq, threads.dq);
@@ -184,8 +188,8 @@ fn serialised_communication_gives_the_same_bits_and_bytes() {
         for schedule in [Schedule::Unbalanced, Schedule::Balanced, Schedule::Zigzag] {
             let overlapped = run_attention(&x, workers, schedule, Duration::from_secs(60)).unwrap();
             let serial = Strategy {
-                schedule,
                 overlap: false,
+                ..Strategy::from(schedule)
             };
             let serial = run_attention(&x, workers, serial, Duration::from_secs(60)).unwrap();
             let what = format!("P={workers} {schedule}");
@@ -198,4 +202,24 @@ fn serialised_communication_gives_the_same_bits_and_bytes() {
             }
         }
     }
+}
+
+#[test]
+fn repeated_runs_report_median_times_and_the_same_results() {
+    use distflash::exec::Strategy;
+    let x = Inputs::random(dims(1, 4, 2, 8), 45, 12);
+    let once = run_attention(&x, 3, Schedule::Zigzag, Duration::from_secs(60)).unwrap();
+    let how = Strategy {
+        warmup: true,
+        repeats: 3,
+        ..Strategy::from(Schedule::Zigzag)
+    };
+    let thrice = run_attention(&x, 3, how, Duration::from_secs(60)).unwrap();
+    assert_eq!(once.out, thrice.out);
+    assert_eq!(once.dv, thrice.dv);
+    for (a, b) in once.workers.iter().zip(&thrice.workers) {
+        assert_eq!(a.forward_bytes_sent, b.forward_bytes_sent);
+        assert_eq!(a.backward_bytes_sent, b.backward_bytes_sent);
+    }
+    assert!(thrice.forward_secs > 0.0 && thrice.backward_secs > 0.0);
 }

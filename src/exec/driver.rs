@@ -4,12 +4,13 @@
 
 use super::local::{collect_results, run_workers};
 use super::{OwnChunk, Saved, Strategy, Worker, chunk_spans};
+use crate::attn::Grads;
 use crate::attn::{Span, layout};
 use crate::backend::Backend;
 use crate::backend::cpu::CpuBackend;
 use crate::comm::{Buffer, Communicator, LocalComm, PeerFailed, Solo, Tag, Wire};
 use crate::inputs::Inputs;
-use crate::plan::{self, Pass, Plan, Schedule};
+use crate::plan::{self, Pass, Plan};
 use anyhow::{Result, bail};
 use std::time::{Duration, Instant};
 
@@ -53,6 +54,8 @@ struct Setup {
     forward: Plan,
     backward: Plan,
     overlap: bool,
+    warmup: bool,
+    repeats: usize,
 }
 
 impl Setup {
@@ -64,6 +67,8 @@ impl Setup {
             forward: Plan::new(workers, schedule, Pass::Forward)?,
             backward: Plan::new(workers, schedule, Pass::Backward)?,
             overlap: how.overlap,
+            warmup: how.warmup,
+            repeats: how.repeats.max(1),
         })
     }
 }
@@ -100,11 +105,15 @@ where
 
 /// Runs forward then backward with one worker on `backend` (no communication): the path of a
 /// single device.
-pub fn run_attention_alone<B: Backend>(backend: &B, problem: &Inputs) -> Result<AttentionRun>
+pub fn run_attention_alone<B: Backend>(
+    backend: &B,
+    problem: &Inputs,
+    how: impl Into<Strategy>,
+) -> Result<AttentionRun>
 where
     B::Tensor: Wire,
 {
-    let setup = Setup::new(problem, 1, Schedule::Balanced.into())?;
+    let setup = Setup::new(problem, 1, how.into())?;
     let part = run_rank(backend, problem, &setup, 0, &mut Solo)?;
     Ok(assemble(problem, vec![part]))
 }
@@ -284,10 +293,6 @@ where
             })
         })
         .collect::<Result<Vec<_>>>()?;
-    let dout = mine
-        .iter()
-        .map(|&c| take(&problem.dout, q_rows, c))
-        .collect::<Result<Vec<_>>>()?;
     let mut worker = Worker {
         backend,
         comm,
@@ -296,30 +301,31 @@ where
         compute: Duration::ZERO,
         overlap: setup.overlap,
     };
-    worker.comm.barrier()?;
-    // A communicator may have carried earlier runs (a warm-up): count this run's bytes only.
-    let bytes_before = worker.comm.bytes_sent();
-    let start = Instant::now();
-    let results = worker.forward(&setup.forward, &own)?;
-    backend.synchronize()?;
-    let forward_secs = start.elapsed().as_secs_f64();
-    let forward_busy = worker.compute;
-    let forward_bytes = worker.comm.bytes_sent() - bytes_before;
-    let mut outs = Vec::with_capacity(mine.len());
-    let mut saved = Vec::with_capacity(mine.len());
-    for ((&c, result), dout) in mine.iter().zip(results).zip(dout) {
-        saved.push(Saved {
-            delta: backend.delta(&dims, setup.spans[c].len, &result.out, &dout)?,
-            dout,
-            lse: result.lse,
-        });
-        outs.push(result.out);
+    let mut times = Vec::with_capacity(setup.repeats);
+    let mut last = None;
+    for run in 0..usize::from(setup.warmup) + setup.repeats {
+        let dout = mine
+            .iter()
+            .map(|&c| take(&problem.dout, q_rows, c))
+            .collect::<Result<Vec<_>>>()?;
+        let pass = timed_pass(&mut worker, setup, &mine, &own, dout)?;
+        if run >= usize::from(setup.warmup) {
+            times.push((pass.forward_secs, pass.backward_secs));
+        }
+        last = Some(pass);
     }
-    worker.comm.barrier()?;
-    let start = Instant::now();
-    let grads = worker.backward(&setup.backward, &own, &saved)?;
-    backend.synchronize()?;
-    let backward_secs = start.elapsed().as_secs_f64();
+    let TimedPass {
+        outs,
+        saved,
+        grads,
+        report,
+        ..
+    } = last.expect("at least one run");
+    let median = |pick: fn(&(f64, f64)) -> f64| {
+        let mut v: Vec<f64> = times.iter().map(pick).collect();
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
     let host = |t: &B::Tensor| backend.download(t);
     let chunks = mine
         .iter()
@@ -339,14 +345,70 @@ where
         .collect::<Result<Vec<_>>>()?;
     Ok(WorkerResult {
         chunks,
-        forward_secs,
-        backward_secs,
+        forward_secs: median(|t| t.0),
+        backward_secs: median(|t| t.1),
+        report,
+    })
+}
+
+/// One timed forward and backward: the device results and this pass's measurements.
+struct TimedPass<T> {
+    outs: Vec<T>,
+    saved: Vec<Saved<T>>,
+    grads: Vec<Grads<T>>,
+    forward_secs: f64,
+    backward_secs: f64,
+    report: WorkerReport,
+}
+
+fn timed_pass<B: Backend, C: Communicator<B::Tensor>>(
+    worker: &mut Worker<'_, B, C>,
+    setup: &Setup,
+    mine: &[usize],
+    own: &[OwnChunk<B::Tensor>],
+    dout: Vec<B::Tensor>,
+) -> Result<TimedPass<B::Tensor>>
+where
+    B::Tensor: Wire,
+{
+    let (backend, dims) = (worker.backend, worker.dims);
+    worker.comm.barrier()?;
+    // The communicator may have carried earlier runs: count this pass's bytes and time only.
+    let bytes_before = worker.comm.bytes_sent();
+    let compute_before = worker.compute;
+    let start = Instant::now();
+    let results = worker.forward(&setup.forward, own)?;
+    backend.synchronize()?;
+    let forward_secs = start.elapsed().as_secs_f64();
+    let forward_busy = worker.compute - compute_before;
+    let forward_bytes = worker.comm.bytes_sent() - bytes_before;
+    let mut outs = Vec::with_capacity(mine.len());
+    let mut saved = Vec::with_capacity(mine.len());
+    for ((&c, result), dout) in mine.iter().zip(results).zip(dout) {
+        saved.push(Saved {
+            delta: backend.delta(&dims, setup.spans[c].len, &result.out, &dout)?,
+            dout,
+            lse: result.lse,
+        });
+        outs.push(result.out);
+    }
+    worker.comm.barrier()?;
+    let start = Instant::now();
+    let grads = worker.backward(&setup.backward, own, &saved)?;
+    backend.synchronize()?;
+    let backward_secs = start.elapsed().as_secs_f64();
+    Ok(TimedPass {
         report: WorkerReport {
             rows: mine.iter().map(|&c| setup.spans[c].len).sum(),
             forward_busy_secs: forward_busy.as_secs_f64(),
-            backward_busy_secs: (worker.compute - forward_busy).as_secs_f64(),
+            backward_busy_secs: (worker.compute - compute_before - forward_busy).as_secs_f64(),
             forward_bytes_sent: forward_bytes,
             backward_bytes_sent: worker.comm.bytes_sent() - bytes_before - forward_bytes,
         },
+        outs,
+        saved,
+        grads,
+        forward_secs,
+        backward_secs,
     })
 }

@@ -49,19 +49,26 @@ pub struct Worker<'a, B, C> {
     pub overlap: bool,
 }
 
-/// How a plan is run: which schedule, and whether communication overlaps compute.
+/// How a plan is run: which schedule, whether communication overlaps compute, and how the
+/// run is timed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Strategy {
     pub schedule: Schedule,
     pub overlap: bool,
+    /// Run forward and backward once, untimed, first (kernel compilation, allocator warm-up).
+    pub warmup: bool,
+    /// Timed runs; reported times are their medians, reported results the last run's.
+    pub repeats: usize,
 }
 
 impl From<Schedule> for Strategy {
-    /// A schedule with overlap on, the normal way to run.
+    /// A schedule with overlap on, run once: the normal way to run.
     fn from(schedule: Schedule) -> Self {
         Strategy {
             schedule,
             overlap: true,
+            warmup: false,
+            repeats: 1,
         }
     }
 }
@@ -199,12 +206,15 @@ where
     }
 
     /// Posts the fetches of `step`, if the plan has that step (every rank agrees on that).
-    fn post_fetches(
+    fn post_fetches<'d>(
         &mut self,
         plan: &Plan,
         step: usize,
-        owned: impl Fn(Payload, usize) -> Vec<&'a B::Tensor>,
-    ) -> Result<Pending> {
+        owned: impl Fn(Payload, usize) -> Vec<&'d B::Tensor>,
+    ) -> Result<Pending>
+    where
+        B::Tensor: 'd,
+    {
         match plan.steps.get(step) {
             Some(s) => self.exchange(plan, step, &s.fetches, |t| owned(t.payload, t.chunk)),
             None => Ok(Pending::default()),
@@ -213,13 +223,16 @@ where
 
     /// The inputs of step `t`: with overlap, those posted one step earlier (in `next`), after
     /// posting step t + 1's; without, posted and awaited now.
-    fn fetches_for_step(
+    fn fetches_for_step<'d>(
         &mut self,
         plan: &Plan,
         t: usize,
         next: &mut Pending,
-        owned: impl Fn(Payload, usize) -> Vec<&'a B::Tensor>,
-    ) -> Result<PerChunk<Vec<B::Tensor>>> {
+        owned: impl Fn(Payload, usize) -> Vec<&'d B::Tensor>,
+    ) -> Result<PerChunk<Vec<B::Tensor>>>
+    where
+        B::Tensor: 'd,
+    {
         let current = if self.overlap {
             std::mem::replace(next, self.post_fetches(plan, t + 1, owned)?)
         } else {
@@ -230,11 +243,14 @@ where
 
     /// With overlap, step 0's fetches are posted before the loop (as every step's are one
     /// step early); without, nothing is.
-    fn first_fetches(
+    fn first_fetches<'d>(
         &mut self,
         plan: &Plan,
-        owned: impl Fn(Payload, usize) -> Vec<&'a B::Tensor>,
-    ) -> Result<Pending> {
+        owned: impl Fn(Payload, usize) -> Vec<&'d B::Tensor>,
+    ) -> Result<Pending>
+    where
+        B::Tensor: 'd,
+    {
         if self.overlap {
             self.post_fetches(plan, 0, owned)
         } else {
@@ -256,7 +272,7 @@ where
     pub fn forward(
         &mut self,
         plan: &Plan,
-        own: &'a [OwnChunk<B::Tensor>],
+        own: &[OwnChunk<B::Tensor>],
     ) -> Result<Vec<Partial<B::Tensor>>> {
         let me = self.rank();
         let dims = self.dims;
@@ -336,8 +352,8 @@ where
     pub fn backward(
         &mut self,
         plan: &Plan,
-        own: &'a [OwnChunk<B::Tensor>],
-        saved: &'a [Saved<B::Tensor>],
+        own: &[OwnChunk<B::Tensor>],
+        saved: &[Saved<B::Tensor>],
     ) -> Result<Vec<Grads<B::Tensor>>> {
         let me = self.rank();
         let dims = self.dims;

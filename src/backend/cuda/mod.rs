@@ -271,6 +271,13 @@ impl CudaBackend {
     /// bf16 tensor cores and `cp.async`).
     pub fn new(ordinal: usize, dtype: InputDtype) -> Result<Self> {
         require_driver()?;
+        let count = CudaContext::device_count()
+            .map_err(|e| anyhow::anyhow!("could not count the CUDA devices: {e:?}"))?;
+        if ordinal >= count.max(0) as usize {
+            bail!(
+                "GPU {ordinal} was asked for but this machine has {count}; start at most {count} GPU processes per node (one per GPU)"
+            );
+        }
         let ctx = CudaContext::new(ordinal)
             .map_err(|e| anyhow::anyhow!("could not open CUDA device {ordinal}: {e:?}"))?;
         let capability = ctx
