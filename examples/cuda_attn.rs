@@ -9,13 +9,13 @@
 
 use anyhow::{Result, bail};
 use clap::{Parser, Subcommand};
-use cudarc::driver::sys::CUevent_flags;
-use distflash::attn::{self, Block, Dims, Grads, GradsMut, Partial, QuerySide, Span};
+use distflash::attn::{
+    self, Block, Dims, Grads, GradsMut, Partial, QuerySide, Span, layout, oracle,
+};
 use distflash::backend::Backend;
-use distflash::backend::cuda::{CudaBackend, InputDtype, Tensor, Tuning};
-use rand::rngs::StdRng;
-use rand::{RngExt, SeedableRng};
-use rayon::prelude::*;
+use distflash::backend::cuda::{CudaBackend, InputDtype, Tensor, Tuning, median_ms};
+use distflash::inputs::Inputs;
+use distflash::tensor_file::{self, Named};
 
 #[derive(Parser)]
 struct Cli {
@@ -137,18 +137,7 @@ fn main() -> Result<()> {
     }
 }
 
-/// Uniform random values in [−amp, amp), generated in parallel from a seed.
-fn random(len: usize, amp: f32, seed: u64) -> Vec<f32> {
-    const CHUNK: usize = 1 << 20;
-    let mut v = vec![0.0f32; len];
-    v.par_chunks_mut(CHUNK).enumerate().for_each(|(i, c)| {
-        let mut rng = StdRng::seed_from_u64(seed.wrapping_mul(1_000_003).wrapping_add(i as u64));
-        c.iter_mut().for_each(|x| *x = rng.random_range(-amp..amp));
-    });
-    v
-}
-
-/// Q, K, V, dO as the device holds them (rounded to the input dtype, read back as f32).
+/// Q, K, V, dO as the device holds them (rounded to the input dtype).
 struct Problem {
     q: Tensor,
     k: Tensor,
@@ -158,88 +147,26 @@ struct Problem {
 
 impl Problem {
     fn new(be: &CudaBackend, dims: Dims, seq: usize, seed: u64) -> Result<Problem> {
+        let x = Inputs::random(dims, seq, seed);
         Ok(Problem {
-            q: be.upload(&random(dims.q_len(seq), 2.0, seed))?,
-            k: be.upload(&random(dims.kv_len(seq), 2.0, seed + 1))?,
-            v: be.upload(&random(dims.kv_len(seq), 1.0, seed + 2))?,
-            dout: be.upload(&random(dims.q_len(seq), 1.0, seed + 3))?,
+            q: be.upload(&x.q)?,
+            k: be.upload(&x.k)?,
+            v: be.upload(&x.v)?,
+            dout: be.upload(&x.dout)?,
         })
     }
-}
 
-/// f64 reference results, head-major.
-struct Reference {
-    out: Vec<f64>,
-    lse: Vec<f64>,
-    dq: Vec<f64>,
-    dk: Vec<f64>,
-    dv: Vec<f64>,
-}
-
-/// Plain causal attention forward and backward in f64 (full score rows, exact softmax).
-fn reference(dims: &Dims, n: usize, q: &[f32], k: &[f32], v: &[f32], dout: &[f32]) -> Reference {
-    let d = dims.head_dim;
-    let scale = 1.0 / (d as f64).sqrt();
-    let heads: Vec<_> = (0..dims.batch * dims.heads)
-        .into_par_iter()
-        .map(|bh| {
-            let kvh = (bh / dims.heads) * dims.kv_heads + (bh % dims.heads) / dims.group();
-            let row = |t: &[f32], head: usize, i: usize| -> Vec<f64> {
-                t[(head * n + i) * d..(head * n + i + 1) * d]
-                    .iter()
-                    .map(|&x| x as f64)
-                    .collect()
-            };
-            let qs: Vec<_> = (0..n).map(|i| row(q, bh, i)).collect();
-            let ks: Vec<_> = (0..n).map(|i| row(k, kvh, i)).collect();
-            let vs: Vec<_> = (0..n).map(|i| row(v, kvh, i)).collect();
-            let gs: Vec<_> = (0..n).map(|i| row(dout, bh, i)).collect();
-            let dot = |a: &[f64], b: &[f64]| a.iter().zip(b).map(|(x, y)| x * y).sum::<f64>();
-            let (mut out, mut lse) = (vec![0.0; n * d], vec![0.0; n]);
-            let (mut dq, mut dk, mut dv) = (vec![0.0; n * d], vec![0.0; n * d], vec![0.0; n * d]);
-            for i in 0..n {
-                let s: Vec<f64> = (0..=i).map(|j| scale * dot(&qs[i], &ks[j])).collect();
-                let mx = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-                let l = mx + s.iter().map(|x| (x - mx).exp()).sum::<f64>().ln();
-                lse[i] = l;
-                let p: Vec<f64> = s.iter().map(|x| (x - l).exp()).collect();
-                for (j, pj) in p.iter().enumerate() {
-                    for c in 0..d {
-                        out[i * d + c] += pj * vs[j][c];
-                    }
-                }
-                let o = &out[i * d..(i + 1) * d];
-                let delta = dot(o, &gs[i]);
-                for (j, pj) in p.iter().enumerate() {
-                    let ds = pj * (dot(&gs[i], &vs[j]) - delta);
-                    for c in 0..d {
-                        dv[j * d + c] += pj * gs[i][c];
-                        dq[i * d + c] += scale * ds * ks[j][c];
-                        dk[j * d + c] += scale * ds * qs[i][c];
-                    }
-                }
-            }
-            (kvh, out, lse, dq, dk, dv)
+    /// The inputs as the device sees them, for the f64 oracle.
+    fn host(&self, be: &CudaBackend, dims: Dims, seq: usize) -> Result<Inputs> {
+        Ok(Inputs {
+            dims,
+            seq,
+            q: be.download(&self.q)?,
+            k: be.download(&self.k)?,
+            v: be.download(&self.v)?,
+            dout: be.download(&self.dout)?,
         })
-        .collect();
-    let mut r = Reference {
-        out: vec![],
-        lse: vec![],
-        dq: vec![],
-        dk: vec![0.0; dims.kv_len(n)],
-        dv: vec![0.0; dims.kv_len(n)],
-    };
-    for (kvh, out, lse, dq, dk, dv) in heads {
-        r.out.extend(out);
-        r.lse.extend(lse);
-        r.dq.extend(dq);
-        let base = kvh * n * d;
-        for (i, (a, b)) in dk.iter().zip(&dv).enumerate() {
-            r.dk[base + i] += a;
-            r.dv[base + i] += b;
-        }
     }
-    r
 }
 
 /// ‖x − ref‖ / ‖ref‖, or infinity if anything is not finite (NaN from an unwritten poisoned
@@ -251,17 +178,6 @@ fn rel_err(x: &[f32], r: &[f64]) -> f64 {
     let num: f64 = x.iter().zip(r).map(|(&a, &b)| (a as f64 - b).powi(2)).sum();
     let den: f64 = r.iter().map(|b| b * b).sum();
     (num / den.max(1e-300)).sqrt()
-}
-
-/// Rows `span` of every (batch, head) of a head-major `[bh, n, d]` tensor.
-fn rows(t: &[f32], bh: usize, n: usize, d: usize, span: Span) -> Vec<f32> {
-    (0..bh)
-        .flat_map(|h| {
-            t[(h * n + span.start) * d..(h * n + span.end()) * d]
-                .iter()
-                .copied()
-        })
-        .collect()
 }
 
 fn put_rows(t: &mut [f32], part: &[f32], bh: usize, n: usize, d: usize, span: Span) {
@@ -290,8 +206,9 @@ fn check(open: &dyn Fn(InputDtype) -> Result<CudaBackend>) -> Result<()> {
         };
         let p = Problem::new(&be, dims, seq, 100 + i as u64)?;
         let host = |t: &Tensor| be.download(t);
-        let (q, k, v, g) = (host(&p.q)?, host(&p.k)?, host(&p.v)?, host(&p.dout)?);
-        let r = reference(&dims, seq, &q, &k, &v, &g);
+        let x = p.host(&be, dims, seq)?;
+        let (r, rg) = (oracle::forward(&x), oracle::backward(&x));
+        let (q, k, v, g) = (&x.q, &x.k, &x.v, &x.dout);
 
         // Fast path, outputs poisoned with NaN first so unwritten elements show.
         let mut fwd = Partial {
@@ -304,9 +221,9 @@ fn check(open: &dyn Fn(InputDtype) -> Result<CudaBackend>) -> Result<()> {
         let fast = [
             rel_err(&host(&fwd.out)?, &r.out),
             rel_err(&host(&fwd.lse)?, &r.lse),
-            rel_err(&host(&grads.dq)?, &r.dq),
-            rel_err(&host(&grads.dk)?, &r.dk),
-            rel_err(&host(&grads.dv)?, &r.dv),
+            rel_err(&host(&grads.dq)?, &rg.dq),
+            rel_err(&host(&grads.dk)?, &rg.dk),
+            rel_err(&host(&grads.dv)?, &rg.dv),
         ];
 
         // Block API over three uneven chunks; the last chunk's row result is assembled from two
@@ -321,23 +238,18 @@ fn check(open: &dyn Fn(InputDtype) -> Result<CudaBackend>) -> Result<()> {
                 len: w[1] - w[0],
             })
             .collect();
-        let up = |t: &[f32], h: usize, s: Span| be.upload(&rows(t, h, seq, head_dim, s));
-        let qs: Vec<Tensor> = spans
-            .iter()
-            .map(|&s| up(&q, bh, s))
-            .collect::<Result<_>>()?;
+        let up =
+            |t: &[f32], h: usize, s: Span| be.upload(&layout::take_rows(t, h, seq, head_dim, s));
+        let qs: Vec<Tensor> = spans.iter().map(|&s| up(q, bh, s)).collect::<Result<_>>()?;
         let ks: Vec<Tensor> = spans
             .iter()
-            .map(|&s| up(&k, bkv, s))
+            .map(|&s| up(k, bkv, s))
             .collect::<Result<_>>()?;
         let vs: Vec<Tensor> = spans
             .iter()
-            .map(|&s| up(&v, bkv, s))
+            .map(|&s| up(v, bkv, s))
             .collect::<Result<_>>()?;
-        let gs: Vec<Tensor> = spans
-            .iter()
-            .map(|&s| up(&g, bh, s))
-            .collect::<Result<_>>()?;
+        let gs: Vec<Tensor> = spans.iter().map(|&s| up(g, bh, s)).collect::<Result<_>>()?;
         let mut out = vec![f32::NAN; dims.q_len(seq)];
         let mut lse = vec![f32::NAN; dims.stat_len(seq)];
         let mut partials = vec![];
@@ -419,9 +331,9 @@ fn check(open: &dyn Fn(InputDtype) -> Result<CudaBackend>) -> Result<()> {
         let blocks = [
             rel_err(&out, &r.out),
             rel_err(&lse, &r.lse),
-            rel_err(&dq, &r.dq),
-            rel_err(&dk, &r.dk),
-            rel_err(&dv, &r.dv),
+            rel_err(&dq, &rg.dq),
+            rel_err(&dk, &rg.dk),
+            rel_err(&dv, &rg.dv),
         ];
         println!(
             "check {} b={batch} h={heads} kvh={kv_heads} d={head_dim} seq={seq}: rel err out/lse/dq/dk/dv \
@@ -449,26 +361,6 @@ fn check(open: &dyn Fn(InputDtype) -> Result<CudaBackend>) -> Result<()> {
     Ok(())
 }
 
-/// Median of `reps` timings (ms) of `f`, measured with CUDA events on the backend's stream.
-fn time_ms(be: &CudaBackend, reps: usize, f: &mut dyn FnMut() -> Result<()>) -> Result<f64> {
-    let mut ts = vec![];
-    for _ in 0..reps {
-        let err = |e| anyhow::anyhow!("CUDA event failed: {e:?}");
-        let start = be
-            .stream()
-            .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
-            .map_err(err)?;
-        f()?;
-        let end = be
-            .stream()
-            .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
-            .map_err(err)?;
-        ts.push(start.elapsed_ms(&end).map_err(err)? as f64);
-    }
-    ts.sort_by(f64::total_cmp);
-    Ok(ts[ts.len() / 2])
-}
-
 fn bench(
     be: &CudaBackend,
     seqs: &[usize],
@@ -492,15 +384,15 @@ fn bench(
             be.synchronize()?;
             // One timed warm-up sizes the repeat count to about a second per measurement.
             let mut run_fwd = || be.causal_forward_into(&dims, seq, &p.q, &p.k, &p.v, &mut fwd);
-            let first = time_ms(be, 1, &mut run_fwd)?;
+            let first = median_ms(be, 1, &mut run_fwd)?;
             let reps = ((1000.0 / first) as usize).clamp(3, 30);
-            let f_ms = time_ms(be, reps, &mut run_fwd)?;
+            let f_ms = median_ms(be, reps, &mut run_fwd)?;
             let mut run_bwd =
                 || be.causal_backward_into(&dims, seq, &p.q, &p.k, &p.v, &fwd, &p.dout, &mut grads);
             let b_ms = if fwd_only {
                 f64::NAN
             } else {
-                time_ms(be, reps, &mut run_bwd)?
+                median_ms(be, reps, &mut run_bwd)?
             };
             be.synchronize()?;
             let ff = attn::causal_forward_flops(&dims, seq);
@@ -535,52 +427,41 @@ fn bench(
     Ok(())
 }
 
-/// Head-major `[b, h, n, d]` → `[b, n, h, d]` (the file layout of the PyTorch check).
-fn seq_major(t: &[f32], batch: usize, heads: usize, n: usize, d: usize) -> Vec<f32> {
-    let mut out = vec![0.0; t.len()];
-    for b in 0..batch {
-        for h in 0..heads {
-            for i in 0..n {
-                let src = ((b * heads + h) * n + i) * d;
-                let dst = ((b * n + i) * heads + h) * d;
-                out[dst..dst + d].copy_from_slice(&t[src..src + d]);
-            }
-        }
-    }
-    out
-}
-
 fn dump(be: &CudaBackend, dims: Dims, seq: usize, path: &std::path::Path) -> Result<()> {
-    use safetensors::tensor::{Dtype, TensorView};
     let p = Problem::new(be, dims, seq, 42)?;
     let fwd = be.causal_forward(&dims, seq, &p.q, &p.k, &p.v)?;
     let g = be.causal_backward(&dims, seq, &p.q, &p.k, &p.v, &fwd, &p.dout)?;
     be.synchronize()?;
     let (b, h, kh, d) = (dims.batch, dims.heads, dims.kv_heads, dims.head_dim);
-    let qside = |t: &Tensor| -> Result<Vec<f32>> { Ok(seq_major(&be.download(t)?, b, h, seq, d)) };
-    let kside = |t: &Tensor| -> Result<Vec<f32>> { Ok(seq_major(&be.download(t)?, b, kh, seq, d)) };
-    let tensors: Vec<(&str, Vec<usize>, Vec<f32>)> = vec![
-        ("q", vec![b, seq, h, d], qside(&p.q)?),
-        ("k", vec![b, seq, kh, d], kside(&p.k)?),
-        ("v", vec![b, seq, kh, d], kside(&p.v)?),
-        ("dout", vec![b, seq, h, d], qside(&p.dout)?),
-        ("out", vec![b, seq, h, d], qside(&fwd.out)?),
-        ("lse", vec![b, h, seq], be.download(&fwd.lse)?),
-        ("dq", vec![b, seq, h, d], qside(&g.dq)?),
-        ("dk", vec![b, seq, kh, d], kside(&g.dk)?),
-        ("dv", vec![b, seq, kh, d], kside(&g.dv)?),
+    let seq_major = |t: &Tensor, heads| -> Result<Vec<f32>> {
+        Ok(layout::to_seq_major(&be.download(t)?, b, seq, heads, d))
+    };
+    let data = [
+        seq_major(&p.q, h)?,
+        seq_major(&p.k, kh)?,
+        seq_major(&p.v, kh)?,
+        seq_major(&p.dout, h)?,
+        seq_major(&fwd.out, h)?,
+        be.download(&fwd.lse)?,
+        seq_major(&g.dq, h)?,
+        seq_major(&g.dk, kh)?,
+        seq_major(&g.dv, kh)?,
     ];
-    let bytes: Vec<(&str, Vec<usize>, Vec<u8>)> = tensors
-        .into_iter()
-        .map(|(n, s, v)| (n, s, v.iter().flat_map(|x| x.to_le_bytes()).collect()))
-        .collect();
-    let views = bytes
+    let names = ["q", "k", "v", "dout", "out", "lse", "dq", "dk", "dv"];
+    let tensors: Vec<Named<'_>> = names
         .iter()
-        .map(|(n, s, b)| Ok((n.to_string(), TensorView::new(Dtype::F32, s.clone(), b)?)))
-        .collect::<Result<Vec<_>>>()?;
-    let mut info = std::collections::HashMap::new();
-    info.insert("dtype".to_string(), be.dtype().name().to_string());
-    safetensors::tensor::serialize_to_file(views, Some(info), path)?;
+        .zip(&data)
+        .map(|(&name, data)| Named {
+            name,
+            shape: match name {
+                "lse" => vec![b, h, seq],
+                "k" | "v" | "dk" | "dv" => vec![b, seq, kh, d],
+                _ => vec![b, seq, h, d],
+            },
+            data,
+        })
+        .collect();
+    tensor_file::write(path, &tensors, &[("dtype", be.dtype().name())])?;
     println!("wrote {} (seq {seq}, {dims:?})", path.display());
     Ok(())
 }

@@ -29,7 +29,7 @@ mod compile;
 mod launch;
 mod timing;
 
-pub use timing::{AttentionTiming, time_attention};
+pub use timing::{AttentionTiming, median_ms, time_attention};
 
 pub use launch::Tuning;
 

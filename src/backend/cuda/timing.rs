@@ -17,8 +17,12 @@ pub struct AttentionTiming {
     pub repeats: usize,
 }
 
-/// Median of `repeats` event-timed runs of `f`, in milliseconds.
-fn median_ms(be: &CudaBackend, repeats: usize, f: &mut dyn FnMut() -> Result<()>) -> Result<f64> {
+/// Median of `repeats` event-timed runs of `f` on the backend's stream, in milliseconds.
+pub fn median_ms(
+    be: &CudaBackend,
+    repeats: usize,
+    f: &mut dyn FnMut() -> Result<()>,
+) -> Result<f64> {
     let event = || {
         be.stream()
             .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
