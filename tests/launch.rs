@@ -206,3 +206,46 @@ fn a_port_in_use_fails_rank_zero_and_the_launcher_stops_the_rest() {
         start.elapsed()
     );
 }
+
+#[test]
+fn training_as_processes_follows_the_threaded_trajectory_exactly() {
+    let args = [
+        "train",
+        "--steps",
+        "6",
+        "--json",
+        "--seq-len",
+        "64",
+        "--batch",
+        "2",
+    ];
+    let threads = Command::new(BIN)
+        .args(args)
+        .args(["--workers", "3"])
+        .output()
+        .unwrap();
+    assert!(threads.status.success(), "{}", stderr(&threads));
+    let procs = Command::new(BIN)
+        .args(["launch", "--nproc-per-node", "3", "--"])
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(procs.status.success(), "{}", stderr(&procs));
+    // Per-step losses and gradient norms, without the timings.
+    let trajectory = |out: &Output| -> Vec<(f64, f64)> {
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter(|v| v.get("step").is_some() && v.get("loss").is_some())
+            .map(|v| {
+                (
+                    v["loss"].as_f64().unwrap(),
+                    v["grad_norm"].as_f64().unwrap(),
+                )
+            })
+            .collect()
+    };
+    let (a, b) = (trajectory(&threads), trajectory(&procs));
+    assert_eq!(a.len(), 6, "{}", String::from_utf8_lossy(&threads.stdout));
+    assert_eq!(a, b);
+}

@@ -3,6 +3,8 @@
 //! resume.
 
 use anyhow::{Context, Result, bail};
+use distflash::comm::rendezvous::{self, LaunchEnv};
+use distflash::comm::{Communicator, connect_mesh};
 use distflash::model::Checkpoint;
 use distflash::model::config::Config;
 use distflash::model::ops::AdamW;
@@ -81,8 +83,9 @@ pub struct Args {
     /// Sequences per optimizer step.
     #[arg(long, default_value_t = 8)]
     batch: usize,
-    #[arg(long, default_value_t = 4)]
-    workers: usize,
+    /// Workers the sequence is split across [default: WORLD_SIZE under a launcher, else 4].
+    #[arg(long)]
+    workers: Option<usize>,
     #[arg(long, value_enum, default_value = "cpu")]
     device: Device,
     /// `balanced` (DistFlashAttn) or `unbalanced`.
@@ -119,6 +122,9 @@ pub struct Args {
     /// Seconds a worker waits for a message before declaring its sender stuck.
     #[arg(long, default_value_t = 600)]
     timeout: u64,
+    /// Seconds ranks of a multi-process job (`distflash launch`, torchrun) wait for each other.
+    #[arg(long, default_value_t = 60)]
+    rendezvous_timeout: u64,
 }
 
 /// Most steps over which the summary averages loss and recall at the start and the end.
@@ -148,6 +154,18 @@ fn mean(xs: impl Iterator<Item = f64>) -> f64 {
 }
 
 pub fn run(args: Args) -> Result<()> {
+    let launch = LaunchEnv::from_env()?;
+    let workers = match (args.workers, &launch) {
+        (Some(w), Some(env)) if w != env.world => bail!(
+            "--workers {w} does not match WORLD_SIZE={}: under a launcher every process is one worker",
+            env.world
+        ),
+        (Some(w), _) => w,
+        (None, Some(env)) => env.world,
+        (None, None) => 4,
+    };
+    // Under a launcher rank 0 reports and writes files; the others only train.
+    let reporter = launch.as_ref().is_none_or(|env| env.rank == 0);
     let (config, init) = args.model.resolve()?;
     let data = match &args.data {
         Some(path) => Data::bytes(path, args.data_seed)?,
@@ -161,7 +179,7 @@ pub fn run(args: Args) -> Result<()> {
         data,
         seq_len: args.seq_len,
         batch: args.batch,
-        workers: args.workers,
+        workers,
         schedule: args.schedule,
         checkpoint: args.checkpoint,
         steps: args.steps,
@@ -180,7 +198,7 @@ pub fn run(args: Args) -> Result<()> {
         timeout: Duration::from_secs(args.timeout),
     };
     let metrics = match &args.save_dir {
-        Some(dir) => {
+        Some(dir) if reporter => {
             std::fs::create_dir_all(dir)
                 .with_context(|| format!("cannot create the save directory {}", dir.display()))?;
             let path = dir.join("metrics.jsonl");
@@ -193,9 +211,9 @@ pub fn run(args: Args) -> Result<()> {
                 .with_context(|| format!("cannot write {}", path.display()))?;
             Some(file)
         }
-        None => None,
+        _ => None,
     };
-    let bar = (!args.json).then(|| {
+    let bar = (!args.json && reporter).then(|| {
         let bar = ProgressBar::new(args.steps);
         bar.set_style(
             ProgressStyle::with_template(
@@ -208,7 +226,7 @@ pub fn run(args: Args) -> Result<()> {
     });
     let reports = Mutex::new((Vec::<StepReport>::new(), metrics));
     let began = Instant::now();
-    let weights = train::train(&opts, |r| {
+    let on_step = |r: &StepReport| {
         let line = serde_json::to_string(r).expect("reports serialize");
         let mut guard = reports.lock().expect("reporting never panics");
         let (list, file) = &mut *guard;
@@ -233,7 +251,21 @@ pub fn run(args: Args) -> Result<()> {
             println!("{line}");
         }
         list.push(r.clone());
-    })?;
+    };
+    let weights = match launch {
+        None => train::train(&opts, on_step)?,
+        Some(env) => {
+            let wait = Duration::from_secs(args.rendezvous_timeout);
+            let joined = rendezvous::join(&env, super::args_hash(), wait, || Ok(Vec::new()))?;
+            let mut comm = connect_mesh(joined, wait, opts.timeout)?;
+            let weights = train::train_rank(&opts, &mut comm, on_step)?;
+            comm.barrier()?;
+            if !reporter {
+                return Ok(());
+            }
+            weights
+        }
+    };
     if let Some(bar) = &bar {
         bar.finish();
     }
@@ -258,7 +290,7 @@ pub fn run(args: Args) -> Result<()> {
         device: args.device,
         steps: last.step,
         wall_secs: wall,
-        workers: args.workers,
+        workers,
         seq_len: args.seq_len,
         batch: args.batch,
         checkpoint: args.checkpoint,

@@ -1,35 +1,30 @@
 //! distflash as the model's attention: this worker's rows against the whole sequence so far,
-//! through the executor and the in-process communicator. The model hands over sequence-major
+//! through the executor and any host communicator (threads or processes). The model hands over sequence-major
 //! tensors; the executor wants head-major ones, so they are converted at this edge.
 
 use crate::attn::{Dims, Span, layout};
 use crate::backend::Backend;
 use crate::backend::cpu::CpuBackend;
-use crate::comm::LocalComm;
+use crate::comm::{Communicator, LocalComm};
 use crate::exec::{OwnChunk, Saved, Worker};
 use crate::model::attention::Attention;
 use crate::plan::{Pass, Plan, Schedule};
 use anyhow::{Context, Result};
 use std::time::Duration;
 
-/// distflash over the in-process communicator: this worker owns one chunk, rows `spans[rank]`
+/// distflash over a host communicator: this worker owns one chunk, rows `spans[rank]`
 /// (the `balanced` and `unbalanced` schedules; `train` refuses `zigzag`, whose two chunks per
 /// worker are not one run of positions).
-pub struct Distributed<'c> {
-    pub comm: &'c mut LocalComm,
+pub struct Distributed<'c, C = LocalComm> {
+    pub comm: &'c mut C,
     pub dims: Dims,
     pub spans: Vec<Span>,
     forward: Plan,
     backward: Plan,
 }
 
-impl<'c> Distributed<'c> {
-    pub fn new(
-        comm: &'c mut LocalComm,
-        dims: Dims,
-        spans: Vec<Span>,
-        schedule: Schedule,
-    ) -> Result<Self> {
+impl<'c, C: Communicator<Vec<f32>>> Distributed<'c, C> {
+    pub fn new(comm: &'c mut C, dims: Dims, spans: Vec<Span>, schedule: Schedule) -> Result<Self> {
         let world = spans.len();
         Ok(Distributed {
             comm,
@@ -41,7 +36,6 @@ impl<'c> Distributed<'c> {
     }
 
     fn rows(&self) -> usize {
-        use crate::comm::Communicator;
         self.spans[self.comm.rank()].len
     }
 
@@ -64,11 +58,11 @@ impl<'c> Distributed<'c> {
 }
 
 /// The executor for one attention call on this worker's endpoint.
-fn worker<'a>(
-    comm: &'a mut LocalComm,
+fn worker<'a, C: Communicator<Vec<f32>>>(
+    comm: &'a mut C,
     dims: Dims,
     spans: &'a [Span],
-) -> Worker<'a, CpuBackend, LocalComm> {
+) -> Worker<'a, CpuBackend, C> {
     Worker {
         backend: &CpuBackend,
         comm,
@@ -79,7 +73,7 @@ fn worker<'a>(
     }
 }
 
-impl Attention<Vec<f32>> for Distributed<'_> {
+impl<C: Communicator<Vec<f32>>> Attention<Vec<f32>> for Distributed<'_, C> {
     fn forward(
         &mut self,
         q: &Vec<f32>,

@@ -138,11 +138,11 @@ struct Tally {
 
 /// Forward and backward of this worker's rows of `sample`, gradients into `grads`.
 #[allow(clippy::too_many_arguments)]
-fn accumulate(
+fn accumulate<C: Communicator<Vec<f32>>>(
     cfg: &Config,
     w: &Weights<Vec<f32>>,
     grads: &mut Weights<Vec<f32>>,
-    attn: &mut Distributed<'_>,
+    attn: &mut Distributed<'_, C>,
     span: Span,
     sample: &Sample,
     policy: Checkpoint,
@@ -175,8 +175,8 @@ fn accumulate(
 }
 
 /// Sums gradients and the tally over all workers.
-fn all_reduce(
-    comm: &mut LocalComm,
+fn all_reduce<C: Communicator<Vec<f32>>>(
+    comm: &mut C,
     grads: &mut Weights<Vec<f32>>,
     tally: &mut Tally,
 ) -> Result<()> {
@@ -297,9 +297,43 @@ pub fn gradients(
     Ok(collect_results(results)?.swap_remove(0))
 }
 
-/// Trains as `o` says, calling `on_step` (from rank 0's thread) after every step. Returns the
-/// final host weights (`specs` order).
+/// Trains as `o` says, with `o.workers` worker threads, calling `on_step` (from rank 0's thread)
+/// after every step. Returns the final host weights (`specs` order).
 pub fn train(o: &Options, on_step: impl Fn(&StepReport) + Sync) -> Result<Vec<Vec<f32>>> {
+    let (spans, start, key) = prepare(o)?;
+    let results = run_workers(o.workers, o.timeout, |rank, comm: &mut LocalComm| {
+        worker(o, &key, &start, &spans, rank, comm, &on_step)
+    });
+    Ok(collect_results(results)?.swap_remove(0))
+}
+
+/// Trains as `o` says as this process's rank of a multi-process job (`comm` connects the ranks;
+/// `o.workers` must be its world size). Rank 0 calls `on_step` and saves; every rank returns the
+/// final weights, which are the same on all.
+pub fn train_rank<C: Communicator<Vec<f32>>>(
+    o: &Options,
+    comm: &mut C,
+    on_step: impl Fn(&StepReport) + Sync,
+) -> Result<Vec<Vec<f32>>> {
+    if comm.world() != o.workers {
+        bail!(
+            "--workers {} does not match the job's {} ranks: under a launcher every process is one worker",
+            o.workers,
+            comm.world()
+        );
+    }
+    let (spans, start, key) = prepare(o)?;
+    let rank = comm.rank();
+    worker(o, &key, &start, &spans, rank, comm, &on_step).inspect_err(|e| {
+        if !e.chain().any(|c| c.is::<crate::comm::PeerFailed>()) {
+            comm.abort(&format!("{e:#}"));
+        }
+    })
+}
+
+/// Everything every rank derives alike before the first step: chunk spans, the starting state
+/// (fresh or resumed) and the run's identity for checkpoints; the checks that refuse a run.
+fn prepare(o: &Options) -> Result<(Vec<Span>, State, RunKey)> {
     let spans = spans_for(o.seq_len, o.workers, o.schedule)?;
     if o.batch == 0 {
         bail!("--batch must be at least 1");
@@ -318,21 +352,17 @@ pub fn train(o: &Options, on_step: impl Fn(&StepReport) + Sync) -> Result<Vec<Ve
             o.steps
         );
     }
-    let key = run_key(o);
-    let results = run_workers(o.workers, o.timeout, |rank, comm| {
-        worker(o, &key, &start, &spans, rank, comm, &on_step)
-    });
-    Ok(collect_results(results)?.swap_remove(0))
+    Ok((spans, start, run_key(o)))
 }
 
 #[allow(clippy::too_many_arguments)]
-fn worker(
+fn worker<C: Communicator<Vec<f32>>>(
     o: &Options,
     key: &RunKey,
     start: &State,
     spans: &[Span],
     rank: usize,
-    comm: &mut LocalComm,
+    comm: &mut C,
     on_step: &(impl Fn(&StepReport) + Sync),
 ) -> Result<Vec<Vec<f32>>> {
     let ops = Cpu::<f32>::new();
