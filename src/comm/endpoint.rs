@@ -44,6 +44,7 @@ pub struct Endpoint<B, X> {
     closed: Vec<Option<String>>,
     timeout: Duration,
     bytes_sent: u64,
+    waited: Duration,
     collective_round: u64,
 }
 
@@ -59,6 +60,7 @@ impl<B: Buffer, X: Transport<B>> Endpoint<B, X> {
             stash: Vec::new(),
             timeout,
             bytes_sent: 0,
+            waited: Duration::ZERO,
             collective_round: 0,
         }
     }
@@ -109,6 +111,51 @@ impl<B: Buffer, X: Transport<B>> Endpoint<B, X> {
         }
     }
 
+    /// Receives `tag` from `from`, stashing other messages, until `deadline`.
+    fn wait_for(&mut self, from: usize, tag: Tag, deadline: Instant) -> Result<Vec<B>> {
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.inbox.recv_timeout(left) {
+                Ok(Envelope {
+                    from: culprit,
+                    body: Body::Abort(reason),
+                    ..
+                }) => {
+                    return Err(PeerFailed {
+                        rank: culprit,
+                        reason,
+                    }
+                    .into());
+                }
+                Ok(Envelope {
+                    from: f,
+                    tag: t,
+                    body: Body::Data(parts),
+                }) if f == from && t == tag => return Ok(parts),
+                Ok(Envelope {
+                    from: gone,
+                    body: Body::Closed(reason),
+                    ..
+                }) => {
+                    // A closed connection matters only to whoever still waits on that peer.
+                    if gone == from {
+                        return Err(PeerFailed { rank: gone, reason }.into());
+                    }
+                    self.closed[gone] = Some(reason);
+                }
+                Ok(e) => self.stash.push(e),
+                Err(RecvTimeoutError::Timeout) => bail!(
+                    "worker {} waited {:.0} s for a message from worker {from} that never arrived (is worker {from} stuck? raise --timeout if its step is that slow)",
+                    self.rank,
+                    self.timeout.as_secs_f64()
+                ),
+                Err(RecvTimeoutError::Disconnected) => {
+                    bail!("worker {}: every other worker has exited", self.rank)
+                }
+            }
+        }
+    }
+
     fn next_collective_tag(&mut self) -> Tag {
         self.collective_round += 1;
         Tag(Tag::COLLECTIVE + self.collective_round)
@@ -146,37 +193,11 @@ impl<B: Buffer, X: Transport<B>> Communicator<B> for Endpoint<B, X> {
             }
             .into());
         }
-        let deadline = Instant::now() + self.timeout;
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match self.inbox.recv_timeout(left) {
-                Ok(Envelope {
-                    from: culprit,
-                    body: Body::Abort(reason),
-                    ..
-                }) => {
-                    return Err(PeerFailed {
-                        rank: culprit,
-                        reason,
-                    }
-                    .into());
-                }
-                Ok(Envelope {
-                    from: f,
-                    tag: t,
-                    body: Body::Data(parts),
-                }) if f == from && t == tag => return Ok(parts),
-                Ok(e) => self.stash.push(e),
-                Err(RecvTimeoutError::Timeout) => bail!(
-                    "worker {} waited {:.0} s for a message from worker {from} that never arrived (is worker {from} stuck? raise --timeout if its step is that slow)",
-                    self.rank,
-                    self.timeout.as_secs_f64()
-                ),
-                Err(RecvTimeoutError::Disconnected) => {
-                    bail!("worker {}: every other worker has exited", self.rank)
-                }
-            }
-        }
+        let began = Instant::now();
+        let deadline = began + self.timeout;
+        let result = self.wait_for(from, tag, deadline);
+        self.waited += began.elapsed();
+        result
     }
 
     /// Rank 0 sums the buffers in rank order (so every run gives the same bits) and sends the
@@ -236,5 +257,79 @@ impl<B: Buffer, X: Transport<B>> Communicator<B> for Endpoint<B, X> {
 
     fn bytes_sent(&self) -> u64 {
         self.bytes_sent
+    }
+
+    fn waited_secs(&mut self) -> Result<f64> {
+        Ok(self.waited.as_secs_f64())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::mpsc::channel;
+
+    /// A transport whose sends go nowhere: these tests feed the inbox by hand.
+    struct Nowhere(usize);
+
+    impl Transport<Buf> for Nowhere {
+        fn world(&self) -> usize {
+            self.0
+        }
+        fn post(&mut self, _to: usize, _envelope: Envelope<Buf>) -> Result<()> {
+            Ok(())
+        }
+    }
+
+    fn closed(from: usize) -> Envelope<Buf> {
+        Envelope {
+            from,
+            tag: Tag(u64::MAX),
+            body: Body::Closed("its connection closed".into()),
+        }
+    }
+
+    #[test]
+    fn a_closed_connection_fails_the_wait_on_that_peer_at_once() {
+        let (tx, rx) = channel();
+        let mut e = Endpoint::new(0, Nowhere(3), rx, Duration::from_secs(30));
+        // Rank 2's connection closes while rank 0 waits on rank 1: not an error yet...
+        tx.send(closed(2)).unwrap();
+        tx.send(Envelope {
+            from: 1,
+            tag: Tag(5),
+            body: Body::Data(vec![vec![1.0]]),
+        })
+        .unwrap();
+        assert_eq!(e.recv(1, Tag(5)).unwrap(), vec![vec![1.0]]);
+        // ...but the next wait on rank 2 fails immediately instead of timing out.
+        let start = Instant::now();
+        let err = e.recv(2, Tag(6)).unwrap_err();
+        assert!(start.elapsed() < Duration::from_secs(5));
+        let peer = err.downcast_ref::<PeerFailed>().expect("names the peer");
+        assert_eq!(peer.rank, 2);
+        // And a close while waiting on that very peer ends the wait.
+        tx.send(closed(1)).unwrap();
+        let err = e.recv(1, Tag(7)).unwrap_err();
+        assert_eq!(err.downcast_ref::<PeerFailed>().unwrap().rank, 1);
+    }
+
+    #[test]
+    fn time_blocked_in_receives_is_counted() {
+        let (tx, rx) = channel::<Envelope<Buf>>();
+        let mut e = Endpoint::new(0, Nowhere(2), rx, Duration::from_secs(30));
+        let sender = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(150));
+            tx.send(Envelope {
+                from: 1,
+                tag: Tag(1),
+                body: Body::Data(vec![]),
+            })
+            .unwrap();
+        });
+        e.recv(1, Tag(1)).unwrap();
+        sender.join().unwrap();
+        let waited = e.waited_secs().unwrap();
+        assert!((0.1..5.0).contains(&waited), "{waited}");
     }
 }

@@ -145,6 +145,14 @@ pub trait Communicator<T: Wire> {
 
     /// Bytes this rank has sent point-to-point so far.
     fn bytes_sent(&self) -> u64;
+
+    /// Seconds this rank's compute has waited for data from other ranks so far: transfers not
+    /// hidden behind compute, plus waiting for peers still computing what it needs. Host
+    /// communicators time their blocking receives; a GPU one times the compute stream's stalls.
+    /// Call after the work being measured has finished (a GPU one reads its events then).
+    fn waited_secs(&mut self) -> Result<f64> {
+        Ok(0.0)
+    }
 }
 
 /// The error a rank gets when another rank failed: it names the culprit.
