@@ -155,6 +155,9 @@ struct WorkerLine {
     backward_busy: Option<f64>,
     forward_bytes_sent: u64,
     backward_bytes_sent: u64,
+    /// Share of the pass the worker's compute waited for other workers' data.
+    forward_wait: f64,
+    backward_wait: f64,
 }
 
 pub fn run(args: Args) -> Result<()> {
@@ -222,6 +225,8 @@ pub fn run(args: Args) -> Result<()> {
                 backward_busy: host_timed.then(|| w.backward_busy_secs / run.backward_secs),
                 forward_bytes_sent: w.forward_bytes_sent,
                 backward_bytes_sent: w.backward_bytes_sent,
+                forward_wait: w.forward_wait_secs / run.forward_secs,
+                backward_wait: w.backward_wait_secs / run.backward_secs,
             })
             .collect(),
         check,
@@ -419,17 +424,23 @@ fn print_table(r: &Report) {
         rate(r.backward_gflops)
     );
     let share = |x: Option<f64>| x.map_or("—".to_string(), |x| format!("{:.0}%", 100.0 * x));
-    println!("\nworker  rows    busy fwd  busy bwd  sent fwd     sent bwd");
+    println!("\nworker  rows    busy fwd  busy bwd  wait fwd  wait bwd  sent fwd     sent bwd");
     for (w, line) in r.per_worker.iter().enumerate() {
         println!(
-            "{w:<7} {:<7} {:>8}  {:>8}  {:<12} {}",
+            "{w:<7} {:<7} {:>8}  {:>8}  {:>8}  {:>8}  {:<12} {}",
             line.rows,
             share(line.forward_busy),
             share(line.backward_busy),
+            share(Some(line.forward_wait)),
+            share(Some(line.backward_wait)),
             bytes(line.forward_bytes_sent),
             bytes(line.backward_bytes_sent)
         );
     }
+    println!(
+        "(wait: the share of the pass a worker's compute waited for others' data: \
+         communication left exposed, plus imbalance)"
+    );
     if let Some(c) = &r.check {
         println!("\ncheck against the f64 oracle (relative = max abs error / max abs value):");
         for (name, e) in [

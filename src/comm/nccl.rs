@@ -12,6 +12,7 @@ use super::{Communicator, Incoming, Outgoing, Posted, Tag, Wire};
 use crate::backend::cuda::{CudaBackend, InputDtype, Tensor};
 use crate::plan::volume::Precision;
 use anyhow::{Result, anyhow, bail};
+use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{CudaEvent, CudaStream};
 use cudarc::nccl::{Comm, Id, ReduceOp, result as nccl};
 use std::sync::Arc;
@@ -31,6 +32,10 @@ pub struct NcclComm {
     bytes_sent: u64,
     in_flight: Vec<InFlight>,
     next_ticket: u64,
+    /// Events on the compute stream just before and after each wait for a group: the time
+    /// between them is how long compute stalled on communication.
+    stalls: Vec<(CudaEvent, CudaEvent)>,
+    waited: f64,
 }
 
 fn nccl_err(what: &str) -> impl Fn(nccl::NcclError) -> anyhow::Error + '_ {
@@ -71,6 +76,8 @@ impl NcclComm {
             bytes_sent: 0,
             in_flight: Vec::new(),
             next_ticket: 1,
+            stalls: Vec::new(),
+            waited: 0.0,
         })
     }
 
@@ -224,9 +231,19 @@ impl Communicator<Tensor> for NcclComm {
             .position(|f| f.ticket == posted.ticket)
             .ok_or_else(|| anyhow!("no NCCL group {} is in flight", posted.ticket))?;
         let flight = self.in_flight.swap_remove(i);
+        let timed = Some(CUevent_flags::CU_EVENT_DEFAULT);
+        let before = self
+            .compute
+            .record_event(timed)
+            .map_err(cuda_err("event record"))?;
         self.compute
             .wait(&flight.done)
             .map_err(cuda_err("stream wait"))?;
+        let after = self
+            .compute
+            .record_event(timed)
+            .map_err(cuda_err("event record"))?;
+        self.stalls.push((before, after));
         Ok(flight.buffers)
     }
 
@@ -260,5 +277,15 @@ impl Communicator<Tensor> for NcclComm {
 
     fn bytes_sent(&self) -> u64 {
         self.bytes_sent
+    }
+
+    fn waited_secs(&mut self) -> Result<f64> {
+        for (before, after) in self.stalls.drain(..) {
+            let ms = before
+                .elapsed_ms(&after)
+                .map_err(cuda_err("event timing"))?;
+            self.waited += f64::from(ms) / 1e3;
+        }
+        Ok(self.waited)
     }
 }

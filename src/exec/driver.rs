@@ -22,6 +22,10 @@ pub struct WorkerReport {
     pub backward_busy_secs: f64,
     pub forward_bytes_sent: u64,
     pub backward_bytes_sent: u64,
+    /// Seconds the worker's compute waited for other workers' data (see
+    /// `Communicator::waited_secs`): communication left exposed, plus imbalance.
+    pub forward_wait_secs: f64,
+    pub backward_wait_secs: f64,
 }
 
 /// The joined results (head-major, whole sequence) and measurements of a distributed run.
@@ -184,6 +188,8 @@ fn pack(r: &WorkerResult) -> Vec<f32> {
         w.rows as u64,
         w.forward_bytes_sent,
         w.backward_bytes_sent,
+        w.forward_wait_secs.to_bits(),
+        w.backward_wait_secs.to_bits(),
     ]
     .into_iter()
     .chain(r.chunks.iter().map(|(c, _)| *c as u64))
@@ -204,10 +210,12 @@ fn unpack(tensors: Vec<Vec<f32>>, meta: &[f32]) -> Result<WorkerResult> {
         rows,
         fwd_bytes,
         bwd_bytes,
+        fwd_wait,
+        bwd_wait,
         ref chunk_ids @ ..,
     ] = v[..]
     else {
-        bail!("the report has {} fields, fewer than 7", v.len());
+        bail!("the report has {} fields, fewer than 9", v.len());
     };
     if tensors.len() != 5 * chunk_ids.len() {
         bail!("{} tensors for {} chunks", tensors.len(), chunk_ids.len());
@@ -232,6 +240,8 @@ fn unpack(tensors: Vec<Vec<f32>>, meta: &[f32]) -> Result<WorkerResult> {
             backward_busy_secs: f64::from_bits(bwd_busy),
             forward_bytes_sent: fwd_bytes,
             backward_bytes_sent: bwd_bytes,
+            forward_wait_secs: f64::from_bits(fwd_wait),
+            backward_wait_secs: f64::from_bits(bwd_wait),
         },
     })
 }
@@ -376,12 +386,14 @@ where
     // The communicator may have carried earlier runs: count this pass's bytes and time only.
     let bytes_before = worker.comm.bytes_sent();
     let compute_before = worker.compute;
+    let waited_before = worker.comm.waited_secs()?;
     let start = Instant::now();
     let results = worker.forward(&setup.forward, own)?;
     backend.synchronize()?;
     let forward_secs = start.elapsed().as_secs_f64();
     let forward_busy = worker.compute - compute_before;
     let forward_bytes = worker.comm.bytes_sent() - bytes_before;
+    let forward_wait = worker.comm.waited_secs()? - waited_before;
     let mut outs = Vec::with_capacity(mine.len());
     let mut saved = Vec::with_capacity(mine.len());
     for ((&c, result), dout) in mine.iter().zip(results).zip(dout) {
@@ -393,6 +405,7 @@ where
         outs.push(result.out);
     }
     worker.comm.barrier()?;
+    let waited_mid = worker.comm.waited_secs()?; // the barrier's wait belongs to neither pass
     let start = Instant::now();
     let grads = worker.backward(&setup.backward, own, &saved)?;
     backend.synchronize()?;
@@ -404,6 +417,8 @@ where
             backward_busy_secs: (worker.compute - compute_before - forward_busy).as_secs_f64(),
             forward_bytes_sent: forward_bytes,
             backward_bytes_sent: worker.comm.bytes_sent() - bytes_before - forward_bytes,
+            forward_wait_secs: forward_wait,
+            backward_wait_secs: worker.comm.waited_secs()? - waited_mid,
         },
         outs,
         saved,
