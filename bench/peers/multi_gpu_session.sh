@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
-# The multi-GPU issue's measurement, one call on nvidia-h200-x2 (not yet run): distflash on one
-# and two GPUs with each schedule and the no-overlap ablation, MHA 32/32 and GQA 32/8, beside
-# PyTorch's context parallel on the same shapes. Writes few files (a device call returns at
-# most eight): ours.jsonl (one compact line per run, tagged), torch_cp_kv*.jsonl, failures.log.
-# Run from the repository root with $OUT set:
-#   BIN=.dev/distflash SEQS="32768 131072" bash bench/peers/multi_gpu_session.sh
+# The multi-GPU issue's measurement, one call on nvidia-h200-x2: exactness on one and two GPUs
+# (f64 oracle, and PyTorch float64 on a gathered --save), then distflash on one and two GPUs with
+# each schedule and the no-overlap ablation, MHA 32/32 and GQA 32/8, beside PyTorch's context
+# parallel on the same shapes. Writes few files (a device call returns at most eight):
+# checks.log, ours.jsonl (one compact line per run, tagged), torch_cp_kv*.jsonl, failures.log.
+# KV_SEQS lists, per KV-head count, the global sequence lengths. Run from the repository root
+# with $OUT set:
+#   BIN=.dev/distflash KV_SEQS="32:32768,131072,262144 8:32768,131072" bash bench/peers/multi_gpu_session.sh
 set -u
 BIN=${BIN:-.dev/distflash}
-SEQS=${SEQS:-32768 131072 262144}
+KV_SEQS=${KV_SEQS:-32:32768,131072,262144 8:32768,131072,262144}
 REPS=${REPS:-5}
 export DISTFLASH_CACHE_DIR=${DISTFLASH_CACHE_DIR:-/tmp/distflash-cache} PYTHONUNBUFFERED=1
 # run TAG COMMAND...: appends the run's JSON report, compacted and tagged, to ours.jsonl.
@@ -21,8 +23,21 @@ run() {
     echo "$tag failed: $(tail -c 400 /tmp/run.err)" | tee -a "$OUT/failures.log"
   fi
 }
-for kv in 32 8; do
-  for n in $SEQS; do
+{
+  for sched in "1 balanced" "2 balanced" "2 zigzag"; do
+    set -- $sched
+    f=/tmp/check_$1_$2.safetensors
+    echo "=== check: $1 GPU(s), $2, GQA 8/2, seq 3000"
+    timeout 120 "$BIN" launch --nproc-per-node "$1" -- attention --device cuda --schedule "$2" --seq-len 3000 \
+      --heads 8 --kv-heads 2 --head-dim 128 --check --save "$f" --rendezvous-timeout 30 --timeout 60 2>&1 | tail -n 4
+    timeout 120 python3 bench/peers/check_against_torch.py "$f" 2>&1
+  done
+} > "$OUT/checks.log" 2>&1
+grep -E "passed|\"pass\"|error" "$OUT/checks.log" | cut -c1-300
+for pair in $KV_SEQS; do
+  kv=${pair%%:*}
+  seqs=${pair#*:}
+  for n in ${seqs//,/ }; do
     shape="--seq-len $n --heads 32 --kv-heads $kv --head-dim 128 --repeats $REPS --json"
     run "1gpu kv$kv n$n" "$BIN" attention --device cuda $shape
     for sched in "balanced" "unbalanced" "zigzag" "balanced --no-overlap" "zigzag --no-overlap"; do
@@ -30,5 +45,5 @@ for kv in 32 8; do
     done
   done
   timeout 900 torchrun --nproc-per-node 2 bench/peers/context_parallel_bench.py --kv-heads "$kv" \
-    --seqs "$(echo $SEQS | tr ' ' ',')" --reps "$REPS" --json "$OUT/torch_cp_kv$kv.jsonl"
+    --seqs "$seqs" --reps "$REPS" --json "$OUT/torch_cp_kv$kv.jsonl"
 done
