@@ -61,6 +61,7 @@ fn main() -> Result<()> {
         c.loss()?;
         c.adamw()?;
         c.model()?;
+        c.timing()?;
         failed += c.failed;
     }
     if failed > 0 {
@@ -269,7 +270,8 @@ impl Checker {
         let (h, ch) = self.half(rows * dim, -2.0, 2.0)?;
         let (w, cw) = self.half(vocab * dim, -0.5, 0.5)?;
         let targets: Vec<u32> = (0..rows).map(|_| self.rng.random_range(0..32000)).collect();
-        let (mut dw, mut cdw) = self.full(vocab * dim, -0.01, 0.01)?;
+        // Small enough that the accumulated dW, not the initial value, dominates the comparison.
+        let (mut dw, mut cdw) = self.full(vocab * dim, -1e-4, 1e-4)?;
         let scale = 1.0 / rows as f64;
         let got = self
             .gpu
@@ -329,7 +331,8 @@ impl Checker {
         Ok(())
     }
 
-    /// The tiny preset's forward and backward (remat) against the CPU in f64.
+    /// The tiny preset's forward and backward under each checkpoint policy against the CPU in
+    /// f64.
     fn model(&mut self) -> Result<()> {
         let cfg = Config::preset("tiny")?;
         let seq = 96;
@@ -351,39 +354,94 @@ impl Checker {
         let cw = Weights::build(&cfg, |_| {
             self.cpu.upload(&host.next().context("a weight per spec")?)
         })?;
-        let (mut grads, mut cgrads) = (
-            weights::zeros(&self.gpu, &cfg)?,
-            weights::zeros(&self.cpu, &cfg)?,
-        );
         let dense = || Dense {
             dims: cfg.dims(),
             rows: seq,
         };
-        let mut attn = HostAttention {
-            ops: &self.gpu,
-            dense: dense(),
-        };
         let scale = 1.0 / seq as f64;
-        let policy = Checkpoint::Remat;
-        let got = forward_backward(
-            &self.gpu, &cfg, &w, &mut grads, &mut attn, chunk, policy, scale,
-        )?;
-        let want = forward_backward(
-            &self.cpu,
-            &cfg,
-            &cw,
-            &mut cgrads,
-            &mut dense(),
-            chunk,
-            policy,
-            scale,
-        )?;
-        let err = (got.loss_sum - want.loss_sum).abs() / want.loss_sum;
-        self.verdict("tiny model: loss", err, F32_TOL);
-        let names = weights::specs(&cfg);
-        for ((s, g), c) in names.iter().zip(grads.tensors()).zip(cgrads.tensors()) {
-            self.report(&format!("tiny model: d {}", s.name), g, c, MODEL_TOL)?;
+        for policy in [Checkpoint::None, Checkpoint::Layer, Checkpoint::Remat] {
+            let (mut grads, mut cgrads) = (
+                weights::zeros(&self.gpu, &cfg)?,
+                weights::zeros(&self.cpu, &cfg)?,
+            );
+            let mut attn = HostAttention {
+                ops: &self.gpu,
+                dense: dense(),
+            };
+            let got = forward_backward(
+                &self.gpu, &cfg, &w, &mut grads, &mut attn, chunk, policy, scale,
+            )?;
+            let want = forward_backward(
+                &self.cpu,
+                &cfg,
+                &cw,
+                &mut cgrads,
+                &mut dense(),
+                chunk,
+                policy,
+                scale,
+            )?;
+            let err = (got.loss_sum - want.loss_sum).abs() / want.loss_sum;
+            self.verdict(&format!("tiny model, {policy}: loss"), err, F32_TOL);
+            let names = weights::specs(&cfg);
+            for ((s, g), c) in names.iter().zip(grads.tensors()).zip(cgrads.tensors()) {
+                let name = format!("tiny model, {policy}: d {}", s.name);
+                self.report(&name, g, c, MODEL_TOL)?;
+            }
         }
+        Ok(())
+    }
+}
+
+impl Checker {
+    /// Times a few ops at LLaMA-7B sizes (4096 rows), for the record; nothing is checked.
+    fn timing(&mut self) -> Result<()> {
+        let (rows, d, i, vocab) = (4096, 4096, 11008, 32000);
+        let x = self.half(rows * d, -1.0, 1.0)?.0;
+        let w = self.half(i * d, -0.02, 0.02)?.0;
+        let dy = self.half(rows * i, -1.0, 1.0)?.0;
+        let head = self.half(vocab * d, -0.02, 0.02)?.0;
+        let gain = self.half(d, 0.5, 1.5)?.0;
+        let targets: Vec<u32> = (0..rows).map(|_| self.rng.random_range(0..32000)).collect();
+        let (mut dx, mut dw) = (self.gpu.zeros(rows * d)?, self.gpu.zeros(i * d)?);
+        let mut dhead = self.gpu.zeros(vocab * d)?;
+        let gemm = 2.0 * (rows * d * i) as f64;
+        let gpu = &self.gpu;
+        self.time("linear 4096x4096 -> 11008", gemm, || {
+            gpu.linear(&x, &w, rows, d, i).map(drop)
+        })?;
+        self.time("linear_backward 4096x4096 -> 11008", 2.0 * gemm, || {
+            gpu.linear_backward(&dy, &x, &w, rows, d, i, &mut dx, &mut dw)
+        })?;
+        let loss = 6.0 * (rows * d * vocab) as f64;
+        self.time("cross_entropy 4096 rows, 4096 -> 32000", loss, || {
+            let scale = 1.0 / rows as f64;
+            gpu.cross_entropy(&x, &head, &targets, d, vocab, scale, &mut dhead)
+                .map(drop)
+        })?;
+        self.time("rmsnorm 4096x4096", 0.0, || {
+            gpu.rmsnorm(&x, &gain, rows, d, 1e-5).map(drop)
+        })
+    }
+
+    /// Prints the mean time of `f` over 10 runs after one warm-up, and TFLOP/s if `flops` > 0.
+    fn time(&self, name: &str, flops: f64, mut f: impl FnMut() -> Result<()>) -> Result<()> {
+        f()?;
+        self.gpu.backend().synchronize()?;
+        let reps = 10;
+        let start = std::time::Instant::now();
+        for _ in 0..reps {
+            f()?;
+        }
+        self.gpu.backend().synchronize()?;
+        let s = start.elapsed().as_secs_f64() / reps as f64;
+        let rate = if flops > 0.0 {
+            format!("{:6.1} TFLOP/s", flops / s / 1e12)
+        } else {
+            String::new()
+        };
+        let dtype = self.dtype.name();
+        println!("{dtype} time {name:<44} {:8.3} ms {rate}", s * 1e3);
         Ok(())
     }
 }

@@ -5,11 +5,12 @@
 //! column-major `[c, r]` matrix of its transpose. Each product below is therefore written for
 //! the transposes: y = x Wᵀ becomes yᵀ = W xᵀ, and so on.
 
-use crate::backend::cuda::InputDtype;
+use crate::backend::cuda::{InputDtype, Tensor};
 use anyhow::{Result, anyhow, bail};
 use cudarc::cublas::{CudaBlas, result, sys};
 use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut};
 use std::ffi::c_int;
+use std::sync::Arc;
 
 /// One cuBLAS product C = op(A) op(B) + beta C in column-major terms (C is m×n).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -103,75 +104,107 @@ fn int(v: usize) -> Result<c_int> {
     c_int::try_from(v).map_err(|_| anyhow!("{v} is too large for a cuBLAS dimension"))
 }
 
-/// C = op(A) op(B) + beta·C on `stream` (the handle's stream), A and B in `dtype`, f32 compute.
-/// Fails with a sentence when an operand is shorter than the shape needs.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn gemm<T: GemmOut>(
-    blas: &CudaBlas,
-    stream: &CudaStream,
+/// A cuBLAS handle on the model's stream, for products of 16-bit matrices in `dtype`.
+pub(crate) struct Blas {
+    handle: CudaBlas,
+    stream: Arc<CudaStream>,
     dtype: InputDtype,
-    shape: GemmShape,
-    a: &impl DevicePtr<u16>,
-    b: &impl DevicePtr<u16>,
-    c: &mut impl DevicePtrMut<T>,
-    beta: f32,
-) -> Result<()> {
-    let [a_len, b_len, c_len] = shape.lens();
-    for (what, have, need) in [
-        ("A", a.len(), a_len),
-        ("B", b.len(), b_len),
-        ("C", c.len(), c_len),
-    ] {
-        if have < need {
-            bail!("GEMM operand {what} has {have} elements where {need} are needed");
+}
+
+impl Blas {
+    pub(crate) fn new(stream: Arc<CudaStream>, dtype: InputDtype) -> Result<Blas> {
+        let handle = CudaBlas::new(stream.clone())
+            .map_err(|e| anyhow!("could not open cuBLAS on the GPU: {e:?}"))?;
+        Ok(Blas {
+            handle,
+            stream,
+            dtype,
+        })
+    }
+
+    /// [`Blas::gemm`] into a tensor of either variant (the accumulating backward products).
+    pub(crate) fn gemm_into(
+        &self,
+        shape: GemmShape,
+        a: &impl DevicePtr<u16>,
+        b: &impl DevicePtr<u16>,
+        c: &mut Tensor,
+        beta: f32,
+    ) -> Result<()> {
+        match c {
+            Tensor::Half { data, .. } => self.gemm(shape, a, b, data, beta),
+            Tensor::F32(data) => self.gemm(shape, a, b, data, beta),
         }
     }
-    let op = |t: bool| {
-        if t {
-            sys::cublasOperation_t::CUBLAS_OP_T
-        } else {
-            sys::cublasOperation_t::CUBLAS_OP_N
+
+    /// C = op(A) op(B) + beta·C, A and B 16-bit, f32 compute. Fails with a sentence when an
+    /// operand is shorter than the shape needs.
+    pub(crate) fn gemm<T: GemmOut>(
+        &self,
+        shape: GemmShape,
+        a: &impl DevicePtr<u16>,
+        b: &impl DevicePtr<u16>,
+        c: &mut impl DevicePtrMut<T>,
+        beta: f32,
+    ) -> Result<()> {
+        let (stream, dtype) = (&self.stream, self.dtype);
+        let [a_len, b_len, c_len] = shape.lens();
+        for (what, have, need) in [
+            ("A", a.len(), a_len),
+            ("B", b.len(), b_len),
+            ("C", c.len(), c_len),
+        ] {
+            if have < need {
+                bail!("GEMM operand {what} has {have} elements where {need} are needed");
+            }
         }
-    };
-    let (m, n, k) = (int(shape.m)?, int(shape.n)?, int(shape.k)?);
-    let (lda, ldb, ldc) = (int(shape.lda)?, int(shape.ldb)?, int(shape.ldc)?);
-    let alpha = 1.0f32;
-    stream
-        .context()
-        .bind_to_thread()
-        .map_err(|e| anyhow!("could not bind the CUDA context: {e:?}"))?;
-    let (a, _read_a) = a.device_ptr(stream);
-    let (b, _read_b) = b.device_ptr(stream);
-    let (c, _write_c) = c.device_ptr_mut(stream);
-    // SAFETY: the handle was created on this stream's context and is bound to it; A, B and C
-    // are live device buffers of at least the lengths the shape addresses (checked above), of
-    // the types passed (16-bit `dtype` for A and B, `T` for C); alpha and beta are f32 as
-    // CUBLAS_COMPUTE_32F requires, and they outlive the call. The guards keep the buffers'
-    // event bookkeeping until the call is queued.
-    unsafe {
-        result::gemm_ex(
-            *blas.handle(),
-            op(shape.transa),
-            op(shape.transb),
-            m,
-            n,
-            k,
-            &alpha as *const f32 as *const _,
-            a as *const _,
-            half_type(dtype),
-            lda,
-            b as *const _,
-            half_type(dtype),
-            ldb,
-            &beta as *const f32 as *const _,
-            c as *mut _,
-            T::data_type(dtype),
-            ldc,
-            sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
-            sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
-        )
+        let op = |t: bool| {
+            if t {
+                sys::cublasOperation_t::CUBLAS_OP_T
+            } else {
+                sys::cublasOperation_t::CUBLAS_OP_N
+            }
+        };
+        let (m, n, k) = (int(shape.m)?, int(shape.n)?, int(shape.k)?);
+        let (lda, ldb, ldc) = (int(shape.lda)?, int(shape.ldb)?, int(shape.ldc)?);
+        let alpha = 1.0f32;
+        stream
+            .context()
+            .bind_to_thread()
+            .map_err(|e| anyhow!("could not bind the CUDA context: {e:?}"))?;
+        let (a, _read_a) = a.device_ptr(stream);
+        let (b, _read_b) = b.device_ptr(stream);
+        let (c, _write_c) = c.device_ptr_mut(stream);
+        // SAFETY: the handle was created on this stream's context and is bound to it; A, B and C
+        // are live device buffers of at least the lengths the shape addresses (checked above), of
+        // the types passed (16-bit `dtype` for A and B, `T` for C); alpha and beta are f32 as
+        // CUBLAS_COMPUTE_32F requires, and they outlive the call. The guards keep the buffers'
+        // event bookkeeping until the call is queued.
+        unsafe {
+            result::gemm_ex(
+                *self.handle.handle(),
+                op(shape.transa),
+                op(shape.transb),
+                m,
+                n,
+                k,
+                &alpha as *const f32 as *const _,
+                a as *const _,
+                half_type(dtype),
+                lda,
+                b as *const _,
+                half_type(dtype),
+                ldb,
+                &beta as *const f32 as *const _,
+                c as *mut _,
+                T::data_type(dtype),
+                ldc,
+                sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+            )
+        }
+        .map_err(|e| anyhow!("cuBLAS GEMM {shape:?} failed: {e:?}"))
     }
-    .map_err(|e| anyhow!("cuBLAS GEMM {shape:?} failed: {e:?}"))
 }
 
 #[cfg(test)]

@@ -31,18 +31,15 @@ use crate::backend::Backend;
 use crate::backend::cuda::{CudaBackend, InputDtype, Tensor, elementwise_config, rows_config};
 use anyhow::{Result, anyhow, bail};
 use args::{check, f32_mut, f32_ref, int, push, push_mut};
-use cudarc::cublas::CudaBlas;
-use cudarc::driver::{
-    CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, PushKernelArg, ValidAsZeroBits,
-};
-use gemm::{GemmOut, GemmShape, gemm};
+use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr, PushKernelArg, ValidAsZeroBits};
+use gemm::{Blas, GemmShape};
 use kernels::{Kernel, Kernels};
 use std::sync::Arc;
 
 /// The model ops on the GPU of a [`CudaBackend`], sharing its context and stream.
 pub struct CudaOps {
     backend: CudaBackend,
-    blas: CudaBlas,
+    blas: Blas,
     kernels: Kernels,
 }
 
@@ -66,8 +63,7 @@ impl CudaOps {
     /// 16-bit format and opens a cuBLAS handle on its stream.
     pub fn new(backend: CudaBackend) -> Result<CudaOps> {
         let stream = backend.stream().clone();
-        let blas = CudaBlas::new(stream.clone())
-            .map_err(|e| anyhow!("could not open cuBLAS on the GPU: {e:?}"))?;
+        let blas = Blas::new(stream.clone(), backend.dtype())?;
         let kernels = Kernels::load(stream, backend.dtype())?;
         Ok(CudaOps {
             backend,
@@ -120,41 +116,6 @@ impl CudaOps {
                     .run(Kernel::CastToHalf, b, elementwise_config(len))?;
                 Ok(Operand::Owned(out))
             }
-        }
-    }
-
-    fn gemm<T: GemmOut>(
-        &self,
-        shape: GemmShape,
-        a: &impl DevicePtr<u16>,
-        b: &impl DevicePtr<u16>,
-        c: &mut impl DevicePtrMut<T>,
-        beta: f32,
-    ) -> Result<()> {
-        gemm(
-            &self.blas,
-            self.stream(),
-            self.dtype(),
-            shape,
-            a,
-            b,
-            c,
-            beta,
-        )
-    }
-
-    /// A GEMM whose output is a tensor of either variant (the accumulating backward products).
-    fn gemm_into(
-        &self,
-        shape: GemmShape,
-        a: &CudaSlice<u16>,
-        b: &CudaSlice<u16>,
-        c: &mut Tensor,
-        beta: f32,
-    ) -> Result<()> {
-        match c {
-            Tensor::Half { data, .. } => self.gemm(shape, a, b, data, beta),
-            Tensor::F32(data) => self.gemm(shape, a, b, data, beta),
         }
     }
 
@@ -287,7 +248,7 @@ impl Ops for CudaOps {
         let w = self.operand(w, out * inp, "a linear layer's weight")?;
         let mut y = self.alloc::<u16>(rows * out)?;
         let shape = GemmShape::forward(rows, inp, out);
-        self.gemm(shape, w.get(), x.get(), &mut y, 0.0)?;
+        self.blas.gemm(shape, w.get(), x.get(), &mut y, 0.0)?;
         Ok(self.half(y))
     }
 
@@ -318,9 +279,9 @@ impl Ops for CudaOps {
         let x = self.operand(x, rows * inp, "a linear layer's input")?;
         let w = self.operand(w, out * inp, "a linear layer's weight")?;
         let shape = GemmShape::input_grad(rows, inp, out);
-        self.gemm_into(shape, w.get(), dy.get(), dx, 1.0)?;
+        self.blas.gemm_into(shape, w.get(), dy.get(), dx, 1.0)?;
         let shape = GemmShape::weight_grad(rows, inp, out);
-        self.gemm_into(shape, x.get(), dy.get(), dw, 1.0)
+        self.blas.gemm_into(shape, x.get(), dy.get(), dw, 1.0)
     }
 
     fn rmsnorm(
@@ -479,7 +440,7 @@ impl Ops for CudaOps {
         for r in shapes::loss_chunks(rows, vocab) {
             let n = r.len();
             let hc = h.get().slice(r.start * dim..r.end * dim);
-            self.gemm(
+            self.blas.gemm(
                 GemmShape::forward(n, dim, vocab),
                 w.get(),
                 &hc,
@@ -500,12 +461,9 @@ impl Ops for CudaOps {
                 .run(Kernel::XentRows, b, shapes::block_per_row(n)?)?;
             let mut dhc = dh.slice_mut(r.start * dim..r.end * dim);
             let shape = GemmShape::input_grad(n, dim, vocab);
-            self.gemm(shape, w.get(), &dlogits, &mut dhc, 0.0)?;
+            self.blas.gemm(shape, w.get(), &dlogits, &mut dhc, 0.0)?;
             let shape = GemmShape::weight_grad(n, dim, vocab);
-            match dw {
-                Tensor::Half { data, .. } => self.gemm(shape, &hc, &dlogits, data, 1.0)?,
-                Tensor::F32(data) => self.gemm(shape, &hc, &dlogits, data, 1.0)?,
-            }
+            self.blas.gemm_into(shape, &hc, &dlogits, dw, 1.0)?;
         }
         let err = |e| anyhow!("copy from the GPU failed: {e:?}");
         let loss = self.stream().clone_dtoh(&loss).map_err(err)?;
