@@ -264,9 +264,10 @@ extern "C" __global__ void rope(void* x, int x_half, const float* inv_freq, long
 // ---- cross-entropy: one block per row of a chunk of logits ----
 
 // From f32 logits z (one row per block): loss = lse − z[t], the first argmax, and
-// dlogits = scale·(softmax(z) − onehot(t)) in 16 bits for the two gradient GEMMs.
+// dlogits = softmax(z) − onehot(t) in 16 bits for the two gradient GEMMs (which apply the loss
+// scale as their alpha).
 extern "C" __global__ void xent_rows(const float* logits, const u32* targets, u16* dlogits, float* loss,
-                                     u32* argmax, int vocab, float scale) {
+                                     u32* argmax, int vocab) {
     const long row = blockIdx.x;
     const float* z = logits + row * vocab;
     float best = NEG_INF;
@@ -278,8 +279,8 @@ extern "C" __global__ void xent_rows(const float* logits, const u32* targets, u1
     const float lse = best + logf(block_sum(sum));
     const int t = (int)targets[row];
     for (int c = threadIdx.x; c < vocab; c += blockDim.x) {
-        float d = expf(z[c] - lse) * scale;
-        if (c == t) d -= scale;
+        float d = expf(z[c] - lse);
+        if (c == t) d -= 1.f;
         dlogits[row * vocab + c] = f2h(d);
     }
     if (threadIdx.x == 0) {

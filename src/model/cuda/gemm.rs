@@ -129,23 +129,23 @@ impl Blas {
         a: &impl DevicePtr<u16>,
         b: &impl DevicePtr<u16>,
         c: &mut Tensor,
-        beta: f32,
+        [alpha, beta]: [f32; 2],
     ) -> Result<()> {
         match c {
-            Tensor::Half { data, .. } => self.gemm(shape, a, b, data, beta),
-            Tensor::F32(data) => self.gemm(shape, a, b, data, beta),
+            Tensor::Half { data, .. } => self.gemm(shape, a, b, data, [alpha, beta]),
+            Tensor::F32(data) => self.gemm(shape, a, b, data, [alpha, beta]),
         }
     }
 
-    /// C = op(A) op(B) + beta·C, A and B 16-bit, f32 compute. Fails with a sentence when an
-    /// operand is shorter than the shape needs.
+    /// C = alpha·op(A) op(B) + beta·C, A and B 16-bit, f32 compute. Fails with a sentence when
+    /// an operand is shorter than the shape needs.
     pub(crate) fn gemm<T: GemmOut>(
         &self,
         shape: GemmShape,
         a: &impl DevicePtr<u16>,
         b: &impl DevicePtr<u16>,
         c: &mut impl DevicePtrMut<T>,
-        beta: f32,
+        [alpha, beta]: [f32; 2],
     ) -> Result<()> {
         let (stream, dtype) = (&self.stream, self.dtype);
         let [a_len, b_len, c_len] = shape.lens();
@@ -167,7 +167,6 @@ impl Blas {
         };
         let (m, n, k) = (int(shape.m)?, int(shape.n)?, int(shape.k)?);
         let (lda, ldb, ldc) = (int(shape.lda)?, int(shape.ldb)?, int(shape.ldc)?);
-        let alpha = 1.0f32;
         stream
             .context()
             .bind_to_thread()

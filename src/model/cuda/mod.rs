@@ -17,6 +17,10 @@
 //!   variant. There is no f32 master copy of 16-bit weights yet: updates smaller than half a
 //!   16-bit step of a weight are lost, which matters for long runs at small learning rates.
 //!
+//! - fp16 has bf16's precision ×8 but not its range: gradients scaled by 1/tokens underflow when
+//!   rounded to fp16 for a GEMM, so fp16 training wants a larger `loss_scale` (scaled back before
+//!   the update). The loss's own dlogits avoid this: the scale is the GEMMs' alpha.
+//!
 //! `elem_bytes` reports 2, the size of the activations that dominate the memory meter; f32
 //! statistics are counted at that size too.
 
@@ -248,7 +252,8 @@ impl Ops for CudaOps {
         let w = self.operand(w, out * inp, "a linear layer's weight")?;
         let mut y = self.alloc::<u16>(rows * out)?;
         let shape = GemmShape::forward(rows, inp, out);
-        self.blas.gemm(shape, w.get(), x.get(), &mut y, 0.0)?;
+        self.blas
+            .gemm(shape, w.get(), x.get(), &mut y, [1.0, 0.0])?;
         Ok(self.half(y))
     }
 
@@ -279,9 +284,11 @@ impl Ops for CudaOps {
         let x = self.operand(x, rows * inp, "a linear layer's input")?;
         let w = self.operand(w, out * inp, "a linear layer's weight")?;
         let shape = GemmShape::input_grad(rows, inp, out);
-        self.blas.gemm_into(shape, w.get(), dy.get(), dx, 1.0)?;
+        self.blas
+            .gemm_into(shape, w.get(), dy.get(), dx, [1.0, 1.0])?;
         let shape = GemmShape::weight_grad(rows, inp, out);
-        self.blas.gemm_into(shape, x.get(), dy.get(), dw, 1.0)
+        self.blas
+            .gemm_into(shape, x.get(), dy.get(), dw, [1.0, 1.0])
     }
 
     fn rmsnorm(
@@ -440,13 +447,9 @@ impl Ops for CudaOps {
         for r in shapes::loss_chunks(rows, vocab) {
             let n = r.len();
             let hc = h.get().slice(r.start * dim..r.end * dim);
-            self.blas.gemm(
-                GemmShape::forward(n, dim, vocab),
-                w.get(),
-                &hc,
-                &mut logits,
-                0.0,
-            )?;
+            let shape = GemmShape::forward(n, dim, vocab);
+            self.blas
+                .gemm(shape, w.get(), &hc, &mut logits, [1.0, 0.0])?;
             let t = ids.slice(r.clone());
             let mut l = loss.slice_mut(r.clone());
             let mut a = argmax.slice_mut(r.clone());
@@ -456,14 +459,17 @@ impl Ops for CudaOps {
                 .arg(&mut dlogits)
                 .arg(&mut l)
                 .arg(&mut a);
-            b.arg(&v).arg(&sc);
+            b.arg(&v);
             self.kernels
                 .run(Kernel::XentRows, b, shapes::block_per_row(n)?)?;
+            // The scale enters as the GEMMs' alpha: the 16-bit dlogits stay O(1), far from
+            // fp16's underflow (1/tokens would push most of them below it).
             let mut dhc = dh.slice_mut(r.start * dim..r.end * dim);
             let shape = GemmShape::input_grad(n, dim, vocab);
-            self.blas.gemm(shape, w.get(), &dlogits, &mut dhc, 0.0)?;
+            self.blas
+                .gemm(shape, w.get(), &dlogits, &mut dhc, [sc, 0.0])?;
             let shape = GemmShape::weight_grad(n, dim, vocab);
-            self.blas.gemm_into(shape, &hc, &dlogits, dw, 1.0)?;
+            self.blas.gemm_into(shape, &hc, &dlogits, dw, [sc, 1.0])?;
         }
         let err = |e| anyhow!("copy from the GPU failed: {e:?}");
         let loss = self.stream().clone_dtoh(&loss).map_err(err)?;
