@@ -222,9 +222,12 @@ impl Checker {
                 .linear_backward(&dy, &x, &w, rows, inp, out, &mut dx, &mut dw)?;
             self.cpu
                 .linear_backward(&cdy, &cx, &cw, rows, inp, out, &mut cdx, &mut cdw)?;
+            // A 16-bit dy reaches cuBLAS as it is (f32 accumulation of the same values); an f32
+            // dy is rounded to 16 bits first, which the f64 reference does not do.
+            let bound = if dy_half { F32_TOL } else { HALF_TOL };
             let what = format!("linear_backward, {} dy", kind(dy_half));
-            self.report(&format!("{what}: dx +="), &dx, &cdx, tol(dy_half))?;
-            self.report(&format!("{what}: dW +="), &dw, &cdw, tol(dy_half))?;
+            self.report(&format!("{what}: dx +="), &dx, &cdx, bound)?;
+            self.report(&format!("{what}: dW +="), &dw, &cdw, bound)?;
         }
         Ok(())
     }

@@ -16,7 +16,6 @@
 //! - AdamW updates f32 moments from the gradient and writes the parameter back in its own
 //!   variant. There is no f32 master copy of 16-bit weights yet: updates smaller than half a
 //!   16-bit step of a weight are lost, which matters for long runs at small learning rates.
-//!
 //! - fp16 has bf16's precision ×8 but not its range: gradients scaled by 1/tokens underflow when
 //!   rounded to fp16 for a GEMM, so fp16 training wants a larger `loss_scale` (scaled back before
 //!   the update). The loss's own dlogits avoid this: the scale is the GEMMs' alpha.
