@@ -37,14 +37,21 @@ use args::{check, f32_mut, f32_ref, int, push, push_mut};
 use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr, PushKernelArg, ValidAsZeroBits};
 use gemm::{Blas, GemmShape};
 use kernels::{Kernel, Kernels};
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 /// The model ops on the GPU of a [`CudaBackend`], sharing its context and stream.
 pub struct CudaOps {
     backend: CudaBackend,
     blas: Blas,
     kernels: Kernels,
+    /// Rotary inverse frequencies on the device by (θ's bits, head dim): uploaded once, since a
+    /// copy from pageable host memory would wait for the stream at every rotary call.
+    rope_tables: Mutex<HashMap<(u64, usize), RopeTable>>,
 }
+
+/// One θ and head dim's rotary inverse frequencies on the device.
+type RopeTable = Arc<CudaSlice<f32>>;
 
 /// A matrix-product operand in 16 bits: the tensor's own buffer, or a rounded copy of an f32 one.
 enum Operand<'a> {
@@ -72,6 +79,7 @@ impl CudaOps {
             backend,
             blas,
             kernels,
+            rope_tables: Mutex::default(),
         })
     }
 
@@ -120,6 +128,24 @@ impl CudaOps {
                 Ok(Operand::Owned(out))
             }
         }
+    }
+
+    /// The inverse frequencies of `rope_inv_freq(theta, head_dim)` on the device.
+    fn rope_table(&self, theta: f64, head_dim: usize) -> Result<RopeTable> {
+        let mut tables = self
+            .rope_tables
+            .lock()
+            .map_err(|_| anyhow!("rotary table cache lock poisoned"))?;
+        if let Some(t) = tables.get(&(theta.to_bits(), head_dim)) {
+            return Ok(t.clone());
+        }
+        let table = self
+            .stream()
+            .clone_htod(&rope_inv_freq(theta, head_dim))
+            .map_err(|e| anyhow!("copy to the GPU failed: {e:?}"))?;
+        let table = Arc::new(table);
+        tables.insert((theta.to_bits(), head_dim), table.clone());
+        Ok(table)
     }
 
     /// `tokens` on the device, each checked to be below `vocab`.
@@ -361,10 +387,7 @@ impl Ops for CudaOps {
         if !head_dim.is_multiple_of(2) {
             bail!("rotary embeddings need an even head dim, not {head_dim}");
         }
-        let inv_freq = self
-            .stream()
-            .clone_htod(&rope_inv_freq(theta, head_dim))
-            .map_err(|e| anyhow!("copy to the GPU failed: {e:?}"))?;
+        let inv_freq = self.rope_table(theta, head_dim)?;
         let (n, h, hd) = (
             rows as i64,
             int(heads, "a head count")?,
@@ -373,7 +396,7 @@ impl Ops for CudaOps {
         let (start, sign) = (start as i64, if inverse { -1.0f32 } else { 1.0 });
         let mut b = self.kernels.builder(Kernel::Rope);
         push_mut(&mut b, x);
-        b.arg(&inv_freq)
+        b.arg(inv_freq.as_ref())
             .arg(&n)
             .arg(&h)
             .arg(&hd)
