@@ -74,6 +74,14 @@ fn gemm_weight_grad<F: Float>(
         });
 }
 
+/// The rotary inverse frequencies θ^(−2i/head_dim), i < head_dim/2. Hugging Face computes them
+/// in f32; so do we (and the GPU ops, which take them from here), to match its angles.
+pub(crate) fn rope_inv_freq(theta: f64, head_dim: usize) -> Vec<f32> {
+    (0..head_dim / 2)
+        .map(|i| 1.0 / (theta as f32).powf((2 * i) as f32 / head_dim as f32))
+        .collect()
+}
+
 fn sigmoid<F: Float>(x: F) -> F {
     F::one() / (F::one() + (-x).exp())
 }
@@ -255,10 +263,7 @@ impl<F: Float> Ops for Cpu<F> {
             bail!("rotary embeddings need an even head dim, not {head_dim}");
         }
         let half = head_dim / 2;
-        // Hugging Face computes the inverse frequencies in f32; so do we, to match its angles.
-        let inv_freq: Vec<f32> = (0..half)
-            .map(|i| 1.0 / (theta as f32).powf((2 * i) as f32 / head_dim as f32))
-            .collect();
+        let inv_freq = rope_inv_freq(theta, head_dim);
         let sign = if inverse { -1.0 } else { 1.0 };
         x.par_chunks_mut(heads * head_dim)
             .enumerate()

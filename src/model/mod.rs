@@ -1,6 +1,6 @@
 //! LLaMA-family models whose attention is distflash: config and presets, parameters, and the
 //! explicit forward and backward of every layer under a checkpoint policy, written against the
-//! `Ops` device interface (`cpu` implements it).
+//! `Ops` device interface (`cpu` implements it, and `cuda` on a GPU).
 //!
 //! One call of `forward_backward` handles this worker's chunk of one sequence: embedding, the
 //! layers (attention across workers through `Attention`), final norm and the loss, then the
@@ -10,6 +10,7 @@
 pub mod attention;
 pub mod config;
 pub mod cpu;
+pub mod cuda;
 pub mod float;
 mod layer;
 pub mod ops;

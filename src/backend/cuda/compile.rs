@@ -128,7 +128,7 @@ fn compile(source: &str, options: Vec<String>) -> Result<Ptx> {
             options,
             log,
         } => anyhow::anyhow!(
-            "NVRTC could not compile the attention kernels ({nvrtc:?}, options {options:?}):\n{}",
+            "NVRTC could not compile the CUDA kernels ({nvrtc:?}, options {options:?}):\n{}",
             log.to_string_lossy()
         ),
         other => anyhow::anyhow!("NVRTC failed: {other:?}"),

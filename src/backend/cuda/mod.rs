@@ -93,8 +93,8 @@ impl std::str::FromStr for InputDtype {
 }
 
 /// A tensor on the GPU: 16-bit inputs (raw bits, tagged with their format) or f32 statistics,
-/// accumulators and gradients.
-#[derive(Debug)]
+/// accumulators and gradients. Cloning copies the device buffer (the model's `Ops` needs it).
+#[derive(Clone, Debug)]
 pub enum Tensor {
     /// Q, K, V, dO, and O of the fast path: the kernels read the bits as bf16 or fp16.
     Half {
@@ -166,6 +166,11 @@ fn expect(found: (Kind, usize), want: (Kind, usize), what: &str) -> Result<()> {
     }
     Ok(())
 }
+
+// The model ops (`model::cuda`) compile their kernels through the same NVRTC cache and launch
+// their elementwise and per-row kernels with the same shapes.
+pub(crate) use compile::compile_cached;
+pub(crate) use launch::{elementwise_config, rows_config};
 
 impl crate::comm::Wire for Tensor {
     fn wire_bytes(&self) -> usize {

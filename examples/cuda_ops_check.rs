@@ -1,0 +1,499 @@
+//! GPU check of the model ops (`model::cuda::CudaOps`) against the CPU ops in f64, on the same
+//! inputs (rounded to the 16-bit format first), op by op, then one whole `forward_backward` of
+//! the tiny preset: the loss and every gradient.
+//!
+//!   cuda_ops_check [--device 0] [--dtypes bf16,fp16]
+//!
+//! Prints one line per comparison: the relative error ‖gpu − cpu‖ / ‖cpu‖, its bound, PASS or
+//! FAIL; exits non-zero if any fails. Bounds: 1e-2 where the GPU result is 16-bit or went through
+//! a 16-bit rounding the f64 reference does not have (an f32 gradient rounded for cuBLAS, the
+//! loss's 16-bit dlogits), which is a few units of bf16's 2⁻⁸ roundoff; 2e-3 where the GPU
+//! accumulates the same inputs in f32; 3e-2 for the gradients of the whole model, where 16-bit
+//! activations of two layers compound. A wrong index or a missing term errs by O(1).
+//!
+//! The attention of the whole-model check runs on the host (`model::attention::Dense` in f64 on
+//! downloaded Q, K, V): this checks the model ops, not the attention kernels.
+
+use anyhow::{Context, Result, bail};
+use clap::Parser;
+use distflash::backend::cuda::{CudaBackend, InputDtype, Tensor};
+use distflash::model::attention::{Attention, Dense};
+use distflash::model::config::Config;
+use distflash::model::cpu::Cpu;
+use distflash::model::cuda::CudaOps;
+use distflash::model::ops::{AdamW, Ops};
+use distflash::model::weights::{self, Weights};
+use distflash::model::{Checkpoint, Chunk, forward_backward};
+use rand::rngs::StdRng;
+use rand::{RngExt, SeedableRng};
+
+#[derive(Parser)]
+struct Cli {
+    /// GPU ordinal.
+    #[arg(long, default_value_t = 0)]
+    device: usize,
+    /// 16-bit formats to check, each with its own `CudaOps`.
+    #[arg(long, value_delimiter = ',', default_value = "bf16,fp16")]
+    dtypes: Vec<InputDtype>,
+}
+
+const HALF_TOL: f64 = 1e-2;
+const F32_TOL: f64 = 2e-3;
+const MODEL_TOL: f64 = 3e-2;
+
+fn main() -> Result<()> {
+    let cli = Cli::parse();
+    let mut failed = 0;
+    for dtype in cli.dtypes {
+        let gpu = CudaOps::new(CudaBackend::new(cli.device, dtype)?)?;
+        let mut c = Checker {
+            gpu,
+            cpu: Cpu::new(),
+            rng: StdRng::seed_from_u64(7),
+            dtype,
+            failed: 0,
+        };
+        c.elementwise()?;
+        c.embedding()?;
+        c.linear()?;
+        c.norm()?;
+        c.rope()?;
+        c.loss()?;
+        c.adamw()?;
+        c.model()?;
+        c.timing()?;
+        failed += c.failed;
+    }
+    if failed > 0 {
+        bail!("{failed} comparisons failed");
+    }
+    println!("all comparisons passed");
+    Ok(())
+}
+
+/// ‖got − want‖ / ‖want‖; infinite when anything is not finite or the lengths differ.
+fn rel_err(got: &[f32], want: &[f32]) -> f64 {
+    let finite = got.iter().all(|v| v.is_finite()) && got.len() == want.len();
+    let d: f64 = got
+        .iter()
+        .zip(want)
+        .map(|(&a, &b)| (a as f64 - b as f64).powi(2))
+        .sum();
+    let n: f64 = want.iter().map(|&b| (b as f64).powi(2)).sum();
+    if finite {
+        (d / n.max(1e-300)).sqrt()
+    } else {
+        f64::INFINITY
+    }
+}
+
+struct Checker {
+    gpu: CudaOps,
+    cpu: Cpu<f64>,
+    rng: StdRng,
+    dtype: InputDtype,
+    failed: usize,
+}
+
+/// One input on both devices: 16-bit (or f32) on the GPU, the same values in f64 on the CPU.
+type Pair = (Tensor, Vec<f64>);
+
+impl Checker {
+    fn random(&mut self, len: usize, lo: f32, hi: f32) -> Vec<f32> {
+        (0..len).map(|_| self.rng.random_range(lo..hi)).collect()
+    }
+
+    /// A 16-bit GPU tensor of uniform values in [lo, hi) and its exact f64 copy.
+    fn half(&mut self, len: usize, lo: f32, hi: f32) -> Result<Pair> {
+        let host = self.random(len, lo, hi);
+        let g = self.gpu.upload(&host)?;
+        let rounded = self.gpu.download(&g)?;
+        Ok((g, self.cpu.upload(&rounded)?))
+    }
+
+    /// An f32 GPU tensor of uniform values in [lo, hi) and its exact f64 copy.
+    fn full(&mut self, len: usize, lo: f32, hi: f32) -> Result<Pair> {
+        let host = self.random(len, lo, hi);
+        Ok((
+            self.gpu.backend().upload_f32(&host)?,
+            self.cpu.upload(&host)?,
+        ))
+    }
+
+    fn report(&mut self, name: &str, got: &Tensor, want: &[f64], tol: f64) -> Result<()> {
+        let got = self.gpu.download(got)?;
+        let want: Vec<f32> = want.iter().map(|&x| x as f32).collect();
+        self.verdict(name, rel_err(&got, &want), tol);
+        Ok(())
+    }
+
+    fn verdict(&mut self, name: &str, err: f64, tol: f64) {
+        let ok = err <= tol;
+        let word = if ok { "PASS" } else { "FAIL" };
+        let dtype = self.dtype.name();
+        println!("{dtype} {name:<44} {err:9.2e} <= {tol:.0e}  {word}");
+        self.failed += usize::from(!ok);
+    }
+
+    fn elementwise(&mut self) -> Result<()> {
+        let n = 10_007;
+        for (dst_half, src_half) in [(true, true), (true, false), (false, true), (false, false)] {
+            let (mut gd, mut cd) = self.either(dst_half, n)?;
+            let (gs, cs) = self.either(src_half, n)?;
+            self.gpu.add_assign(&mut gd, &gs)?;
+            self.cpu.add_assign(&mut cd, &cs)?;
+            let name = format!("add_assign {} += {}", kind(dst_half), kind(src_half));
+            self.report(&name, &gd, &cd, tol(dst_half))?;
+        }
+        for h in [true, false] {
+            let (mut g, mut c) = self.either(h, n)?;
+            self.gpu.scale(&mut g, -0.37)?;
+            self.cpu.scale(&mut c, -0.37)?;
+            self.report(&format!("scale {}", kind(h)), &g, &c, tol(h))?;
+            let (gs, cs) = (self.gpu.sum_squares(&g)?, self.cpu.sum_squares(&c)?);
+            let err = (gs - cs).abs() / cs;
+            self.verdict(&format!("sum_squares {}", kind(h)), err, F32_TOL);
+        }
+        let (g, cg) = self.half(n, -6.0, 6.0)?;
+        let (u, cu) = self.half(n, -2.0, 2.0)?;
+        let (dm, cdm) = self.full(n, -1.0, 1.0)?;
+        self.report(
+            "swiglu",
+            &self.gpu.swiglu(&g, &u)?,
+            &self.cpu.swiglu(&cg, &cu)?,
+            HALF_TOL,
+        )?;
+        let (dg, du) = self.gpu.swiglu_backward(&g, &u, &dm)?;
+        let (cdg, cdu) = self.cpu.swiglu_backward(&cg, &cu, &cdm)?;
+        self.report("swiglu_backward dg", &dg, &cdg, HALF_TOL)?;
+        self.report("swiglu_backward du", &du, &cdu, HALF_TOL)
+    }
+
+    fn either(&mut self, half: bool, len: usize) -> Result<Pair> {
+        if half {
+            self.half(len, -1.0, 1.0)
+        } else {
+            self.full(len, -1.0, 1.0)
+        }
+    }
+
+    fn embedding(&mut self) -> Result<()> {
+        let (vocab, dim, rows) = (1000, 96, 700);
+        let tokens: Vec<u32> = (0..rows).map(|_| self.rng.random_range(0..50u32)).collect();
+        let (table, ct) = self.half(vocab * dim, -1.0, 1.0)?;
+        let got = self.gpu.embed(&table, &tokens, dim)?;
+        self.report("embed", &got, &self.cpu.embed(&ct, &tokens, dim)?, HALF_TOL)?;
+        let (dy, cdy) = self.full(rows * dim, -1.0, 1.0)?;
+        let (mut dt, mut cdt) = (self.gpu.zeros(vocab * dim)?, self.cpu.zeros(vocab * dim)?);
+        self.gpu.embed_backward(&mut dt, &tokens, &dy, dim)?;
+        self.cpu.embed_backward(&mut cdt, &tokens, &cdy, dim)?;
+        self.report("embed_backward (repeated tokens)", &dt, &cdt, F32_TOL)?;
+        let bad = self.gpu.embed(&table, &[vocab as u32], dim).err();
+        let ok = bad.is_some_and(|e| e.to_string().contains("outside the vocabulary"));
+        self.verdict(
+            "embed rejects a token past the vocabulary",
+            f64::from(!ok as u8),
+            0.0,
+        );
+        Ok(())
+    }
+
+    fn linear(&mut self) -> Result<()> {
+        let (rows, inp, out) = (300, 256, 176);
+        let (x, cx) = self.half(rows * inp, -1.0, 1.0)?;
+        let (xf, cxf) = self.full(rows * inp, -1.0, 1.0)?;
+        let (w, cw) = self.half(out * inp, -0.1, 0.1)?;
+        let want = self.cpu.linear(&cx, &cw, rows, inp, out)?;
+        let got = self.gpu.linear(&x, &w, rows, inp, out)?;
+        self.report("linear", &got, &want, HALF_TOL)?;
+        let want = self.cpu.linear(&cxf, &cw, rows, inp, out)?;
+        let got = self.gpu.linear(&xf, &w, rows, inp, out)?;
+        self.report(
+            "linear, f32 input (rounded for cuBLAS)",
+            &got,
+            &want,
+            HALF_TOL,
+        )?;
+        for dy_half in [true, false] {
+            let (dy, cdy) = self.either(dy_half, rows * out)?;
+            let (mut dx, mut cdx) = self.full(rows * inp, -1.0, 1.0)?;
+            let (mut dw, mut cdw) = self.full(out * inp, -1.0, 1.0)?;
+            self.gpu
+                .linear_backward(&dy, &x, &w, rows, inp, out, &mut dx, &mut dw)?;
+            self.cpu
+                .linear_backward(&cdy, &cx, &cw, rows, inp, out, &mut cdx, &mut cdw)?;
+            // A 16-bit dy reaches cuBLAS as it is (f32 accumulation of the same values); an f32
+            // dy is rounded to 16 bits first, which the f64 reference does not do.
+            let bound = if dy_half { F32_TOL } else { HALF_TOL };
+            let what = format!("linear_backward, {} dy", kind(dy_half));
+            self.report(&format!("{what}: dx +="), &dx, &cdx, bound)?;
+            self.report(&format!("{what}: dW +="), &dw, &cdw, bound)?;
+        }
+        Ok(())
+    }
+
+    fn norm(&mut self) -> Result<()> {
+        let (rows, dim, eps) = (300, 512, 1e-5);
+        let (x, cx) = self.half(rows * dim, -2.0, 2.0)?;
+        let (w, cw) = self.half(dim, 0.5, 1.5)?;
+        let (y, rstd) = self.gpu.rmsnorm(&x, &w, rows, dim, eps)?;
+        let (cy, crstd) = self.cpu.rmsnorm(&cx, &cw, rows, dim, eps)?;
+        self.report("rmsnorm y", &y, &cy, HALF_TOL)?;
+        self.report("rmsnorm rstd", &rstd, &crstd, F32_TOL)?;
+        let (dy, cdy) = self.full(rows * dim, -1.0, 1.0)?;
+        let (mut dx, mut cdx) = self.full(rows * dim, -1.0, 1.0)?;
+        let (mut dw, mut cdw) = self.full(dim, -1.0, 1.0)?;
+        self.gpu
+            .rmsnorm_backward(&x, &w, &rstd, &dy, rows, dim, &mut dx, &mut dw)?;
+        self.cpu
+            .rmsnorm_backward(&cx, &cw, &crstd, &cdy, rows, dim, &mut cdx, &mut cdw)?;
+        self.report("rmsnorm_backward dx +=", &dx, &cdx, F32_TOL)?;
+        self.report("rmsnorm_backward dw +=", &dw, &cdw, F32_TOL)
+    }
+
+    fn rope(&mut self) -> Result<()> {
+        let (rows, heads, hd, start, theta) = (64, 8, 128, 65_000, 500_000.0);
+        for h in [true, false] {
+            let (mut x, mut cx) = self.either(h, rows * heads * hd)?;
+            for inverse in [false, true] {
+                self.gpu
+                    .rope(&mut x, rows, heads, hd, start, theta, inverse)?;
+                self.cpu
+                    .rope(&mut cx, rows, heads, hd, start, theta, inverse)?;
+                let name = format!("rope {}, inverse {inverse}, positions 65000+", kind(h));
+                self.report(&name, &x, &cx, tol(h))?;
+            }
+        }
+        Ok(())
+    }
+
+    fn loss(&mut self) -> Result<()> {
+        // 2500 rows at vocabulary 32000 take two chunks.
+        let (rows, dim, vocab) = (2500, 64, 32000);
+        let (h, ch) = self.half(rows * dim, -2.0, 2.0)?;
+        let (w, cw) = self.half(vocab * dim, -0.5, 0.5)?;
+        let targets: Vec<u32> = (0..rows).map(|_| self.rng.random_range(0..32000)).collect();
+        // Small enough that the accumulated dW, not the initial value, dominates the comparison.
+        let (mut dw, mut cdw) = self.full(vocab * dim, -1e-4, 1e-4)?;
+        let scale = 1.0 / rows as f64;
+        let got = self
+            .gpu
+            .cross_entropy(&h, &w, &targets, dim, vocab, scale, &mut dw)?;
+        let want = self
+            .cpu
+            .cross_entropy(&ch, &cw, &targets, dim, vocab, scale, &mut cdw)?;
+        let err = (got.loss_sum - want.loss_sum).abs() / want.loss_sum;
+        self.verdict("cross_entropy loss (2 chunks of rows)", err, F32_TOL);
+        let same = got.argmax.iter().zip(&want.argmax).filter(|(a, b)| a == b);
+        let miss = 1.0 - same.count() as f64 / rows as f64;
+        self.verdict("cross_entropy argmax, share of rows differing", miss, 1e-2);
+        self.report("cross_entropy dh", &got.dh, &want.dh, HALF_TOL)?;
+        self.report("cross_entropy dW +=", &dw, &cdw, HALF_TOL)
+    }
+
+    fn adamw(&mut self) -> Result<()> {
+        let n = 10_007;
+        let hp = AdamW {
+            lr: 1e-2,
+            beta1: 0.9,
+            beta2: 0.95,
+            eps: 1e-8,
+            weight_decay: 0.1,
+        };
+        for h in [false, true] {
+            let (mut p, mut cp) = self.either(h, n)?;
+            let before = self.gpu.download(&p)?;
+            let (g, cg) = self.full(n, -1.0, 1.0)?;
+            let (mut m, mut cm) = self.full(n, -0.1, 0.1)?;
+            let (mut v, mut cv) = self.full(n, 0.0, 0.01)?;
+            self.gpu.adamw(&mut p, &g, &mut m, &mut v, &hp, 3, true)?;
+            self.cpu
+                .adamw(&mut cp, &cg, &mut cm, &mut cv, &hp, 3, true)?;
+            self.report("adamw m", &m, &cm, F32_TOL)?;
+            self.report("adamw v", &v, &cv, F32_TOL)?;
+            if h {
+                // A 16-bit parameter is rounded after its step: compare values.
+                self.report("adamw 16-bit parameter", &p, &cp, HALF_TOL)?;
+            } else {
+                // The step itself, which is what a bug would get wrong.
+                let step: Vec<f32> = self
+                    .gpu
+                    .download(&p)?
+                    .iter()
+                    .zip(&before)
+                    .map(|(a, b)| a - b)
+                    .collect();
+                let cstep: Vec<f32> = cp
+                    .iter()
+                    .zip(&before)
+                    .map(|(&a, &b)| (a - b as f64) as f32)
+                    .collect();
+                self.verdict("adamw f32 parameter step", rel_err(&step, &cstep), F32_TOL);
+            }
+        }
+        Ok(())
+    }
+
+    /// The tiny preset's forward and backward under each checkpoint policy against the CPU in
+    /// f64.
+    fn model(&mut self) -> Result<()> {
+        let cfg = Config::preset("tiny")?;
+        let seq = 96;
+        let tokens: Vec<u32> = (0..=seq)
+            .map(|_| self.rng.random_range(0..cfg.vocab_size as u32))
+            .collect();
+        let chunk = Chunk {
+            tokens: &tokens[..seq],
+            targets: &tokens[1..],
+            start: 0,
+        };
+        let w = weights::random(&self.gpu, &cfg, 3)?;
+        let host = w
+            .tensors()
+            .into_iter()
+            .map(|t| self.gpu.download(t))
+            .collect::<Result<Vec<_>>>()?;
+        let mut host = host.into_iter();
+        let cw = Weights::build(&cfg, |_| {
+            self.cpu.upload(&host.next().context("a weight per spec")?)
+        })?;
+        let dense = || Dense {
+            dims: cfg.dims(),
+            rows: seq,
+        };
+        let scale = 1.0 / seq as f64;
+        for policy in [Checkpoint::None, Checkpoint::Layer, Checkpoint::Remat] {
+            let (mut grads, mut cgrads) = (
+                weights::zeros(&self.gpu, &cfg)?,
+                weights::zeros(&self.cpu, &cfg)?,
+            );
+            let mut attn = HostAttention {
+                ops: &self.gpu,
+                dense: dense(),
+            };
+            let got = forward_backward(
+                &self.gpu, &cfg, &w, &mut grads, &mut attn, chunk, policy, scale,
+            )?;
+            let want = forward_backward(
+                &self.cpu,
+                &cfg,
+                &cw,
+                &mut cgrads,
+                &mut dense(),
+                chunk,
+                policy,
+                scale,
+            )?;
+            let err = (got.loss_sum - want.loss_sum).abs() / want.loss_sum;
+            self.verdict(&format!("tiny model, {policy}: loss"), err, F32_TOL);
+            let names = weights::specs(&cfg);
+            for ((s, g), c) in names.iter().zip(grads.tensors()).zip(cgrads.tensors()) {
+                let name = format!("tiny model, {policy}: d {}", s.name);
+                self.report(&name, g, c, MODEL_TOL)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Checker {
+    /// Times a few ops at LLaMA-7B sizes (4096 rows), for the record; nothing is checked.
+    fn timing(&mut self) -> Result<()> {
+        let (rows, d, i, vocab) = (4096, 4096, 11008, 32000);
+        let x = self.half(rows * d, -1.0, 1.0)?.0;
+        let w = self.half(i * d, -0.02, 0.02)?.0;
+        let dy = self.half(rows * i, -1.0, 1.0)?.0;
+        let head = self.half(vocab * d, -0.02, 0.02)?.0;
+        let gain = self.half(d, 0.5, 1.5)?.0;
+        let targets: Vec<u32> = (0..rows).map(|_| self.rng.random_range(0..32000)).collect();
+        let (mut dx, mut dw) = (self.gpu.zeros(rows * d)?, self.gpu.zeros(i * d)?);
+        let mut dhead = self.gpu.zeros(vocab * d)?;
+        let gemm = 2.0 * (rows * d * i) as f64;
+        let gpu = &self.gpu;
+        self.time("linear 4096x4096 -> 11008", gemm, || {
+            gpu.linear(&x, &w, rows, d, i).map(drop)
+        })?;
+        self.time("linear_backward 4096x4096 -> 11008", 2.0 * gemm, || {
+            gpu.linear_backward(&dy, &x, &w, rows, d, i, &mut dx, &mut dw)
+        })?;
+        let loss = 6.0 * (rows * d * vocab) as f64;
+        self.time("cross_entropy 4096 rows, 4096 -> 32000", loss, || {
+            let scale = 1.0 / rows as f64;
+            gpu.cross_entropy(&x, &head, &targets, d, vocab, scale, &mut dhead)
+                .map(drop)
+        })?;
+        self.time("rmsnorm 4096x4096", 0.0, || {
+            gpu.rmsnorm(&x, &gain, rows, d, 1e-5).map(drop)
+        })
+    }
+
+    /// Prints the mean time of `f` over 10 runs after one warm-up, and TFLOP/s if `flops` > 0.
+    fn time(&self, name: &str, flops: f64, mut f: impl FnMut() -> Result<()>) -> Result<()> {
+        f()?;
+        self.gpu.backend().synchronize()?;
+        let reps = 10;
+        let start = std::time::Instant::now();
+        for _ in 0..reps {
+            f()?;
+        }
+        self.gpu.backend().synchronize()?;
+        let s = start.elapsed().as_secs_f64() / reps as f64;
+        let rate = if flops > 0.0 {
+            format!("{:6.1} TFLOP/s", flops / s / 1e12)
+        } else {
+            String::new()
+        };
+        let dtype = self.dtype.name();
+        println!("{dtype} time {name:<44} {:8.3} ms {rate}", s * 1e3);
+        Ok(())
+    }
+}
+
+fn kind(half: bool) -> &'static str {
+    if half { "16-bit" } else { "f32" }
+}
+
+fn tol(half: bool) -> f64 {
+    if half { HALF_TOL } else { F32_TOL }
+}
+
+/// Attention for the whole-model check: Q, K, V downloaded, `Dense` in f64 on the host, O
+/// uploaded 16-bit and LSE and the gradients f32, as the GPU attention hands them over.
+struct HostAttention<'a> {
+    ops: &'a CudaOps,
+    dense: Dense,
+}
+
+impl HostAttention<'_> {
+    fn host(&self, t: &Tensor) -> Result<Vec<f64>> {
+        Ok(self.ops.download(t)?.iter().map(|&x| x as f64).collect())
+    }
+
+    fn f32(&self, x: &[f64]) -> Result<Tensor> {
+        let v: Vec<f32> = x.iter().map(|&v| v as f32).collect();
+        self.ops.backend().upload_f32(&v)
+    }
+}
+
+impl Attention<Tensor> for HostAttention<'_> {
+    fn forward(&mut self, q: &Tensor, k: &Tensor, v: &Tensor) -> Result<(Tensor, Tensor)> {
+        let (q, k, v) = (self.host(q)?, self.host(k)?, self.host(v)?);
+        let (o, lse) = self.dense.forward(&q, &k, &v)?;
+        let o: Vec<f32> = o.iter().map(|&x| x as f32).collect();
+        Ok((self.ops.upload(&o)?, self.f32(&lse)?))
+    }
+
+    fn backward(
+        &mut self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        o: &Tensor,
+        lse: &Tensor,
+        dout: &Tensor,
+    ) -> Result<(Tensor, Tensor, Tensor)> {
+        let [q, k, v, o, lse, dout] = [q, k, v, o, lse, dout].map(|t| self.host(t));
+        let (dq, dk, dv) = self.dense.backward(&q?, &k?, &v?, &o?, &lse?, &dout?)?;
+        Ok((self.f32(&dq)?, self.f32(&dk)?, self.f32(&dv)?))
+    }
+}

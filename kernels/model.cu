@@ -1,0 +1,290 @@
+// The LLaMA model's elementwise and row-wise kernels (`model::cuda`); the matrix products run in
+// cuBLAS. Header-free like the attention kernels: 16-bit values travel as raw `unsigned short`
+// and are converted here, all arithmetic is f32 (f64 for the gradient-norm sum and the rotary
+// angles).
+//
+// The host prepends `#define DTYPE_BF16` or `#define DTYPE_F16` (the backend's 16-bit format).
+// A tensor argument that may be either 16-bit or f32 comes as `(const void* p, int p_half)`:
+// `ld`/`st` pick the representation at run time (a warp-uniform branch, free next to the memory
+// traffic), so one kernel serves every combination the model passes.
+
+typedef unsigned short u16;
+typedef unsigned int u32;
+
+#define NEG_INF (-__int_as_float(0x7f800000))
+
+#if defined(DTYPE_BF16)
+__device__ __forceinline__ float h2f(u16 x) { return __uint_as_float(((u32)x) << 16); }
+// Round to nearest, ties to even; NaN stays a (quiet) NaN.
+__device__ __forceinline__ u16 f2h(float f) {
+    u32 b = __float_as_uint(f);
+    if ((b & 0x7fffffffu) > 0x7f800000u) return (u16)((b >> 16) | 0x40u);
+    b += 0x7fffu + ((b >> 16) & 1u);
+    return (u16)(b >> 16);
+}
+#elif defined(DTYPE_F16)
+__device__ __forceinline__ float h2f(u16 x) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(x));
+    return f;
+}
+__device__ __forceinline__ u16 f2h(float f) {
+    u16 h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
+#else
+#error "define DTYPE_BF16 or DTYPE_F16"
+#endif
+
+__device__ __forceinline__ float ld(const void* p, int half, long i) {
+    return half ? h2f(((const u16*)p)[i]) : ((const float*)p)[i];
+}
+
+__device__ __forceinline__ void st(void* p, int half, long i, float v) {
+    if (half)
+        ((u16*)p)[i] = f2h(v);
+    else
+        ((float*)p)[i] = v;
+}
+
+#define GRID_STRIDE(i, n) \
+    for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < (n); i += (long)gridDim.x * blockDim.x)
+
+// The row of the calling warp in kernels that give one warp to each row.
+__device__ __forceinline__ long warp_row() { return blockIdx.x * (long)(blockDim.x / 32) + threadIdx.x / 32; }
+
+template <typename T>
+__device__ __forceinline__ T warp_sum(T v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+// Sum over the block (blockDim.x a multiple of 32); every thread gets the result.
+template <typename T>
+__device__ T block_sum(T v) {
+    __shared__ T part[32];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    v = warp_sum(v);
+    __syncthreads();  // an earlier call may still be reading `part`
+    if (lane == 0) part[warp] = v;
+    __syncthreads();
+    v = lane < (int)(blockDim.x / 32) ? part[lane] : (T)0;
+    return warp_sum(v);
+}
+
+// Larger value wins; among equal values the smaller index (the first maximum, as on the CPU).
+__device__ __forceinline__ void take_max(float& v, int& i, float ov, int oi) {
+    if (ov > v || (ov == v && oi < i)) {
+        v = ov;
+        i = oi;
+    }
+}
+
+__device__ void block_argmax(float& v, int& i) {
+    __shared__ float pv[32];
+    __shared__ int pi[32];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        take_max(v, i, __shfl_xor_sync(0xffffffffu, v, o), __shfl_xor_sync(0xffffffffu, i, o));
+    __syncthreads();
+    if (lane == 0) {
+        pv[warp] = v;
+        pi[warp] = i;
+    }
+    __syncthreads();
+    const bool has = lane < (int)(blockDim.x / 32);
+    v = has ? pv[lane] : NEG_INF;
+    i = has ? pi[lane] : 0x7fffffff;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        take_max(v, i, __shfl_xor_sync(0xffffffffu, v, o), __shfl_xor_sync(0xffffffffu, i, o));
+}
+
+// ---- elementwise ----
+
+// A 16-bit copy of any tensor: the scratch operand cuBLAS needs when a GEMM input is f32.
+extern "C" __global__ void cast_to_half(const void* src, int src_half, u16* dst, long n) {
+    GRID_STRIDE(i, n) dst[i] = f2h(ld(src, src_half, i));
+}
+
+extern "C" __global__ void add_assign(void* dst, int dst_half, const void* src, int src_half, long n) {
+    GRID_STRIDE(i, n) st(dst, dst_half, i, ld(dst, dst_half, i) + ld(src, src_half, i));
+}
+
+extern "C" __global__ void scale(void* x, int x_half, float s, long n) {
+    GRID_STRIDE(i, n) st(x, x_half, i, ld(x, x_half, i) * s);
+}
+
+// One f64 partial sum of squares per block; the host adds the partials.
+extern "C" __global__ void sum_squares(const void* x, int x_half, long n, double* partial) {
+    double acc = 0.0;
+    GRID_STRIDE(i, n) {
+        const double v = ld(x, x_half, i);
+        acc += v * v;
+    }
+    acc = block_sum(acc);
+    if (threadIdx.x == 0) partial[blockIdx.x] = acc;
+}
+
+__device__ __forceinline__ float sigmoid(float g) { return 1.f / (1.f + expf(-g)); }
+
+// m = silu(g) ∘ u.
+extern "C" __global__ void swiglu(const void* g, int g_half, const void* u, int u_half, u16* m, long n) {
+    GRID_STRIDE(i, n) {
+        const float gv = ld(g, g_half, i);
+        m[i] = f2h(gv * sigmoid(gv) * ld(u, u_half, i));
+    }
+}
+
+// dg = dm∘u∘σ(g)(1 + g(1 − σ(g))), du = dm∘silu(g).
+extern "C" __global__ void swiglu_backward(const void* g, int g_half, const void* u, int u_half,
+                                           const void* dm, int dm_half, u16* dg, u16* du, long n) {
+    GRID_STRIDE(i, n) {
+        const float gv = ld(g, g_half, i), uv = ld(u, u_half, i), d = ld(dm, dm_half, i);
+        const float s = sigmoid(gv);
+        dg[i] = f2h(d * uv * s * (1.f + gv * (1.f - s)));
+        du[i] = f2h(d * gv * s);
+    }
+}
+
+// One AdamW step (bias-corrected moments, decoupled decay); m and v are f32, the parameter is
+// either representation (a 16-bit parameter is rounded after the update: no master copy).
+extern "C" __global__ void adamw(void* p, int p_half, const void* g, int g_half, float* m, float* v,
+                                 long n, float b1, float b2, float c1, float c2, float lr, float eps,
+                                 float wd) {
+    GRID_STRIDE(i, n) {
+        const float gi = ld(g, g_half, i);
+        const float mi = b1 * m[i] + (1.f - b1) * gi;
+        const float vi = b2 * v[i] + (1.f - b2) * gi * gi;
+        m[i] = mi;
+        v[i] = vi;
+        const float update = (mi / c1) / (sqrtf(vi / c2) + eps);
+        const float pi = ld(p, p_half, i);
+        st(p, p_half, i, pi - lr * (update + wd * pi));
+    }
+}
+
+// ---- embedding ----
+
+// out[r] = table[tokens[r]] (tokens checked against the vocabulary on the host).
+extern "C" __global__ void embed(const void* table, int table_half, const u32* tokens, u16* out,
+                                 long rows, int dim) {
+    GRID_STRIDE(i, rows * dim) {
+        const long r = i / dim;
+        out[i] = f2h(ld(table, table_half, (long)tokens[r] * dim + i % dim));
+    }
+}
+
+// dtable[tokens[r]] += dy[r]; repeated tokens meet in atomics.
+extern "C" __global__ void embed_backward(float* dtable, const u32* tokens, const void* dy, int dy_half,
+                                          long rows, int dim) {
+    GRID_STRIDE(i, rows * dim) {
+        const long r = i / dim;
+        atomicAdd(dtable + (long)tokens[r] * dim + i % dim, ld(dy, dy_half, i));
+    }
+}
+
+// ---- RMSNorm: one warp per row ----
+
+// y = x · rstd · w, rstd = 1/√(mean(x²) + eps).
+extern "C" __global__ void rmsnorm(const void* x, int x_half, const void* w, int w_half, u16* y,
+                                   float* rstd, long rows, int dim, float eps) {
+    const long row = warp_row();
+    const int lane = threadIdx.x % 32;
+    if (row >= rows) return;
+    const long base = row * dim;
+    float ss = 0.f;
+    for (int c = lane; c < dim; c += 32) {
+        const float v = ld(x, x_half, base + c);
+        ss += v * v;
+    }
+    const float s = 1.f / sqrtf(warp_sum(ss) / dim + eps);
+    for (int c = lane; c < dim; c += 32) y[base + c] = f2h(ld(x, x_half, base + c) * s * ld(w, w_half, c));
+    if (lane == 0) rstd[row] = s;
+}
+
+// dx += rstd·(g − x·rstd²·mean(g∘x)), g = dy∘w.
+extern "C" __global__ void rmsnorm_backward(const void* x, int x_half, const void* w, int w_half,
+                                            const float* rstd, const void* dy, int dy_half, void* dx,
+                                            int dx_half, long rows, int dim) {
+    const long row = warp_row();
+    const int lane = threadIdx.x % 32;
+    if (row >= rows) return;
+    const long base = row * dim;
+    float dot = 0.f;
+    for (int c = lane; c < dim; c += 32)
+        dot += ld(dy, dy_half, base + c) * ld(w, w_half, c) * ld(x, x_half, base + c);
+    const float s = rstd[row];
+    const float k = s * s * warp_sum(dot) / dim;
+    for (int c = lane; c < dim; c += 32) {
+        const float g = ld(dy, dy_half, base + c) * ld(w, w_half, c);
+        st(dx, dx_half, base + c, ld(dx, dx_half, base + c) + s * (g - ld(x, x_half, base + c) * k));
+    }
+}
+
+// dw += Σ_rows dy∘x·rstd: a thread per column sums every gridDim.y-th row, then one atomic.
+extern "C" __global__ void rmsnorm_dw(const void* x, int x_half, const float* rstd, const void* dy,
+                                      int dy_half, float* dw, long rows, int dim) {
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= dim) return;
+    float acc = 0.f;
+    for (long r = blockIdx.y; r < rows; r += gridDim.y)
+        acc += ld(dy, dy_half, r * dim + c) * ld(x, x_half, r * dim + c) * rstd[r];
+    atomicAdd(dw + c, acc);
+}
+
+// ---- rotary embedding ----
+
+// In place on [rows, heads, head_dim], Hugging Face's rotate-half pairing (j, j + head_dim/2).
+// Row r sits at position start + r; the angle is formed in f32 from the host's f32 inverse
+// frequencies (as Hugging Face and the CPU ops do), its sine and cosine taken in f64 (fast-math
+// single-precision sines are far off at the angles of long sequences). sign = −1 rotates back.
+extern "C" __global__ void rope(void* x, int x_half, const float* inv_freq, long rows, int heads,
+                                int head_dim, long start, float sign) {
+    const int pairs = head_dim / 2;
+    GRID_STRIDE(i, rows * pairs) {
+        const long r = i / pairs;
+        const int j = i % pairs;
+        const float angle = (float)(start + r) * inv_freq[j];
+        double sd, cd;
+        sincos((double)angle, &sd, &cd);
+        const float cs = (float)cd, sn = sign * (float)sd;
+        for (int h = 0; h < heads; ++h) {
+            const long o = (r * heads + h) * head_dim + j;
+            const float a = ld(x, x_half, o), b = ld(x, x_half, o + pairs);
+            st(x, x_half, o, a * cs - b * sn);
+            st(x, x_half, o + pairs, b * cs + a * sn);
+        }
+    }
+}
+
+// ---- cross-entropy: one block per row of a chunk of logits ----
+
+// From f32 logits z (one row per block): loss = lse − z[t], the first argmax, and
+// dlogits = softmax(z) − onehot(t) in 16 bits for the two gradient GEMMs (which apply the loss
+// scale as their alpha).
+extern "C" __global__ void xent_rows(const float* logits, const u32* targets, u16* dlogits, float* loss,
+                                     u32* argmax, int vocab) {
+    const long row = blockIdx.x;
+    const float* z = logits + row * vocab;
+    float best = NEG_INF;
+    int at = 0x7fffffff;
+    for (int c = threadIdx.x; c < vocab; c += blockDim.x) take_max(best, at, z[c], c);
+    block_argmax(best, at);
+    float sum = 0.f;
+    for (int c = threadIdx.x; c < vocab; c += blockDim.x) sum += expf(z[c] - best);
+    const float lse = best + logf(block_sum(sum));
+    const int t = (int)targets[row];
+    for (int c = threadIdx.x; c < vocab; c += blockDim.x) {
+        float d = expf(z[c] - lse);
+        if (c == t) d -= 1.f;
+        dlogits[row * vocab + c] = f2h(d);
+    }
+    if (threadIdx.x == 0) {
+        loss[row] = lse - z[t];
+        argmax[row] = (u32)at;
+    }
+}

@@ -1,0 +1,553 @@
+//! The model's `Ops` on one GPU: cuBLAS for the matrix products, the kernels of
+//! `kernels/model.cu` for everything else, all on the attention backend's context and stream, so
+//! attention and model ops are ordered on one stream without events.
+//!
+//! Mixed precision, as trainers run it:
+//! - weights and activations are 16-bit (`Tensor::Half`, the backend's bf16 or fp16): `upload`,
+//!   `embed`, `linear`, `rmsnorm`'s output, `swiglu` and `swiglu_backward` produce them;
+//! - `zeros` gives f32 (`Tensor::F32`): the model takes it for weight gradients, AdamW moments
+//!   and activation-gradient accumulators (dx, dm, dh), so gradients accumulate in f32; the
+//!   rmsnorm rstd and the loss's dh are f32 too;
+//! - every op reads either variant wherever it reads, and in-place ops (`add_assign`, `scale`,
+//!   `rope`, the dx and dW accumulators) keep the variant they find. Matrix products take 16-bit
+//!   A and B (f32 compute, C in either variant): an f32 operand, such as a gradient arriving from
+//!   an f32 accumulator, is rounded into a scratch 16-bit copy first, as autocast would.
+//!   Atomically accumulated gradients (embedding, norm gains) and AdamW moments must be f32.
+//! - AdamW updates f32 moments from the gradient and writes the parameter back in its own
+//!   variant. There is no f32 master copy of 16-bit weights yet: updates smaller than half a
+//!   16-bit step of a weight are lost, which matters for long runs at small learning rates.
+//! - fp16 has bf16's precision ×8 but not its range: gradients scaled by 1/tokens underflow when
+//!   rounded to fp16 for a GEMM, so fp16 training wants a larger `loss_scale` (scaled back before
+//!   the update). The loss's own dlogits avoid this: the scale is the GEMMs' alpha.
+//!
+//! `elem_bytes` reports 2, the size of the activations that dominate the memory meter; f32
+//! statistics are counted at that size too.
+
+mod args;
+mod gemm;
+mod kernels;
+mod shapes;
+
+use super::cpu::rope_inv_freq;
+use super::ops::{AdamW, LossOut, Ops};
+use crate::backend::Backend;
+use crate::backend::cuda::{CudaBackend, InputDtype, Tensor, elementwise_config, rows_config};
+use anyhow::{Result, anyhow, bail};
+use args::{check, f32_mut, f32_ref, int, push, push_mut};
+use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr, PushKernelArg, ValidAsZeroBits};
+use gemm::{Blas, GemmShape};
+use kernels::{Kernel, Kernels};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+/// The model ops on the GPU of a [`CudaBackend`], sharing its context and stream.
+pub struct CudaOps {
+    backend: CudaBackend,
+    blas: Blas,
+    kernels: Kernels,
+    /// Rotary inverse frequencies on the device by (θ's bits, head dim): uploaded once, since a
+    /// copy from pageable host memory would wait for the stream at every rotary call.
+    rope_tables: Mutex<HashMap<(u64, usize), RopeTable>>,
+}
+
+/// One θ and head dim's rotary inverse frequencies on the device.
+type RopeTable = Arc<CudaSlice<f32>>;
+
+/// A matrix-product operand in 16 bits: the tensor's own buffer, or a rounded copy of an f32 one.
+enum Operand<'a> {
+    Borrowed(&'a CudaSlice<u16>),
+    Owned(CudaSlice<u16>),
+}
+
+impl Operand<'_> {
+    fn get(&self) -> &CudaSlice<u16> {
+        match self {
+            Operand::Borrowed(s) => s,
+            Operand::Owned(s) => s,
+        }
+    }
+}
+
+impl CudaOps {
+    /// Wraps `backend`: compiles (or reads from the kernel cache) the model kernels for its
+    /// 16-bit format and opens a cuBLAS handle on its stream.
+    pub fn new(backend: CudaBackend) -> Result<CudaOps> {
+        let stream = backend.stream().clone();
+        let blas = Blas::new(stream.clone(), backend.dtype())?;
+        let kernels = Kernels::load(stream, backend.dtype())?;
+        Ok(CudaOps {
+            backend,
+            blas,
+            kernels,
+            rope_tables: Mutex::default(),
+        })
+    }
+
+    /// The attention backend these ops share a stream with (for the attention adapter).
+    pub fn backend(&self) -> &CudaBackend {
+        &self.backend
+    }
+
+    fn stream(&self) -> &Arc<CudaStream> {
+        self.backend.stream()
+    }
+
+    fn dtype(&self) -> InputDtype {
+        self.backend.dtype()
+    }
+
+    fn alloc<T: DeviceRepr + ValidAsZeroBits>(&self, len: usize) -> Result<CudaSlice<T>> {
+        self.stream().alloc_zeros::<T>(len).map_err(|e| {
+            anyhow!(
+                "could not allocate {len} elements of {} bytes on the GPU: {e:?}",
+                size_of::<T>()
+            )
+        })
+    }
+
+    fn half(&self, data: CudaSlice<u16>) -> Tensor {
+        Tensor::Half {
+            dtype: self.dtype(),
+            data,
+        }
+    }
+
+    /// `t` (checked to have `len` elements) as a 16-bit GEMM operand.
+    fn operand<'a>(&self, t: &'a Tensor, len: usize, what: &str) -> Result<Operand<'a>> {
+        check(t, self.dtype(), len, what)?;
+        match t {
+            Tensor::Half { data, .. } => Ok(Operand::Borrowed(data)),
+            Tensor::F32(_) => {
+                let mut out = self.alloc::<u16>(len)?;
+                let n = len as i64;
+                let mut b = self.kernels.builder(Kernel::CastToHalf);
+                push(&mut b, t);
+                b.arg(&mut out).arg(&n);
+                self.kernels
+                    .run(Kernel::CastToHalf, b, elementwise_config(len))?;
+                Ok(Operand::Owned(out))
+            }
+        }
+    }
+
+    /// The inverse frequencies of `rope_inv_freq(theta, head_dim)` on the device.
+    fn rope_table(&self, theta: f64, head_dim: usize) -> Result<RopeTable> {
+        let mut tables = self
+            .rope_tables
+            .lock()
+            .map_err(|_| anyhow!("rotary table cache lock poisoned"))?;
+        if let Some(t) = tables.get(&(theta.to_bits(), head_dim)) {
+            return Ok(t.clone());
+        }
+        let table = self
+            .stream()
+            .clone_htod(&rope_inv_freq(theta, head_dim))
+            .map_err(|e| anyhow!("copy to the GPU failed: {e:?}"))?;
+        let table = Arc::new(table);
+        tables.insert((theta.to_bits(), head_dim), table.clone());
+        Ok(table)
+    }
+
+    /// `tokens` on the device, each checked to be below `vocab`.
+    fn tokens(&self, tokens: &[u32], vocab: usize, what: &str) -> Result<CudaSlice<u32>> {
+        if let Some(&t) = tokens.iter().find(|&&t| t as usize >= vocab) {
+            bail!("{what} {t} is outside the vocabulary of {vocab}");
+        }
+        self.stream()
+            .clone_htod(tokens)
+            .map_err(|e| anyhow!("copy to the GPU failed: {e:?}"))
+    }
+}
+
+/// Rows of a `[rows, dim]` table of `len` elements, or a sentence when `dim` does not divide it.
+fn table_rows(len: usize, dim: usize, what: &str) -> Result<usize> {
+    if dim == 0 || !len.is_multiple_of(dim) {
+        bail!("{what} of {len} elements is not a table of rows of width {dim}");
+    }
+    Ok(len / dim)
+}
+
+impl Ops for CudaOps {
+    type T = Tensor;
+
+    fn upload(&self, host: &[f32]) -> Result<Tensor> {
+        Backend::upload(&self.backend, host)
+    }
+
+    fn download(&self, t: &Tensor) -> Result<Vec<f32>> {
+        Backend::download(&self.backend, t)
+    }
+
+    fn zeros(&self, len: usize) -> Result<Tensor> {
+        Ok(Tensor::F32(self.alloc(len)?))
+    }
+
+    fn len(&self, t: &Tensor) -> usize {
+        t.len()
+    }
+
+    fn elem_bytes(&self) -> usize {
+        2
+    }
+
+    fn add_assign(&self, dst: &mut Tensor, src: &Tensor) -> Result<()> {
+        let len = dst.len();
+        check(dst, self.dtype(), len, "an accumulator")?;
+        check(src, self.dtype(), len, "an added tensor")?;
+        let n = len as i64;
+        let mut b = self.kernels.builder(Kernel::AddAssign);
+        push_mut(&mut b, dst);
+        push(&mut b, src);
+        b.arg(&n);
+        self.kernels
+            .run(Kernel::AddAssign, b, elementwise_config(len))
+    }
+
+    fn sum_squares(&self, t: &Tensor) -> Result<f64> {
+        check(t, self.dtype(), t.len(), "a summed tensor")?;
+        let cfg = shapes::reduce(t.len());
+        let mut partial = self.alloc::<f64>(cfg.grid_dim.0 as usize)?;
+        let n = t.len() as i64;
+        let mut b = self.kernels.builder(Kernel::SumSquares);
+        push(&mut b, t);
+        b.arg(&n).arg(&mut partial);
+        self.kernels.run(Kernel::SumSquares, b, cfg)?;
+        let host = self
+            .stream()
+            .clone_dtoh(&partial)
+            .map_err(|e| anyhow!("copy from the GPU failed: {e:?}"))?;
+        Ok(host.iter().sum())
+    }
+
+    fn scale(&self, t: &mut Tensor, s: f64) -> Result<()> {
+        let len = t.len();
+        check(t, self.dtype(), len, "a scaled tensor")?;
+        let (s, n) = (s as f32, len as i64);
+        let mut b = self.kernels.builder(Kernel::Scale);
+        push_mut(&mut b, t);
+        b.arg(&s).arg(&n);
+        self.kernels.run(Kernel::Scale, b, elementwise_config(len))
+    }
+
+    fn embed(&self, table: &Tensor, tokens: &[u32], dim: usize) -> Result<Tensor> {
+        let vocab = table_rows(table.len(), dim, "the embedding table")?;
+        check(table, self.dtype(), table.len(), "the embedding table")?;
+        let ids = self.tokens(tokens, vocab, "token")?;
+        let len = tokens.len() * dim;
+        let mut out = self.alloc::<u16>(len)?;
+        let (rows, d) = (tokens.len() as i64, int(dim, "a width")?);
+        let mut b = self.kernels.builder(Kernel::Embed);
+        push(&mut b, table);
+        b.arg(&ids).arg(&mut out).arg(&rows).arg(&d);
+        self.kernels
+            .run(Kernel::Embed, b, elementwise_config(len))?;
+        Ok(self.half(out))
+    }
+
+    fn embed_backward(
+        &self,
+        dtable: &mut Tensor,
+        tokens: &[u32],
+        dy: &Tensor,
+        dim: usize,
+    ) -> Result<()> {
+        let vocab = table_rows(dtable.len(), dim, "the embedding gradient")?;
+        let len = tokens.len() * dim;
+        check(dy, self.dtype(), len, "the embedding's output gradient")?;
+        let dtable = f32_mut(dtable, vocab * dim, "the embedding gradient")?;
+        let ids = self.tokens(tokens, vocab, "token")?;
+        let (rows, d) = (tokens.len() as i64, int(dim, "a width")?);
+        let mut b = self.kernels.builder(Kernel::EmbedBackward);
+        b.arg(dtable).arg(&ids);
+        push(&mut b, dy);
+        b.arg(&rows).arg(&d);
+        self.kernels
+            .run(Kernel::EmbedBackward, b, elementwise_config(len))
+    }
+
+    fn linear(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        rows: usize,
+        inp: usize,
+        out: usize,
+    ) -> Result<Tensor> {
+        let x = self.operand(x, rows * inp, "a linear layer's input")?;
+        let w = self.operand(w, out * inp, "a linear layer's weight")?;
+        let mut y = self.alloc::<u16>(rows * out)?;
+        let shape = GemmShape::forward(rows, inp, out);
+        self.blas
+            .gemm(shape, w.get(), x.get(), &mut y, [1.0, 0.0])?;
+        Ok(self.half(y))
+    }
+
+    fn linear_backward(
+        &self,
+        dy: &Tensor,
+        x: &Tensor,
+        w: &Tensor,
+        rows: usize,
+        inp: usize,
+        out: usize,
+        dx: &mut Tensor,
+        dw: &mut Tensor,
+    ) -> Result<()> {
+        check(
+            dx,
+            self.dtype(),
+            rows * inp,
+            "a linear layer's input gradient",
+        )?;
+        check(
+            dw,
+            self.dtype(),
+            out * inp,
+            "a linear layer's weight gradient",
+        )?;
+        let dy = self.operand(dy, rows * out, "a linear layer's output gradient")?;
+        let x = self.operand(x, rows * inp, "a linear layer's input")?;
+        let w = self.operand(w, out * inp, "a linear layer's weight")?;
+        let shape = GemmShape::input_grad(rows, inp, out);
+        self.blas
+            .gemm_into(shape, w.get(), dy.get(), dx, [1.0, 1.0])?;
+        let shape = GemmShape::weight_grad(rows, inp, out);
+        self.blas
+            .gemm_into(shape, x.get(), dy.get(), dw, [1.0, 1.0])
+    }
+
+    fn rmsnorm(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        rows: usize,
+        dim: usize,
+        eps: f64,
+    ) -> Result<(Tensor, Tensor)> {
+        check(x, self.dtype(), rows * dim, "a norm's input")?;
+        check(w, self.dtype(), dim, "a norm's gain")?;
+        let mut y = self.alloc::<u16>(rows * dim)?;
+        let mut rstd = self.alloc::<f32>(rows)?;
+        let (n, d, eps) = (rows as i64, int(dim, "a width")?, eps as f32);
+        let mut b = self.kernels.builder(Kernel::Rmsnorm);
+        push(&mut b, x);
+        push(&mut b, w);
+        b.arg(&mut y).arg(&mut rstd).arg(&n).arg(&d).arg(&eps);
+        self.kernels.run(Kernel::Rmsnorm, b, rows_config(rows)?)?;
+        Ok((self.half(y), Tensor::F32(rstd)))
+    }
+
+    fn rmsnorm_backward(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        rstd: &Tensor,
+        dy: &Tensor,
+        rows: usize,
+        dim: usize,
+        dx: &mut Tensor,
+        dw: &mut Tensor,
+    ) -> Result<()> {
+        check(x, self.dtype(), rows * dim, "a norm's input")?;
+        check(w, self.dtype(), dim, "a norm's gain")?;
+        check(dy, self.dtype(), rows * dim, "a norm's output gradient")?;
+        check(dx, self.dtype(), rows * dim, "a norm's input gradient")?;
+        let rstd = f32_ref(rstd, rows, "a norm's rstd")?;
+        let dw = f32_mut(dw, dim, "a norm's gain gradient")?;
+        let (n, d) = (rows as i64, int(dim, "a width")?);
+        let mut b = self.kernels.builder(Kernel::RmsnormBackward);
+        push(&mut b, x);
+        push(&mut b, w);
+        b.arg(rstd);
+        push(&mut b, dy);
+        push_mut(&mut b, dx);
+        b.arg(&n).arg(&d);
+        self.kernels
+            .run(Kernel::RmsnormBackward, b, rows_config(rows)?)?;
+        let mut b = self.kernels.builder(Kernel::RmsnormDw);
+        push(&mut b, x);
+        b.arg(rstd);
+        push(&mut b, dy);
+        b.arg(dw).arg(&n).arg(&d);
+        self.kernels
+            .run(Kernel::RmsnormDw, b, shapes::column_sums(dim, rows)?)
+    }
+
+    fn rope(
+        &self,
+        x: &mut Tensor,
+        rows: usize,
+        heads: usize,
+        head_dim: usize,
+        start: usize,
+        theta: f64,
+        inverse: bool,
+    ) -> Result<()> {
+        check(x, self.dtype(), rows * heads * head_dim, "a rotary input")?;
+        if !head_dim.is_multiple_of(2) {
+            bail!("rotary embeddings need an even head dim, not {head_dim}");
+        }
+        let inv_freq = self.rope_table(theta, head_dim)?;
+        let (n, h, hd) = (
+            rows as i64,
+            int(heads, "a head count")?,
+            int(head_dim, "a head dim")?,
+        );
+        let (start, sign) = (start as i64, if inverse { -1.0f32 } else { 1.0 });
+        let mut b = self.kernels.builder(Kernel::Rope);
+        push_mut(&mut b, x);
+        b.arg(inv_freq.as_ref())
+            .arg(&n)
+            .arg(&h)
+            .arg(&hd)
+            .arg(&start)
+            .arg(&sign);
+        let cfg = elementwise_config(rows * head_dim / 2);
+        self.kernels.run(Kernel::Rope, b, cfg)
+    }
+
+    fn swiglu(&self, g: &Tensor, u: &Tensor) -> Result<Tensor> {
+        let len = g.len();
+        check(g, self.dtype(), len, "the gate projection")?;
+        check(u, self.dtype(), len, "the up projection")?;
+        let mut m = self.alloc::<u16>(len)?;
+        let n = len as i64;
+        let mut b = self.kernels.builder(Kernel::Swiglu);
+        push(&mut b, g);
+        push(&mut b, u);
+        b.arg(&mut m).arg(&n);
+        self.kernels
+            .run(Kernel::Swiglu, b, elementwise_config(len))?;
+        Ok(self.half(m))
+    }
+
+    fn swiglu_backward(&self, g: &Tensor, u: &Tensor, dm: &Tensor) -> Result<(Tensor, Tensor)> {
+        let len = g.len();
+        check(g, self.dtype(), len, "the gate projection")?;
+        check(u, self.dtype(), len, "the up projection")?;
+        check(dm, self.dtype(), len, "the MLP gradient")?;
+        let mut dg = self.alloc::<u16>(len)?;
+        let mut du = self.alloc::<u16>(len)?;
+        let n = len as i64;
+        let mut b = self.kernels.builder(Kernel::SwigluBackward);
+        push(&mut b, g);
+        push(&mut b, u);
+        push(&mut b, dm);
+        b.arg(&mut dg).arg(&mut du).arg(&n);
+        self.kernels
+            .run(Kernel::SwigluBackward, b, elementwise_config(len))?;
+        Ok((self.half(dg), self.half(du)))
+    }
+
+    fn cross_entropy(
+        &self,
+        h: &Tensor,
+        w: &Tensor,
+        targets: &[u32],
+        dim: usize,
+        vocab: usize,
+        scale: f64,
+        dw: &mut Tensor,
+    ) -> Result<LossOut<Tensor>> {
+        let rows = targets.len();
+        check(
+            dw,
+            self.dtype(),
+            vocab * dim,
+            "the output projection's gradient",
+        )?;
+        let h = self.operand(h, rows * dim, "the final hidden states")?;
+        let w = self.operand(w, vocab * dim, "the output projection")?;
+        let ids = self.tokens(targets, vocab, "target token")?;
+        let mut dh = self.alloc::<f32>(rows * dim)?;
+        let mut loss = self.alloc::<f32>(rows)?;
+        let mut argmax = self.alloc::<u32>(rows)?;
+        let most = shapes::loss_chunk_rows(vocab).min(rows);
+        let mut logits = self.alloc::<f32>(most * vocab)?;
+        let mut dlogits = self.alloc::<u16>(most * vocab)?;
+        let (v, sc) = (int(vocab, "a vocabulary")?, scale as f32);
+        for r in shapes::loss_chunks(rows, vocab) {
+            let n = r.len();
+            let hc = h.get().slice(r.start * dim..r.end * dim);
+            let shape = GemmShape::forward(n, dim, vocab);
+            self.blas
+                .gemm(shape, w.get(), &hc, &mut logits, [1.0, 0.0])?;
+            let t = ids.slice(r.clone());
+            let mut l = loss.slice_mut(r.clone());
+            let mut a = argmax.slice_mut(r.clone());
+            let mut b = self.kernels.builder(Kernel::XentRows);
+            b.arg(&logits)
+                .arg(&t)
+                .arg(&mut dlogits)
+                .arg(&mut l)
+                .arg(&mut a);
+            b.arg(&v);
+            self.kernels
+                .run(Kernel::XentRows, b, shapes::block_per_row(n)?)?;
+            // The scale enters as the GEMMs' alpha: the 16-bit dlogits stay O(1), far from
+            // fp16's underflow (1/tokens would push most of them below it).
+            let mut dhc = dh.slice_mut(r.start * dim..r.end * dim);
+            let shape = GemmShape::input_grad(n, dim, vocab);
+            self.blas
+                .gemm(shape, w.get(), &dlogits, &mut dhc, [sc, 0.0])?;
+            let shape = GemmShape::weight_grad(n, dim, vocab);
+            self.blas.gemm_into(shape, &hc, &dlogits, dw, [sc, 1.0])?;
+        }
+        let err = |e| anyhow!("copy from the GPU failed: {e:?}");
+        let loss = self.stream().clone_dtoh(&loss).map_err(err)?;
+        let argmax = self.stream().clone_dtoh(&argmax).map_err(err)?;
+        Ok(LossOut {
+            loss_sum: loss.iter().map(|&l| l as f64).sum(),
+            argmax,
+            dh: Tensor::F32(dh),
+        })
+    }
+
+    fn adamw(
+        &self,
+        param: &mut Tensor,
+        grad: &Tensor,
+        m: &mut Tensor,
+        v: &mut Tensor,
+        hp: &AdamW,
+        step: u64,
+        decay: bool,
+    ) -> Result<()> {
+        let len = param.len();
+        check(param, self.dtype(), len, "a parameter")?;
+        check(grad, self.dtype(), len, "a gradient")?;
+        let m = f32_mut(m, len, "AdamW's first moment")?;
+        let v = f32_mut(v, len, "AdamW's second moment")?;
+        let c1 = 1.0 - hp.beta1.powi(step as i32);
+        let c2 = 1.0 - hp.beta2.powi(step as i32);
+        let wd = if decay { hp.weight_decay } else { 0.0 };
+        let scalars = [hp.beta1, hp.beta2, c1, c2, hp.lr, hp.eps, wd].map(|x| x as f32);
+        let n = len as i64;
+        let mut b = self.kernels.builder(Kernel::Adamw);
+        push_mut(&mut b, param);
+        push(&mut b, grad);
+        b.arg(m).arg(v).arg(&n);
+        for s in &scalars {
+            b.arg(s);
+        }
+        self.kernels.run(Kernel::Adamw, b, elementwise_config(len))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tables_must_divide_into_rows() {
+        assert_eq!(table_rows(12, 4, "t").unwrap(), 3);
+        let e = table_rows(12, 5, "the embedding table")
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            e,
+            "the embedding table of 12 elements is not a table of rows of width 5"
+        );
+        assert!(table_rows(12, 0, "t").is_err());
+    }
+}
