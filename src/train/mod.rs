@@ -5,6 +5,7 @@
 //! all-reduce is deterministic. Rank 0 reports each step and saves checkpoints.
 
 mod attention;
+pub mod cuda_attention;
 pub mod data;
 pub mod state;
 pub mod svg;

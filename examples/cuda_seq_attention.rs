@@ -1,0 +1,228 @@
+//! Checks the model's single-GPU attention (`train::cuda_attention::CudaAttention`) on a GPU:
+//! sequence-major 16-bit tensors in and out, against
+//! - the head-major fast path it wraps (the same kernels on transposed data: O and LSE must match
+//!   bit for bit, dQ, dK, dV must equal the fast path's f32 gradients rounded to the input dtype),
+//! - the f64 oracle (its error may exceed the fast path's by one rounding of the output),
+//! - itself with dO given in f32 instead of 16-bit (identical gradients),
+//!
+//! and that wrong dtypes and lengths are refused with a sentence. `--time` adds the cost of the
+//! layout changes at one training shape (adapter vs fast path, CUDA events). One JSON line per
+//! case; exits non-zero if any check fails.
+//!
+//!   cuda_seq_attention [--time 16384]
+//!
+//! Needs a GPU; on a machine without one it says so and exits non-zero.
+
+use anyhow::{Result, bail};
+use distflash::attn::oracle::{self, rel_err};
+use distflash::attn::{Dims, layout};
+use distflash::backend::Backend;
+use distflash::backend::cuda::{CudaBackend, InputDtype, Tensor, median_ms};
+use distflash::inputs::Inputs;
+use distflash::model::attention::Attention;
+use distflash::train::cuda_attention::CudaAttention;
+use serde_json::json;
+
+/// One case's inputs: head-major on the host (rounded to the dtype, as the device holds them)
+/// and sequence-major on the device.
+struct Case {
+    x: Inputs,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    dout: Tensor,
+}
+
+impl Case {
+    fn new(be: &CudaBackend, dims: Dims, seq: usize, seed: u64) -> Result<Case> {
+        let dt = be.dtype();
+        let mut x = Inputs::random(dims, seq, seed);
+        for t in [&mut x.q, &mut x.k, &mut x.v, &mut x.dout] {
+            t.iter_mut().for_each(|v| *v = dt.round(*v));
+        }
+        let up =
+            |t: &[f32], heads| be.upload(&layout::to_seq_major(t, 1, seq, heads, dims.head_dim));
+        Ok(Case {
+            q: up(&x.q, dims.heads)?,
+            k: up(&x.k, dims.kv_heads)?,
+            v: up(&x.v, dims.kv_heads)?,
+            dout: up(&x.dout, dims.heads)?,
+            x,
+        })
+    }
+}
+
+fn check(be: &CudaBackend, dims: Dims, seq: usize, seed: u64) -> Result<bool> {
+    let dt = be.dtype();
+    let c = Case::new(be, dims, seq, seed)?;
+    let host = |t: &Tensor| be.download(t);
+    let head = |t: &Tensor, heads| -> Result<Vec<f32>> {
+        Ok(layout::to_head_major(
+            &host(t)?,
+            1,
+            seq,
+            heads,
+            dims.head_dim,
+        ))
+    };
+    let (h, kv) = (dims.heads, dims.kv_heads);
+
+    let mut attn = CudaAttention::new(be, dims, seq)?;
+    let (o, lse) = attn.forward(&c.q, &c.k, &c.v)?;
+    let (dq, dk, dv) = attn.backward(&c.q, &c.k, &c.v, &o, &lse, &c.dout)?;
+    let dout32 = be.upload_f32(&host(&c.dout)?)?;
+    let (dq32, dk32, dv32) = attn.backward(&c.q, &c.k, &c.v, &o, &lse, &dout32)?;
+
+    // The fast path on head-major copies of the same values.
+    let (qh, kh, vh, gh) = (
+        be.upload(&c.x.q)?,
+        be.upload(&c.x.k)?,
+        be.upload(&c.x.v)?,
+        be.upload(&c.x.dout)?,
+    );
+    let fwd = be.causal_forward(&dims, seq, &qh, &kh, &vh)?;
+    let grads = be.causal_backward(&dims, seq, &qh, &kh, &vh, &fwd, &gh)?;
+    be.synchronize()?;
+    let rounded = |t: &Tensor| -> Result<Vec<f32>> {
+        Ok(host(t)?.into_iter().map(|v| dt.round(v)).collect())
+    };
+    let ours = [head(&o, h)?, head(&dq, h)?, head(&dk, kv)?, head(&dv, kv)?];
+    let same_as_fast_path = ours[0] == host(&fwd.out)?
+        && host(&lse)? == host(&fwd.lse)?
+        && ours[1] == rounded(&grads.dq)?
+        && ours[2] == rounded(&grads.dk)?
+        && ours[3] == rounded(&grads.dv)?;
+    let f32_dout_same =
+        host(&dq32)? == host(&dq)? && host(&dk32)? == host(&dk)? && host(&dv32)? == host(&dv)?;
+
+    let (r, rg) = (oracle::forward(&c.x), oracle::backward(&c.x));
+    let refs = [&r.out, &rg.dq, &rg.dk, &rg.dv];
+    let fast = [
+        host(&fwd.out)?,
+        host(&grads.dq)?,
+        host(&grads.dk)?,
+        host(&grads.dv)?,
+    ];
+    // One more rounding to the input dtype than the fast path's f32 gradients.
+    let unit = match dt {
+        InputDtype::Bf16 => 2f64.powi(-8),
+        InputDtype::F16 => 2f64.powi(-11),
+    };
+    let mut within = true;
+    let mut errs = vec![];
+    for ((ours, fast), r) in ours.iter().zip(&fast).zip(refs) {
+        let (e, ef) = (rel_err(ours, r), rel_err(fast, r));
+        within &= e <= ef + unit;
+        errs.push((e, ef));
+    }
+    let lse_err = rel_err(&host(&lse)?, &r.lse);
+
+    // Refusals: a tensor of the other dtype, a wrong length.
+    let other = match dt {
+        InputDtype::Bf16 => InputDtype::F16,
+        InputDtype::F16 => InputDtype::Bf16,
+    };
+    let wrong_dtype = CudaBackend::new(0, other)?.upload(&host(&c.q)?)?;
+    let e1 = attn
+        .forward(&wrong_dtype, &c.k, &c.v)
+        .err()
+        .map(|e| e.to_string());
+    let short = be.upload(&vec![0.0; dims.kv_len(seq) - 1])?;
+    let e2 = attn
+        .forward(&c.q, &short, &c.v)
+        .err()
+        .map(|e| e.to_string());
+    let refused = e1.is_some() && e2.is_some();
+
+    let ok = same_as_fast_path && f32_dout_same && within && refused && lse_err < 1e-3;
+    println!(
+        "{}",
+        json!({
+            "case": "check", "dtype": dt.name(), "seq": seq, "heads": h, "kv_heads": kv,
+            "head_dim": dims.head_dim, "same_as_fast_path": same_as_fast_path,
+            "f32_dout_same": f32_dout_same,
+            "rel_err_vs_f64 [o,dq,dk,dv] (ours, fast path)": errs, "lse_rel_err": lse_err,
+            "within_one_rounding_of_fast_path": within,
+            "wrong_dtype_error": e1, "wrong_length_error": e2, "ok": ok,
+        })
+    );
+    Ok(ok)
+}
+
+/// Forward+backward through the adapter vs the fast path alone at one shape: the cost of the
+/// layout changes a training step pays per layer.
+fn time(be: &CudaBackend, seq: usize) -> Result<()> {
+    let dims = Dims {
+        batch: 1,
+        heads: 32,
+        kv_heads: 32,
+        head_dim: 128,
+    };
+    let c = Case::new(be, dims, seq, 1)?;
+    let (qh, kh, vh, gh) = (
+        be.upload(&c.x.q)?,
+        be.upload(&c.x.k)?,
+        be.upload(&c.x.v)?,
+        be.upload(&c.x.dout)?,
+    );
+    let mut attn = CudaAttention::new(be, dims, seq)?;
+    let mut adapter = || -> Result<()> {
+        let (o, lse) = attn.forward(&c.q, &c.k, &c.v)?;
+        attn.backward(&c.q, &c.k, &c.v, &o, &lse, &c.dout)?;
+        Ok(())
+    };
+    adapter()?;
+    let ours = median_ms(be, 10, &mut adapter)?;
+    let mut fast = || -> Result<()> {
+        let fwd = be.causal_forward(&dims, seq, &qh, &kh, &vh)?;
+        be.causal_backward(&dims, seq, &qh, &kh, &vh, &fwd, &gh)?;
+        Ok(())
+    };
+    fast()?;
+    let bare = median_ms(be, 10, &mut fast)?;
+    println!(
+        "{}",
+        json!({
+            "case": "time", "dtype": be.dtype().name(), "seq": seq, "heads": 32, "head_dim": 128,
+            "adapter_fwdbwd_ms": ours, "fast_path_fwdbwd_ms": bare,
+            "layout_overhead": ours / bare - 1.0,
+        })
+    );
+    Ok(())
+}
+
+fn main() -> Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let time_seq = match args.as_slice() {
+        [] => None,
+        [flag, n] if flag == "--time" => Some(n.parse::<usize>()?),
+        _ => bail!("usage: cuda_seq_attention [--time SEQ]"),
+    };
+    // (dtype, heads, kv heads, head dim, rows): MHA, GQA and MQA; lengths off the tile sizes.
+    let cases = [
+        (InputDtype::Bf16, 8, 2, 128, 777),
+        (InputDtype::F16, 4, 4, 64, 300),
+        (InputDtype::Bf16, 4, 1, 64, 129),
+        (InputDtype::F16, 8, 2, 128, 1000),
+        (InputDtype::Bf16, 32, 8, 128, 1024),
+    ];
+    let mut all = true;
+    for (i, &(dtype, heads, kv_heads, head_dim, seq)) in cases.iter().enumerate() {
+        let be = CudaBackend::new(0, dtype)?;
+        let dims = Dims {
+            batch: 1,
+            heads,
+            kv_heads,
+            head_dim,
+        };
+        all &= check(&be, dims, seq, 40 + i as u64)?;
+    }
+    if let Some(seq) = time_seq {
+        time(&CudaBackend::new(0, InputDtype::Bf16)?, seq)?;
+    }
+    if !all {
+        bail!("a check failed (see the lines above)");
+    }
+    println!("all checks passed");
+    Ok(())
+}
