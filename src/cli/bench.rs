@@ -47,6 +47,10 @@ pub enum Target {
         #[arg(long)]
         json: Option<PathBuf>,
     },
+    /// One training step without the optimizer (forward and backward of one sequence): step
+    /// time, tokens/s, model FLOPs utilisation and peak memory, e.g. `bench train --device cuda
+    /// --preset llama2-7b --seq-len 16384 --checkpoint remat`.
+    Train(super::bench_train::Args),
     /// Markdown table of the JSON lines in a results folder (ours and the peers', measured in
     /// one device call), with each rate's ratio to the peers.
     Report {
@@ -84,6 +88,7 @@ pub fn run(target: Target) -> Result<()> {
             }
             attention(&seqs, &head_dims, heads, dtype, json)
         }
+        Target::Train(args) => super::bench_train::run(args),
         Target::Report { results, out } => report(&results, out),
     }
 }

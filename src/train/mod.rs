@@ -5,6 +5,7 @@
 //! all-reduce is deterministic. Rank 0 reports each step and saves checkpoints.
 
 mod attention;
+pub mod bench;
 pub mod cuda_attention;
 pub mod data;
 pub mod state;
@@ -13,6 +14,7 @@ pub mod svg;
 use crate::attn::Span;
 use crate::comm::{Communicator, LocalComm};
 use crate::exec::{chunk_spans, collect_results, run_workers};
+use crate::model::attention::Attention;
 use crate::model::config::Config;
 use crate::model::cpu::Cpu;
 use crate::model::ops::{AdamW, Ops};
@@ -298,6 +300,56 @@ pub fn gradients(
     Ok(collect_results(results)?.swap_remove(0))
 }
 
+/// Loss and gradients of `weights` (host, `specs` order) on `tokens` on one device, through the
+/// model's device interface `ops` and the attention `attn` (which covers the whole sequence):
+/// the single-GPU `distflash grads` with `CudaOps` and `CudaAttention`, or any other device.
+pub fn gradients_on<O: Ops>(
+    ops: &O,
+    attn: &mut impl Attention<O::T>,
+    cfg: &Config,
+    weights: &[Vec<f32>],
+    tokens: &[u32],
+    policy: Checkpoint,
+) -> Result<Gradients> {
+    if tokens.len() < 2 {
+        bail!("gradients need at least 2 tokens (one input and its target)");
+    }
+    let seq = tokens.len() - 1;
+    let mut host = weights.iter();
+    let w = Weights::build(cfg, |s| {
+        let data = host
+            .next()
+            .with_context(|| format!("no weights given for '{}'", s.name))?;
+        ops.upload(data)
+    })?;
+    let mut grads = weights::zeros(ops, cfg)?;
+    let chunk = Chunk {
+        tokens: &tokens[..seq],
+        targets: &tokens[1..],
+        start: 0,
+    };
+    let out = forward_backward(
+        ops,
+        cfg,
+        &w,
+        &mut grads,
+        attn,
+        chunk,
+        policy,
+        1.0 / seq as f64,
+    )?;
+    Ok(Gradients {
+        loss: out.loss_sum / seq as f64,
+        grads: grads
+            .tensors()
+            .into_iter()
+            .map(|g| ops.download(g))
+            .collect::<Result<_>>()?,
+        attention_forwards_per_layer: out.attention_forwards,
+        peak_activation_bytes: out.peak_activation_bytes,
+    })
+}
+
 /// Trains as `o` says, with `o.workers` worker threads, calling `on_step` (from rank 0's thread)
 /// after every step. Returns the final host weights (`specs` order).
 pub fn train(o: &Options, on_step: impl Fn(&StepReport) + Sync) -> Result<Vec<Vec<f32>>> {
@@ -454,4 +506,46 @@ fn worker<C: Communicator<Vec<f32>>>(
         }
     }
     Ok(w.tensors().into_iter().cloned().collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::comm::Solo;
+
+    /// The single-device path through `Ops` gives the threaded path's gradients bit for bit.
+    #[test]
+    fn gradients_on_one_device_match_the_workers_path() {
+        let cfg = Config::preset("tiny").unwrap();
+        let w = initial_weights(&cfg, &Init::Random { seed: 3 }).unwrap();
+        let tokens: Vec<u32> = (0..49).map(|i| (i * 37 % 256) as u32).collect();
+        let policy = Checkpoint::Remat;
+        let timeout = Duration::from_secs(60);
+        let threads = gradients(&cfg, &w, &tokens, 1, Schedule::Balanced, policy, timeout).unwrap();
+        let mut alone = Solo;
+        let spans = vec![Span { start: 0, len: 48 }];
+        let mut attn = Distributed::new(&mut alone, cfg.dims(), spans, Schedule::Balanced).unwrap();
+        let one = gradients_on(&Cpu::<f32>::new(), &mut attn, &cfg, &w, &tokens, policy).unwrap();
+        // The threaded path sums the loss through an f32 all-reduce.
+        assert!(
+            (one.loss - threads.loss).abs() < 1e-6,
+            "{} {}",
+            one.loss,
+            threads.loss
+        );
+        assert_eq!(one.grads, threads.grads);
+        assert_eq!(one.attention_forwards_per_layer, vec![1, 1]);
+        let err = gradients_on(
+            &Cpu::<f32>::new(),
+            &mut attn,
+            &cfg,
+            &w[..3],
+            &tokens,
+            policy,
+        )
+        .err()
+        .unwrap()
+        .to_string();
+        assert!(err.starts_with("no weights given for"), "{err}");
+    }
 }

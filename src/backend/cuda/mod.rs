@@ -28,12 +28,14 @@
 mod compile;
 mod launch;
 mod layout;
+mod memory;
 mod timing;
 
 pub use timing::{AttentionTiming, median_ms, time_attention};
 
 pub use launch::Tuning;
 pub use layout::Order;
+pub use memory::DeviceMemory;
 
 use super::Backend;
 use crate::attn::{Block, Dims, Grads, GradsMut, Partial, QuerySide, RunningState, Span};
