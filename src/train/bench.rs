@@ -12,7 +12,7 @@ use crate::model::attention::Attention;
 use crate::model::config::Config;
 use crate::model::cpu::Cpu;
 use crate::model::ops::Ops;
-use crate::model::{Checkpoint, Chunk, forward_backward, weights};
+use crate::model::{Checkpoint, weights};
 use crate::plan::Schedule;
 use anyhow::{Result, bail};
 use rand::rngs::StdRng;
@@ -63,26 +63,12 @@ pub fn time_steps<O: Ops>(
     let tokens: Vec<u32> = (0..=seq)
         .map(|_| rng.random_range(0..cfg.vocab_size as u32))
         .collect();
-    let chunk = Chunk {
-        tokens: &tokens[..seq],
-        targets: &tokens[1..],
-        start: 0,
-    };
     let mut all_secs = Vec::with_capacity(runs.repeats);
     let mut last = None;
     for i in 0..runs.warmup + runs.repeats {
         (runs.sync)()?;
         let began = Instant::now();
-        let out = forward_backward(
-            ops,
-            cfg,
-            &w,
-            &mut grads,
-            attn,
-            chunk,
-            policy,
-            1.0 / seq as f64,
-        )?;
+        let out = super::whole_sequence(ops, cfg, &w, &mut grads, attn, &tokens, policy)?;
         (runs.sync)()?;
         if i >= runs.warmup {
             all_secs.push(began.elapsed().as_secs_f64());

@@ -323,21 +323,7 @@ pub fn gradients_on<O: Ops>(
         ops.upload(data)
     })?;
     let mut grads = weights::zeros(ops, cfg)?;
-    let chunk = Chunk {
-        tokens: &tokens[..seq],
-        targets: &tokens[1..],
-        start: 0,
-    };
-    let out = forward_backward(
-        ops,
-        cfg,
-        &w,
-        &mut grads,
-        attn,
-        chunk,
-        policy,
-        1.0 / seq as f64,
-    )?;
+    let out = whole_sequence(ops, cfg, &w, &mut grads, attn, tokens, policy)?;
     Ok(Gradients {
         loss: out.loss_sum / seq as f64,
         grads: grads
@@ -348,6 +334,26 @@ pub fn gradients_on<O: Ops>(
         attention_forwards_per_layer: out.attention_forwards,
         peak_activation_bytes: out.peak_activation_bytes,
     })
+}
+
+/// Forward and backward of a whole sequence on one device (`tokens`: the inputs, then the last
+/// target); gradients of its mean loss accumulate into `grads`.
+fn whole_sequence<O: Ops>(
+    ops: &O,
+    cfg: &Config,
+    w: &Weights<O::T>,
+    grads: &mut Weights<O::T>,
+    attn: &mut impl Attention<O::T>,
+    tokens: &[u32],
+    policy: Checkpoint,
+) -> Result<crate::model::Outcome> {
+    let seq = tokens.len() - 1;
+    let chunk = Chunk {
+        tokens: &tokens[..seq],
+        targets: &tokens[1..],
+        start: 0,
+    };
+    forward_backward(ops, cfg, w, grads, attn, chunk, policy, 1.0 / seq as f64)
 }
 
 /// Trains as `o` says, with `o.workers` worker threads, calling `on_step` (from rank 0's thread)
