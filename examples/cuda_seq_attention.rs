@@ -150,8 +150,10 @@ fn check(be: &CudaBackend, dims: Dims, seq: usize, seed: u64) -> Result<bool> {
 }
 
 /// Forward+backward through the adapter vs the fast path alone at one shape: the cost of the
-/// layout changes a training step pays per layer.
+/// layout changes a training step pays per layer; and the memory figures `bench train` reports
+/// (the allocator's peak over the run, the driver's free and total).
 fn time(be: &CudaBackend, seq: usize) -> Result<()> {
+    be.reset_peak_memory()?;
     let dims = Dims {
         batch: 1,
         heads: 32,
@@ -186,6 +188,7 @@ fn time(be: &CudaBackend, seq: usize) -> Result<()> {
             "case": "time", "dtype": be.dtype().name(), "seq": seq, "heads": 32, "head_dim": 128,
             "adapter_fwdbwd_ms": ours, "fast_path_fwdbwd_ms": bare,
             "layout_overhead": ours / bare - 1.0,
+            "peak_pool_bytes": be.peak_memory()?, "memory": be.memory()?,
         })
     );
     Ok(())
