@@ -43,6 +43,9 @@ pub struct Args {
     /// Print one JSON object instead of sentences.
     #[arg(long)]
     json: bool,
+    /// Only print the estimated peak GPU memory of the step (any machine; nothing runs).
+    #[arg(long)]
+    estimate: bool,
 }
 
 #[derive(Serialize)]
@@ -83,6 +86,27 @@ pub fn run(args: Args) -> Result<()> {
         cfg.validate()?;
     }
     let (seq, policy) = (args.seq_len, args.checkpoint);
+    if args.estimate {
+        let m = cost::step_memory(&cfg, seq, policy, false);
+        if args.json {
+            println!(
+                "{}",
+                serde_json::json!({"preset": args.preset, "layers": cfg.num_hidden_layers, "seq": seq, "checkpoint": policy, "estimated_bytes": m, "estimated_gib": gib(m.total())})
+            );
+        } else {
+            println!(
+                "{} ({} layers) at {seq} tokens, checkpoint {policy}: about {:.1} GiB on the GPU (weights {:.1}, gradients {:.1}, kept activations {:.1}, working set {:.1})",
+                args.preset,
+                cfg.num_hidden_layers,
+                gib(m.total()),
+                gib(m.weights),
+                gib(m.grads),
+                gib(m.kept),
+                gib(m.working)
+            );
+        }
+        return Ok(());
+    }
     let (steps, dtype, peak, estimate) = match args.device {
         Device::Cpu => {
             train::check_memory(&cfg, 1)?;
