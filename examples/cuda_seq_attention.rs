@@ -4,6 +4,9 @@
 //!   bit for bit, dQ, dK, dV must equal the fast path's f32 gradients rounded to the input dtype),
 //! - the f64 oracle (its error may exceed the fast path's by one rounding of the output),
 //! - itself with dO given in f32 instead of 16-bit (identical gradients),
+//! - distflash over several virtual workers sharing the GPU (`train::attention::Distributed` on
+//!   the CUDA backend, the path of a rank of a multi-GPU job): each worker's rows, joined, must
+//!   be within one rounding of the fast path's error against the oracle too,
 //!
 //! and that wrong dtypes and lengths are refused with a sentence. `--time` adds the cost of the
 //! layout changes at one training shape (adapter vs fast path, CUDA events). One JSON line per
@@ -18,10 +21,15 @@ use distflash::attn::oracle::{self, rel_err};
 use distflash::attn::{Dims, layout};
 use distflash::backend::Backend;
 use distflash::backend::cuda::{CudaBackend, InputDtype, Tensor, median_ms};
+use distflash::comm::LocalComm;
+use distflash::exec::{chunk_spans, collect_results, run_workers};
 use distflash::inputs::Inputs;
 use distflash::model::attention::Attention;
+use distflash::plan::{Schedule, chunk_sizes};
+use distflash::train::attention::Distributed;
 use distflash::train::cuda_attention::CudaAttention;
 use serde_json::json;
+use std::time::Duration;
 
 /// One case's inputs: head-major on the host (rounded to the dtype, as the device holds them)
 /// and sequence-major on the device.
@@ -52,7 +60,53 @@ impl Case {
     }
 }
 
-fn check(be: &CudaBackend, dims: Dims, seq: usize, seed: u64) -> Result<bool> {
+/// O, dQ, dK, dV (sequence-major, whole sequence) and LSE (head-major) from `workers` virtual
+/// workers running distflash on the GPU, each on its own rows, joined on the host.
+fn distributed(be: &CudaBackend, c: &Case, workers: usize) -> Result<[Vec<f32>; 5]> {
+    let (dims, seq, d) = (c.x.dims, c.x.seq, c.x.dims.head_dim);
+    let schedule = Schedule::Balanced;
+    let spans = chunk_spans(&chunk_sizes(seq, workers, schedule)?);
+    let seq_major = |t: &[f32], heads| layout::to_seq_major(t, 1, seq, heads, d);
+    let (h, kv) = (dims.heads, dims.kv_heads);
+    let host = [
+        seq_major(&c.x.q, h),
+        seq_major(&c.x.k, kv),
+        seq_major(&c.x.v, kv),
+        seq_major(&c.x.dout, h),
+    ];
+    let results = run_workers(
+        workers,
+        Duration::from_secs(120),
+        |rank, comm: &mut LocalComm<Tensor>| {
+            let s = spans[rank];
+            let rows =
+                |t: &[f32], heads: usize| be.upload(&t[s.start * heads * d..s.end() * heads * d]);
+            let (q, k, v, g) = (
+                rows(&host[0], h)?,
+                rows(&host[1], kv)?,
+                rows(&host[2], kv)?,
+                rows(&host[3], h)?,
+            );
+            let mut attn = Distributed::new(be, comm, dims, spans.clone(), schedule)?;
+            let (o, lse) = attn.forward(&q, &k, &v)?;
+            let (dq, dk, dv) = attn.backward(&q, &k, &v, &o, &lse, &g)?;
+            [o, dq, dk, dv, lse]
+                .map(|t| be.download(&t))
+                .into_iter()
+                .collect::<Result<Vec<_>>>()
+        },
+    );
+    let parts = collect_results(results)?;
+    let mut joined: [Vec<f32>; 5] = Default::default();
+    for (i, t) in joined.iter_mut().enumerate().take(4) {
+        *t = parts.iter().flat_map(|p| p[i].iter().copied()).collect();
+    }
+    let lse: Vec<Vec<f32>> = parts.iter().map(|p| p[4].clone()).collect();
+    joined[4] = layout::join_rows(&lse, h, 1);
+    Ok(joined)
+}
+
+fn check(be: &CudaBackend, dims: Dims, seq: usize, seed: u64, workers: usize) -> Result<bool> {
     let dt = be.dtype();
     let c = Case::new(be, dims, seq, seed)?;
     let host = |t: &Tensor| be.download(t);
@@ -117,6 +171,18 @@ fn check(be: &CudaBackend, dims: Dims, seq: usize, seed: u64) -> Result<bool> {
     }
     let lse_err = rel_err(&host(&lse)?, &r.lse);
 
+    let dist = distributed(be, &c, workers)?;
+    let mut dist_within = true;
+    let mut dist_errs = vec![];
+    // The block API keeps O and the gradients in f32 up to the model's layout: one rounding, as
+    // for the fast path's gradients.
+    for (((t, heads), r), (_, ef)) in dist.iter().zip([h, h, kv, kv]).zip(refs).zip(&errs) {
+        let e = rel_err(&layout::to_head_major(t, 1, seq, heads, dims.head_dim), r);
+        dist_within &= e <= ef + unit;
+        dist_errs.push(e);
+    }
+    let dist_lse_err = rel_err(&dist[4], &r.lse);
+
     // Refusals: a tensor of the other dtype, a wrong length.
     let other = match dt {
         InputDtype::Bf16 => InputDtype::F16,
@@ -134,7 +200,13 @@ fn check(be: &CudaBackend, dims: Dims, seq: usize, seed: u64) -> Result<bool> {
         .map(|e| e.to_string());
     let refused = e1.is_some() && e2.is_some();
 
-    let ok = same_as_fast_path && f32_dout_same && within && refused && lse_err < 1e-3;
+    let ok = same_as_fast_path
+        && f32_dout_same
+        && within
+        && refused
+        && lse_err < 1e-3
+        && dist_within
+        && dist_lse_err < 1e-3;
     println!(
         "{}",
         json!({
@@ -143,7 +215,9 @@ fn check(be: &CudaBackend, dims: Dims, seq: usize, seed: u64) -> Result<bool> {
             "f32_dout_same": f32_dout_same,
             "rel_err_vs_f64 [o,dq,dk,dv] (ours, fast path)": errs, "lse_rel_err": lse_err,
             "within_one_rounding_of_fast_path": within,
-            "wrong_dtype_error": e1, "wrong_length_error": e2, "ok": ok,
+            "wrong_dtype_error": e1, "wrong_length_error": e2,
+            "distributed_workers": workers, "distributed_rel_err [o,dq,dk,dv]": dist_errs,
+            "distributed_lse_rel_err": dist_lse_err, "distributed_within": dist_within, "ok": ok,
         })
     );
     Ok(ok)
@@ -201,16 +275,17 @@ fn main() -> Result<()> {
         [flag, n] if flag == "--time" => Some(n.parse::<usize>()?),
         _ => bail!("usage: cuda_seq_attention [--time SEQ]"),
     };
-    // (dtype, heads, kv heads, head dim, rows): MHA, GQA and MQA; lengths off the tile sizes.
+    // (dtype, heads, kv heads, head dim, rows, virtual workers): MHA, GQA and MQA; lengths off
+    // the tile sizes and uneven chunks.
     let cases = [
-        (InputDtype::Bf16, 8, 2, 128, 777),
-        (InputDtype::F16, 4, 4, 64, 300),
-        (InputDtype::Bf16, 4, 1, 64, 129),
-        (InputDtype::F16, 8, 2, 128, 1000),
-        (InputDtype::Bf16, 32, 8, 128, 1024),
+        (InputDtype::Bf16, 8, 2, 128, 777, 3),
+        (InputDtype::F16, 4, 4, 64, 300, 2),
+        (InputDtype::Bf16, 4, 1, 64, 129, 4),
+        (InputDtype::F16, 8, 2, 128, 1000, 5),
+        (InputDtype::Bf16, 32, 8, 128, 1024, 8),
     ];
     let mut all = true;
-    for (i, &(dtype, heads, kv_heads, head_dim, seq)) in cases.iter().enumerate() {
+    for (i, &(dtype, heads, kv_heads, head_dim, seq, workers)) in cases.iter().enumerate() {
         let be = CudaBackend::new(0, dtype)?;
         let dims = Dims {
             batch: 1,
@@ -218,7 +293,7 @@ fn main() -> Result<()> {
             kv_heads,
             head_dim,
         };
-        all &= check(&be, dims, seq, 40 + i as u64)?;
+        all &= check(&be, dims, seq, 40 + i as u64, workers)?;
     }
     if let Some(seq) = time_seq {
         time(&CudaBackend::new(0, InputDtype::Bf16)?, seq)?;

@@ -6,6 +6,7 @@
 use super::attention::Distributed;
 use super::cuda_attention::CudaAttention;
 use crate::attn::Span;
+use crate::backend::cpu::CpuBackend;
 use crate::backend::cuda::{CudaBackend, Tensor};
 use crate::comm::Solo;
 use crate::model::attention::Attention;
@@ -96,7 +97,13 @@ pub fn time_steps_cpu(
 ) -> Result<StepTiming> {
     let spans = vec![Span { start: 0, len: seq }];
     let mut alone = Solo;
-    let mut attn = Distributed::new(&mut alone, cfg.dims(), spans, Schedule::Balanced)?;
+    let mut attn = Distributed::new(
+        &CpuBackend,
+        &mut alone,
+        cfg.dims(),
+        spans,
+        Schedule::Balanced,
+    )?;
     let runs = StepRuns {
         warmup,
         repeats,

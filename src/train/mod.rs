@@ -4,7 +4,7 @@
 //! all workers. AdamW keeps f32 master weights and moments, identical on every worker because the
 //! all-reduce is deterministic. Rank 0 reports each step and saves checkpoints.
 
-mod attention;
+pub mod attention;
 pub mod bench;
 pub mod cuda_attention;
 pub mod data;
@@ -12,6 +12,7 @@ pub mod state;
 pub mod svg;
 
 use crate::attn::Span;
+use crate::backend::cpu::CpuBackend;
 use crate::comm::{Communicator, LocalComm};
 use crate::exec::{chunk_spans, collect_results, run_workers};
 use crate::model::attention::Attention;
@@ -145,7 +146,7 @@ fn accumulate<C: Communicator<Vec<f32>>>(
     cfg: &Config,
     w: &Weights<Vec<f32>>,
     grads: &mut Weights<Vec<f32>>,
-    attn: &mut Distributed<'_, C>,
+    attn: &mut Distributed<'_, CpuBackend, C>,
     span: Span,
     sample: &Sample,
     policy: Checkpoint,
@@ -272,7 +273,7 @@ pub fn gradients(
     };
     let results = run_workers(workers, timeout, |rank, comm| {
         let mut grads = weights::zeros(&Cpu::<f32>::new(), cfg)?;
-        let mut attn = Distributed::new(comm, cfg.dims(), spans.clone(), schedule)?;
+        let mut attn = Distributed::new(&CpuBackend, comm, cfg.dims(), spans.clone(), schedule)?;
         let mut tally = Tally {
             loss_sum: 0.0,
             correct: 0,
@@ -430,7 +431,7 @@ fn worker<C: Communicator<Vec<f32>>>(
     let mut w = to_weights(cfg, &start.weights)?;
     let mut m = to_weights(cfg, &start.m)?;
     let mut v = to_weights(cfg, &start.v)?;
-    let mut attn = Distributed::new(comm, cfg.dims(), spans.to_vec(), o.schedule)?;
+    let mut attn = Distributed::new(&CpuBackend, comm, cfg.dims(), spans.to_vec(), o.schedule)?;
     let scale = 1.0 / (o.seq_len * o.batch) as f64;
     let mut samples = start.samples;
     for step in start.step + 1..=o.steps {
@@ -530,7 +531,14 @@ mod tests {
         let threads = gradients(&cfg, &w, &tokens, 1, Schedule::Balanced, policy, timeout).unwrap();
         let mut alone = Solo;
         let spans = vec![Span { start: 0, len: 48 }];
-        let mut attn = Distributed::new(&mut alone, cfg.dims(), spans, Schedule::Balanced).unwrap();
+        let mut attn = Distributed::new(
+            &CpuBackend,
+            &mut alone,
+            cfg.dims(),
+            spans,
+            Schedule::Balanced,
+        )
+        .unwrap();
         let one = gradients_on(&Cpu::<f32>::new(), &mut attn, &cfg, &w, &tokens, policy).unwrap();
         // The threaded path sums the loss through an f32 all-reduce.
         assert!(
