@@ -15,76 +15,52 @@ use crate::plan::{Pass, Plan, Schedule};
 use anyhow::{Context, Result};
 use std::time::Duration;
 
-/// A backend whose tensors the model holds too: the layout changes at the model's edge.
+/// A backend whose tensors the model holds too: the layout change at the model's edge,
+/// `[rows, heads, d]` ↔ `[heads, rows, d]` as `to` says. To head-major the result is in the
+/// precision the executor reads, to sequence-major in the one the model keeps activations in.
 /// `what` names the tensor in errors.
 pub trait ModelEdge: Backend {
-    /// `[rows, heads, d]` → `[heads, rows, d]`, in the precision the executor reads.
-    fn to_head_major(
+    fn relayout(
         &self,
         t: &Self::Tensor,
         rows: usize,
         heads: usize,
         d: usize,
-        what: &str,
-    ) -> Result<Self::Tensor>;
-    /// `[heads, rows, d]` → `[rows, heads, d]`, in the precision the model keeps activations.
-    fn to_seq_major(
-        &self,
-        t: &Self::Tensor,
-        rows: usize,
-        heads: usize,
-        d: usize,
+        to: Order,
         what: &str,
     ) -> Result<Self::Tensor>;
 }
 
 impl ModelEdge for CpuBackend {
-    fn to_head_major(
+    fn relayout(
         &self,
         t: &Vec<f32>,
         rows: usize,
         heads: usize,
         d: usize,
+        to: Order,
         _: &str,
     ) -> Result<Vec<f32>> {
-        Ok(layout::to_head_major(t, 1, rows, heads, d))
-    }
-
-    fn to_seq_major(
-        &self,
-        t: &Vec<f32>,
-        rows: usize,
-        heads: usize,
-        d: usize,
-        _: &str,
-    ) -> Result<Vec<f32>> {
-        Ok(layout::to_seq_major(t, 1, rows, heads, d))
+        Ok(match to {
+            Order::ToHeadMajor => layout::to_head_major(t, 1, rows, heads, d),
+            Order::ToSeqMajor => layout::to_seq_major(t, 1, rows, heads, d),
+        })
     }
 }
 
 /// On the GPU both directions produce 16-bit tensors: the executor's inputs, and the model's
 /// activations (f32 results of the block API are rounded in the same pass).
 impl ModelEdge for CudaBackend {
-    fn to_head_major(
+    fn relayout(
         &self,
         t: &Tensor,
         rows: usize,
         heads: usize,
         d: usize,
+        to: Order,
         what: &str,
     ) -> Result<Tensor> {
-        self.relayout(t, rows, heads, d, Order::ToHeadMajor, what)
-    }
-
-    fn to_seq_major(
-        &self,
-        t: &Tensor,
-        rows: usize,
-        heads: usize,
-        d: usize,
-        what: &str,
-    ) -> Result<Tensor> {
-        self.relayout(t, rows, heads, d, Order::ToSeqMajor, what)
+        CudaBackend::relayout(self, t, rows, heads, d, to, what)
     }
 }
 
@@ -127,13 +103,13 @@ where
     }
 
     fn head_major(&self, t: &B::Tensor, heads: usize, what: &str) -> Result<B::Tensor> {
-        self.backend
-            .to_head_major(t, self.rows(), heads, self.dims.head_dim, what)
+        let (rows, d) = (self.rows(), self.dims.head_dim);
+        ModelEdge::relayout(self.backend, t, rows, heads, d, Order::ToHeadMajor, what)
     }
 
     fn seq_major(&self, t: &B::Tensor, heads: usize, what: &str) -> Result<B::Tensor> {
-        self.backend
-            .to_seq_major(t, self.rows(), heads, self.dims.head_dim, what)
+        let (rows, d) = (self.rows(), self.dims.head_dim);
+        ModelEdge::relayout(self.backend, t, rows, heads, d, Order::ToSeqMajor, what)
     }
 
     fn own(&self, q: &B::Tensor, k: &B::Tensor, v: &B::Tensor) -> Result<OwnChunk<B::Tensor>> {
