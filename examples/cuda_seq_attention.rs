@@ -1,9 +1,10 @@
 //! Checks the model's single-GPU attention (`train::cuda_attention::CudaAttention`) on a GPU:
 //! sequence-major 16-bit tensors in and out, against
 //! - the head-major fast path it wraps (the same kernels on transposed data: O and LSE must match
-//!   bit for bit, dQ, dK, dV must equal the fast path's f32 gradients rounded to the input dtype),
+//!   bit for bit; dQ, dK, dV must equal the fast path's f32 gradients rounded to the input dtype
+//!   to within one rounding, the backward's f32 atomics summing in a varying order),
 //! - the f64 oracle (its error may exceed the fast path's by one rounding of the output),
-//! - itself with dO given in f32 instead of 16-bit (identical gradients),
+//! - itself with dO given in f32 instead of 16-bit (the same gradients to within one rounding),
 //! - distflash over several virtual workers sharing the GPU (`train::attention::Distributed` on
 //!   the CUDA backend, the path of a rank of a multi-GPU job): each worker's rows, joined, must
 //!   be within one rounding of the fast path's error against the oracle too,
@@ -141,13 +142,30 @@ fn check(be: &CudaBackend, dims: Dims, seq: usize, seed: u64, workers: usize) ->
         Ok(host(t)?.into_iter().map(|v| dt.round(v)).collect())
     };
     let ours = [head(&o, h)?, head(&dq, h)?, head(&dk, kv)?, head(&dv, kv)?];
-    let same_as_fast_path = ours[0] == host(&fwd.out)?
-        && host(&lse)? == host(&fwd.lse)?
-        && ours[1] == rounded(&grads.dq)?
-        && ours[2] == rounded(&grads.dk)?
-        && ours[3] == rounded(&grads.dv)?;
-    let f32_dout_same =
-        host(&dq32)? == host(&dq)? && host(&dk32)? == host(&dk)? && host(&dv32)? == host(&dv)?;
+    // One rounding of a 16-bit value, relative.
+    let unit = match dt {
+        InputDtype::Bf16 => 2f64.powi(-8),
+        InputDtype::F16 => 2f64.powi(-11),
+    };
+    // The forward has no atomics: the same inputs give the same bits. The backward accumulates
+    // dQ, dK, dV with f32 atomics in an order that varies from run to run, so two backwards of
+    // the same inputs agree to within a rounding of the 16-bit result, not bit for bit (on the
+    // H200, bit equality failed in the three cases of head dim 128).
+    let forward_same = ours[0] == host(&fwd.out)? && host(&lse)? == host(&fwd.lse)?;
+    let wide = |t: Vec<f32>| -> Vec<f64> { t.into_iter().map(f64::from).collect() };
+    let grads_diff = [
+        rel_err(&ours[1], &wide(rounded(&grads.dq)?)),
+        rel_err(&ours[2], &wide(rounded(&grads.dk)?)),
+        rel_err(&ours[3], &wide(rounded(&grads.dv)?)),
+    ]
+    .into_iter()
+    .fold(0.0, f64::max);
+    let f32_dout_diff = [(&dq32, &dq), (&dk32, &dk), (&dv32, &dv)]
+        .into_iter()
+        .map(|(a, b)| Ok(rel_err(&host(a)?, &wide(host(b)?))))
+        .collect::<Result<Vec<f64>>>()?
+        .into_iter()
+        .fold(0.0, f64::max);
 
     let (r, rg) = (oracle::forward(&c.x), oracle::backward(&c.x));
     let refs = [&r.out, &rg.dq, &rg.dk, &rg.dv];
@@ -158,10 +176,6 @@ fn check(be: &CudaBackend, dims: Dims, seq: usize, seed: u64, workers: usize) ->
         host(&grads.dv)?,
     ];
     // One more rounding to the input dtype than the fast path's f32 gradients.
-    let unit = match dt {
-        InputDtype::Bf16 => 2f64.powi(-8),
-        InputDtype::F16 => 2f64.powi(-11),
-    };
     let mut within = true;
     let mut errs = vec![];
     for ((ours, fast), r) in ours.iter().zip(&fast).zip(refs) {
@@ -200,8 +214,9 @@ fn check(be: &CudaBackend, dims: Dims, seq: usize, seed: u64, workers: usize) ->
         .map(|e| e.to_string());
     let refused = e1.is_some() && e2.is_some();
 
-    let ok = same_as_fast_path
-        && f32_dout_same
+    let ok = forward_same
+        && grads_diff <= unit
+        && f32_dout_diff <= unit
         && within
         && refused
         && lse_err < 1e-3
@@ -211,8 +226,8 @@ fn check(be: &CudaBackend, dims: Dims, seq: usize, seed: u64, workers: usize) ->
         "{}",
         json!({
             "case": "check", "dtype": dt.name(), "seq": seq, "heads": h, "kv_heads": kv,
-            "head_dim": dims.head_dim, "same_as_fast_path": same_as_fast_path,
-            "f32_dout_same": f32_dout_same,
+            "head_dim": dims.head_dim, "forward_same_as_fast_path": forward_same,
+            "grads_rel_diff_vs_fast_path": grads_diff, "f32_dout_rel_diff": f32_dout_diff,
             "rel_err_vs_f64 [o,dq,dk,dv] (ours, fast path)": errs, "lse_rel_err": lse_err,
             "within_one_rounding_of_fast_path": within,
             "wrong_dtype_error": e1, "wrong_length_error": e2,
