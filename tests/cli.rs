@@ -333,6 +333,40 @@ fn bench_report_tables_ours_beside_the_peers() {
         "{md}"
     );
     assert!(md.contains("distflash bench attention"), "{md}");
+    assert!(!md.contains("Training steps"), "{md}");
+
+    // Training-step lines get their own table, distflash beside checkpointed transformers.
+    let train = temp_path("train-results");
+    std::fs::create_dir_all(&train).unwrap();
+    std::fs::write(
+        train.join("runs.jsonl"),
+        [
+            r#"{"impl":"distflash","layers":32,"seq":16384,"checkpoint":"remat","step_secs":1.5,"tokens_per_sec":10922.7,"mfu":0.58,"peak_memory_gib":50.0}"#,
+            r#"{"impl":"hf_transformers","layers":32,"seq":16384,"checkpoint":"hf_gradient_checkpointing","step_secs":2.25,"tokens_per_sec":7281.8,"mfu":0.387,"peak_memory_gib":28.4}"#,
+            r#"{"impl":"hf_transformers","layers":32,"seq":32768,"checkpoint":"none","status":"oom","peak_memory_gib":138.8}"#,
+        ]
+        .join("\n"),
+    )
+    .unwrap();
+    let out = distflash(&["bench", "report", "--results", train.to_str().unwrap()]);
+    let md = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        md.contains(
+            "| 16384 | 32 | distflash | remat | 1.500 s | 10923 | 58.0% | 50.0 GiB | 1.50× |"
+        ),
+        "{md}"
+    );
+    assert!(
+        md.contains(
+            "| 32768 | 32 | hf_transformers | none | out of memory | — | — | 138.8 GiB | — |"
+        ),
+        "{md}"
+    );
+    assert!(
+        !md.contains("head dim"),
+        "no attention table without attention lines: {md}"
+    );
+
     let empty = temp_path("no-results");
     std::fs::create_dir_all(&empty).unwrap();
     let out = distflash(&["bench", "report", "--results", empty.to_str().unwrap()]);

@@ -5,7 +5,8 @@
 # to $OUT (a device call returns at most eight): ours.jsonl and hf.jsonl (one JSON line per run)
 # and session.log (everything else, failures included). Run from the repository root:
 #   BIN=.dev/gtrain/distflash SEQS="16384 32768" LAYERS=32 bash bench/peers/train_session.sh
-# HF_CKPT=both adds Hugging Face without checkpointing.
+# HF_CKPT=both adds Hugging Face without checkpointing. `distflash bench report --results DIR`
+# on the returned folder tables both, with distflash's speedup over checkpointed transformers.
 set -u
 BIN=${BIN:-.dev/gtrain/distflash}
 SEQS=${SEQS:-16384 32768}

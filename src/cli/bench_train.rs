@@ -12,6 +12,7 @@ use distflash::model::config::Config;
 use distflash::model::cost::{self, H200_BF16_PEAK_TFLOPS};
 use distflash::train;
 use serde::Serialize;
+use serde_json::Value;
 
 /// How the model FLOPs are counted (see `model::cost::step_flops`).
 const FLOPS_FORMULA: &str = "6*N*T + 6*L*T^2*H*d (PaLM, attention halved for the causal mask; N = matmul parameters; recomputation not counted)";
@@ -188,4 +189,64 @@ fn print(r: &Report) {
     if let (Some(p), Some(e)) = (r.peak_memory_gib, r.estimated_memory_gib) {
         println!("peak GPU memory {p:.1} GiB (estimated {e:.1} GiB)");
     }
+}
+
+/// The Hugging Face run a distflash step is compared with: gradient checkpointing on.
+const HF_BASELINE: (&str, &str) = ("hf_transformers", "hf_gradient_checkpointing");
+
+/// Markdown table of training-step lines (`bench train --json`, `hf_train_bench.py`), one row
+/// per run by layers, length and implementation; each distflash row with its speedup over the
+/// Hugging Face run of the same shape with gradient checkpointing. `None` without such lines.
+pub fn table(lines: &[Value]) -> Option<String> {
+    let key = |l: &Value| {
+        (
+            l["layers"].as_u64().unwrap_or(0),
+            l["seq"].as_u64().unwrap_or(0),
+            l["impl"].as_str().unwrap_or("").to_string(),
+            l["checkpoint"].as_str().unwrap_or("").to_string(),
+        )
+    };
+    let mut runs: Vec<&Value> = lines
+        .iter()
+        .filter(|l| l["step_secs"].is_number() || l["status"] == "oom")
+        .collect();
+    if runs.is_empty() {
+        return None;
+    }
+    runs.sort_by_key(|l| key(l));
+    let baseline = |layers: u64, seq: u64| {
+        runs.iter()
+            .find(|l| {
+                let (ly, n, name, ckpt) = key(l);
+                (ly, n, name.as_str(), ckpt.as_str()) == (layers, seq, HF_BASELINE.0, HF_BASELINE.1)
+            })
+            .and_then(|l| l["step_secs"].as_f64())
+    };
+    let num = |l: &Value, k: &str, f: &dyn Fn(f64) -> String| l[k].as_f64().map_or("—".into(), f);
+    let mut md = String::from(
+        "| tokens | layers | implementation | checkpoint | step | tokens/s | MFU | peak memory | speedup over HF (checkpointing) |\n\
+         | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
+    );
+    for &l in &runs {
+        let (layers, seq, name, ckpt) = key(l);
+        let step = match l["step_secs"].as_f64() {
+            Some(s) => format!("{s:.3} s"),
+            None => "out of memory".into(),
+        };
+        let speedup = match (
+            name.as_str(),
+            baseline(layers, seq),
+            l["step_secs"].as_f64(),
+        ) {
+            ("distflash", Some(hf), Some(ours)) => format!("{:.2}×", hf / ours),
+            _ => "—".into(),
+        };
+        md += &format!(
+            "| {seq} | {layers} | {name} | {ckpt} | {step} | {} | {} | {} | {speedup} |\n",
+            num(l, "tokens_per_sec", &|x| format!("{x:.0}")),
+            num(l, "mfu", &|x| format!("{:.1}%", 100.0 * x)),
+            num(l, "peak_memory_gib", &|x| format!("{x:.1} GiB")),
+        );
+    }
+    Some(md)
 }
