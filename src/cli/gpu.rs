@@ -2,16 +2,18 @@
 //! would not fit before anything is allocated, and the place where the model's CUDA device
 //! interface plugs in.
 //!
-//! INTEGRATION POINT (branch `gpu-ops`, `model::cuda::CudaOps`): `bench` and `gradients` below
-//! end in `not_built_yet()`; each doc comment gives the lines that replace that call. The library
-//! functions they call (`train::bench::time_steps_cuda`, `train::gradients_on`) exist and are
-//! tested on the CPU. `train` needs a GPU training loop first (see its comment).
+//! INTEGRATION POINT (branch `gpu-ops`, `model::cuda::CudaOps`): `bench`, `gradients` and `train`
+//! below end in `not_built_yet()`; each doc comment gives the lines that replace that call. The
+//! library functions they call (`train::bench::time_steps_cuda`, `train::gradients_on`,
+//! `train::train_on`) exist and are tested on the CPU (`train_on` follows the threaded loop's
+//! trajectory bit for bit).
 
 use anyhow::{Result, bail};
 use distflash::backend::cuda::{CudaBackend, InputDtype};
 use distflash::model::Checkpoint;
 use distflash::model::config::Config;
 use distflash::model::cost;
+use distflash::train::{Options, StepReport};
 
 /// What to open and check the memory for.
 pub struct GpuRun<'a> {
@@ -90,10 +92,19 @@ pub fn gradients(
 
 /// Trains on one GPU.
 ///
-/// Integration: the training loop (`train::train`) is written for the CPU's host tensors; it
-/// needs a single-device version generic over the model's `Ops` (weights, AdamW moments and
-/// gradients as device tensors, `CudaAttention` as the attention) before this can call it.
-pub fn train(backend: CudaBackend) -> Result<()> {
-    let _ = backend;
+/// Integration: replace `not_built_yet()` by
+/// ```text
+/// let ops = distflash::model::cuda::CudaOps::new(backend)?;
+/// let mut attn = distflash::train::cuda_attention::CudaAttention::new(ops.backend(), o.config.dims(), o.seq_len)?;
+/// distflash::train::train_on(&ops, &mut attn, o, on_step)
+/// ```
+/// (`train_on` uploads weights and AdamW moments with `Ops::upload` and keeps gradients from
+/// `Ops::zeros`; check that the moments come out in the precision `CudaOps::adamw` wants.)
+pub fn train(
+    backend: CudaBackend,
+    o: &Options,
+    on_step: impl Fn(&StepReport) + Sync,
+) -> Result<Vec<Vec<f32>>> {
+    let _ = (backend, o, on_step);
     match not_built_yet()? {}
 }

@@ -4,7 +4,7 @@
 
 use super::gpu::GpuRun;
 use anyhow::{Context, Result, bail};
-use distflash::backend::cuda::InputDtype;
+use distflash::backend::cuda::{CudaBackend, InputDtype};
 use distflash::comm::rendezvous::{self, LaunchEnv};
 use distflash::comm::{Communicator, connect_mesh};
 use distflash::model::Checkpoint;
@@ -190,9 +190,11 @@ pub fn run(args: Args) -> Result<()> {
             seed: args.data_seed,
         },
     };
-    if let Device::Cuda = args.device {
-        return train_cuda(&args, &config, workers);
-    }
+    // One GPU opened, and the run refused if it would not fit, before anything else happens.
+    let gpu = match args.device {
+        Device::Cuda => Some(open_gpu(&args, &config, workers)?),
+        Device::Cpu => None,
+    };
     let opts = Options {
         config,
         init,
@@ -272,9 +274,10 @@ pub fn run(args: Args) -> Result<()> {
         }
         list.push(r.clone());
     };
-    let weights = match launch {
-        None => train::train(&opts, on_step)?,
-        Some(env) => {
+    let weights = match (gpu, launch) {
+        (Some(backend), _) => super::gpu::train(backend, &opts, on_step)?,
+        (None, None) => train::train(&opts, on_step)?,
+        (None, Some(env)) => {
             let wait = Duration::from_secs(args.rendezvous_timeout);
             let joined = rendezvous::join(&env, super::args_hash(), wait, || Ok(Vec::new()))?;
             let mut comm = connect_mesh(joined, wait, opts.timeout)?;
@@ -330,8 +333,9 @@ pub fn run(args: Args) -> Result<()> {
     Ok(())
 }
 
-/// `train --device cuda`: one GPU for now; refuses a run that would not fit before it starts.
-fn train_cuda(args: &Args, config: &Config, workers: usize) -> Result<()> {
+/// `train --device cuda`: one GPU for now, opened and checked for room (weights, gradients,
+/// AdamW's state and activations) before the run starts.
+fn open_gpu(args: &Args, config: &Config, workers: usize) -> Result<CudaBackend> {
     if workers != 1 {
         bail!(
             "--device cuda trains on one GPU for now (--workers 1); training across GPUs over NCCL is not wired yet"
@@ -346,7 +350,7 @@ fn train_cuda(args: &Args, config: &Config, workers: usize) -> Result<()> {
         optimizer: true,
     }
     .open()?;
-    super::gpu::train(backend)
+    Ok(backend)
 }
 
 fn print_summary(s: &Summary, window: usize) {

@@ -128,9 +128,20 @@ fn initial_state(o: &Options) -> Result<State> {
     })
 }
 
-fn to_weights(c: &Config, host: &[Vec<f32>]) -> Result<Weights<Vec<f32>>> {
+/// Host tensors (`specs` order) on the device of `ops`, shaped as the model's weights.
+fn upload_weights<O: Ops>(ops: &O, c: &Config, host: &[Vec<f32>]) -> Result<Weights<O::T>> {
     let mut it = host.iter();
-    Weights::build(c, |_| Ok(it.next().expect("a tensor per spec").clone()))
+    Weights::build(c, |s| {
+        let data = it
+            .next()
+            .with_context(|| format!("no weights given for '{}'", s.name))?;
+        ops.upload(data)
+    })
+}
+
+/// Device tensors back on the host, `specs` order.
+fn download_weights<O: Ops>(ops: &O, w: &Weights<O::T>) -> Result<Vec<Vec<f32>>> {
+    w.tensors().into_iter().map(|t| ops.download(t)).collect()
 }
 
 /// Per-step sums all workers add up: loss, probes right, probes asked.
@@ -142,11 +153,12 @@ struct Tally {
 
 /// Forward and backward of this worker's rows of `sample`, gradients into `grads`.
 #[allow(clippy::too_many_arguments)]
-fn accumulate<C: Communicator<Vec<f32>>>(
+fn accumulate<O: Ops>(
+    ops: &O,
     cfg: &Config,
-    w: &Weights<Vec<f32>>,
-    grads: &mut Weights<Vec<f32>>,
-    attn: &mut Distributed<'_, CpuBackend, C>,
+    w: &Weights<O::T>,
+    grads: &mut Weights<O::T>,
+    attn: &mut impl Attention<O::T>,
     span: Span,
     sample: &Sample,
     policy: Checkpoint,
@@ -158,16 +170,7 @@ fn accumulate<C: Communicator<Vec<f32>>>(
         targets: &sample.tokens[span.start + 1..span.end() + 1],
         start: span.start,
     };
-    let out = forward_backward(
-        &Cpu::<f32>::new(),
-        cfg,
-        w,
-        grads,
-        attn,
-        chunk,
-        policy,
-        scale,
-    )?;
+    let out = forward_backward(ops, cfg, w, grads, attn, chunk, policy, scale)?;
     tally.loss_sum += out.loss_sum;
     if let Some(p) = sample.probe
         && (span.start..span.end()).contains(&p)
@@ -266,7 +269,7 @@ pub fn gradients(
     }
     let seq = tokens.len() - 1;
     let spans = spans_for(seq, workers, schedule)?;
-    let w = to_weights(cfg, weights)?;
+    let w = upload_weights(&Cpu::<f32>::new(), cfg, weights)?;
     let sample = Sample {
         tokens: tokens.to_vec(),
         probe: None,
@@ -280,6 +283,7 @@ pub fn gradients(
             probes: 0,
         };
         let out = accumulate(
+            &Cpu::<f32>::new(),
             cfg,
             &w,
             &mut grads,
@@ -315,23 +319,13 @@ pub fn gradients_on<O: Ops>(
     if tokens.len() < 2 {
         bail!("gradients need at least 2 tokens (one input and its target)");
     }
-    let seq = tokens.len() - 1;
-    let mut host = weights.iter();
-    let w = Weights::build(cfg, |s| {
-        let data = host
-            .next()
-            .with_context(|| format!("no weights given for '{}'", s.name))?;
-        ops.upload(data)
-    })?;
+    let w = upload_weights(ops, cfg, weights)?;
     let mut grads = weights::zeros(ops, cfg)?;
     let out = whole_sequence(ops, cfg, &w, &mut grads, attn, tokens, policy)?;
+    let seq = tokens.len() - 1;
     Ok(Gradients {
         loss: out.loss_sum / seq as f64,
-        grads: grads
-            .tensors()
-            .into_iter()
-            .map(|g| ops.download(g))
-            .collect::<Result<_>>()?,
+        grads: download_weights(ops, &grads)?,
         attention_forwards_per_layer: out.attention_forwards,
         peak_activation_bytes: out.peak_activation_bytes,
     })
@@ -360,6 +354,7 @@ fn whole_sequence<O: Ops>(
 /// Trains as `o` says, with `o.workers` worker threads, calling `on_step` (from rank 0's thread)
 /// after every step. Returns the final host weights (`specs` order).
 pub fn train(o: &Options, on_step: impl Fn(&StepReport) + Sync) -> Result<Vec<Vec<f32>>> {
+    check_memory(&o.config, o.workers)?;
     let (spans, start, key) = prepare(o)?;
     let results = run_workers(o.workers, o.timeout, |rank, comm: &mut LocalComm| {
         worker(o, &key, &start, &spans, rank, comm, &on_step)
@@ -382,6 +377,7 @@ pub fn train_rank<C: Communicator<Vec<f32>>>(
             comm.world()
         );
     }
+    check_memory(&o.config, o.workers)?;
     let (spans, start, key) = prepare(o)?;
     let rank = comm.rank();
     worker(o, &key, &start, &spans, rank, comm, &on_step).inspect_err(|e| {
@@ -399,7 +395,6 @@ fn prepare(o: &Options) -> Result<(Vec<Span>, State, RunKey)> {
         bail!("--batch must be at least 1");
     }
     o.data.check(o.seq_len, o.config.vocab_size)?;
-    check_memory(&o.config, o.workers)?;
     if let Some(dir) = &o.save_dir {
         std::fs::create_dir_all(dir)
             .with_context(|| format!("cannot create the save directory {}", dir.display()))?;
@@ -415,6 +410,28 @@ fn prepare(o: &Options) -> Result<(Vec<Span>, State, RunKey)> {
     Ok((spans, start, run_key(o)))
 }
 
+/// Trains on one device as `o` says (`o.workers` must be 1), through its `Ops` with attention
+/// `attn` over the whole sequence: one GPU with `CudaOps` and `CudaAttention`. Calls `on_step`
+/// after every step and saves like rank 0 of a threaded run. Returns the final host weights.
+pub fn train_on<O: Ops>(
+    ops: &O,
+    attn: &mut impl Attention<O::T>,
+    o: &Options,
+    on_step: impl Fn(&StepReport) + Sync,
+) -> Result<Vec<Vec<f32>>> {
+    if o.workers != 1 {
+        bail!(
+            "training on one device takes --workers 1, not {}",
+            o.workers
+        );
+    }
+    let (spans, start, key) = prepare(o)?;
+    let alone = |_: &mut _, _: &mut _, _: &mut _| Ok(());
+    run_steps(ops, o, &key, &start, spans[0], true, attn, alone, &on_step)
+}
+
+/// One worker of a threaded or multi-process CPU run: distflash over `comm`, gradients and the
+/// tally summed over the workers.
 #[allow(clippy::too_many_arguments)]
 fn worker<C: Communicator<Vec<f32>>>(
     o: &Options,
@@ -425,18 +442,49 @@ fn worker<C: Communicator<Vec<f32>>>(
     comm: &mut C,
     on_step: &(impl Fn(&StepReport) + Sync),
 ) -> Result<Vec<Vec<f32>>> {
+    let dims = o.config.dims();
+    let mut attn = Distributed::new(&CpuBackend, comm, dims, spans.to_vec(), o.schedule)?;
+    let reduce =
+        |a: &mut Distributed<'_, CpuBackend, C>, g: &mut _, t: &mut _| all_reduce(a.comm, g, t);
     let ops = Cpu::<f32>::new();
+    run_steps(
+        &ops,
+        o,
+        key,
+        start,
+        spans[rank],
+        rank == 0,
+        &mut attn,
+        reduce,
+        on_step,
+    )
+}
+
+/// The steps of a run on any device: this worker's rows `span` of every sequence, `reduce`
+/// summing gradients and the tally over the workers (nothing to do for one). The reporter calls
+/// `on_step` and saves.
+#[allow(clippy::too_many_arguments)]
+fn run_steps<O: Ops, A: Attention<O::T>>(
+    ops: &O,
+    o: &Options,
+    key: &RunKey,
+    start: &State,
+    span: Span,
+    reporter: bool,
+    attn: &mut A,
+    mut reduce: impl FnMut(&mut A, &mut Weights<O::T>, &mut Tally) -> Result<()>,
+    on_step: &(impl Fn(&StepReport) + Sync),
+) -> Result<Vec<Vec<f32>>> {
     let cfg = &o.config;
     let specs = specs(cfg);
-    let mut w = to_weights(cfg, &start.weights)?;
-    let mut m = to_weights(cfg, &start.m)?;
-    let mut v = to_weights(cfg, &start.v)?;
-    let mut attn = Distributed::new(&CpuBackend, comm, cfg.dims(), spans.to_vec(), o.schedule)?;
+    let mut w = upload_weights(ops, cfg, &start.weights)?;
+    let mut m = upload_weights(ops, cfg, &start.m)?;
+    let mut v = upload_weights(ops, cfg, &start.v)?;
     let scale = 1.0 / (o.seq_len * o.batch) as f64;
     let mut samples = start.samples;
     for step in start.step + 1..=o.steps {
         let began = Instant::now();
-        let mut grads = weights::zeros(&ops, cfg)?;
+        let mut grads = weights::zeros(ops, cfg)?;
         let mut tally = Tally {
             loss_sum: 0.0,
             correct: 0,
@@ -447,18 +495,19 @@ fn worker<C: Communicator<Vec<f32>>>(
             let sample = o.data.sample(samples, o.seq_len, cfg.vocab_size);
             samples += 1;
             last = Some(accumulate(
+                ops,
                 cfg,
                 &w,
                 &mut grads,
-                &mut attn,
-                spans[rank],
+                attn,
+                span,
                 &sample,
                 o.checkpoint,
                 scale,
                 &mut tally,
             )?);
         }
-        all_reduce(attn.comm, &mut grads, &mut tally)?;
+        reduce(attn, &mut grads, &mut tally)?;
         let norm = grads
             .tensors()
             .iter()
@@ -481,7 +530,7 @@ fn worker<C: Communicator<Vec<f32>>>(
         for ((((p, g), m), v), s) in ws.into_iter().zip(gs).zip(ms).zip(vs).zip(&specs) {
             ops.adamw(p, g, m, v, &hp, step, s.decays())?;
         }
-        if rank != 0 {
+        if !reporter {
             continue;
         }
         let secs = began.elapsed().as_secs_f64();
@@ -501,18 +550,17 @@ fn worker<C: Communicator<Vec<f32>>>(
         if let Some(dir) = &o.save_dir
             && (step % o.save_every.max(1) == 0 || step == o.steps)
         {
-            let host = |t: &Weights<Vec<f32>>| t.tensors().into_iter().cloned().collect();
             let state = State {
                 step,
                 samples,
-                weights: host(&w),
-                m: host(&m),
-                v: host(&v),
+                weights: download_weights(ops, &w)?,
+                m: download_weights(ops, &m)?,
+                v: download_weights(ops, &v)?,
             };
             state::save(&state::path_in(dir), key, &state)?;
         }
     }
-    Ok(w.tensors().into_iter().cloned().collect())
+    download_weights(ops, &w)
 }
 
 #[cfg(test)]
