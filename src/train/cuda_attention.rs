@@ -8,9 +8,9 @@
 //! (the cast fused into the move). LSE stays as the kernels wrote it (f32, head-major): the model
 //! only keeps it for the backward. dO may arrive as 16-bit or f32 (then it is rounded).
 //!
-//! One GPU holds the whole sequence here. Several GPUs (a rank of an NCCL job, like the CPU
-//! `Distributed` over host communicators) are not wired yet: that needs the executor's block API
-//! driven from this adapter with `comm::nccl::NcclComm`.
+//! One GPU holds the whole sequence here. A rank of a multi-GPU job uses
+//! `train::attention::Distributed` on the CUDA backend over `comm::nccl::NcclComm` instead: the
+//! same interface and layout kernel, with the executor's block API and communication.
 
 use crate::attn::{Dims, Partial};
 use crate::backend::cuda::{CudaBackend, Order, Tensor};
