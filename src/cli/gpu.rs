@@ -9,7 +9,7 @@
 //! trajectory bit for bit).
 
 use anyhow::{Result, bail};
-use distflash::backend::cuda::{CudaBackend, InputDtype};
+use distflash::backend::cuda::{CudaBackend, HEAD_DIMS, InputDtype};
 use distflash::model::Checkpoint;
 use distflash::model::config::Config;
 use distflash::model::cost;
@@ -19,7 +19,7 @@ use distflash::train::{Options, StepReport};
 pub struct GpuRun<'a> {
     pub dtype: InputDtype,
     pub config: &'a Config,
-    /// Name of the model in messages (a preset name or "the model").
+    /// Name of the model in messages (a preset, or the file it came from).
     pub model: &'a str,
     pub seq: usize,
     pub checkpoint: Checkpoint,
@@ -32,6 +32,13 @@ impl GpuRun<'_> {
     /// a run whose estimated peak exceeds the free memory. Returns the backend and the estimate.
     pub fn open(&self) -> Result<(CudaBackend, cost::StepMemory)> {
         let backend = CudaBackend::new(0, self.dtype)?;
+        let head_dim = self.config.head_dim;
+        if !HEAD_DIMS.contains(&head_dim) {
+            bail!(
+                "{} has head dim {head_dim}, but the CUDA attention kernels support {HEAD_DIMS:?}: use --device cpu",
+                self.model
+            );
+        }
         let need = cost::step_memory(self.config, self.seq, self.checkpoint, self.optimizer);
         let what = format!(
             "{} ({} layers) at {} tokens with checkpoint {}{}",

@@ -46,11 +46,7 @@ impl CudaBackend {
         to: Order,
         what: &str,
     ) -> Result<Tensor> {
-        if !launch::HEAD_DIMS.contains(&head_dim) {
-            bail!(
-                "the CUDA backend supports head dim 64 or 128, not {head_dim}; use --device cpu for other sizes"
-            );
-        }
+        launch::check_head_dim(head_dim)?;
         let len = rows * heads * head_dim;
         check_input((t.kind(), t.len()), self.dtype, len, what)?;
         let mut out = self.alloc_half(len)?;

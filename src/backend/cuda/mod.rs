@@ -33,7 +33,7 @@ mod timing;
 
 pub use timing::{AttentionTiming, median_ms, time_attention};
 
-pub use launch::Tuning;
+pub use launch::{HEAD_DIMS, Tuning};
 pub use layout::Order;
 pub use memory::DeviceMemory;
 
