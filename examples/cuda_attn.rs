@@ -9,6 +9,7 @@
 
 use anyhow::{Result, bail};
 use clap::{Parser, Subcommand};
+use distflash::attn::oracle::rel_err;
 use distflash::attn::{
     self, Block, Dims, Grads, GradsMut, Partial, QuerySide, Span, layout, oracle,
 };
@@ -167,17 +168,6 @@ impl Problem {
             dout: be.download(&self.dout)?,
         })
     }
-}
-
-/// ‖x − ref‖ / ‖ref‖, or infinity if anything is not finite (NaN from an unwritten poisoned
-/// element counts as a failure).
-fn rel_err(x: &[f32], r: &[f64]) -> f64 {
-    if x.len() != r.len() || x.iter().any(|v| !v.is_finite()) {
-        return f64::INFINITY;
-    }
-    let num: f64 = x.iter().zip(r).map(|(&a, &b)| (a as f64 - b).powi(2)).sum();
-    let den: f64 = r.iter().map(|b| b * b).sum();
-    (num / den.max(1e-300)).sqrt()
 }
 
 fn put_rows(t: &mut [f32], part: &[f32], bh: usize, n: usize, d: usize, span: Span) {

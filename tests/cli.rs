@@ -221,6 +221,93 @@ fn cuda_without_a_gpu_says_so_in_one_sentence() {
 }
 
 #[test]
+fn training_on_cuda_without_a_gpu_says_so_in_one_sentence() {
+    let tokens = temp_path("tokens.json");
+    std::fs::write(&tokens, "[1, 2, 3, 4, 5]").unwrap();
+    let grads_out = temp_path("grads.safetensors");
+    let cases: [&[&str]; 3] = [
+        &[
+            "bench",
+            "train",
+            "--device",
+            "cuda",
+            "--preset",
+            "tiny",
+            "--seq-len",
+            "64",
+        ],
+        &[
+            "train",
+            "--device",
+            "cuda",
+            "--steps",
+            "1",
+            "--seq-len",
+            "64",
+        ],
+        &[
+            "grads",
+            "--device",
+            "cuda",
+            "--tokens",
+            tokens.to_str().unwrap(),
+            "--out",
+            grads_out.to_str().unwrap(),
+        ],
+    ];
+    for args in cases {
+        let out = distflash(args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} succeeded");
+        // Without a driver the backend says so; with one, the model's CUDA ops are not built yet.
+        assert!(
+            err.contains("no CUDA driver found; use --device cpu")
+                || err.contains("needs model::cuda (not built yet)"),
+            "{args:?}: {err}"
+        );
+        assert_eq!(err.trim().lines().count(), 1, "{args:?}: {err}");
+    }
+}
+
+#[test]
+fn bench_train_reports_time_throughput_and_flops() {
+    let out = distflash(&[
+        "bench",
+        "train",
+        "--preset",
+        "tiny",
+        "--seq-len",
+        "96",
+        "--layers",
+        "1",
+        "--repeats",
+        "2",
+        "--checkpoint",
+        "layer",
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["impl"], "distflash");
+    assert_eq!(v["layers"], 1);
+    assert_eq!(v["seq"], 96);
+    assert_eq!(v["checkpoint"], "layer");
+    assert_eq!(v["all_secs"].as_array().unwrap().len(), 2);
+    assert_eq!(v["attention_forwards_per_layer"], serde_json::json!([2]));
+    let step = v["step_secs"].as_f64().unwrap();
+    assert!((v["tokens_per_sec"].as_f64().unwrap() * step - 96.0).abs() < 1e-6);
+    assert!(v["model_tflop_per_step"].as_f64().unwrap() > 0.0);
+    assert!(
+        v["mfu"].is_null(),
+        "no MFU against a GPU peak for a CPU run"
+    );
+}
+
+#[test]
 fn bench_report_tables_ours_beside_the_peers() {
     let dir = temp_path("results");
     std::fs::create_dir_all(&dir).unwrap();
@@ -246,6 +333,40 @@ fn bench_report_tables_ours_beside_the_peers() {
         "{md}"
     );
     assert!(md.contains("distflash bench attention"), "{md}");
+    assert!(!md.contains("Training steps"), "{md}");
+
+    // Training-step lines get their own table, distflash beside checkpointed transformers.
+    let train = temp_path("train-results");
+    std::fs::create_dir_all(&train).unwrap();
+    std::fs::write(
+        train.join("runs.jsonl"),
+        [
+            r#"{"impl":"distflash","layers":32,"seq":16384,"checkpoint":"remat","step_secs":1.5,"tokens_per_sec":10922.7,"mfu":0.58,"peak_memory_gib":50.0}"#,
+            r#"{"impl":"hf_transformers","layers":32,"seq":16384,"checkpoint":"hf_gradient_checkpointing","step_secs":2.25,"tokens_per_sec":7281.8,"mfu":0.387,"peak_memory_gib":28.4}"#,
+            r#"{"impl":"hf_transformers","layers":32,"seq":32768,"checkpoint":"none","status":"oom","peak_memory_gib":138.8}"#,
+        ]
+        .join("\n"),
+    )
+    .unwrap();
+    let out = distflash(&["bench", "report", "--results", train.to_str().unwrap()]);
+    let md = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        md.contains(
+            "| 16384 | 32 | distflash | remat | 1.500 s | 10923 | 58.0% | 50.0 GiB | 1.50× |"
+        ),
+        "{md}"
+    );
+    assert!(
+        md.contains(
+            "| 32768 | 32 | hf_transformers | none | out of memory | — | — | 138.8 GiB | — |"
+        ),
+        "{md}"
+    );
+    assert!(
+        !md.contains("head dim"),
+        "no attention table without attention lines: {md}"
+    );
+
     let empty = temp_path("no-results");
     std::fs::create_dir_all(&empty).unwrap();
     let out = distflash(&["bench", "report", "--results", empty.to_str().unwrap()]);

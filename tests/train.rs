@@ -228,3 +228,42 @@ fn train_writes_metrics_curve_and_model_and_grads_reads_it() {
     assert_eq!(g["lm_head.weight"].0, vec![256, 64]);
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+/// The single-device loop (`train_on`, what one GPU runs through the model's `Ops`) follows the
+/// threaded loop's trajectory: on the CPU with one worker, the same weights bit for bit.
+#[test]
+fn one_device_loop_follows_the_threaded_one() {
+    use distflash::attn::Span;
+    use distflash::backend::cpu::CpuBackend;
+    use distflash::comm::Solo;
+    use distflash::model::cpu::Cpu;
+    use distflash::train::attention::Distributed;
+    use distflash::train::train_on;
+
+    let mut o = options(3, None, None);
+    o.workers = 1;
+    let (losses, weights) = run(&o);
+    let mut alone = Solo;
+    let spans = vec![Span {
+        start: 0,
+        len: o.seq_len,
+    }];
+    let dims = o.config.dims();
+    let mut attn = Distributed::new(&CpuBackend, &mut alone, dims, spans, o.schedule).unwrap();
+    let seen = Mutex::new(Vec::new());
+    let on_step = |r: &StepReport| seen.lock().unwrap().push(r.loss);
+    let w = train_on(&Cpu::<f32>::new(), &mut attn, &o, on_step).unwrap();
+    assert_eq!(w, weights);
+    let seen = seen.into_inner().unwrap();
+    assert_eq!(seen.len(), 3);
+    // The threaded loop sums the loss through an f32 all-reduce; this one needs none.
+    for (a, b) in seen.iter().zip(&losses) {
+        assert!((a - b).abs() < 1e-6, "{a} {b}");
+    }
+    o.workers = 2;
+    let err = train_on(&Cpu::<f32>::new(), &mut attn, &o, |_: &StepReport| {})
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(err.contains("--workers 1"), "{err}");
+}

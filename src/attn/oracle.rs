@@ -133,3 +133,14 @@ pub fn backward(x: &Inputs) -> Backward {
 fn dot(a: &[f64], b: &[f64]) -> f64 {
     a.iter().zip(b).map(|(x, y)| x * y).sum()
 }
+
+/// ‖x − ref‖ / ‖ref‖ of a result against this reference; infinity if anything is not finite
+/// (NaN from an unwritten, poisoned element counts as a failure) or the lengths differ.
+pub fn rel_err(x: &[f32], r: &[f64]) -> f64 {
+    if x.len() != r.len() || x.iter().any(|v| !v.is_finite()) {
+        return f64::INFINITY;
+    }
+    let num: f64 = x.iter().zip(r).map(|(&a, &b)| (a as f64 - b).powi(2)).sum();
+    let den: f64 = r.iter().map(|b| b * b).sum();
+    (num / den.max(1e-300)).sqrt()
+}

@@ -2,8 +2,10 @@
 //! written as safetensors under Hugging Face parameter names, so another implementation (the
 //! `bench/peers/hf_parity.py` script) can compare them with its own.
 
-use super::train::ModelArgs;
+use super::gpu::GpuRun;
+use super::train::{Device, ModelArgs};
 use anyhow::{Context, Result, bail};
+use distflash::backend::cuda::InputDtype;
 use distflash::model::Checkpoint;
 use distflash::model::weights::specs;
 use distflash::plan::Schedule;
@@ -28,6 +30,12 @@ pub struct Args {
     schedule: Schedule,
     #[arg(long, default_value = "remat")]
     checkpoint: Checkpoint,
+    /// cpu (f32, --workers threads) or cuda (one GPU, --dtype).
+    #[arg(long, value_enum, default_value = "cpu")]
+    device: Device,
+    /// 16-bit format of weights and activations with --device cuda.
+    #[arg(long, default_value = "bf16")]
+    dtype: InputDtype,
 }
 
 pub fn run(args: Args) -> Result<()> {
@@ -42,17 +50,34 @@ pub fn run(args: Args) -> Result<()> {
             config.vocab_size
         );
     }
-    train::check_memory(&config, args.workers)?;
-    let host = train::initial_weights(&config, &init)?;
-    let g = train::gradients(
-        &config,
-        &host,
-        &tokens,
-        args.workers,
-        args.schedule,
-        args.checkpoint,
-        Duration::from_secs(600),
-    )?;
+    let g = match args.device {
+        Device::Cpu => {
+            train::check_memory(&config, args.workers)?;
+            let host = train::initial_weights(&config, &init)?;
+            train::gradients(
+                &config,
+                &host,
+                &tokens,
+                args.workers,
+                args.schedule,
+                args.checkpoint,
+                Duration::from_secs(600),
+            )?
+        }
+        Device::Cuda => {
+            let (backend, _) = GpuRun {
+                dtype: args.dtype,
+                config: &config,
+                model: &args.model.name(),
+                seq: tokens.len().saturating_sub(1),
+                checkpoint: args.checkpoint,
+                optimizer: false,
+            }
+            .open()?;
+            let host = train::initial_weights(&config, &init)?;
+            super::gpu::gradients(backend, &config, &host, &tokens, args.checkpoint)?
+        }
+    };
     let specs = specs(&config);
     let named: Vec<Named<'_>> = specs
         .iter()
@@ -70,6 +95,7 @@ pub fn run(args: Args) -> Result<()> {
             "loss": g.loss,
             "tokens": tokens.len() - 1,
             "workers": args.workers,
+            "device": args.device,
             "checkpoint": args.checkpoint,
             "attention_forwards_per_layer": g.attention_forwards_per_layer,
             "peak_activation_bytes": g.peak_activation_bytes,

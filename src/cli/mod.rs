@@ -2,6 +2,8 @@
 
 mod attention;
 mod bench;
+mod bench_train;
+mod gpu;
 mod grads;
 mod launch;
 mod plan;

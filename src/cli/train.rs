@@ -2,7 +2,9 @@
 //! bar (or JSON lines), metrics and a loss-curve SVG in the save directory, checkpoints and
 //! resume.
 
+use super::gpu::GpuRun;
 use anyhow::{Context, Result, bail};
+use distflash::backend::cuda::{CudaBackend, InputDtype};
 use distflash::comm::rendezvous::{self, LaunchEnv};
 use distflash::comm::{Communicator, connect_mesh};
 use distflash::model::Checkpoint;
@@ -20,11 +22,13 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-#[derive(Clone, Copy, clap::ValueEnum, Serialize)]
+#[derive(Clone, Copy, Debug, clap::ValueEnum, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Device {
     /// Worker threads on this machine's cores (f32).
     Cpu,
+    /// One GPU: 16-bit weights and activations (--dtype), f32 statistics and gradients.
+    Cuda,
 }
 
 /// Where the model's shape and first weights come from (shared with `grads`).
@@ -65,6 +69,15 @@ impl ModelArgs {
         };
         Ok((config, Init::Random { seed: self.seed }))
     }
+
+    /// How messages name the model: the preset, or the file or directory it came from.
+    pub fn name(&self) -> String {
+        match (&self.preset, &self.config, &self.init_from) {
+            (Some(p), _, _) => p.clone(),
+            (_, Some(path), _) | (_, _, Some(path)) => path.display().to_string(),
+            _ => "tiny".into(),
+        }
+    }
 }
 
 #[derive(clap::Args)]
@@ -88,6 +101,9 @@ pub struct Args {
     workers: Option<usize>,
     #[arg(long, value_enum, default_value = "cpu")]
     device: Device,
+    /// 16-bit format of weights and activations with --device cuda (the CPU computes in f32).
+    #[arg(long, default_value = "bf16")]
+    dtype: InputDtype,
     /// `balanced` (DistFlashAttn) or `unbalanced`.
     #[arg(long, default_value = "balanced")]
     schedule: Schedule,
@@ -162,6 +178,7 @@ pub fn run(args: Args) -> Result<()> {
         ),
         (Some(w), _) => w,
         (None, Some(env)) => env.world,
+        (None, None) if matches!(args.device, Device::Cuda) => 1,
         (None, None) => 4,
     };
     // Under a launcher rank 0 reports and writes files; the others only train.
@@ -172,6 +189,11 @@ pub fn run(args: Args) -> Result<()> {
         None => Data::Synthetic {
             seed: args.data_seed,
         },
+    };
+    // One GPU opened, and the run refused if it would not fit, before anything else happens.
+    let gpu = match args.device {
+        Device::Cuda => Some(open_gpu(&args, &config, workers)?),
+        Device::Cpu => None,
     };
     let opts = Options {
         config,
@@ -252,9 +274,10 @@ pub fn run(args: Args) -> Result<()> {
         }
         list.push(r.clone());
     };
-    let weights = match launch {
-        None => train::train(&opts, on_step)?,
-        Some(env) => {
+    let weights = match (gpu, launch) {
+        (Some(backend), _) => super::gpu::train(backend, &opts, on_step)?,
+        (None, None) => train::train(&opts, on_step)?,
+        (None, Some(env)) => {
             let wait = Duration::from_secs(args.rendezvous_timeout);
             let joined = rendezvous::join(&env, super::args_hash(), wait, || Ok(Vec::new()))?;
             let mut comm = connect_mesh(joined, wait, opts.timeout)?;
@@ -308,6 +331,26 @@ pub fn run(args: Args) -> Result<()> {
         print_summary(&summary, window);
     }
     Ok(())
+}
+
+/// `train --device cuda`: one GPU for now, opened and checked for room (weights, gradients,
+/// AdamW's state and activations) before the run starts.
+fn open_gpu(args: &Args, config: &Config, workers: usize) -> Result<CudaBackend> {
+    if workers != 1 {
+        bail!(
+            "--device cuda trains on one GPU for now (--workers 1); training across GPUs over NCCL is not wired yet"
+        );
+    }
+    let (backend, _) = GpuRun {
+        dtype: args.dtype,
+        config,
+        model: &args.model.name(),
+        seq: args.seq_len,
+        checkpoint: args.checkpoint,
+        optimizer: true,
+    }
+    .open()?;
+    Ok(backend)
 }
 
 fn print_summary(s: &Summary, window: usize) {

@@ -9,6 +9,7 @@
 
 pub mod attention;
 pub mod config;
+pub mod cost;
 pub mod cpu;
 pub mod cuda;
 pub mod float;

@@ -1,21 +1,74 @@
 //! distflash as the model's attention: this worker's rows against the whole sequence so far,
-//! through the executor and any host communicator (threads or processes). The model hands over sequence-major
-//! tensors; the executor wants head-major ones, so they are converted at this edge.
+//! through the executor on any backend and communicator (CPU threads or processes; GPUs over
+//! NCCL, or virtual workers sharing one GPU). The model hands over sequence-major tensors; the
+//! executor wants head-major ones, so they are converted at this edge, by the backend
+//! ([`ModelEdge`]): on the host for the CPU, by a GPU kernel for CUDA.
 
 use crate::attn::{Dims, Span, layout};
 use crate::backend::Backend;
 use crate::backend::cpu::CpuBackend;
-use crate::comm::{Communicator, LocalComm};
+use crate::backend::cuda::{CudaBackend, Order, Tensor};
+use crate::comm::{Buffer, Communicator, LocalComm, Wire};
 use crate::exec::{OwnChunk, Saved, Worker};
 use crate::model::attention::Attention;
 use crate::plan::{Pass, Plan, Schedule};
 use anyhow::{Context, Result};
 use std::time::Duration;
 
-/// distflash over a host communicator: this worker owns one chunk, rows `spans[rank]`
-/// (the `balanced` and `unbalanced` schedules; `train` refuses `zigzag`, whose two chunks per
-/// worker are not one run of positions).
-pub struct Distributed<'c, C = LocalComm> {
+/// A backend whose tensors the model holds too: the layout change at the model's edge,
+/// `[rows, heads, d]` ↔ `[heads, rows, d]` as `to` says. To head-major the result is in the
+/// precision the executor reads, to sequence-major in the one the model keeps activations in.
+/// `what` names the tensor in errors.
+pub trait ModelEdge: Backend {
+    fn relayout(
+        &self,
+        t: &Self::Tensor,
+        rows: usize,
+        heads: usize,
+        d: usize,
+        to: Order,
+        what: &str,
+    ) -> Result<Self::Tensor>;
+}
+
+impl ModelEdge for CpuBackend {
+    fn relayout(
+        &self,
+        t: &Vec<f32>,
+        rows: usize,
+        heads: usize,
+        d: usize,
+        to: Order,
+        _: &str,
+    ) -> Result<Vec<f32>> {
+        Ok(match to {
+            Order::ToHeadMajor => layout::to_head_major(t, 1, rows, heads, d),
+            Order::ToSeqMajor => layout::to_seq_major(t, 1, rows, heads, d),
+        })
+    }
+}
+
+/// On the GPU both directions produce 16-bit tensors: the executor's inputs, and the model's
+/// activations (f32 results of the block API are rounded in the same pass).
+impl ModelEdge for CudaBackend {
+    fn relayout(
+        &self,
+        t: &Tensor,
+        rows: usize,
+        heads: usize,
+        d: usize,
+        to: Order,
+        what: &str,
+    ) -> Result<Tensor> {
+        CudaBackend::relayout(self, t, rows, heads, d, to, what)
+    }
+}
+
+/// distflash on `backend` over `comm`: this worker owns one chunk, rows `spans[rank]` (the
+/// `balanced` and `unbalanced` schedules; `train` refuses `zigzag`, whose two chunks per worker
+/// are not one run of positions).
+pub struct Distributed<'c, B = CpuBackend, C = LocalComm> {
+    pub backend: &'c B,
     pub comm: &'c mut C,
     pub dims: Dims,
     pub spans: Vec<Span>,
@@ -23,10 +76,20 @@ pub struct Distributed<'c, C = LocalComm> {
     backward: Plan,
 }
 
-impl<'c, C: Communicator<Vec<f32>>> Distributed<'c, C> {
-    pub fn new(comm: &'c mut C, dims: Dims, spans: Vec<Span>, schedule: Schedule) -> Result<Self> {
+impl<'c, B: ModelEdge, C: Communicator<B::Tensor>> Distributed<'c, B, C>
+where
+    B::Tensor: Wire,
+{
+    pub fn new(
+        backend: &'c B,
+        comm: &'c mut C,
+        dims: Dims,
+        spans: Vec<Span>,
+        schedule: Schedule,
+    ) -> Result<Self> {
         let world = spans.len();
         Ok(Distributed {
+            backend,
             comm,
             dims,
             spans,
@@ -39,32 +102,38 @@ impl<'c, C: Communicator<Vec<f32>>> Distributed<'c, C> {
         self.spans[self.comm.rank()].len
     }
 
-    fn head_major(&self, t: &[f32], heads: usize) -> Vec<f32> {
-        layout::to_head_major(t, 1, self.rows(), heads, self.dims.head_dim)
+    fn head_major(&self, t: &B::Tensor, heads: usize, what: &str) -> Result<B::Tensor> {
+        let (rows, d) = (self.rows(), self.dims.head_dim);
+        ModelEdge::relayout(self.backend, t, rows, heads, d, Order::ToHeadMajor, what)
     }
 
-    fn seq_major(&self, t: &[f32], heads: usize) -> Vec<f32> {
-        layout::to_seq_major(t, 1, self.rows(), heads, self.dims.head_dim)
+    fn seq_major(&self, t: &B::Tensor, heads: usize, what: &str) -> Result<B::Tensor> {
+        let (rows, d) = (self.rows(), self.dims.head_dim);
+        ModelEdge::relayout(self.backend, t, rows, heads, d, Order::ToSeqMajor, what)
     }
 
-    fn own(&self, q: &[f32], k: &[f32], v: &[f32]) -> OwnChunk<Vec<f32>> {
+    fn own(&self, q: &B::Tensor, k: &B::Tensor, v: &B::Tensor) -> Result<OwnChunk<B::Tensor>> {
         let (h, hk) = (self.dims.heads, self.dims.kv_heads);
-        OwnChunk {
-            q: self.head_major(q, h),
-            k: self.head_major(k, hk),
-            v: self.head_major(v, hk),
-        }
+        Ok(OwnChunk {
+            q: self.head_major(q, h, "Q")?,
+            k: self.head_major(k, hk, "K")?,
+            v: self.head_major(v, hk, "V")?,
+        })
     }
 }
 
 /// The executor for one attention call on this worker's endpoint.
-fn worker<'a, C: Communicator<Vec<f32>>>(
+fn worker<'a, B: Backend, C: Communicator<B::Tensor>>(
+    backend: &'a B,
     comm: &'a mut C,
     dims: Dims,
     spans: &'a [Span],
-) -> Worker<'a, CpuBackend, C> {
+) -> Worker<'a, B, C>
+where
+    B::Tensor: Wire,
+{
     Worker {
-        backend: &CpuBackend,
+        backend,
         comm,
         dims,
         spans,
@@ -73,40 +142,43 @@ fn worker<'a, C: Communicator<Vec<f32>>>(
     }
 }
 
-impl<C: Communicator<Vec<f32>>> Attention<Vec<f32>> for Distributed<'_, C> {
+impl<B: ModelEdge, C: Communicator<B::Tensor>> Attention<B::Tensor> for Distributed<'_, B, C>
+where
+    B::Tensor: Buffer,
+{
     fn forward(
         &mut self,
-        q: &Vec<f32>,
-        k: &Vec<f32>,
-        v: &Vec<f32>,
-    ) -> Result<(Vec<f32>, Vec<f32>)> {
-        let own = self.own(q, k, v);
-        let mut parts = worker(self.comm, self.dims, &self.spans)
-            .forward(&self.forward, std::slice::from_ref(&own))?;
-        let p = parts
+        q: &B::Tensor,
+        k: &B::Tensor,
+        v: &B::Tensor,
+    ) -> Result<(B::Tensor, B::Tensor)> {
+        let own = self.own(q, k, v)?;
+        let p = worker(self.backend, self.comm, self.dims, &self.spans)
+            .forward(&self.forward, std::slice::from_ref(&own))?
             .pop()
             .context("the executor returned no result for this worker's chunk")?;
-        Ok((self.seq_major(&p.out, self.dims.heads), p.lse))
+        Ok((self.seq_major(&p.out, self.dims.heads, "O")?, p.lse))
     }
 
     fn backward(
         &mut self,
-        q: &Vec<f32>,
-        k: &Vec<f32>,
-        v: &Vec<f32>,
-        o: &Vec<f32>,
-        lse: &Vec<f32>,
-        dout: &Vec<f32>,
-    ) -> Result<(Vec<f32>, Vec<f32>, Vec<f32>)> {
-        let own = self.own(q, k, v);
+        q: &B::Tensor,
+        k: &B::Tensor,
+        v: &B::Tensor,
+        o: &B::Tensor,
+        lse: &B::Tensor,
+        dout: &B::Tensor,
+    ) -> Result<(B::Tensor, B::Tensor, B::Tensor)> {
+        let own = self.own(q, k, v)?;
         let h = self.dims.heads;
-        let dout = self.head_major(dout, h);
+        let dout = self.head_major(dout, h, "dO")?;
+        let o = self.head_major(o, h, "O")?;
         let saved = Saved {
-            delta: CpuBackend.delta(&self.dims, self.rows(), &self.head_major(o, h), &dout)?,
+            delta: self.backend.delta(&self.dims, self.rows(), &o, &dout)?,
             dout,
-            lse: lse.clone(),
+            lse: lse.duplicate()?,
         };
-        let g = worker(self.comm, self.dims, &self.spans)
+        let g = worker(self.backend, self.comm, self.dims, &self.spans)
             .backward(
                 &self.backward,
                 std::slice::from_ref(&own),
@@ -116,9 +188,9 @@ impl<C: Communicator<Vec<f32>>> Attention<Vec<f32>> for Distributed<'_, C> {
             .context("the executor returned no gradients for this worker's chunk")?;
         let hk = self.dims.kv_heads;
         Ok((
-            self.seq_major(&g.dq, h),
-            self.seq_major(&g.dk, hk),
-            self.seq_major(&g.dv, hk),
+            self.seq_major(&g.dq, h, "dQ")?,
+            self.seq_major(&g.dk, hk, "dK")?,
+            self.seq_major(&g.dv, hk, "dV")?,
         ))
     }
 }

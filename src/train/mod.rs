@@ -4,14 +4,18 @@
 //! all workers. AdamW keeps f32 master weights and moments, identical on every worker because the
 //! all-reduce is deterministic. Rank 0 reports each step and saves checkpoints.
 
-mod attention;
+pub mod attention;
+pub mod bench;
+pub mod cuda_attention;
 pub mod data;
 pub mod state;
 pub mod svg;
 
 use crate::attn::Span;
+use crate::backend::cpu::CpuBackend;
 use crate::comm::{Communicator, LocalComm};
 use crate::exec::{chunk_spans, collect_results, run_workers};
+use crate::model::attention::Attention;
 use crate::model::config::Config;
 use crate::model::cpu::Cpu;
 use crate::model::ops::{AdamW, Ops};
@@ -124,9 +128,20 @@ fn initial_state(o: &Options) -> Result<State> {
     })
 }
 
-fn to_weights(c: &Config, host: &[Vec<f32>]) -> Result<Weights<Vec<f32>>> {
+/// Host tensors (`specs` order) on the device of `ops`, shaped as the model's weights.
+fn upload_weights<O: Ops>(ops: &O, c: &Config, host: &[Vec<f32>]) -> Result<Weights<O::T>> {
     let mut it = host.iter();
-    Weights::build(c, |_| Ok(it.next().expect("a tensor per spec").clone()))
+    Weights::build(c, |s| {
+        let data = it
+            .next()
+            .with_context(|| format!("no weights given for '{}'", s.name))?;
+        ops.upload(data)
+    })
+}
+
+/// Device tensors back on the host, `specs` order.
+fn download_weights<O: Ops>(ops: &O, w: &Weights<O::T>) -> Result<Vec<Vec<f32>>> {
+    w.tensors().into_iter().map(|t| ops.download(t)).collect()
 }
 
 /// Per-step sums all workers add up: loss, probes right, probes asked.
@@ -138,11 +153,12 @@ struct Tally {
 
 /// Forward and backward of this worker's rows of `sample`, gradients into `grads`.
 #[allow(clippy::too_many_arguments)]
-fn accumulate<C: Communicator<Vec<f32>>>(
+fn accumulate<O: Ops>(
+    ops: &O,
     cfg: &Config,
-    w: &Weights<Vec<f32>>,
-    grads: &mut Weights<Vec<f32>>,
-    attn: &mut Distributed<'_, C>,
+    w: &Weights<O::T>,
+    grads: &mut Weights<O::T>,
+    attn: &mut impl Attention<O::T>,
     span: Span,
     sample: &Sample,
     policy: Checkpoint,
@@ -154,16 +170,7 @@ fn accumulate<C: Communicator<Vec<f32>>>(
         targets: &sample.tokens[span.start + 1..span.end() + 1],
         start: span.start,
     };
-    let out = forward_backward(
-        &Cpu::<f32>::new(),
-        cfg,
-        w,
-        grads,
-        attn,
-        chunk,
-        policy,
-        scale,
-    )?;
+    let out = forward_backward(ops, cfg, w, grads, attn, chunk, policy, scale)?;
     tally.loss_sum += out.loss_sum;
     if let Some(p) = sample.probe
         && (span.start..span.end()).contains(&p)
@@ -262,20 +269,21 @@ pub fn gradients(
     }
     let seq = tokens.len() - 1;
     let spans = spans_for(seq, workers, schedule)?;
-    let w = to_weights(cfg, weights)?;
+    let w = upload_weights(&Cpu::<f32>::new(), cfg, weights)?;
     let sample = Sample {
         tokens: tokens.to_vec(),
         probe: None,
     };
     let results = run_workers(workers, timeout, |rank, comm| {
         let mut grads = weights::zeros(&Cpu::<f32>::new(), cfg)?;
-        let mut attn = Distributed::new(comm, cfg.dims(), spans.clone(), schedule)?;
+        let mut attn = Distributed::new(&CpuBackend, comm, cfg.dims(), spans.clone(), schedule)?;
         let mut tally = Tally {
             loss_sum: 0.0,
             correct: 0,
             probes: 0,
         };
         let out = accumulate(
+            &Cpu::<f32>::new(),
             cfg,
             &w,
             &mut grads,
@@ -297,9 +305,56 @@ pub fn gradients(
     Ok(collect_results(results)?.swap_remove(0))
 }
 
+/// Loss and gradients of `weights` (host, `specs` order) on `tokens` on one device, through the
+/// model's device interface `ops` and the attention `attn` (which covers the whole sequence):
+/// the single-GPU `distflash grads` with `CudaOps` and `CudaAttention`, or any other device.
+pub fn gradients_on<O: Ops>(
+    ops: &O,
+    attn: &mut impl Attention<O::T>,
+    cfg: &Config,
+    weights: &[Vec<f32>],
+    tokens: &[u32],
+    policy: Checkpoint,
+) -> Result<Gradients> {
+    if tokens.len() < 2 {
+        bail!("gradients need at least 2 tokens (one input and its target)");
+    }
+    let w = upload_weights(ops, cfg, weights)?;
+    let mut grads = weights::zeros(ops, cfg)?;
+    let out = whole_sequence(ops, cfg, &w, &mut grads, attn, tokens, policy)?;
+    let seq = tokens.len() - 1;
+    Ok(Gradients {
+        loss: out.loss_sum / seq as f64,
+        grads: download_weights(ops, &grads)?,
+        attention_forwards_per_layer: out.attention_forwards,
+        peak_activation_bytes: out.peak_activation_bytes,
+    })
+}
+
+/// Forward and backward of a whole sequence on one device (`tokens`: the inputs, then the last
+/// target); gradients of its mean loss accumulate into `grads`.
+fn whole_sequence<O: Ops>(
+    ops: &O,
+    cfg: &Config,
+    w: &Weights<O::T>,
+    grads: &mut Weights<O::T>,
+    attn: &mut impl Attention<O::T>,
+    tokens: &[u32],
+    policy: Checkpoint,
+) -> Result<crate::model::Outcome> {
+    let seq = tokens.len() - 1;
+    let chunk = Chunk {
+        tokens: &tokens[..seq],
+        targets: &tokens[1..],
+        start: 0,
+    };
+    forward_backward(ops, cfg, w, grads, attn, chunk, policy, 1.0 / seq as f64)
+}
+
 /// Trains as `o` says, with `o.workers` worker threads, calling `on_step` (from rank 0's thread)
 /// after every step. Returns the final host weights (`specs` order).
 pub fn train(o: &Options, on_step: impl Fn(&StepReport) + Sync) -> Result<Vec<Vec<f32>>> {
+    check_memory(&o.config, o.workers)?;
     let (spans, start, key) = prepare(o)?;
     let results = run_workers(o.workers, o.timeout, |rank, comm: &mut LocalComm| {
         worker(o, &key, &start, &spans, rank, comm, &on_step)
@@ -322,6 +377,7 @@ pub fn train_rank<C: Communicator<Vec<f32>>>(
             comm.world()
         );
     }
+    check_memory(&o.config, o.workers)?;
     let (spans, start, key) = prepare(o)?;
     let rank = comm.rank();
     worker(o, &key, &start, &spans, rank, comm, &on_step).inspect_err(|e| {
@@ -339,7 +395,6 @@ fn prepare(o: &Options) -> Result<(Vec<Span>, State, RunKey)> {
         bail!("--batch must be at least 1");
     }
     o.data.check(o.seq_len, o.config.vocab_size)?;
-    check_memory(&o.config, o.workers)?;
     if let Some(dir) = &o.save_dir {
         std::fs::create_dir_all(dir)
             .with_context(|| format!("cannot create the save directory {}", dir.display()))?;
@@ -355,6 +410,28 @@ fn prepare(o: &Options) -> Result<(Vec<Span>, State, RunKey)> {
     Ok((spans, start, run_key(o)))
 }
 
+/// Trains on one device as `o` says (`o.workers` must be 1), through its `Ops` with attention
+/// `attn` over the whole sequence: one GPU with `CudaOps` and `CudaAttention`. Calls `on_step`
+/// after every step and saves like rank 0 of a threaded run. Returns the final host weights.
+pub fn train_on<O: Ops>(
+    ops: &O,
+    attn: &mut impl Attention<O::T>,
+    o: &Options,
+    on_step: impl Fn(&StepReport) + Sync,
+) -> Result<Vec<Vec<f32>>> {
+    if o.workers != 1 {
+        bail!(
+            "training on one device takes --workers 1, not {}",
+            o.workers
+        );
+    }
+    let (spans, start, key) = prepare(o)?;
+    let alone = |_: &mut _, _: &mut _, _: &mut _| Ok(());
+    run_steps(ops, o, &key, &start, spans[0], true, attn, alone, &on_step)
+}
+
+/// One worker of a threaded or multi-process CPU run: distflash over `comm`, gradients and the
+/// tally summed over the workers.
 #[allow(clippy::too_many_arguments)]
 fn worker<C: Communicator<Vec<f32>>>(
     o: &Options,
@@ -365,18 +442,49 @@ fn worker<C: Communicator<Vec<f32>>>(
     comm: &mut C,
     on_step: &(impl Fn(&StepReport) + Sync),
 ) -> Result<Vec<Vec<f32>>> {
+    let dims = o.config.dims();
+    let mut attn = Distributed::new(&CpuBackend, comm, dims, spans.to_vec(), o.schedule)?;
+    let reduce =
+        |a: &mut Distributed<'_, CpuBackend, C>, g: &mut _, t: &mut _| all_reduce(a.comm, g, t);
     let ops = Cpu::<f32>::new();
+    run_steps(
+        &ops,
+        o,
+        key,
+        start,
+        spans[rank],
+        rank == 0,
+        &mut attn,
+        reduce,
+        on_step,
+    )
+}
+
+/// The steps of a run on any device: this worker's rows `span` of every sequence, `reduce`
+/// summing gradients and the tally over the workers (nothing to do for one). The reporter calls
+/// `on_step` and saves.
+#[allow(clippy::too_many_arguments)]
+fn run_steps<O: Ops, A: Attention<O::T>>(
+    ops: &O,
+    o: &Options,
+    key: &RunKey,
+    start: &State,
+    span: Span,
+    reporter: bool,
+    attn: &mut A,
+    mut reduce: impl FnMut(&mut A, &mut Weights<O::T>, &mut Tally) -> Result<()>,
+    on_step: &(impl Fn(&StepReport) + Sync),
+) -> Result<Vec<Vec<f32>>> {
     let cfg = &o.config;
     let specs = specs(cfg);
-    let mut w = to_weights(cfg, &start.weights)?;
-    let mut m = to_weights(cfg, &start.m)?;
-    let mut v = to_weights(cfg, &start.v)?;
-    let mut attn = Distributed::new(comm, cfg.dims(), spans.to_vec(), o.schedule)?;
+    let mut w = upload_weights(ops, cfg, &start.weights)?;
+    let mut m = upload_weights(ops, cfg, &start.m)?;
+    let mut v = upload_weights(ops, cfg, &start.v)?;
     let scale = 1.0 / (o.seq_len * o.batch) as f64;
     let mut samples = start.samples;
     for step in start.step + 1..=o.steps {
         let began = Instant::now();
-        let mut grads = weights::zeros(&ops, cfg)?;
+        let mut grads = weights::zeros(ops, cfg)?;
         let mut tally = Tally {
             loss_sum: 0.0,
             correct: 0,
@@ -387,18 +495,19 @@ fn worker<C: Communicator<Vec<f32>>>(
             let sample = o.data.sample(samples, o.seq_len, cfg.vocab_size);
             samples += 1;
             last = Some(accumulate(
+                ops,
                 cfg,
                 &w,
                 &mut grads,
-                &mut attn,
-                spans[rank],
+                attn,
+                span,
                 &sample,
                 o.checkpoint,
                 scale,
                 &mut tally,
             )?);
         }
-        all_reduce(attn.comm, &mut grads, &mut tally)?;
+        reduce(attn, &mut grads, &mut tally)?;
         let norm = grads
             .tensors()
             .iter()
@@ -421,7 +530,7 @@ fn worker<C: Communicator<Vec<f32>>>(
         for ((((p, g), m), v), s) in ws.into_iter().zip(gs).zip(ms).zip(vs).zip(&specs) {
             ops.adamw(p, g, m, v, &hp, step, s.decays())?;
         }
-        if rank != 0 {
+        if !reporter {
             continue;
         }
         let secs = began.elapsed().as_secs_f64();
@@ -441,16 +550,64 @@ fn worker<C: Communicator<Vec<f32>>>(
         if let Some(dir) = &o.save_dir
             && (step % o.save_every.max(1) == 0 || step == o.steps)
         {
-            let host = |t: &Weights<Vec<f32>>| t.tensors().into_iter().cloned().collect();
             let state = State {
                 step,
                 samples,
-                weights: host(&w),
-                m: host(&m),
-                v: host(&v),
+                weights: download_weights(ops, &w)?,
+                m: download_weights(ops, &m)?,
+                v: download_weights(ops, &v)?,
             };
             state::save(&state::path_in(dir), key, &state)?;
         }
     }
-    Ok(w.tensors().into_iter().cloned().collect())
+    download_weights(ops, &w)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::comm::Solo;
+
+    /// The single-device path through `Ops` gives the threaded path's gradients bit for bit.
+    #[test]
+    fn gradients_on_one_device_match_the_workers_path() {
+        let cfg = Config::preset("tiny").unwrap();
+        let w = initial_weights(&cfg, &Init::Random { seed: 3 }).unwrap();
+        let tokens: Vec<u32> = (0..49).map(|i| (i * 37 % 256) as u32).collect();
+        let policy = Checkpoint::Remat;
+        let timeout = Duration::from_secs(60);
+        let threads = gradients(&cfg, &w, &tokens, 1, Schedule::Balanced, policy, timeout).unwrap();
+        let mut alone = Solo;
+        let spans = vec![Span { start: 0, len: 48 }];
+        let mut attn = Distributed::new(
+            &CpuBackend,
+            &mut alone,
+            cfg.dims(),
+            spans,
+            Schedule::Balanced,
+        )
+        .unwrap();
+        let one = gradients_on(&Cpu::<f32>::new(), &mut attn, &cfg, &w, &tokens, policy).unwrap();
+        // The threaded path sums the loss through an f32 all-reduce.
+        assert!(
+            (one.loss - threads.loss).abs() < 1e-6,
+            "{} {}",
+            one.loss,
+            threads.loss
+        );
+        assert_eq!(one.grads, threads.grads);
+        assert_eq!(one.attention_forwards_per_layer, vec![1, 1]);
+        let err = gradients_on(
+            &Cpu::<f32>::new(),
+            &mut attn,
+            &cfg,
+            &w[..3],
+            &tokens,
+            policy,
+        )
+        .err()
+        .unwrap()
+        .to_string();
+        assert!(err.starts_with("no weights given for"), "{err}");
+    }
 }

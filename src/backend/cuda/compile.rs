@@ -15,12 +15,13 @@ const COMMON: &str = include_str!("../../../kernels/common.cuh");
 const FORWARD: &str = include_str!("../../../kernels/forward.cu");
 const BACKWARD: &str = include_str!("../../../kernels/backward.cu");
 const ROWS: &str = include_str!("../../../kernels/rows.cu");
+const LAYOUT: &str = include_str!("../../../kernels/layout.cu");
 
 /// The full translation unit for one kernel variant: the selecting `#define`s, then the sources.
 pub(crate) fn kernel_source(head_dim: usize, bf16: bool, tuning: &Tuning) -> String {
     let dtype = if bf16 { "DTYPE_BF16" } else { "DTYPE_F16" };
     format!(
-        "#define HEAD_DIM {head_dim}\n#define {dtype}\n{}{COMMON}\n{FORWARD}\n{BACKWARD}\n{ROWS}",
+        "#define HEAD_DIM {head_dim}\n#define {dtype}\n{}{COMMON}\n{FORWARD}\n{BACKWARD}\n{ROWS}\n{LAYOUT}",
         tuning.defines()
     )
 }
@@ -192,7 +193,9 @@ mod tests {
                 for (major, minor) in [(9, 0), (8, 0)] {
                     let ptx = compile(&src, compile_options(major, minor))
                         .unwrap_or_else(|e| panic!("d{head_dim} sm{major}{minor}: {e}"));
-                    assert!(ptx.to_src().contains(".entry bwd_block"));
+                    let ptx = ptx.to_src();
+                    assert!(ptx.contains(".entry bwd_block"));
+                    assert!(ptx.contains(".entry relayout_f32_half"));
                 }
             }
         }
@@ -221,6 +224,7 @@ mod tests {
         assert!(s.contains("#define BWD_WARPS 8\n"));
         assert!(kernel_source(64, false, &t).contains("#define DTYPE_F16"));
         assert!(s.contains("fwd_final") && s.contains("bwd_block") && s.contains("merge_rows"));
+        assert!(s.contains("relayout_half") && s.contains("relayout_f32_half"));
         assert!(compile_options(9, 0)[0].ends_with("compute_90"));
     }
 }

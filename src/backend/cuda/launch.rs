@@ -16,7 +16,7 @@ const ROWS_PER_BLOCK: usize = 8;
 const MAX_GRID_Y: usize = 65_535;
 
 /// Head dims the kernels are instantiated for.
-pub(crate) const HEAD_DIMS: [usize; 2] = [64, 128];
+pub const HEAD_DIMS: [usize; 2] = [64, 128];
 
 /// Compile-time shape choices of the kernels (they become `#define`s). Each trades registers
 /// against reuse of shared-memory fragments; [`Tuning::for_head_dim`] is the fastest measured on
@@ -80,10 +80,14 @@ impl Tuning {
 /// Rejects shapes the kernels were not built for, in one sentence.
 pub(crate) fn check_dims(dims: &Dims) -> Result<()> {
     dims.validate()?;
-    if !HEAD_DIMS.contains(&dims.head_dim) {
+    check_head_dim(dims.head_dim)
+}
+
+/// Rejects a head dim the kernels were not instantiated for, in one sentence.
+pub(crate) fn check_head_dim(head_dim: usize) -> Result<()> {
+    if !HEAD_DIMS.contains(&head_dim) {
         bail!(
-            "the CUDA backend supports head dim 64 or 128, not {}; use --device cpu for other sizes",
-            dims.head_dim
+            "the CUDA backend supports head dim 64 or 128, not {head_dim}; use --device cpu for other sizes"
         );
     }
     Ok(())

@@ -27,11 +27,15 @@
 
 mod compile;
 mod launch;
+mod layout;
+mod memory;
 mod timing;
 
 pub use timing::{AttentionTiming, median_ms, time_attention};
 
-pub use launch::Tuning;
+pub use launch::{HEAD_DIMS, Tuning};
+pub use layout::Order;
+pub use memory::DeviceMemory;
 
 use super::Backend;
 use crate::attn::{Block, Dims, Grads, GradsMut, Partial, QuerySide, RunningState, Span};
@@ -256,6 +260,8 @@ struct Kernels {
     merge_rows: CudaFunction,
     delta_f32: CudaFunction,
     delta_half: CudaFunction,
+    relayout_half: CudaFunction,
+    relayout_f32_half: CudaFunction,
 }
 
 /// One GPU running attention blocks; see the module docs for precision and entry points.
@@ -386,6 +392,8 @@ impl CudaBackend {
             merge_rows: f("merge_rows")?,
             delta_f32: f("delta_f32")?,
             delta_half: f("delta_half")?,
+            relayout_half: f("relayout_half")?,
+            relayout_f32_half: f("relayout_f32_half")?,
         };
         let smem = [
             (

@@ -1,0 +1,153 @@
+//! Layout changes on the GPU between the model's sequence-major `[rows, heads, head_dim]` and the
+//! kernels' head-major `[heads, rows, head_dim]` (`kernels/layout.cu`), so attention can sit
+//! behind the model's interface without a trip through the host. The output is always 16-bit in
+//! the backend's input dtype; f32 input (gradients from the backward, an f32 dO) is rounded to
+//! nearest in the same pass.
+//!
+//! The kernel's index arithmetic is written again in Rust in the tests here (`source_vector`, line
+//! for line), which check it against `attn::layout`, the host reference every other path uses.
+
+use super::{CudaBackend, InputDtype, Kind, Tensor, launch};
+use anyhow::{Result, bail};
+use cudarc::driver::PushKernelArg;
+
+/// Which way a layout change goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Order {
+    /// `[rows, heads, d]` → `[heads, rows, d]`.
+    ToHeadMajor,
+    /// `[heads, rows, d]` → `[rows, heads, d]`.
+    ToSeqMajor,
+}
+
+/// One sentence unless `found` is a 16-bit tensor of `dtype` or an f32 one, of `len` elements.
+fn check_input(found: (Kind, usize), dtype: InputDtype, len: usize, what: &str) -> Result<()> {
+    let (kind, n) = found;
+    if (kind == Kind::Half(dtype) || kind == Kind::F32) && n == len {
+        return Ok(());
+    }
+    bail!(
+        "{what} must be a {} or an f32 tensor of {len} elements, got {} tensor of {n}",
+        dtype.name(),
+        kind.a()
+    )
+}
+
+impl CudaBackend {
+    /// `t`, a `[rows, heads, head_dim]` or `[heads, rows, head_dim]` tensor (the other layout
+    /// than `to`), in layout `to` as a new 16-bit tensor of the input dtype. `what` names `t` in
+    /// errors.
+    pub fn relayout(
+        &self,
+        t: &Tensor,
+        rows: usize,
+        heads: usize,
+        head_dim: usize,
+        to: Order,
+        what: &str,
+    ) -> Result<Tensor> {
+        launch::check_head_dim(head_dim)?;
+        let len = rows * heads * head_dim;
+        check_input((t.kind(), t.len()), self.dtype, len, what)?;
+        let mut out = self.alloc_half(len)?;
+        if len == 0 {
+            return Ok(out);
+        }
+        let Tensor::Half { data: dst, .. } = &mut out else {
+            bail!("a fresh 16-bit buffer came back as f32");
+        };
+        let kern = self.kernels(head_dim)?;
+        let (rows, heads) = (rows as i64, heads as i64);
+        let head_major = i32::from(to == Order::ToHeadMajor);
+        let cfg = launch::elementwise_config(len / 8);
+        match t {
+            Tensor::Half { data: src, .. } => {
+                let mut b = self.stream.launch_builder(&kern.relayout_half);
+                b.arg(src).arg(dst).arg(&rows).arg(&heads).arg(&head_major);
+                self.launch("relayout_half", b, cfg)?;
+            }
+            Tensor::F32(src) => {
+                let mut b = self.stream.launch_builder(&kern.relayout_f32_half);
+                b.arg(src).arg(dst).arg(&rows).arg(&heads).arg(&head_major);
+                self.launch("relayout_f32_half", b, cfg)?;
+            }
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::attn::layout;
+
+    /// The kernels' index arithmetic (`source_vector` in `kernels/layout.cu`, kept identical):
+    /// which `head_dim`-vector output vector `out` is read from.
+    fn source_vector(out: usize, rows: usize, heads: usize, to: Order) -> usize {
+        match to {
+            Order::ToHeadMajor => {
+                let (h, r) = (out / rows, out % rows);
+                r * heads + h
+            }
+            Order::ToSeqMajor => {
+                let (r, h) = (out / heads, out % heads);
+                h * rows + r
+            }
+        }
+    }
+
+    /// The kernels' move, on the host: output vector by output vector, through `source_vector`.
+    fn relayout_host(src: &[f32], rows: usize, heads: usize, dim: usize, to: Order) -> Vec<f32> {
+        (0..rows * heads)
+            .flat_map(|out| {
+                let at = source_vector(out, rows, heads, to) * dim;
+                src[at..at + dim].iter().copied()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn index_arithmetic_matches_the_host_layout() {
+        // Uneven sizes, GQA-like head counts and a single row or head, so no square hides a
+        // swapped index.
+        for (rows, heads, dim) in [(5, 3, 4), (7, 1, 8), (1, 4, 2), (13, 8, 16), (6, 2, 1)] {
+            let seq: Vec<f32> = (0..rows * heads * dim).map(|x| x as f32).collect();
+            let head = relayout_host(&seq, rows, heads, dim, Order::ToHeadMajor);
+            assert_eq!(head, layout::to_head_major(&seq, 1, rows, heads, dim));
+            assert_eq!(
+                relayout_host(&head, rows, heads, dim, Order::ToSeqMajor),
+                seq
+            );
+        }
+    }
+
+    #[test]
+    fn every_source_vector_is_read_once() {
+        let (rows, heads) = (9, 4);
+        for to in [Order::ToHeadMajor, Order::ToSeqMajor] {
+            let mut seen: Vec<usize> = (0..rows * heads)
+                .map(|o| source_vector(o, rows, heads, to))
+                .collect();
+            seen.sort_unstable();
+            assert_eq!(seen, (0..rows * heads).collect::<Vec<_>>());
+        }
+    }
+
+    #[test]
+    fn wrong_inputs_are_sentences() {
+        let bf = InputDtype::Bf16;
+        assert!(check_input((Kind::Half(bf), 12), bf, 12, "Q").is_ok());
+        assert!(check_input((Kind::F32, 12), bf, 12, "dO").is_ok());
+        let err = check_input((Kind::Half(InputDtype::F16), 12), bf, 12, "Q")
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            err,
+            "Q must be a bf16 or an f32 tensor of 12 elements, got a fp16 tensor of 12"
+        );
+        let err = check_input((Kind::F32, 10), bf, 12, "dO")
+            .unwrap_err()
+            .to_string();
+        assert!(err.ends_with("got an f32 tensor of 10"), "{err}");
+    }
+}

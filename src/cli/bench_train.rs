@@ -1,0 +1,252 @@
+//! `distflash bench train`: the time of one training step without the optimizer (forward and
+//! backward of one sequence, batch 1, random weights), tokens/s, model FLOPs utilisation and
+//! peak memory, on the CPU or one GPU. `bench/peers/hf_train_bench.py` measures Hugging Face
+//! transformers the same way, and `bench/peers/train_session.sh` runs both on the same shapes.
+
+use super::gpu::GpuRun;
+use super::train::Device;
+use anyhow::Result;
+use distflash::backend::cuda::InputDtype;
+use distflash::model::Checkpoint;
+use distflash::model::config::Config;
+use distflash::model::cost::{self, H200_BF16_PEAK_TFLOPS};
+use distflash::train;
+use serde::Serialize;
+use serde_json::Value;
+
+/// How the model FLOPs are counted (see `model::cost::step_flops`).
+const FLOPS_FORMULA: &str = "6*N*T + 6*L*T^2*H*d (PaLM, attention halved for the causal mask; N = matmul parameters; recomputation not counted)";
+
+#[derive(clap::Args)]
+pub struct Args {
+    #[arg(long, value_enum, default_value = "cpu")]
+    device: Device,
+    /// 16-bit format of weights and activations on the GPU.
+    #[arg(long, default_value = "bf16")]
+    dtype: InputDtype,
+    /// A built-in model shape: tiny, llama2-7b, llama-7b-gqa, llama-7b-33h.
+    #[arg(long, default_value = "llama2-7b")]
+    preset: String,
+    /// Run only the first N decoder layers of the preset (when the whole model does not fit).
+    #[arg(long)]
+    layers: Option<usize>,
+    #[arg(long, default_value_t = 16384)]
+    seq_len: usize,
+    /// none, layer (re-run the layer, attention included) or remat (keep the attention output).
+    #[arg(long, default_value = "remat")]
+    checkpoint: Checkpoint,
+    /// Untimed steps first.
+    #[arg(long, default_value_t = 1)]
+    warmup: usize,
+    /// Timed steps; the median is reported.
+    #[arg(long, default_value_t = 3)]
+    repeats: usize,
+    /// Print one JSON object instead of sentences.
+    #[arg(long)]
+    json: bool,
+    /// Only print the estimated peak GPU memory of the step (any machine; nothing runs).
+    #[arg(long)]
+    estimate: bool,
+}
+
+#[derive(Serialize)]
+struct Report {
+    #[serde(rename = "impl")]
+    implementation: &'static str,
+    device: Device,
+    dtype: &'static str,
+    preset: String,
+    layers: usize,
+    seq: usize,
+    checkpoint: Checkpoint,
+    warmup: usize,
+    repeats: usize,
+    step_secs: f64,
+    all_secs: Vec<f64>,
+    tokens_per_sec: f64,
+    model_tflop_per_step: f64,
+    achieved_tflops: f64,
+    /// Against H200 bf16 dense peak; GPU runs only.
+    mfu: Option<f64>,
+    flops_formula: &'static str,
+    peak_memory_gib: Option<f64>,
+    estimated_memory_gib: Option<f64>,
+    attention_forwards_per_layer: Vec<u32>,
+    loss: f64,
+    command: String,
+}
+
+fn gib(bytes: f64) -> f64 {
+    bytes / (1u64 << 30) as f64
+}
+
+pub fn run(args: Args) -> Result<()> {
+    let mut cfg = Config::preset(&args.preset)?;
+    if let Some(n) = args.layers {
+        cfg.num_hidden_layers = n;
+        cfg.validate()?;
+    }
+    let (seq, policy) = (args.seq_len, args.checkpoint);
+    if args.estimate {
+        let m = cost::step_memory(&cfg, seq, policy, false);
+        if args.json {
+            println!(
+                "{}",
+                serde_json::json!({"preset": args.preset, "layers": cfg.num_hidden_layers, "seq": seq, "checkpoint": policy, "estimated_bytes": m, "estimated_gib": gib(m.total())})
+            );
+        } else {
+            println!(
+                "{} ({} layers) at {seq} tokens, checkpoint {policy}: about {:.1} GiB on the GPU (weights {:.1}, gradients {:.1}, kept activations {:.1}, working set {:.1})",
+                args.preset,
+                cfg.num_hidden_layers,
+                gib(m.total()),
+                gib(m.weights),
+                gib(m.grads),
+                gib(m.kept),
+                gib(m.working)
+            );
+        }
+        return Ok(());
+    }
+    let (steps, dtype, peak, estimate) = match args.device {
+        Device::Cpu => {
+            train::check_memory(&cfg, 1)?;
+            let t = train::bench::time_steps_cpu(&cfg, seq, policy, args.warmup, args.repeats)?;
+            (t, "f32", None, None)
+        }
+        Device::Cuda => {
+            let (backend, need) = GpuRun {
+                dtype: args.dtype,
+                config: &cfg,
+                model: &args.preset,
+                seq,
+                checkpoint: policy,
+                optimizer: false,
+            }
+            .open()?;
+            let g = super::gpu::bench(backend, &cfg, seq, policy, args.warmup, args.repeats)?;
+            let peak = Some(gib(g.peak_bytes as f64));
+            (g.steps, args.dtype.name(), peak, Some(gib(need.total())))
+        }
+    };
+    let flops = cost::step_flops(&cfg, seq);
+    let achieved = flops / steps.step_secs / 1e12;
+    let report = Report {
+        implementation: "distflash",
+        device: args.device,
+        dtype,
+        preset: args.preset.clone(),
+        layers: cfg.num_hidden_layers,
+        seq,
+        checkpoint: policy,
+        warmup: args.warmup,
+        repeats: args.repeats,
+        step_secs: steps.step_secs,
+        all_secs: steps.all_secs,
+        tokens_per_sec: seq as f64 / steps.step_secs,
+        model_tflop_per_step: flops / 1e12,
+        achieved_tflops: achieved,
+        mfu: matches!(args.device, Device::Cuda).then(|| achieved / H200_BF16_PEAK_TFLOPS),
+        flops_formula: FLOPS_FORMULA,
+        peak_memory_gib: peak,
+        estimated_memory_gib: estimate,
+        attention_forwards_per_layer: steps.attention_forwards_per_layer,
+        loss: steps.loss,
+        command: std::env::args().collect::<Vec<_>>().join(" "),
+    };
+    if args.json {
+        println!("{}", serde_json::to_string(&report)?);
+    } else {
+        print(&report);
+    }
+    Ok(())
+}
+
+fn print(r: &Report) {
+    let device = match r.device {
+        Device::Cpu => "cpu",
+        Device::Cuda => "cuda",
+    };
+    println!(
+        "{}, {} layers, {} tokens, checkpoint {}, {device} {}",
+        r.preset, r.layers, r.seq, r.checkpoint, r.dtype
+    );
+    println!(
+        "step {:.3} s (median of {} after {} warm-up): {:.0} tokens/s",
+        r.step_secs, r.repeats, r.warmup, r.tokens_per_sec
+    );
+    let mfu = r.mfu.map_or(String::new(), |m| {
+        format!(
+            ", MFU {:.1}% of {H200_BF16_PEAK_TFLOPS:.0} TFLOP/s (H200 bf16 dense)",
+            100.0 * m
+        )
+    });
+    println!(
+        "model FLOPs {:.3e} per step (6·N·T + 6·L·T²·H·d): {:.3} TFLOP/s{mfu}",
+        r.model_tflop_per_step * 1e12,
+        r.achieved_tflops
+    );
+    if let (Some(p), Some(e)) = (r.peak_memory_gib, r.estimated_memory_gib) {
+        println!("peak GPU memory {p:.1} GiB (estimated {e:.1} GiB)");
+    }
+}
+
+/// The Hugging Face run a distflash step is compared with: gradient checkpointing on.
+const HF_BASELINE: (&str, &str) = ("hf_transformers", "hf_gradient_checkpointing");
+
+/// Markdown table of training-step lines (`bench train --json`, `hf_train_bench.py`), one row
+/// per run by layers, length and implementation; each distflash row with its speedup over the
+/// Hugging Face run of the same shape with gradient checkpointing. `None` without such lines.
+pub fn table(lines: &[Value]) -> Option<String> {
+    let key = |l: &Value| {
+        (
+            l["layers"].as_u64().unwrap_or(0),
+            l["seq"].as_u64().unwrap_or(0),
+            l["impl"].as_str().unwrap_or("").to_string(),
+            l["checkpoint"].as_str().unwrap_or("").to_string(),
+        )
+    };
+    let mut runs: Vec<&Value> = lines
+        .iter()
+        .filter(|l| l["step_secs"].is_number() || l["status"] == "oom")
+        .collect();
+    if runs.is_empty() {
+        return None;
+    }
+    runs.sort_by_key(|l| key(l));
+    let baseline = |layers: u64, seq: u64| {
+        runs.iter()
+            .find(|l| {
+                let (ly, n, name, ckpt) = key(l);
+                (ly, n, name.as_str(), ckpt.as_str()) == (layers, seq, HF_BASELINE.0, HF_BASELINE.1)
+            })
+            .and_then(|l| l["step_secs"].as_f64())
+    };
+    let num = |l: &Value, k: &str, f: &dyn Fn(f64) -> String| l[k].as_f64().map_or("—".into(), f);
+    let mut md = String::from(
+        "| tokens | layers | implementation | checkpoint | step | tokens/s | MFU | peak memory | speedup over HF (checkpointing) |\n\
+         | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
+    );
+    for &l in &runs {
+        let (layers, seq, name, ckpt) = key(l);
+        let step = match l["step_secs"].as_f64() {
+            Some(s) => format!("{s:.3} s"),
+            None => "out of memory".into(),
+        };
+        let speedup = match (
+            name.as_str(),
+            baseline(layers, seq),
+            l["step_secs"].as_f64(),
+        ) {
+            ("distflash", Some(hf), Some(ours)) => format!("{:.2}×", hf / ours),
+            _ => "—".into(),
+        };
+        md += &format!(
+            "| {seq} | {layers} | {name} | {ckpt} | {step} | {} | {} | {} | {speedup} |\n",
+            num(l, "tokens_per_sec", &|x| format!("{x:.0}")),
+            num(l, "mfu", &|x| format!("{:.1}%", 100.0 * x)),
+            num(l, "peak_memory_gib", &|x| format!("{x:.1} GiB")),
+        );
+    }
+    Some(md)
+}

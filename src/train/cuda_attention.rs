@@ -1,0 +1,99 @@
+//! The model's attention on one GPU: the whole-sequence fast path of the CUDA backend
+//! (`CudaBackend::causal_forward` / `causal_backward`) behind `model::attention::Attention`.
+//!
+//! The model hands over sequence-major 16-bit tensors (`[rows, heads, head_dim]`, a linear
+//! layer's output as is); the kernels want head-major ones. The layout changes run on the GPU
+//! (`CudaBackend::relayout`): Q, K, V, O and dO go to head-major, O comes back sequence-major in
+//! the input dtype, and the backward's f32 dQ, dK, dV come back sequence-major in the input dtype
+//! (the cast fused into the move). LSE stays as the kernels wrote it (f32, head-major): the model
+//! only keeps it for the backward. dO may arrive as 16-bit or f32 (then it is rounded).
+//!
+//! One GPU holds the whole sequence here. A rank of a multi-GPU job uses
+//! `train::attention::Distributed` on the CUDA backend over `comm::nccl::NcclComm` instead: the
+//! same interface and layout kernel, with the executor's block API and communication.
+
+use crate::attn::{Dims, Partial};
+use crate::backend::cuda::{CudaBackend, Order, Tensor};
+use crate::comm::Buffer;
+use crate::model::attention::Attention;
+use anyhow::{Result, bail};
+
+/// Causal attention of one whole sequence of `rows` tokens on one GPU.
+pub struct CudaAttention<'b> {
+    backend: &'b CudaBackend,
+    dims: Dims,
+    rows: usize,
+}
+
+impl<'b> CudaAttention<'b> {
+    /// Attention of `rows` tokens with the heads of `dims` (batch 1: one sequence per call, as
+    /// the model runs it).
+    pub fn new(backend: &'b CudaBackend, dims: Dims, rows: usize) -> Result<Self> {
+        dims.validate()?;
+        if dims.batch != 1 {
+            bail!(
+                "the model's attention runs one sequence at a time (batch 1), not {}",
+                dims.batch
+            );
+        }
+        Ok(CudaAttention {
+            backend,
+            dims,
+            rows,
+        })
+    }
+
+    /// A `[rows, heads, head_dim]` tensor as `[heads, rows, head_dim]`, or back.
+    fn relayout(&self, t: &Tensor, heads: usize, to: Order, what: &str) -> Result<Tensor> {
+        self.backend
+            .relayout(t, self.rows, heads, self.dims.head_dim, to, what)
+    }
+
+    /// Q, K and V head-major.
+    fn head_major(&self, q: &Tensor, k: &Tensor, v: &Tensor) -> Result<[Tensor; 3]> {
+        let (h, kv) = (self.dims.heads, self.dims.kv_heads);
+        Ok([
+            self.relayout(q, h, Order::ToHeadMajor, "Q")?,
+            self.relayout(k, kv, Order::ToHeadMajor, "K")?,
+            self.relayout(v, kv, Order::ToHeadMajor, "V")?,
+        ])
+    }
+}
+
+impl Attention<Tensor> for CudaAttention<'_> {
+    fn forward(&mut self, q: &Tensor, k: &Tensor, v: &Tensor) -> Result<(Tensor, Tensor)> {
+        let [q, k, v] = self.head_major(q, k, v)?;
+        let p = self
+            .backend
+            .causal_forward(&self.dims, self.rows, &q, &k, &v)?;
+        let o = self.relayout(&p.out, self.dims.heads, Order::ToSeqMajor, "O")?;
+        Ok((o, p.lse))
+    }
+
+    fn backward(
+        &mut self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        o: &Tensor,
+        lse: &Tensor,
+        dout: &Tensor,
+    ) -> Result<(Tensor, Tensor, Tensor)> {
+        let (h, kv) = (self.dims.heads, self.dims.kv_heads);
+        let [q, k, v] = self.head_major(q, k, v)?;
+        let fwd = Partial {
+            out: self.relayout(o, h, Order::ToHeadMajor, "O")?,
+            // The backward reads LSE from a `Partial`, which owns it: a copy of h·rows floats.
+            lse: lse.duplicate()?,
+        };
+        let dout = self.relayout(dout, h, Order::ToHeadMajor, "dO")?;
+        let g = self
+            .backend
+            .causal_backward(&self.dims, self.rows, &q, &k, &v, &fwd, &dout)?;
+        Ok((
+            self.relayout(&g.dq, h, Order::ToSeqMajor, "dQ")?,
+            self.relayout(&g.dk, kv, Order::ToSeqMajor, "dK")?,
+            self.relayout(&g.dv, kv, Order::ToSeqMajor, "dV")?,
+        ))
+    }
+}
