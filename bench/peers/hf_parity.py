@@ -9,9 +9,18 @@ counts and checkpoint policies) and reports, per tensor, max |ours - theirs| / m
 
     python3 bench/peers/hf_parity.py --bin target/release/distflash --out OUTDIR
 
-Needs torch, transformers and safetensors (run on the CPU; no GPU used).
+Needs torch, transformers and safetensors (run on the CPU; no GPU used); f32 results must be
+within 1e-4 of the float64 reference.
+
+    python3 bench/peers/hf_parity.py --bin .dev/distflash --out OUTDIR --device cuda
+
+runs distflash on the GPU in bf16 (one worker, every checkpoint policy) on a model with head dim
+64 (the CUDA kernels' smallest) and a length that is not a multiple of 128, and compares with
+transformers run in bf16 on the same weights: our error against the float64 reference must be
+at most twice transformers' own bf16 error, loss (floored at 2^-9) and worst gradient alike.
 """
 import argparse
+import copy
 import json
 import subprocess
 import sys
@@ -25,16 +34,21 @@ from transformers import LlamaConfig, LlamaForCausalLM
 TOLERANCE = 1e-4  # f32 results against a float64 reference
 
 
-def build(out: Path, seed: int):
+# The model's shape: tiny for the CPU's f32 check; head dim 64 for the GPU's kernels.
+SHAPES = {
+    "cpu": dict(vocab_size=96, hidden_size=64, intermediate_size=112, num_hidden_layers=2,
+                num_attention_heads=8,
+                num_key_value_heads=2, head_dim=8),
+    "cuda": dict(vocab_size=256, hidden_size=256, intermediate_size=448, num_hidden_layers=2,
+                 num_attention_heads=4,
+                 num_key_value_heads=2, head_dim=64),
+}
+
+
+def build(out: Path, seed: int, device: str):
     torch.manual_seed(seed)
     config = LlamaConfig(
-        vocab_size=96,
-        hidden_size=64,
-        intermediate_size=112,
-        num_hidden_layers=2,
-        num_attention_heads=8,
-        num_key_value_heads=2,
-        head_dim=8,
+        **SHAPES[device],
         rms_norm_eps=1e-5,
         rope_theta=500000.0,
         tie_word_embeddings=False,
@@ -55,6 +69,24 @@ def build(out: Path, seed: int):
     return model.to(torch.float64), config
 
 
+def errors_against(grads, grads_ref):
+    """Per tensor, max |ours - theirs| / max |theirs|."""
+    out = {}
+    for name, ref in grads_ref.items():
+        diff = (grads[name].double().cpu() - ref).abs().max().item()
+        out[name] = diff / max(ref.abs().max().item(), 1e-300)
+    return out
+
+
+def transformers_bf16(model, tokens, loss_ref, grads_ref):
+    """transformers' own bf16 error against the float64 reference: the bar the GPU run meets."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    low = copy.deepcopy(model).to(device=device, dtype=torch.bfloat16)
+    loss, grads = reference(low, tokens.to(device))
+    errors = errors_against(grads, grads_ref)
+    return abs(loss - loss_ref) / abs(loss_ref), max(errors.values())
+
+
 def reference(model, tokens):
     model.zero_grad()
     logits = model(input_ids=tokens[None, :-1]).logits[0]
@@ -64,9 +96,12 @@ def reference(model, tokens):
     return loss.item(), grads
 
 
-def ours(binary, model_dir, tokens_file, out_file, workers, checkpoint):
+def ours(binary, model_dir, tokens_file, out_file, workers, checkpoint, device):
     cmd = [binary, "grads", "--init-from", str(model_dir), "--tokens", str(tokens_file),
-           "--out", str(out_file), "--workers", str(workers), "--checkpoint", checkpoint]
+           "--out", str(out_file), "--workers", str(workers), "--checkpoint", checkpoint,
+           "--device", device]
+    if device == "cuda":
+        cmd += ["--dtype", "bf16"]
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
         sys.exit(f"{' '.join(cmd)} failed: {done.stderr.strip()}")
@@ -77,30 +112,44 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", required=True, help="the distflash binary")
     ap.add_argument("--out", required=True, help="directory for the model, tokens and report")
-    ap.add_argument("--seq-len", type=int, default=64)
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    ap.add_argument("--seq-len", type=int, help="default 64 on the CPU, 300 on the GPU")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
+    seq_len = args.seq_len or (64 if args.device == "cpu" else 300)
     out = Path(args.out)
     model_dir = out / "hf-model"
     model_dir.mkdir(parents=True, exist_ok=True)
-    model, config = build(model_dir, args.seed)
+    model, config = build(model_dir, args.seed, args.device)
     g = torch.Generator().manual_seed(args.seed + 1)
-    tokens = torch.randint(0, config.vocab_size, (args.seq_len + 1,), generator=g)
+    tokens = torch.randint(0, config.vocab_size, (seq_len + 1,), generator=g)
     tokens_file = out / "tokens.json"
     tokens_file.write_text(json.dumps(tokens.tolist()))
     loss_ref, grads_ref = reference(model, tokens)
+    if args.device == "cpu":
+        loss_tol = grad_tol = TOLERANCE
+        cases = [(1, "remat"), (4, "remat"), (4, "layer"), (3, "none")]
+        bar = {"tolerance": TOLERANCE}
+    else:
+        hf_loss_err, hf_grad_err = transformers_bf16(model, tokens, loss_ref, grads_ref)
+        # The loss is one number whose bf16 error can land near zero by chance: floor its bar at
+        # half a bf16 unit in the last place.
+        loss_tol, grad_tol = max(2 * hf_loss_err, 2.0**-9), 2 * hf_grad_err
+        cases = [(1, "remat"), (1, "layer"), (1, "none")]
+        bar = {"transformers_bf16_loss_relative_error": hf_loss_err,
+               "transformers_bf16_max_gradient_relative_error": hf_grad_err,
+               "tolerance": "2x transformers' bf16 error"}
+        print(f"transformers bf16: loss rel error {hf_loss_err:.2e}, worst gradient rel error "
+              f"{hf_grad_err:.2e}")
 
     runs = []
-    for workers, checkpoint in [(1, "remat"), (4, "remat"), (4, "layer"), (3, "none")]:
+    for workers, checkpoint in cases:
         report, grads = ours(args.bin, model_dir, tokens_file, out / "grads.safetensors",
-                             workers, checkpoint)
+                             workers, checkpoint, args.device)
         missing = sorted(set(grads_ref) - set(grads))
         if missing:
             sys.exit(f"distflash returned no gradient for {missing}")
-        errors = {}
-        for name, ref in grads_ref.items():
-            diff = (grads[name].double() - ref).abs().max().item()
-            errors[name] = diff / max(ref.abs().max().item(), 1e-300)
+        errors = errors_against(grads, grads_ref)
         loss_err = abs(report["loss"] - loss_ref) / abs(loss_ref)
         worst = max(errors, key=errors.get)
         runs.append({
@@ -111,7 +160,7 @@ def main():
             "max_gradient_relative_error": errors[worst],
             "worst_tensor": worst,
             "gradient_relative_error": errors,
-            "passed": loss_err <= TOLERANCE and errors[worst] <= TOLERANCE,
+            "passed": loss_err <= loss_tol and errors[worst] <= grad_tol,
         })
         print(f"workers {workers} checkpoint {checkpoint}: loss {report['loss']:.8f} vs "
               f"{loss_ref:.8f} (rel {loss_err:.2e}), worst gradient rel error "
@@ -124,13 +173,15 @@ def main():
             "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
             "num_attention_heads", "num_key_value_heads", "head_dim", "rms_norm_eps",
             "tie_word_embeddings"]} | {"rope_theta": 500000.0},
-        "seq_len": args.seq_len,
+        "device": args.device,
+        "seq_len": seq_len,
         "loss_reference": loss_ref,
-        "tolerance": TOLERANCE,
+        **bar,
         "runs": runs,
         "passed": all(r["passed"] for r in runs),
     }
-    (out / "hf_parity.json").write_text(json.dumps(result, indent=2))
+    name = "hf_parity.json" if args.device == "cpu" else "hf_parity_cuda.json"
+    (out / name).write_text(json.dumps(result, indent=2))
     print("PASSED" if result["passed"] else "FAILED")
     sys.exit(0 if result["passed"] else 1)
 

@@ -1,19 +1,18 @@
 //! The GPU side of `train`, `grads` and `bench train`: opening the device, refusing a run that
-//! would not fit before anything is allocated, and the place where the model's CUDA device
-//! interface plugs in.
-//!
-//! INTEGRATION POINT (branch `gpu-ops`, `model::cuda::CudaOps`): `bench`, `gradients` and `train`
-//! below end in `not_built_yet()`; each doc comment gives the lines that replace that call. The
-//! library functions they call (`train::bench::time_steps_cuda`, `train::gradients_on`,
-//! `train::train_on`) exist and are tested on the CPU (`train_on` follows the threaded loop's
-//! trajectory bit for bit).
+//! would not fit before anything is allocated, and handing the model's CUDA ops
+//! (`model::cuda::CudaOps`) and attention (`train::cuda_attention`) to the same device-generic
+//! loops the CPU runs (`train::gradients_on`, `train::train_on`, `train::bench`), which the CPU
+//! tests cover.
 
 use anyhow::{Result, bail};
 use distflash::backend::cuda::{CudaBackend, HEAD_DIMS, InputDtype};
 use distflash::model::Checkpoint;
 use distflash::model::config::Config;
 use distflash::model::cost;
-use distflash::train::{Options, StepReport};
+use distflash::model::cuda::CudaOps;
+use distflash::train::bench::{GpuTiming, time_steps_cuda};
+use distflash::train::cuda_attention::CudaAttention;
+use distflash::train::{Gradients, Options, StepReport, gradients_on, train_on};
 
 /// What to open and check the memory for.
 pub struct GpuRun<'a> {
@@ -53,18 +52,7 @@ impl GpuRun<'_> {
     }
 }
 
-/// The one answer while the model's CUDA device interface is missing.
-fn not_built_yet() -> Result<std::convert::Infallible> {
-    bail!("--device cuda for training needs model::cuda (not built yet)")
-}
-
 /// Times forward+backward steps on the GPU.
-///
-/// Integration: replace `not_built_yet()` by
-/// ```text
-/// let ops = distflash::model::cuda::CudaOps::new(backend)?;
-/// distflash::train::bench::time_steps_cuda(&ops, ops.backend(), cfg, seq, checkpoint, warmup, repeats)
-/// ```
 pub fn bench(
     backend: CudaBackend,
     cfg: &Config,
@@ -72,46 +60,32 @@ pub fn bench(
     checkpoint: Checkpoint,
     warmup: usize,
     repeats: usize,
-) -> Result<distflash::train::bench::GpuTiming> {
-    let _ = (backend, cfg, seq, checkpoint, warmup, repeats);
-    match not_built_yet()? {}
+) -> Result<GpuTiming> {
+    let ops = CudaOps::new(backend)?;
+    time_steps_cuda(&ops, ops.backend(), cfg, seq, checkpoint, warmup, repeats)
 }
 
 /// Loss and gradients of one sequence on the GPU.
-///
-/// Integration: replace `not_built_yet()` by
-/// ```text
-/// let ops = distflash::model::cuda::CudaOps::new(backend)?;
-/// let seq = tokens.len().saturating_sub(1);
-/// let mut attn = distflash::train::cuda_attention::CudaAttention::new(ops.backend(), cfg.dims(), seq)?;
-/// distflash::train::gradients_on(&ops, &mut attn, cfg, weights, tokens, checkpoint)
-/// ```
 pub fn gradients(
     backend: CudaBackend,
     cfg: &Config,
     weights: &[Vec<f32>],
     tokens: &[u32],
     checkpoint: Checkpoint,
-) -> Result<distflash::train::Gradients> {
-    let _ = (backend, cfg, weights, tokens, checkpoint);
-    match not_built_yet()? {}
+) -> Result<Gradients> {
+    let ops = CudaOps::new(backend)?;
+    let rows = tokens.len().saturating_sub(1);
+    let mut attn = CudaAttention::new(ops.backend(), cfg.dims(), rows)?;
+    gradients_on(&ops, &mut attn, cfg, weights, tokens, checkpoint)
 }
 
 /// Trains on one GPU.
-///
-/// Integration: replace `not_built_yet()` by
-/// ```text
-/// let ops = distflash::model::cuda::CudaOps::new(backend)?;
-/// let mut attn = distflash::train::cuda_attention::CudaAttention::new(ops.backend(), o.config.dims(), o.seq_len)?;
-/// distflash::train::train_on(&ops, &mut attn, o, on_step)
-/// ```
-/// (`train_on` uploads weights and AdamW moments with `Ops::upload` and keeps gradients from
-/// `Ops::zeros`; check that the moments come out in the precision `CudaOps::adamw` wants.)
 pub fn train(
     backend: CudaBackend,
     o: &Options,
     on_step: impl Fn(&StepReport) + Sync,
 ) -> Result<Vec<Vec<f32>>> {
-    let _ = (backend, o, on_step);
-    match not_built_yet()? {}
+    let ops = CudaOps::new(backend)?;
+    let mut attn = CudaAttention::new(ops.backend(), o.config.dims(), o.seq_len)?;
+    train_on(&ops, &mut attn, o, on_step)
 }

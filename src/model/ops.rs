@@ -33,6 +33,12 @@ pub trait Ops: Sync {
 
     /// Copies host f32 data to the device.
     fn upload(&self, host: &[f32]) -> Result<Self::T>;
+    /// Copies optimizer state (AdamW's moments) to the device in the precision the device's
+    /// `adamw` keeps it in: moments of squared gradients lose most of their information in
+    /// 16 bits, so a mixed-precision device overrides this to keep f32.
+    fn upload_state(&self, host: &[f32]) -> Result<Self::T> {
+        self.upload(host)
+    }
     /// Copies a tensor back to the host as f32.
     fn download(&self, t: &Self::T) -> Result<Vec<f32>>;
     fn zeros(&self, len: usize) -> Result<Self::T>;

@@ -130,12 +130,26 @@ fn initial_state(o: &Options) -> Result<State> {
 
 /// Host tensors (`specs` order) on the device of `ops`, shaped as the model's weights.
 fn upload_weights<O: Ops>(ops: &O, c: &Config, host: &[Vec<f32>]) -> Result<Weights<O::T>> {
+    upload_each(c, host, |data| ops.upload(data))
+}
+
+/// AdamW's moments to the device, in the precision the device's optimizer keeps them.
+fn upload_moments<O: Ops>(ops: &O, c: &Config, host: &[Vec<f32>]) -> Result<Weights<O::T>> {
+    upload_each(c, host, |data| ops.upload_state(data))
+}
+
+/// One tensor per weight spec, `specs` order, each made by `upload`.
+fn upload_each<T>(
+    c: &Config,
+    host: &[Vec<f32>],
+    mut upload: impl FnMut(&[f32]) -> Result<T>,
+) -> Result<Weights<T>> {
     let mut it = host.iter();
     Weights::build(c, |s| {
         let data = it
             .next()
             .with_context(|| format!("no weights given for '{}'", s.name))?;
-        ops.upload(data)
+        upload(data)
     })
 }
 
@@ -478,8 +492,8 @@ fn run_steps<O: Ops, A: Attention<O::T>>(
     let cfg = &o.config;
     let specs = specs(cfg);
     let mut w = upload_weights(ops, cfg, &start.weights)?;
-    let mut m = upload_weights(ops, cfg, &start.m)?;
-    let mut v = upload_weights(ops, cfg, &start.v)?;
+    let mut m = upload_moments(ops, cfg, &start.m)?;
+    let mut v = upload_moments(ops, cfg, &start.v)?;
     let scale = 1.0 / (o.seq_len * o.batch) as f64;
     let mut samples = start.samples;
     for step in start.step + 1..=o.steps {

@@ -174,6 +174,10 @@ impl Ops for CudaOps {
         Backend::upload(&self.backend, host)
     }
 
+    fn upload_state(&self, host: &[f32]) -> Result<Tensor> {
+        self.backend.upload_f32(host)
+    }
+
     fn download(&self, t: &Tensor) -> Result<Vec<f32>> {
         Backend::download(&self.backend, t)
     }

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# One device call (nvidia-h200): the correctness checks of training on a GPU. Writes to $OUT:
+#   ops_check.log       examples/cuda_ops_check: every CudaOps op and the tiny model vs the CPU in f64
+#   seq_attention.log   examples/cuda_seq_attention: the model's attention adapter vs the fast path,
+#                       the f64 oracle and virtual workers
+#   parity.log, hf_parity_cuda.json
+#                       bench/peers/hf_parity.py --device cuda: loss and every gradient vs
+#                       transformers in float64, ours within 2x transformers' own bf16 error
+#   train.log           the same short training run on the GPU (bf16) and on the CPU (f32): the
+#                       loss curves must agree to bf16 noise and fall
+# Run from the repository root with the binaries built here:
+#   cargo build --release --examples && mkdir -p .dev && cp target/release/distflash \
+#     target/release/examples/cuda_ops_check target/release/examples/cuda_seq_attention .dev/
+#   BIN_DIR=.dev bash bench/peers/gpu_train_checks.sh          (device call, carry [".dev"])
+set -u
+BIN_DIR=${BIN_DIR:-.dev}
+PEERS=$(dirname "$0")
+export DISTFLASH_CACHE_DIR=${DISTFLASH_CACHE_DIR:-/tmp/distflash-cache} PYTHONUNBUFFERED=1
+status=0
+"$BIN_DIR/cuda_ops_check" > "$OUT/ops_check.log" 2>&1 || { echo "cuda_ops_check failed"; status=1; }
+"$BIN_DIR/cuda_seq_attention" --time 16384 > "$OUT/seq_attention.log" 2>&1 \
+  || { echo "cuda_seq_attention failed"; status=1; }
+PARITY=$(mktemp -d)
+python3 "$PEERS/hf_parity.py" --bin "$BIN_DIR/distflash" --out "$PARITY" --device cuda \
+  > "$OUT/parity.log" 2>&1 || { echo "hf_parity --device cuda failed"; status=1; }
+cp "$PARITY/hf_parity_cuda.json" "$OUT/" 2>/dev/null
+# The parity model's shape (head dim 64), trained briefly on the synthetic recall task.
+for device in cuda cpu; do
+  echo "=== train --device $device" >> "$OUT/train.log"
+  "$BIN_DIR/distflash" train --device "$device" --workers 1 --config "$PARITY/hf-model/config.json" \
+    --seq-len 512 --batch 4 --steps 40 --lr 3e-3 --json >> "$OUT/train.log" 2>&1 \
+    || { echo "train --device $device failed"; status=1; }
+done
+tail -n 3 "$OUT"/*.log
+exit $status
