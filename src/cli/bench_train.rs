@@ -10,7 +10,9 @@ use distflash::backend::cuda::InputDtype;
 use distflash::model::Checkpoint;
 use distflash::model::config::Config;
 use distflash::model::cost::{self, H200_BF16_PEAK_TFLOPS};
+use distflash::model::profile::OpTime;
 use distflash::train;
+use distflash::train::bench::Runs;
 use serde::Serialize;
 use serde_json::Value;
 
@@ -47,6 +49,10 @@ pub struct Args {
     /// Only print the estimated peak GPU memory of the step (any machine; nothing runs).
     #[arg(long)]
     estimate: bool,
+    /// After the timed steps, run one more with the device waited for after every op and print
+    /// where its time went (per op: calls, seconds, share).
+    #[arg(long)]
+    profile: bool,
 }
 
 #[derive(Serialize)]
@@ -73,6 +79,8 @@ struct Report {
     estimated_memory_gib: Option<f64>,
     attention_forwards_per_layer: Vec<u32>,
     loss: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    profile: Option<Vec<OpTime>>,
     command: String,
 }
 
@@ -108,10 +116,15 @@ pub fn run(args: Args) -> Result<()> {
         }
         return Ok(());
     }
+    let runs = Runs {
+        warmup: args.warmup,
+        repeats: args.repeats,
+        profile: args.profile,
+    };
     let (steps, dtype, peak, estimate) = match args.device {
         Device::Cpu => {
             train::check_memory(&cfg, 1)?;
-            let t = train::bench::time_steps_cpu(&cfg, seq, policy, args.warmup, args.repeats)?;
+            let t = train::bench::time_steps_cpu(&cfg, seq, policy, runs)?;
             (t, "f32", None, None)
         }
         Device::Cuda => {
@@ -124,7 +137,7 @@ pub fn run(args: Args) -> Result<()> {
                 optimizer: false,
             }
             .open()?;
-            let g = super::gpu::bench(backend, &cfg, seq, policy, args.warmup, args.repeats)?;
+            let g = super::gpu::bench(backend, &cfg, seq, policy, runs)?;
             let peak = Some(gib(g.peak_bytes as f64));
             (g.steps, args.dtype.name(), peak, Some(gib(need.total())))
         }
@@ -152,6 +165,7 @@ pub fn run(args: Args) -> Result<()> {
         estimated_memory_gib: estimate,
         attention_forwards_per_layer: steps.attention_forwards_per_layer,
         loss: steps.loss,
+        profile: steps.profile,
         command: std::env::args().collect::<Vec<_>>().join(" "),
     };
     if args.json {
@@ -188,6 +202,19 @@ fn print(r: &Report) {
     );
     if let (Some(p), Some(e)) = (r.peak_memory_gib, r.estimated_memory_gib) {
         println!("peak GPU memory {p:.1} GiB (estimated {e:.1} GiB)");
+    }
+    if let Some(profile) = &r.profile {
+        let total: f64 = profile.iter().map(|t| t.secs).sum();
+        println!("profiled step {total:.3} s (device waited for after every op):");
+        for t in profile {
+            println!(
+                "  {:<20} {:>6} calls {:>9.4} s {:>5.1}%",
+                t.op,
+                t.calls,
+                t.secs,
+                100.0 * t.secs / total
+            );
+        }
     }
 }
 

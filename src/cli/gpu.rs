@@ -10,7 +10,7 @@ use distflash::model::Checkpoint;
 use distflash::model::config::Config;
 use distflash::model::cost;
 use distflash::model::cuda::CudaOps;
-use distflash::train::bench::{GpuTiming, time_steps_cuda};
+use distflash::train::bench::{GpuTiming, Runs, time_steps_cuda};
 use distflash::train::cuda_attention::CudaAttention;
 use distflash::train::{Gradients, Options, StepReport, gradients_on, train_on};
 
@@ -58,11 +58,10 @@ pub fn bench(
     cfg: &Config,
     seq: usize,
     checkpoint: Checkpoint,
-    warmup: usize,
-    repeats: usize,
+    runs: Runs,
 ) -> Result<GpuTiming> {
     let ops = CudaOps::new(backend)?;
-    time_steps_cuda(&ops, ops.backend(), cfg, seq, checkpoint, warmup, repeats)
+    time_steps_cuda(&ops, ops.backend(), cfg, seq, checkpoint, runs)
 }
 
 /// Loss and gradients of one sequence on the GPU.

@@ -15,6 +15,7 @@ pub mod cuda;
 pub mod float;
 mod layer;
 pub mod ops;
+pub mod profile;
 pub mod weights;
 
 pub use layer::{Checkpoint, Layer};

@@ -13,6 +13,8 @@ use crate::model::attention::Attention;
 use crate::model::config::Config;
 use crate::model::cpu::Cpu;
 use crate::model::ops::Ops;
+use crate::model::profile::{OpTime, Profile, Profiled, ProfiledAttention};
+use crate::model::weights::Weights;
 use crate::model::{Checkpoint, weights};
 use crate::plan::Schedule;
 use anyhow::{Result, bail};
@@ -21,14 +23,22 @@ use rand::{RngExt, SeedableRng};
 use serde::Serialize;
 use std::time::Instant;
 
-/// How many steps to run and how to wait for the device.
-pub struct StepRuns<'a> {
+/// How many steps to run.
+#[derive(Clone, Copy, Debug)]
+pub struct Runs {
     /// Steps run first and not timed (kernel compilation, allocator warm-up).
     pub warmup: usize,
     /// Timed steps; the median is reported.
     pub repeats: usize,
+    /// Whether to run one more step with every op timed (see [`crate::model::profile`]).
+    pub profile: bool,
+}
+
+/// How many steps to run and how to wait for the device.
+pub struct StepRuns<'a> {
+    pub runs: Runs,
     /// Blocks until the device has finished all queued work (host clocks time the device).
-    pub sync: &'a dyn Fn() -> Result<()>,
+    pub sync: &'a (dyn Fn() -> Result<()> + Sync),
 }
 
 /// What a timed run measured.
@@ -42,6 +52,10 @@ pub struct StepTiming {
     pub loss: f64,
     /// Attention forwards each layer ran per step (remat and none: 1, layer: 2).
     pub attention_forwards_per_layer: Vec<u32>,
+    /// With [`Runs::profile`]: one extra step's time per op, most first, and `outside ops`
+    /// for the host time between them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub profile: Option<Vec<OpTime>>,
 }
 
 /// Times forward+backward of one random sequence of `seq` tokens with random weights on `ops`,
@@ -55,6 +69,7 @@ pub fn time_steps<O: Ops>(
     policy: Checkpoint,
     runs: &StepRuns<'_>,
 ) -> Result<StepTiming> {
+    let StepRuns { runs, sync } = *runs;
     if seq == 0 || runs.repeats == 0 {
         bail!("a step benchmark needs at least 1 token and 1 repeat");
     }
@@ -67,16 +82,23 @@ pub fn time_steps<O: Ops>(
     let mut all_secs = Vec::with_capacity(runs.repeats);
     let mut last = None;
     for i in 0..runs.warmup + runs.repeats {
-        (runs.sync)()?;
+        sync()?;
         let began = Instant::now();
         let out = super::whole_sequence(ops, cfg, &w, &mut grads, attn, &tokens, policy)?;
-        (runs.sync)()?;
+        sync()?;
         if i >= runs.warmup {
             all_secs.push(began.elapsed().as_secs_f64());
         }
         last = Some(out);
     }
     let out = last.expect("at least one step ran");
+    let profile = if runs.profile {
+        Some(profile_step(
+            ops, cfg, &w, &mut grads, attn, &tokens, policy, sync,
+        )?)
+    } else {
+        None
+    };
     let mut sorted = all_secs.clone();
     sorted.sort_by(f64::total_cmp);
     Ok(StepTiming {
@@ -84,7 +106,45 @@ pub fn time_steps<O: Ops>(
         all_secs,
         loss: out.loss_sum / seq as f64,
         attention_forwards_per_layer: out.attention_forwards,
+        profile,
     })
+}
+
+/// One step with every op and attention call timed; the host time between them is reported as
+/// `outside ops`.
+#[allow(clippy::too_many_arguments)]
+fn profile_step<O: Ops>(
+    ops: &O,
+    cfg: &Config,
+    w: &Weights<O::T>,
+    grads: &mut Weights<O::T>,
+    attn: &mut impl Attention<O::T>,
+    tokens: &[u32],
+    policy: Checkpoint,
+    sync: &(dyn Fn() -> Result<()> + Sync),
+) -> Result<Vec<OpTime>> {
+    let profile = Profile::new(sync);
+    let timed = Profiled {
+        inner: ops,
+        profile: &profile,
+    };
+    let mut timed_attn = ProfiledAttention {
+        inner: attn,
+        profile: &profile,
+    };
+    sync()?;
+    let began = Instant::now();
+    super::whole_sequence(&timed, cfg, w, grads, &mut timed_attn, tokens, policy)?;
+    sync()?;
+    let total = began.elapsed().as_secs_f64();
+    let mut out = profile.totals();
+    let inside: f64 = out.iter().map(|t| t.secs).sum();
+    out.push(OpTime {
+        op: "outside ops",
+        calls: 1,
+        secs: (total - inside).max(0.0),
+    });
+    Ok(out)
 }
 
 /// [`time_steps`] on this machine's cores: f32, distflash attention with one worker.
@@ -92,8 +152,7 @@ pub fn time_steps_cpu(
     cfg: &Config,
     seq: usize,
     policy: Checkpoint,
-    warmup: usize,
-    repeats: usize,
+    runs: Runs,
 ) -> Result<StepTiming> {
     let spans = vec![Span { start: 0, len: seq }];
     let mut alone = Solo;
@@ -105,8 +164,7 @@ pub fn time_steps_cpu(
         Schedule::Balanced,
     )?;
     let runs = StepRuns {
-        warmup,
-        repeats,
+        runs,
         sync: &|| Ok(()),
     };
     time_steps(&Cpu::<f32>::new(), cfg, &mut attn, seq, policy, &runs)
@@ -129,14 +187,12 @@ pub fn time_steps_cuda<O: Ops<T = Tensor>>(
     cfg: &Config,
     seq: usize,
     policy: Checkpoint,
-    warmup: usize,
-    repeats: usize,
+    runs: Runs,
 ) -> Result<GpuTiming> {
     backend.reset_peak_memory()?;
     let mut attn = CudaAttention::new(backend, cfg.dims(), seq)?;
     let runs = StepRuns {
-        warmup,
-        repeats,
+        runs,
         sync: &|| backend.synchronize(),
     };
     let steps = time_steps(ops, cfg, &mut attn, seq, policy, &runs)?;
@@ -150,18 +206,34 @@ pub fn time_steps_cuda<O: Ops<T = Tensor>>(
 mod tests {
     use super::*;
 
+    fn runs(warmup: usize, repeats: usize, profile: bool) -> Runs {
+        Runs {
+            warmup,
+            repeats,
+            profile,
+        }
+    }
+
     #[test]
     fn times_the_tiny_model_and_counts_attention_forwards() {
         let cfg = Config::preset("tiny").unwrap();
-        let remat = time_steps_cpu(&cfg, 64, Checkpoint::Remat, 1, 3).unwrap();
+        let remat = time_steps_cpu(&cfg, 64, Checkpoint::Remat, runs(1, 3, false)).unwrap();
+        assert!(remat.profile.is_none());
         assert_eq!(remat.all_secs.len(), 3);
         assert!(remat.step_secs > 0.0 && remat.all_secs.contains(&remat.step_secs));
         assert_eq!(remat.attention_forwards_per_layer, vec![1, 1]);
         // Random weights predict about uniformly: loss near ln(vocab).
         assert!((remat.loss - 256f64.ln()).abs() < 0.5, "{}", remat.loss);
-        let layer = time_steps_cpu(&cfg, 64, Checkpoint::Layer, 0, 1).unwrap();
+        let layer = time_steps_cpu(&cfg, 64, Checkpoint::Layer, runs(0, 1, true)).unwrap();
         assert_eq!(layer.attention_forwards_per_layer, vec![2, 2]);
+        let profile = layer.profile.expect("asked for");
+        let calls = |op| profile.iter().find(|t| t.op == op).map(|t| t.calls);
+        // Two layers, each attention forward run twice (layer re-runs it), backward once.
+        assert_eq!(calls("attention_forward"), Some(4));
+        assert_eq!(calls("attention_backward"), Some(2));
+        assert_eq!(calls("cross_entropy"), Some(1));
+        assert_eq!(calls("outside ops"), Some(1));
         assert_eq!(layer.loss, remat.loss, "same weights and tokens");
-        assert!(time_steps_cpu(&cfg, 64, Checkpoint::Remat, 0, 0).is_err());
+        assert!(time_steps_cpu(&cfg, 64, Checkpoint::Remat, runs(0, 0, false)).is_err());
     }
 }

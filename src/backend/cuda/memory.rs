@@ -9,7 +9,9 @@
 use super::CudaBackend;
 use anyhow::{Result, anyhow, bail};
 use cudarc::driver::result::{device, mem_pool};
-use cudarc::driver::sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH;
+use cudarc::driver::sys::CUmemPool_attribute::{
+    CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, CU_MEMPOOL_ATTR_USED_MEM_HIGH,
+};
 
 /// The device's memory in bytes, as the driver reports it.
 #[derive(Clone, Copy, Debug, serde::Serialize)]
@@ -62,6 +64,29 @@ impl CudaBackend {
             )
         }
         .map_err(|e| anyhow!("could not reset the GPU memory pool's peak: {e:?}"))
+    }
+
+    /// Makes the pool keep freed memory instead of handing it back to the driver at every
+    /// synchronisation (its default threshold is 0). A training step frees and re-allocates
+    /// gigabytes of activations; without this each re-allocation after a sync maps fresh pages,
+    /// which made a 128 MiB norm output cost milliseconds. The pool's peak is unchanged: what it
+    /// keeps is reused, never held twice. Devices without the stream-ordered allocator have
+    /// nothing to set.
+    pub(super) fn keep_freed_memory(&self) -> Result<()> {
+        if !self.ctx.has_async_alloc() {
+            return Ok(());
+        }
+        let mut keep_all: u64 = u64::MAX;
+        let pool = self.pool()?;
+        // SAFETY: as in `peak_memory`; the attribute is a cuuint64_t, which `keep_all` is.
+        unsafe {
+            mem_pool::set_attribute(
+                pool,
+                CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+                (&mut keep_all as *mut u64).cast(),
+            )
+        }
+        .map_err(|e| anyhow!("could not configure the GPU memory pool: {e:?}"))
     }
 
     /// The memory pool the stream-ordered allocations of this device come from.

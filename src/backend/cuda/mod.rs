@@ -302,7 +302,7 @@ impl CudaBackend {
             );
         }
         let stream = ctx.default_stream();
-        Ok(CudaBackend {
+        let backend = CudaBackend {
             ordinal,
             dtype,
             tuning: None,
@@ -310,7 +310,9 @@ impl CudaBackend {
             ctx,
             stream,
             kernels: Mutex::new(HashMap::new()),
-        })
+        };
+        backend.keep_freed_memory()?;
+        Ok(backend)
     }
 
     /// Selects another kernel shape variant for every head dim (see [`Tuning`]); for re-tuning

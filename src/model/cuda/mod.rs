@@ -337,7 +337,8 @@ impl Ops for CudaOps {
         push(&mut b, x);
         push(&mut b, w);
         b.arg(&mut y).arg(&mut rstd).arg(&n).arg(&d).arg(&eps);
-        self.kernels.run(Kernel::Rmsnorm, b, rows_config(rows)?)?;
+        self.kernels
+            .run(Kernel::Rmsnorm, b, shapes::block_per_row(rows)?)?;
         Ok((self.half(y), Tensor::F32(rstd)))
     }
 

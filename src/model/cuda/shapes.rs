@@ -29,7 +29,7 @@ pub(crate) fn loss_chunks(rows: usize, vocab: usize) -> impl Iterator<Item = Ran
         .map(move |r| r..(r + step).min(rows))
 }
 
-/// One block of [`BLOCK`] threads per row (the loss kernel).
+/// One block of [`BLOCK`] threads per row (the loss and norm kernels).
 pub(crate) fn block_per_row(rows: usize) -> Result<LaunchConfig> {
     let blocks = u32::try_from(rows.max(1))
         .map_err(|_| anyhow!("{rows} rows are too many for one launch"))?;
