@@ -129,6 +129,7 @@ pub fn run(args: Args) -> Result<()> {
         }
         Device::Cuda => {
             let (backend, need) = GpuRun {
+                gpu: 0,
                 dtype: args.dtype,
                 config: &cfg,
                 model: &args.preset,

@@ -6,20 +6,24 @@
 
 use anyhow::{Result, bail};
 use distflash::backend::cuda::{CudaBackend, HEAD_DIMS, InputDtype};
+use distflash::comm::nccl::NcclComm;
 use distflash::model::Checkpoint;
 use distflash::model::config::Config;
 use distflash::model::cost;
 use distflash::model::cuda::CudaOps;
 use distflash::train::bench::{GpuTiming, Runs, time_steps_cuda};
 use distflash::train::cuda_attention::CudaAttention;
-use distflash::train::{Gradients, Options, StepReport, gradients_on, train_on};
+use distflash::train::{Gradients, Options, StepReport, gradients_on, train_on, train_rank_on};
 
 /// What to open and check the memory for.
 pub struct GpuRun<'a> {
+    /// Which GPU of this machine (a launched rank's LOCAL_RANK).
+    pub gpu: usize,
     pub dtype: InputDtype,
     pub config: &'a Config,
     /// Name of the model in messages (a preset, or the file it came from).
     pub model: &'a str,
+    /// Tokens this GPU holds (a rank's share of the sequence).
     pub seq: usize,
     pub checkpoint: Checkpoint,
     /// Whether AdamW's state must fit too (training) or not (gradients, benchmarks).
@@ -27,10 +31,10 @@ pub struct GpuRun<'a> {
 }
 
 impl GpuRun<'_> {
-    /// Opens GPU 0 (one sentence on a machine without a driver) and refuses, with the numbers,
+    /// Opens the GPU (one sentence on a machine without a driver) and refuses, with the numbers,
     /// a run whose estimated peak exceeds the free memory. Returns the backend and the estimate.
     pub fn open(&self) -> Result<(CudaBackend, cost::StepMemory)> {
-        let backend = CudaBackend::new(0, self.dtype)?;
+        let backend = CudaBackend::new(self.gpu, self.dtype)?;
         let head_dim = self.config.head_dim;
         if !HEAD_DIMS.contains(&head_dim) {
             bail!(
@@ -76,6 +80,19 @@ pub fn gradients(
     let rows = tokens.len().saturating_sub(1);
     let mut attn = CudaAttention::new(ops.backend(), cfg.dims(), rows)?;
     gradients_on(&ops, &mut attn, cfg, weights, tokens, checkpoint)
+}
+
+/// Trains as rank `rank` of `world` GPU processes: NCCL (joined through `nccl_id`) carries
+/// attention's tensors and the gradient all-reduce.
+pub fn train_rank(
+    backend: CudaBackend,
+    o: &Options,
+    (rank, world, nccl_id): (usize, usize, &[u8]),
+    on_step: impl Fn(&StepReport) + Sync,
+) -> Result<Vec<Vec<f32>>> {
+    let ops = CudaOps::new(backend)?;
+    let mut comm = NcclComm::connect(ops.backend(), rank, world, nccl_id)?;
+    train_rank_on(&ops, ops.backend(), o, &mut comm, on_step)
 }
 
 /// Trains on one GPU.

@@ -66,6 +66,7 @@ pub fn run(args: Args) -> Result<()> {
         }
         Device::Cuda => {
             let (backend, _) = GpuRun {
+                gpu: 0,
                 dtype: args.dtype,
                 config: &config,
                 model: &args.model.name(),

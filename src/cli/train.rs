@@ -5,6 +5,7 @@
 use super::gpu::GpuRun;
 use anyhow::{Context, Result, bail};
 use distflash::backend::cuda::{CudaBackend, InputDtype};
+use distflash::comm::nccl;
 use distflash::comm::rendezvous::{self, LaunchEnv};
 use distflash::comm::{Communicator, connect_mesh};
 use distflash::model::Checkpoint;
@@ -192,7 +193,7 @@ pub fn run(args: Args) -> Result<()> {
     };
     // One GPU opened, and the run refused if it would not fit, before anything else happens.
     let gpu = match args.device {
-        Device::Cuda => Some(open_gpu(&args, &config, workers)?),
+        Device::Cuda => Some(open_gpu(&args, &config, workers, launch.as_ref())?),
         Device::Cpu => None,
     };
     let opts = Options {
@@ -275,7 +276,28 @@ pub fn run(args: Args) -> Result<()> {
         list.push(r.clone());
     };
     let weights = match (gpu, launch) {
-        (Some(backend), _) => super::gpu::train(backend, &opts, on_step)?,
+        (Some(backend), None) => super::gpu::train(backend, &opts, on_step)?,
+        (Some(backend), Some(env)) => {
+            // One process per GPU: NCCL carries the tensors and the gradient all-reduce; a TCP
+            // mesh beside it ends every rank with the reason when one fails.
+            let wait = Duration::from_secs(args.rendezvous_timeout);
+            let joined = rendezvous::join(&env, super::args_hash(), wait, nccl::new_id)?;
+            let id = joined.payload.clone();
+            let mut host = connect_mesh(joined, wait, opts.timeout)?;
+            match super::gpu::train_rank(backend, &opts, (env.rank, env.world, &id), on_step) {
+                Ok(weights) => {
+                    host.barrier()?;
+                    if !reporter {
+                        return Ok(());
+                    }
+                    weights
+                }
+                Err(e) => {
+                    host.abort(&format!("{e:#}"));
+                    return Err(e);
+                }
+            }
+        }
         (None, None) => train::train(&opts, on_step)?,
         (None, Some(env)) => {
             let wait = Duration::from_secs(args.rendezvous_timeout);
@@ -333,19 +355,26 @@ pub fn run(args: Args) -> Result<()> {
     Ok(())
 }
 
-/// `train --device cuda`: one GPU for now, opened and checked for room (weights, gradients,
-/// AdamW's state and activations) before the run starts.
-fn open_gpu(args: &Args, config: &Config, workers: usize) -> Result<CudaBackend> {
-    if workers != 1 {
+/// `train --device cuda`: this process's GPU (LOCAL_RANK under a launcher, else GPU 0), opened
+/// and checked for room (weights, gradients, AdamW's state and its share of the activations)
+/// before the run starts. Several workers need one process per GPU.
+fn open_gpu(
+    args: &Args,
+    config: &Config,
+    workers: usize,
+    launch: Option<&LaunchEnv>,
+) -> Result<CudaBackend> {
+    if workers != 1 && launch.is_none() {
         bail!(
-            "--device cuda trains on one GPU for now (--workers 1); training across GPUs over NCCL is not wired yet"
+            "--device cuda with {workers} workers trains one process per GPU: start it as `distflash launch --nproc-per-node {workers} -- train --device cuda ...`"
         );
     }
     let (backend, _) = GpuRun {
+        gpu: launch.map_or(0, |env| env.local_rank),
         dtype: args.dtype,
         config,
         model: &args.model.name(),
-        seq: args.seq_len,
+        seq: args.seq_len.div_ceil(workers.max(1)),
         checkpoint: args.checkpoint,
         optimizer: true,
     }

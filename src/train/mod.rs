@@ -13,7 +13,7 @@ pub mod svg;
 
 use crate::attn::Span;
 use crate::backend::cpu::CpuBackend;
-use crate::comm::{Communicator, LocalComm};
+use crate::comm::{Buffer, Communicator, LocalComm, Wire};
 use crate::exec::{chunk_spans, collect_results, run_workers};
 use crate::model::attention::Attention;
 use crate::model::config::Config;
@@ -23,7 +23,7 @@ use crate::model::weights::{self, Weights, specs};
 use crate::model::{Checkpoint, Chunk, forward_backward};
 use crate::plan::{Schedule, chunk_sizes};
 use anyhow::{Context, Result, bail};
-use attention::Distributed;
+use attention::{Distributed, ModelEdge};
 use data::{Data, Sample};
 use serde::Serialize;
 use state::{RunKey, State};
@@ -195,21 +195,29 @@ fn accumulate<O: Ops>(
     Ok(out)
 }
 
-/// Sums gradients and the tally over all workers.
-fn all_reduce<C: Communicator<Vec<f32>>>(
+/// Sums gradients and the tally over all workers, on the device the gradients live on (the tally
+/// travels as a three-element f32 tensor of that device).
+fn all_reduce<O, C>(
+    ops: &O,
     comm: &mut C,
-    grads: &mut Weights<Vec<f32>>,
+    grads: &mut Weights<O::T>,
     tally: &mut Tally,
-) -> Result<()> {
+) -> Result<()>
+where
+    O: Ops,
+    O::T: Wire,
+    C: Communicator<O::T>,
+{
     for g in grads.tensors_mut() {
         comm.all_reduce_sum(g)?;
     }
-    let mut t = vec![
+    let mut t = ops.upload_state(&[
         tally.loss_sum as f32,
         tally.correct as f32,
         tally.probes as f32,
-    ];
+    ])?;
     comm.all_reduce_sum(&mut t)?;
+    let t = ops.download(&t)?;
     *tally = Tally {
         loss_sum: t[0] as f64,
         correct: t[1] as u64,
@@ -288,8 +296,9 @@ pub fn gradients(
         tokens: tokens.to_vec(),
         probe: None,
     };
+    let ops = Cpu::<f32>::new();
     let results = run_workers(workers, timeout, |rank, comm| {
-        let mut grads = weights::zeros(&Cpu::<f32>::new(), cfg)?;
+        let mut grads = weights::zeros(&ops, cfg)?;
         let mut attn = Distributed::new(&CpuBackend, comm, cfg.dims(), spans.clone(), schedule)?;
         let mut tally = Tally {
             loss_sum: 0.0,
@@ -297,7 +306,7 @@ pub fn gradients(
             probes: 0,
         };
         let out = accumulate(
-            &Cpu::<f32>::new(),
+            &ops,
             cfg,
             &w,
             &mut grads,
@@ -308,7 +317,7 @@ pub fn gradients(
             1.0 / seq as f64,
             &mut tally,
         )?;
-        all_reduce(attn.comm, &mut grads, &mut tally)?;
+        all_reduce(&ops, attn.comm, &mut grads, &mut tally)?;
         Ok(Gradients {
             loss: tally.loss_sum / seq as f64,
             grads: grads.tensors().into_iter().cloned().collect(),
@@ -370,20 +379,47 @@ fn whole_sequence<O: Ops>(
 pub fn train(o: &Options, on_step: impl Fn(&StepReport) + Sync) -> Result<Vec<Vec<f32>>> {
     check_memory(&o.config, o.workers)?;
     let (spans, start, key) = prepare(o)?;
+    let ops = Cpu::<f32>::new();
     let results = run_workers(o.workers, o.timeout, |rank, comm: &mut LocalComm| {
-        worker(o, &key, &start, &spans, rank, comm, &on_step)
+        let job = Job {
+            o,
+            key: &key,
+            start: &start,
+            spans: &spans,
+        };
+        worker(&ops, &CpuBackend, &job, rank, comm, &on_step)
     });
     Ok(collect_results(results)?.swap_remove(0))
 }
 
-/// Trains as `o` says as this process's rank of a multi-process job (`comm` connects the ranks;
-/// `o.workers` must be its world size). Rank 0 calls `on_step` and saves; every rank returns the
-/// final weights, which are the same on all.
+/// Trains as `o` says on this machine's cores as this process's rank of a multi-process job
+/// (`comm` connects the ranks; `o.workers` must be its world size). Rank 0 calls `on_step` and
+/// saves; every rank returns the final weights, which are the same on all.
 pub fn train_rank<C: Communicator<Vec<f32>>>(
     o: &Options,
     comm: &mut C,
     on_step: impl Fn(&StepReport) + Sync,
 ) -> Result<Vec<Vec<f32>>> {
+    check_memory(&o.config, o.workers)?;
+    train_rank_on(&Cpu::<f32>::new(), &CpuBackend, o, comm, on_step)
+}
+
+/// [`train_rank`] on any device: the model's layers through `ops`, attention distributed by
+/// `backend` over `comm`, gradients all-reduced over `comm` (NCCL for one process per GPU).
+/// The device's memory is the caller's to check.
+pub fn train_rank_on<O, B, C>(
+    ops: &O,
+    backend: &B,
+    o: &Options,
+    comm: &mut C,
+    on_step: impl Fn(&StepReport) + Sync,
+) -> Result<Vec<Vec<f32>>>
+where
+    O: Ops<T = B::Tensor>,
+    B: ModelEdge,
+    B::Tensor: Buffer,
+    C: Communicator<B::Tensor>,
+{
     if comm.world() != o.workers {
         bail!(
             "--workers {} does not match the job's {} ranks: under a launcher every process is one worker",
@@ -391,10 +427,15 @@ pub fn train_rank<C: Communicator<Vec<f32>>>(
             comm.world()
         );
     }
-    check_memory(&o.config, o.workers)?;
     let (spans, start, key) = prepare(o)?;
     let rank = comm.rank();
-    worker(o, &key, &start, &spans, rank, comm, &on_step).inspect_err(|e| {
+    let job = Job {
+        o,
+        key: &key,
+        start: &start,
+        spans: &spans,
+    };
+    worker(ops, backend, &job, rank, comm, &on_step).inspect_err(|e| {
         if !e.chain().any(|c| c.is::<crate::comm::PeerFailed>()) {
             comm.abort(&format!("{e:#}"));
         }
@@ -444,29 +485,47 @@ pub fn train_on<O: Ops>(
     run_steps(ops, o, &key, &start, spans[0], true, attn, alone, &on_step)
 }
 
-/// One worker of a threaded or multi-process CPU run: distflash over `comm`, gradients and the
-/// tally summed over the workers.
-#[allow(clippy::too_many_arguments)]
-fn worker<C: Communicator<Vec<f32>>>(
-    o: &Options,
-    key: &RunKey,
-    start: &State,
-    spans: &[Span],
+/// What every worker of a run shares: the options, the run's identity, the starting state and
+/// the chunk spans.
+struct Job<'a> {
+    o: &'a Options,
+    key: &'a RunKey,
+    start: &'a State,
+    spans: &'a [Span],
+}
+
+/// One worker's run: its rows of every sequence through `ops`, attention distributed by
+/// `backend` over `comm`, gradients summed over `comm` after each step.
+fn worker<O, B, C>(
+    ops: &O,
+    backend: &B,
+    job: &Job<'_>,
     rank: usize,
     comm: &mut C,
     on_step: &(impl Fn(&StepReport) + Sync),
-) -> Result<Vec<Vec<f32>>> {
-    let dims = o.config.dims();
-    let mut attn = Distributed::new(&CpuBackend, comm, dims, spans.to_vec(), o.schedule)?;
+) -> Result<Vec<Vec<f32>>>
+where
+    O: Ops<T = B::Tensor>,
+    B: ModelEdge,
+    B::Tensor: Buffer,
+    C: Communicator<B::Tensor>,
+{
+    let o = job.o;
+    let mut attn = Distributed::new(
+        backend,
+        comm,
+        o.config.dims(),
+        job.spans.to_vec(),
+        o.schedule,
+    )?;
     let reduce =
-        |a: &mut Distributed<'_, CpuBackend, C>, g: &mut _, t: &mut _| all_reduce(a.comm, g, t);
-    let ops = Cpu::<f32>::new();
+        |a: &mut Distributed<'_, B, C>, g: &mut _, t: &mut _| all_reduce(ops, a.comm, g, t);
     run_steps(
-        &ops,
+        ops,
         o,
-        key,
-        start,
-        spans[rank],
+        job.key,
+        job.start,
+        job.spans[rank],
         rank == 0,
         &mut attn,
         reduce,
