@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# One device call on nvidia-h200-x2: training across two GPUs (one process per GPU, NCCL).
+# Writes to $OUT:
+#   train_check.log   a small LLaMA (head dim 64, GQA 4/2, 2 layers) trained STEPS_CHECK steps
+#                     on 1 GPU and on 2 (balanced and unbalanced): the per-step losses must agree
+#                     to bf16 noise (max relative difference <= 2e-2) and fall
+#   train_7b.jsonl    LLaMA-7B on 2 GPUs at each of SEQS tokens, balanced and unbalanced, STEPS
+#                     optimizer steps of batch 1 (per-step reports of rank 0, tagged)
+#   train_7b.log      everything else, failures included
+# Run from the repository root with the binary built here (device call, carry [".dev"]):
+#   BIN=.dev/distflash SEQS="65536" bash bench/peers/multi_gpu_train.sh
+set -u
+BIN=${BIN:-.dev/distflash}
+SEQS=${SEQS:-65536}
+STEPS=${STEPS:-3}
+STEPS_CHECK=${STEPS_CHECK:-30}
+export DISTFLASH_CACHE_DIR=${DISTFLASH_CACHE_DIR:-/tmp/distflash-cache} PYTHONUNBUFFERED=1
+WORK=$(mktemp -d)
+cat > "$WORK/config.json" <<'JSON'
+{"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 256,
+ "hidden_size": 256, "intermediate_size": 448, "num_hidden_layers": 2,
+ "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64, "rms_norm_eps": 1e-5,
+ "rope_theta": 500000.0, "tie_word_embeddings": false, "max_position_embeddings": 4096}
+JSON
+small="train --device cuda --config $WORK/config.json --seq-len 2048 --batch 2 --steps $STEPS_CHECK --lr 3e-3 --json"
+{
+  echo "=== 1 GPU"
+  timeout 300 "$BIN" $small > "$WORK/one.jsonl"
+  for sched in balanced unbalanced; do
+    echo "=== 2 GPUs $sched"
+    timeout 300 "$BIN" launch --nproc-per-node 2 -- $small --schedule "$sched" > "$WORK/two_$sched.jsonl"
+  done
+  python3 - "$WORK" <<'PY'
+import json, sys
+from pathlib import Path
+work = Path(sys.argv[1])
+def losses(name):
+    lines = [json.loads(l) for l in (work / name).read_text().splitlines() if l.startswith("{")]
+    return [l["loss"] for l in lines if "step" in l]
+one = losses("one.jsonl")
+ok = len(one) > 0 and one[-1] < one[0]
+for sched in ["balanced", "unbalanced"]:
+    two = losses(f"two_{sched}.jsonl")
+    diff = max((abs(a - b) / abs(a) for a, b in zip(one, two)), default=float("inf"))
+    good = len(two) == len(one) and diff <= 2e-2 and two[-1] < two[0]
+    ok &= good
+    print(f"2 GPUs {sched}: losses {two[0]:.4f} -> {two[-1]:.4f} (1 GPU {one[0]:.4f} -> "
+          f"{one[-1]:.4f}), max relative difference per step {diff:.2e}: "
+          f"{'PASS' if good else 'FAIL'}")
+print("PASSED" if ok else "FAILED")
+PY
+} > "$OUT/train_check.log" 2>&1
+tail -n 3 "$OUT/train_check.log"
+for n in $SEQS; do
+  for sched in balanced unbalanced; do
+    tag="2gpu $sched 7b n$n"
+    echo "=== $tag" >> "$OUT/train_7b.log"
+    if timeout 400 "$BIN" launch --nproc-per-node 2 -- train --device cuda --preset llama2-7b \
+        --seq-len "$n" --batch 1 --steps "$STEPS" --schedule "$sched" --json \
+        > "$WORK/run.jsonl" 2>> "$OUT/train_7b.log"; then
+      python3 -c "import json,sys
+for l in open(sys.argv[1]):
+    if l.startswith('{'):
+        r = json.loads(l); r['tag'] = sys.argv[2]; print(json.dumps(r))" "$WORK/run.jsonl" "$tag" \
+        >> "$OUT/train_7b.jsonl"
+      echo "$tag: $(grep -o '"step_secs":[0-9.]*' "$WORK/run.jsonl" | tr '\n' ' ')"
+    else
+      echo "$tag failed: $(tail -n 1 "$OUT/train_7b.log")"
+    fi
+  done
+done
