@@ -311,6 +311,48 @@ fn bench_train_reports_time_throughput_and_flops() {
 }
 
 #[test]
+fn bench_train_under_a_launcher_splits_the_sequence_and_loses_nothing() {
+    let step = [
+        "--preset",
+        "tiny",
+        "--seq-len",
+        "96",
+        "--repeats",
+        "1",
+        "--json",
+    ];
+    let alone = distflash(&[&["bench", "train"][..], &step].concat());
+    let launched = distflash(
+        &[
+            &["launch", "--nproc-per-node", "3", "--", "bench", "train"][..],
+            &step,
+            &["--schedule", "unbalanced"],
+        ]
+        .concat(),
+    );
+    for out in [&alone, &launched] {
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let alone: serde_json::Value = serde_json::from_slice(&alone.stdout).unwrap();
+    // Only rank 0 reports.
+    let launched: serde_json::Value = serde_json::from_slice(&launched.stdout).unwrap();
+    assert_eq!(alone["workers"], 1);
+    assert_eq!(launched["workers"], 3);
+    // The same weights and tokens: the loss of the split sequence, summed over the ranks by the
+    // all-reduce, is the whole sequence's up to f32 rounding.
+    let (a, b) = (
+        alone["loss"].as_f64().unwrap(),
+        launched["loss"].as_f64().unwrap(),
+    );
+    assert!((a - b).abs() <= 1e-5 * a.abs(), "{a} vs {b}");
+    assert!((a - 256f64.ln()).abs() < 0.5, "{a}");
+}
+
+#[test]
 fn bench_report_tables_ours_beside_the_peers() {
     let dir = temp_path("results");
     std::fs::create_dir_all(&dir).unwrap();
@@ -355,13 +397,13 @@ fn bench_report_tables_ours_beside_the_peers() {
     let md = String::from_utf8_lossy(&out.stdout);
     assert!(
         md.contains(
-            "| 16384 | 32 | distflash | remat | 1.500 s | 10923 | 58.0% | 50.0 GiB | 1.50× |"
+            "| 16384 | 32 | distflash | 1 | remat | 1.500 s | 10923 | 58.0% | 50.0 GiB | 1.50× |"
         ),
         "{md}"
     );
     assert!(
         md.contains(
-            "| 32768 | 32 | hf_transformers | none | out of memory | — | — | 138.8 GiB | — |"
+            "| 32768 | 32 | hf_transformers | 1 | none | out of memory | — | — | 138.8 GiB | — |"
         ),
         "{md}"
     );

@@ -4,15 +4,21 @@
 #   train_check.log   a small LLaMA (head dim 64, GQA 4/2, 2 layers) trained STEPS_CHECK steps
 #                     on 1 GPU and on 2 (balanced and unbalanced): the per-step losses must agree
 #                     to bf16 noise (max relative difference <= 2e-2) and fall
-#   train_7b.jsonl    LLaMA-7B on 2 GPUs at each of SEQS tokens, balanced and unbalanced, STEPS
-#                     optimizer steps of batch 1 (per-step reports of rank 0, tagged)
+#   train_7b.jsonl    LLaMA-7B on 2 GPUs at each of SEQS tokens with each of SCHEDS and
+#                     POLICIES: `bench train` under the launcher (forward+backward and the
+#                     gradient all-reduce, no optimizer step: Hugging Face's measure), one line
+#                     from rank 0 per run
 #   train_7b.log      everything else, failures included
+# (At two workers balanced and unbalanced are the same plan — `distflash plan --workers 2` —
+# so SCHEDS defaults to balanced.)
 # Run from the repository root with the binary built here (device call, carry [".dev"]):
 #   BIN=.dev/distflash SEQS="65536" bash bench/peers/multi_gpu_train.sh
 set -u
 BIN=${BIN:-.dev/distflash}
-SEQS=${SEQS:-65536}
-STEPS=${STEPS:-3}
+SEQS=${SEQS:-65536 131072}
+SCHEDS=${SCHEDS:-balanced}
+POLICIES=${POLICIES:-remat}
+REPS=${REPS:-1}
 STEPS_CHECK=${STEPS_CHECK:-30}
 export DISTFLASH_CACHE_DIR=${DISTFLASH_CACHE_DIR:-/tmp/distflash-cache} PYTHONUNBUFFERED=1
 WORK=$(mktemp -d)
@@ -52,20 +58,18 @@ PY
 } > "$OUT/train_check.log" 2>&1
 tail -n 3 "$OUT/train_check.log"
 for n in $SEQS; do
-  for sched in balanced unbalanced; do
-    tag="2gpu $sched 7b n$n"
-    echo "=== $tag" >> "$OUT/train_7b.log"
-    if timeout 400 "$BIN" launch --nproc-per-node 2 -- train --device cuda --preset llama2-7b \
-        --seq-len "$n" --batch 1 --steps "$STEPS" --schedule "$sched" --json \
-        > "$WORK/run.jsonl" 2>> "$OUT/train_7b.log"; then
-      python3 -c "import json,sys
-for l in open(sys.argv[1]):
-    if l.startswith('{'):
-        r = json.loads(l); r['tag'] = sys.argv[2]; print(json.dumps(r))" "$WORK/run.jsonl" "$tag" \
-        >> "$OUT/train_7b.jsonl"
-      echo "$tag: $(grep -o '"step_secs":[0-9.]*' "$WORK/run.jsonl" | tr '\n' ' ')"
-    else
-      echo "$tag failed: $(tail -n 1 "$OUT/train_7b.log")"
-    fi
+  for sched in $SCHEDS; do
+    for policy in $POLICIES; do
+      tag="2gpu $sched $policy 7b n$n"
+      echo "=== $tag" >> "$OUT/train_7b.log"
+      if timeout 400 "$BIN" launch --nproc-per-node 2 -- bench train --device cuda \
+          --preset llama2-7b --seq-len "$n" --checkpoint "$policy" --schedule "$sched" \
+          --repeats "$REPS" --json > "$WORK/run.json" 2>> "$OUT/train_7b.log"; then
+        cat "$WORK/run.json" >> "$OUT/train_7b.jsonl"
+        echo "$tag: $(grep -o '"step_secs":[0-9.]*' "$WORK/run.json")"
+      else
+        echo "$tag failed: $(tail -n 1 "$OUT/train_7b.log")"
+      fi
+    done
   done
 done

@@ -6,15 +6,21 @@
 use super::gpu::GpuRun;
 use super::train::Device;
 use anyhow::Result;
+use distflash::backend::cpu::CpuBackend;
 use distflash::backend::cuda::InputDtype;
+use distflash::comm::rendezvous::{self, LaunchEnv};
+use distflash::comm::{Communicator, connect_mesh, nccl};
 use distflash::model::Checkpoint;
 use distflash::model::config::Config;
 use distflash::model::cost::{self, H200_BF16_PEAK_TFLOPS};
+use distflash::model::cpu::Cpu;
 use distflash::model::profile::OpTime;
+use distflash::plan::Schedule;
 use distflash::train;
-use distflash::train::bench::Runs;
+use distflash::train::bench::{Runs, StepRuns, time_steps_rank};
 use serde::Serialize;
 use serde_json::Value;
+use std::time::Duration;
 
 /// How the model FLOPs are counted (see `model::cost::step_flops`).
 const FLOPS_FORMULA: &str = "6*N*T + 6*L*T^2*H*d (PaLM, attention halved for the causal mask; N = matmul parameters; recomputation not counted)";
@@ -50,9 +56,18 @@ pub struct Args {
     #[arg(long)]
     estimate: bool,
     /// After the timed steps, run one more with the device waited for after every op and print
-    /// where its time went (per op: calls, seconds, share).
+    /// where its time went (per op: calls, seconds, share). One device only.
     #[arg(long)]
     profile: bool,
+    /// Under a launcher (one process per device): `balanced` or `unbalanced`.
+    #[arg(long, default_value = "balanced")]
+    schedule: Schedule,
+    /// Seconds a rank waits for a message before declaring its sender stuck.
+    #[arg(long, default_value_t = 600)]
+    timeout: u64,
+    /// Seconds ranks of a multi-process job (`distflash launch`, torchrun) wait for each other.
+    #[arg(long, default_value_t = 60)]
+    rendezvous_timeout: u64,
 }
 
 #[derive(Serialize)]
@@ -64,6 +79,8 @@ struct Report {
     preset: String,
     layers: usize,
     seq: usize,
+    /// Devices (processes) the sequence is split across.
+    workers: usize,
     checkpoint: Checkpoint,
     warmup: usize,
     repeats: usize,
@@ -121,24 +138,79 @@ pub fn run(args: Args) -> Result<()> {
         repeats: args.repeats,
         profile: args.profile,
     };
-    let (steps, dtype, peak, estimate) = match args.device {
-        Device::Cpu => {
+    let launch = LaunchEnv::from_env()?;
+    let workers = launch.as_ref().map_or(1, |env| env.world);
+    let rendezvous_timeout = Duration::from_secs(args.rendezvous_timeout);
+    let timeout = Duration::from_secs(args.timeout);
+    let (steps, dtype, peak, estimate) = match (args.device, launch) {
+        (Device::Cpu, None) => {
             train::check_memory(&cfg, 1)?;
             let t = train::bench::time_steps_cpu(&cfg, seq, policy, runs)?;
             (t, "f32", None, None)
         }
-        Device::Cuda => {
+        (Device::Cpu, Some(env)) => {
+            train::check_memory(&cfg, 1)?;
+            let joined = rendezvous::join(&env, super::args_hash(), rendezvous_timeout, || {
+                Ok(Vec::new())
+            })?;
+            let mut comm = connect_mesh(joined, rendezvous_timeout, timeout)?;
+            let runs = StepRuns {
+                runs,
+                sync: &|| Ok(()),
+            };
+            let ops = Cpu::<f32>::new();
+            let t = time_steps_rank(
+                &ops,
+                &CpuBackend,
+                &mut comm,
+                &cfg,
+                seq,
+                policy,
+                args.schedule,
+                &runs,
+            )
+            .inspect_err(|e| comm.abort(&format!("{e:#}")))?;
+            comm.barrier()?;
+            if env.rank != 0 {
+                return Ok(());
+            }
+            (t, "f32", None, None)
+        }
+        (Device::Cuda, launch) => {
             let (backend, need) = GpuRun {
-                gpu: 0,
+                gpu: launch.as_ref().map_or(0, |env| env.local_rank),
                 dtype: args.dtype,
                 config: &cfg,
                 model: &args.preset,
-                seq,
+                seq: seq.div_ceil(workers),
                 checkpoint: policy,
                 optimizer: false,
             }
             .open()?;
-            let g = super::gpu::bench(backend, &cfg, seq, policy, runs)?;
+            let g = match launch {
+                None => super::gpu::bench(backend, &cfg, seq, policy, runs)?,
+                Some(env) => {
+                    // One process per GPU: NCCL carries the tensors; a TCP mesh beside it ends
+                    // every rank with the reason when one fails.
+                    let joined = rendezvous::join(
+                        &env,
+                        super::args_hash(),
+                        rendezvous_timeout,
+                        nccl::new_id,
+                    )?;
+                    let id = joined.payload.clone();
+                    let mut host = connect_mesh(joined, rendezvous_timeout, timeout)?;
+                    let shape = (seq, policy, args.schedule);
+                    let mine = (env.rank, env.world, id.as_slice());
+                    let g = super::gpu::bench_rank(backend, &cfg, shape, runs, mine)
+                        .inspect_err(|e| host.abort(&format!("{e:#}")))?;
+                    host.barrier()?;
+                    if env.rank != 0 {
+                        return Ok(());
+                    }
+                    g
+                }
+            };
             let peak = Some(gib(g.peak_bytes as f64));
             (g.steps, args.dtype.name(), peak, Some(gib(need.total())))
         }
@@ -152,6 +224,7 @@ pub fn run(args: Args) -> Result<()> {
         preset: args.preset.clone(),
         layers: cfg.num_hidden_layers,
         seq,
+        workers,
         checkpoint: policy,
         warmup: args.warmup,
         repeats: args.repeats,
@@ -160,7 +233,8 @@ pub fn run(args: Args) -> Result<()> {
         tokens_per_sec: seq as f64 / steps.step_secs,
         model_tflop_per_step: flops / 1e12,
         achieved_tflops: achieved,
-        mfu: matches!(args.device, Device::Cuda).then(|| achieved / H200_BF16_PEAK_TFLOPS),
+        mfu: matches!(args.device, Device::Cuda)
+            .then(|| achieved / (H200_BF16_PEAK_TFLOPS * workers as f64)),
         flops_formula: FLOPS_FORMULA,
         peak_memory_gib: peak,
         estimated_memory_gib: estimate,
@@ -231,6 +305,7 @@ pub fn table(lines: &[Value]) -> Option<String> {
             l["layers"].as_u64().unwrap_or(0),
             l["seq"].as_u64().unwrap_or(0),
             l["impl"].as_str().unwrap_or("").to_string(),
+            l["workers"].as_u64().unwrap_or(1),
             l["checkpoint"].as_str().unwrap_or("").to_string(),
         )
     };
@@ -245,18 +320,18 @@ pub fn table(lines: &[Value]) -> Option<String> {
     let baseline = |layers: u64, seq: u64| {
         runs.iter()
             .find(|l| {
-                let (ly, n, name, ckpt) = key(l);
+                let (ly, n, name, _, ckpt) = key(l);
                 (ly, n, name.as_str(), ckpt.as_str()) == (layers, seq, HF_BASELINE.0, HF_BASELINE.1)
             })
             .and_then(|l| l["step_secs"].as_f64())
     };
     let num = |l: &Value, k: &str, f: &dyn Fn(f64) -> String| l[k].as_f64().map_or("—".into(), f);
     let mut md = String::from(
-        "| tokens | layers | implementation | checkpoint | step | tokens/s | MFU | peak memory | speedup over HF (checkpointing) |\n\
-         | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
+        "| tokens | layers | implementation | GPUs | checkpoint | step | tokens/s | MFU | peak memory | speedup over HF (checkpointing) |\n\
+         | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
     );
     for &l in &runs {
-        let (layers, seq, name, ckpt) = key(l);
+        let (layers, seq, name, workers, ckpt) = key(l);
         let step = match l["step_secs"].as_f64() {
             Some(s) => format!("{s:.3} s"),
             None => "out of memory".into(),
@@ -270,7 +345,7 @@ pub fn table(lines: &[Value]) -> Option<String> {
             _ => "—".into(),
         };
         md += &format!(
-            "| {seq} | {layers} | {name} | {ckpt} | {step} | {} | {} | {} | {speedup} |\n",
+            "| {seq} | {layers} | {name} | {workers} | {ckpt} | {step} | {} | {} | {} | {speedup} |\n",
             num(l, "tokens_per_sec", &|x| format!("{x:.0}")),
             num(l, "mfu", &|x| format!("{:.1}%", 100.0 * x)),
             num(l, "peak_memory_gib", &|x| format!("{x:.1} GiB")),

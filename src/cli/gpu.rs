@@ -11,7 +11,8 @@ use distflash::model::Checkpoint;
 use distflash::model::config::Config;
 use distflash::model::cost;
 use distflash::model::cuda::CudaOps;
-use distflash::train::bench::{GpuTiming, Runs, time_steps_cuda};
+use distflash::plan::Schedule;
+use distflash::train::bench::{GpuTiming, Runs, on_gpu, time_steps_cuda, time_steps_rank};
 use distflash::train::cuda_attention::CudaAttention;
 use distflash::train::{Gradients, Options, StepReport, gradients_on, train_on, train_rank_on};
 
@@ -66,6 +67,25 @@ pub fn bench(
 ) -> Result<GpuTiming> {
     let ops = CudaOps::new(backend)?;
     time_steps_cuda(&ops, ops.backend(), cfg, seq, checkpoint, runs)
+}
+
+/// Times forward+backward steps as rank `rank` of `world` GPU processes (attention over NCCL,
+/// joined through `nccl_id`, and the gradient all-reduce).
+pub fn bench_rank(
+    backend: CudaBackend,
+    cfg: &Config,
+    (seq, checkpoint, schedule): (usize, Checkpoint, Schedule),
+    runs: Runs,
+    (rank, world, nccl_id): (usize, usize, &[u8]),
+) -> Result<GpuTiming> {
+    let ops = CudaOps::new(backend)?;
+    let backend = ops.backend();
+    let mut comm = NcclComm::connect(backend, rank, world, nccl_id)?;
+    on_gpu(backend, runs, |runs| {
+        time_steps_rank(
+            &ops, backend, &mut comm, cfg, seq, checkpoint, schedule, runs,
+        )
+    })
 }
 
 /// Loss and gradients of one sequence on the GPU.

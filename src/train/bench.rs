@@ -3,12 +3,16 @@
 //! measures Hugging Face the same way). Written against the model's device interface, so the
 //! CPU and a GPU run the same code; only the attention and the way to wait for the device differ.
 
+use super::Tally;
 use super::attention::Distributed;
+use super::attention::ModelEdge;
 use super::cuda_attention::CudaAttention;
+use super::data::Sample;
 use crate::attn::Span;
 use crate::backend::cpu::CpuBackend;
 use crate::backend::cuda::{CudaBackend, Tensor};
 use crate::comm::Solo;
+use crate::comm::{Buffer, Communicator};
 use crate::model::attention::Attention;
 use crate::model::config::Config;
 use crate::model::cpu::Cpu;
@@ -58,6 +62,51 @@ pub struct StepTiming {
     pub profile: Option<Vec<OpTime>>,
 }
 
+/// Random weights (seed 0) and `seq + 1` random tokens (seed 1): every rank of a distributed
+/// benchmark builds the same.
+fn random_inputs<O: Ops>(ops: &O, cfg: &Config, seq: usize) -> Result<(Weights<O::T>, Vec<u32>)> {
+    if seq == 0 {
+        bail!("a step benchmark needs at least 1 token");
+    }
+    let w = weights::random(ops, cfg, 0)?;
+    let mut rng = StdRng::seed_from_u64(1);
+    let tokens = (0..=seq)
+        .map(|_| rng.random_range(0..cfg.vocab_size as u32))
+        .collect();
+    Ok((w, tokens))
+}
+
+/// Runs `step` `runs.warmup + runs.repeats` times, timing the repeats between device syncs.
+/// Returns every timed step's seconds and the last step's outcome.
+fn timed<T>(
+    runs: Runs,
+    sync: &(dyn Fn() -> Result<()> + Sync),
+    mut step: impl FnMut() -> Result<T>,
+) -> Result<(Vec<f64>, T)> {
+    if runs.repeats == 0 {
+        bail!("a step benchmark needs at least 1 repeat");
+    }
+    let mut all_secs = Vec::with_capacity(runs.repeats);
+    let mut last = None;
+    for i in 0..runs.warmup + runs.repeats {
+        sync()?;
+        let began = Instant::now();
+        let out = step()?;
+        sync()?;
+        if i >= runs.warmup {
+            all_secs.push(began.elapsed().as_secs_f64());
+        }
+        last = Some(out);
+    }
+    Ok((all_secs, last.expect("at least one step ran")))
+}
+
+fn median(xs: &[f64]) -> f64 {
+    let mut sorted = xs.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    sorted[sorted.len() / 2]
+}
+
 /// Times forward+backward of one random sequence of `seq` tokens with random weights on `ops`,
 /// attention by `attn` (which must cover all `seq` rows). Weight gradients accumulate across
 /// steps: no optimizer runs.
@@ -70,28 +119,11 @@ pub fn time_steps<O: Ops>(
     runs: &StepRuns<'_>,
 ) -> Result<StepTiming> {
     let StepRuns { runs, sync } = *runs;
-    if seq == 0 || runs.repeats == 0 {
-        bail!("a step benchmark needs at least 1 token and 1 repeat");
-    }
-    let w = weights::random(ops, cfg, 0)?;
+    let (w, tokens) = random_inputs(ops, cfg, seq)?;
     let mut grads = weights::zeros(ops, cfg)?;
-    let mut rng = StdRng::seed_from_u64(1);
-    let tokens: Vec<u32> = (0..=seq)
-        .map(|_| rng.random_range(0..cfg.vocab_size as u32))
-        .collect();
-    let mut all_secs = Vec::with_capacity(runs.repeats);
-    let mut last = None;
-    for i in 0..runs.warmup + runs.repeats {
-        sync()?;
-        let began = Instant::now();
-        let out = super::whole_sequence(ops, cfg, &w, &mut grads, attn, &tokens, policy)?;
-        sync()?;
-        if i >= runs.warmup {
-            all_secs.push(began.elapsed().as_secs_f64());
-        }
-        last = Some(out);
-    }
-    let out = last.expect("at least one step ran");
+    let (all_secs, out) = timed(runs, sync, || {
+        super::whole_sequence(ops, cfg, &w, &mut grads, attn, &tokens, policy)
+    })?;
     let profile = if runs.profile {
         Some(profile_step(
             ops, cfg, &w, &mut grads, attn, &tokens, policy, sync,
@@ -99,14 +131,79 @@ pub fn time_steps<O: Ops>(
     } else {
         None
     };
-    let mut sorted = all_secs.clone();
-    sorted.sort_by(f64::total_cmp);
     Ok(StepTiming {
-        step_secs: sorted[sorted.len() / 2],
+        step_secs: median(&all_secs),
         all_secs,
         loss: out.loss_sum / seq as f64,
         attention_forwards_per_layer: out.attention_forwards,
         profile,
+    })
+}
+
+/// [`time_steps`] as one rank of a multi-process job: this rank's chunk of the sequence through
+/// `ops`, attention distributed by `backend` over `comm` with `schedule`, then the gradient
+/// all-reduce a training step needs (timed with the step: it is part of what several devices
+/// cost). Every rank returns its own times; the all-reduce ends each step on all ranks alike.
+#[allow(clippy::too_many_arguments)]
+pub fn time_steps_rank<O, B, C>(
+    ops: &O,
+    backend: &B,
+    comm: &mut C,
+    cfg: &Config,
+    seq: usize,
+    policy: Checkpoint,
+    schedule: Schedule,
+    runs: &StepRuns<'_>,
+) -> Result<StepTiming>
+where
+    O: Ops<T = B::Tensor>,
+    B: ModelEdge,
+    B::Tensor: Buffer,
+    C: Communicator<B::Tensor>,
+{
+    let StepRuns { runs, sync } = *runs;
+    if runs.profile {
+        bail!("--profile times the ops of one device: run it without a launcher");
+    }
+    let spans = super::spans_for(seq, comm.world(), schedule)?;
+    let span = spans[comm.rank()];
+    let (w, tokens) = random_inputs(ops, cfg, seq)?;
+    let sample = Sample {
+        tokens,
+        probe: None,
+    };
+    let mut attn = Distributed::new(backend, comm, cfg.dims(), spans, schedule)?;
+    let mut loss_sum = 0.0;
+    let (all_secs, out) = timed(runs, sync, || {
+        // Fresh gradients each step, as in training (summed ones would double every step).
+        let mut grads = weights::zeros(ops, cfg)?;
+        let mut tally = Tally {
+            loss_sum: 0.0,
+            correct: 0,
+            probes: 0,
+        };
+        let out = super::accumulate(
+            ops,
+            cfg,
+            &w,
+            &mut grads,
+            &mut attn,
+            span,
+            &sample,
+            policy,
+            1.0 / seq as f64,
+            &mut tally,
+        )?;
+        super::all_reduce(ops, attn.comm, &mut grads, &mut tally)?;
+        loss_sum = tally.loss_sum;
+        Ok(out)
+    })?;
+    Ok(StepTiming {
+        step_secs: median(&all_secs),
+        all_secs,
+        loss: loss_sum / seq as f64,
+        attention_forwards_per_layer: out.attention_forwards,
+        profile: None,
     })
 }
 
@@ -189,13 +286,24 @@ pub fn time_steps_cuda<O: Ops<T = Tensor>>(
     policy: Checkpoint,
     runs: Runs,
 ) -> Result<GpuTiming> {
+    on_gpu(backend, runs, |runs| {
+        let mut attn = CudaAttention::new(backend, cfg.dims(), seq)?;
+        time_steps(ops, cfg, &mut attn, seq, policy, runs)
+    })
+}
+
+/// Runs `bench` with the GPU's synchronisation as the clock's fence and reports the peak memory
+/// its tensors reached.
+pub fn on_gpu(
+    backend: &CudaBackend,
+    runs: Runs,
+    bench: impl FnOnce(&StepRuns<'_>) -> Result<StepTiming>,
+) -> Result<GpuTiming> {
     backend.reset_peak_memory()?;
-    let mut attn = CudaAttention::new(backend, cfg.dims(), seq)?;
-    let runs = StepRuns {
+    let steps = bench(&StepRuns {
         runs,
         sync: &|| backend.synchronize(),
-    };
-    let steps = time_steps(ops, cfg, &mut attn, seq, policy, &runs)?;
+    })?;
     Ok(GpuTiming {
         steps,
         peak_bytes: backend.peak_memory()?,
