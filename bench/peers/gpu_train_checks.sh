@@ -6,8 +6,11 @@
 #   parity.log, hf_parity_cuda.json
 #                       bench/peers/hf_parity.py --device cuda: loss and every gradient vs
 #                       transformers in float64, ours within 2x transformers' own bf16 error
-#   train.log           the same short training run on the GPU (bf16) and on the CPU (f32): the
-#                       loss curves must agree to bf16 noise and fall
+#   train.log           the same short training run on the GPU (bf16) with 1 worker, with 2 and 3
+#                       virtual workers sharing the GPU (distflash between them, balanced and
+#                       unbalanced: the multi-GPU training algorithm on one device), and on the
+#                       CPU (f32): every loss curve must agree with the 1-worker GPU run to bf16
+#                       noise and fall (bench/peers/compare_losses.py)
 # Run from the repository root with the binaries built here:
 #   cargo build --release --examples && mkdir -p .dev && cp target/release/distflash \
 #     target/release/examples/cuda_ops_check target/release/examples/cuda_seq_attention .dev/
@@ -25,11 +28,16 @@ python3 "$PEERS/hf_parity.py" --bin "$BIN_DIR/distflash" --out "$PARITY" --devic
   > "$OUT/parity.log" 2>&1 || { echo "hf_parity --device cuda failed"; status=1; }
 cp "$PARITY/hf_parity_cuda.json" "$OUT/" 2>/dev/null
 # The parity model's shape (head dim 64), trained briefly on the synthetic recall task.
-for device in cuda cpu; do
-  echo "=== train --device $device" >> "$OUT/train.log"
-  "$BIN_DIR/distflash" train --device "$device" --workers 1 --config "$PARITY/hf-model/config.json" \
-    --seq-len 512 --batch 4 --steps 40 --lr 3e-3 --json >> "$OUT/train.log" 2>&1 \
-    || { echo "train --device $device failed"; status=1; }
+TRAIN="train --config $PARITY/hf-model/config.json --seq-len 512 --batch 4 --steps 40 --lr 3e-3 --json"
+for run in "cuda 1 balanced" "cuda 2 balanced" "cuda 3 unbalanced" "cpu 1 balanced"; do
+  set -- $run
+  echo "=== train --device $1 --workers $2 --schedule $3" >> "$OUT/train.log"
+  "$BIN_DIR/distflash" $TRAIN --device "$1" --workers "$2" --schedule "$3" \
+    > "$PARITY/train_$1_$2.jsonl" 2>> "$OUT/train.log" || { echo "train $run failed"; status=1; }
+  cat "$PARITY/train_$1_$2.jsonl" >> "$OUT/train.log"
 done
+python3 "$PEERS/compare_losses.py" "$PARITY/train_cuda_1.jsonl" "$PARITY/train_cuda_2.jsonl" \
+  "$PARITY/train_cuda_3.jsonl" "$PARITY/train_cpu_1.jsonl" >> "$OUT/train.log" 2>&1 \
+  || { echo "loss curves disagree"; status=1; }
 tail -n 3 "$OUT"/*.log
 exit $status

@@ -36,25 +36,7 @@ small="train --device cuda --config $WORK/config.json --seq-len 2048 --batch 2 -
     echo "=== 2 GPUs $sched"
     timeout 300 "$BIN" launch --nproc-per-node 2 -- $small --schedule "$sched" > "$WORK/two_$sched.jsonl"
   done
-  python3 - "$WORK" <<'PY'
-import json, sys
-from pathlib import Path
-work = Path(sys.argv[1])
-def losses(name):
-    lines = [json.loads(l) for l in (work / name).read_text().splitlines() if l.startswith("{")]
-    return [l["loss"] for l in lines if "step" in l]
-one = losses("one.jsonl")
-ok = len(one) > 0 and one[-1] < one[0]
-for sched in ["balanced", "unbalanced"]:
-    two = losses(f"two_{sched}.jsonl")
-    diff = max((abs(a - b) / abs(a) for a, b in zip(one, two)), default=float("inf"))
-    good = len(two) == len(one) and diff <= 2e-2 and two[-1] < two[0]
-    ok &= good
-    print(f"2 GPUs {sched}: losses {two[0]:.4f} -> {two[-1]:.4f} (1 GPU {one[0]:.4f} -> "
-          f"{one[-1]:.4f}), max relative difference per step {diff:.2e}: "
-          f"{'PASS' if good else 'FAIL'}")
-print("PASSED" if ok else "FAILED")
-PY
+  python3 "$(dirname "$0")/compare_losses.py" "$WORK/one.jsonl" "$WORK"/two_*.jsonl
 } > "$OUT/train_check.log" 2>&1
 tail -n 3 "$OUT/train_check.log"
 for n in $SEQS; do

@@ -185,6 +185,7 @@ pub fn run(args: Args) -> Result<()> {
                 seq: seq.div_ceil(workers),
                 checkpoint: policy,
                 optimizer: false,
+                model_copies: 1,
             }
             .open()?;
             let g = match launch {

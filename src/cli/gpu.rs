@@ -14,7 +14,9 @@ use distflash::model::cuda::CudaOps;
 use distflash::plan::Schedule;
 use distflash::train::bench::{GpuTiming, Runs, on_gpu, time_steps_cuda, time_steps_rank};
 use distflash::train::cuda_attention::CudaAttention;
-use distflash::train::{Gradients, Options, StepReport, gradients_on, train_on, train_rank_on};
+use distflash::train::{
+    Gradients, Options, StepReport, gradients_on, train_on, train_rank_on, train_threads_on,
+};
 
 /// What to open and check the memory for.
 pub struct GpuRun<'a> {
@@ -29,6 +31,9 @@ pub struct GpuRun<'a> {
     pub checkpoint: Checkpoint,
     /// Whether AdamW's state must fit too (training) or not (gradients, benchmarks).
     pub optimizer: bool,
+    /// Copies of the weights, gradients and optimizer state on the GPU: virtual workers (threads
+    /// sharing it) each hold their own; 1 otherwise.
+    pub model_copies: usize,
 }
 
 impl GpuRun<'_> {
@@ -43,7 +48,11 @@ impl GpuRun<'_> {
                 self.model
             );
         }
-        let need = cost::step_memory(self.config, self.seq, self.checkpoint, self.optimizer);
+        let mut need = cost::step_memory(self.config, self.seq, self.checkpoint, self.optimizer);
+        let copies = self.model_copies.max(1) as f64;
+        need.weights *= copies;
+        need.grads *= copies;
+        need.optimizer *= copies;
         let what = format!(
             "{} ({} layers) at {} tokens with checkpoint {}{}",
             self.model,
@@ -115,13 +124,18 @@ pub fn train_rank(
     train_rank_on(&ops, ops.backend(), o, &mut comm, on_step)
 }
 
-/// Trains on one GPU.
+/// Trains on one GPU: one worker through the whole-sequence attention, or `o.workers` virtual
+/// workers (threads sharing the GPU, distflash between them: the multi-GPU algorithm checked
+/// on one device, exact, not fast).
 pub fn train(
     backend: CudaBackend,
     o: &Options,
     on_step: impl Fn(&StepReport) + Sync,
 ) -> Result<Vec<Vec<f32>>> {
     let ops = CudaOps::new(backend)?;
+    if o.workers > 1 {
+        return train_threads_on(&ops, ops.backend(), o, on_step);
+    }
     let mut attn = CudaAttention::new(ops.backend(), o.config.dims(), o.seq_len)?;
     train_on(&ops, &mut attn, o, on_step)
 }

@@ -73,6 +73,7 @@ pub fn run(args: Args) -> Result<()> {
                 seq: tokens.len().saturating_sub(1),
                 checkpoint: args.checkpoint,
                 optimizer: false,
+                model_copies: 1,
             }
             .open()?;
             let host = train::initial_weights(&config, &init)?;

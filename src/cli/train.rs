@@ -357,28 +357,35 @@ pub fn run(args: Args) -> Result<()> {
 
 /// `train --device cuda`: this process's GPU (LOCAL_RANK under a launcher, else GPU 0), opened
 /// and checked for room (weights, gradients, AdamW's state and its share of the activations)
-/// before the run starts. Several workers need one process per GPU.
+/// before the run starts. Several workers without a launcher are virtual workers sharing GPU 0,
+/// each with its own copy of the model's state, and a note says how to use several GPUs.
 fn open_gpu(
     args: &Args,
     config: &Config,
     workers: usize,
     launch: Option<&LaunchEnv>,
 ) -> Result<CudaBackend> {
-    if workers != 1 && launch.is_none() {
-        bail!(
-            "--device cuda with {workers} workers trains one process per GPU: start it as `distflash launch --nproc-per-node {workers} -- train --device cuda ...`"
-        );
-    }
+    let virtual_workers = if launch.is_none() { workers } else { 1 };
     let (backend, _) = GpuRun {
         gpu: launch.map_or(0, |env| env.local_rank),
         dtype: args.dtype,
         config,
         model: &args.model.name(),
-        seq: args.seq_len.div_ceil(workers.max(1)),
+        seq: if launch.is_some() {
+            args.seq_len.div_ceil(workers.max(1))
+        } else {
+            args.seq_len
+        },
         checkpoint: args.checkpoint,
         optimizer: true,
+        model_copies: virtual_workers,
     }
     .open()?;
+    if virtual_workers > 1 {
+        eprintln!(
+            "note: {workers} virtual workers share GPU 0 (exact, not fast); for one process per GPU start `distflash launch --nproc-per-node {workers} -- train --device cuda ...`"
+        );
+    }
     Ok(backend)
 }
 

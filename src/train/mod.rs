@@ -378,17 +378,37 @@ fn whole_sequence<O: Ops>(
 /// after every step. Returns the final host weights (`specs` order).
 pub fn train(o: &Options, on_step: impl Fn(&StepReport) + Sync) -> Result<Vec<Vec<f32>>> {
     check_memory(&o.config, o.workers)?;
+    train_threads_on(&Cpu::<f32>::new(), &CpuBackend, o, on_step)
+}
+
+/// [`train`] on any device: `o.workers` threads share `ops`'s device (virtual workers on one
+/// GPU: each holds its own weights, gradients and optimizer state; tensors move between them
+/// through the in-process communicator). The device's memory is the caller's to check.
+pub fn train_threads_on<O, B>(
+    ops: &O,
+    backend: &B,
+    o: &Options,
+    on_step: impl Fn(&StepReport) + Sync,
+) -> Result<Vec<Vec<f32>>>
+where
+    O: Ops<T = B::Tensor>,
+    B: ModelEdge + Sync,
+    B::Tensor: Buffer,
+{
     let (spans, start, key) = prepare(o)?;
-    let ops = Cpu::<f32>::new();
-    let results = run_workers(o.workers, o.timeout, |rank, comm: &mut LocalComm| {
-        let job = Job {
-            o,
-            key: &key,
-            start: &start,
-            spans: &spans,
-        };
-        worker(&ops, &CpuBackend, &job, rank, comm, &on_step)
-    });
+    let results = run_workers(
+        o.workers,
+        o.timeout,
+        |rank, comm: &mut LocalComm<B::Tensor>| {
+            let job = Job {
+                o,
+                key: &key,
+                start: &start,
+                spans: &spans,
+            };
+            worker(ops, backend, &job, rank, comm, &on_step)
+        },
+    );
     Ok(collect_results(results)?.swap_remove(0))
 }
 
