@@ -6,6 +6,7 @@ Prints one JSON object per (backend, head_dim, seq) line and optionally writes t
     python3 bench/peers/sdpa_bench.py --seqs 4096,16384,65536 --head-dims 128,64 --json sdpa.jsonl
 """
 import argparse
+import contextlib
 import json
 import sys
 
@@ -34,6 +35,8 @@ def main():
     ap.add_argument("--heads", type=int, default=32)
     ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
     ap.add_argument("--json")
+    ap.add_argument("--default", action="store_true",
+                    help="also time SDPA with no backend forced (PyTorch's own choice)")
     args = ap.parse_args()
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float16
     lines = []
@@ -45,10 +48,15 @@ def main():
                        .to(dtype).requires_grad_() for _ in range(3)]
             dout = (torch.rand(shape, device="cuda", generator=gen) * 2 - 1).to(dtype)
             fwd_flops = 4 * n * n * args.heads * d / 2
+            # sdpa_default: no backend forced, PyTorch's own choice (what Hugging Face's SDPA
+            # attention gets).
             for name, backend in [("sdpa_flash2", SDPBackend.FLASH_ATTENTION),
-                                  ("sdpa_cudnn", SDPBackend.CUDNN_ATTENTION)]:
+                                  ("sdpa_cudnn", SDPBackend.CUDNN_ATTENTION),
+                                  ("sdpa_default", None)]:
+                if name == "sdpa_default" and not args.default:
+                    continue
                 try:
-                    with sdpa_kernel(backend):
+                    with sdpa_kernel(backend) if backend is not None else contextlib.nullcontext():
                         run = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)
                         out = run()
                         grad = lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
