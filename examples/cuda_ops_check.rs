@@ -16,6 +16,7 @@
 
 use anyhow::{Context, Result, bail};
 use clap::Parser;
+use distflash::attn::Span;
 use distflash::backend::cuda::{CudaBackend, InputDtype, Tensor};
 use distflash::model::attention::{Attention, Dense};
 use distflash::model::config::Config;
@@ -252,15 +253,29 @@ impl Checker {
     }
 
     fn rope(&mut self) -> Result<()> {
-        let (rows, heads, hd, start, theta) = (64, 8, 128, 65_000, 500_000.0);
+        let (rows, heads, hd, theta) = (64, 8, 128, 500_000.0);
+        // Two runs of positions, as a zigzag worker's rows: a tail far out, then a head.
+        let positions = [
+            Span {
+                start: 65_000,
+                len: 40,
+            },
+            Span {
+                start: 1000,
+                len: 24,
+            },
+        ];
         for h in [true, false] {
             let (mut x, mut cx) = self.either(h, rows * heads * hd)?;
             for inverse in [false, true] {
                 self.gpu
-                    .rope(&mut x, rows, heads, hd, start, theta, inverse)?;
+                    .rope(&mut x, rows, heads, hd, &positions, theta, inverse)?;
                 self.cpu
-                    .rope(&mut cx, rows, heads, hd, start, theta, inverse)?;
-                let name = format!("rope {}, inverse {inverse}, positions 65000+", kind(h));
+                    .rope(&mut cx, rows, heads, hd, &positions, theta, inverse)?;
+                let name = format!(
+                    "rope {}, inverse {inverse}, positions 65000+ and 1000+",
+                    kind(h)
+                );
                 self.report(&name, &x, &cx, tol(h))?;
             }
         }
@@ -345,7 +360,7 @@ impl Checker {
         let chunk = Chunk {
             tokens: &tokens[..seq],
             targets: &tokens[1..],
-            start: 0,
+            positions: &[Span { start: 0, len: seq }],
         };
         let w = weights::random(&self.gpu, &cfg, 3)?;
         let host = w

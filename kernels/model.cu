@@ -259,16 +259,18 @@ extern "C" __global__ void rmsnorm_dw(const void* x, int x_half, const float* rs
 // ---- rotary embedding ----
 
 // In place on [rows, heads, head_dim], Hugging Face's rotate-half pairing (j, j + head_dim/2).
-// Row r sits at position start + r; the angle is formed in f32 from the host's f32 inverse
+// Rows before `split` sit at position start0 + r, the rest at start1 + (r − split) (a zigzag
+// worker's head and tail); the angle is formed in f32 from the host's f32 inverse
 // frequencies (as Hugging Face and the CPU ops do), its sine and cosine taken in f64 (fast-math
 // single-precision sines are far off at the angles of long sequences). sign = −1 rotates back.
 extern "C" __global__ void rope(void* x, int x_half, const float* inv_freq, long rows, int heads,
-                                int head_dim, long start, float sign) {
+                                int head_dim, long split, long start0, long start1, float sign) {
     const int pairs = head_dim / 2;
     GRID_STRIDE(i, rows * pairs) {
         const long r = i / pairs;
         const int j = i % pairs;
-        const float angle = (float)(start + r) * inv_freq[j];
+        const long pos = r < split ? start0 + r : start1 + (r - split);
+        const float angle = (float)pos * inv_freq[j];
         double sd, cd;
         sincos((double)angle, &sd, &cd);
         const float cs = (float)cd, sn = sign * (float)sd;

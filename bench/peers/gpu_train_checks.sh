@@ -7,7 +7,7 @@
 #                       bench/peers/hf_parity.py --device cuda: loss and every gradient vs
 #                       transformers in float64, ours within 2x transformers' own bf16 error
 #   train.log           the same short training run on the GPU (bf16) with 1 worker, with 2 and 3
-#                       virtual workers sharing the GPU (distflash between them, balanced and
+#                       virtual workers sharing the GPU (distflash between them, zigzag and
 #                       unbalanced: the multi-GPU training algorithm on one device), and on the
 #                       CPU (f32): every loss curve must agree with the 1-worker GPU run to bf16
 #                       noise and fall (bench/peers/compare_losses.py)
@@ -29,7 +29,7 @@ python3 "$PEERS/hf_parity.py" --bin "$BIN_DIR/distflash" --out "$PARITY" --devic
 cp "$PARITY/hf_parity_cuda.json" "$OUT/" 2>/dev/null
 # The parity model's shape (head dim 64), trained briefly on the synthetic recall task.
 TRAIN="train --config $PARITY/hf-model/config.json --seq-len 512 --batch 4 --steps 40 --lr 3e-3 --json"
-for run in "cuda 1 balanced" "cuda 2 balanced" "cuda 3 unbalanced" "cpu 1 balanced"; do
+for run in "cuda 1 balanced" "cuda 2 zigzag" "cuda 3 unbalanced" "cpu 1 balanced"; do
   set -- $run
   echo "=== train --device $1 --workers $2 --schedule $3" >> "$OUT/train.log"
   "$BIN_DIR/distflash" $TRAIN --device "$1" --workers "$2" --schedule "$3" \

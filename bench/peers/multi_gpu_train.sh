@@ -2,7 +2,7 @@
 # One device call on nvidia-h200-x2: training across two GPUs (one process per GPU, NCCL).
 # Writes to $OUT:
 #   train_check.log   a small LLaMA (head dim 64, GQA 4/2, 2 layers) trained STEPS_CHECK steps
-#                     on 1 GPU and on 2 (balanced and unbalanced): the per-step losses must agree
+#                     on 1 GPU and on 2 (zigzag and balanced): the per-step losses must agree
 #                     to bf16 noise (max relative difference <= 2e-2) and fall
 #   train_7b.jsonl    LLaMA-7B on 2 GPUs at each of SEQS tokens with each of SCHEDS and
 #                     POLICIES: `bench train` under the launcher (forward+backward and the
@@ -10,13 +10,13 @@
 #                     from rank 0 per run
 #   train_7b.log      everything else, failures included
 # (At two workers balanced and unbalanced are the same plan — `distflash plan --workers 2` —
-# so SCHEDS defaults to balanced.)
+# and only zigzag balances the work, so SCHEDS defaults to zigzag and balanced.)
 # Run from the repository root with the binary built here (device call, carry [".dev"]):
 #   BIN=.dev/distflash SEQS="65536" bash bench/peers/multi_gpu_train.sh
 set -u
 BIN=${BIN:-.dev/distflash}
 SEQS=${SEQS:-65536 131072}
-SCHEDS=${SCHEDS:-balanced}
+SCHEDS=${SCHEDS:-zigzag balanced}
 POLICIES=${POLICIES:-remat}
 REPS=${REPS:-1}
 STEPS_CHECK=${STEPS_CHECK:-30}
@@ -32,7 +32,7 @@ small="train --device cuda --config $WORK/config.json --seq-len 2048 --batch 2 -
 {
   echo "=== 1 GPU"
   timeout 300 "$BIN" $small > "$WORK/one.jsonl"
-  for sched in balanced unbalanced; do
+  for sched in zigzag balanced; do
     echo "=== 2 GPUs $sched"
     timeout 300 "$BIN" launch --nproc-per-node 2 -- $small --schedule "$sched" > "$WORK/two_$sched.jsonl"
   done

@@ -63,7 +63,7 @@ pub struct Args {
     head_dim: usize,
     #[arg(long, default_value_t = 1)]
     batch: usize,
-    /// `balanced` (DistFlashAttn) or `unbalanced`.
+    /// `balanced` (DistFlashAttn), `unbalanced` or `zigzag` (a head and a tail chunk per worker).
     #[arg(long, default_value = "balanced")]
     schedule: Schedule,
     /// Timed runs; times reported are their medians (on CUDA after one untimed warm-up run).

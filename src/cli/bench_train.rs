@@ -59,7 +59,7 @@ pub struct Args {
     /// where its time went (per op: calls, seconds, share). One device only.
     #[arg(long)]
     profile: bool,
-    /// Under a launcher (one process per device): `balanced` or `unbalanced`.
+    /// Under a launcher (one process per device): `balanced`, `unbalanced` or `zigzag`.
     #[arg(long, default_value = "balanced")]
     schedule: Schedule,
     /// Seconds a rank waits for a message before declaring its sender stuck.

@@ -19,7 +19,7 @@ pub struct Args {
     /// Number of workers (one sequence chunk each).
     #[arg(long, default_value_t = 8)]
     workers: usize,
-    /// `balanced` (DistFlashAttn) or `unbalanced`.
+    /// `balanced` (DistFlashAttn), `unbalanced` or `zigzag` (a head and a tail chunk per worker).
     #[arg(long, default_value = "balanced")]
     schedule: Schedule,
     #[arg(long, value_enum, default_value = "text")]

@@ -105,7 +105,8 @@ pub struct Args {
     /// 16-bit format of weights and activations with --device cuda (the CPU computes in f32).
     #[arg(long, default_value = "bf16")]
     dtype: InputDtype,
-    /// `balanced` (DistFlashAttn) or `unbalanced`.
+    /// `balanced` (DistFlashAttn), `unbalanced` or `zigzag` (each worker a head and a tail chunk:
+    /// balanced at any worker count, the one to use on 2 GPUs).
     #[arg(long, default_value = "balanced")]
     schedule: Schedule,
     /// What layers keep for the backward: none, layer (re-run the layer) or remat (keep the

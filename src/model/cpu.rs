@@ -3,7 +3,8 @@
 //! GPU implementation is checked against.
 
 use super::float::Float;
-use super::ops::{AdamW, LossOut, Ops};
+use super::ops::{AdamW, LossOut, Ops, row_positions};
+use crate::attn::Span;
 use anyhow::{Result, bail};
 use ndarray::linalg::general_mat_mul;
 use ndarray::{ArrayView2, ArrayViewMut2, s};
@@ -254,11 +255,12 @@ impl<F: Float> Ops for Cpu<F> {
         rows: usize,
         heads: usize,
         head_dim: usize,
-        start: usize,
+        positions: &[Span],
         theta: f64,
         inverse: bool,
     ) -> Result<()> {
         check_len("a rotary input", x, rows * heads * head_dim)?;
+        let positions: Vec<usize> = row_positions(positions, rows)?.collect();
         if !head_dim.is_multiple_of(2) {
             bail!("rotary embeddings need an even head dim, not {head_dim}");
         }
@@ -268,7 +270,7 @@ impl<F: Float> Ops for Cpu<F> {
         x.par_chunks_mut(heads * head_dim)
             .enumerate()
             .for_each(|(r, row)| {
-                let pos = (start + r) as f32;
+                let pos = positions[r] as f32;
                 let (cos, sin): (Vec<F>, Vec<F>) = inv_freq
                     .iter()
                     .map(|&f| {

@@ -18,6 +18,7 @@ use super::attention::Attention;
 use super::config::Config;
 use super::ops::Ops;
 use super::weights::LayerWeights;
+use crate::attn::Span;
 use anyhow::Result;
 use std::fmt;
 use std::str::FromStr;
@@ -80,13 +81,13 @@ pub enum Kept<T> {
     Input { x: T },
 }
 
-/// A layer's setting: the device, the shape, and this worker's rows (`start` is the position of
-/// the first, for rotary embeddings).
+/// A layer's setting: the device, the shape, and this worker's rows (`positions`: where they sit
+/// in the sequence, for rotary embeddings).
 pub struct Layer<'a, O> {
     pub ops: &'a O,
     pub cfg: &'a Config,
     pub rows: usize,
-    pub start: usize,
+    pub positions: &'a [Span],
 }
 
 impl<O: Ops> Layer<'_, O> {
@@ -125,8 +126,8 @@ impl<O: Ops> Layer<'_, O> {
         let mut k = ops.linear(&h1, &w.wk, n, d, c.kv_width())?;
         let v = ops.linear(&h1, &w.wv, n, d, c.kv_width())?;
         let (heads, kv_heads) = (c.num_attention_heads, c.num_key_value_heads);
-        ops.rope(&mut q, n, heads, hd, self.start, c.rope_theta, false)?;
-        ops.rope(&mut k, n, kv_heads, hd, self.start, c.rope_theta, false)?;
+        ops.rope(&mut q, n, heads, hd, self.positions, c.rope_theta, false)?;
+        ops.rope(&mut k, n, kv_heads, hd, self.positions, c.rope_theta, false)?;
         let (o, lse) = match saved_attention {
             Some(saved) => saved,
             None => {
@@ -252,7 +253,7 @@ impl<O: Ops> Layer<'_, O> {
             n,
             c.num_attention_heads,
             hd,
-            self.start,
+            self.positions,
             c.rope_theta,
             true,
         )?;
@@ -261,7 +262,7 @@ impl<O: Ops> Layer<'_, O> {
             n,
             c.num_key_value_heads,
             hd,
-            self.start,
+            self.positions,
             c.rope_theta,
             true,
         )?;

@@ -20,6 +20,7 @@ pub mod weights;
 
 pub use layer::{Checkpoint, Layer};
 
+use crate::attn::Span;
 use anyhow::{Result, bail};
 use attention::Attention;
 use config::Config;
@@ -44,13 +45,14 @@ impl Meter {
     }
 }
 
-/// This worker's rows of one sequence: input tokens, next-token targets, and the position of
-/// the first row in the whole sequence.
+/// This worker's rows of one sequence: input tokens, next-token targets, and where the rows
+/// sit in the whole sequence (runs of positions in row order: one for a contiguous chunk, two
+/// for a zigzag worker's head and tail).
 #[derive(Clone, Copy, Debug)]
 pub struct Chunk<'a> {
     pub tokens: &'a [u32],
     pub targets: &'a [u32],
-    pub start: usize,
+    pub positions: &'a [Span],
 }
 
 /// What one forward-backward reports.
@@ -91,7 +93,7 @@ pub fn forward_backward<O: Ops>(
         ops,
         cfg,
         rows,
-        start: chunk.start,
+        positions: chunk.positions,
     };
     let mut forwards = vec![0u32; cfg.num_hidden_layers];
     let mut meter = Meter::default();

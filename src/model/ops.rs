@@ -5,7 +5,8 @@
 //! Matrices are row-major. Activations are `[rows, features]` with one row per token of the
 //! worker's chunk; a linear layer's weight is `[out, in]` as Hugging Face stores it.
 
-use anyhow::Result;
+use crate::attn::Span;
+use anyhow::{Result, bail};
 
 /// Hyperparameters of one AdamW update (decoupled weight decay, bias-corrected moments).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -112,8 +113,10 @@ pub trait Ops: Sync {
     ) -> Result<()>;
 
     /// Rotary embedding in place on `[rows, heads, head_dim]`, Hugging Face's rotate-half
-    /// pairing (i, i + head_dim/2); row r sits at position `start + r`. The backward is the
-    /// rotation by the opposite angle (`inverse`).
+    /// pairing (i, i + head_dim/2). The rows sit at the positions of `positions`, runs of the
+    /// sequence in row order (one run for a contiguous chunk, two for a zigzag worker's head and
+    /// tail; see [`row_positions`]). The backward is the rotation by the opposite angle
+    /// (`inverse`).
     #[allow(clippy::too_many_arguments)]
     fn rope(
         &self,
@@ -121,7 +124,7 @@ pub trait Ops: Sync {
         rows: usize,
         heads: usize,
         head_dim: usize,
-        start: usize,
+        positions: &[Span],
         theta: f64,
         inverse: bool,
     ) -> Result<()>;
@@ -160,4 +163,19 @@ pub trait Ops: Sync {
         step: u64,
         decay: bool,
     ) -> Result<()>;
+}
+
+/// One sentence unless `runs` (runs of the sequence in row order) cover exactly `rows` rows.
+pub fn check_positions(runs: &[Span], rows: usize) -> Result<()> {
+    let covered: usize = runs.iter().map(|r| r.len).sum();
+    if covered != rows {
+        bail!("the rows' positions cover {covered} rows, not the tensor's {rows}");
+    }
+    Ok(())
+}
+
+/// The position of every row of `runs`, checked to cover `rows` rows.
+pub fn row_positions(runs: &[Span], rows: usize) -> Result<impl Iterator<Item = usize> + '_> {
+    check_positions(runs, rows)?;
+    Ok(runs.iter().flat_map(|r| r.start..r.end()))
 }

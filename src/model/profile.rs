@@ -6,6 +6,7 @@
 
 use super::attention::Attention;
 use super::ops::{AdamW, LossOut, Ops};
+use crate::attn::Span;
 use anyhow::Result;
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -195,14 +196,14 @@ impl<O: Ops> Ops for Profiled<'_, O> {
         rows: usize,
         heads: usize,
         head_dim: usize,
-        start: usize,
+        positions: &[Span],
         theta: f64,
         inverse: bool,
     ) -> Result<()> {
         let op = if inverse { "rope_backward" } else { "rope" };
         self.profile.time(op, || {
             self.inner
-                .rope(x, rows, heads, head_dim, start, theta, inverse)
+                .rope(x, rows, heads, head_dim, positions, theta, inverse)
         })
     }
 

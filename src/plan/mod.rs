@@ -70,6 +70,13 @@ impl Schedule {
         }
     }
 
+    /// The chunks `worker` owns out of `workers`, in sequence order (one; a zigzag worker's
+    /// head and tail).
+    pub fn chunks_of(self, workers: usize, worker: usize) -> Vec<usize> {
+        let owners = self.owners(workers);
+        (0..owners.len()).filter(|&c| owners[c] == worker).collect()
+    }
+
     /// The worker that owns each chunk.
     fn owners(self, workers: usize) -> Vec<usize> {
         (0..self.chunks(workers))

@@ -12,7 +12,7 @@ use crate::comm::{Buffer, Communicator, LocalComm, Wire};
 use crate::exec::{OwnChunk, Saved, Worker};
 use crate::model::attention::Attention;
 use crate::plan::{Pass, Plan, Schedule};
-use anyhow::{Context, Result};
+use anyhow::{Result, bail};
 use std::time::Duration;
 
 /// A backend whose tensors the model holds too: the layout change at the model's edge,
@@ -29,6 +29,12 @@ pub trait ModelEdge: Backend {
         to: Order,
         what: &str,
     ) -> Result<Self::Tensor>;
+
+    /// `t` cut into consecutive parts of `lens` elements.
+    fn split(&self, t: &Self::Tensor, lens: &[usize]) -> Result<Vec<Self::Tensor>>;
+
+    /// `parts` one after another.
+    fn join(&self, parts: &[Self::Tensor]) -> Result<Self::Tensor>;
 }
 
 impl ModelEdge for CpuBackend {
@@ -46,6 +52,28 @@ impl ModelEdge for CpuBackend {
             Order::ToSeqMajor => layout::to_seq_major(t, 1, rows, heads, d),
         })
     }
+
+    fn split(&self, t: &Vec<f32>, lens: &[usize]) -> Result<Vec<Vec<f32>>> {
+        if lens.iter().sum::<usize>() != t.len() {
+            anyhow::bail!(
+                "cannot cut a tensor of {} elements into parts of {lens:?}",
+                t.len()
+            );
+        }
+        let mut rest = t.as_slice();
+        Ok(lens
+            .iter()
+            .map(|&len| {
+                let (part, tail) = rest.split_at(len);
+                rest = tail;
+                part.to_vec()
+            })
+            .collect())
+    }
+
+    fn join(&self, parts: &[Vec<f32>]) -> Result<Vec<f32>> {
+        Ok(parts.concat())
+    }
 }
 
 /// On the GPU both directions produce 16-bit tensors: the executor's inputs, and the model's
@@ -62,11 +90,19 @@ impl ModelEdge for CudaBackend {
     ) -> Result<Tensor> {
         CudaBackend::relayout(self, t, rows, heads, d, to, what)
     }
+
+    fn split(&self, t: &Tensor, lens: &[usize]) -> Result<Vec<Tensor>> {
+        CudaBackend::split(self, t, lens)
+    }
+
+    fn join(&self, parts: &[Tensor]) -> Result<Tensor> {
+        CudaBackend::join(self, parts)
+    }
 }
 
-/// distflash on `backend` over `comm`: this worker owns one chunk, rows `spans[rank]` (the
-/// `balanced` and `unbalanced` schedules; `train` refuses `zigzag`, whose two chunks per worker
-/// are not one run of positions).
+/// distflash on `backend` over `comm`: `spans` are the chunks of the sequence (one per worker
+/// for `balanced` and `unbalanced`, two for `zigzag`); the model's tensors hold this worker's
+/// chunks one after another, in sequence order.
 pub struct Distributed<'c, B = CpuBackend, C = LocalComm> {
     pub backend: &'c B,
     pub comm: &'c mut C,
@@ -87,7 +123,14 @@ where
         spans: Vec<Span>,
         schedule: Schedule,
     ) -> Result<Self> {
-        let world = spans.len();
+        let world = comm.world();
+        if spans.len() != schedule.chunks(world) {
+            bail!(
+                "{} spans given for {world} workers, but the {schedule} schedule cuts the sequence into {}",
+                spans.len(),
+                schedule.chunks(world)
+            );
+        }
         Ok(Distributed {
             backend,
             comm,
@@ -98,27 +141,66 @@ where
         })
     }
 
-    fn rows(&self) -> usize {
-        self.spans[self.comm.rank()].len
+    /// Rows of each chunk this worker owns, in sequence order (one chunk; a zigzag worker's
+    /// head and tail). The model holds them as one tensor, chunk after chunk.
+    fn chunk_rows(&self) -> Vec<usize> {
+        self.forward
+            .chunks_of(self.comm.rank())
+            .into_iter()
+            .map(|c| self.spans[c].len)
+            .collect()
     }
 
-    fn head_major(&self, t: &B::Tensor, heads: usize, what: &str) -> Result<B::Tensor> {
-        let (rows, d) = (self.rows(), self.dims.head_dim);
-        ModelEdge::relayout(self.backend, t, rows, heads, d, Order::ToHeadMajor, what)
+    /// Element counts of the own chunks in a tensor of `per_row` elements a row.
+    fn chunk_lens(&self, per_row: usize) -> Vec<usize> {
+        self.chunk_rows().iter().map(|r| r * per_row).collect()
     }
 
-    fn seq_major(&self, t: &B::Tensor, heads: usize, what: &str) -> Result<B::Tensor> {
-        let (rows, d) = (self.rows(), self.dims.head_dim);
-        ModelEdge::relayout(self.backend, t, rows, heads, d, Order::ToSeqMajor, what)
+    /// The model's sequence-major `t` as one head-major tensor per own chunk.
+    fn head_major(&self, t: &B::Tensor, heads: usize, what: &str) -> Result<Vec<B::Tensor>> {
+        let (d, rows) = (self.dims.head_dim, self.chunk_rows());
+        let relayout = |part: &B::Tensor, rows: usize| {
+            ModelEdge::relayout(self.backend, part, rows, heads, d, Order::ToHeadMajor, what)
+        };
+        if let [rows] = rows[..] {
+            return Ok(vec![relayout(t, rows)?]);
+        }
+        self.backend
+            .split(t, &self.chunk_lens(heads * d))?
+            .iter()
+            .zip(rows)
+            .map(|(part, rows)| relayout(part, rows))
+            .collect()
     }
 
-    fn own(&self, q: &B::Tensor, k: &B::Tensor, v: &B::Tensor) -> Result<OwnChunk<B::Tensor>> {
+    /// Head-major tensors of the own chunks as the model's one sequence-major tensor.
+    fn seq_major(&self, parts: &[B::Tensor], heads: usize, what: &str) -> Result<B::Tensor> {
+        let d = self.dims.head_dim;
+        let mut seq = parts
+            .iter()
+            .zip(self.chunk_rows())
+            .map(|(part, rows)| {
+                ModelEdge::relayout(self.backend, part, rows, heads, d, Order::ToSeqMajor, what)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        match seq.len() {
+            1 => Ok(seq.pop().expect("one part")),
+            _ => self.backend.join(&seq),
+        }
+    }
+
+    fn own(&self, q: &B::Tensor, k: &B::Tensor, v: &B::Tensor) -> Result<Vec<OwnChunk<B::Tensor>>> {
         let (h, hk) = (self.dims.heads, self.dims.kv_heads);
-        Ok(OwnChunk {
-            q: self.head_major(q, h, "Q")?,
-            k: self.head_major(k, hk, "K")?,
-            v: self.head_major(v, hk, "V")?,
-        })
+        let (q, k, v) = (
+            self.head_major(q, h, "Q")?,
+            self.head_major(k, hk, "K")?,
+            self.head_major(v, hk, "V")?,
+        );
+        Ok(q.into_iter()
+            .zip(k)
+            .zip(v)
+            .map(|((q, k), v)| OwnChunk { q, k, v })
+            .collect())
     }
 }
 
@@ -153,11 +235,21 @@ where
         v: &B::Tensor,
     ) -> Result<(B::Tensor, B::Tensor)> {
         let own = self.own(q, k, v)?;
-        let p = worker(self.backend, self.comm, self.dims, &self.spans)
-            .forward(&self.forward, std::slice::from_ref(&own))?
-            .pop()
-            .context("the executor returned no result for this worker's chunk")?;
-        Ok((self.seq_major(&p.out, self.dims.heads, "O")?, p.lse))
+        let partials =
+            worker(self.backend, self.comm, self.dims, &self.spans).forward(&self.forward, &own)?;
+        if partials.len() != own.len() {
+            bail!(
+                "the executor returned {} results for this worker's {} chunks",
+                partials.len(),
+                own.len()
+            );
+        }
+        let (outs, lses): (Vec<_>, Vec<_>) = partials.into_iter().map(|p| (p.out, p.lse)).unzip();
+        let lse = match lses.len() {
+            1 => lses.into_iter().next().expect("one chunk"),
+            _ => self.backend.join(&lses)?,
+        };
+        Ok((self.seq_major(&outs, self.dims.heads, "O")?, lse))
     }
 
     fn backward(
@@ -171,26 +263,49 @@ where
     ) -> Result<(B::Tensor, B::Tensor, B::Tensor)> {
         let own = self.own(q, k, v)?;
         let h = self.dims.heads;
-        let dout = self.head_major(dout, h, "dO")?;
-        let o = self.head_major(o, h, "O")?;
-        let saved = Saved {
-            delta: self.backend.delta(&self.dims, self.rows(), &o, &dout)?,
-            dout,
-            lse: lse.duplicate()?,
+        let douts = self.head_major(dout, h, "dO")?;
+        let os = self.head_major(o, h, "O")?;
+        // LSE is head-major per chunk, `heads` values a row, the chunks one after another.
+        let lses = match os.len() {
+            1 => vec![lse.duplicate()?],
+            _ => self.backend.split(lse, &self.chunk_lens(h))?,
         };
-        let g = worker(self.backend, self.comm, self.dims, &self.spans)
-            .backward(
-                &self.backward,
-                std::slice::from_ref(&own),
-                std::slice::from_ref(&saved),
-            )?
-            .pop()
-            .context("the executor returned no gradients for this worker's chunk")?;
+        let saved = douts
+            .into_iter()
+            .zip(&os)
+            .zip(lses)
+            .zip(self.chunk_rows())
+            .map(|(((dout, o), lse), rows)| {
+                Ok(Saved {
+                    delta: self.backend.delta(&self.dims, rows, o, &dout)?,
+                    dout,
+                    lse,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let grads = worker(self.backend, self.comm, self.dims, &self.spans).backward(
+            &self.backward,
+            &own,
+            &saved,
+        )?;
+        if grads.len() != own.len() {
+            bail!(
+                "the executor returned gradients for {} chunks, not this worker's {}",
+                grads.len(),
+                own.len()
+            );
+        }
         let hk = self.dims.kv_heads;
+        let (mut dq, mut dk, mut dv) = (Vec::new(), Vec::new(), Vec::new());
+        for g in grads {
+            dq.push(g.dq);
+            dk.push(g.dk);
+            dv.push(g.dv);
+        }
         Ok((
-            self.seq_major(&g.dq, h, "dQ")?,
-            self.seq_major(&g.dk, hk, "dK")?,
-            self.seq_major(&g.dv, hk, "dV")?,
+            self.seq_major(&dq, h, "dQ")?,
+            self.seq_major(&dk, hk, "dK")?,
+            self.seq_major(&dv, hk, "dV")?,
         ))
     }
 }

@@ -166,7 +166,7 @@ where
         bail!("--profile times the ops of one device: run it without a launcher");
     }
     let spans = super::spans_for(seq, comm.world(), schedule)?;
-    let span = spans[comm.rank()];
+    let mine = super::own_spans(&spans, comm.world(), schedule, comm.rank());
     let (w, tokens) = random_inputs(ops, cfg, seq)?;
     let sample = Sample {
         tokens,
@@ -188,7 +188,7 @@ where
             &w,
             &mut grads,
             &mut attn,
-            span,
+            &mine,
             &sample,
             policy,
             1.0 / seq as f64,

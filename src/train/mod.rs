@@ -173,26 +173,44 @@ fn accumulate<O: Ops>(
     w: &Weights<O::T>,
     grads: &mut Weights<O::T>,
     attn: &mut impl Attention<O::T>,
-    span: Span,
+    mine: &[Span],
     sample: &Sample,
     policy: Checkpoint,
     scale: f64,
     tally: &mut Tally,
 ) -> Result<crate::model::Outcome> {
+    let rows = |shift: usize| -> Vec<u32> {
+        mine.iter()
+            .flat_map(|s| &sample.tokens[s.start + shift..s.end() + shift])
+            .copied()
+            .collect()
+    };
+    let (tokens, targets) = (rows(0), rows(1));
     let chunk = Chunk {
-        tokens: &sample.tokens[span.start..span.end()],
-        targets: &sample.tokens[span.start + 1..span.end() + 1],
-        start: span.start,
+        tokens: &tokens,
+        targets: &targets,
+        positions: mine,
     };
     let out = forward_backward(ops, cfg, w, grads, attn, chunk, policy, scale)?;
     tally.loss_sum += out.loss_sum;
     if let Some(p) = sample.probe
-        && (span.start..span.end()).contains(&p)
+        && let Some(row) =
+            crate::model::ops::row_positions(mine, tokens.len())?.position(|q| q == p)
     {
         tally.probes += 1;
-        tally.correct += (out.argmax[p - span.start] == sample.tokens[p + 1]) as u64;
+        tally.correct += (out.argmax[row] == sample.tokens[p + 1]) as u64;
     }
     Ok(out)
+}
+
+/// The spans of the chunks `rank` owns out of `spans` (every chunk of the sequence), in
+/// sequence order.
+fn own_spans(spans: &[Span], workers: usize, schedule: Schedule, rank: usize) -> Vec<Span> {
+    schedule
+        .chunks_of(workers, rank)
+        .into_iter()
+        .map(|c| spans[c])
+        .collect()
 }
 
 /// Sums gradients and the tally over all workers, on the device the gradients live on (the tally
@@ -257,11 +275,6 @@ fn spans_for(seq_len: usize, workers: usize, schedule: Schedule) -> Result<Vec<S
     if workers == 0 {
         bail!("--workers must be at least 1");
     }
-    if schedule.chunks(workers) != workers {
-        bail!(
-            "training runs the balanced and unbalanced schedules; {schedule} gives each worker several chunks, which the model's one run of positions per worker does not cover yet"
-        );
-    }
     Ok(chunk_spans(&chunk_sizes(seq_len, workers, schedule)?))
 }
 
@@ -311,7 +324,7 @@ pub fn gradients(
             &w,
             &mut grads,
             &mut attn,
-            spans[rank],
+            &own_spans(&spans, workers, schedule, rank),
             &sample,
             policy,
             1.0 / seq as f64,
@@ -369,7 +382,7 @@ fn whole_sequence<O: Ops>(
     let chunk = Chunk {
         tokens: &tokens[..seq],
         targets: &tokens[1..],
-        start: 0,
+        positions: &[Span { start: 0, len: seq }],
     };
     forward_backward(ops, cfg, w, grads, attn, chunk, policy, 1.0 / seq as f64)
 }
@@ -502,7 +515,7 @@ pub fn train_on<O: Ops>(
     }
     let (spans, start, key) = prepare(o)?;
     let alone = |_: &mut _, _: &mut _, _: &mut _| Ok(());
-    run_steps(ops, o, &key, &start, spans[0], true, attn, alone, &on_step)
+    run_steps(ops, o, &key, &start, &spans, true, attn, alone, &on_step)
 }
 
 /// What every worker of a run shares: the options, the run's identity, the starting state and
@@ -545,7 +558,7 @@ where
         o,
         job.key,
         job.start,
-        job.spans[rank],
+        &own_spans(job.spans, o.workers, o.schedule, rank),
         rank == 0,
         &mut attn,
         reduce,
@@ -553,7 +566,7 @@ where
     )
 }
 
-/// The steps of a run on any device: this worker's rows `span` of every sequence, `reduce`
+/// The steps of a run on any device: this worker's rows `mine` of every sequence, `reduce`
 /// summing gradients and the tally over the workers (nothing to do for one). The reporter calls
 /// `on_step` and saves.
 #[allow(clippy::too_many_arguments)]
@@ -562,7 +575,7 @@ fn run_steps<O: Ops, A: Attention<O::T>>(
     o: &Options,
     key: &RunKey,
     start: &State,
-    span: Span,
+    mine: &[Span],
     reporter: bool,
     attn: &mut A,
     mut reduce: impl FnMut(&mut A, &mut Weights<O::T>, &mut Tally) -> Result<()>,
@@ -593,7 +606,7 @@ fn run_steps<O: Ops, A: Attention<O::T>>(
                 &w,
                 &mut grads,
                 attn,
-                span,
+                mine,
                 &sample,
                 o.checkpoint,
                 scale,

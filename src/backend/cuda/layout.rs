@@ -8,8 +8,9 @@
 //! for line), which check it against `attn::layout`, the host reference every other path uses.
 
 use super::{CudaBackend, InputDtype, Kind, Tensor, launch};
-use anyhow::{Result, bail};
-use cudarc::driver::PushKernelArg;
+use anyhow::{Result, anyhow, bail};
+use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr, PushKernelArg, ValidAsZeroBits};
+use std::sync::Arc;
 
 /// Which way a layout change goes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -73,6 +74,99 @@ impl CudaBackend {
             }
         }
         Ok(out)
+    }
+}
+
+/// Copies of consecutive element ranges of `src`, one per length in `lens`.
+fn split_slice<T: DeviceRepr + ValidAsZeroBits>(
+    stream: &Arc<CudaStream>,
+    src: &CudaSlice<T>,
+    lens: &[usize],
+) -> Result<Vec<CudaSlice<T>>> {
+    let err = |e| anyhow!("could not split a tensor on the GPU: {e:?}");
+    let mut at = 0;
+    lens.iter()
+        .map(|&len| {
+            let mut part = stream.alloc_zeros::<T>(len).map_err(err)?;
+            stream
+                .memcpy_dtod(&src.slice(at..at + len), &mut part)
+                .map_err(err)?;
+            at += len;
+            Ok(part)
+        })
+        .collect()
+}
+
+/// One tensor holding `parts` one after another.
+fn join_slices<T: DeviceRepr + ValidAsZeroBits>(
+    stream: &Arc<CudaStream>,
+    parts: &[&CudaSlice<T>],
+) -> Result<CudaSlice<T>> {
+    let err = |e| anyhow!("could not join tensors on the GPU: {e:?}");
+    let mut out = stream
+        .alloc_zeros::<T>(parts.iter().map(|p| p.len()).sum())
+        .map_err(err)?;
+    let mut at = 0;
+    for p in parts {
+        stream
+            .memcpy_dtod(*p, &mut out.slice_mut(at..at + p.len()))
+            .map_err(err)?;
+        at += p.len();
+    }
+    Ok(out)
+}
+
+impl CudaBackend {
+    /// `t` cut into consecutive parts of `lens` elements (copies): a zigzag worker's rows into
+    /// its two chunks.
+    pub fn split(&self, t: &Tensor, lens: &[usize]) -> Result<Vec<Tensor>> {
+        if lens.iter().sum::<usize>() != t.len() {
+            bail!(
+                "cannot cut a tensor of {} elements into parts of {lens:?}",
+                t.len()
+            );
+        }
+        Ok(match t {
+            Tensor::Half { dtype, data } => split_slice(&self.stream, data, lens)?
+                .into_iter()
+                .map(|data| Tensor::Half {
+                    dtype: *dtype,
+                    data,
+                })
+                .collect(),
+            Tensor::F32(data) => split_slice(&self.stream, data, lens)?
+                .into_iter()
+                .map(Tensor::F32)
+                .collect(),
+        })
+    }
+
+    /// `parts` one after another in one tensor (all 16-bit of one dtype, or all f32).
+    pub fn join(&self, parts: &[Tensor]) -> Result<Tensor> {
+        let halves: Option<Vec<_>> = parts
+            .iter()
+            .map(|p| match p {
+                Tensor::Half { dtype, data } if *dtype == self.dtype => Some(data),
+                _ => None,
+            })
+            .collect();
+        if let Some(halves) = halves {
+            return Ok(Tensor::Half {
+                dtype: self.dtype,
+                data: join_slices(&self.stream, &halves)?,
+            });
+        }
+        let f32s: Option<Vec<_>> = parts
+            .iter()
+            .map(|p| match p {
+                Tensor::F32(data) => Some(data),
+                Tensor::Half { .. } => None,
+            })
+            .collect();
+        match f32s {
+            Some(f32s) => Ok(Tensor::F32(join_slices(&self.stream, &f32s)?)),
+            None => bail!("cannot join tensors of different precisions"),
+        }
     }
 }
 

@@ -29,7 +29,8 @@ mod kernels;
 mod shapes;
 
 use super::cpu::rope_inv_freq;
-use super::ops::{AdamW, LossOut, Ops};
+use super::ops::{AdamW, LossOut, Ops, check_positions};
+use crate::attn::Span;
 use crate::backend::Backend;
 use crate::backend::cuda::{CudaBackend, InputDtype, Tensor, elementwise_config, rows_config};
 use anyhow::{Result, anyhow, bail};
@@ -384,11 +385,23 @@ impl Ops for CudaOps {
         rows: usize,
         heads: usize,
         head_dim: usize,
-        start: usize,
+        positions: &[Span],
         theta: f64,
         inverse: bool,
     ) -> Result<()> {
         check(x, self.dtype(), rows * heads * head_dim, "a rotary input")?;
+        check_positions(positions, rows)?;
+        // The kernel takes at most two runs: rows before `split` sit at start0 + r, the rest at
+        // start1 + (r - split).
+        let (split, start0, start1) = match positions {
+            [] => (0, 0, 0),
+            [a] => (a.len, a.start, 0),
+            [a, b] => (a.len, a.start, b.start),
+            more => bail!(
+                "the GPU's rotary embedding takes a worker's rows as at most two runs of positions, not {}",
+                more.len()
+            ),
+        };
         if !head_dim.is_multiple_of(2) {
             bail!("rotary embeddings need an even head dim, not {head_dim}");
         }
@@ -398,14 +411,17 @@ impl Ops for CudaOps {
             int(heads, "a head count")?,
             int(head_dim, "a head dim")?,
         );
-        let (start, sign) = (start as i64, if inverse { -1.0f32 } else { 1.0 });
+        let (split, start0, start1) = (split as i64, start0 as i64, start1 as i64);
+        let sign = if inverse { -1.0f32 } else { 1.0 };
         let mut b = self.kernels.builder(Kernel::Rope);
         push_mut(&mut b, x);
         b.arg(inv_freq.as_ref())
             .arg(&n)
             .arg(&h)
             .arg(&hd)
-            .arg(&start)
+            .arg(&split)
+            .arg(&start0)
+            .arg(&start1)
             .arg(&sign);
         let cfg = elementwise_config(rows * head_dim / 2);
         self.kernels.run(Kernel::Rope, b, cfg)
