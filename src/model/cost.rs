@@ -81,17 +81,23 @@ pub fn step_memory(c: &Config, seq: usize, policy: Checkpoint, optimizer: bool) 
         c.kv_width() as f64,
         c.num_attention_heads as f64,
     );
-    // Every activation of one layer (layer.rs `Acts`): x, h1, q, k, v, o, x2, h2, g, u, m in
-    // 16-bit; rstd1, rstd2 and LSE in f32.
-    let acts = t * (HALF * (4.0 * d + 2.0 * qw + 2.0 * kw + 3.0 * i) + F32 * (2.0 + h));
+    // Every activation of one layer up to the MLP (layer.rs `Acts`): x, h1, q, k, v, o, x2, h2
+    // in 16-bit; rstd1, rstd2 and LSE in f32. The MLP's g, u, m (16-bit) exist one block of
+    // rows at a time (layer.rs `mlp_block_rows`) unless the policy keeps them all.
+    let acts = t * (HALF * (4.0 * d + 2.0 * qw + 2.0 * kw) + F32 * (2.0 + h));
+    let mlp_all = t * HALF * 3.0 * i;
+    let block = t.min(super::layer::mlp_block_rows(c) as f64);
+    let mlp_block = block * HALF * 3.0 * i;
     let kept_per_layer = match policy {
-        Checkpoint::None => acts,
+        Checkpoint::None => acts + mlp_all,
         Checkpoint::Remat => t * (HALF * (d + qw) + F32 * h),
         Checkpoint::Layer => t * HALF * d,
     };
-    // A layer's backward: dout, dx2, dm, dg, du, dh2, dO, dQ, dK, dV, dh1 (f32 at most); the
-    // attention's head-major copies of Q, K, V, O, dO (16-bit), its f32 dQ, dK, dV and D.
-    let grads_in_flight = t * F32 * (4.0 * d + 3.0 * i + 2.0 * qw + qw + 2.0 * kw);
+    // A layer's backward: dout, dx2, dh2, dO, dQ, dK, dV, dh1 (f32 at most), and per MLP block
+    // dm, dg, du and the block's dh2; the attention's head-major copies of Q, K, V, O, dO
+    // (16-bit), its f32 dQ, dK, dV and D.
+    let grads_in_flight =
+        t * F32 * (4.0 * d + 2.0 * qw + qw + 2.0 * kw) + block * F32 * (3.0 * i + d);
     let attention = t * (HALF * (3.0 * qw + 2.0 * kw) + F32 * (qw + 2.0 * kw + h));
     // The residual stream and its gradient between layers, the final norm's output.
     let stream = t * d * (2.0 * HALF + F32);
@@ -100,7 +106,7 @@ pub fn step_memory(c: &Config, seq: usize, policy: Checkpoint, optimizer: bool) 
         grads: F32 * params,
         optimizer: if optimizer { 3.0 * F32 * params } else { 0.0 },
         kept: c.num_hidden_layers as f64 * kept_per_layer,
-        working: acts + grads_in_flight + attention + stream + RESERVE_BYTES,
+        working: acts + mlp_block + grads_in_flight + attention + stream + RESERVE_BYTES,
     }
 }
 

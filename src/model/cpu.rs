@@ -3,7 +3,7 @@
 //! GPU implementation is checked against.
 
 use super::float::Float;
-use super::ops::{AdamW, LossOut, Ops, row_positions};
+use super::ops::{AdamW, LossOut, Ops, check_rows, row_positions};
 use crate::attn::Span;
 use anyhow::{Result, bail};
 use ndarray::linalg::general_mat_mul;
@@ -108,6 +108,19 @@ impl<F: Float> Ops for Cpu<F> {
 
     fn elem_bytes(&self) -> usize {
         std::mem::size_of::<F>()
+    }
+
+    fn rows(&self, t: &Vec<F>, width: usize, start: usize, len: usize) -> Result<Vec<F>> {
+        check_rows(t.len(), width, start, len)?;
+        Ok(t[start * width..(start + len) * width].to_vec())
+    }
+
+    fn set_rows(&self, dst: &mut Vec<F>, width: usize, start: usize, src: &Vec<F>) -> Result<()> {
+        let len = src.len() / width.max(1);
+        check_rows(dst.len(), width, start, len)?;
+        check_len("rows to write", src, len * width)?;
+        dst[start * width..(start + len) * width].copy_from_slice(src);
+        Ok(())
     }
 
     fn add_assign(&self, dst: &mut Vec<F>, src: &Vec<F>) -> Result<()> {

@@ -20,6 +20,7 @@ use super::ops::Ops;
 use super::weights::LayerWeights;
 use crate::attn::Span;
 use anyhow::Result;
+use std::borrow::Cow;
 use std::fmt;
 use std::str::FromStr;
 
@@ -56,7 +57,7 @@ impl fmt::Display for Checkpoint {
     }
 }
 
-/// Every activation the layer backward reads (q and k after rotation).
+/// Every activation the layer backward reads up to the MLP's input (q and k after rotation).
 pub struct Acts<T> {
     x: T,
     h1: T,
@@ -69,25 +70,50 @@ pub struct Acts<T> {
     x2: T,
     h2: T,
     rstd2: T,
+}
+
+/// The MLP's `[rows, intermediate]` activations of one block of rows.
+pub struct MlpActs<T> {
     g: T,
     u: T,
     m: T,
 }
 
+/// The layer's output and the MLP blocks' activations it kept.
+type MlpOut<T> = (T, Vec<MlpActs<T>>);
+
 /// What a layer keeps for its backward under each policy.
 pub enum Kept<T> {
-    All(Acts<T>),
-    AttentionOut { x: T, o: T, lse: T },
-    Input { x: T },
+    /// Everything, the MLP's activations block by block.
+    All(Acts<T>, Vec<MlpActs<T>>),
+    AttentionOut {
+        x: T,
+        o: T,
+        lse: T,
+    },
+    Input {
+        x: T,
+    },
+}
+
+/// Elements of one of the MLP's `[rows, intermediate]` tensors that may exist at once: 64 Mi
+/// (128 MiB in 16 bits). The MLP runs over blocks of rows this size, so its widest tensors and
+/// their gradients stop growing with the sequence (at LLaMA-7B's 11008 that is 6096 rows).
+const MLP_BLOCK_ELEMENTS: usize = 1 << 26;
+
+/// Rows the MLP handles at once for `c` (at least one).
+pub fn mlp_block_rows(c: &Config) -> usize {
+    (MLP_BLOCK_ELEMENTS / c.intermediate_size.max(1)).max(1)
 }
 
 /// A layer's setting: the device, the shape, and this worker's rows (`positions`: where they sit
-/// in the sequence, for rotary embeddings).
+/// in the sequence, for rotary embeddings; `mlp_rows`: the MLP's block, [`mlp_block_rows`]).
 pub struct Layer<'a, O> {
     pub ops: &'a O,
     pub cfg: &'a Config,
     pub rows: usize,
     pub positions: &'a [Span],
+    pub mlp_rows: usize,
 }
 
 impl<O: Ops> Layer<'_, O> {
@@ -97,14 +123,19 @@ impl<O: Ops> Layer<'_, O> {
 
     fn acts_bytes(&self, a: &Acts<O::T>) -> usize {
         self.bytes(&[
-            &a.x, &a.h1, &a.rstd1, &a.q, &a.k, &a.v, &a.o, &a.lse, &a.x2, &a.h2, &a.rstd2, &a.g,
-            &a.u, &a.m,
+            &a.x, &a.h1, &a.rstd1, &a.q, &a.k, &a.v, &a.o, &a.lse, &a.x2, &a.h2, &a.rstd2,
         ])
+    }
+
+    fn mlp_bytes(&self, m: &MlpActs<O::T>) -> usize {
+        self.bytes(&[&m.g, &m.u, &m.m])
     }
 
     fn kept_bytes(&self, k: &Kept<O::T>) -> usize {
         match k {
-            Kept::All(a) => self.acts_bytes(a),
+            Kept::All(a, mlp) => {
+                self.acts_bytes(a) + mlp.iter().map(|m| self.mlp_bytes(m)).sum::<usize>()
+            }
             Kept::AttentionOut { x, o, lse } => self.bytes(&[x, o, lse]),
             Kept::Input { x } => self.bytes(&[x]),
         }
@@ -138,9 +169,6 @@ impl<O: Ops> Layer<'_, O> {
         let mut x2 = ops.linear(&o, &w.wo, n, c.q_width(), d)?;
         ops.add_assign(&mut x2, &x)?;
         let (h2, rstd2) = ops.rmsnorm(&x2, &w.mlp_norm, n, d, c.rms_norm_eps)?;
-        let g = ops.linear(&h2, &w.w_gate, n, d, c.intermediate_size)?;
-        let u = ops.linear(&h2, &w.w_up, n, d, c.intermediate_size)?;
-        let m = ops.swiglu(&g, &u)?;
         Ok(Acts {
             x,
             h1,
@@ -153,10 +181,124 @@ impl<O: Ops> Layer<'_, O> {
             x2,
             h2,
             rstd2,
-            g,
-            u,
-            m,
         })
+    }
+
+    /// The blocks of rows the MLP runs over: (first row, rows).
+    fn blocks(&self) -> impl Iterator<Item = (usize, usize)> + use<'_, O> {
+        let step = self.mlp_rows.max(1);
+        (0..self.rows)
+            .step_by(step)
+            .map(move |start| (start, step.min(self.rows - start)))
+    }
+
+    /// Rows `start..start + len` of `t` (`width` wide): `t` itself when that is all of it.
+    fn block<'t>(
+        &self,
+        t: &'t O::T,
+        width: usize,
+        (start, len): (usize, usize),
+    ) -> Result<Cow<'t, O::T>> {
+        Ok(if start == 0 && len == self.rows {
+            Cow::Borrowed(t)
+        } else {
+            Cow::Owned(self.ops.rows(t, width, start, len)?)
+        })
+    }
+
+    /// g, u = h2 Wgᵀ, h2 Wuᵀ;  m = silu(g)∘u for `rows` rows of h2.
+    fn mlp_acts(&self, w: &LayerWeights<O::T>, h2: &O::T, rows: usize) -> Result<MlpActs<O::T>> {
+        let (ops, d, i) = (self.ops, self.cfg.hidden_size, self.cfg.intermediate_size);
+        let g = ops.linear(h2, &w.w_gate, rows, d, i)?;
+        let u = ops.linear(h2, &w.w_up, rows, d, i)?;
+        let m = ops.swiglu(&g, &u)?;
+        Ok(MlpActs { g, u, m })
+    }
+
+    /// out = x2 + m Wdᵀ block by block; the blocks' MLP activations when `keep`.
+    fn mlp_forward(
+        &self,
+        w: &LayerWeights<O::T>,
+        a: &Acts<O::T>,
+        keep: bool,
+        meter: &mut Meter,
+    ) -> Result<MlpOut<O::T>> {
+        let (ops, d, i) = (self.ops, self.cfg.hidden_size, self.cfg.intermediate_size);
+        let mut out = a.x2.clone();
+        let mut kept = Vec::new();
+        for b in self.blocks() {
+            let mlp = self.mlp_acts(w, self.block(&a.h2, d, b)?.as_ref(), b.1)?;
+            let bytes = self.mlp_bytes(&mlp);
+            meter.hold(bytes);
+            let mut y = ops.linear(&mlp.m, &w.w_down, b.1, i, d)?;
+            ops.add_assign(&mut y, self.block(&a.x2, d, b)?.as_ref())?;
+            if b == (0, self.rows) {
+                out = y;
+            } else {
+                ops.set_rows(&mut out, d, b.0, &y)?;
+            }
+            if keep {
+                kept.push(mlp);
+            } else {
+                meter.release(bytes);
+            }
+        }
+        Ok((out, kept))
+    }
+
+    /// dh2 from dout through the MLP, block by block (activations from `kept`, else
+    /// recomputed from h2); its weight gradients accumulate in `grads`.
+    fn mlp_backward(
+        &self,
+        w: &LayerWeights<O::T>,
+        a: &Acts<O::T>,
+        kept: Option<&[MlpActs<O::T>]>,
+        dout: &O::T,
+        grads: &mut LayerWeights<O::T>,
+        meter: &mut Meter,
+    ) -> Result<O::T> {
+        let (ops, d, i) = (self.ops, self.cfg.hidden_size, self.cfg.intermediate_size);
+        let mut dh2 = ops.zeros(self.rows * d)?;
+        for (n, b) in self.blocks().enumerate() {
+            let len = b.1;
+            let h2 = self.block(&a.h2, d, b)?;
+            let recomputed;
+            let mlp = match kept {
+                Some(kept) => &kept[n],
+                None => {
+                    recomputed = self.mlp_acts(w, &h2, len)?;
+                    meter.hold(self.mlp_bytes(&recomputed));
+                    &recomputed
+                }
+            };
+            // out = x2 + m Wdᵀ;  m = silu(g)∘u;  g, u = h2 Wgᵀ, h2 Wuᵀ
+            let mut dm = ops.zeros(len * i)?;
+            let dy = self.block(dout, d, b)?;
+            ops.linear_backward(
+                &dy,
+                &mlp.m,
+                &w.w_down,
+                len,
+                i,
+                d,
+                &mut dm,
+                &mut grads.w_down,
+            )?;
+            let (dg, du) = ops.swiglu_backward(&mlp.g, &mlp.u, &dm)?;
+            let mut part = (b != (0, self.rows))
+                .then(|| ops.zeros(len * d))
+                .transpose()?;
+            let into = part.as_mut().unwrap_or(&mut dh2);
+            ops.linear_backward(&dg, &h2, &w.w_gate, len, d, i, into, &mut grads.w_gate)?;
+            ops.linear_backward(&du, &h2, &w.w_up, len, d, i, into, &mut grads.w_up)?;
+            if let Some(part) = part {
+                ops.set_rows(&mut dh2, d, b.0, &part)?;
+            }
+            if kept.is_none() {
+                meter.release(self.mlp_bytes(mlp));
+            }
+        }
+        Ok(dh2)
     }
 
     /// The layer's output and what `policy` keeps of its activations.
@@ -169,20 +311,14 @@ impl<O: Ops> Layer<'_, O> {
         forwards: &mut u32,
         meter: &mut Meter,
     ) -> Result<(O::T, Kept<O::T>)> {
-        let c = self.cfg;
         let a = self.acts(w, x, None, attn, forwards)?;
-        let all = self.acts_bytes(&a);
-        meter.hold(all);
-        let mut out = self.ops.linear(
-            &a.m,
-            &w.w_down,
-            self.rows,
-            c.intermediate_size,
-            c.hidden_size,
-        )?;
-        self.ops.add_assign(&mut out, &a.x2)?;
+        let acts = self.acts_bytes(&a);
+        meter.hold(acts);
+        let keep_mlp = policy == Checkpoint::None;
+        let (out, mlp) = self.mlp_forward(w, &a, keep_mlp, meter)?;
+        let all = acts + mlp.iter().map(|m| self.mlp_bytes(m)).sum::<usize>();
         let kept = match policy {
-            Checkpoint::None => Kept::All(a),
+            Checkpoint::None => Kept::All(a, mlp),
             Checkpoint::Remat => Kept::AttentionOut {
                 x: a.x,
                 o: a.o,
@@ -207,29 +343,22 @@ impl<O: Ops> Layer<'_, O> {
         meter: &mut Meter,
     ) -> Result<O::T> {
         let (ops, c, n) = (self.ops, self.cfg, self.rows);
-        let (d, i, qw, kw) = (
-            c.hidden_size,
-            c.intermediate_size,
-            c.q_width(),
-            c.kv_width(),
-        );
+        let (d, qw, kw) = (c.hidden_size, c.q_width(), c.kv_width());
         let had = self.kept_bytes(&kept);
-        let a = match kept {
-            Kept::All(a) => a,
-            Kept::AttentionOut { x, o, lse } => self.acts(w, x, Some((o, lse)), attn, forwards)?,
-            Kept::Input { x } => self.acts(w, x, None, attn, forwards)?,
+        let (a, mlp) = match kept {
+            Kept::All(a, mlp) => (a, Some(mlp)),
+            Kept::AttentionOut { x, o, lse } => {
+                (self.acts(w, x, Some((o, lse)), attn, forwards)?, None)
+            }
+            Kept::Input { x } => (self.acts(w, x, None, attn, forwards)?, None),
         };
-        let all = self.acts_bytes(&a);
+        let mlp_kept: usize = mlp.iter().flatten().map(|m| self.mlp_bytes(m)).sum();
+        let all = self.acts_bytes(&a) + mlp_kept;
         meter.hold(all - had);
 
-        // out = x2 + m Wdᵀ;  m = silu(g)∘u;  g, u = h2 Wgᵀ, h2 Wuᵀ;  h2 = rmsnorm(x2)·g2
+        // h2 = rmsnorm(x2)·g2, and the MLP above it
         let mut dx2 = dout.clone();
-        let mut dm = ops.zeros(n * i)?;
-        ops.linear_backward(&dout, &a.m, &w.w_down, n, i, d, &mut dm, &mut grads.w_down)?;
-        let (dg, du) = ops.swiglu_backward(&a.g, &a.u, &dm)?;
-        let mut dh2 = ops.zeros(n * d)?;
-        ops.linear_backward(&dg, &a.h2, &w.w_gate, n, d, i, &mut dh2, &mut grads.w_gate)?;
-        ops.linear_backward(&du, &a.h2, &w.w_up, n, d, i, &mut dh2, &mut grads.w_up)?;
+        let dh2 = self.mlp_backward(w, &a, mlp.as_deref(), &dout, grads, meter)?;
         ops.rmsnorm_backward(
             &a.x2,
             &w.mlp_norm,
@@ -283,5 +412,80 @@ impl<O: Ops> Layer<'_, O> {
         )?;
         meter.release(all);
         Ok(dx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::attention::Dense;
+    use crate::model::cpu::Cpu;
+    use crate::model::weights::{self, Weights};
+
+    /// One layer's output, input gradient and weight gradients under `policy` with the MLP run
+    /// over blocks of `mlp_rows` rows.
+    fn layer_run(mlp_rows: usize, policy: Checkpoint) -> (Vec<f64>, Vec<f64>, Vec<Vec<f64>>) {
+        let cfg = Config {
+            intermediate_size: 24,
+            ..Config::preset("tiny").unwrap()
+        };
+        let ops = Cpu::<f64>::new();
+        let rows = 13;
+        let w: Weights<Vec<f64>> = weights::random(&ops, &cfg, 5).unwrap();
+        let mut grads = weights::zeros(&ops, &cfg).unwrap();
+        let positions = [Span {
+            start: 0,
+            len: rows,
+        }];
+        let layer = Layer {
+            ops: &ops,
+            cfg: &cfg,
+            rows,
+            positions: &positions,
+            mlp_rows,
+        };
+        let mut attn = Dense {
+            dims: cfg.dims(),
+            rows,
+        };
+        let x: Vec<f64> = (0..rows * cfg.hidden_size)
+            .map(|i| ((i * 37 % 101) as f64 / 50.0) - 1.0)
+            .collect();
+        let dout: Vec<f64> = (0..rows * cfg.hidden_size)
+            .map(|i| ((i * 53 % 97) as f64 / 48.0) - 1.0)
+            .collect();
+        let (mut forwards, mut meter) = (0, Meter::default());
+        let (lw, gw) = (&w.layers[0], &mut grads.layers[0]);
+        let (out, kept) = layer
+            .forward(lw, x, policy, &mut attn, &mut forwards, &mut meter)
+            .unwrap();
+        let dx = layer
+            .backward(lw, kept, dout, &mut attn, gw, &mut forwards, &mut meter)
+            .unwrap();
+        let g = [&gw.w_gate, &gw.w_up, &gw.w_down, &gw.mlp_norm, &gw.wq];
+        (out, dx, g.iter().map(|t| t.to_vec()).collect())
+    }
+
+    #[test]
+    fn mlp_blocks_of_rows_change_nothing_but_rounding() {
+        for policy in [Checkpoint::None, Checkpoint::Layer, Checkpoint::Remat] {
+            let (out, dx, grads) = layer_run(1000, policy);
+            // Uneven blocks (13 rows in 5, 5, 3) and single rows.
+            for mlp_rows in [5, 1] {
+                let (o, d, g) = layer_run(mlp_rows, policy);
+                let close = |a: &[f64], b: &[f64]| {
+                    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| (x - y).abs() <= 1e-12)
+                };
+                assert!(close(&o, &out), "{policy}, blocks of {mlp_rows}: output");
+                assert!(close(&d, &dx), "{policy}, blocks of {mlp_rows}: dx");
+                for (a, b) in g.iter().zip(&grads) {
+                    assert!(
+                        close(a, b),
+                        "{policy}, blocks of {mlp_rows}: a weight gradient"
+                    );
+                }
+            }
+        }
+        assert_eq!(mlp_block_rows(&Config::preset("llama2-7b").unwrap()), 6096);
     }
 }

@@ -94,6 +94,7 @@ pub fn forward_backward<O: Ops>(
         cfg,
         rows,
         positions: chunk.positions,
+        mlp_rows: layer::mlp_block_rows(cfg),
     };
     let mut forwards = vec![0u32; cfg.num_hidden_layers];
     let mut meter = Meter::default();

@@ -48,6 +48,13 @@ pub trait Ops: Sync {
     /// Bytes per element, for memory accounting.
     fn elem_bytes(&self) -> usize;
 
+    /// Rows `start..start + len` of a `[rows, width]` tensor, as a new tensor of the same
+    /// precision (the MLP runs over row blocks so its wide intermediates exist a block at a time).
+    fn rows(&self, t: &Self::T, width: usize, start: usize, len: usize) -> Result<Self::T>;
+    /// Writes `src` (`[len, width]`, the precision of `dst`) over rows `start..start + len` of
+    /// `dst`.
+    fn set_rows(&self, dst: &mut Self::T, width: usize, start: usize, src: &Self::T) -> Result<()>;
+
     /// `dst += src`.
     fn add_assign(&self, dst: &mut Self::T, src: &Self::T) -> Result<()>;
     /// Σ t², for the global gradient norm.
@@ -178,4 +185,15 @@ pub fn check_positions(runs: &[Span], rows: usize) -> Result<()> {
 pub fn row_positions(runs: &[Span], rows: usize) -> Result<impl Iterator<Item = usize> + '_> {
     check_positions(runs, rows)?;
     Ok(runs.iter().flat_map(|r| r.start..r.end()))
+}
+
+/// One sentence unless rows `start..start + len` of width `width` lie inside `total` elements.
+pub fn check_rows(total: usize, width: usize, start: usize, len: usize) -> Result<()> {
+    if width == 0 || !total.is_multiple_of(width) || (start + len) * width > total {
+        bail!(
+            "rows {start}..{} of width {width} are not inside a tensor of {total} elements",
+            start + len
+        );
+    }
+    Ok(())
 }

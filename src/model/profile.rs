@@ -109,6 +109,16 @@ impl<O: Ops> Ops for Profiled<'_, O> {
         self.inner.elem_bytes()
     }
 
+    fn rows(&self, t: &O::T, width: usize, start: usize, len: usize) -> Result<O::T> {
+        self.profile
+            .time("rows", || self.inner.rows(t, width, start, len))
+    }
+
+    fn set_rows(&self, dst: &mut O::T, width: usize, start: usize, src: &O::T) -> Result<()> {
+        self.profile
+            .time("set_rows", || self.inner.set_rows(dst, width, start, src))
+    }
+
     fn add_assign(&self, dst: &mut O::T, src: &O::T) -> Result<()> {
         self.profile
             .time("add_assign", || self.inner.add_assign(dst, src))
