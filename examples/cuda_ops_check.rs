@@ -155,6 +155,20 @@ impl Checker {
             let err = (gs - cs).abs() / cs;
             self.verdict(&format!("sum_squares {}", kind(h)), err, F32_TOL);
         }
+        // Row blocks (the MLP's): copies, so exact in either precision.
+        let (width, rows) = (96, 37);
+        for h in [true, false] {
+            let (src, csrc) = self.either(h, width * rows)?;
+            let (mut dst, mut cdst) = self.either(h, width * rows)?;
+            let (block, cblock) = (
+                self.gpu.rows(&src, width, 11, 9)?,
+                self.cpu.rows(&csrc, width, 11, 9)?,
+            );
+            self.report(&format!("rows {}", kind(h)), &block, &cblock, 0.0)?;
+            self.gpu.set_rows(&mut dst, width, 28, &block)?;
+            self.cpu.set_rows(&mut cdst, width, 28, &cblock)?;
+            self.report(&format!("set_rows {}", kind(h)), &dst, &cdst, 0.0)?;
+        }
         let (g, cg) = self.half(n, -6.0, 6.0)?;
         let (u, cu) = self.half(n, -2.0, 2.0)?;
         let (dm, cdm) = self.full(n, -1.0, 1.0)?;
