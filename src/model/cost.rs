@@ -49,7 +49,8 @@ pub struct StepMemory {
     pub weights: f64,
     /// f32 weight gradients.
     pub grads: f64,
-    /// AdamW's f32 master weights and two moments (0 without an optimizer step).
+    /// AdamW's two f32 moments (0 without an optimizer step). The CUDA model updates its 16-bit
+    /// weights in place: no f32 master copy.
     pub optimizer: f64,
     /// What the checkpoint policy keeps of every layer between forward and backward.
     pub kept: f64,
@@ -104,7 +105,7 @@ pub fn step_memory(c: &Config, seq: usize, policy: Checkpoint, optimizer: bool) 
     StepMemory {
         weights: HALF * params,
         grads: F32 * params,
-        optimizer: if optimizer { 3.0 * F32 * params } else { 0.0 },
+        optimizer: if optimizer { 2.0 * F32 * params } else { 0.0 },
         kept: c.num_hidden_layers as f64 * kept_per_layer,
         working: acts + mlp_block + grads_in_flight + attention + stream + RESERVE_BYTES,
     }
@@ -183,12 +184,15 @@ mod tests {
         );
         assert_eq!(remat.grads, 2.0 * remat.weights);
         let train = step_memory(&c, 16384, Checkpoint::Remat, true);
-        assert_eq!(train.optimizer, 6.0 * remat.weights);
+        assert_eq!(train.optimizer, 4.0 * remat.weights);
         // Remat keeps x and O (16-bit) and LSE per layer: 32 · 16384 · (2·8192 + 4·32) bytes.
         assert_eq!(remat.kept, 32.0 * 16384.0 * (2.0 * 8192.0 + 128.0));
-        // HF with checkpointing fits 128K tokens of the whole 7B in 103 GiB; so should we.
+        // HF with checkpointing fits 128K tokens of the whole 7B in 103 GiB; so do we (measured
+        // 102.7 GiB with the MLP over row blocks), and the estimate stays above what was
+        // measured.
         let long = step_memory(&c, 131072, Checkpoint::Layer, false);
-        assert!(gib(long.total()) < 139.0, "{}", gib(long.total()));
+        let est = gib(long.total());
+        assert!((102.7..125.0).contains(&est), "{est}");
     }
 
     #[test]
