@@ -14,7 +14,8 @@ within 1e-4 of the float64 reference.
 
     python3 bench/peers/hf_parity.py --bin .dev/distflash --out OUTDIR --device cuda
 
-runs distflash on the GPU in bf16 (one worker, every checkpoint policy) on a model with head dim
+runs distflash on the GPU in bf16 (one worker under every checkpoint policy, then 2 and 3
+virtual workers sharing the GPU) on a model with head dim
 64 (the CUDA kernels' smallest) and a length that is not a multiple of 128, and compares with
 transformers run in bf16 on the same weights: our error against the float64 reference must be
 at most twice transformers' own bf16 error, loss (floored at 2^-9) and worst gradient alike.
@@ -135,7 +136,8 @@ def main():
         # The loss is one number whose bf16 error can land near zero by chance: floor its bar at
         # half a bf16 unit in the last place.
         loss_tol, grad_tol = max(2 * hf_loss_err, 2.0**-9), 2 * hf_grad_err
-        cases = [(1, "remat"), (1, "layer"), (1, "none")]
+        # Several workers on one GPU are virtual (threads, distflash between them).
+        cases = [(1, "remat"), (1, "layer"), (1, "none"), (2, "remat"), (3, "layer")]
         bar = {"transformers_bf16_loss_relative_error": hf_loss_err,
                "transformers_bf16_max_gradient_relative_error": hf_grad_err,
                "tolerance": "2x transformers' bf16 error"}

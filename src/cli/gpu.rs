@@ -15,7 +15,8 @@ use distflash::plan::Schedule;
 use distflash::train::bench::{GpuTiming, Runs, on_gpu, time_steps_cuda, time_steps_rank};
 use distflash::train::cuda_attention::CudaAttention;
 use distflash::train::{
-    Gradients, Options, StepReport, gradients_on, train_on, train_rank_on, train_threads_on,
+    Gradients, Options, StepReport, Threads, gradients_on, gradients_threads_on, train_on,
+    train_rank_on, train_threads_on,
 };
 
 /// What to open and check the memory for.
@@ -97,15 +98,21 @@ pub fn bench_rank(
     })
 }
 
-/// Loss and gradients of one sequence on the GPU.
+/// Loss and gradients of one sequence on the GPU: one worker through the whole-sequence
+/// attention, or `run.workers` virtual workers sharing the GPU (distflash between them).
 pub fn gradients(
     backend: CudaBackend,
     cfg: &Config,
     weights: &[Vec<f32>],
     tokens: &[u32],
+    run: Threads,
     checkpoint: Checkpoint,
 ) -> Result<Gradients> {
     let ops = CudaOps::new(backend)?;
+    if run.workers > 1 {
+        let be = ops.backend();
+        return gradients_threads_on(&ops, be, cfg, weights, tokens, run, checkpoint);
+    }
     let rows = tokens.len().saturating_sub(1);
     let mut attn = CudaAttention::new(ops.backend(), cfg.dims(), rows)?;
     gradients_on(&ops, &mut attn, cfg, weights, tokens, checkpoint)

@@ -73,11 +73,16 @@ pub fn run(args: Args) -> Result<()> {
                 seq: tokens.len().saturating_sub(1),
                 checkpoint: args.checkpoint,
                 optimizer: false,
-                model_copies: 1,
+                model_copies: args.workers,
             }
             .open()?;
             let host = train::initial_weights(&config, &init)?;
-            super::gpu::gradients(backend, &config, &host, &tokens, args.checkpoint)?
+            let run = train::Threads {
+                workers: args.workers,
+                schedule: args.schedule,
+                timeout: Duration::from_secs(600),
+            };
+            super::gpu::gradients(backend, &config, &host, &tokens, run, args.checkpoint)?
         }
     };
     let specs = specs(&config);

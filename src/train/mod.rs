@@ -299,27 +299,65 @@ pub fn gradients(
     policy: Checkpoint,
     timeout: Duration,
 ) -> Result<Gradients> {
+    let ops = Cpu::<f32>::new();
+    let run = Threads {
+        workers,
+        schedule,
+        timeout,
+    };
+    gradients_threads_on(&ops, &CpuBackend, cfg, weights, tokens, run, policy)
+}
+
+/// How a threaded run splits its sequence: worker threads, schedule, and how long a worker
+/// waits for a message.
+#[derive(Clone, Copy, Debug)]
+pub struct Threads {
+    pub workers: usize,
+    pub schedule: Schedule,
+    pub timeout: Duration,
+}
+
+/// [`gradients`] on any device: `run.workers` threads share `ops`'s device (virtual workers on
+/// one GPU), attention distributed by `backend` between them.
+pub fn gradients_threads_on<O, B>(
+    ops: &O,
+    backend: &B,
+    cfg: &Config,
+    weights: &[Vec<f32>],
+    tokens: &[u32],
+    run: Threads,
+    policy: Checkpoint,
+) -> Result<Gradients>
+where
+    O: Ops<T = B::Tensor>,
+    B: ModelEdge + Sync,
+    B::Tensor: Buffer,
+{
     if tokens.len() < 2 {
         bail!("gradients need at least 2 tokens (one input and its target)");
     }
+    let Threads {
+        workers,
+        schedule,
+        timeout,
+    } = run;
     let seq = tokens.len() - 1;
     let spans = spans_for(seq, workers, schedule)?;
-    let w = upload_weights(&Cpu::<f32>::new(), cfg, weights)?;
+    let w = upload_weights(ops, cfg, weights)?;
     let sample = Sample {
         tokens: tokens.to_vec(),
         probe: None,
     };
-    let ops = Cpu::<f32>::new();
-    let results = run_workers(workers, timeout, |rank, comm| {
-        let mut grads = weights::zeros(&ops, cfg)?;
-        let mut attn = Distributed::new(&CpuBackend, comm, cfg.dims(), spans.clone(), schedule)?;
+    let results = run_workers(workers, timeout, |rank, comm: &mut LocalComm<B::Tensor>| {
+        let mut grads = weights::zeros(ops, cfg)?;
+        let mut attn = Distributed::new(backend, comm, cfg.dims(), spans.clone(), schedule)?;
         let mut tally = Tally {
             loss_sum: 0.0,
             correct: 0,
             probes: 0,
         };
         let out = accumulate(
-            &ops,
+            ops,
             cfg,
             &w,
             &mut grads,
@@ -330,10 +368,10 @@ pub fn gradients(
             1.0 / seq as f64,
             &mut tally,
         )?;
-        all_reduce(&ops, attn.comm, &mut grads, &mut tally)?;
+        all_reduce(ops, attn.comm, &mut grads, &mut tally)?;
         Ok(Gradients {
             loss: tally.loss_sum / seq as f64,
-            grads: grads.tensors().into_iter().cloned().collect(),
+            grads: download_weights(ops, &grads)?,
             attention_forwards_per_layer: out.attention_forwards,
             peak_activation_bytes: out.peak_activation_bytes,
         })
