@@ -68,6 +68,10 @@ pub struct Args {
     /// Seconds ranks of a multi-process job (`distflash launch`, torchrun) wait for each other.
     #[arg(long, default_value_t = 60)]
     rendezvous_timeout: u64,
+    /// Start on the GPU even when the estimated peak exceeds the free memory (the estimate errs
+    /// 7–10% high; a run that really does not fit then fails at an allocation).
+    #[arg(long)]
+    ignore_memory_estimate: bool,
 }
 
 #[derive(Serialize)]
@@ -186,6 +190,7 @@ pub fn run(args: Args) -> Result<()> {
                 checkpoint: policy,
                 optimizer: false,
                 model_copies: 1,
+                ignore_estimate: args.ignore_memory_estimate,
             }
             .open()?;
             let g = match launch {

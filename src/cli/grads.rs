@@ -74,6 +74,7 @@ pub fn run(args: Args) -> Result<()> {
                 checkpoint: args.checkpoint,
                 optimizer: false,
                 model_copies: args.workers,
+                ignore_estimate: false,
             }
             .open()?;
             let host = train::initial_weights(&config, &init)?;

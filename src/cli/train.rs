@@ -143,6 +143,10 @@ pub struct Args {
     /// Seconds ranks of a multi-process job (`distflash launch`, torchrun) wait for each other.
     #[arg(long, default_value_t = 60)]
     rendezvous_timeout: u64,
+    /// Start on the GPU even when the estimated peak exceeds the free memory (the estimate errs
+    /// 7–10% high; a run that really does not fit then fails at an allocation).
+    #[arg(long)]
+    ignore_memory_estimate: bool,
 }
 
 /// Most steps over which the summary averages loss and recall at the start and the end.
@@ -380,6 +384,7 @@ fn open_gpu(
         checkpoint: args.checkpoint,
         optimizer: true,
         model_copies: virtual_workers,
+        ignore_estimate: args.ignore_memory_estimate,
     }
     .open()?;
     if virtual_workers > 1 {

@@ -55,7 +55,7 @@ impl ModelEdge for CpuBackend {
 
     fn split(&self, t: &Vec<f32>, lens: &[usize]) -> Result<Vec<Vec<f32>>> {
         if lens.iter().sum::<usize>() != t.len() {
-            anyhow::bail!(
+            bail!(
                 "cannot cut a tensor of {} elements into parts of {lens:?}",
                 t.len()
             );
