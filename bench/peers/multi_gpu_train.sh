@@ -55,3 +55,23 @@ for n in $SEQS; do
     done
   done
 done
+# The longest sequence each policy fits on two GPUs (issue 6): LONGEST lists policy:lengths to
+# try, one step each past the memory estimate (which errs 7-10% high); a run that does not fit
+# fails at an allocation and is logged, not fatal. Empty by default (each try at 256K+ takes
+# minutes), e.g. LONGEST="layer:262144 remat:196608,229376".
+for pair in ${LONGEST:-}; do
+  policy=${pair%%:*}
+  for n in $(echo "${pair#*:}" | tr ',' ' '); do
+    tag="2gpu zigzag $policy 7b n$n longest"
+    echo "=== $tag" >> "$OUT/train_7b.log"
+    if timeout 500 "$BIN" launch --nproc-per-node 2 -- bench train --device cuda \
+        --preset llama2-7b --seq-len "$n" --checkpoint "$policy" --schedule zigzag \
+        --warmup 0 --repeats 1 --ignore-memory-estimate --json \
+        > "$WORK/run.json" 2>> "$OUT/train_7b.log"; then
+      cat "$WORK/run.json" >> "$OUT/train_7b.jsonl"
+      echo "$tag: fits, $(grep -o '"peak_memory_gib":[0-9.]*' "$WORK/run.json")"
+    else
+      echo "$tag: does not fit or failed: $(tail -n 1 "$OUT/train_7b.log")"
+    fi
+  done
+done
