@@ -12,6 +12,11 @@
 //! - `remat`: x, o and lse kept; h1, q, k, v recomputed from x, x2…m from x and o. The attention
 //!   backward runs from the saved o and lse, so attention's forward runs once per step.
 //! - `layer`: x kept; the whole layer, attention forward included, re-runs in the backward.
+//!
+//! The MLP (g, u, m and their gradients, `[rows, intermediate]` each) runs over blocks of rows
+//! ([`mlp_block_rows`]), forward and backward, so at long sequences its wide tensors exist a
+//! block at a time; rows are independent there, so only the weight gradients' summation order
+//! changes.
 
 use super::Meter;
 use super::attention::Attention;
