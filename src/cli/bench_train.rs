@@ -12,7 +12,7 @@ use distflash::comm::rendezvous::{self, LaunchEnv};
 use distflash::comm::{Communicator, connect_mesh, nccl};
 use distflash::model::Checkpoint;
 use distflash::model::config::Config;
-use distflash::model::cost::{self, H200_BF16_PEAK_TFLOPS};
+use distflash::model::cost::{self, H200_BF16_PEAK_TFLOPS, gib};
 use distflash::model::cpu::Cpu;
 use distflash::model::profile::OpTime;
 use distflash::plan::Schedule;
@@ -105,10 +105,6 @@ struct Report {
     command: String,
 }
 
-fn gib(bytes: f64) -> f64 {
-    bytes / (1u64 << 30) as f64
-}
-
 pub fn run(args: Args) -> Result<()> {
     let mut cfg = Config::preset(&args.preset)?;
     if let Some(n) = args.layers {
@@ -125,14 +121,10 @@ pub fn run(args: Args) -> Result<()> {
             );
         } else {
             println!(
-                "{} ({} layers) at {seq} tokens, checkpoint {policy}: about {:.1} GiB on the GPU (weights {:.1}, gradients {:.1}, kept activations {:.1}, working set {:.1})",
+                "{} ({} layers) at {seq} tokens, checkpoint {policy}: {} on the GPU",
                 args.preset,
                 cfg.num_hidden_layers,
-                gib(m.total()),
-                gib(m.weights),
-                gib(m.grads),
-                gib(m.kept),
-                gib(m.working)
+                m.describe()
             );
         }
         return Ok(());

@@ -41,8 +41,9 @@ pub struct GpuRun<'a> {
 }
 
 impl GpuRun<'_> {
-    /// Opens the GPU (one sentence on a machine without a driver) and refuses, with the numbers,
-    /// a run whose estimated peak exceeds the free memory. Returns the backend and the estimate.
+    /// Opens the GPU (one sentence on a machine without a driver), refuses, with the numbers, a
+    /// run whose estimated peak exceeds the free memory, and says the estimate on standard error
+    /// before anything is allocated. Returns the backend and the estimate.
     pub fn open(&self) -> Result<(CudaBackend, cost::StepMemory)> {
         let backend = CudaBackend::new(self.gpu, self.dtype)?;
         let head_dim = self.config.head_dim;
@@ -65,8 +66,14 @@ impl GpuRun<'_> {
             self.checkpoint,
             if self.optimizer { " and AdamW" } else { "" }
         );
-        match cost::check_fits(&need, backend.memory()?.free, &what) {
-            Ok(()) => {}
+        let free = backend.memory()?.free;
+        match cost::check_fits(&need, free, &what) {
+            Ok(()) => eprintln!(
+                "GPU {}: {what} needs {} of {:.1} GiB free",
+                self.gpu,
+                need.describe(),
+                cost::gib(free as f64)
+            ),
             Err(e) if self.ignore_estimate => {
                 eprintln!("note: {e:#}; starting anyway (--ignore-memory-estimate)")
             }

@@ -36,6 +36,10 @@ pub struct Args {
     /// 16-bit format of weights and activations with --device cuda.
     #[arg(long, default_value = "bf16")]
     dtype: InputDtype,
+    /// Start on the GPU even when the estimated peak exceeds the free memory (the estimate errs
+    /// 7–10% high; a run that really does not fit then fails at an allocation).
+    #[arg(long)]
+    ignore_memory_estimate: bool,
 }
 
 pub fn run(args: Args) -> Result<()> {
@@ -74,7 +78,7 @@ pub fn run(args: Args) -> Result<()> {
                 checkpoint: args.checkpoint,
                 optimizer: false,
                 model_copies: args.workers,
-                ignore_estimate: false,
+                ignore_estimate: args.ignore_memory_estimate,
             }
             .open()?;
             let host = train::initial_weights(&config, &init)?;

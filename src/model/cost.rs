@@ -63,6 +63,20 @@ impl StepMemory {
     pub fn total(&self) -> f64 {
         self.weights + self.grads + self.optimizer + self.kept + self.working
     }
+
+    /// "about 53.6 GiB (weights 12.6, gradients 25.1, ...)": the total and its parts, for
+    /// messages.
+    pub fn describe(&self) -> String {
+        format!(
+            "about {:.1} GiB (weights {:.1}, gradients {:.1}, optimizer {:.1}, kept activations {:.1}, working set {:.1})",
+            gib(self.total()),
+            gib(self.weights),
+            gib(self.grads),
+            gib(self.optimizer),
+            gib(self.kept),
+            gib(self.working)
+        )
+    }
 }
 
 /// The peak GPU memory of one step over `seq` tokens under `policy`, with the optimizer's state
@@ -111,7 +125,7 @@ pub fn step_memory(c: &Config, seq: usize, policy: Checkpoint, optimizer: bool) 
     }
 }
 
-fn gib(bytes: f64) -> f64 {
+pub fn gib(bytes: f64) -> f64 {
     bytes / (1u64 << 30) as f64
 }
 
@@ -122,13 +136,8 @@ pub fn check_fits(m: &StepMemory, free: usize, what: &str) -> Result<()> {
         return Ok(());
     }
     bail!(
-        "{what} would not fit on this GPU: it needs about {:.1} GiB (weights {:.1}, gradients {:.1}, optimizer {:.1}, kept activations {:.1}, working set {:.1}) but {:.1} GiB is free; use fewer layers, a shorter sequence, a leaner checkpoint policy (layer keeps least) or more GPUs",
-        gib(m.total()),
-        gib(m.weights),
-        gib(m.grads),
-        gib(m.optimizer),
-        gib(m.kept),
-        gib(m.working),
+        "{what} would not fit on this GPU: it needs {} but {:.1} GiB is free; use fewer layers, a shorter sequence, a leaner checkpoint policy (layer keeps least) or more GPUs",
+        m.describe(),
         gib(free as f64)
     )
 }
