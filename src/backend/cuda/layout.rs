@@ -10,6 +10,7 @@
 use super::{CudaBackend, InputDtype, Kind, Tensor, launch};
 use anyhow::{Result, anyhow, bail};
 use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr, PushKernelArg, ValidAsZeroBits};
+use std::ops::Range;
 use std::sync::Arc;
 
 /// Which way a layout change goes.
@@ -77,46 +78,72 @@ impl CudaBackend {
     }
 }
 
-/// Copies of consecutive element ranges of `src`, one per length in `lens`.
-fn split_slice<T: DeviceRepr + ValidAsZeroBits>(
+/// A copy of `src[range]`.
+fn copy_slice<T: DeviceRepr + ValidAsZeroBits>(
     stream: &Arc<CudaStream>,
     src: &CudaSlice<T>,
-    lens: &[usize],
-) -> Result<Vec<CudaSlice<T>>> {
-    let err = |e| anyhow!("could not split a tensor on the GPU: {e:?}");
-    let mut at = 0;
-    lens.iter()
-        .map(|&len| {
-            let mut part = stream.alloc_zeros::<T>(len).map_err(err)?;
-            stream
-                .memcpy_dtod(&src.slice(at..at + len), &mut part)
-                .map_err(err)?;
-            at += len;
-            Ok(part)
-        })
-        .collect()
-}
-
-/// One tensor holding `parts` one after another.
-fn join_slices<T: DeviceRepr + ValidAsZeroBits>(
-    stream: &Arc<CudaStream>,
-    parts: &[&CudaSlice<T>],
+    range: Range<usize>,
 ) -> Result<CudaSlice<T>> {
-    let err = |e| anyhow!("could not join tensors on the GPU: {e:?}");
-    let mut out = stream
-        .alloc_zeros::<T>(parts.iter().map(|p| p.len()).sum())
+    let err = |e| anyhow!("could not copy part of a tensor on the GPU: {e:?}");
+    let mut out = stream.alloc_zeros::<T>(range.len()).map_err(err)?;
+    stream
+        .memcpy_dtod(&src.slice(range), &mut out)
         .map_err(err)?;
-    let mut at = 0;
-    for p in parts {
-        stream
-            .memcpy_dtod(*p, &mut out.slice_mut(at..at + p.len()))
-            .map_err(err)?;
-        at += p.len();
-    }
     Ok(out)
 }
 
+/// `src` copied over `dst[at..at + src.len()]`.
+fn write_slice<T: DeviceRepr>(
+    stream: &Arc<CudaStream>,
+    dst: &mut CudaSlice<T>,
+    at: usize,
+    src: &CudaSlice<T>,
+) -> Result<()> {
+    stream
+        .memcpy_dtod(src, &mut dst.slice_mut(at..at + src.len()))
+        .map_err(|e| anyhow!("could not copy into part of a tensor on the GPU: {e:?}"))
+}
+
 impl CudaBackend {
+    /// A copy of elements `range` of `t`, in its precision.
+    pub fn copy_range(&self, t: &Tensor, range: Range<usize>) -> Result<Tensor> {
+        if range.end > t.len() {
+            bail!(
+                "elements {range:?} are not inside a tensor of {} elements",
+                t.len()
+            );
+        }
+        Ok(match t {
+            Tensor::Half { dtype, data } => Tensor::Half {
+                dtype: *dtype,
+                data: copy_slice(&self.stream, data, range)?,
+            },
+            Tensor::F32(data) => Tensor::F32(copy_slice(&self.stream, data, range)?),
+        })
+    }
+
+    /// Writes `src` over elements `at..at + src.len()` of `dst`, a tensor of the same precision.
+    pub fn write_at(&self, dst: &mut Tensor, at: usize, src: &Tensor) -> Result<()> {
+        if at + src.len() > dst.len() {
+            bail!(
+                "{} elements written at {at} do not fit a tensor of {}",
+                src.len(),
+                dst.len()
+            );
+        }
+        match (dst, src) {
+            (
+                Tensor::Half { dtype, data },
+                Tensor::Half {
+                    dtype: d,
+                    data: from,
+                },
+            ) if dtype == d => write_slice(&self.stream, data, at, from),
+            (Tensor::F32(data), Tensor::F32(from)) => write_slice(&self.stream, data, at, from),
+            _ => bail!("a tensor can only be written into one of its own precision"),
+        }
+    }
+
     /// `t` cut into consecutive parts of `lens` elements (copies): a zigzag worker's rows into
     /// its two chunks.
     pub fn split(&self, t: &Tensor, lens: &[usize]) -> Result<Vec<Tensor>> {
@@ -126,47 +153,28 @@ impl CudaBackend {
                 t.len()
             );
         }
-        Ok(match t {
-            Tensor::Half { dtype, data } => split_slice(&self.stream, data, lens)?
-                .into_iter()
-                .map(|data| Tensor::Half {
-                    dtype: *dtype,
-                    data,
-                })
-                .collect(),
-            Tensor::F32(data) => split_slice(&self.stream, data, lens)?
-                .into_iter()
-                .map(Tensor::F32)
-                .collect(),
-        })
+        let mut at = 0;
+        lens.iter()
+            .map(|&len| {
+                at += len;
+                self.copy_range(t, at - len..at)
+            })
+            .collect()
     }
 
-    /// `parts` one after another in one tensor (all 16-bit of one dtype, or all f32).
+    /// `parts` one after another in one tensor (all 16-bit of the backend's dtype, or all f32).
     pub fn join(&self, parts: &[Tensor]) -> Result<Tensor> {
-        let halves: Option<Vec<_>> = parts
-            .iter()
-            .map(|p| match p {
-                Tensor::Half { dtype, data } if *dtype == self.dtype => Some(data),
-                _ => None,
-            })
-            .collect();
-        if let Some(halves) = halves {
-            return Ok(Tensor::Half {
-                dtype: self.dtype,
-                data: join_slices(&self.stream, &halves)?,
-            });
+        let len = parts.iter().map(Tensor::len).sum();
+        let mut out = match parts.first() {
+            Some(Tensor::F32(_)) => Tensor::F32(self.alloc_f32(len)?),
+            _ => self.alloc_half(len)?,
+        };
+        let mut at = 0;
+        for p in parts {
+            self.write_at(&mut out, at, p)?;
+            at += p.len();
         }
-        let f32s: Option<Vec<_>> = parts
-            .iter()
-            .map(|p| match p {
-                Tensor::F32(data) => Some(data),
-                Tensor::Half { .. } => None,
-            })
-            .collect();
-        match f32s {
-            Some(f32s) => Ok(Tensor::F32(join_slices(&self.stream, &f32s)?)),
-            None => bail!("cannot join tensors of different precisions"),
-        }
+        Ok(out)
     }
 }
 

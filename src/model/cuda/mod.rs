@@ -106,31 +106,6 @@ impl CudaOps {
         })
     }
 
-    /// A copy of `src[range]`.
-    fn copy_out<T: DeviceRepr + ValidAsZeroBits>(
-        &self,
-        src: &CudaSlice<T>,
-        range: std::ops::Range<usize>,
-    ) -> Result<CudaSlice<T>> {
-        let mut out = self.alloc::<T>(range.len())?;
-        self.stream()
-            .memcpy_dtod(&src.slice(range), &mut out)
-            .map_err(|e| anyhow!("could not copy rows on the GPU: {e:?}"))?;
-        Ok(out)
-    }
-
-    /// `src` copied over `dst[at..at + src.len()]`.
-    fn copy_in<T: DeviceRepr>(
-        &self,
-        dst: &mut CudaSlice<T>,
-        at: usize,
-        src: &CudaSlice<T>,
-    ) -> Result<()> {
-        self.stream()
-            .memcpy_dtod(src, &mut dst.slice_mut(at..at + src.len()))
-            .map_err(|e| anyhow!("could not copy rows on the GPU: {e:?}"))
-    }
-
     fn half(&self, data: CudaSlice<u16>) -> Tensor {
         Tensor::Half {
             dtype: self.dtype(),
@@ -222,31 +197,13 @@ impl Ops for CudaOps {
 
     fn rows(&self, t: &Tensor, width: usize, start: usize, len: usize) -> Result<Tensor> {
         check_rows(t.len(), width, start, len)?;
-        let range = start * width..(start + len) * width;
-        Ok(match t {
-            Tensor::Half { dtype, data } => Tensor::Half {
-                dtype: *dtype,
-                data: self.copy_out(data, range)?,
-            },
-            Tensor::F32(data) => Tensor::F32(self.copy_out(data, range)?),
-        })
+        self.backend
+            .copy_range(t, start * width..(start + len) * width)
     }
 
     fn set_rows(&self, dst: &mut Tensor, width: usize, start: usize, src: &Tensor) -> Result<()> {
-        let len = src.len() / width.max(1);
-        check_rows(dst.len(), width, start, len)?;
-        let at = start * width;
-        match (dst, src) {
-            (
-                Tensor::Half { dtype, data },
-                Tensor::Half {
-                    dtype: s,
-                    data: from,
-                },
-            ) if dtype == s => self.copy_in(data, at, from),
-            (Tensor::F32(data), Tensor::F32(from)) => self.copy_in(data, at, from),
-            _ => bail!("rows can only be written into a tensor of their own precision"),
-        }
+        check_rows(dst.len(), width, start, src.len() / width.max(1))?;
+        self.backend.write_at(dst, start * width, src)
     }
 
     fn add_assign(&self, dst: &mut Tensor, src: &Tensor) -> Result<()> {
