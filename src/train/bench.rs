@@ -3,7 +3,6 @@
 //! measures Hugging Face the same way). Written against the model's device interface, so the
 //! CPU and a GPU run the same code; only the attention and the way to wait for the device differ.
 
-use super::Tally;
 use super::attention::Distributed;
 use super::attention::ModelEdge;
 use super::cuda_attention::CudaAttention;
@@ -173,35 +172,15 @@ where
         probe: None,
     };
     let mut attn = Distributed::new(backend, comm, cfg.dims(), spans, schedule)?;
-    let mut loss_sum = 0.0;
-    let (all_secs, out) = timed(runs, sync, || {
+    let (all_secs, (out, tally)) = timed(runs, sync, || {
         // Fresh gradients each step, as in training (summed ones would double every step).
         let mut grads = weights::zeros(ops, cfg)?;
-        let mut tally = Tally {
-            loss_sum: 0.0,
-            correct: 0,
-            probes: 0,
-        };
-        let out = super::accumulate(
-            ops,
-            cfg,
-            &w,
-            &mut grads,
-            &mut attn,
-            &mine,
-            &sample,
-            policy,
-            1.0 / seq as f64,
-            &mut tally,
-        )?;
-        super::all_reduce(ops, attn.comm, &mut grads, &mut tally)?;
-        loss_sum = tally.loss_sum;
-        Ok(out)
+        super::reduced_sequence(ops, cfg, &w, &mut grads, &mut attn, &mine, &sample, policy)
     })?;
     Ok(StepTiming {
         step_secs: median(&all_secs),
         all_secs,
-        loss: loss_sum / seq as f64,
+        loss: tally.loss_sum / seq as f64,
         attention_forwards_per_layer: out.attention_forwards,
         profile: None,
     })

@@ -1,8 +1,9 @@
-//! The training loop: every worker holds its chunk of each sequence (rotary positions offset by
-//! the chunk's start), runs the model's forward and backward with distflash attention, and
-//! all-reduces the gradients of the replicated weights; the loss is averaged over all tokens of
-//! all workers. AdamW keeps f32 master weights and moments, identical on every worker because the
-//! all-reduce is deterministic. Rank 0 reports each step and saves checkpoints.
+//! The training loop: every worker holds its chunks of each sequence (rotary positions those of
+//! its rows), runs the model's forward and backward with distflash attention, and all-reduces
+//! the gradients of the replicated weights; the loss is averaged over all tokens of all workers.
+//! AdamW keeps its moments in f32 and updates the weights in the device's precision (f32 on the
+//! CPU, 16-bit on a GPU), identically on every worker because the all-reduce is deterministic.
+//! Rank 0 reports each step and saves checkpoints.
 
 pub mod attention;
 pub mod bench;
@@ -159,6 +160,7 @@ fn download_weights<O: Ops>(ops: &O, w: &Weights<O::T>) -> Result<Vec<Vec<f32>>>
 }
 
 /// Per-step sums all workers add up: loss, probes right, probes asked.
+#[derive(Default)]
 struct Tally {
     loss_sum: f64,
     correct: u64,
@@ -201,6 +203,35 @@ fn accumulate<O: Ops>(
         tally.correct += (out.argmax[row] == sample.tokens[p + 1]) as u64;
     }
     Ok(out)
+}
+
+/// One sequence's forward and backward on this worker's rows `mine` (gradients of its mean loss
+/// into `grads`), then the gradients and the tally summed over all workers: the step of
+/// `distflash grads` and of `bench train` under a launcher.
+#[allow(clippy::too_many_arguments)]
+fn reduced_sequence<O, B, C>(
+    ops: &O,
+    cfg: &Config,
+    w: &Weights<O::T>,
+    grads: &mut Weights<O::T>,
+    attn: &mut Distributed<'_, B, C>,
+    mine: &[Span],
+    sample: &Sample,
+    policy: Checkpoint,
+) -> Result<(crate::model::Outcome, Tally)>
+where
+    O: Ops<T = B::Tensor>,
+    B: ModelEdge,
+    B::Tensor: Buffer,
+    C: Communicator<B::Tensor>,
+{
+    let scale = 1.0 / (sample.tokens.len() - 1) as f64;
+    let mut tally = Tally::default();
+    let out = accumulate(
+        ops, cfg, w, grads, attn, mine, sample, policy, scale, &mut tally,
+    )?;
+    all_reduce(ops, attn.comm, grads, &mut tally)?;
+    Ok((out, tally))
 }
 
 /// The spans of the chunks `rank` owns out of `spans` (every chunk of the sequence), in
@@ -351,24 +382,9 @@ where
     let results = run_workers(workers, timeout, |rank, comm: &mut LocalComm<B::Tensor>| {
         let mut grads = weights::zeros(ops, cfg)?;
         let mut attn = Distributed::new(backend, comm, cfg.dims(), spans.clone(), schedule)?;
-        let mut tally = Tally {
-            loss_sum: 0.0,
-            correct: 0,
-            probes: 0,
-        };
-        let out = accumulate(
-            ops,
-            cfg,
-            &w,
-            &mut grads,
-            &mut attn,
-            &own_spans(&spans, workers, schedule, rank),
-            &sample,
-            policy,
-            1.0 / seq as f64,
-            &mut tally,
-        )?;
-        all_reduce(ops, attn.comm, &mut grads, &mut tally)?;
+        let mine = own_spans(&spans, workers, schedule, rank);
+        let (out, tally) =
+            reduced_sequence(ops, cfg, &w, &mut grads, &mut attn, &mine, &sample, policy)?;
         Ok(Gradients {
             loss: tally.loss_sum / seq as f64,
             grads: download_weights(ops, &grads)?,
@@ -629,11 +645,7 @@ fn run_steps<O: Ops, A: Attention<O::T>>(
     for step in start.step + 1..=o.steps {
         let began = Instant::now();
         let mut grads = weights::zeros(ops, cfg)?;
-        let mut tally = Tally {
-            loss_sum: 0.0,
-            correct: 0,
-            probes: 0,
-        };
+        let mut tally = Tally::default();
         let mut last = None;
         for _ in 0..o.batch {
             let sample = o.data.sample(samples, o.seq_len, cfg.vocab_size);
