@@ -272,10 +272,11 @@ fn execute(
     match (args.device, launch) {
         (Device::Cpu, None) => run_attention(x, workers, how, timeout).map(Some),
         (Device::Cpu, Some(env)) => {
-            let joined = rendezvous::join(&env, super::args_hash(), rendezvous_timeout, || {
-                Ok(Vec::new())
-            })?;
-            let mut comm = connect_mesh(joined, rendezvous_timeout, timeout)?;
+            let waits = super::Waits {
+                rendezvous: rendezvous_timeout,
+                message: timeout,
+            };
+            let mut comm = super::join_cpu_ranks(&env, &waits)?;
             let mine = run_attention_rank(&CpuBackend, x, how, &mut comm)?;
             gather_to_root(x, mine, &mut comm)
         }

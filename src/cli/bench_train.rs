@@ -3,13 +3,14 @@
 //! peak memory, on the CPU or one GPU. `bench/peers/hf_train_bench.py` measures Hugging Face
 //! transformers the same way, and `bench/peers/train_session.sh` runs both on the same shapes.
 
+use super::Waits;
 use super::gpu::GpuRun;
 use super::train::Device;
 use anyhow::Result;
 use distflash::backend::cpu::CpuBackend;
 use distflash::backend::cuda::InputDtype;
-use distflash::comm::rendezvous::{self, LaunchEnv};
-use distflash::comm::{Communicator, connect_mesh, nccl};
+use distflash::comm::Communicator;
+use distflash::comm::rendezvous::LaunchEnv;
 use distflash::model::Checkpoint;
 use distflash::model::config::Config;
 use distflash::model::cost::{self, H200_BF16_PEAK_TFLOPS, gib};
@@ -20,7 +21,6 @@ use distflash::train;
 use distflash::train::bench::{Runs, StepRuns, time_steps_rank};
 use serde::Serialize;
 use serde_json::Value;
-use std::time::Duration;
 
 /// How the model FLOPs are counted (see `model::cost::step_flops`).
 const FLOPS_FORMULA: &str = "6*N*T + 6*L*T^2*H*d (PaLM, attention halved for the causal mask; N = matmul parameters; recomputation not counted)";
@@ -136,8 +136,7 @@ pub fn run(args: Args) -> Result<()> {
     };
     let launch = LaunchEnv::from_env()?;
     let workers = launch.as_ref().map_or(1, |env| env.world);
-    let rendezvous_timeout = Duration::from_secs(args.rendezvous_timeout);
-    let timeout = Duration::from_secs(args.timeout);
+    let waits = Waits::from_secs(args.rendezvous_timeout, args.timeout);
     let (steps, dtype, peak, estimate) = match (args.device, launch) {
         (Device::Cpu, None) => {
             train::check_memory(&cfg, 1)?;
@@ -146,10 +145,7 @@ pub fn run(args: Args) -> Result<()> {
         }
         (Device::Cpu, Some(env)) => {
             train::check_memory(&cfg, 1)?;
-            let joined = rendezvous::join(&env, super::args_hash(), rendezvous_timeout, || {
-                Ok(Vec::new())
-            })?;
-            let mut comm = connect_mesh(joined, rendezvous_timeout, timeout)?;
+            let mut comm = super::join_cpu_ranks(&env, &waits)?;
             let runs = StepRuns {
                 runs,
                 sync: &|| Ok(()),
@@ -188,21 +184,8 @@ pub fn run(args: Args) -> Result<()> {
             let g = match launch {
                 None => super::gpu::bench(backend, &cfg, seq, policy, runs)?,
                 Some(env) => {
-                    // One process per GPU: NCCL carries the tensors; a TCP mesh beside it ends
-                    // every rank with the reason when one fails.
-                    let joined = rendezvous::join(
-                        &env,
-                        super::args_hash(),
-                        rendezvous_timeout,
-                        nccl::new_id,
-                    )?;
-                    let id = joined.payload.clone();
-                    let mut host = connect_mesh(joined, rendezvous_timeout, timeout)?;
                     let shape = (seq, policy, args.schedule);
-                    let mine = (env.rank, env.world, id.as_slice());
-                    let g = super::gpu::bench_rank(backend, &cfg, shape, runs, mine)
-                        .inspect_err(|e| host.abort(&format!("{e:#}")))?;
-                    host.barrier()?;
+                    let g = super::gpu::bench_rank(backend, &cfg, shape, runs, (&env, &waits))?;
                     if env.rank != 0 {
                         return Ok(());
                     }

@@ -4,9 +4,12 @@
 //! loops the CPU runs (`train::gradients_on`, `train::train_on`, `train::bench`), which the CPU
 //! tests cover.
 
+use super::Waits;
 use anyhow::{Result, bail};
 use distflash::backend::cuda::{CudaBackend, HEAD_DIMS, InputDtype};
-use distflash::comm::nccl::NcclComm;
+use distflash::comm::nccl::{self, NcclComm};
+use distflash::comm::rendezvous::{self, LaunchEnv};
+use distflash::comm::{Communicator, connect_mesh};
 use distflash::model::Checkpoint;
 use distflash::model::config::Config;
 use distflash::model::cost;
@@ -97,22 +100,42 @@ pub fn bench(
     time_steps_cuda(&ops, ops.backend(), cfg, seq, checkpoint, runs)
 }
 
-/// Times forward+backward steps as rank `rank` of `world` GPU processes (attention over NCCL,
-/// joined through `nccl_id`, and the gradient all-reduce).
+/// Runs `work` with `ops` and an NCCL communicator as this process's rank of a one-process-per-
+/// GPU job: rank 0's NCCL id goes out through the rendezvous, a TCP mesh beside NCCL ends every
+/// rank with the reason when one fails, and the ranks meet again once `work` is done.
+fn as_gpu_rank<R>(
+    backend: CudaBackend,
+    env: &LaunchEnv,
+    waits: &Waits,
+    work: impl FnOnce(&CudaOps, &mut NcclComm) -> Result<R>,
+) -> Result<R> {
+    let joined = rendezvous::join(env, super::args_hash(), waits.rendezvous, nccl::new_id)?;
+    let id = joined.payload.clone();
+    let mut host = connect_mesh(joined, waits.rendezvous, waits.message)?;
+    let out = CudaOps::new(backend)
+        .and_then(|ops| {
+            let mut comm = NcclComm::connect(ops.backend(), env.rank, env.world, &id)?;
+            work(&ops, &mut comm)
+        })
+        .inspect_err(|e| host.abort(&format!("{e:#}")))?;
+    host.barrier()?;
+    Ok(out)
+}
+
+/// Times forward+backward steps as this process's rank of a one-process-per-GPU job
+/// (attention over NCCL, and the gradient all-reduce).
 pub fn bench_rank(
     backend: CudaBackend,
     cfg: &Config,
     (seq, checkpoint, schedule): (usize, Checkpoint, Schedule),
     runs: Runs,
-    (rank, world, nccl_id): (usize, usize, &[u8]),
+    (env, waits): (&LaunchEnv, &Waits),
 ) -> Result<GpuTiming> {
-    let ops = CudaOps::new(backend)?;
-    let backend = ops.backend();
-    let mut comm = NcclComm::connect(backend, rank, world, nccl_id)?;
-    on_gpu(backend, runs, |runs| {
-        time_steps_rank(
-            &ops, backend, &mut comm, cfg, seq, checkpoint, schedule, runs,
-        )
+    as_gpu_rank(backend, env, waits, |ops, comm| {
+        let backend = ops.backend();
+        on_gpu(backend, runs, |runs| {
+            time_steps_rank(ops, backend, comm, cfg, seq, checkpoint, schedule, runs)
+        })
     })
 }
 
@@ -136,17 +159,17 @@ pub fn gradients(
     gradients_on(&ops, &mut attn, cfg, weights, tokens, checkpoint)
 }
 
-/// Trains as rank `rank` of `world` GPU processes: NCCL (joined through `nccl_id`) carries
-/// attention's tensors and the gradient all-reduce.
+/// Trains as this process's rank of a one-process-per-GPU job: NCCL carries attention's
+/// tensors and the gradient all-reduce.
 pub fn train_rank(
     backend: CudaBackend,
     o: &Options,
-    (rank, world, nccl_id): (usize, usize, &[u8]),
+    (env, waits): (&LaunchEnv, &Waits),
     on_step: impl Fn(&StepReport) + Sync,
 ) -> Result<Vec<Vec<f32>>> {
-    let ops = CudaOps::new(backend)?;
-    let mut comm = NcclComm::connect(ops.backend(), rank, world, nccl_id)?;
-    train_rank_on(&ops, ops.backend(), o, &mut comm, on_step)
+    as_gpu_rank(backend, env, waits, |ops, comm| {
+        train_rank_on(ops, ops.backend(), o, comm, on_step)
+    })
 }
 
 /// Trains on one GPU: one worker through the whole-sequence attention, or `o.workers` virtual

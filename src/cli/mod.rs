@@ -12,8 +12,11 @@ mod train;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
+use distflash::comm::rendezvous::{self, LaunchEnv};
+use distflash::comm::{TcpComm, connect_mesh};
 use std::fs::File;
 use std::path::Path;
+use std::time::Duration;
 
 /// Exact distributed FlashAttention (DistFlashAttn) for long-context training.
 #[derive(Parser)]
@@ -74,4 +77,28 @@ fn args_hash() -> u64 {
     let mut h = std::collections::hash_map::DefaultHasher::new();
     std::env::args().skip(1).collect::<Vec<_>>().hash(&mut h);
     h.finish()
+}
+
+/// How long ranks of a multi-process job wait: for each other at the rendezvous, and for a
+/// message once running.
+pub struct Waits {
+    pub rendezvous: Duration,
+    pub message: Duration,
+}
+
+impl Waits {
+    /// From the commands' `--rendezvous-timeout` and `--timeout` seconds.
+    fn from_secs(rendezvous: u64, message: u64) -> Self {
+        Waits {
+            rendezvous: Duration::from_secs(rendezvous),
+            message: Duration::from_secs(message),
+        }
+    }
+}
+
+/// This process's rank of a multi-process CPU job: the rendezvous (arguments checked alike),
+/// then the TCP mesh the ranks talk over.
+fn join_cpu_ranks(env: &LaunchEnv, waits: &Waits) -> Result<TcpComm> {
+    let joined = rendezvous::join(env, args_hash(), waits.rendezvous, || Ok(Vec::new()))?;
+    connect_mesh(joined, waits.rendezvous, waits.message)
 }

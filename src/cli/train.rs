@@ -2,12 +2,12 @@
 //! bar (or JSON lines), metrics and a loss-curve SVG in the save directory, checkpoints and
 //! resume.
 
+use super::Waits;
 use super::gpu::GpuRun;
 use anyhow::{Context, Result, bail};
 use distflash::backend::cuda::{CudaBackend, InputDtype};
-use distflash::comm::nccl;
-use distflash::comm::rendezvous::{self, LaunchEnv};
-use distflash::comm::{Communicator, connect_mesh};
+use distflash::comm::Communicator;
+use distflash::comm::rendezvous::LaunchEnv;
 use distflash::model::Checkpoint;
 use distflash::model::config::Config;
 use distflash::model::ops::AdamW;
@@ -283,31 +283,17 @@ pub fn run(args: Args) -> Result<()> {
     let weights = match (gpu, launch) {
         (Some(backend), None) => super::gpu::train(backend, &opts, on_step)?,
         (Some(backend), Some(env)) => {
-            // One process per GPU: NCCL carries the tensors and the gradient all-reduce; a TCP
-            // mesh beside it ends every rank with the reason when one fails.
-            let wait = Duration::from_secs(args.rendezvous_timeout);
-            let joined = rendezvous::join(&env, super::args_hash(), wait, nccl::new_id)?;
-            let id = joined.payload.clone();
-            let mut host = connect_mesh(joined, wait, opts.timeout)?;
-            match super::gpu::train_rank(backend, &opts, (env.rank, env.world, &id), on_step) {
-                Ok(weights) => {
-                    host.barrier()?;
-                    if !reporter {
-                        return Ok(());
-                    }
-                    weights
-                }
-                Err(e) => {
-                    host.abort(&format!("{e:#}"));
-                    return Err(e);
-                }
+            let waits = Waits::from_secs(args.rendezvous_timeout, args.timeout);
+            let weights = super::gpu::train_rank(backend, &opts, (&env, &waits), on_step)?;
+            if !reporter {
+                return Ok(());
             }
+            weights
         }
         (None, None) => train::train(&opts, on_step)?,
         (None, Some(env)) => {
-            let wait = Duration::from_secs(args.rendezvous_timeout);
-            let joined = rendezvous::join(&env, super::args_hash(), wait, || Ok(Vec::new()))?;
-            let mut comm = connect_mesh(joined, wait, opts.timeout)?;
+            let waits = Waits::from_secs(args.rendezvous_timeout, args.timeout);
+            let mut comm = super::join_cpu_ranks(&env, &waits)?;
             let weights = train::train_rank(&opts, &mut comm, on_step)?;
             comm.barrier()?;
             if !reporter {
