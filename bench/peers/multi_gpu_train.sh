@@ -39,19 +39,24 @@ small="train --device cuda --config $WORK/config.json --seq-len 2048 --batch 2 -
   python3 "$(dirname "$0")/compare_losses.py" "$WORK/one.jsonl" "$WORK"/two_*.jsonl
 } > "$OUT/train_check.log" 2>&1
 tail -n 3 "$OUT/train_check.log"
+# bench7b TAG LIMIT ARGS...: LLaMA-7B's step on two GPUs (`bench train` under the launcher),
+# its JSON appended to train_7b.jsonl and one line printed; a failure is logged, not fatal.
+bench7b() {
+  local tag=$1 limit=$2; shift 2
+  echo "=== $tag" >> "$OUT/train_7b.log"
+  if timeout "$limit" "$BIN" launch --nproc-per-node 2 -- bench train --device cuda \
+      --preset llama2-7b --json "$@" > "$WORK/run.json" 2>> "$OUT/train_7b.log"; then
+    cat "$WORK/run.json" >> "$OUT/train_7b.jsonl"
+    echo "$tag: $(grep -oE '"(step_secs|peak_memory_gib)":[0-9.]*' "$WORK/run.json" | tr '\n' ' ')"
+  else
+    echo "$tag failed (or did not fit): $(tail -n 1 "$OUT/train_7b.log")"
+  fi
+}
 for n in $SEQS; do
   for sched in $SCHEDS; do
     for policy in $POLICIES; do
-      tag="2gpu $sched $policy 7b n$n"
-      echo "=== $tag" >> "$OUT/train_7b.log"
-      if timeout 400 "$BIN" launch --nproc-per-node 2 -- bench train --device cuda \
-          --preset llama2-7b --seq-len "$n" --checkpoint "$policy" --schedule "$sched" \
-          --repeats "$REPS" --json > "$WORK/run.json" 2>> "$OUT/train_7b.log"; then
-        cat "$WORK/run.json" >> "$OUT/train_7b.jsonl"
-        echo "$tag: $(grep -o '"step_secs":[0-9.]*' "$WORK/run.json")"
-      else
-        echo "$tag failed: $(tail -n 1 "$OUT/train_7b.log")"
-      fi
+      bench7b "2gpu $sched $policy 7b n$n" 400 --seq-len "$n" --checkpoint "$policy" \
+        --schedule "$sched" --repeats "$REPS"
     done
   done
 done
@@ -62,16 +67,7 @@ done
 for pair in ${LONGEST:-}; do
   policy=${pair%%:*}
   for n in $(echo "${pair#*:}" | tr ',' ' '); do
-    tag="2gpu zigzag $policy 7b n$n longest"
-    echo "=== $tag" >> "$OUT/train_7b.log"
-    if timeout 500 "$BIN" launch --nproc-per-node 2 -- bench train --device cuda \
-        --preset llama2-7b --seq-len "$n" --checkpoint "$policy" --schedule zigzag \
-        --warmup 0 --repeats 1 --ignore-memory-estimate --json \
-        > "$WORK/run.json" 2>> "$OUT/train_7b.log"; then
-      cat "$WORK/run.json" >> "$OUT/train_7b.jsonl"
-      echo "$tag: fits, $(grep -o '"peak_memory_gib":[0-9.]*' "$WORK/run.json")"
-    else
-      echo "$tag: does not fit or failed: $(tail -n 1 "$OUT/train_7b.log")"
-    fi
+    bench7b "2gpu zigzag $policy 7b n$n longest" 500 --seq-len "$n" --checkpoint "$policy" \
+      --schedule zigzag --warmup 0 --repeats 1 --ignore-memory-estimate
   done
 done
