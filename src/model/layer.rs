@@ -229,7 +229,9 @@ impl<O: Ops> Layer<'_, O> {
         meter: &mut Meter,
     ) -> Result<MlpOut<O::T>> {
         let (ops, d, i) = (self.ops, self.cfg.hidden_size, self.cfg.intermediate_size);
-        let mut out = a.x2.clone();
+        // Several blocks write their rows into a buffer of x2's shape and precision; one block
+        // (or none, for no rows) is the output itself.
+        let mut out = None;
         let mut kept = Vec::new();
         for b in self.blocks() {
             let mlp = self.mlp_acts(w, self.block(&a.h2, d, b)?.as_ref(), b.1)?;
@@ -238,9 +240,9 @@ impl<O: Ops> Layer<'_, O> {
             let mut y = ops.linear(&mlp.m, &w.w_down, b.1, i, d)?;
             ops.add_assign(&mut y, self.block(&a.x2, d, b)?.as_ref())?;
             if b == (0, self.rows) {
-                out = y;
+                out = Some(y);
             } else {
-                ops.set_rows(&mut out, d, b.0, &y)?;
+                ops.set_rows(out.get_or_insert_with(|| a.x2.clone()), d, b.0, &y)?;
             }
             if keep {
                 kept.push(mlp);
@@ -248,7 +250,7 @@ impl<O: Ops> Layer<'_, O> {
                 meter.release(bytes);
             }
         }
-        Ok((out, kept))
+        Ok((out.unwrap_or_else(|| a.x2.clone()), kept))
     }
 
     /// dh2 from dout through the MLP, block by block (activations from `kept`, else
