@@ -32,9 +32,12 @@ struct Cli {
     /// Kernel variant: Q fragments in registers.
     #[arg(long)]
     fwd_qreg: Option<bool>,
-    /// Kernel variant: warps per backward CTA (4, 8).
+    /// Kernel variant: warps per backward CTA (4, 8) of the mma.sync backward.
     #[arg(long)]
     bwd_warps: Option<usize>,
+    /// Kernel variant: the wgmma backward (sm_90, head dim 128) or the mma.sync one.
+    #[arg(long)]
+    bwd_wgmma: Option<bool>,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -85,13 +88,15 @@ fn main() -> Result<()> {
     let overridden = cli.fwd_warps.is_some()
         || cli.fwd_mtiles.is_some()
         || cli.fwd_qreg.is_some()
-        || cli.bwd_warps.is_some();
+        || cli.bwd_warps.is_some()
+        || cli.bwd_wgmma.is_some();
     let d = Tuning::for_head_dim(128);
     let tuning = Tuning {
         fwd_warps: cli.fwd_warps.unwrap_or(d.fwd_warps),
         fwd_mtiles: cli.fwd_mtiles.unwrap_or(d.fwd_mtiles),
         fwd_q_in_registers: cli.fwd_qreg.unwrap_or(d.fwd_q_in_registers),
         bwd_warps: cli.bwd_warps.unwrap_or(d.bwd_warps),
+        bwd_wgmma: cli.bwd_wgmma.unwrap_or(d.bwd_wgmma),
     };
     let open = |dtype| {
         let be = CudaBackend::new(cli.device, dtype)?;

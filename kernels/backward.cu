@@ -17,8 +17,9 @@
 // end, so all three gradients *accumulate*, which is exactly the block API's contract. The
 // softmax scale is applied to dQ and dK on the way out.
 //
-// The host prepends BWD_WARPS (4 or 8).
+// The host prepends BWD_WARPS (4 or 8) and BWD_WGMMA (1: backward_wgmma.cu replaces this kernel).
 
+#if !BWD_WGMMA
 #define BWD_THREADS (BWD_WARPS * 32)
 #define BWD_BKV (BWD_WARPS * 16)
 #define BWD_BQ 64
@@ -272,3 +273,4 @@ extern "C" __global__ void __launch_bounds__(BWD_THREADS, 8 / BWD_WARPS)
             }
         }
 }
+#endif  // !BWD_WGMMA

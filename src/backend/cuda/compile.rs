@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 const COMMON: &str = include_str!("../../../kernels/common.cuh");
 const FORWARD: &str = include_str!("../../../kernels/forward.cu");
 const BACKWARD: &str = include_str!("../../../kernels/backward.cu");
+const BACKWARD_WGMMA: &str = include_str!("../../../kernels/backward_wgmma.cu");
 const ROWS: &str = include_str!("../../../kernels/rows.cu");
 const LAYOUT: &str = include_str!("../../../kernels/layout.cu");
 
@@ -21,16 +22,18 @@ const LAYOUT: &str = include_str!("../../../kernels/layout.cu");
 pub(crate) fn kernel_source(head_dim: usize, bf16: bool, tuning: &Tuning) -> String {
     let dtype = if bf16 { "DTYPE_BF16" } else { "DTYPE_F16" };
     format!(
-        "#define HEAD_DIM {head_dim}\n#define {dtype}\n{}{COMMON}\n{FORWARD}\n{BACKWARD}\n{ROWS}\n{LAYOUT}",
+        "#define HEAD_DIM {head_dim}\n#define {dtype}\n{}{COMMON}\n{FORWARD}\n{BACKWARD}\n{BACKWARD_WGMMA}\n{ROWS}\n{LAYOUT}",
         tuning.defines()
     )
 }
 
 /// NVRTC options for compute capability `major.minor`; PTX for `compute_XY`, which the driver
-/// turns into the device's machine code when the module loads.
+/// turns into the device's machine code when the module loads. Compute capability 9.0 gets
+/// `compute_90a`, the target with Hopper's own instructions (`wgmma`), which runs only on 9.0.
 pub(crate) fn compile_options(major: i32, minor: i32) -> Vec<String> {
+    let arch_specific = if (major, minor) == (9, 0) { "a" } else { "" };
     vec![
-        format!("--gpu-architecture=compute_{major}{minor}"),
+        format!("--gpu-architecture=compute_{major}{minor}{arch_specific}"),
         "--use_fast_math".into(),
         "--std=c++17".into(),
     ]
@@ -188,14 +191,15 @@ mod tests {
         }
         for head_dim in [64, 128] {
             for bf16 in [true, false] {
-                let t = Tuning::for_head_dim(head_dim);
-                let src = kernel_source(head_dim, bf16, &t);
                 for (major, minor) in [(9, 0), (8, 0)] {
+                    let t = Tuning::for_head_dim(head_dim).for_device(head_dim, (major, minor));
+                    let src = kernel_source(head_dim, bf16, &t);
                     let ptx = compile(&src, compile_options(major, minor))
                         .unwrap_or_else(|e| panic!("d{head_dim} sm{major}{minor}: {e}"));
                     let ptx = ptx.to_src();
                     assert!(ptx.contains(".entry bwd_block"));
                     assert!(ptx.contains(".entry relayout_f32_half"));
+                    assert_eq!(ptx.contains("wgmma"), t.bwd_wgmma);
                 }
             }
         }
@@ -221,10 +225,11 @@ mod tests {
         let t = Tuning::for_head_dim(128);
         let s = kernel_source(128, true, &t);
         assert!(s.starts_with("#define HEAD_DIM 128\n#define DTYPE_BF16\n#define FWD_WARPS 8\n"));
-        assert!(s.contains("#define BWD_WARPS 8\n"));
+        assert!(s.contains("#define BWD_WARPS 8\n#define BWD_WGMMA 1\n"));
         assert!(kernel_source(64, false, &t).contains("#define DTYPE_F16"));
         assert!(s.contains("fwd_final") && s.contains("bwd_block") && s.contains("merge_rows"));
         assert!(s.contains("relayout_half") && s.contains("relayout_f32_half"));
-        assert!(compile_options(9, 0)[0].ends_with("compute_90"));
+        assert!(compile_options(9, 0)[0].ends_with("compute_90a"));
+        assert!(compile_options(8, 9)[0].ends_with("compute_89"));
     }
 }

@@ -15,6 +15,9 @@ const ROWS_PER_BLOCK: usize = 8;
 /// CUDA's limit on `gridDim.y`.
 const MAX_GRID_Y: usize = 65_535;
 
+/// The head dim the wgmma backward is written for.
+const WGMMA_HEAD_DIM: usize = 128;
+
 /// Head dims the kernels are instantiated for.
 pub const HEAD_DIMS: [usize; 2] = [64, 128];
 
@@ -29,21 +32,42 @@ pub struct Tuning {
     pub fwd_mtiles: usize,
     /// Keep Q's fragments in registers (true) or re-read them from shared memory per tile.
     pub fwd_q_in_registers: bool,
-    /// Warps per backward CTA (4 or 8), each owning 16 key rows.
+    /// Warps per backward CTA (4 or 8), each owning 16 key rows (the mma.sync backward).
     pub bwd_warps: usize,
+    /// The backward on Hopper's warpgroup MMA (`kernels/backward_wgmma.cu`: two warpgroups,
+    /// 128-key tiles) instead of the mma.sync kernel; used only where [`Tuning::for_device`]
+    /// keeps it (compute capability 9.0, head dim 128).
+    pub bwd_wgmma: bool,
 }
 
 impl Tuning {
     /// The measured best for a head dim: 8 forward warps of 32 rows each (two m16 tiles reuse
     /// every K/V fragment twice); at head dim 128 Q is re-read from shared memory to free the
-    /// registers this needs, at 64 it fits in registers. 8 backward warps (128-key tiles).
+    /// registers this needs, at 64 it fits in registers. 8 backward warps (128-key tiles), on
+    /// the warpgroup MMA where the device has it (see [`Tuning::for_device`]).
     pub fn for_head_dim(head_dim: usize) -> Tuning {
         Tuning {
             fwd_warps: 8,
             fwd_mtiles: 2,
             fwd_q_in_registers: head_dim <= 64,
             bwd_warps: 8,
+            bwd_wgmma: head_dim == WGMMA_HEAD_DIM,
         }
+    }
+
+    /// This variant as it can run for `head_dim` on a device of compute capability
+    /// `capability`: the wgmma backward exists only for sm_90 (H100/H200) at head dim 128, so
+    /// elsewhere it falls back to the mma.sync kernel rather than failing.
+    pub fn for_device(self, head_dim: usize, capability: (i32, i32)) -> Tuning {
+        Tuning {
+            bwd_wgmma: self.bwd_wgmma && head_dim == WGMMA_HEAD_DIM && capability == (9, 0),
+            ..self
+        }
+    }
+
+    /// Warps per backward CTA as launched.
+    pub fn bwd_threads(&self) -> usize {
+        32 * if self.bwd_wgmma { 8 } else { self.bwd_warps }
     }
 
     /// Rejects combinations the kernels were not written for.
@@ -71,8 +95,12 @@ impl Tuning {
     /// The `#define` lines that select this variant in the kernel sources.
     pub(crate) fn defines(&self) -> String {
         format!(
-            "#define FWD_WARPS {}\n#define FWD_MT {}\n#define FWD_QREG {}\n#define BWD_WARPS {}\n",
-            self.fwd_warps, self.fwd_mtiles, self.fwd_q_in_registers as u8, self.bwd_warps
+            "#define FWD_WARPS {}\n#define FWD_MT {}\n#define FWD_QREG {}\n#define BWD_WARPS {}\n#define BWD_WGMMA {}\n",
+            self.fwd_warps,
+            self.fwd_mtiles,
+            self.fwd_q_in_registers as u8,
+            self.bwd_warps,
+            self.bwd_wgmma as u8
         )
     }
 }
@@ -123,19 +151,35 @@ pub(crate) fn forward_config(dims: &Dims, q_rows: usize, tuning: &Tuning) -> Res
 }
 
 /// Dynamic shared memory of the backward kernel: the K and V tiles, two stages of Q, dO, LSE
-/// and D, and the Pᵀ and dSᵀ tiles (16-bit).
-pub(crate) fn backward_smem(head_dim: usize, warps: usize) -> u32 {
-    let bkv = 16 * warps;
-    (2 * bkv * head_dim * 2 + 4 * BWD_BQ * head_dim * 2 + 4 * BWD_BQ * 4 + 2 * bkv * BWD_BQ * 2)
-        as u32
+/// and D, and the Pᵀ and dSᵀ tiles (16-bit). The wgmma kernel keeps no Pᵀ tile (Pᵀ stays in
+/// registers) and needs 1 KiB of slack to align its tiles to 1024 bytes.
+pub(crate) fn backward_smem(head_dim: usize, tuning: &Tuning) -> u32 {
+    let bkv = backward_keys(tuning);
+    let tiles = 2 * bkv * head_dim * 2 + 4 * BWD_BQ * head_dim * 2 + 4 * BWD_BQ * 4;
+    let scores = if tuning.bwd_wgmma { 1 } else { 2 } * bkv * BWD_BQ * 2;
+    let slack = if tuning.bwd_wgmma { 1024 } else { 0 };
+    (tiles + scores + slack) as u32
 }
 
-/// Backward: one CTA per (batch·query head, key tile of 16·warps rows).
-pub(crate) fn backward_config(dims: &Dims, kv_rows: usize, warps: usize) -> Result<LaunchConfig> {
+/// Key rows per backward CTA.
+fn backward_keys(tuning: &Tuning) -> usize {
+    tuning.bwd_threads() / 2
+}
+
+/// Backward: one CTA per (batch·query head, key tile).
+pub(crate) fn backward_config(
+    dims: &Dims,
+    kv_rows: usize,
+    tuning: &Tuning,
+) -> Result<LaunchConfig> {
     Ok(LaunchConfig {
-        grid_dim: (grid_x(dims)?, tiles(kv_rows, 16 * warps, "key")?, 1),
-        block_dim: (32 * warps as u32, 1, 1),
-        shared_mem_bytes: backward_smem(dims.head_dim, warps),
+        grid_dim: (
+            grid_x(dims)?,
+            tiles(kv_rows, backward_keys(tuning), "key")?,
+            1,
+        ),
+        block_dim: (tuning.bwd_threads() as u32, 1, 1),
+        shared_mem_bytes: backward_smem(dims.head_dim, tuning),
     })
 }
 
@@ -221,12 +265,52 @@ mod tests {
     #[test]
     fn backward_fits_in_shared_memory() {
         // 227 KiB is the per-block limit on sm_90; 4 warps must leave room for two CTAs.
-        assert!(backward_smem(128, 8) <= 227 * 1024);
-        assert!(2 * backward_smem(128, 4) <= 227 * 1024);
-        let c = backward_config(&dims(128), 129, 4).unwrap();
+        let sync = |warps| Tuning {
+            bwd_warps: warps,
+            bwd_wgmma: false,
+            ..Tuning::for_head_dim(128)
+        };
+        assert!(backward_smem(128, &sync(8)) <= 227 * 1024);
+        assert!(2 * backward_smem(128, &sync(4)) <= 227 * 1024);
+        let c = backward_config(&dims(128), 129, &sync(4)).unwrap();
         assert_eq!(c.grid_dim, (64, 3, 1)); // 64-key tiles
         assert_eq!(c.block_dim, (128, 1, 1));
-        assert_eq!(backward_config(&dims(64), 129, 8).unwrap().grid_dim.1, 2);
+        assert_eq!(
+            backward_config(&dims(64), 129, &sync(8))
+                .unwrap()
+                .grid_dim
+                .1,
+            2
+        );
+        // wgmma: K, V (32 KiB each), two stages of Q and dO (16 KiB each), dSᵀ (16 KiB),
+        // LSE and D (1 KiB), alignment slack (1 KiB); 128-key tiles of 256 threads.
+        let wg = Tuning::for_head_dim(128).for_device(128, (9, 0));
+        assert!(wg.bwd_wgmma);
+        assert_eq!(backward_smem(128, &wg), (64 + 64 + 16 + 1 + 1) * 1024);
+        let c = backward_config(&dims(128), 129, &wg).unwrap();
+        assert_eq!((c.grid_dim.1, c.block_dim.0), (2, 256));
+    }
+
+    #[test]
+    fn wgmma_only_where_it_exists() {
+        let t = Tuning::for_head_dim(128);
+        assert!(t.for_device(128, (9, 0)).bwd_wgmma);
+        assert!(!t.for_device(128, (8, 0)).bwd_wgmma, "A100 has no wgmma");
+        assert!(
+            !t.for_device(128, (10, 0)).bwd_wgmma,
+            "sm_90a code runs only on 9.0"
+        );
+        assert!(
+            !t.for_device(64, (9, 0)).bwd_wgmma,
+            "written for head dim 128"
+        );
+        assert!(!Tuning::for_head_dim(64).bwd_wgmma);
+        let off = Tuning {
+            bwd_wgmma: false,
+            ..t
+        };
+        assert!(!off.for_device(128, (9, 0)).bwd_wgmma);
+        assert!(off.defines().contains("#define BWD_WGMMA 0\n"));
     }
 
     #[test]

@@ -342,10 +342,11 @@ impl CudaBackend {
         Ok(self)
     }
 
-    /// The kernel shape variant used for `head_dim`.
+    /// The kernel shape variant used for `head_dim` on this device.
     pub fn tuning(&self, head_dim: usize) -> Tuning {
         self.tuning
             .unwrap_or_else(|| Tuning::for_head_dim(head_dim))
+            .for_device(head_dim, self.capability)
     }
 
     /// The input dtype chosen at construction.
@@ -423,7 +424,7 @@ impl CudaBackend {
             ),
             (
                 &kernels.bwd_block,
-                launch::backward_smem(head_dim, self.tuning(head_dim).bwd_warps),
+                launch::backward_smem(head_dim, &self.tuning(head_dim)),
             ),
         ];
         for (func, bytes) in smem {
@@ -860,7 +861,7 @@ impl Backend for CudaBackend {
         let dq = f32_mut(grads.dq, dims.q_len(qn), "dQ")?;
         let dk = f32_mut(grads.dk, dims.kv_len(kvn), "dK")?;
         let dv = f32_mut(grads.dv, dims.kv_len(kvn), "dV")?;
-        let cfg = launch::backward_config(dims, kvn, self.tuning(dims.head_dim).bwd_warps)?;
+        let cfg = launch::backward_config(dims, kvn, &self.tuning(dims.head_dim))?;
         let ints = block_ints(dims, block)?;
         let scale = dims.scale();
         let mut b = self.stream.launch_builder(&kern.bwd_block);

@@ -1,0 +1,329 @@
+// FlashAttention backward over one (query span, key span) block on Hopper's warpgroup MMA
+// (`wgmma`, sm_90a), causal by absolute position. Same contract as the mma.sync kernel in
+// backward.cu (all three gradients accumulate in f32; dQ and dK carry the softmax scale), which
+// stays the kernel for other GPUs and head dim 64.
+//
+// One CTA = 128 key rows of one (batch, query head) and two warpgroups; warpgroup w owns keys
+// 64w..64w+63. The CTA walks the 64-row query tiles that can see its keys; Q, dO, LSE and D stream
+// through a two-stage cp.async pipeline. Per query tile, with every product an m64n64k16 wgmma:
+//  1. Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ (A = K or V, B = Q or dO; both K-major in shared memory);
+//  2. Pᵀ = exp2(scale·log2e·Sᵀ − LSE·log2e), dSᵀ = Pᵀ∘(dPᵀ − D) in registers;
+//  3. dV += Pᵀ·dO and dK += dSᵀ·Q with Pᵀ, dSᵀ as register A operands (the accumulator layout of
+//     step 1 is the A fragment layout) and dO, Q read MN-major from the same tiles as step 1;
+//     meanwhile dSᵀ goes to shared memory;
+//  4. dQ(tile) += dS·K, warpgroup w computing head-dim columns 64w..64w+63 over all 128 keys
+//     (A = dS MN-major from the dSᵀ tile, B = K MN-major), added to dQ with vector atomics.
+// Compared with the per-warp mma.sync kernel, B operands are read from shared memory once per
+// warpgroup instead of once per warp, which is what limited that kernel (81% shared-memory
+// throughput, bench/kernel-notes.md).
+//
+// Shared tiles use the 128-byte swizzle that wgmma descriptors describe: a tile of R rows ×
+// HEAD_DIM columns is HEAD_DIM/64 "column atoms" of R rows × 128 bytes each, the 16-byte chunk c
+// of row r stored at chunk c ^ (r % 8); every atom starts on a 1024-byte boundary. Each operand
+// a wgmma reads spans at most 64 elements along its contiguous dimension, so a descriptor only
+// ever needs the 1024-byte step between groups of 8 rows.
+
+#if BWD_WGMMA
+#if HEAD_DIM != 128
+#error "the wgmma backward is written for head dim 128"
+#endif
+
+#define WG_BKV 128
+#define WG_BQ 64
+#define WG_THREADS 256
+
+typedef unsigned long long u64;
+
+// Byte offset of element (row, col) in a swizzled tile of `rows` rows (see above).
+__device__ __forceinline__ u32 swz128(int rows, int row, int col) {
+    return (u32)((col >> 6) * rows * 128 + row * 128 + ((((col & 63) >> 3) ^ (row & 7)) << 4) +
+                 (col & 7) * 2);
+}
+
+// cp.async of rows [row0, row0 + ROWS) of a row-major [rows_total][HEAD_DIM] matrix into a
+// swizzled tile; rows past the end become zeros.
+template <int ROWS>
+__device__ __forceinline__ void load_tile128(u32 dst, const u16* base, int row0, int rows_total) {
+    constexpr int CHUNKS = HEAD_DIM / 8;
+#pragma unroll
+    for (int i = threadIdx.x; i < ROWS * CHUNKS; i += WG_THREADS) {
+        const int r = i / CHUNKS, c = i % CHUNKS;
+        const bool ok = row0 + r < rows_total;
+        const u16* src = base + (size_t)(ok ? row0 + r : 0) * HEAD_DIM + c * 8;
+        cp_async16(dst + swz128(ROWS, r, c * 8), src, ok ? 16 : 0);
+    }
+}
+
+// Shared-memory matrix descriptor: start address, 1024-byte step between 8-row groups (the
+// leading offset is unused by every operand here; it is set to the same value), 128B swizzle.
+__device__ __forceinline__ u64 wg_desc(u32 addr) {
+    return (u64)((addr & 0x3FFFF) >> 4) | ((u64)(1024 >> 4) << 16) | ((u64)(1024 >> 4) << 32) |
+           (1ull << 62);
+}
+
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wg_commit() {
+    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void wg_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+}
+// Ordinary shared stores (cp.async, st.shared) become visible to wgmma's async proxy.
+__device__ __forceinline__ void fence_async_smem() {
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+// Tells the compiler the registers may change here: reads after a wgmma.wait stay after it.
+template <int N>
+__device__ __forceinline__ void fence_regs(float* r) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+template <int N>
+__device__ __forceinline__ void fence_regs(u32* r) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) asm volatile("" : "+r"(r[i])::"memory");
+}
+
+#define WG_D32                                                                                  \
+    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, " \
+    "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
+#define WG_D32_OUT(d)                                                                           \
+    "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),          \
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), \
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]),           \
+        "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]),           \
+        "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+
+// d (64×64 f32, accumulator layout) = d·[accumulate] + A·B, A and B from shared memory;
+// TA / TB = 1 reads that operand MN-major (transposed).
+template <int TA, int TB>
+__device__ __forceinline__ void wg_ss(float* d, u64 a, u64 b, int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32." MMA_AB "." MMA_AB " " WG_D32
+        ", %32, %33, p, 1, 1, %35, %36;\n}\n"
+        : WG_D32_OUT(d)
+        : "l"(a), "l"(b), "r"(accumulate), "n"(TA), "n"(TB));
+}
+
+// d += A·B with A (64×16) in registers (four 16-bit pairs per thread, mma.sync's A layout per
+// warp) and B from shared memory, MN-major.
+__device__ __forceinline__ void wg_rs(float* d, const u32* a, u64 b) {
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32." MMA_AB "." MMA_AB " " WG_D32
+        ", {%32, %33, %34, %35}, %36, 1, 1, 1, 1;\n"
+        : WG_D32_OUT(d)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
+}
+
+// Key-side gradients are added here with the same vector atomics as the mma.sync kernel.
+extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
+    bwd_block(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* __restrict__ V,
+              const u16* __restrict__ dO, const float* __restrict__ LSE,
+              const float* __restrict__ Dl, float* __restrict__ dQ, float* __restrict__ dK,
+              float* __restrict__ dV, int heads, int kv_heads, int q_len, int kv_len, int q_start,
+              int kv_start, float scale) {
+    constexpr int D = HEAD_DIM;
+    const int wg = threadIdx.x / 128;           // warpgroup: keys 64·wg.., dQ columns 64·wg..
+    const int wi = (threadIdx.x / 32) % 4;      // warp within the warpgroup: rows 16·wi..
+    const int lane = threadIdx.x % 32;
+    const int g = lane / 4, t = lane % 4;
+    const float scale_log2 = scale * LOG2E;
+
+    const int bh = blockIdx.x;
+    const int b = bh / heads, h = bh % heads;
+    const int kvh = b * kv_heads + h / (heads / kv_heads);
+    const int c0 = blockIdx.y * WG_BKV;
+
+    const int first_row = max(kv_start + c0 - q_start, 0);
+    const int t_begin = first_row / WG_BQ;
+    const int n_qt = (q_len + WG_BQ - 1) / WG_BQ;
+    if (t_begin >= n_qt) return;
+
+    const u16* Qh = Q + (size_t)bh * q_len * D;
+    const u16* dOh = dO + (size_t)bh * q_len * D;
+    const float* Lh = LSE + (size_t)bh * q_len;
+    const float* Dh = Dl + (size_t)bh * q_len;
+    float* dQh = dQ + (size_t)bh * q_len * D;
+    const u16* Kh = K + (size_t)kvh * kv_len * D;
+    const u16* Vh = V + (size_t)kvh * kv_len * D;
+
+    // Tiles on 1024-byte boundaries (the launch adds 1 KiB of slack for the round-up).
+    constexpr u32 KV_TILE = WG_BKV * D * 2, Q_TILE = WG_BQ * D * 2;
+    const u32 base = (smem_addr(smem) + 1023u) & ~1023u;
+    const u32 sK = base;
+    const u32 sV = sK + KV_TILE;
+    const u32 sQ = sV + KV_TILE;            // two stages
+    const u32 sdO = sQ + 2 * Q_TILE;        // two stages
+    const u32 sdS = sdO + 2 * Q_TILE;       // dSᵀ [key][query], 128-byte rows
+    const u32 sL = sdS + WG_BKV * WG_BQ * 2;  // two stages of LSE, then two of D
+    const u32 sD = sL + 2 * WG_BQ * 4;
+    unsigned char* gen = smem + (base - smem_addr(smem));  // generic pointer to `base`
+    const float* fL = reinterpret_cast<const float*>(gen + (sL - base));
+    const float* fD = reinterpret_cast<const float*>(gen + (sD - base));
+    unsigned char* pdS = gen + (sdS - base);
+
+    load_tile128<WG_BKV>(sK, Kh, c0, kv_len);
+    load_tile128<WG_BKV>(sV, Vh, c0, kv_len);
+    load_tile128<WG_BQ>(sQ, Qh, t_begin * WG_BQ, q_len);
+    load_tile128<WG_BQ>(sdO, dOh, t_begin * WG_BQ, q_len);
+    load_vec<WG_BQ>(sL, Lh, t_begin * WG_BQ, q_len);
+    load_vec<WG_BQ>(sD, Dh, t_begin * WG_BQ, q_len);
+    cp_commit();
+
+    // dK and dV for this warpgroup's 64 keys, as two 64-column halves of the head dim.
+    float dk[2][32], dv[2][32];
+#pragma unroll
+    for (int a = 0; a < 2; ++a)
+#pragma unroll
+        for (int i = 0; i < 32; ++i) dk[a][i] = dv[a][i] = 0.f;
+
+    const u32 k_rows = sK + wg * 64 * 128, v_rows = sV + wg * 64 * 128;
+
+    for (int qt = t_begin; qt < n_qt; ++qt) {
+        cp_wait<0>();
+        fence_async_smem();
+        __syncthreads();  // tile qt landed; the last tile's wgmmas are done with sdS and its stage
+        const int stage = (qt - t_begin) & 1;
+        if (qt + 1 < n_qt) {
+            const int ns = stage ^ 1;
+            const int nr = (qt + 1) * WG_BQ;
+            load_tile128<WG_BQ>(sQ + ns * Q_TILE, Qh, nr, q_len);
+            load_tile128<WG_BQ>(sdO + ns * Q_TILE, dOh, nr, q_len);
+            load_vec<WG_BQ>(sL + ns * WG_BQ * 4, Lh, nr, q_len);
+            load_vec<WG_BQ>(sD + ns * WG_BQ * 4, Dh, nr, q_len);
+        }
+        cp_commit();
+        const u32 cQ = sQ + stage * Q_TILE, cdO = sdO + stage * Q_TILE;
+        const float* cL = fL + stage * WG_BQ;
+        const float* cD = fD + stage * WG_BQ;
+        const int r0 = qt * WG_BQ;
+
+        // ---- 1. Sᵀ and dPᵀ: 64 keys × 64 queries, K = head dim (8 steps of 16).
+        float s[32], dp[32];
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) {
+            const u32 a_off = (kk / 4) * KV_TILE / 2 + (kk % 4) * 32;  // column atom, 16 columns
+            const u32 b_off = (kk / 4) * Q_TILE / 2 + (kk % 4) * 32;
+            wg_ss<0, 0>(s, wg_desc(k_rows + a_off), wg_desc(cQ + b_off), kk > 0);
+            wg_ss<0, 0>(dp, wg_desc(v_rows + a_off), wg_desc(cdO + b_off), kk > 0);
+        }
+        wg_commit();
+        wg_wait<0>();
+        fence_regs<32>(s);
+        fence_regs<32>(dp);
+
+        // ---- 2. Pᵀ (masked pairs exactly 0) and dSᵀ, packed as A fragments.
+        const bool need_mask = (q_start + r0 < kv_start + c0 + WG_BKV - 1) ||
+                               (r0 + WG_BQ > q_len) || (c0 + WG_BKV > kv_len);
+        const int kl = wg * 64 + wi * 16 + g;  // this thread's key rows kl, kl + 8
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt) {
+            const int qc = nt * 8 + 2 * t;
+            float lse2[2], dd[2];
+#pragma unroll
+            for (int c = 0; c < 2; ++c) {
+                const float lse = cL[qc + c];
+                lse2[c] = lse == NEG_INF ? POS_INF : lse * LOG2E;
+                dd[c] = cD[qc + c];
+            }
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                float p = exp2f(fmaf(s[nt * 4 + e], scale_log2, -lse2[e & 1]));
+                if (need_mask) {
+                    const int kr = c0 + kl + (e >= 2 ? 8 : 0);
+                    const int qr = r0 + qc + (e & 1);
+                    if (qr >= q_len || kr >= kv_len || kv_start + kr > q_start + qr) p = 0.f;
+                }
+                s[nt * 4 + e] = p;
+                dp[nt * 4 + e] = p * (dp[nt * 4 + e] - dd[e & 1]);
+            }
+        }
+        u32 pa[4][4], da[4][4];
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) {
+            const int n0 = 8 * kk, n1 = 8 * kk + 4;  // accumulator tiles 2kk and 2kk+1
+            pa[kk][0] = pack2(s[n0], s[n0 + 1]);
+            pa[kk][1] = pack2(s[n0 + 2], s[n0 + 3]);
+            pa[kk][2] = pack2(s[n1], s[n1 + 1]);
+            pa[kk][3] = pack2(s[n1 + 2], s[n1 + 3]);
+            da[kk][0] = pack2(dp[n0], dp[n0 + 1]);
+            da[kk][1] = pack2(dp[n0 + 2], dp[n0 + 3]);
+            da[kk][2] = pack2(dp[n1], dp[n1 + 1]);
+            da[kk][3] = pack2(dp[n1 + 2], dp[n1 + 3]);
+        }
+
+        // ---- 3. dV += Pᵀ·dO, dK += dSᵀ·Q (K = 64 queries; B MN-major, one column atom each).
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+            for (int a = 0; a < 2; ++a) {
+                const u32 off = a * Q_TILE / 2 + kk * 16 * 128;
+                wg_rs(dv[a], pa[kk], wg_desc(cdO + off));
+                wg_rs(dk[a], da[kk], wg_desc(cQ + off));
+            }
+        wg_commit();
+        // dSᵀ to shared memory for step 4 while those run.
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+                const int q = kk * 16 + half * 8 + 2 * t;
+                *reinterpret_cast<u32*>(pdS + swz128(WG_BKV, kl, q)) = da[kk][2 * half];
+                *reinterpret_cast<u32*>(pdS + swz128(WG_BKV, kl + 8, q)) = da[kk][2 * half + 1];
+            }
+        fence_async_smem();
+        wg_wait<0>();
+#pragma unroll
+        for (int a = 0; a < 2; ++a) {
+            fence_regs<32>(dv[a]);
+            fence_regs<32>(dk[a]);
+        }
+        fence_regs<16>(&pa[0][0]);
+        fence_regs<16>(&da[0][0]);
+        __syncthreads();  // dSᵀ complete (both warpgroups)
+
+        // ---- 4. dQ(tile)[:, 64·wg..] += dS·K (K = 128 keys).
+        float acc[32];
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < WG_BKV / 16; ++kk)
+            wg_ss<1, 1>(acc, wg_desc(sdS + kk * 16 * 128),
+                        wg_desc(sK + wg * KV_TILE / 2 + kk * 16 * 128), kk > 0);
+        wg_commit();
+        wg_wait<0>();
+        fence_regs<32>(acc);
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            const int qr = r0 + wi * 16 + g + 8 * i;
+            if (qr < q_len) {
+#pragma unroll
+                for (int nt = 0; nt < 8; ++nt)
+                    red_add2(dQh + (size_t)qr * D + wg * 64 + nt * 8 + 2 * t,
+                             acc[nt * 4 + 2 * i] * scale, acc[nt * 4 + 2 * i + 1] * scale);
+            }
+        }
+    }
+
+    float* dKh = dK + (size_t)kvh * kv_len * D;
+    float* dVh = dV + (size_t)kvh * kv_len * D;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        const int kr = c0 + wg * 64 + wi * 16 + g + 8 * i;
+        if (kr < kv_len) {
+#pragma unroll
+            for (int a = 0; a < 2; ++a)
+#pragma unroll
+                for (int nt = 0; nt < 8; ++nt) {
+                    const size_t o = (size_t)kr * D + a * 64 + nt * 8 + 2 * t;
+                    const int e = nt * 4 + 2 * i;
+                    red_add2(dKh + o, dk[a][e] * scale, dk[a][e + 1] * scale);
+                    red_add2(dVh + o, dv[a][e], dv[a][e + 1]);
+                }
+        }
+    }
+}
+#endif  // BWD_WGMMA
