@@ -32,6 +32,9 @@ struct Cli {
     /// Kernel variant: Q fragments in registers.
     #[arg(long)]
     fwd_qreg: Option<bool>,
+    /// Kernel variant: the wgmma forward (sm_90, head dim 128) or the mma.sync one.
+    #[arg(long)]
+    fwd_wgmma: Option<bool>,
     /// Kernel variant: warps per backward CTA (4, 8) of the mma.sync backward.
     #[arg(long)]
     bwd_warps: Option<usize>,
@@ -89,12 +92,14 @@ fn main() -> Result<()> {
         || cli.fwd_mtiles.is_some()
         || cli.fwd_qreg.is_some()
         || cli.bwd_warps.is_some()
+        || cli.fwd_wgmma.is_some()
         || cli.bwd_wgmma.is_some();
     let d = Tuning::for_head_dim(128);
     let tuning = Tuning {
         fwd_warps: cli.fwd_warps.unwrap_or(d.fwd_warps),
         fwd_mtiles: cli.fwd_mtiles.unwrap_or(d.fwd_mtiles),
         fwd_q_in_registers: cli.fwd_qreg.unwrap_or(d.fwd_q_in_registers),
+        fwd_wgmma: cli.fwd_wgmma.unwrap_or(d.fwd_wgmma),
         bwd_warps: cli.bwd_warps.unwrap_or(d.bwd_warps),
         bwd_wgmma: cli.bwd_wgmma.unwrap_or(d.bwd_wgmma),
     };

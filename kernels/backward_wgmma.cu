@@ -17,107 +17,14 @@
 // warpgroup instead of once per warp, which is what limited that kernel (81% shared-memory
 // throughput, bench/kernel-notes.md).
 //
-// Shared tiles use the 128-byte swizzle that wgmma descriptors describe: a tile of R rows ×
-// HEAD_DIM columns is HEAD_DIM/64 "column atoms" of R rows × 128 bytes each, the 16-byte chunk c
-// of row r stored at chunk c ^ (r % 8); every atom starts on a 1024-byte boundary. Each operand
-// a wgmma reads spans at most 64 elements along its contiguous dimension, so a descriptor only
-// ever needs the 1024-byte step between groups of 8 rows.
+// Tiles and wgmma helpers: wgmma.cuh.
 
 #if BWD_WGMMA
-#if HEAD_DIM != 128
-#error "the wgmma backward is written for head dim 128"
-#endif
 
 #define WG_BKV 128
 #define WG_BQ 64
 #define WG_THREADS 256
 
-typedef unsigned long long u64;
-
-// Byte offset of element (row, col) in a swizzled tile of `rows` rows (see above).
-__device__ __forceinline__ u32 swz128(int rows, int row, int col) {
-    return (u32)((col >> 6) * rows * 128 + row * 128 + ((((col & 63) >> 3) ^ (row & 7)) << 4) +
-                 (col & 7) * 2);
-}
-
-// cp.async of rows [row0, row0 + ROWS) of a row-major [rows_total][HEAD_DIM] matrix into a
-// swizzled tile; rows past the end become zeros.
-template <int ROWS>
-__device__ __forceinline__ void load_tile128(u32 dst, const u16* base, int row0, int rows_total) {
-    constexpr int CHUNKS = HEAD_DIM / 8;
-#pragma unroll
-    for (int i = threadIdx.x; i < ROWS * CHUNKS; i += WG_THREADS) {
-        const int r = i / CHUNKS, c = i % CHUNKS;
-        const bool ok = row0 + r < rows_total;
-        const u16* src = base + (size_t)(ok ? row0 + r : 0) * HEAD_DIM + c * 8;
-        cp_async16(dst + swz128(ROWS, r, c * 8), src, ok ? 16 : 0);
-    }
-}
-
-// Shared-memory matrix descriptor: start address, 1024-byte step between 8-row groups (the
-// leading offset is unused by every operand here; it is set to the same value), 128B swizzle.
-__device__ __forceinline__ u64 wg_desc(u32 addr) {
-    return (u64)((addr & 0x3FFFF) >> 4) | ((u64)(1024 >> 4) << 16) | ((u64)(1024 >> 4) << 32) |
-           (1ull << 62);
-}
-
-__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
-__device__ __forceinline__ void wg_commit() {
-    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-}
-template <int N>
-__device__ __forceinline__ void wg_wait() {
-    asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
-}
-// Ordinary shared stores (cp.async, st.shared) become visible to wgmma's async proxy.
-__device__ __forceinline__ void fence_async_smem() {
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-}
-// Tells the compiler the registers may change here: reads after a wgmma.wait stay after it.
-template <int N>
-__device__ __forceinline__ void fence_regs(float* r) {
-#pragma unroll
-    for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
-}
-template <int N>
-__device__ __forceinline__ void fence_regs(u32* r) {
-#pragma unroll
-    for (int i = 0; i < N; ++i) asm volatile("" : "+r"(r[i])::"memory");
-}
-
-#define WG_D32                                                                                  \
-    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, " \
-    "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
-#define WG_D32_OUT(d)                                                                           \
-    "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),          \
-        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), \
-        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]),           \
-        "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]),           \
-        "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-
-// d (64×64 f32, accumulator layout) = d·[accumulate] + A·B, A and B from shared memory;
-// TA / TB = 1 reads that operand MN-major (transposed).
-template <int TA, int TB>
-__device__ __forceinline__ void wg_ss(float* d, u64 a, u64 b, int accumulate) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32." MMA_AB "." MMA_AB " " WG_D32
-        ", %32, %33, p, 1, 1, %35, %36;\n}\n"
-        : WG_D32_OUT(d)
-        : "l"(a), "l"(b), "r"(accumulate), "n"(TA), "n"(TB));
-}
-
-// d += A·B with A (64×16) in registers (four 16-bit pairs per thread, mma.sync's A layout per
-// warp) and B from shared memory, MN-major.
-__device__ __forceinline__ void wg_rs(float* d, const u32* a, u64 b) {
-    asm volatile(
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32." MMA_AB "." MMA_AB " " WG_D32
-        ", {%32, %33, %34, %35}, %36, 1, 1, 1, 1;\n"
-        : WG_D32_OUT(d)
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
-}
-
-// Key-side gradients are added here with the same vector atomics as the mma.sync kernel.
 extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
     bwd_block(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* __restrict__ V,
               const u16* __restrict__ dO, const float* __restrict__ LSE,
@@ -149,9 +56,9 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
     const u16* Kh = K + (size_t)kvh * kv_len * D;
     const u16* Vh = V + (size_t)kvh * kv_len * D;
 
-    // Tiles on 1024-byte boundaries (the launch adds 1 KiB of slack for the round-up).
     constexpr u32 KV_TILE = WG_BKV * D * 2, Q_TILE = WG_BQ * D * 2;
-    const u32 base = (smem_addr(smem) + 1023u) & ~1023u;
+    unsigned char* gen;
+    const u32 base = smem_base1024(&gen);
     const u32 sK = base;
     const u32 sV = sK + KV_TILE;
     const u32 sQ = sV + KV_TILE;            // two stages
@@ -159,15 +66,14 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
     const u32 sdS = sdO + 2 * Q_TILE;       // dSᵀ [key][query], 128-byte rows
     const u32 sL = sdS + WG_BKV * WG_BQ * 2;  // two stages of LSE, then two of D
     const u32 sD = sL + 2 * WG_BQ * 4;
-    unsigned char* gen = smem + (base - smem_addr(smem));  // generic pointer to `base`
     const float* fL = reinterpret_cast<const float*>(gen + (sL - base));
     const float* fD = reinterpret_cast<const float*>(gen + (sD - base));
     unsigned char* pdS = gen + (sdS - base);
 
-    load_tile128<WG_BKV>(sK, Kh, c0, kv_len);
-    load_tile128<WG_BKV>(sV, Vh, c0, kv_len);
-    load_tile128<WG_BQ>(sQ, Qh, t_begin * WG_BQ, q_len);
-    load_tile128<WG_BQ>(sdO, dOh, t_begin * WG_BQ, q_len);
+    load_tile128<WG_BKV, WG_THREADS>(sK, Kh, c0, kv_len);
+    load_tile128<WG_BKV, WG_THREADS>(sV, Vh, c0, kv_len);
+    load_tile128<WG_BQ, WG_THREADS>(sQ, Qh, t_begin * WG_BQ, q_len);
+    load_tile128<WG_BQ, WG_THREADS>(sdO, dOh, t_begin * WG_BQ, q_len);
     load_vec<WG_BQ>(sL, Lh, t_begin * WG_BQ, q_len);
     load_vec<WG_BQ>(sD, Dh, t_begin * WG_BQ, q_len);
     cp_commit();
@@ -189,8 +95,8 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
         if (qt + 1 < n_qt) {
             const int ns = stage ^ 1;
             const int nr = (qt + 1) * WG_BQ;
-            load_tile128<WG_BQ>(sQ + ns * Q_TILE, Qh, nr, q_len);
-            load_tile128<WG_BQ>(sdO + ns * Q_TILE, dOh, nr, q_len);
+            load_tile128<WG_BQ, WG_THREADS>(sQ + ns * Q_TILE, Qh, nr, q_len);
+            load_tile128<WG_BQ, WG_THREADS>(sdO + ns * Q_TILE, dOh, nr, q_len);
             load_vec<WG_BQ>(sL + ns * WG_BQ * 4, Lh, nr, q_len);
             load_vec<WG_BQ>(sD + ns * WG_BQ * 4, Dh, nr, q_len);
         }

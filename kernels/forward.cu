@@ -14,7 +14,10 @@
 //  - fwd_state: reads and writes a running state (m natural-log units, l, unnormalised acc; all
 //    f32) so blocks can be folded in one after another.
 
-// The host prepends FWD_WARPS, FWD_MT and FWD_QREG.
+// The host prepends FWD_WARPS, FWD_MT, FWD_QREG and FWD_WGMMA (1: forward_wgmma.cu replaces
+// these kernels).
+
+#if !FWD_WGMMA
 #define FWD_THREADS (FWD_WARPS * 32)
 #define FWD_BQ (FWD_WARPS * 16 * FWD_MT)
 #define FWD_BKV 64
@@ -252,3 +255,4 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS, FWD_MIN_BLOCKS)
     fwd_body<true>(Q, K, V, nullptr, nullptr, M, L, ACC, heads, kv_heads, q_len, kv_len, q_start,
                    kv_start, scale_log2);
 }
+#endif  // !FWD_WGMMA

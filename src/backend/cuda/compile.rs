@@ -12,7 +12,9 @@ use cudarc::nvrtc::{CompileError, CompileOptions, Ptx};
 use std::path::{Path, PathBuf};
 
 const COMMON: &str = include_str!("../../../kernels/common.cuh");
+const WGMMA: &str = include_str!("../../../kernels/wgmma.cuh");
 const FORWARD: &str = include_str!("../../../kernels/forward.cu");
+const FORWARD_WGMMA: &str = include_str!("../../../kernels/forward_wgmma.cu");
 const BACKWARD: &str = include_str!("../../../kernels/backward.cu");
 const BACKWARD_WGMMA: &str = include_str!("../../../kernels/backward_wgmma.cu");
 const ROWS: &str = include_str!("../../../kernels/rows.cu");
@@ -22,7 +24,7 @@ const LAYOUT: &str = include_str!("../../../kernels/layout.cu");
 pub(crate) fn kernel_source(head_dim: usize, bf16: bool, tuning: &Tuning) -> String {
     let dtype = if bf16 { "DTYPE_BF16" } else { "DTYPE_F16" };
     format!(
-        "#define HEAD_DIM {head_dim}\n#define {dtype}\n{}{COMMON}\n{FORWARD}\n{BACKWARD}\n{BACKWARD_WGMMA}\n{ROWS}\n{LAYOUT}",
+        "#define HEAD_DIM {head_dim}\n#define {dtype}\n{}{COMMON}\n{WGMMA}\n{FORWARD}\n{FORWARD_WGMMA}\n{BACKWARD}\n{BACKWARD_WGMMA}\n{ROWS}\n{LAYOUT}",
         tuning.defines()
     )
 }
@@ -199,7 +201,7 @@ mod tests {
                     let ptx = ptx.to_src();
                     assert!(ptx.contains(".entry bwd_block"));
                     assert!(ptx.contains(".entry relayout_f32_half"));
-                    assert_eq!(ptx.contains("wgmma"), t.bwd_wgmma);
+                    assert_eq!(ptx.contains("wgmma"), t.fwd_wgmma || t.bwd_wgmma);
                 }
             }
         }
@@ -225,7 +227,7 @@ mod tests {
         let t = Tuning::for_head_dim(128);
         let s = kernel_source(128, true, &t);
         assert!(s.starts_with("#define HEAD_DIM 128\n#define DTYPE_BF16\n#define FWD_WARPS 8\n"));
-        assert!(s.contains("#define BWD_WARPS 8\n#define BWD_WGMMA 1\n"));
+        assert!(s.contains("#define FWD_WGMMA 1\n#define BWD_WARPS 8\n#define BWD_WGMMA 1\n"));
         assert!(kernel_source(64, false, &t).contains("#define DTYPE_F16"));
         assert!(s.contains("fwd_final") && s.contains("bwd_block") && s.contains("merge_rows"));
         assert!(s.contains("relayout_half") && s.contains("relayout_f32_half"));

@@ -15,8 +15,10 @@ const ROWS_PER_BLOCK: usize = 8;
 /// CUDA's limit on `gridDim.y`.
 const MAX_GRID_Y: usize = 65_535;
 
-/// The head dim the wgmma backward is written for.
+/// The head dim the wgmma kernels are written for.
 const WGMMA_HEAD_DIM: usize = 128;
+/// Query rows per wgmma forward CTA (`WF_BQ`), also its key rows per stage (`WF_BKV`).
+const WGMMA_FWD_ROWS: usize = 128;
 
 /// Head dims the kernels are instantiated for.
 pub const HEAD_DIMS: [usize; 2] = [64, 128];
@@ -32,6 +34,10 @@ pub struct Tuning {
     pub fwd_mtiles: usize,
     /// Keep Q's fragments in registers (true) or re-read them from shared memory per tile.
     pub fwd_q_in_registers: bool,
+    /// The forward on Hopper's warpgroup MMA (`kernels/forward_wgmma.cu`: two warpgroups,
+    /// 128 query rows, 128-key tiles) instead of the mma.sync kernel the three fields above
+    /// shape; used only where [`Tuning::for_device`] keeps it.
+    pub fwd_wgmma: bool,
     /// Warps per backward CTA (4 or 8), each owning 16 key rows (the mma.sync backward).
     pub bwd_warps: usize,
     /// The backward on Hopper's warpgroup MMA (`kernels/backward_wgmma.cu`: two warpgroups,
@@ -50,22 +56,30 @@ impl Tuning {
             fwd_warps: 8,
             fwd_mtiles: 2,
             fwd_q_in_registers: head_dim <= 64,
+            fwd_wgmma: head_dim == WGMMA_HEAD_DIM,
             bwd_warps: 8,
             bwd_wgmma: head_dim == WGMMA_HEAD_DIM,
         }
     }
 
     /// This variant as it can run for `head_dim` on a device of compute capability
-    /// `capability`: the wgmma backward exists only for sm_90 (H100/H200) at head dim 128, so
-    /// elsewhere it falls back to the mma.sync kernel rather than failing.
+    /// `capability`: the wgmma kernels exist only for sm_90 (H100/H200) at head dim 128, so
+    /// elsewhere they fall back to the mma.sync kernels rather than failing.
     pub fn for_device(self, head_dim: usize, capability: (i32, i32)) -> Tuning {
+        let wgmma = head_dim == WGMMA_HEAD_DIM && capability == (9, 0);
         Tuning {
-            bwd_wgmma: self.bwd_wgmma && head_dim == WGMMA_HEAD_DIM && capability == (9, 0),
+            fwd_wgmma: self.fwd_wgmma && wgmma,
+            bwd_wgmma: self.bwd_wgmma && wgmma,
             ..self
         }
     }
 
-    /// Warps per backward CTA as launched.
+    /// Threads per forward CTA as launched.
+    pub fn fwd_threads(&self) -> usize {
+        32 * if self.fwd_wgmma { 8 } else { self.fwd_warps }
+    }
+
+    /// Threads per backward CTA as launched.
     pub fn bwd_threads(&self) -> usize {
         32 * if self.bwd_wgmma { 8 } else { self.bwd_warps }
     }
@@ -89,16 +103,21 @@ impl Tuning {
 
     /// Query rows per forward CTA.
     pub fn fwd_rows(&self) -> usize {
-        16 * self.fwd_warps * self.fwd_mtiles
+        if self.fwd_wgmma {
+            WGMMA_FWD_ROWS
+        } else {
+            16 * self.fwd_warps * self.fwd_mtiles
+        }
     }
 
     /// The `#define` lines that select this variant in the kernel sources.
     pub(crate) fn defines(&self) -> String {
         format!(
-            "#define FWD_WARPS {}\n#define FWD_MT {}\n#define FWD_QREG {}\n#define BWD_WARPS {}\n#define BWD_WGMMA {}\n",
+            "#define FWD_WARPS {}\n#define FWD_MT {}\n#define FWD_QREG {}\n#define FWD_WGMMA {}\n#define BWD_WARPS {}\n#define BWD_WGMMA {}\n",
             self.fwd_warps,
             self.fwd_mtiles,
             self.fwd_q_in_registers as u8,
+            self.fwd_wgmma as u8,
             self.bwd_warps,
             self.bwd_wgmma as u8
         )
@@ -136,16 +155,21 @@ fn tiles(rows: usize, tile: usize, what: &str) -> Result<u32> {
     Ok(n as u32)
 }
 
-/// Dynamic shared memory of the forward kernel: the Q tile and two stages of K and V.
+/// Dynamic shared memory of the forward kernel: the Q tile and two stages of K and V (the
+/// wgmma kernel's with 1 KiB of slack to align them to 1024 bytes).
 pub(crate) fn forward_smem(head_dim: usize, tuning: &Tuning) -> u32 {
-    ((tuning.fwd_rows() + 4 * FWD_BKV) * head_dim * 2) as u32
+    if tuning.fwd_wgmma {
+        ((WGMMA_FWD_ROWS + 4 * WGMMA_FWD_ROWS) * head_dim * 2 + 1024) as u32
+    } else {
+        ((tuning.fwd_rows() + 4 * FWD_BKV) * head_dim * 2) as u32
+    }
 }
 
 /// Forward: one CTA per (batch·head, query tile).
 pub(crate) fn forward_config(dims: &Dims, q_rows: usize, tuning: &Tuning) -> Result<LaunchConfig> {
     Ok(LaunchConfig {
         grid_dim: (grid_x(dims)?, tiles(q_rows, tuning.fwd_rows(), "query")?, 1),
-        block_dim: (32 * tuning.fwd_warps as u32, 1, 1),
+        block_dim: (tuning.fwd_threads() as u32, 1, 1),
         shared_mem_bytes: forward_smem(dims.head_dim, tuning),
     })
 }
@@ -218,7 +242,10 @@ mod tests {
 
     #[test]
     fn forward_grid_covers_uneven_rows() {
-        let t = Tuning::for_head_dim(128);
+        let t = Tuning {
+            fwd_wgmma: false,
+            ..Tuning::for_head_dim(128)
+        };
         let c = forward_config(&dims(128), 1000, &t).unwrap();
         assert_eq!(c.grid_dim, (64, 4, 1)); // 1000 rows → 4 tiles of 256 (last partial)
         assert_eq!(c.block_dim, (256, 1, 1));
@@ -240,6 +267,11 @@ mod tests {
             ..t
         };
         assert!(forward_smem(128, &big) <= 227 * 1024);
+        // wgmma: 128 rows per CTA of 256 threads; Q and two stages of K and V (32 KiB each).
+        let wg = Tuning::for_head_dim(128).for_device(128, (9, 0));
+        let c = forward_config(&dims(128), 1000, &wg).unwrap();
+        assert_eq!((c.grid_dim.1, c.block_dim.0), (8, 256));
+        assert_eq!(c.shared_mem_bytes, (5 * 32 + 1) * 1024);
     }
 
     #[test]
@@ -295,6 +327,8 @@ mod tests {
     fn wgmma_only_where_it_exists() {
         let t = Tuning::for_head_dim(128);
         assert!(t.for_device(128, (9, 0)).bwd_wgmma);
+        assert!(t.for_device(128, (9, 0)).fwd_wgmma);
+        assert!(!t.for_device(128, (8, 0)).fwd_wgmma);
         assert!(!t.for_device(128, (8, 0)).bwd_wgmma, "A100 has no wgmma");
         assert!(
             !t.for_device(128, (10, 0)).bwd_wgmma,
@@ -311,6 +345,7 @@ mod tests {
         };
         assert!(!off.for_device(128, (9, 0)).bwd_wgmma);
         assert!(off.defines().contains("#define BWD_WGMMA 0\n"));
+        assert!(t.defines().contains("#define FWD_WGMMA 1\n"));
     }
 
     #[test]

@@ -1,0 +1,232 @@
+// FlashAttention forward over one (query span, key span) block on Hopper's warpgroup MMA
+// (`wgmma`, sm_90a), causal by absolute position. Same entry points and contract as forward.cu
+// (fwd_final: fresh state, writes O and LSE; fwd_state: folds the block into a running state),
+// which stays the kernel for other GPUs and head dim 64.
+//
+// One CTA = 128 query rows of one (batch, head) and two warpgroups; warpgroup w owns rows
+// 64w..64w+63. K/V tiles of 128 keys stream through a two-stage cp.async pipeline. Per tile:
+//   S = Q·Kᵀ     two m64n64k16 wgmmas per 16 head-dim columns (key halves), A = Q and B = K
+//                from shared memory, both K-major;
+//   online softmax in registers (base 2, scale·log2 e folded in), P packed to 16 bits as the
+//                register A operand of the next product (accumulator layout = A layout);
+//   O += P·V     two m64n64k16 wgmmas per 16 keys (head-dim halves), B = V read MN-major.
+// Tiles and wgmma helpers: wgmma.cuh.
+
+#if FWD_WGMMA
+
+#define WF_BQ 128
+#define WF_BKV 128
+#define WF_THREADS 256
+
+template <bool STATE>
+__device__ __forceinline__ void fwd_wg_body(const u16* __restrict__ Q, const u16* __restrict__ K,
+                                            const u16* __restrict__ V, u16* __restrict__ O,
+                                            float* __restrict__ LSE, float* __restrict__ Mst,
+                                            float* __restrict__ Lst, float* __restrict__ ACC,
+                                            int heads, int kv_heads, int q_len, int kv_len,
+                                            int q_start, int kv_start, float scale_log2) {
+    constexpr int D = HEAD_DIM;
+    const int wg = threadIdx.x / 128, wi = (threadIdx.x / 32) % 4;
+    const int lane = threadIdx.x % 32;
+    const int g = lane / 4, t = lane % 4;
+
+    const int bh = blockIdx.x;
+    const int b = bh / heads, h = bh % heads;
+    const int kvh = b * kv_heads + h / (heads / kv_heads);
+    // Heaviest query tiles (most visible keys) first, so the tail of the grid is short.
+    const int r0 = (gridDim.y - 1 - blockIdx.y) * WF_BQ;
+
+    const int last_row = min(r0 + WF_BQ, q_len) - 1;
+    const int n_kv = min(kv_len, q_start + last_row + 1 - kv_start);
+    const int n_tiles = n_kv > 0 ? (n_kv + WF_BKV - 1) / WF_BKV : 0;
+    if (STATE && n_tiles == 0) return;  // the block adds nothing to these rows
+
+    const u16* Qh = Q + (size_t)bh * q_len * D;
+    const u16* Kh = K + (size_t)kvh * kv_len * D;
+    const u16* Vh = V + (size_t)kvh * kv_len * D;
+
+    constexpr u32 TILE = WF_BKV * D * 2;  // also the Q tile (WF_BQ = WF_BKV)
+    unsigned char* gen;
+    const u32 sQ = smem_base1024(&gen);
+    const u32 sK = sQ + TILE;       // two stages
+    const u32 sV = sK + 2 * TILE;   // two stages
+
+    load_tile128<WF_BQ, WF_THREADS>(sQ, Qh, r0, q_len);
+    if (n_tiles > 0) {
+        load_tile128<WF_BKV, WF_THREADS>(sK, Kh, 0, kv_len);
+        load_tile128<WF_BKV, WF_THREADS>(sV, Vh, 0, kv_len);
+    }
+    cp_commit();
+
+    // This thread's rows: wrow + g and wrow + g + 8; accumulator element [half][4·nt + e] is
+    // row + 8·(e ≥ 2), column 64·half + 8·nt + 2t + (e & 1).
+    const int wrow = wg * 64 + wi * 16;
+    float o[2][32];
+    float m[2], l[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        const int row = r0 + wrow + g + 8 * i;
+        const bool ok = STATE && row < q_len;
+        const size_t srow = (size_t)bh * q_len + row;
+        m[i] = ok ? Mst[srow] * LOG2E : NEG_INF;
+        l[i] = (ok && t == 0) ? Lst[srow] : 0.f;  // one lane per row carries the stored sum
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf)
+#pragma unroll
+            for (int nt = 0; nt < 8; ++nt) {
+                float2 a = make_float2(0.f, 0.f);
+                if (ok)
+                    a = *reinterpret_cast<const float2*>(ACC + srow * D + hf * 64 + nt * 8 + 2 * t);
+                o[hf][nt * 4 + 2 * i] = a.x;
+                o[hf][nt * 4 + 2 * i + 1] = a.y;
+            }
+    }
+
+    const u32 q_rows = sQ + wg * 64 * 128;
+    for (int j = 0; j < n_tiles; ++j) {
+        cp_wait<0>();
+        fence_async_smem();
+        __syncthreads();  // tile j landed; every wgmma of tile j-1 is done with the other stage
+        if (j + 1 < n_tiles) {
+            const u32 st = ((j + 1) & 1) * TILE;
+            load_tile128<WF_BKV, WF_THREADS>(sK + st, Kh, (j + 1) * WF_BKV, kv_len);
+            load_tile128<WF_BKV, WF_THREADS>(sV + st, Vh, (j + 1) * WF_BKV, kv_len);
+        }
+        cp_commit();
+        const u32 cK = sK + (j & 1) * TILE, cV = sV + (j & 1) * TILE;
+
+        // S = Q·Kᵀ for 64 rows × 128 keys (two key halves of 64).
+        float s[2][32];
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) {
+            const u32 off = (kk / 4) * TILE / 2 + (kk % 4) * 32;  // column atom, 16 columns
+#pragma unroll
+            for (int hf = 0; hf < 2; ++hf)
+                wg_ss<0, 0>(s[hf], wg_desc(q_rows + off), wg_desc(cK + hf * 64 * 128 + off),
+                            kk > 0);
+        }
+        wg_commit();
+        wg_wait<0>();
+        fence_regs<32>(s[0]);
+        fence_regs<32>(s[1]);
+
+        const int c0 = j * WF_BKV;
+        const bool need_mask = (c0 + WF_BKV > kv_len) ||
+                               (kv_start + c0 + WF_BKV - 1 > q_start + r0 + wrow);
+        if (need_mask) {
+#pragma unroll
+            for (int hf = 0; hf < 2; ++hf)
+#pragma unroll
+                for (int e = 0; e < 32; ++e) {
+                    const int row = r0 + wrow + g + ((e % 4) >= 2 ? 8 : 0);
+                    const int c = c0 + hf * 64 + (e / 4) * 8 + 2 * t + (e & 1);
+                    if (c >= kv_len || kv_start + c > q_start + row) s[hf][e] = NEG_INF;
+                }
+        }
+
+        u32 pa[8][4];  // P as A fragments, one per 16 keys
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            float mx = NEG_INF;
+#pragma unroll
+            for (int hf = 0; hf < 2; ++hf)
+#pragma unroll
+                for (int nt = 0; nt < 8; ++nt)
+                    mx = fmaxf(mx, fmaxf(s[hf][nt * 4 + 2 * i], s[hf][nt * 4 + 2 * i + 1]));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
+            const float m_new = fmaxf(m[i], mx * scale_log2);
+            // No visible key yet: keep exponents finite (avoid −∞ − (−∞)).
+            const float m_use = m_new == NEG_INF ? 0.f : m_new;
+            const float alpha = exp2f(m[i] - m_use);
+            m[i] = m_new;
+            float sum = 0.f;
+#pragma unroll
+            for (int hf = 0; hf < 2; ++hf)
+#pragma unroll
+                for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+                    for (int c = 0; c < 2; ++c) {
+                        float& x = s[hf][nt * 4 + 2 * i + c];
+                        x = exp2f(fmaf(x, scale_log2, -m_use));
+                        sum += x;
+                    }
+            l[i] = l[i] * alpha + sum;
+#pragma unroll
+            for (int hf = 0; hf < 2; ++hf)
+#pragma unroll
+                for (int nt = 0; nt < 8; ++nt) {
+                    o[hf][nt * 4 + 2 * i] *= alpha;
+                    o[hf][nt * 4 + 2 * i + 1] *= alpha;
+                }
+        }
+#pragma unroll
+        for (int kk = 0; kk < 8; ++kk) {
+            const float* p = s[kk / 4] + (kk % 4) * 8;  // accumulator tiles 2kk, 2kk+1
+            pa[kk][0] = pack2(p[0], p[1]);
+            pa[kk][1] = pack2(p[2], p[3]);
+            pa[kk][2] = pack2(p[4], p[5]);
+            pa[kk][3] = pack2(p[6], p[7]);
+        }
+
+        // O += P·V: K = 128 keys (8 steps), N = head dim as two halves (column atoms of V).
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < WF_BKV / 16; ++kk)
+#pragma unroll
+            for (int hf = 0; hf < 2; ++hf)
+                wg_rs(o[hf], pa[kk], wg_desc(cV + hf * TILE / 2 + kk * 16 * 128));
+        wg_commit();
+        wg_wait<0>();
+        fence_regs<32>(o[0]);
+        fence_regs<32>(o[1]);
+        fence_regs<32>(&pa[0][0]);
+    }
+
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        float lt = l[i];
+        lt += __shfl_xor_sync(0xffffffff, lt, 1);
+        lt += __shfl_xor_sync(0xffffffff, lt, 2);
+        const int row = r0 + wrow + g + 8 * i;
+        if (row >= q_len) continue;
+        const size_t srow = (size_t)bh * q_len + row;
+        if (STATE) {
+            if (t == 0) {
+                Mst[srow] = m[i] * LN2;
+                Lst[srow] = lt;
+            }
+#pragma unroll
+            for (int hf = 0; hf < 2; ++hf)
+#pragma unroll
+                for (int nt = 0; nt < 8; ++nt)
+                    *reinterpret_cast<float2*>(ACC + srow * D + hf * 64 + nt * 8 + 2 * t) =
+                        make_float2(o[hf][nt * 4 + 2 * i], o[hf][nt * 4 + 2 * i + 1]);
+        } else {
+            const float inv = lt > 0.f ? 1.f / lt : 0.f;
+            if (t == 0) LSE[srow] = lt > 0.f ? (m[i] + __log2f(lt)) * LN2 : NEG_INF;
+#pragma unroll
+            for (int hf = 0; hf < 2; ++hf)
+#pragma unroll
+                for (int nt = 0; nt < 8; ++nt)
+                    *reinterpret_cast<u32*>(O + srow * D + hf * 64 + nt * 8 + 2 * t) =
+                        pack2(o[hf][nt * 4 + 2 * i] * inv, o[hf][nt * 4 + 2 * i + 1] * inv);
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(WF_THREADS, 1)
+    fwd_final(const u16* Q, const u16* K, const u16* V, u16* O, float* LSE, int heads,
+              int kv_heads, int q_len, int kv_len, int q_start, int kv_start, float scale_log2) {
+    fwd_wg_body<false>(Q, K, V, O, LSE, nullptr, nullptr, nullptr, heads, kv_heads, q_len,
+                       kv_len, q_start, kv_start, scale_log2);
+}
+
+extern "C" __global__ void __launch_bounds__(WF_THREADS, 1)
+    fwd_state(const u16* Q, const u16* K, const u16* V, float* M, float* L, float* ACC, int heads,
+              int kv_heads, int q_len, int kv_len, int q_start, int kv_start, float scale_log2) {
+    fwd_wg_body<true>(Q, K, V, nullptr, nullptr, M, L, ACC, heads, kv_heads, q_len, kv_len,
+                      q_start, kv_start, scale_log2);
+}
+#endif  // FWD_WGMMA

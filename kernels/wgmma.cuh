@@ -1,0 +1,109 @@
+// Hopper (sm_90a) warpgroup MMA helpers shared by the wgmma forward and backward: swizzled
+// shared tiles, their descriptors, the wgmma instructions and the fences around them.
+//
+// Shared tiles use the 128-byte swizzle that wgmma descriptors describe: a tile of R rows ×
+// HEAD_DIM columns is HEAD_DIM/64 "column atoms" of R rows × 128 bytes each, the 16-byte chunk c
+// of row r stored at chunk c ^ (r % 8); every atom starts on a 1024-byte boundary. Each operand
+// a wgmma reads here spans at most 64 elements along its contiguous dimension, so a descriptor
+// only ever needs the 1024-byte step between groups of 8 rows.
+
+#if FWD_WGMMA || BWD_WGMMA
+#if HEAD_DIM != 128
+#error "the wgmma kernels are written for head dim 128"
+#endif
+
+typedef unsigned long long u64;
+
+// Byte offset of element (row, col) in a swizzled tile of `rows` rows (see above).
+__device__ __forceinline__ u32 swz128(int rows, int row, int col) {
+    return (u32)((col >> 6) * rows * 128 + row * 128 + ((((col & 63) >> 3) ^ (row & 7)) << 4) +
+                 (col & 7) * 2);
+}
+
+// cp.async of rows [row0, row0 + ROWS) of a row-major [rows_total][HEAD_DIM] matrix into a
+// swizzled tile; rows past the end become zeros.
+template <int ROWS, int THREADS>
+__device__ __forceinline__ void load_tile128(u32 dst, const u16* base, int row0, int rows_total) {
+    constexpr int CHUNKS = HEAD_DIM / 8;
+#pragma unroll
+    for (int i = threadIdx.x; i < ROWS * CHUNKS; i += THREADS) {
+        const int r = i / CHUNKS, c = i % CHUNKS;
+        const bool ok = row0 + r < rows_total;
+        const u16* src = base + (size_t)(ok ? row0 + r : 0) * HEAD_DIM + c * 8;
+        cp_async16(dst + swz128(ROWS, r, c * 8), src, ok ? 16 : 0);
+    }
+}
+
+// The dynamic shared memory rounded up to a 1024-byte boundary (launches add 1 KiB of slack):
+// returns its shared-space address and sets `generic` to the same byte as a generic pointer.
+__device__ __forceinline__ u32 smem_base1024(unsigned char** generic) {
+    const u32 raw = smem_addr(smem);
+    const u32 base = (raw + 1023u) & ~1023u;
+    *generic = smem + (base - raw);
+    return base;
+}
+
+// Shared-memory matrix descriptor: start address, 1024-byte step between 8-row groups (the
+// leading offset is unused by every operand here; it is set to the same value), 128B swizzle.
+__device__ __forceinline__ u64 wg_desc(u32 addr) {
+    return (u64)((addr & 0x3FFFF) >> 4) | ((u64)(1024 >> 4) << 16) | ((u64)(1024 >> 4) << 32) |
+           (1ull << 62);
+}
+
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wg_commit() {
+    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void wg_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+}
+// Ordinary shared stores (cp.async, st.shared) become visible to wgmma's async proxy.
+__device__ __forceinline__ void fence_async_smem() {
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+// Tells the compiler the registers may change here: reads after a wgmma.wait stay after it.
+template <int N>
+__device__ __forceinline__ void fence_regs(float* r) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+template <int N>
+__device__ __forceinline__ void fence_regs(u32* r) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) asm volatile("" : "+r"(r[i])::"memory");
+}
+
+#define WG_D32                                                                                  \
+    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, " \
+    "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
+#define WG_D32_OUT(d)                                                                           \
+    "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),          \
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), \
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]),           \
+        "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]),           \
+        "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+
+// d (64×64 f32, accumulator layout) = d·[accumulate] + A·B, A and B from shared memory;
+// TA / TB = 1 reads that operand MN-major (transposed).
+template <int TA, int TB>
+__device__ __forceinline__ void wg_ss(float* d, u64 a, u64 b, int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32." MMA_AB "." MMA_AB " " WG_D32
+        ", %32, %33, p, 1, 1, %35, %36;\n}\n"
+        : WG_D32_OUT(d)
+        : "l"(a), "l"(b), "r"(accumulate), "n"(TA), "n"(TB));
+}
+
+// d += A·B with A (64×16) in registers (four 16-bit pairs per thread, mma.sync's A layout per
+// warp) and B from shared memory, MN-major.
+__device__ __forceinline__ void wg_rs(float* d, const u32* a, u64 b) {
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32." MMA_AB "." MMA_AB " " WG_D32
+        ", {%32, %33, %34, %35}, %36, 1, 1, 1, 1;\n"
+        : WG_D32_OUT(d)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
+}
+
+#endif  // FWD_WGMMA || BWD_WGMMA
