@@ -207,6 +207,55 @@ mod tests {
         }
     }
 
+    /// ptxas's report (`--ptxas-options=-v`) for `source` compiled to sm_90a machine code.
+    fn ptxas_report(source: &str) -> String {
+        use cudarc::nvrtc::result;
+        let src = std::ffi::CString::new(source).unwrap();
+        let prog = result::create_program(&src, None).unwrap();
+        let options = [
+            "--gpu-architecture=sm_90a",
+            "--std=c++17",
+            "--ptxas-options=-v",
+        ];
+        // SAFETY: `prog` was just created and is destroyed only after its last use below.
+        let log = unsafe {
+            let compiled = result::compile_program(prog, &options);
+            let log = result::get_program_log(prog).unwrap();
+            result::destroy_program(prog).unwrap();
+            compiled.unwrap_or_else(|e| panic!("sm_90a compile failed: {e:?}"));
+            log
+        };
+        let bytes: Vec<u8> = log.iter().map(|&c| c as u8).collect();
+        String::from_utf8_lossy(&bytes).into_owned()
+    }
+
+    /// The wgmma kernels' speed rests on two things ptxas decides and the PTX does not show:
+    /// no register spills (a spilled accumulator of an in-flight wgmma) and no serialisation of
+    /// the wgmma pipeline (ptxas's C7510-C7515 notes, e.g. when a non-wgmma instruction touches
+    /// an accumulator before its wait). Checked where NVRTC is installed (CI installs it from
+    /// PyPI), without a GPU.
+    #[test]
+    fn wgmma_kernels_neither_spill_nor_serialize() {
+        if !nvrtc_present() {
+            return;
+        }
+        for bf16 in [true, false] {
+            let t = Tuning::for_head_dim(128).for_device(128, (9, 0));
+            let report = ptxas_report(&kernel_source(128, bf16, &t));
+            assert!(!report.contains("serialized"), "bf16={bf16}:\n{report}");
+            for kernel in ["fwd_final", "fwd_state", "bwd_block"] {
+                let at = report
+                    .find(&format!("Function properties for {kernel}\n"))
+                    .unwrap_or_else(|| panic!("no ptxas report for {kernel}:\n{report}"));
+                let spills = report[at..].lines().nth(1).unwrap_or_default();
+                assert!(
+                    spills.contains(" 0 bytes spill stores"),
+                    "{kernel} (bf16={bf16}) spills: {spills}"
+                );
+            }
+        }
+    }
+
     #[test]
     fn compile_error_carries_the_log() {
         if !nvrtc_present() {
