@@ -37,24 +37,13 @@ extern "C" __global__ void __launch_bounds__(BWD_THREADS, 8 / BWD_WARPS)
     const int g = lane / 4, t = lane % 4;
     const float scale_log2 = scale * LOG2E;
 
-    const int bh = blockIdx.x;
-    const int b = bh / heads, h = bh % heads;
-    const int kvh = b * kv_heads + h / (heads / kv_heads);
     const int c0 = blockIdx.y * BWD_BKV;
 
-    // First query row that sees key c0; tiles before it see none of this CTA's keys.
-    const int first_row = max(kv_start + c0 - q_start, 0);
-    const int t_begin = first_row / BWD_BQ;
+    const int t_begin = first_seeing_tile<BWD_BQ>(c0, q_start, kv_start);
     const int n_qt = (q_len + BWD_BQ - 1) / BWD_BQ;
     if (t_begin >= n_qt) return;
 
-    const u16* Qh = Q + (size_t)bh * q_len * D;
-    const u16* dOh = dO + (size_t)bh * q_len * D;
-    const float* Lh = LSE + (size_t)bh * q_len;
-    const float* Dh = Dl + (size_t)bh * q_len;
-    float* dQh = dQ + (size_t)bh * q_len * D;
-    const u16* Kh = K + (size_t)kvh * kv_len * D;
-    const u16* Vh = V + (size_t)kvh * kv_len * D;
+    const BwdHead op = bwd_head(Q, K, V, dO, LSE, Dl, dQ, dK, dV, heads, kv_heads, q_len, kv_len);
 
     constexpr u32 Q_STAGE = BWD_BQ * D * 2;
     const u32 sK = smem_addr(smem);
@@ -70,12 +59,12 @@ extern "C" __global__ void __launch_bounds__(BWD_THREADS, 8 / BWD_WARPS)
     unsigned char* pP = smem + (sP - sK);
     unsigned char* pdS = smem + (sdS - sK);
 
-    load_tile<BWD_BKV, BWD_THREADS>(sK, Kh, c0, kv_len);
-    load_tile<BWD_BKV, BWD_THREADS>(sV, Vh, c0, kv_len);
-    load_tile<BWD_BQ, BWD_THREADS>(sQ, Qh, t_begin * BWD_BQ, q_len);
-    load_tile<BWD_BQ, BWD_THREADS>(sdO, dOh, t_begin * BWD_BQ, q_len);
-    load_vec<BWD_BQ>(sL, Lh, t_begin * BWD_BQ, q_len);
-    load_vec<BWD_BQ>(sD, Dh, t_begin * BWD_BQ, q_len);
+    load_tile<BWD_BKV, BWD_THREADS>(sK, op.K, c0, kv_len);
+    load_tile<BWD_BKV, BWD_THREADS>(sV, op.V, c0, kv_len);
+    load_tile<BWD_BQ, BWD_THREADS>(sQ, op.Q, t_begin * BWD_BQ, q_len);
+    load_tile<BWD_BQ, BWD_THREADS>(sdO, op.dO, t_begin * BWD_BQ, q_len);
+    load_vec<BWD_BQ>(sL, op.LSE, t_begin * BWD_BQ, q_len);
+    load_vec<BWD_BQ>(sD, op.D, t_begin * BWD_BQ, q_len);
     cp_commit();
 
     // Phases 1 and 2: this warp's 32 keys (kr0..) and its half (0/1) of the queries (phase 1)
@@ -102,10 +91,10 @@ extern "C" __global__ void __launch_bounds__(BWD_THREADS, 8 / BWD_WARPS)
         if (qt + 1 < n_qt) {
             const int ns = stage ^ 1;
             const int nr = (qt + 1) * BWD_BQ;
-            load_tile<BWD_BQ, BWD_THREADS>(sQ + ns * Q_STAGE, Qh, nr, q_len);
-            load_tile<BWD_BQ, BWD_THREADS>(sdO + ns * Q_STAGE, dOh, nr, q_len);
-            load_vec<BWD_BQ>(sL + ns * BWD_BQ * 4, Lh, nr, q_len);
-            load_vec<BWD_BQ>(sD + ns * BWD_BQ * 4, Dh, nr, q_len);
+            load_tile<BWD_BQ, BWD_THREADS>(sQ + ns * Q_STAGE, op.Q, nr, q_len);
+            load_tile<BWD_BQ, BWD_THREADS>(sdO + ns * Q_STAGE, op.dO, nr, q_len);
+            load_vec<BWD_BQ>(sL + ns * BWD_BQ * 4, op.LSE, nr, q_len);
+            load_vec<BWD_BQ>(sD + ns * BWD_BQ * 4, op.D, nr, q_len);
         }
         cp_commit();
         const u32 cQ = sQ + stage * Q_STAGE, cdO = sdO + stage * Q_STAGE;
@@ -249,15 +238,13 @@ extern "C" __global__ void __launch_bounds__(BWD_THREADS, 8 / BWD_WARPS)
                     if (qr < q_len) {
 #pragma unroll
                         for (int nt = 0; nt < QCOLS / 8; ++nt)
-                            red_add2(dQh + (size_t)qr * D + dq0 + nt * 8 + 2 * t,
+                            red_add2(op.dQ + (size_t)qr * D + dq0 + nt * 8 + 2 * t,
                                      acc[mt][nt][2 * i] * scale, acc[mt][nt][2 * i + 1] * scale);
                     }
                 }
         }
     }
 
-    float* dKh = dK + (size_t)kvh * kv_len * D;
-    float* dVh = dV + (size_t)kvh * kv_len * D;
 #pragma unroll
     for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
@@ -267,8 +254,8 @@ extern "C" __global__ void __launch_bounds__(BWD_THREADS, 8 / BWD_WARPS)
 #pragma unroll
                 for (int nt = 0; nt < HALF / 8; ++nt) {
                     const size_t o = (size_t)kr * D + dc0 + nt * 8 + 2 * t;
-                    red_add2(dKh + o, dk[mt][nt][2 * i] * scale, dk[mt][nt][2 * i + 1] * scale);
-                    red_add2(dVh + o, dv[mt][nt][2 * i], dv[mt][nt][2 * i + 1]);
+                    red_add2(op.dK + o, dk[mt][nt][2 * i] * scale, dk[mt][nt][2 * i + 1] * scale);
+                    red_add2(op.dV + o, dv[mt][nt][2 * i], dv[mt][nt][2 * i + 1]);
                 }
             }
         }

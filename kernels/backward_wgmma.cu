@@ -38,23 +38,13 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
     const int g = lane / 4, t = lane % 4;
     const float scale_log2 = scale * LOG2E;
 
-    const int bh = blockIdx.x;
-    const int b = bh / heads, h = bh % heads;
-    const int kvh = b * kv_heads + h / (heads / kv_heads);
     const int c0 = blockIdx.y * WG_BKV;
 
-    const int first_row = max(kv_start + c0 - q_start, 0);
-    const int t_begin = first_row / WG_BQ;
+    const int t_begin = first_seeing_tile<WG_BQ>(c0, q_start, kv_start);
     const int n_qt = (q_len + WG_BQ - 1) / WG_BQ;
     if (t_begin >= n_qt) return;
 
-    const u16* Qh = Q + (size_t)bh * q_len * D;
-    const u16* dOh = dO + (size_t)bh * q_len * D;
-    const float* Lh = LSE + (size_t)bh * q_len;
-    const float* Dh = Dl + (size_t)bh * q_len;
-    float* dQh = dQ + (size_t)bh * q_len * D;
-    const u16* Kh = K + (size_t)kvh * kv_len * D;
-    const u16* Vh = V + (size_t)kvh * kv_len * D;
+    const BwdHead op = bwd_head(Q, K, V, dO, LSE, Dl, dQ, dK, dV, heads, kv_heads, q_len, kv_len);
 
     constexpr u32 KV_TILE = WG_BKV * D * 2, Q_TILE = WG_BQ * D * 2;
     unsigned char* gen;
@@ -70,12 +60,12 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
     const float* fD = reinterpret_cast<const float*>(gen + (sD - base));
     unsigned char* pdS = gen + (sdS - base);
 
-    load_tile128<WG_BKV, WG_THREADS>(sK, Kh, c0, kv_len);
-    load_tile128<WG_BKV, WG_THREADS>(sV, Vh, c0, kv_len);
-    load_tile128<WG_BQ, WG_THREADS>(sQ, Qh, t_begin * WG_BQ, q_len);
-    load_tile128<WG_BQ, WG_THREADS>(sdO, dOh, t_begin * WG_BQ, q_len);
-    load_vec<WG_BQ>(sL, Lh, t_begin * WG_BQ, q_len);
-    load_vec<WG_BQ>(sD, Dh, t_begin * WG_BQ, q_len);
+    load_tile<WG_BKV, WG_THREADS, true>(sK, op.K, c0, kv_len);
+    load_tile<WG_BKV, WG_THREADS, true>(sV, op.V, c0, kv_len);
+    load_tile<WG_BQ, WG_THREADS, true>(sQ, op.Q, t_begin * WG_BQ, q_len);
+    load_tile<WG_BQ, WG_THREADS, true>(sdO, op.dO, t_begin * WG_BQ, q_len);
+    load_vec<WG_BQ>(sL, op.LSE, t_begin * WG_BQ, q_len);
+    load_vec<WG_BQ>(sD, op.D, t_begin * WG_BQ, q_len);
     cp_commit();
 
     // dK and dV for this warpgroup's 64 keys, as two 64-column halves of the head dim.
@@ -95,10 +85,10 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
         if (qt + 1 < n_qt) {
             const int ns = stage ^ 1;
             const int nr = (qt + 1) * WG_BQ;
-            load_tile128<WG_BQ, WG_THREADS>(sQ + ns * Q_TILE, Qh, nr, q_len);
-            load_tile128<WG_BQ, WG_THREADS>(sdO + ns * Q_TILE, dOh, nr, q_len);
-            load_vec<WG_BQ>(sL + ns * WG_BQ * 4, Lh, nr, q_len);
-            load_vec<WG_BQ>(sD + ns * WG_BQ * 4, Dh, nr, q_len);
+            load_tile<WG_BQ, WG_THREADS, true>(sQ + ns * Q_TILE, op.Q, nr, q_len);
+            load_tile<WG_BQ, WG_THREADS, true>(sdO + ns * Q_TILE, op.dO, nr, q_len);
+            load_vec<WG_BQ>(sL + ns * WG_BQ * 4, op.LSE, nr, q_len);
+            load_vec<WG_BQ>(sD + ns * WG_BQ * 4, op.D, nr, q_len);
         }
         cp_commit();
         const u32 cQ = sQ + stage * Q_TILE, cdO = sdO + stage * Q_TILE;
@@ -208,14 +198,12 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
             if (qr < q_len) {
 #pragma unroll
                 for (int nt = 0; nt < 8; ++nt)
-                    red_add2(dQh + (size_t)qr * D + wg * 64 + nt * 8 + 2 * t,
+                    red_add2(op.dQ + (size_t)qr * D + wg * 64 + nt * 8 + 2 * t,
                              acc[nt * 4 + 2 * i] * scale, acc[nt * 4 + 2 * i + 1] * scale);
             }
         }
     }
 
-    float* dKh = dK + (size_t)kvh * kv_len * D;
-    float* dVh = dV + (size_t)kvh * kv_len * D;
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
         const int kr = c0 + wg * 64 + wi * 16 + g + 8 * i;
@@ -226,8 +214,8 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
                 for (int nt = 0; nt < 8; ++nt) {
                     const size_t o = (size_t)kr * D + a * 64 + nt * 8 + 2 * t;
                     const int e = nt * 4 + 2 * i;
-                    red_add2(dKh + o, dk[a][e] * scale, dk[a][e + 1] * scale);
-                    red_add2(dVh + o, dv[a][e], dv[a][e + 1]);
+                    red_add2(op.dK + o, dk[a][e] * scale, dk[a][e + 1] * scale);
+                    red_add2(op.dV + o, dv[a][e], dv[a][e + 1]);
                 }
         }
     }

@@ -102,10 +102,20 @@ __device__ __forceinline__ u32 swz(int row, int col) {
     return (u32)(row * ROW_ELEMS * 2 + ((((col >> 3) ^ (row & 7))) << 4) + (col & 7) * 2);
 }
 
+// Byte offset of element (row, col) in the layout wgmma's descriptors describe (the 128-byte
+// swizzle): a tile of `rows` rows × HEAD_DIM columns is HEAD_DIM/64 "column atoms" of `rows`
+// rows × 128 bytes each, the 16-byte chunk c of row r stored at chunk c ^ (r % 8). Every atom
+// must start on a 1024-byte boundary.
+__device__ __forceinline__ u32 swz128(int rows, int row, int col) {
+    return (u32)((col >> 6) * rows * 128 + row * 128 + ((((col & 63) >> 3) ^ (row & 7)) << 4) +
+                 (col & 7) * 2);
+}
+
 // Copies rows [row0, row0 + ROWS) of a row-major [rows_total][HEAD_DIM] matrix into a swizzled
-// shared tile with cp.async; rows past `rows_total` become zeros (never garbage: P·V with P = 0
+// shared tile with cp.async, in the mma.sync kernels' layout (`swz`) or, with ATOMS, in the
+// wgmma kernels' (`swz128`); rows past `rows_total` become zeros (never garbage: P·V with P = 0
 // must stay finite).
-template <int ROWS, int THREADS>
+template <int ROWS, int THREADS, bool ATOMS = false>
 __device__ __forceinline__ void load_tile(u32 dst, const u16* base, int row0, int rows_total) {
     constexpr int CHUNKS = HEAD_DIM / 8;
 #pragma unroll
@@ -113,7 +123,8 @@ __device__ __forceinline__ void load_tile(u32 dst, const u16* base, int row0, in
         const int r = i / CHUNKS, c = i % CHUNKS;
         const bool ok = row0 + r < rows_total;
         const u16* src = base + (size_t)(ok ? row0 + r : 0) * HEAD_DIM + c * 8;
-        cp_async16(dst + swz<HEAD_DIM>(r, c * 8), src, ok ? 16 : 0);
+        const u32 at = ATOMS ? swz128(ROWS, r, c * 8) : swz<HEAD_DIM>(r, c * 8);
+        cp_async16(dst + at, src, ok ? 16 : 0);
     }
 }
 
@@ -124,4 +135,49 @@ __device__ __forceinline__ void load_vec(u32 dst, const float* base, int row0, i
         const bool ok = row0 + i < rows_total;
         cp_async4(dst + i * 4, base + (ok ? row0 + i : 0), ok ? 4 : 0);
     }
+}
+
+// Where the CTA's (batch, query head), blockIdx.x, starts in the head-major tensors: its query-
+// side rows ([batch·heads][q_len][HEAD_DIM]), its KV head's rows (query heads share KV heads in
+// groups of heads/kv_heads: GQA, MQA) and its per-row statistics ([batch·heads][q_len]).
+struct HeadRows {
+    size_t q, kv, stat;
+};
+__device__ __forceinline__ HeadRows head_rows(int heads, int kv_heads, int q_len, int kv_len) {
+    const int bh = blockIdx.x;
+    const int b = bh / heads, h = bh % heads;
+    const int kvh = b * kv_heads + h / (heads / kv_heads);
+    return {(size_t)bh * q_len * HEAD_DIM, (size_t)kvh * kv_len * HEAD_DIM, (size_t)bh * q_len};
+}
+
+// Forward: how many KV tiles of KV_ROWS the query rows [r0, r0 + Q_ROWS) see (causal by
+// absolute position); 0 when the block adds nothing to them.
+template <int Q_ROWS, int KV_ROWS>
+__device__ __forceinline__ int visible_kv_tiles(int r0, int q_len, int kv_len, int q_start,
+                                                int kv_start) {
+    const int last_row = min(r0 + Q_ROWS, q_len) - 1;
+    const int n_kv = min(kv_len, q_start + last_row + 1 - kv_start);
+    return n_kv > 0 ? (n_kv + KV_ROWS - 1) / KV_ROWS : 0;
+}
+
+// Backward: every operand of the CTA's (batch, query head), offset to its rows (HeadRows).
+struct BwdHead {
+    const u16 *Q, *dO, *K, *V;
+    const float *LSE, *D;
+    float *dQ, *dK, *dV;
+};
+__device__ __forceinline__ BwdHead bwd_head(const u16* Q, const u16* K, const u16* V,
+                                            const u16* dO, const float* LSE, const float* Dl,
+                                            float* dQ, float* dK, float* dV, int heads,
+                                            int kv_heads, int q_len, int kv_len) {
+    const HeadRows hr = head_rows(heads, kv_heads, q_len, kv_len);
+    return {Q + hr.q,       dO + hr.q, K + hr.kv,  V + hr.kv, LSE + hr.stat,
+            Dl + hr.stat, dQ + hr.q, dK + hr.kv, dV + hr.kv};
+}
+
+// Backward: the first query tile of Q_ROWS rows that sees key c0 (the tiles before it see none
+// of the CTA's keys).
+template <int Q_ROWS>
+__device__ __forceinline__ int first_seeing_tile(int c0, int q_start, int kv_start) {
+    return max(kv_start + c0 - q_start, 0) / Q_ROWS;
 }

@@ -34,20 +34,15 @@ __device__ __forceinline__ void fwd_body(const u16* __restrict__ Q, const u16* _
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int g = lane / 4, t = lane % 4;
 
-    const int bh = blockIdx.x;
-    const int b = bh / heads, h = bh % heads;
-    const int kvh = b * kv_heads + h / (heads / kv_heads);
     // Heaviest query tiles (most visible keys) first, so the tail of the grid is short.
     const int r0 = (gridDim.y - 1 - blockIdx.y) * FWD_BQ;
-
-    const int last_row = min(r0 + FWD_BQ, q_len) - 1;
-    const int n_kv = min(kv_len, q_start + last_row + 1 - kv_start);
-    const int n_tiles = n_kv > 0 ? (n_kv + FWD_BKV - 1) / FWD_BKV : 0;
+    const int n_tiles = visible_kv_tiles<FWD_BQ, FWD_BKV>(r0, q_len, kv_len, q_start, kv_start);
     if (STATE && n_tiles == 0) return;  // the block adds nothing to these rows
 
-    const u16* Qh = Q + (size_t)bh * q_len * D;
-    const u16* Kh = K + (size_t)kvh * kv_len * D;
-    const u16* Vh = V + (size_t)kvh * kv_len * D;
+    const HeadRows hr = head_rows(heads, kv_heads, q_len, kv_len);
+    const u16* Qh = Q + hr.q;
+    const u16* Kh = K + hr.kv;
+    const u16* Vh = V + hr.kv;
 
     const u32 sQ = smem_addr(smem);
     const u32 sK = sQ + FWD_BQ * D * 2;
@@ -83,7 +78,7 @@ __device__ __forceinline__ void fwd_body(const u16* __restrict__ Q, const u16* _
         for (int i = 0; i < 2; ++i) {
             const int row = r0 + wrow + mt * 16 + g + 8 * i;
             const bool ok = STATE && row < q_len;
-            const size_t srow = (size_t)bh * q_len + row;
+            const size_t srow = hr.stat + row;
             m[mt][i] = ok ? Mst[srow] * LOG2E : NEG_INF;
             l[mt][i] = (ok && t == 0) ? Lst[srow] : 0.f;  // one lane per row carries the stored sum
 #pragma unroll
@@ -221,7 +216,7 @@ __device__ __forceinline__ void fwd_body(const u16* __restrict__ Q, const u16* _
             lt += __shfl_xor_sync(0xffffffff, lt, 2);
             const int row = r0 + wrow + mt * 16 + g + 8 * i;
             if (row >= q_len) continue;
-            const size_t srow = (size_t)bh * q_len + row;
+            const size_t srow = hr.stat + row;
             if (STATE) {
                 if (t == 0) {
                     Mst[srow] = m[mt][i] * LN2;

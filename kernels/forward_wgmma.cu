@@ -30,20 +30,15 @@ __device__ __forceinline__ void fwd_wg_body(const u16* __restrict__ Q, const u16
     const int lane = threadIdx.x % 32;
     const int g = lane / 4, t = lane % 4;
 
-    const int bh = blockIdx.x;
-    const int b = bh / heads, h = bh % heads;
-    const int kvh = b * kv_heads + h / (heads / kv_heads);
     // Heaviest query tiles (most visible keys) first, so the tail of the grid is short.
     const int r0 = (gridDim.y - 1 - blockIdx.y) * WF_BQ;
-
-    const int last_row = min(r0 + WF_BQ, q_len) - 1;
-    const int n_kv = min(kv_len, q_start + last_row + 1 - kv_start);
-    const int n_tiles = n_kv > 0 ? (n_kv + WF_BKV - 1) / WF_BKV : 0;
+    const int n_tiles = visible_kv_tiles<WF_BQ, WF_BKV>(r0, q_len, kv_len, q_start, kv_start);
     if (STATE && n_tiles == 0) return;  // the block adds nothing to these rows
 
-    const u16* Qh = Q + (size_t)bh * q_len * D;
-    const u16* Kh = K + (size_t)kvh * kv_len * D;
-    const u16* Vh = V + (size_t)kvh * kv_len * D;
+    const HeadRows hr = head_rows(heads, kv_heads, q_len, kv_len);
+    const u16* Qh = Q + hr.q;
+    const u16* Kh = K + hr.kv;
+    const u16* Vh = V + hr.kv;
 
     constexpr u32 TILE = WF_BKV * D * 2;  // also the Q tile (WF_BQ = WF_BKV)
     unsigned char* gen;
@@ -51,10 +46,10 @@ __device__ __forceinline__ void fwd_wg_body(const u16* __restrict__ Q, const u16
     const u32 sK = sQ + TILE;       // two stages
     const u32 sV = sK + 2 * TILE;   // two stages
 
-    load_tile128<WF_BQ, WF_THREADS>(sQ, Qh, r0, q_len);
+    load_tile<WF_BQ, WF_THREADS, true>(sQ, Qh, r0, q_len);
     if (n_tiles > 0) {
-        load_tile128<WF_BKV, WF_THREADS>(sK, Kh, 0, kv_len);
-        load_tile128<WF_BKV, WF_THREADS>(sV, Vh, 0, kv_len);
+        load_tile<WF_BKV, WF_THREADS, true>(sK, Kh, 0, kv_len);
+        load_tile<WF_BKV, WF_THREADS, true>(sV, Vh, 0, kv_len);
     }
     cp_commit();
 
@@ -67,7 +62,7 @@ __device__ __forceinline__ void fwd_wg_body(const u16* __restrict__ Q, const u16
     for (int i = 0; i < 2; ++i) {
         const int row = r0 + wrow + g + 8 * i;
         const bool ok = STATE && row < q_len;
-        const size_t srow = (size_t)bh * q_len + row;
+        const size_t srow = hr.stat + row;
         m[i] = ok ? Mst[srow] * LOG2E : NEG_INF;
         l[i] = (ok && t == 0) ? Lst[srow] : 0.f;  // one lane per row carries the stored sum
 #pragma unroll
@@ -89,8 +84,8 @@ __device__ __forceinline__ void fwd_wg_body(const u16* __restrict__ Q, const u16
         __syncthreads();  // tile j landed; every wgmma of tile j-1 is done with the other stage
         if (j + 1 < n_tiles) {
             const u32 st = ((j + 1) & 1) * TILE;
-            load_tile128<WF_BKV, WF_THREADS>(sK + st, Kh, (j + 1) * WF_BKV, kv_len);
-            load_tile128<WF_BKV, WF_THREADS>(sV + st, Vh, (j + 1) * WF_BKV, kv_len);
+            load_tile<WF_BKV, WF_THREADS, true>(sK + st, Kh, (j + 1) * WF_BKV, kv_len);
+            load_tile<WF_BKV, WF_THREADS, true>(sV + st, Vh, (j + 1) * WF_BKV, kv_len);
         }
         cp_commit();
         const u32 cK = sK + (j & 1) * TILE, cV = sV + (j & 1) * TILE;
@@ -191,7 +186,7 @@ __device__ __forceinline__ void fwd_wg_body(const u16* __restrict__ Q, const u16
         lt += __shfl_xor_sync(0xffffffff, lt, 2);
         const int row = r0 + wrow + g + 8 * i;
         if (row >= q_len) continue;
-        const size_t srow = (size_t)bh * q_len + row;
+        const size_t srow = hr.stat + row;
         if (STATE) {
             if (t == 0) {
                 Mst[srow] = m[i] * LN2;

@@ -1,11 +1,9 @@
-// Hopper (sm_90a) warpgroup MMA helpers shared by the wgmma forward and backward: swizzled
-// shared tiles, their descriptors, the wgmma instructions and the fences around them.
+// Hopper (sm_90a) warpgroup MMA helpers shared by the wgmma forward and backward: aligned
+// shared memory, descriptors, the wgmma instructions and the fences around them.
 //
-// Shared tiles use the 128-byte swizzle that wgmma descriptors describe: a tile of R rows ×
-// HEAD_DIM columns is HEAD_DIM/64 "column atoms" of R rows × 128 bytes each, the 16-byte chunk c
-// of row r stored at chunk c ^ (r % 8); every atom starts on a 1024-byte boundary. Each operand
-// a wgmma reads here spans at most 64 elements along its contiguous dimension, so a descriptor
-// only ever needs the 1024-byte step between groups of 8 rows.
+// Shared tiles are in the 128-byte swizzle (`swz128`, common.cuh). Each operand a wgmma reads
+// here spans at most 64 elements along its contiguous dimension, so a descriptor only ever
+// needs the 1024-byte step between groups of 8 rows.
 
 #if FWD_WGMMA || BWD_WGMMA
 #if HEAD_DIM != 128
@@ -13,26 +11,6 @@
 #endif
 
 typedef unsigned long long u64;
-
-// Byte offset of element (row, col) in a swizzled tile of `rows` rows (see above).
-__device__ __forceinline__ u32 swz128(int rows, int row, int col) {
-    return (u32)((col >> 6) * rows * 128 + row * 128 + ((((col & 63) >> 3) ^ (row & 7)) << 4) +
-                 (col & 7) * 2);
-}
-
-// cp.async of rows [row0, row0 + ROWS) of a row-major [rows_total][HEAD_DIM] matrix into a
-// swizzled tile; rows past the end become zeros.
-template <int ROWS, int THREADS>
-__device__ __forceinline__ void load_tile128(u32 dst, const u16* base, int row0, int rows_total) {
-    constexpr int CHUNKS = HEAD_DIM / 8;
-#pragma unroll
-    for (int i = threadIdx.x; i < ROWS * CHUNKS; i += THREADS) {
-        const int r = i / CHUNKS, c = i % CHUNKS;
-        const bool ok = row0 + r < rows_total;
-        const u16* src = base + (size_t)(ok ? row0 + r : 0) * HEAD_DIM + c * 8;
-        cp_async16(dst + swz128(ROWS, r, c * 8), src, ok ? 16 : 0);
-    }
-}
 
 // The dynamic shared memory rounded up to a 1024-byte boundary (launches add 1 KiB of slack):
 // returns its shared-space address and sets `generic` to the same byte as a generic pointer.
