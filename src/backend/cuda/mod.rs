@@ -1,7 +1,10 @@
-//! The CUDA backend: FlashAttention-2 style block kernels on one GPU.
+//! The CUDA backend: FlashAttention block kernels on one GPU.
 //!
 //! Kernels are the CUDA C sources in `kernels/`, compiled at run time by NVRTC for the device's
-//! compute capability (see `compile`). cudarc loads the driver and NVRTC dynamically, so the
+//! compute capability (see `compile`). Two families: FlashAttention-2 style kernels on per-warp
+//! `mma.sync` for every GPU from compute capability 8.0, and on H100/H200 (9.0) at head dim 128
+//! kernels on Hopper's warpgroup MMA (`wgmma`, 1.3× faster there), chosen by
+//! [`Tuning::for_device`]. cudarc loads the driver and NVRTC dynamically, so the
 //! crate builds and its tests run on machines without CUDA; [`CudaBackend::new`] checks for the
 //! driver first and answers with a sentence instead of a panic.
 //!
