@@ -112,7 +112,7 @@ pub fn mlp_block_rows(c: &Config) -> usize {
 }
 
 /// A layer's setting: the device, the shape, and this worker's rows (`positions`: where they sit
-/// in the sequence, for rotary embeddings; `mlp_rows`: the MLP's block, [`mlp_block_rows`]).
+/// in the sequence, for rotary embeddings; `mlp_rows`: the MLP's block, `mlp_block_rows`).
 pub struct Layer<'a, O> {
     pub ops: &'a O,
     pub cfg: &'a Config,
