@@ -19,6 +19,9 @@ const MAX_GRID_Y: usize = 65_535;
 const WGMMA_HEAD_DIM: usize = 128;
 /// Query rows per wgmma forward CTA (`WF_BQ`), also its key rows per stage (`WF_BKV`).
 const WGMMA_FWD_ROWS: usize = 128;
+/// Extra dynamic shared memory of the wgmma kernels: they round their base up to the 1024-byte
+/// boundary their swizzled tiles need (`smem_base1024`).
+const WGMMA_ALIGN_SLACK: usize = 1024;
 
 /// Head dims the kernels are instantiated for.
 pub const HEAD_DIMS: [usize; 2] = [64, 128];
@@ -159,7 +162,7 @@ fn tiles(rows: usize, tile: usize, what: &str) -> Result<u32> {
 /// wgmma kernel's with 1 KiB of slack to align them to 1024 bytes).
 pub(crate) fn forward_smem(head_dim: usize, tuning: &Tuning) -> u32 {
     if tuning.fwd_wgmma {
-        ((WGMMA_FWD_ROWS + 4 * WGMMA_FWD_ROWS) * head_dim * 2 + 1024) as u32
+        ((WGMMA_FWD_ROWS + 4 * WGMMA_FWD_ROWS) * head_dim * 2 + WGMMA_ALIGN_SLACK) as u32
     } else {
         ((tuning.fwd_rows() + 4 * FWD_BKV) * head_dim * 2) as u32
     }
@@ -181,11 +184,15 @@ pub(crate) fn backward_smem(head_dim: usize, tuning: &Tuning) -> u32 {
     let bkv = backward_keys(tuning);
     let tiles = 2 * bkv * head_dim * 2 + 4 * BWD_BQ * head_dim * 2 + 4 * BWD_BQ * 4;
     let scores = if tuning.bwd_wgmma { 1 } else { 2 } * bkv * BWD_BQ * 2;
-    let slack = if tuning.bwd_wgmma { 1024 } else { 0 };
+    let slack = if tuning.bwd_wgmma {
+        WGMMA_ALIGN_SLACK
+    } else {
+        0
+    };
     (tiles + scores + slack) as u32
 }
 
-/// Key rows per backward CTA.
+/// Key rows per backward CTA: 16 per warp in both kernels (the wgmma one: 64 per warpgroup).
 fn backward_keys(tuning: &Tuning) -> usize {
     tuning.bwd_threads() / 2
 }
