@@ -22,7 +22,6 @@ use distflash::plan::Schedule;
 use distflash::tensor_file::{self, Named};
 use serde::Serialize;
 use std::path::PathBuf;
-use std::time::Duration;
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -85,15 +84,11 @@ pub struct Args {
     /// Print one JSON object instead of the table.
     #[arg(long)]
     json: bool,
-    /// Seconds a worker waits for a message before declaring its sender stuck.
-    #[arg(long, default_value_t = 600)]
-    timeout: u64,
     /// Input precision on the GPU: bf16 or fp16 (--device cuda).
     #[arg(long, default_value = "bf16")]
     dtype: InputDtype,
-    /// Seconds ranks of a multi-process job wait for each other at start-up.
-    #[arg(long, default_value_t = 60)]
-    rendezvous_timeout: u64,
+    #[command(flatten)]
+    waits: super::WaitArgs,
 }
 
 /// Relative error (max abs error / max abs value) above which `--check` fails. f32 CPU results
@@ -254,8 +249,8 @@ fn execute(
     workers: usize,
     launch: Option<LaunchEnv>,
 ) -> Result<Option<AttentionRun>> {
-    let timeout = Duration::from_secs(args.timeout);
-    let rendezvous_timeout = Duration::from_secs(args.rendezvous_timeout);
+    let waits = args.waits.waits();
+    let (timeout, rendezvous_timeout) = (waits.message, waits.rendezvous);
     if args.device == Device::Cuda {
         for t in [&mut x.q, &mut x.k, &mut x.v, &mut x.dout] {
             t.iter_mut().for_each(|v| *v = args.dtype.round(*v));

@@ -3,7 +3,6 @@
 //! peak memory, on the CPU or one GPU. `bench/peers/hf_train_bench.py` measures Hugging Face
 //! transformers the same way, and `bench/peers/train_session.sh` runs both on the same shapes.
 
-use super::Waits;
 use super::gpu::GpuRun;
 use super::train::Device;
 use anyhow::Result;
@@ -62,16 +61,12 @@ pub struct Args {
     /// Under a launcher (one process per device): `balanced`, `unbalanced` or `zigzag`.
     #[arg(long, default_value = "balanced")]
     schedule: Schedule,
-    /// Seconds a rank waits for a message before declaring its sender stuck.
-    #[arg(long, default_value_t = 600)]
-    timeout: u64,
-    /// Seconds ranks of a multi-process job (`distflash launch`, torchrun) wait for each other.
-    #[arg(long, default_value_t = 60)]
-    rendezvous_timeout: u64,
     /// Start on the GPU even when the estimated peak exceeds the free memory (the estimate errs
     /// 7–10% high; a run that really does not fit then fails at an allocation).
     #[arg(long)]
     ignore_memory_estimate: bool,
+    #[command(flatten)]
+    waits: super::WaitArgs,
 }
 
 #[derive(Serialize)]
@@ -136,7 +131,7 @@ pub fn run(args: Args) -> Result<()> {
     };
     let launch = LaunchEnv::from_env()?;
     let workers = launch.as_ref().map_or(1, |env| env.world);
-    let waits = Waits::from_secs(args.rendezvous_timeout, args.timeout);
+    let waits = args.waits.waits();
     let (steps, dtype, peak, estimate) = match (args.device, launch) {
         (Device::Cpu, None) => {
             train::check_memory(&cfg, 1)?;

@@ -86,12 +86,24 @@ pub struct Waits {
     pub message: Duration,
 }
 
-impl Waits {
-    /// From the commands' `--rendezvous-timeout` and `--timeout` seconds.
-    fn from_secs(rendezvous: u64, message: u64) -> Self {
+/// The `--timeout` and `--rendezvous-timeout` flags of every command that can run as several
+/// workers (threads or processes), declared once.
+#[derive(clap::Args, Debug, Clone)]
+pub struct WaitArgs {
+    /// Seconds a worker (thread or rank) waits for a message before declaring its sender stuck.
+    #[arg(long, default_value_t = 600)]
+    timeout: u64,
+    /// Seconds ranks of a multi-process job (`distflash launch`, torchrun) wait for each other
+    /// at start-up.
+    #[arg(long, default_value_t = 60)]
+    rendezvous_timeout: u64,
+}
+
+impl WaitArgs {
+    pub fn waits(&self) -> Waits {
         Waits {
-            rendezvous: Duration::from_secs(rendezvous),
-            message: Duration::from_secs(message),
+            rendezvous: Duration::from_secs(self.rendezvous_timeout),
+            message: Duration::from_secs(self.timeout),
         }
     }
 }

@@ -2,7 +2,6 @@
 //! bar (or JSON lines), metrics and a loss-curve SVG in the save directory, checkpoints and
 //! resume.
 
-use super::Waits;
 use super::gpu::GpuRun;
 use anyhow::{Context, Result, bail};
 use distflash::backend::cuda::{CudaBackend, InputDtype};
@@ -21,7 +20,7 @@ use serde::Serialize;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 #[derive(Clone, Copy, Debug, clap::ValueEnum, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -137,16 +136,12 @@ pub struct Args {
     /// Print one JSON line per step and a JSON summary instead of the progress bar.
     #[arg(long)]
     json: bool,
-    /// Seconds a worker waits for a message before declaring its sender stuck.
-    #[arg(long, default_value_t = 600)]
-    timeout: u64,
-    /// Seconds ranks of a multi-process job (`distflash launch`, torchrun) wait for each other.
-    #[arg(long, default_value_t = 60)]
-    rendezvous_timeout: u64,
     /// Start on the GPU even when the estimated peak exceeds the free memory (the estimate errs
     /// 7–10% high; a run that really does not fit then fails at an allocation).
     #[arg(long)]
     ignore_memory_estimate: bool,
+    #[command(flatten)]
+    waits: super::WaitArgs,
 }
 
 /// Most steps over which the summary averages loss and recall at the start and the end.
@@ -223,7 +218,7 @@ pub fn run(args: Args) -> Result<()> {
         save_dir: args.save_dir.clone(),
         save_every: args.save_every,
         resume: args.resume.clone(),
-        timeout: Duration::from_secs(args.timeout),
+        timeout: args.waits.waits().message,
     };
     let metrics = match &args.save_dir {
         Some(dir) if reporter => {
@@ -283,7 +278,7 @@ pub fn run(args: Args) -> Result<()> {
     let weights = match (gpu, launch) {
         (Some(backend), None) => super::gpu::train(backend, &opts, on_step)?,
         (Some(backend), Some(env)) => {
-            let waits = Waits::from_secs(args.rendezvous_timeout, args.timeout);
+            let waits = args.waits.waits();
             let weights = super::gpu::train_rank(backend, &opts, (&env, &waits), on_step)?;
             if !reporter {
                 return Ok(());
@@ -292,7 +287,7 @@ pub fn run(args: Args) -> Result<()> {
         }
         (None, None) => train::train(&opts, on_step)?,
         (None, Some(env)) => {
-            let waits = Waits::from_secs(args.rendezvous_timeout, args.timeout);
+            let waits = args.waits.waits();
             let mut comm = super::join_cpu_ranks(&env, &waits)?;
             let weights = train::train_rank(&opts, &mut comm, on_step)?;
             comm.barrier()?;
