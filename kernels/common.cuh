@@ -1,45 +1,15 @@
-// Shared helpers for the attention kernels: 16-bit element conversion, tensor-core MMA,
-// ldmatrix, cp.async and the shared-memory swizzle. Header-free on purpose: NVRTC compiles this
-// without any include path, so a machine's CUDA installation layout cannot break the build.
+// Shared helpers for the attention kernels: tensor-core MMA, ldmatrix, cp.async, the shared-
+// memory swizzles and the head and tile arithmetic; the 16-bit conversions are in half.cuh,
+// which comes first. Header-free on purpose, like half.cuh.
 //
 // The host prepends `#define HEAD_DIM ...` and `#define DTYPE_BF16` or `#define DTYPE_F16`.
 // 16-bit inputs are carried as raw `unsigned short`; f32 statistics and accumulators as float.
-
-typedef unsigned short u16;
-typedef unsigned int u32;
 
 // Dynamic shared memory of every kernel (sized at launch).
 extern __shared__ __align__(128) unsigned char smem[];
 
 #define LOG2E 1.4426950408889634f
 #define LN2 0.6931471805599453f
-#define NEG_INF (-__int_as_float(0x7f800000))
-#define POS_INF (__int_as_float(0x7f800000))
-
-#if defined(DTYPE_BF16)
-#define MMA_AB "bf16"
-// Packs two f32 into one register of two 16-bit values, `lo` in the low half (round to nearest).
-__device__ __forceinline__ u32 pack2(float lo, float hi) {
-    u32 r;
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-    return r;
-}
-__device__ __forceinline__ float to_f32(u16 x) { return __uint_as_float(((u32)x) << 16); }
-#elif defined(DTYPE_F16)
-#define MMA_AB "f16"
-__device__ __forceinline__ u32 pack2(float lo, float hi) {
-    u32 r;
-    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-    return r;
-}
-__device__ __forceinline__ float to_f32(u16 x) {
-    float f;
-    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(x));
-    return f;
-}
-#else
-#error "define DTYPE_BF16 or DTYPE_F16"
-#endif
 
 // c += a · b for one m16n8k16 tile: a is 16×16 (4 registers), b is 16×8 (2 registers), c f32.
 __device__ __forceinline__ void mma(float* c, const u32* a, u32 b0, u32 b1) {

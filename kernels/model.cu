@@ -1,49 +1,20 @@
 // The LLaMA model's elementwise and row-wise kernels (`model::cuda`); the matrix products run in
 // cuBLAS. Header-free like the attention kernels: 16-bit values travel as raw `unsigned short`
-// and are converted here, all arithmetic is f32 (f64 for the gradient-norm sum and the rotary
-// angles).
+// and are converted by half.cuh's helpers (prepended by the host, with NEG_INF); all arithmetic
+// is f32 (f64 for the gradient-norm sum and the rotary angles).
 //
 // The host prepends `#define DTYPE_BF16` or `#define DTYPE_F16` (the backend's 16-bit format).
 // A tensor argument that may be either 16-bit or f32 comes as `(const void* p, int p_half)`:
 // `ld`/`st` pick the representation at run time (a warp-uniform branch, free next to the memory
 // traffic), so one kernel serves every combination the model passes.
 
-typedef unsigned short u16;
-typedef unsigned int u32;
-
-#define NEG_INF (-__int_as_float(0x7f800000))
-
-#if defined(DTYPE_BF16)
-__device__ __forceinline__ float h2f(u16 x) { return __uint_as_float(((u32)x) << 16); }
-// Round to nearest, ties to even; NaN stays a (quiet) NaN.
-__device__ __forceinline__ u16 f2h(float f) {
-    u32 b = __float_as_uint(f);
-    if ((b & 0x7fffffffu) > 0x7f800000u) return (u16)((b >> 16) | 0x40u);
-    b += 0x7fffu + ((b >> 16) & 1u);
-    return (u16)(b >> 16);
-}
-#elif defined(DTYPE_F16)
-__device__ __forceinline__ float h2f(u16 x) {
-    float f;
-    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(x));
-    return f;
-}
-__device__ __forceinline__ u16 f2h(float f) {
-    u16 h;
-    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
-    return h;
-}
-#else
-#error "define DTYPE_BF16 or DTYPE_F16"
-#endif
-
 __device__ __forceinline__ float ld(const void* p, int half, long i) {
-    return half ? h2f(((const u16*)p)[i]) : ((const float*)p)[i];
+    return half ? to_f32(((const u16*)p)[i]) : ((const float*)p)[i];
 }
 
 __device__ __forceinline__ void st(void* p, int half, long i, float v) {
     if (half)
-        ((u16*)p)[i] = f2h(v);
+        ((u16*)p)[i] = to_half(v);
     else
         ((float*)p)[i] = v;
 }
@@ -107,7 +78,7 @@ __device__ void block_argmax(float& v, int& i) {
 
 // A 16-bit copy of any tensor: the scratch operand cuBLAS needs when a GEMM input is f32.
 extern "C" __global__ void cast_to_half(const void* src, int src_half, u16* dst, long n) {
-    GRID_STRIDE(i, n) dst[i] = f2h(ld(src, src_half, i));
+    GRID_STRIDE(i, n) dst[i] = to_half(ld(src, src_half, i));
 }
 
 extern "C" __global__ void add_assign(void* dst, int dst_half, const void* src, int src_half, long n) {
@@ -135,7 +106,7 @@ __device__ __forceinline__ float sigmoid(float g) { return 1.f / (1.f + expf(-g)
 extern "C" __global__ void swiglu(const void* g, int g_half, const void* u, int u_half, u16* m, long n) {
     GRID_STRIDE(i, n) {
         const float gv = ld(g, g_half, i);
-        m[i] = f2h(gv * sigmoid(gv) * ld(u, u_half, i));
+        m[i] = to_half(gv * sigmoid(gv) * ld(u, u_half, i));
     }
 }
 
@@ -145,8 +116,8 @@ extern "C" __global__ void swiglu_backward(const void* g, int g_half, const void
     GRID_STRIDE(i, n) {
         const float gv = ld(g, g_half, i), uv = ld(u, u_half, i), d = ld(dm, dm_half, i);
         const float s = sigmoid(gv);
-        dg[i] = f2h(d * uv * s * (1.f + gv * (1.f - s)));
-        du[i] = f2h(d * gv * s);
+        dg[i] = to_half(d * uv * s * (1.f + gv * (1.f - s)));
+        du[i] = to_half(d * gv * s);
     }
 }
 
@@ -174,7 +145,7 @@ extern "C" __global__ void embed(const void* table, int table_half, const u32* t
                                  long rows, int dim) {
     GRID_STRIDE(i, rows * dim) {
         const long r = i / dim;
-        out[i] = f2h(ld(table, table_half, (long)tokens[r] * dim + i % dim));
+        out[i] = to_half(ld(table, table_half, (long)tokens[r] * dim + i % dim));
     }
 }
 
@@ -190,7 +161,7 @@ extern "C" __global__ void embed_backward(float* dtable, const u32* tokens, cons
 // ---- RMSNorm: one warp per row ----
 
 // y = x · rstd · w, rstd = 1/√(mean(x²) + eps).
-__device__ __forceinline__ float val(u16 b) { return h2f(b); }
+__device__ __forceinline__ float val(u16 b) { return to_f32(b); }
 __device__ __forceinline__ float val(float f) { return f; }
 
 // One block per row: the sum of squares reduced over the block, then the scaled row. The element
@@ -205,7 +176,7 @@ __device__ void rmsnorm_row(const X* x, const W* w, u16* y, float* rstd, int dim
         ss += v * v;
     }
     const float s = 1.f / sqrtf(block_sum(ss) / dim + eps);
-    for (int c = threadIdx.x; c < dim; c += blockDim.x) y[c] = f2h(val(x[c]) * s * val(w[c]));
+    for (int c = threadIdx.x; c < dim; c += blockDim.x) y[c] = to_half(val(x[c]) * s * val(w[c]));
     if (threadIdx.x == 0) *rstd = s;
 }
 
@@ -303,7 +274,7 @@ extern "C" __global__ void xent_rows(const float* logits, const u32* targets, u1
     for (int c = threadIdx.x; c < vocab; c += blockDim.x) {
         float d = expf(z[c] - lse);
         if (c == t) d -= 1.f;
-        dlogits[row * vocab + c] = f2h(d);
+        dlogits[row * vocab + c] = to_half(d);
     }
     if (threadIdx.x == 0) {
         loss[row] = lse - z[t];

@@ -11,6 +11,7 @@ use anyhow::{Context, Result, bail};
 use cudarc::nvrtc::{CompileError, CompileOptions, Ptx};
 use std::path::{Path, PathBuf};
 
+const HALF: &str = include_str!("../../../kernels/half.cuh");
 const COMMON: &str = include_str!("../../../kernels/common.cuh");
 const WGMMA: &str = include_str!("../../../kernels/wgmma.cuh");
 const FORWARD: &str = include_str!("../../../kernels/forward.cu");
@@ -24,7 +25,7 @@ const LAYOUT: &str = include_str!("../../../kernels/layout.cu");
 pub(crate) fn kernel_source(head_dim: usize, bf16: bool, tuning: &Tuning) -> String {
     let dtype = if bf16 { "DTYPE_BF16" } else { "DTYPE_F16" };
     format!(
-        "#define HEAD_DIM {head_dim}\n#define {dtype}\n{}{COMMON}\n{WGMMA}\n{FORWARD}\n{FORWARD_WGMMA}\n{BACKWARD}\n{BACKWARD_WGMMA}\n{ROWS}\n{LAYOUT}",
+        "#define HEAD_DIM {head_dim}\n#define {dtype}\n{}{HALF}\n{COMMON}\n{WGMMA}\n{FORWARD}\n{FORWARD_WGMMA}\n{BACKWARD}\n{BACKWARD_WGMMA}\n{ROWS}\n{LAYOUT}",
         tuning.defines()
     )
 }

@@ -6,6 +6,7 @@ use anyhow::{Result, anyhow};
 use cudarc::driver::{CudaFunction, CudaStream, LaunchArgs, LaunchConfig};
 use std::sync::Arc;
 
+const HALF: &str = include_str!("../../../kernels/half.cuh");
 const SOURCE: &str = include_str!("../../../kernels/model.cu");
 
 /// Every entry point of `kernels/model.cu` this crate launches.
@@ -67,13 +68,14 @@ impl Kernel {
     }
 }
 
-/// The translation unit for one 16-bit format: the selecting `#define`, then the source.
+/// The translation unit for one 16-bit format: the selecting `#define`, the 16-bit conversions
+/// shared with the attention kernels, then the source.
 pub(crate) fn source(dtype: InputDtype) -> String {
     let define = match dtype {
         InputDtype::Bf16 => "DTYPE_BF16",
         InputDtype::F16 => "DTYPE_F16",
     };
-    format!("#define {define}\n{SOURCE}")
+    format!("#define {define}\n{HALF}\n{SOURCE}")
 }
 
 /// The loaded kernels, indexed like [`Kernel::ALL`], and the stream they run on.
