@@ -388,11 +388,8 @@ impl CudaBackend {
         if let Some(k) = map.get(&head_dim) {
             return Ok(k.clone());
         }
-        let source = compile::kernel_source(
-            head_dim,
-            self.dtype == InputDtype::Bf16,
-            &self.tuning(head_dim),
-        );
+        let tuning = self.tuning(head_dim);
+        let source = compile::kernel_source(head_dim, self.dtype == InputDtype::Bf16, &tuning);
         let ptx = compile::compile_cached(&source, self.capability.0, self.capability.1)?;
         let module = self
             .ctx
@@ -416,19 +413,11 @@ impl CudaBackend {
             relayout_half: f("relayout_half")?,
             relayout_f32_half: f("relayout_f32_half")?,
         };
+        let forward = launch::forward_smem(head_dim, &tuning);
         let smem = [
-            (
-                &kernels.fwd_final,
-                launch::forward_smem(head_dim, &self.tuning(head_dim)),
-            ),
-            (
-                &kernels.fwd_state,
-                launch::forward_smem(head_dim, &self.tuning(head_dim)),
-            ),
-            (
-                &kernels.bwd_block,
-                launch::backward_smem(head_dim, &self.tuning(head_dim)),
-            ),
+            (&kernels.fwd_final, forward),
+            (&kernels.fwd_state, forward),
+            (&kernels.bwd_block, launch::backward_smem(head_dim, &tuning)),
         ];
         for (func, bytes) in smem {
             func.set_attribute(
