@@ -1,7 +1,7 @@
 // FlashAttention backward over one (query span, key span) block on Hopper's warpgroup MMA
 // (`wgmma`, sm_90a), causal by absolute position. Same contract as the mma.sync kernel in
 // backward.cu (all three gradients accumulate in f32; dQ and dK carry the softmax scale), which
-// stays the kernel for other GPUs and head dim 64.
+// stays the kernel for other GPUs. Head dim 64 or 128.
 //
 // One CTA = 128 key rows of one (batch, query head) and two warpgroups; warpgroup w owns keys
 // 64w..64w+63. The CTA walks the 64-row query tiles that can see its keys; Q, dO, LSE and D stream
@@ -11,8 +11,9 @@
 //  3. dV += Pᵀ·dO and dK += dSᵀ·Q with Pᵀ, dSᵀ as register A operands (the accumulator layout of
 //     step 1 is the A fragment layout) and dO, Q read MN-major from the same tiles as step 1;
 //     meanwhile dSᵀ goes to shared memory;
-//  4. dQ(tile) += dS·K, warpgroup w computing head-dim columns 64w..64w+63 over all 128 keys
-//     (A = dS MN-major from the dSᵀ tile, B = K MN-major), added to dQ with vector atomics.
+//  4. dQ(tile) += dS·K (A = dS MN-major from the dSᵀ tile, B = K MN-major), added to dQ with
+//     vector atomics: at head dim 128 warpgroup w computes columns 64w..64w+63 over all 128
+//     keys; at head dim 64 each warpgroup computes all columns over its own 64 keys.
 // Compared with the per-warp mma.sync kernel, B operands are read from shared memory once per
 // warpgroup instead of once per warp, which is what limited that kernel (81% shared-memory
 // throughput, bench/kernel-notes.md).
@@ -32,6 +33,7 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
               float* __restrict__ dV, int heads, int kv_heads, int q_len, int kv_len, int q_start,
               int kv_start, float scale) {
     constexpr int D = HEAD_DIM;
+    constexpr int DH = D / 64;                  // column atoms of a row
     const int wg = threadIdx.x / 128;           // warpgroup: keys 64·wg.., dQ columns 64·wg..
     const int wi = (threadIdx.x / 32) % 4;      // warp within the warpgroup: rows 16·wi..
     const int lane = threadIdx.x % 32;
@@ -47,6 +49,7 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
     const BwdHead op = bwd_head(Q, K, V, dO, LSE, Dl, dQ, dK, dV, heads, kv_heads, q_len, kv_len);
 
     constexpr u32 KV_TILE = WG_BKV * D * 2, Q_TILE = WG_BQ * D * 2;
+    constexpr u32 KV_ATOM = WG_BKV * 128, Q_ATOM = WG_BQ * 128;  // one column atom, bytes
     unsigned char* gen;
     const u32 base = smem_base1024(&gen);
     const u32 sK = base;
@@ -69,9 +72,9 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
     cp_commit();
 
     // dK and dV for this warpgroup's 64 keys, as two 64-column halves of the head dim.
-    float dk[2][32], dv[2][32];
+    float dk[DH][32], dv[DH][32];
 #pragma unroll
-    for (int a = 0; a < 2; ++a)
+    for (int a = 0; a < DH; ++a)
 #pragma unroll
         for (int i = 0; i < 32; ++i) dk[a][i] = dv[a][i] = 0.f;
 
@@ -101,8 +104,8 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
         wg_fence();
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk) {
-            const u32 a_off = (kk / 4) * KV_TILE / 2 + (kk % 4) * 32;  // column atom, 16 columns
-            const u32 b_off = (kk / 4) * Q_TILE / 2 + (kk % 4) * 32;
+            const u32 a_off = (kk / 4) * KV_ATOM + (kk % 4) * 32;  // column atom, 16 columns
+            const u32 b_off = (kk / 4) * Q_ATOM + (kk % 4) * 32;
             wg_ss<0, 0>(s, wg_desc(k_rows + a_off), wg_desc(cQ + b_off), kk > 0);
             wg_ss<0, 0>(dp, wg_desc(v_rows + a_off), wg_desc(cdO + b_off), kk > 0);
         }
@@ -156,8 +159,8 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk)
 #pragma unroll
-            for (int a = 0; a < 2; ++a) {
-                const u32 off = a * Q_TILE / 2 + kk * 16 * 128;
+            for (int a = 0; a < DH; ++a) {
+                const u32 off = a * Q_ATOM + kk * 16 * 128;
                 wg_rs(dv[a], pa[kk], wg_desc(cdO + off));
                 wg_rs(dk[a], da[kk], wg_desc(cQ + off));
             }
@@ -174,7 +177,7 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
         fence_async_smem();
         wg_wait<0>();
 #pragma unroll
-        for (int a = 0; a < 2; ++a) {
+        for (int a = 0; a < DH; ++a) {
             fence_regs<32>(dv[a]);
             fence_regs<32>(dk[a]);
         }
@@ -182,13 +185,18 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
         fence_regs<16>(&da[0][0]);
         __syncthreads();  // dSᵀ complete (both warpgroups)
 
-        // ---- 4. dQ(tile)[:, 64·wg..] += dS·K (K = 128 keys).
+        // ---- 4. dQ(tile) += dS·K. Head dim 128: warpgroup w takes columns 64w..64w+63 over
+        // all 128 keys; head dim 64: all 64 columns over its own 64 keys (both add to dQ).
+        constexpr int DQ_KEYS = DH == 2 ? WG_BKV : 64;
+        const u32 dq_keys = DH == 2 ? 0 : wg * 64 * 128;  // first key row, bytes
+        const u32 dq_atom = DH == 2 ? wg * KV_ATOM : 0;
+        const int dq_col = DH == 2 ? wg * 64 : 0;
         float acc[32];
         wg_fence();
 #pragma unroll
-        for (int kk = 0; kk < WG_BKV / 16; ++kk)
-            wg_ss<1, 1>(acc, wg_desc(sdS + kk * 16 * 128),
-                        wg_desc(sK + wg * KV_TILE / 2 + kk * 16 * 128), kk > 0);
+        for (int kk = 0; kk < DQ_KEYS / 16; ++kk)
+            wg_ss<1, 1>(acc, wg_desc(sdS + dq_keys + kk * 16 * 128),
+                        wg_desc(sK + dq_atom + dq_keys + kk * 16 * 128), kk > 0);
         wg_commit();
         wg_wait<0>();
         fence_regs<32>(acc);
@@ -198,7 +206,7 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
             if (qr < q_len) {
 #pragma unroll
                 for (int nt = 0; nt < 8; ++nt)
-                    red_add2(op.dQ + (size_t)qr * D + wg * 64 + nt * 8 + 2 * t,
+                    red_add2(op.dQ + (size_t)qr * D + dq_col + nt * 8 + 2 * t,
                              acc[nt * 4 + 2 * i] * scale, acc[nt * 4 + 2 * i + 1] * scale);
             }
         }
@@ -209,7 +217,7 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
         const int kr = c0 + wg * 64 + wi * 16 + g + 8 * i;
         if (kr < kv_len) {
 #pragma unroll
-            for (int a = 0; a < 2; ++a)
+            for (int a = 0; a < DH; ++a)
 #pragma unroll
                 for (int nt = 0; nt < 8; ++nt) {
                     const size_t o = (size_t)kr * D + a * 64 + nt * 8 + 2 * t;

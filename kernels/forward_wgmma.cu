@@ -1,7 +1,7 @@
 // FlashAttention forward over one (query span, key span) block on Hopper's warpgroup MMA
 // (`wgmma`, sm_90a), causal by absolute position. Same entry points and contract as forward.cu
 // (fwd_final: fresh state, writes O and LSE; fwd_state: folds the block into a running state),
-// which stays the kernel for other GPUs and head dim 64.
+// which stays the kernel for other GPUs. Head dim 64 or 128.
 //
 // One CTA = 128 query rows of one (batch, head) and two warpgroups; warpgroup w owns rows
 // 64w..64w+63. K/V tiles of 128 keys stream through a two-stage cp.async pipeline. Per tile:
@@ -9,7 +9,7 @@
 //                from shared memory, both K-major;
 //   online softmax in registers (base 2, scale·log2 e folded in), P packed to 16 bits as the
 //                register A operand of the next product (accumulator layout = A layout);
-//   O += P·V     two m64n64k16 wgmmas per 16 keys (head-dim halves), B = V read MN-major.
+//   O += P·V     one m64n64k16 wgmma per 16 keys and 64 head-dim columns, B = V read MN-major.
 // Tiles and wgmma helpers: wgmma.cuh.
 
 #if FWD_WGMMA
@@ -26,6 +26,8 @@ __device__ __forceinline__ void fwd_wg_body(const u16* __restrict__ Q, const u16
                                             int heads, int kv_heads, int q_len, int kv_len,
                                             int q_start, int kv_start, float scale_log2) {
     constexpr int D = HEAD_DIM;
+    constexpr int DH = D / 64;                  // column atoms of a Q, K or V row
+    constexpr u32 ATOM = WF_BKV * 128;          // one column atom of a 128-row tile, bytes
     const int wg = threadIdx.x / 128, wi = (threadIdx.x / 32) % 4;
     const int lane = threadIdx.x % 32;
     const int g = lane / 4, t = lane % 4;
@@ -56,7 +58,7 @@ __device__ __forceinline__ void fwd_wg_body(const u16* __restrict__ Q, const u16
     // This thread's rows: wrow + g and wrow + g + 8; accumulator element [half][4·nt + e] is
     // row + 8·(e ≥ 2), column 64·half + 8·nt + 2t + (e & 1).
     const int wrow = wg * 64 + wi * 16;
-    float o[2][32];
+    float o[DH][32];  // head-dim halves (column atoms)
     float m[2], l[2];
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
@@ -66,7 +68,7 @@ __device__ __forceinline__ void fwd_wg_body(const u16* __restrict__ Q, const u16
         m[i] = ok ? Mst[srow] * LOG2E : NEG_INF;
         l[i] = (ok && t == 0) ? Lst[srow] : 0.f;  // one lane per row carries the stored sum
 #pragma unroll
-        for (int hf = 0; hf < 2; ++hf)
+        for (int hf = 0; hf < DH; ++hf)
 #pragma unroll
             for (int nt = 0; nt < 8; ++nt) {
                 float2 a = make_float2(0.f, 0.f);
@@ -95,7 +97,7 @@ __device__ __forceinline__ void fwd_wg_body(const u16* __restrict__ Q, const u16
         wg_fence();
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk) {
-            const u32 off = (kk / 4) * TILE / 2 + (kk % 4) * 32;  // column atom, 16 columns
+            const u32 off = (kk / 4) * ATOM + (kk % 4) * 32;  // column atom, 16 columns
 #pragma unroll
             for (int hf = 0; hf < 2; ++hf)
                 wg_ss<0, 0>(s[hf], wg_desc(q_rows + off), wg_desc(cK + hf * 64 * 128 + off),
@@ -149,7 +151,7 @@ __device__ __forceinline__ void fwd_wg_body(const u16* __restrict__ Q, const u16
                     }
             l[i] = l[i] * alpha + sum;
 #pragma unroll
-            for (int hf = 0; hf < 2; ++hf)
+            for (int hf = 0; hf < DH; ++hf)
 #pragma unroll
                 for (int nt = 0; nt < 8; ++nt) {
                     o[hf][nt * 4 + 2 * i] *= alpha;
@@ -170,12 +172,11 @@ __device__ __forceinline__ void fwd_wg_body(const u16* __restrict__ Q, const u16
 #pragma unroll
         for (int kk = 0; kk < WF_BKV / 16; ++kk)
 #pragma unroll
-            for (int hf = 0; hf < 2; ++hf)
-                wg_rs(o[hf], pa[kk], wg_desc(cV + hf * TILE / 2 + kk * 16 * 128));
+            for (int hf = 0; hf < DH; ++hf)
+                wg_rs(o[hf], pa[kk], wg_desc(cV + hf * ATOM + kk * 16 * 128));
         wg_commit();
         wg_wait<0>();
-        fence_regs<32>(o[0]);
-        fence_regs<32>(o[1]);
+        fence_regs<32 * DH>(&o[0][0]);
         fence_regs<32>(&pa[0][0]);
     }
 
@@ -193,7 +194,7 @@ __device__ __forceinline__ void fwd_wg_body(const u16* __restrict__ Q, const u16
                 Lst[srow] = lt;
             }
 #pragma unroll
-            for (int hf = 0; hf < 2; ++hf)
+            for (int hf = 0; hf < DH; ++hf)
 #pragma unroll
                 for (int nt = 0; nt < 8; ++nt)
                     *reinterpret_cast<float2*>(ACC + srow * D + hf * 64 + nt * 8 + 2 * t) =
@@ -202,7 +203,7 @@ __device__ __forceinline__ void fwd_wg_body(const u16* __restrict__ Q, const u16
             const float inv = lt > 0.f ? 1.f / lt : 0.f;
             if (t == 0) LSE[srow] = lt > 0.f ? (m[i] + __log2f(lt)) * LN2 : NEG_INF;
 #pragma unroll
-            for (int hf = 0; hf < 2; ++hf)
+            for (int hf = 0; hf < DH; ++hf)
 #pragma unroll
                 for (int nt = 0; nt < 8; ++nt)
                     *reinterpret_cast<u32*>(O + srow * D + hf * 64 + nt * 8 + 2 * t) =

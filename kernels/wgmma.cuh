@@ -6,8 +6,8 @@
 // needs the 1024-byte step between groups of 8 rows.
 
 #if FWD_WGMMA || BWD_WGMMA
-#if HEAD_DIM != 128
-#error "the wgmma kernels are written for head dim 128"
+#if HEAD_DIM != 64 && HEAD_DIM != 128
+#error "the wgmma kernels are written for head dims 64 and 128"
 #endif
 
 typedef unsigned long long u64;

@@ -240,10 +240,13 @@ mod tests {
         if !nvrtc_present() {
             return;
         }
-        for bf16 in [true, false] {
-            let t = Tuning::for_head_dim(128).for_device(128, (9, 0));
-            let report = ptxas_report(&kernel_source(128, bf16, &t));
-            assert!(!report.contains("serialized"), "bf16={bf16}:\n{report}");
+        for (head_dim, bf16) in [(128, true), (128, false), (64, true)] {
+            let t = Tuning::for_head_dim(head_dim).for_device(head_dim, (9, 0));
+            let report = ptxas_report(&kernel_source(head_dim, bf16, &t));
+            assert!(
+                !report.contains("serialized"),
+                "d{head_dim} bf16={bf16}:\n{report}"
+            );
             for kernel in ["fwd_final", "fwd_state", "bwd_block"] {
                 let at = report
                     .find(&format!("Function properties for {kernel}\n"))
@@ -251,7 +254,7 @@ mod tests {
                 let spills = report[at..].lines().nth(1).unwrap_or_default();
                 assert!(
                     spills.contains(" 0 bytes spill stores"),
-                    "{kernel} (bf16={bf16}) spills: {spills}"
+                    "{kernel} (d{head_dim}, bf16={bf16}) spills: {spills}"
                 );
             }
         }

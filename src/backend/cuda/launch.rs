@@ -15,8 +15,8 @@ const ROWS_PER_BLOCK: usize = 8;
 /// CUDA's limit on `gridDim.y`.
 const MAX_GRID_Y: usize = 65_535;
 
-/// The head dim the wgmma kernels are written for.
-const WGMMA_HEAD_DIM: usize = 128;
+/// The head dims the wgmma kernels are written for.
+const WGMMA_HEAD_DIMS: [usize; 2] = [64, 128];
 /// Query rows per wgmma forward CTA (`WF_BQ`), also its key rows per stage (`WF_BKV`).
 const WGMMA_FWD_ROWS: usize = 128;
 /// Extra dynamic shared memory of the wgmma kernels: they round their base up to the 1024-byte
@@ -59,17 +59,17 @@ impl Tuning {
             fwd_warps: 8,
             fwd_mtiles: 2,
             fwd_q_in_registers: head_dim <= 64,
-            fwd_wgmma: head_dim == WGMMA_HEAD_DIM,
+            fwd_wgmma: WGMMA_HEAD_DIMS.contains(&head_dim),
             bwd_warps: 8,
-            bwd_wgmma: head_dim == WGMMA_HEAD_DIM,
+            bwd_wgmma: WGMMA_HEAD_DIMS.contains(&head_dim),
         }
     }
 
     /// This variant as it can run for `head_dim` on a device of compute capability
-    /// `capability`: the wgmma kernels exist only for sm_90 (H100/H200) at head dim 128, so
-    /// elsewhere they fall back to the mma.sync kernels rather than failing.
+    /// `capability`: the wgmma kernels exist only for sm_90 (H100/H200), so elsewhere they fall
+    /// back to the mma.sync kernels rather than failing.
     pub fn for_device(self, head_dim: usize, capability: (i32, i32)) -> Tuning {
-        let wgmma = head_dim == WGMMA_HEAD_DIM && capability == (9, 0);
+        let wgmma = WGMMA_HEAD_DIMS.contains(&head_dim) && capability == (9, 0);
         Tuning {
             fwd_wgmma: self.fwd_wgmma && wgmma,
             bwd_wgmma: self.bwd_wgmma && wgmma,
@@ -342,10 +342,13 @@ mod tests {
             "sm_90a code runs only on 9.0"
         );
         assert!(
-            !t.for_device(64, (9, 0)).bwd_wgmma,
-            "written for head dim 128"
+            !t.for_device(96, (9, 0)).bwd_wgmma,
+            "written for head dims 64 and 128"
         );
-        assert!(!Tuning::for_head_dim(64).bwd_wgmma);
+        let t64 = Tuning::for_head_dim(64).for_device(64, (9, 0));
+        assert!(t64.fwd_wgmma && t64.bwd_wgmma);
+        assert_eq!(backward_smem(64, &t64), (32 + 32 + 16 + 1 + 1) * 1024);
+        assert_eq!(forward_smem(64, &t64), (5 * 16 + 1) * 1024);
         let off = Tuning {
             bwd_wgmma: false,
             ..t
