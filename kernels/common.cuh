@@ -85,16 +85,37 @@ __device__ __forceinline__ u32 swz128(int rows, int row, int col) {
 // shared tile with cp.async, in the mma.sync kernels' layout (`swz`) or, with ATOMS, in the
 // wgmma kernels' (`swz128`); rows past `rows_total` become zeros (never garbage: P·V with P = 0
 // must stay finite).
+//
+// Each thread copies one 16-byte column chunk of every STEP-th row. STEP is a multiple of 8, so
+// the swizzle of all of a thread's chunks is that of its first row, and every copy after the
+// first is the first one's addresses plus constants: the loop compiles to bare cp.async
+// instructions with immediate offsets. (Indexing chunks by a strided `i` instead cost as many
+// instructions per tile as the forward's softmax: bench/kernel-notes.md, v7.)
 template <int ROWS, int THREADS, bool ATOMS = false>
 __device__ __forceinline__ void load_tile(u32 dst, const u16* base, int row0, int rows_total) {
-    constexpr int CHUNKS = HEAD_DIM / 8;
+    constexpr int CHUNKS = HEAD_DIM / 8;          // 16-byte chunks per row
+    constexpr int STEP = THREADS / CHUNKS;        // rows between one thread's chunks
+    constexpr int ITERS = (ROWS + STEP - 1) / STEP;
+    constexpr int ROW_BYTES = ATOMS ? 128 : HEAD_DIM * 2;  // within one column atom
+    static_assert(THREADS % CHUNKS == 0 && STEP % 8 == 0,
+                  "load_tile: each thread must copy the same chunk of every STEP-th row");
+    const int r = threadIdx.x / CHUNKS, c = threadIdx.x % CHUNKS;
+    const u32 at = dst + (ATOMS ? swz128(ROWS, r, c * 8) : swz<HEAD_DIM>(r, c * 8));
+    const u16* src = base + (size_t)row0 * HEAD_DIM + r * HEAD_DIM + c * 8;
+    // (ROWS % STEP != 0: the last pass covers only the first rows of the split.)
+    if (row0 + ROWS <= rows_total) {
 #pragma unroll
-    for (int i = threadIdx.x; i < ROWS * CHUNKS; i += THREADS) {
-        const int r = i / CHUNKS, c = i % CHUNKS;
-        const bool ok = row0 + r < rows_total;
-        const u16* src = base + (size_t)(ok ? row0 + r : 0) * HEAD_DIM + c * 8;
-        const u32 at = ATOMS ? swz128(ROWS, r, c * 8) : swz<HEAD_DIM>(r, c * 8);
-        cp_async16(dst + at, src, ok ? 16 : 0);
+        for (int k = 0; k < ITERS; ++k)
+            if (ROWS % STEP == 0 || r + k * STEP < ROWS)
+                cp_async16(at + k * STEP * ROW_BYTES, src + k * STEP * HEAD_DIM, 16);
+    } else {
+#pragma unroll
+        for (int k = 0; k < ITERS; ++k) {
+            const bool ok = row0 + r + k * STEP < rows_total;
+            if (ROWS % STEP == 0 || r + k * STEP < ROWS)
+                cp_async16(at + k * STEP * ROW_BYTES, ok ? src + k * STEP * HEAD_DIM : base,
+                           ok ? 16 : 0);
+        }
     }
 }
 
