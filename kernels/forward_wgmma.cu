@@ -5,11 +5,12 @@
 //
 // One CTA = 128 query rows of one (batch, head) and two warpgroups; warpgroup w owns rows
 // 64w..64w+63. K/V tiles of 128 keys stream through a two-stage cp.async pipeline. Per tile:
-//   S = Q·Kᵀ     two m64n64k16 wgmmas per 16 head-dim columns (key halves), A = Q and B = K
-//                from shared memory, both K-major;
+//   S = Q·Kᵀ     one m64n128k16 wgmma per 16 head-dim columns, A = Q and B = K
+//                from shared memory, both K-major, issued in the warpgroup's ping-pong turn
+//                (wgmma.cuh) so that one warpgroup's softmax runs under the other's products;
 //   online softmax in registers (base 2, scale·log2 e folded in), P packed to 16 bits as the
 //                register A operand of the next product (accumulator layout = A layout);
-//   O += P·V     one m64n64k16 wgmma per 16 keys and 64 head-dim columns, B = V read MN-major.
+//   O += P·V     one m64n{64,128}k16 wgmma per 16 keys (N = head dim), B = V read MN-major.
 // Tiles and wgmma helpers: wgmma.cuh.
 
 #if FWD_WGMMA
@@ -80,6 +81,7 @@ __device__ __forceinline__ void fwd_wg_body(const u16* __restrict__ Q, const u16
     }
 
     const u32 q_rows = sQ + wg * 64 * 128;
+    pingpong_start(wg);
     for (int j = 0; j < n_tiles; ++j) {
         cp_wait<0>();
         fence_async_smem();
@@ -92,18 +94,17 @@ __device__ __forceinline__ void fwd_wg_body(const u16* __restrict__ Q, const u16
         cp_commit();
         const u32 cK = sK + (j & 1) * TILE, cV = sV + (j & 1) * TILE;
 
-        // S = Q·Kᵀ for 64 rows × 128 keys (two key halves of 64).
+        // S = Q·Kᵀ for 64 rows × 128 keys: one m64n128k16 per 16 head-dim columns.
         float s[2][32];
+        take_turn(wg);
         wg_fence();
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk) {
             const u32 off = (kk / 4) * ATOM + (kk % 4) * 32;  // column atom, 16 columns
-#pragma unroll
-            for (int hf = 0; hf < 2; ++hf)
-                wg_ss<0, 0>(s[hf], wg_desc(q_rows + off), wg_desc(cK + hf * 64 * 128 + off),
-                            kk > 0);
+            wg_ss128<0, 0>(s[0], wg_desc(q_rows + off), wg_desc(cK + off), kk > 0);
         }
         wg_commit();
+        pass_turn(wg);
         wg_wait<0>();
         fence_regs<32>(s[0]);
         fence_regs<32>(s[1]);
@@ -167,18 +168,18 @@ __device__ __forceinline__ void fwd_wg_body(const u16* __restrict__ Q, const u16
             pa[kk][3] = pack2(p[6], p[7]);
         }
 
-        // O += P·V: K = 128 keys (8 steps), N = head dim as two halves (column atoms of V).
+        // O += P·V: K = 128 keys (8 steps), N = head dim (V read MN-major, column atoms ATOM
+        // bytes apart).
         wg_fence();
 #pragma unroll
         for (int kk = 0; kk < WF_BKV / 16; ++kk)
-#pragma unroll
-            for (int hf = 0; hf < DH; ++hf)
-                wg_rs(o[hf], pa[kk], wg_desc(cV + hf * ATOM + kk * 16 * 128));
+            wg_rs_atoms<DH>(o[0], pa[kk], wg_desc(cV + kk * 16 * 128, ATOM));
         wg_commit();
         wg_wait<0>();
         fence_regs<32 * DH>(&o[0][0]);
         fence_regs<32>(&pa[0][0]);
     }
+    pingpong_end(wg);
 
 #pragma unroll
     for (int i = 0; i < 2; ++i) {

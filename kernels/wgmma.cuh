@@ -21,10 +21,11 @@ __device__ __forceinline__ u32 smem_base1024(unsigned char** generic) {
     return base;
 }
 
-// Shared-memory matrix descriptor: start address, 1024-byte step between 8-row groups (the
-// leading offset is unused by every operand here; it is set to the same value), 128B swizzle.
-__device__ __forceinline__ u64 wg_desc(u32 addr) {
-    return (u64)((addr & 0x3FFFF) >> 4) | ((u64)(1024 >> 4) << 16) | ((u64)(1024 >> 4) << 32) |
+// Shared-memory matrix descriptor: start address, 1024-byte step between 8-row groups, 128B
+// swizzle. `lbo`, the leading offset, matters only to an MN-major operand wider than 64
+// elements (V in the forward's P·V with N = 128): the step between its column atoms.
+__device__ __forceinline__ u64 wg_desc(u32 addr, u32 lbo = 1024) {
+    return (u64)((addr & 0x3FFFF) >> 4) | ((u64)(lbo >> 4) << 16) | ((u64)(1024 >> 4) << 32) |
            (1ull << 62);
 }
 
@@ -50,6 +51,25 @@ template <int N>
 __device__ __forceinline__ void fence_regs(u32* r) {
 #pragma unroll
     for (int i = 0; i < N; ++i) asm volatile("" : "+r"(r[i])::"memory");
+}
+
+// Ping-pong between a CTA's two warpgroups (FlashAttention-3's schedule): a warpgroup issues a
+// batch of products only in its turn and hands the turn over right after issuing, so that the
+// tensor cores work through one warpgroup's products while the other does its softmax instead
+// of both doing softmax at once. Warpgroup w waits on named barrier 1 + w; the other arrives on
+// it. `pingpong_start` gives warpgroup 0 the first turn and `pingpong_end` consumes the hand-over
+// nobody waits for, so both barriers end balanced.
+__device__ __forceinline__ void take_turn(int wg) {
+    asm volatile("bar.sync %0, 256;" ::"r"(1 + wg) : "memory");
+}
+__device__ __forceinline__ void pass_turn(int wg) {
+    asm volatile("bar.arrive %0, 256;" ::"r"(2 - wg) : "memory");
+}
+__device__ __forceinline__ void pingpong_start(int wg) {
+    if (wg == 1) pass_turn(1);
+}
+__device__ __forceinline__ void pingpong_end(int wg) {
+    if (wg == 0) take_turn(0);
 }
 
 #define WG_D32                                                                                  \
@@ -82,6 +102,58 @@ __device__ __forceinline__ void wg_rs(float* d, const u32* a, u64 b) {
         ", {%32, %33, %34, %35}, %36, 1, 1, 1, 1;\n"
         : WG_D32_OUT(d)
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
+}
+
+#define WG_D64                                                                                  \
+    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, " \
+    "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, "  \
+    "%38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, "  \
+    "%56, %57, %58, %59, %60, %61, %62, %63}"
+
+// The same products with N = 128 (d: 64×128 f32, the two 64-column halves of wg_ss/wg_rs's
+// layout one after the other). One instruction reads A once for 128 columns instead of twice.
+template <int TA, int TB>
+__device__ __forceinline__ void wg_ss128(float* d, u64 a, u64 b, int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32." MMA_AB "." MMA_AB " " WG_D64
+        ", %64, %65, p, 1, 1, %67, %68;\n}\n"
+        : WG_D32_OUT(d), WG_D32_OUT((d + 32))
+        : "l"(a), "l"(b), "r"(accumulate), "n"(TA), "n"(TB));
+}
+__device__ __forceinline__ void wg_rs128(float* d, const u32* a, u64 b) {
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32." MMA_AB "." MMA_AB " " WG_D64
+        ", {%64, %65, %66, %67}, %68, 1, 1, 1, 1;\n"
+        : WG_D32_OUT(d), WG_D32_OUT((d + 32))
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
+}
+
+// Adds `bytes` of f32 from shared memory into global memory (the TMA unit does the reads and the
+// reduction in L2, asynchronously: one instruction instead of a vector atomic per thread and
+// pair), as this thread's next bulk group. The shared source must have been written before a
+// fence_async_smem and must not change until bulk_wait_read says the group has been read.
+__device__ __forceinline__ void bulk_add_f32(float* dst, u32 src, u32 bytes) {
+    asm volatile(
+        "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n"
+        "cp.async.bulk.commit_group;" ::"l"(dst),
+        "r"(src), "r"(bytes)
+        : "memory");
+}
+// This thread's bulk groups have read their shared source (they may still be writing).
+__device__ __forceinline__ void bulk_wait_read() {
+    asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+}
+// This thread's bulk groups are complete.
+__device__ __forceinline__ void bulk_wait() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
+
+// d += A·B over the 64·ATOMS columns of B (MN-major, column atoms `lbo` bytes apart in b).
+template <int ATOMS>
+__device__ __forceinline__ void wg_rs_atoms(float* d, const u32* a, u64 b) {
+    if constexpr (ATOMS == 2)
+        wg_rs128(d, a, b);
+    else
+        wg_rs(d, a, b);
 }
 
 #endif  // FWD_WGMMA || BWD_WGMMA
