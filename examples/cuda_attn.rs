@@ -32,13 +32,13 @@ struct Cli {
     /// Kernel variant: Q fragments in registers.
     #[arg(long)]
     fwd_qreg: Option<bool>,
-    /// Kernel variant: the wgmma forward (sm_90, head dim 128) or the mma.sync one.
+    /// Kernel variant: the wgmma forward (sm_90, head dims 64 and 128) or the mma.sync one.
     #[arg(long)]
     fwd_wgmma: Option<bool>,
     /// Kernel variant: warps per backward CTA (4, 8) of the mma.sync backward.
     #[arg(long)]
     bwd_warps: Option<usize>,
-    /// Kernel variant: the wgmma backward (sm_90, head dim 128) or the mma.sync one.
+    /// Kernel variant: the wgmma backward (sm_90, head dims 64 and 128) or the mma.sync one.
     #[arg(long)]
     bwd_wgmma: Option<bool>,
     #[command(subcommand)]

@@ -11,9 +11,12 @@
 //  3. dV += Pᵀ·dO and dK += dSᵀ·Q with Pᵀ, dSᵀ as register A operands (the accumulator layout of
 //     step 1 is the A fragment layout) and dO, Q read MN-major from the same tiles as step 1;
 //     meanwhile dSᵀ goes to shared memory;
-//  4. dQ(tile) += dS·K (A = dS MN-major from the dSᵀ tile, B = K MN-major), added to dQ with
-//     vector atomics: at head dim 128 warpgroup w computes columns 64w..64w+63 over all 128
-//     keys; at head dim 64 each warpgroup computes all columns over its own 64 keys.
+//  4. dQ(tile) = dS·K (A = dS MN-major from the dSᵀ tile, B = K MN-major): at head dim 128
+//     warpgroup w computes columns 64w..64w+63 over all 128 keys; at head dim 64 each warpgroup
+//     computes all columns over its own 64 keys. The tile goes to shared memory, and at the
+//     start of the next tile bulk reductions (`cp.reduce.async.bulk`, one per row) add it to dQ
+//     in the background; per-thread vector atomics here cost 7% of the backward's speed
+//     (bench/kernel-notes.md, v7).
 // Compared with the per-warp mma.sync kernel, B operands are read from shared memory once per
 // warpgroup instead of once per warp, which is what limited that kernel (81% shared-memory
 // throughput, bench/kernel-notes.md).
@@ -25,6 +28,20 @@
 #define WG_BKV 128
 #define WG_BQ 64
 #define WG_THREADS 256
+// dQ leaves through shared memory: at head dim 128 in one part (each warpgroup fills its 64
+// columns), at head dim 64 in one part per warpgroup (each holds a sum over its own keys). Rows
+// are padded by 32 bytes so that a warp's 8 rows × 4 pairs per store hit distinct banks.
+#define WG_DQ_PARTS (HEAD_DIM == 128 ? 1 : 2)
+#define WG_DQ_ROW (HEAD_DIM * 4 + 32)
+
+// Adds the dQ tile of query rows row0.. staged in shared memory at sdQ into dQ: one bulk
+// reduction per row and part, issued by the first WG_DQ_PARTS × 64 threads.
+__device__ __forceinline__ void add_dq_tile(float* dQ, u32 sdQ, int row0, int q_len) {
+    const int row = threadIdx.x % WG_BQ, part = threadIdx.x / WG_BQ;
+    if (part < WG_DQ_PARTS && row0 + row < q_len)
+        bulk_add_f32(dQ + (size_t)(row0 + row) * HEAD_DIM,
+                     sdQ + (part * WG_BQ + row) * WG_DQ_ROW, HEAD_DIM * 4);
+}
 
 extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
     bwd_block(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* __restrict__ V,
@@ -59,6 +76,7 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
     const u32 sdS = sdO + 2 * Q_TILE;       // dSᵀ [key][query], 128-byte rows
     const u32 sL = sdS + WG_BKV * WG_BQ * 2;  // two stages of LSE, then two of D
     const u32 sD = sL + 2 * WG_BQ * 4;
+    const u32 sdQ = sD + 2 * WG_BQ * 4;     // the last tile's dQ, WG_DQ_PARTS × 64 rows
     const float* fL = reinterpret_cast<const float*>(gen + (sL - base));
     const float* fD = reinterpret_cast<const float*>(gen + (sD - base));
     unsigned char* pdS = gen + (sdS - base);
@@ -84,6 +102,7 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
         cp_wait<0>();
         fence_async_smem();
         __syncthreads();  // tile qt landed; the last tile's wgmmas are done with sdS and its stage
+        if (qt > t_begin) add_dq_tile(op.dQ, sdQ, (qt - 1) * WG_BQ, q_len);
         const int stage = (qt - t_begin) & 1;
         if (qt + 1 < n_qt) {
             const int ns = stage ^ 1;
@@ -183,7 +202,8 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
         }
         fence_regs<16>(&pa[0][0]);
         fence_regs<16>(&da[0][0]);
-        __syncthreads();  // dSᵀ complete (both warpgroups)
+        bulk_wait_read();  // the last tile's dQ has left sdQ
+        __syncthreads();   // dSᵀ complete (both warpgroups); sdQ free
 
         // ---- 4. dQ(tile) += dS·K. Head dim 128: warpgroup w takes columns 64w..64w+63 over
         // all 128 keys; head dim 64: all 64 columns over its own 64 keys (both add to dQ).
@@ -200,17 +220,19 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
         wg_commit();
         wg_wait<0>();
         fence_regs<32>(acc);
+        unsigned char* part = gen + (sdQ - base) + (DH == 2 ? 0 : wg) * WG_BQ * WG_DQ_ROW;
 #pragma unroll
-        for (int i = 0; i < 2; ++i) {
-            const int qr = r0 + wi * 16 + g + 8 * i;
-            if (qr < q_len) {
+        for (int i = 0; i < 2; ++i)
 #pragma unroll
-                for (int nt = 0; nt < 8; ++nt)
-                    red_add2(op.dQ + (size_t)qr * D + dq_col + nt * 8 + 2 * t,
-                             acc[nt * 4 + 2 * i] * scale, acc[nt * 4 + 2 * i + 1] * scale);
-            }
-        }
+            for (int nt = 0; nt < 8; ++nt)
+                *reinterpret_cast<float2*>(part + (wi * 16 + g + 8 * i) * WG_DQ_ROW +
+                                           (dq_col + nt * 8 + 2 * t) * 4) =
+                    make_float2(acc[nt * 4 + 2 * i] * scale, acc[nt * 4 + 2 * i + 1] * scale);
+        fence_async_smem();
     }
+    __syncthreads();
+    add_dq_tile(op.dQ, sdQ, (n_qt - 1) * WG_BQ, q_len);
+    bulk_wait();
 
 #pragma unroll
     for (int i = 0; i < 2; ++i) {

@@ -179,17 +179,20 @@ pub(crate) fn forward_config(dims: &Dims, q_rows: usize, tuning: &Tuning) -> Res
 
 /// Dynamic shared memory of the backward kernel: the K and V tiles, two stages of Q, dO, LSE
 /// and D, and the Pᵀ and dSᵀ tiles (16-bit). The wgmma kernel keeps no Pᵀ tile (Pᵀ stays in
-/// registers) and needs 1 KiB of slack to align its tiles to 1024 bytes.
+/// registers) but stages each query tile's dQ (f32 rows padded by 32 bytes; one copy per
+/// warpgroup at head dim 64, where each sums over its own keys) for the bulk reduction into
+/// global memory, and needs 1 KiB of slack to align its tiles to 1024 bytes.
 pub(crate) fn backward_smem(head_dim: usize, tuning: &Tuning) -> u32 {
     let bkv = backward_keys(tuning);
     let tiles = 2 * bkv * head_dim * 2 + 4 * BWD_BQ * head_dim * 2 + 4 * BWD_BQ * 4;
     let scores = if tuning.bwd_wgmma { 1 } else { 2 } * bkv * BWD_BQ * 2;
-    let slack = if tuning.bwd_wgmma {
-        WGMMA_ALIGN_SLACK
+    let wgmma_extra = if tuning.bwd_wgmma {
+        let dq_parts = if head_dim == 128 { 1 } else { 2 };
+        dq_parts * BWD_BQ * (head_dim * 4 + 32) + WGMMA_ALIGN_SLACK
     } else {
         0
     };
-    (tiles + scores + slack) as u32
+    (tiles + scores + wgmma_extra) as u32
 }
 
 /// Key rows per backward CTA: 16 per warp in both kernels (the wgmma one: 64 per warpgroup).
@@ -322,10 +325,14 @@ mod tests {
             2
         );
         // wgmma: K, V (32 KiB each), two stages of Q and dO (16 KiB each), dSᵀ (16 KiB),
-        // LSE and D (1 KiB), alignment slack (1 KiB); 128-key tiles of 256 threads.
+        // LSE and D (1 KiB), dQ (64 rows of 544 bytes), alignment slack (1 KiB); 128-key tiles
+        // of 256 threads.
         let wg = Tuning::for_head_dim(128).for_device(128, (9, 0));
         assert!(wg.bwd_wgmma);
-        assert_eq!(backward_smem(128, &wg), (64 + 64 + 16 + 1 + 1) * 1024);
+        assert_eq!(
+            backward_smem(128, &wg),
+            (64 + 64 + 16 + 1 + 1) * 1024 + 64 * 544
+        );
         let c = backward_config(&dims(128), 129, &wg).unwrap();
         assert_eq!((c.grid_dim.1, c.block_dim.0), (2, 256));
     }
@@ -347,7 +354,10 @@ mod tests {
         );
         let t64 = Tuning::for_head_dim(64).for_device(64, (9, 0));
         assert!(t64.fwd_wgmma && t64.bwd_wgmma);
-        assert_eq!(backward_smem(64, &t64), (32 + 32 + 16 + 1 + 1) * 1024);
+        assert_eq!(
+            backward_smem(64, &t64),
+            (32 + 32 + 16 + 1 + 1) * 1024 + 2 * 64 * 288
+        );
         assert_eq!(forward_smem(64, &t64), (5 * 16 + 1) * 1024);
         let off = Tuning {
             bwd_wgmma: false,
