@@ -61,8 +61,9 @@ pub struct Args {
     /// Under a launcher (one process per device): `balanced`, `unbalanced` or `zigzag`.
     #[arg(long, default_value = "balanced")]
     schedule: Schedule,
-    /// Start on the GPU even when the estimated peak exceeds the free memory (the estimate errs
-    /// 7–10% high; a run that really does not fit then fails at an allocation).
+    /// Start on the GPU even when the estimated peak exceeds the free memory (the estimate adds a
+    /// 1.5 GiB allowance to the step's tensors; a run that really does not fit then fails at an
+    /// allocation).
     #[arg(long)]
     ignore_memory_estimate: bool,
     #[command(flatten)]

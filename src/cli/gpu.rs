@@ -38,8 +38,9 @@ pub struct GpuRun<'a> {
     /// Copies of the weights, gradients and optimizer state on the GPU: virtual workers (threads
     /// sharing it) each hold their own; 1 otherwise.
     pub model_copies: usize,
-    /// Start even when the estimate exceeds the free memory (`--ignore-memory-estimate`): it
-    /// errs 7–10% high, so the longest sequence that really fits needs a way past it.
+    /// Start even when the estimate exceeds the free memory (`--ignore-memory-estimate`): the
+    /// estimate is the step's tensors plus a 1.5 GiB allowance for cuBLAS, kernel modules and
+    /// fragmentation, and a run that needs less of that allowance may still fit.
     pub ignore_estimate: bool,
 }
 
@@ -81,7 +82,7 @@ impl GpuRun<'_> {
                 eprintln!("note: {e:#}; starting anyway (--ignore-memory-estimate)")
             }
             Err(e) => bail!(
-                "{e:#} (the estimate errs high, measured peaks are 7-10% below it: --ignore-memory-estimate starts anyway)"
+                "{e:#} (the estimate is the step's tensors plus 1.5 GiB for cuBLAS, kernel modules and fragmentation: --ignore-memory-estimate starts anyway)"
             ),
         }
         Ok((backend, need))

@@ -36,8 +36,9 @@ pub struct Args {
     /// 16-bit format of weights and activations with --device cuda.
     #[arg(long, default_value = "bf16")]
     dtype: InputDtype,
-    /// Start on the GPU even when the estimated peak exceeds the free memory (the estimate errs
-    /// 7–10% high; a run that really does not fit then fails at an allocation).
+    /// Start on the GPU even when the estimated peak exceeds the free memory (the estimate adds a
+    /// 1.5 GiB allowance to the step's tensors; a run that really does not fit then fails at an
+    /// allocation).
     #[arg(long)]
     ignore_memory_estimate: bool,
 }

@@ -136,8 +136,9 @@ pub struct Args {
     /// Print one JSON line per step and a JSON summary instead of the progress bar.
     #[arg(long)]
     json: bool,
-    /// Start on the GPU even when the estimated peak exceeds the free memory (the estimate errs
-    /// 7–10% high; a run that really does not fit then fails at an allocation).
+    /// Start on the GPU even when the estimated peak exceeds the free memory (the estimate adds a
+    /// 1.5 GiB allowance to the step's tensors; a run that really does not fit then fails at an
+    /// allocation).
     #[arg(long)]
     ignore_memory_estimate: bool,
     #[command(flatten)]

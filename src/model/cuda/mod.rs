@@ -26,7 +26,7 @@
 mod args;
 mod gemm;
 mod kernels;
-mod shapes;
+pub(crate) mod shapes;
 
 use super::cpu::rope_inv_freq;
 use super::ops::{AdamW, LossOut, Ops, check_positions, check_rows};
