@@ -2,8 +2,8 @@
 //!
 //! Kernels are the CUDA C sources in `kernels/`, compiled at run time by NVRTC for the device's
 //! compute capability (see `compile`). Two families: FlashAttention-2 style kernels on per-warp
-//! `mma.sync` for every GPU from compute capability 8.0, and on H100/H200 (9.0) at head dim 128
-//! kernels on Hopper's warpgroup MMA (`wgmma`, 1.3× faster there), chosen by
+//! `mma.sync` for every GPU from compute capability 8.0, and on H100/H200 (9.0) kernels on
+//! Hopper's warpgroup MMA (`wgmma`, 1.5× faster there at head dim 128), chosen by
 //! [`Tuning::for_device`]. cudarc loads the driver and NVRTC dynamically, so the
 //! crate builds and its tests run on machines without CUDA; [`CudaBackend::new`] checks for the
 //! driver first and answers with a sentence instead of a panic.
@@ -17,8 +17,8 @@
 //!
 //! Two ways in:
 //! - the [`Backend`] block API (`forward_block` folds a block into an f32 running state in
-//!   place, `backward_block` accumulates f32 gradients with atomics), which `exec` drives for
-//!   distributed schedules;
+//!   place, `backward_block` accumulates f32 gradients with atomics or bulk reductions), which
+//!   `exec` drives for distributed schedules;
 //! - [`CudaBackend::causal_forward`] / [`CudaBackend::causal_backward`]: a whole causal sequence
 //!   in one forward launch (state in registers, O and LSE written once) and one backward launch
 //!   (plus the D = rowsum(dO∘O) pre-pass), for single-GPU training and benchmarks.
