@@ -61,8 +61,8 @@ for n in $SEQS; do
   done
 done
 # The longest sequence each policy fits on two GPUs (issue 6): LONGEST lists policy:lengths to
-# try, one step each past the memory estimate (which errs 7-10% high); a run that does not fit
-# fails at an allocation and is logged, not fatal. Empty by default (each try at 256K+ takes
+# try, one step each, started even past the memory estimate (whose distributed-rank terms have
+# not been measured yet); a run that does not fit fails at an allocation and is logged, not fatal. Empty by default (each try at 256K+ takes
 # minutes), e.g. LONGEST="layer:262144 remat:196608,229376".
 for pair in ${LONGEST:-}; do
   policy=${pair%%:*}
