@@ -134,10 +134,14 @@ __device__ __forceinline__ void load_vec(u32 dst, const float* base, int row0, i
 struct HeadRows {
     size_t q, kv, stat;
 };
+// The CTA's KV head among all batches' ([batch·kv_heads]).
+__device__ __forceinline__ int kv_matrix(int heads, int kv_heads) {
+    const int bh = blockIdx.x;
+    return (bh / heads) * kv_heads + (bh % heads) / (heads / kv_heads);
+}
 __device__ __forceinline__ HeadRows head_rows(int heads, int kv_heads, int q_len, int kv_len) {
     const int bh = blockIdx.x;
-    const int b = bh / heads, h = bh % heads;
-    const int kvh = b * kv_heads + h / (heads / kv_heads);
+    const int kvh = kv_matrix(heads, kv_heads);
     return {(size_t)bh * q_len * HEAD_DIM, (size_t)kvh * kv_len * HEAD_DIM, (size_t)bh * q_len};
 }
 

@@ -4,13 +4,18 @@
 // which stays the kernel for other GPUs. Head dim 64 or 128.
 //
 // One CTA = 128 query rows of one (batch, head) and two warpgroups; warpgroup w owns rows
-// 64w..64w+63. K/V tiles of 128 keys stream through a two-stage cp.async pipeline. Per tile:
+// 64w..64w+63. Tiles of 128 keys stream in through TMA loads that thread 0 issues, each stage
+// with its own barrier (two stages of K, three of V: see below). Per tile j:
 //   S = Q·Kᵀ     one m64n128k16 wgmma per 16 head-dim columns, A = Q and B = K
-//                from shared memory, both K-major, issued in the warpgroup's ping-pong turn
-//                (wgmma.cuh) so that one warpgroup's softmax runs under the other's products;
+//                from shared memory, both K-major;
 //   online softmax in registers (base 2, scale·log2 e folded in), P packed to 16 bits as the
 //                register A operand of the next product (accumulator layout = A layout);
 //   O += P·V     one m64n{64,128}k16 wgmma per 16 keys (N = head dim), B = V read MN-major.
+// The products of P·V are issued one tile late, together with the next tile's S, in the
+// warpgroup's ping-pong turn (wgmma.cuh; FlashAttention-3's schedule): the softmax of tile j then
+// runs under this warpgroup's own P·V of tile j−1 and under the other warpgroup's products, and
+// the tensor cores never wait for a softmax. The rescale of O by the new maximum waits for that
+// P·V. V of tile j−1 is still being read while tile j+1 loads, hence its third stage.
 // Tiles and wgmma helpers: wgmma.cuh.
 
 #if FWD_WGMMA
@@ -19,9 +24,19 @@
 #define WF_BKV 128
 #define WF_THREADS 256
 
+// Issues O += P·V for one 128-key tile (not committed): K = 128 keys (8 steps), N = head dim (V
+// read MN-major from the tile at v, column atoms WF_BKV·128 bytes apart).
+template <int DH>
+__device__ __forceinline__ void pv_products(float* o, const u32 (*pa)[4], u32 v) {
+    wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < WF_BKV / 16; ++kk)
+        wg_rs_atoms<DH>(o, pa[kk], wg_desc(v + kk * 16 * 128, WF_BKV * 128));
+}
+
 template <bool STATE>
-__device__ __forceinline__ void fwd_wg_body(const u16* __restrict__ Q, const u16* __restrict__ K,
-                                            const u16* __restrict__ V, u16* __restrict__ O,
+__device__ __forceinline__ void fwd_wg_body(const TensorMap* tmQ, const TensorMap* tmK,
+                                            const TensorMap* tmV, u16* __restrict__ O,
                                             float* __restrict__ LSE, float* __restrict__ Mst,
                                             float* __restrict__ Lst, float* __restrict__ ACC,
                                             int heads, int kv_heads, int q_len, int kv_len,
@@ -39,22 +54,29 @@ __device__ __forceinline__ void fwd_wg_body(const u16* __restrict__ Q, const u16
     if (STATE && n_tiles == 0) return;  // the block adds nothing to these rows
 
     const HeadRows hr = head_rows(heads, kv_heads, q_len, kv_len);
-    const u16* Qh = Q + hr.q;
-    const u16* Kh = K + hr.kv;
-    const u16* Vh = V + hr.kv;
+    const int kvh = kv_matrix(heads, kv_heads);
 
     constexpr u32 TILE = WF_BKV * D * 2;  // also the Q tile (WF_BQ = WF_BKV)
     unsigned char* gen;
     const u32 sQ = smem_base1024(&gen);
-    const u32 sK = sQ + TILE;       // two stages
-    const u32 sV = sK + 2 * TILE;   // two stages
-
-    load_tile<WF_BQ, WF_THREADS, true>(sQ, Qh, r0, q_len);
-    if (n_tiles > 0) {
-        load_tile<WF_BKV, WF_THREADS, true>(sK, Kh, 0, kv_len);
-        load_tile<WF_BKV, WF_THREADS, true>(sV, Vh, 0, kv_len);
+    const u32 sK = sQ + TILE;       // two stages: tile j in stage j % 2
+    const u32 sV = sK + 2 * TILE;   // three stages: tile j in stage j % 3
+    // Barriers (8 bytes each): Q, then K's stages, then V's. The n-th load into a stage ends
+    // its barrier's phase n, whose parity a wait names.
+    const u32 barQ = sV + 3 * TILE, barK = barQ + 8, barV = barK + 16;
+    const bool issuer = threadIdx.x == 0;
+    if (issuer) {
+        for (int b = 0; b < 6; ++b) mbar_init(barQ + 8 * b, 1);
+        fence_mbar_init();
     }
-    cp_commit();
+    __syncthreads();
+    if (issuer) {
+        tma_tile<WF_BQ>(sQ, tmQ, r0, blockIdx.x, barQ);
+        if (n_tiles > 0) {
+            tma_tile<WF_BKV>(sK, tmK, 0, kvh, barK);
+            tma_tile<WF_BKV>(sV, tmV, 0, kvh, barV);
+        }
+    }
 
     // This thread's rows: wrow + g and wrow + g + 8; accumulator element [half][4·nt + e] is
     // row + 8·(e ≥ 2), column 64·half + 8·nt + 2t + (e & 1).
@@ -81,20 +103,26 @@ __device__ __forceinline__ void fwd_wg_body(const u16* __restrict__ Q, const u16
     }
 
     const u32 q_rows = sQ + wg * 64 * 128;
+    u32 pa[8][4];  // P of the previous tile as A fragments, one per 16 keys
     pingpong_start(wg);
-    for (int j = 0; j < n_tiles; ++j) {
-        cp_wait<0>();
-        fence_async_smem();
-        __syncthreads();  // tile j landed; every wgmma of tile j-1 is done with the other stage
-        if (j + 1 < n_tiles) {
-            const u32 st = ((j + 1) & 1) * TILE;
-            load_tile<WF_BKV, WF_THREADS, true>(sK + st, Kh, (j + 1) * WF_BKV, kv_len);
-            load_tile<WF_BKV, WF_THREADS, true>(sV + st, Vh, (j + 1) * WF_BKV, kv_len);
+    // One tile. The first has no previous P·V and is a separate inlined copy (`first` is a
+    // constant at each call): ptxas turns a commit after a conditional wgmma into an extra group,
+    // which the wait<1> below would then wait past.
+    auto tile = [&](const int j, const bool first) {
+        // S of tile j−1 and P·V of tile j−2 are done with the stages that tile j+1 refills.
+        __syncthreads();
+        if (issuer && j + 1 < n_tiles) {
+            const int n = j + 1;
+            tma_tile<WF_BKV>(sK + (n & 1) * TILE, tmK, n * WF_BKV, kvh, barK + 8 * (n & 1));
+            tma_tile<WF_BKV>(sV + (n % 3) * TILE, tmV, n * WF_BKV, kvh, barV + 8 * (n % 3));
         }
-        cp_commit();
-        const u32 cK = sK + (j & 1) * TILE, cV = sV + (j & 1) * TILE;
+        if (first) mbar_wait(barQ, 0);
+        mbar_wait(barK + 8 * (j & 1), (j / 2) & 1);
+        if (!first) mbar_wait(barV + 8 * ((j - 1) % 3), ((j - 1) / 3) & 1);
+        const u32 cK = sK + (j & 1) * TILE;
 
-        // S = Q·Kᵀ for 64 rows × 128 keys: one m64n128k16 per 16 head-dim columns.
+        // In this warpgroup's turn: S = Q·Kᵀ for 64 rows × 128 keys (one m64n128k16 per 16
+        // head-dim columns), then O += P·V of the previous tile.
         float s[2][32];
         take_turn(wg);
         wg_fence();
@@ -104,8 +132,15 @@ __device__ __forceinline__ void fwd_wg_body(const u16* __restrict__ Q, const u16
             wg_ss128<0, 0>(s[0], wg_desc(q_rows + off), wg_desc(cK + off), kk > 0);
         }
         wg_commit();
+        if (!first) {
+            pv_products<DH>(o[0], pa, sV + ((j - 1) % 3) * TILE);
+            wg_commit();
+        }
         pass_turn(wg);
-        wg_wait<0>();
+        if (first)  // S (P·V may still run)
+            wg_wait<0>();
+        else
+            wg_wait<1>();
         fence_regs<32>(s[0]);
         fence_regs<32>(s[1]);
 
@@ -123,7 +158,7 @@ __device__ __forceinline__ void fwd_wg_body(const u16* __restrict__ Q, const u16
                 }
         }
 
-        u32 pa[8][4];  // P as A fragments, one per 16 keys
+        float alpha[2];
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
             float mx = NEG_INF;
@@ -137,7 +172,7 @@ __device__ __forceinline__ void fwd_wg_body(const u16* __restrict__ Q, const u16
             const float m_new = fmaxf(m[i], mx * scale_log2);
             // No visible key yet: keep exponents finite (avoid −∞ − (−∞)).
             const float m_use = m_new == NEG_INF ? 0.f : m_new;
-            const float alpha = exp2f(m[i] - m_use);
+            alpha[i] = exp2f(m[i] - m_use);
             m[i] = m_new;
             float sum = 0.f;
 #pragma unroll
@@ -150,15 +185,17 @@ __device__ __forceinline__ void fwd_wg_body(const u16* __restrict__ Q, const u16
                         x = exp2f(fmaf(x, scale_log2, -m_use));
                         sum += x;
                     }
-            l[i] = l[i] * alpha + sum;
-#pragma unroll
-            for (int hf = 0; hf < DH; ++hf)
-#pragma unroll
-                for (int nt = 0; nt < 8; ++nt) {
-                    o[hf][nt * 4 + 2 * i] *= alpha;
-                    o[hf][nt * 4 + 2 * i + 1] *= alpha;
-                }
+            l[i] = l[i] * alpha[i] + sum;
         }
+
+        // The previous tile's P·V is done: O and the P registers are free.
+        wg_wait<0>();
+        fence_regs<32 * DH>(&o[0][0]);
+        fence_regs<32>(&pa[0][0]);
+#pragma unroll
+        for (int hf = 0; hf < DH; ++hf)
+#pragma unroll
+            for (int e = 0; e < 32; ++e) o[hf][e] *= alpha[(e % 4) / 2];
 #pragma unroll
         for (int kk = 0; kk < 8; ++kk) {
             const float* p = s[kk / 4] + (kk % 4) * 8;  // accumulator tiles 2kk, 2kk+1
@@ -167,17 +204,15 @@ __device__ __forceinline__ void fwd_wg_body(const u16* __restrict__ Q, const u16
             pa[kk][2] = pack2(p[4], p[5]);
             pa[kk][3] = pack2(p[6], p[7]);
         }
-
-        // O += P·V: K = 128 keys (8 steps), N = head dim (V read MN-major, column atoms ATOM
-        // bytes apart).
-        wg_fence();
-#pragma unroll
-        for (int kk = 0; kk < WF_BKV / 16; ++kk)
-            wg_rs_atoms<DH>(o[0], pa[kk], wg_desc(cV + kk * 16 * 128, ATOM));
+    };
+    if (n_tiles > 0) tile(0, true);
+    for (int j = 1; j < n_tiles; ++j) tile(j, false);
+    if (n_tiles > 0) {  // the last tile's P·V
+        mbar_wait(barV + 8 * ((n_tiles - 1) % 3), ((n_tiles - 1) / 3) & 1);
+        pv_products<DH>(o[0], pa, sV + ((n_tiles - 1) % 3) * TILE);
         wg_commit();
         wg_wait<0>();
         fence_regs<32 * DH>(&o[0][0]);
-        fence_regs<32>(&pa[0][0]);
     }
     pingpong_end(wg);
 
@@ -213,17 +248,23 @@ __device__ __forceinline__ void fwd_wg_body(const u16* __restrict__ Q, const u16
     }
 }
 
+// The entry points take forward.cu's arguments (Q, K and V as pointers, for a host that launches
+// either kernel the same way), then the tensor maps the TMA loads read Q, K and V through.
 extern "C" __global__ void __launch_bounds__(WF_THREADS, 1)
-    fwd_final(const u16* Q, const u16* K, const u16* V, u16* O, float* LSE, int heads,
-              int kv_heads, int q_len, int kv_len, int q_start, int kv_start, float scale_log2) {
-    fwd_wg_body<false>(Q, K, V, O, LSE, nullptr, nullptr, nullptr, heads, kv_heads, q_len,
-                       kv_len, q_start, kv_start, scale_log2);
+    fwd_final(const u16*, const u16*, const u16*, u16* O, float* LSE, int heads, int kv_heads,
+              int q_len, int kv_len, int q_start, int kv_start, float scale_log2,
+              const __grid_constant__ TensorMap tmQ, const __grid_constant__ TensorMap tmK,
+              const __grid_constant__ TensorMap tmV) {
+    fwd_wg_body<false>(&tmQ, &tmK, &tmV, O, LSE, nullptr, nullptr, nullptr, heads, kv_heads,
+                       q_len, kv_len, q_start, kv_start, scale_log2);
 }
 
 extern "C" __global__ void __launch_bounds__(WF_THREADS, 1)
-    fwd_state(const u16* Q, const u16* K, const u16* V, float* M, float* L, float* ACC, int heads,
-              int kv_heads, int q_len, int kv_len, int q_start, int kv_start, float scale_log2) {
-    fwd_wg_body<true>(Q, K, V, nullptr, nullptr, M, L, ACC, heads, kv_heads, q_len, kv_len,
-                      q_start, kv_start, scale_log2);
+    fwd_state(const u16*, const u16*, const u16*, float* M, float* L, float* ACC, int heads,
+              int kv_heads, int q_len, int kv_len, int q_start, int kv_start, float scale_log2,
+              const __grid_constant__ TensorMap tmQ, const __grid_constant__ TensorMap tmK,
+              const __grid_constant__ TensorMap tmV) {
+    fwd_wg_body<true>(&tmQ, &tmK, &tmV, nullptr, nullptr, M, L, ACC, heads, kv_heads, q_len,
+                      kv_len, q_start, kv_start, scale_log2);
 }
 #endif  // FWD_WGMMA

@@ -147,6 +147,64 @@ __device__ __forceinline__ void bulk_wait_read() {
 // This thread's bulk groups are complete.
 __device__ __forceinline__ void bulk_wait() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
 
+// ---- Tensor memory accelerator (TMA) loads, completed on shared-memory barriers (mbarrier).
+//
+// A tile of rows × HEAD_DIM 16-bit values is HEAD_DIM/64 boxes of 64 columns × rows, each
+// landing as one column atom in the 128-byte swizzle that wg_desc describes (the host encodes
+// the tensor maps with that swizzle: src/backend/cuda/tma.rs). One thread issues the copies of a
+// whole tile, where cp.async took 16 per thread per tile and the address arithmetic with them.
+
+// The driver's CUtensorMap (opaque, 128 bytes, 128-byte aligned since CUDA 13), passed by value
+// as a __grid_constant__ kernel parameter so that its address is the parameter's own.
+struct __align__(128) TensorMap {
+    u64 opaque[16];
+};
+
+__device__ __forceinline__ void mbar_init(u32 bar, u32 arrivals) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(arrivals) : "memory");
+}
+// Makes barrier initialisations visible to the async proxy (the TMA unit); a CTA barrier must
+// still follow before other threads use them.
+__device__ __forceinline__ void fence_mbar_init() {
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+// Arrives on `bar` and tells it to expect `bytes` more of async copies before its phase ends.
+__device__ __forceinline__ void mbar_expect_bytes(u32 bar, u32 bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes)
+                 : "memory");
+}
+// Waits until the phase with parity `parity` of `bar` has completed.
+__device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
+    u32 done;
+    do {
+        asm volatile(
+            "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+            "selp.u32 %0, 1, 0, p;\n}\n"
+            : "=r"(done)
+            : "r"(bar), "r"(parity)
+            : "memory");
+    } while (!done);
+}
+// Copies the box at (column, row, matrix) of `map` to shared memory at dst; completes on bar.
+__device__ __forceinline__ void tma_load(u32 dst, const TensorMap* map, int col, int row,
+                                         int matrix, u32 bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes "
+        "[%0], [%1, {%2, %3, %4}], [%5];" ::"r"(dst),
+        "l"(reinterpret_cast<u64>(map)), "r"(col), "r"(row), "r"(matrix), "r"(bar)
+        : "memory");
+}
+// Loads rows row0.. of matrix `matrix` (ROWS × HEAD_DIM, rows past the end as zeros) into the
+// swizzled tile at dst, all column atoms on barrier bar, which this call arms for the bytes.
+template <int ROWS>
+__device__ __forceinline__ void tma_tile(u32 dst, const TensorMap* map, int row0, int matrix,
+                                         u32 bar) {
+    mbar_expect_bytes(bar, ROWS * HEAD_DIM * 2);
+#pragma unroll
+    for (int a = 0; a < HEAD_DIM / 64; ++a)
+        tma_load(dst + a * ROWS * 128, map, a * 64, row0, matrix, bar);
+}
+
 // d += A·B over the 64·ATOMS columns of B (MN-major, column atoms `lbo` bytes apart in b).
 template <int ATOMS>
 __device__ __forceinline__ void wg_rs_atoms(float* d, const u32* a, u64 b) {

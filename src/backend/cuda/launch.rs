@@ -18,7 +18,9 @@ const MAX_GRID_Y: usize = 65_535;
 /// The head dims the wgmma kernels are written for.
 const WGMMA_HEAD_DIMS: [usize; 2] = [64, 128];
 /// Query rows per wgmma forward CTA (`WF_BQ`), also its key rows per stage (`WF_BKV`).
-const WGMMA_FWD_ROWS: usize = 128;
+pub(crate) const WGMMA_FWD_ROWS: usize = 128;
+/// The wgmma forward's TMA barriers (`barQ`, `barK`, `barV`: six of 8 bytes), rounded up.
+const WGMMA_FWD_BARRIERS: usize = 64;
 /// Extra dynamic shared memory of the wgmma kernels: they round their base up to the 1024-byte
 /// boundary their swizzled tiles need (`smem_base1024`).
 const WGMMA_ALIGN_SLACK: usize = 1024;
@@ -158,11 +160,14 @@ fn tiles(rows: usize, tile: usize, what: &str) -> Result<u32> {
     Ok(n as u32)
 }
 
-/// Dynamic shared memory of the forward kernel: the Q tile and two stages of K and V (the
-/// wgmma kernel's with 1 KiB of slack to align them to 1024 bytes).
+/// Dynamic shared memory of the forward kernel: the Q tile and two stages of K and V; the
+/// wgmma kernel has a third stage of V (its P·V runs one tile late), its TMA barriers and 1 KiB
+/// of slack to align the tiles to 1024 bytes.
 pub(crate) fn forward_smem(head_dim: usize, tuning: &Tuning) -> u32 {
     if tuning.fwd_wgmma {
-        ((WGMMA_FWD_ROWS + 4 * WGMMA_FWD_ROWS) * head_dim * 2 + WGMMA_ALIGN_SLACK) as u32
+        ((WGMMA_FWD_ROWS + 5 * WGMMA_FWD_ROWS) * head_dim * 2
+            + WGMMA_FWD_BARRIERS
+            + WGMMA_ALIGN_SLACK) as u32
     } else {
         ((tuning.fwd_rows() + 4 * FWD_BKV) * head_dim * 2) as u32
     }
@@ -277,11 +282,12 @@ mod tests {
             ..t
         };
         assert!(forward_smem(128, &big) <= 227 * 1024);
-        // wgmma: 128 rows per CTA of 256 threads; Q and two stages of K and V (32 KiB each).
+        // wgmma: 128 rows per CTA of 256 threads; Q, two stages of K and three of V (32 KiB
+        // each), barriers.
         let wg = Tuning::for_head_dim(128).for_device(128, (9, 0));
         let c = forward_config(&dims(128), 1000, &wg).unwrap();
         assert_eq!((c.grid_dim.1, c.block_dim.0), (8, 256));
-        assert_eq!(c.shared_mem_bytes, (5 * 32 + 1) * 1024);
+        assert_eq!(c.shared_mem_bytes, (6 * 32 + 1) * 1024 + 64);
     }
 
     #[test]
@@ -358,7 +364,7 @@ mod tests {
             backward_smem(64, &t64),
             (32 + 32 + 16 + 1 + 1) * 1024 + 2 * 64 * 288
         );
-        assert_eq!(forward_smem(64, &t64), (5 * 16 + 1) * 1024);
+        assert_eq!(forward_smem(64, &t64), (6 * 16 + 1) * 1024 + 64);
         let off = Tuning {
             bwd_wgmma: false,
             ..t

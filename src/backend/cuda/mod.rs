@@ -33,6 +33,7 @@ mod launch;
 mod layout;
 mod memory;
 mod timing;
+mod tma;
 
 pub use timing::{AttentionTiming, median_ms, time_attention};
 
@@ -45,7 +46,8 @@ use crate::attn::{Block, Dims, Grads, GradsMut, Partial, QuerySide, RunningState
 use anyhow::{Result, bail};
 use cudarc::driver::sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
 use cudarc::driver::{
-    CudaContext, CudaFunction, CudaSlice, CudaStream, LaunchArgs, LaunchConfig, PushKernelArg,
+    CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchArgs, LaunchConfig,
+    PushKernelArg,
 };
 use rayon::prelude::*;
 use std::collections::HashMap;
@@ -460,6 +462,36 @@ impl CudaBackend {
         ])
     }
 
+    /// The tensor maps the wgmma forward loads Q, K and V of `block` through (`tma`); none for
+    /// the mma.sync kernel, which loads with cp.async.
+    fn forward_maps(
+        &self,
+        dims: &Dims,
+        block: Block,
+        [q, k, v]: [&CudaSlice<u16>; 3],
+        tuning: &Tuning,
+    ) -> Result<Option<[tma::TensorMap; 3]>> {
+        if !tuning.fwd_wgmma {
+            return Ok(None);
+        }
+        let rows = launch::WGMMA_FWD_ROWS;
+        let q_shape =
+            tma::TileMapShape::new(dims.batch * dims.heads, block.q.len, dims.head_dim, rows)?;
+        let kv_shape = tma::TileMapShape::new(
+            dims.batch * dims.kv_heads,
+            block.kv.len,
+            dims.head_dim,
+            rows,
+        )?;
+        let bf16 = self.dtype == InputDtype::Bf16;
+        let ptr = |t: &CudaSlice<u16>| t.device_ptr(&self.stream).0;
+        Ok(Some([
+            q_shape.encode(ptr(q), bf16)?,
+            kv_shape.encode(ptr(k), bf16)?,
+            kv_shape.encode(ptr(v), bf16)?,
+        ]))
+    }
+
     fn alloc_f32(&self, len: usize) -> Result<CudaSlice<f32>> {
         self.stream
             .alloc_zeros::<f32>(len)
@@ -503,11 +535,14 @@ impl CudaBackend {
             bail!("O must be a {} tensor", dt.name());
         };
         let lse = f32_mut(&mut out.lse, dims.stat_len(qn), "LSE")?;
-        let cfg = launch::forward_config(dims, qn, &self.tuning(dims.head_dim))?;
+        let tuning = self.tuning(dims.head_dim);
+        let cfg = launch::forward_config(dims, qn, &tuning)?;
         let geometry = ForwardGeometry::new(dims, block)?;
+        let maps = self.forward_maps(dims, block, [q, k, v], &tuning)?;
         let mut b = self.stream.launch_builder(&kern.fwd_final);
         b.arg(q).arg(k).arg(v).arg(o).arg(lse);
         geometry.push(&mut b);
+        push_maps(&mut b, &maps);
         self.launch("the attention forward", b, cfg)
     }
 
@@ -650,6 +685,13 @@ impl ForwardGeometry {
     }
 }
 
+/// The wgmma forward's last arguments: its tensor maps, when it is the kernel in use.
+fn push_maps<'a>(b: &mut LaunchArgs<'a>, maps: &'a Option<[tma::TensorMap; 3]>) {
+    for map in maps.iter().flatten() {
+        b.arg(map);
+    }
+}
+
 /// The kernels' integer arguments for a block: heads, kv_heads, q_len, kv_len, q_start, kv_start.
 fn block_ints(dims: &Dims, block: Block) -> Result<[i32; 6]> {
     let vals = [
@@ -751,11 +793,14 @@ impl Backend for CudaBackend {
         let m = f32_mut(&mut state.m, dims.stat_len(qn), "the running max")?;
         let l = f32_mut(&mut state.l, dims.stat_len(qn), "the running sum")?;
         let acc = f32_mut(&mut state.acc, dims.q_len(qn), "the accumulator")?;
-        let cfg = launch::forward_config(dims, qn, &self.tuning(dims.head_dim))?;
+        let tuning = self.tuning(dims.head_dim);
+        let cfg = launch::forward_config(dims, qn, &tuning)?;
         let geometry = ForwardGeometry::new(dims, block)?;
+        let maps = self.forward_maps(dims, block, [q, k, v], &tuning)?;
         let mut b = self.stream.launch_builder(&kern.fwd_state);
         b.arg(q).arg(k).arg(v).arg(m).arg(l).arg(acc);
         geometry.push(&mut b);
+        push_maps(&mut b, &maps);
         self.launch("the attention block forward", b, cfg)
     }
 
