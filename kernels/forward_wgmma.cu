@@ -4,8 +4,10 @@
 // which stays the kernel for other GPUs. Head dim 64 or 128.
 //
 // One CTA = 128 query rows of one (batch, head) and two warpgroups; warpgroup w owns rows
-// 64w..64w+63. Tiles of 128 keys stream in through TMA loads that thread 0 issues, each stage
-// with its own barrier (two stages of K, three of V: see below). Per tile j:
+// 64w..64w+63, and a third warpgroup that only loads (one thread of it; the warpgroup gives
+// its registers to the other two): tiles of 128 keys stream in through its TMA loads, each stage with a barrier that says it is full and one on which both warpgroups say
+// they are done with it (two stages of K, three of V: see below). No CTA-wide barrier in the
+// loop, so one warpgroup can run ahead of the other by up to a tile. Per tile j:
 //   S = Q·Kᵀ     one m64n128k16 wgmma per 16 head-dim columns, A = Q and B = K
 //                from shared memory, both K-major;
 //   online softmax in registers (base 2, scale·log2 e folded in), P packed to 16 bits as the
@@ -22,7 +24,7 @@
 
 #define WF_BQ 128
 #define WF_BKV 128
-#define WF_THREADS 256
+#define WF_THREADS 384  // two computing warpgroups and the loading one
 
 // Issues O += P·V for one 128-key tile (not committed): K = 128 keys (8 steps), N = head dim (V
 // read MN-major from the tile at v, column atoms WF_BKV·128 bytes apart).
@@ -61,22 +63,32 @@ __device__ __forceinline__ void fwd_wg_body(const TensorMap* tmQ, const TensorMa
     const u32 sQ = smem_base1024(&gen);
     const u32 sK = sQ + TILE;       // two stages: tile j in stage j % 2
     const u32 sV = sK + 2 * TILE;   // three stages: tile j in stage j % 3
-    // Barriers (8 bytes each): Q, then K's stages, then V's. The n-th load into a stage ends
-    // its barrier's phase n, whose parity a wait names.
+    // Barriers (8 bytes each): Q full, K's stages full, V's full, K's empty, V's empty. The
+    // n-th load into a stage ends phase n of its full barrier and the n-th release phase n of
+    // its empty one; a wait names the phase's parity.
     const u32 barQ = sV + 3 * TILE, barK = barQ + 8, barV = barK + 16;
-    const bool issuer = threadIdx.x == 0;
-    if (issuer) {
+    const u32 freeK = barV + 24, freeV = freeK + 16;
+    if (threadIdx.x == 0) {
         for (int b = 0; b < 6; ++b) mbar_init(barQ + 8 * b, 1);
+        for (int b = 0; b < 5; ++b) mbar_init(freeK + 8 * b, 2);  // one arrival per warpgroup
         fence_mbar_init();
     }
     __syncthreads();
-    if (issuer) {
-        tma_tile<WF_BQ>(sQ, tmQ, r0, blockIdx.x, barQ);
-        if (n_tiles > 0) {
-            tma_tile<WF_BKV>(sK, tmK, 0, kvh, barK);
-            tma_tile<WF_BKV>(sV, tmV, 0, kvh, barV);
+    if (wg == 2) {  // the loading warpgroup
+        regs_release<24>();
+        if (threadIdx.x == 256 && n_tiles > 0) {
+            tma_tile<WF_BQ>(sQ, tmQ, r0, blockIdx.x, barQ);
+            for (int n = 0; n < n_tiles; ++n) {
+                if (n >= 2) mbar_wait(freeK + 8 * (n & 1), ((n - 2) / 2) & 1);  // tile n−2 done
+                tma_tile<WF_BKV>(sK + (n & 1) * TILE, tmK, n * WF_BKV, kvh, barK + 8 * (n & 1));
+                if (n >= 3) mbar_wait(freeV + 8 * (n % 3), ((n - 3) / 3) & 1);  // tile n−3 done
+                tma_tile<WF_BKV>(sV + (n % 3) * TILE, tmV, n * WF_BKV, kvh, barV + 8 * (n % 3));
+            }
         }
+        return;
     }
+    regs_claim<240>();
+    const bool releaser = threadIdx.x % 128 == 0;  // arrives for its warpgroup
 
     // This thread's rows: wrow + g and wrow + g + 8; accumulator element [half][4·nt + e] is
     // row + 8·(e ≥ 2), column 64·half + 8·nt + 2t + (e & 1).
@@ -109,13 +121,6 @@ __device__ __forceinline__ void fwd_wg_body(const TensorMap* tmQ, const TensorMa
     // constant at each call): ptxas turns a commit after a conditional wgmma into an extra group,
     // which the wait<1> below would then wait past.
     auto tile = [&](const int j, const bool first) {
-        // S of tile j−1 and P·V of tile j−2 are done with the stages that tile j+1 refills.
-        __syncthreads();
-        if (issuer && j + 1 < n_tiles) {
-            const int n = j + 1;
-            tma_tile<WF_BKV>(sK + (n & 1) * TILE, tmK, n * WF_BKV, kvh, barK + 8 * (n & 1));
-            tma_tile<WF_BKV>(sV + (n % 3) * TILE, tmV, n * WF_BKV, kvh, barV + 8 * (n % 3));
-        }
         if (first) mbar_wait(barQ, 0);
         mbar_wait(barK + 8 * (j & 1), (j / 2) & 1);
         if (!first) mbar_wait(barV + 8 * ((j - 1) % 3), ((j - 1) / 3) & 1);
@@ -143,6 +148,7 @@ __device__ __forceinline__ void fwd_wg_body(const TensorMap* tmQ, const TensorMa
             wg_wait<1>();
         fence_regs<32>(s[0]);
         fence_regs<32>(s[1]);
+        if (releaser) mbar_arrive(freeK + 8 * (j & 1));
 
         const int c0 = j * WF_BKV;
         const bool need_mask = (c0 + WF_BKV > kv_len) ||
@@ -188,10 +194,11 @@ __device__ __forceinline__ void fwd_wg_body(const TensorMap* tmQ, const TensorMa
             l[i] = l[i] * alpha[i] + sum;
         }
 
-        // The previous tile's P·V is done: O and the P registers are free.
+        // The previous tile's P·V is done: O, the P registers and its V stage are free.
         wg_wait<0>();
         fence_regs<32 * DH>(&o[0][0]);
         fence_regs<32>(&pa[0][0]);
+        if (releaser && !first) mbar_arrive(freeV + 8 * ((j - 1) % 3));
 #pragma unroll
         for (int hf = 0; hf < DH; ++hf)
 #pragma unroll

@@ -173,6 +173,22 @@ __device__ __forceinline__ void mbar_expect_bytes(u32 bar, u32 bytes) {
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes)
                  : "memory");
 }
+// Hands registers between warpgroups (all of a warpgroup's warps execute it): a kernel launched
+// with 384 threads may use only 168 registers per thread, so the warpgroup that only loads drops
+// to 24 and the two that compute take 240.
+template <int REGS>
+__device__ __forceinline__ void regs_release() {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(REGS));
+}
+template <int REGS>
+__device__ __forceinline__ void regs_claim() {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(REGS));
+}
+
+// Arrives on `bar` (a consumer releasing the stage the barrier guards).
+__device__ __forceinline__ void mbar_arrive(u32 bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
 // Waits until the phase with parity `parity` of `bar` has completed.
 __device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
     u32 done;

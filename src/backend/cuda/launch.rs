@@ -19,8 +19,9 @@ const MAX_GRID_Y: usize = 65_535;
 const WGMMA_HEAD_DIMS: [usize; 2] = [64, 128];
 /// Query rows per wgmma forward CTA (`WF_BQ`), also its key rows per stage (`WF_BKV`).
 pub(crate) const WGMMA_FWD_ROWS: usize = 128;
-/// The wgmma forward's TMA barriers (`barQ`, `barK`, `barV`: six of 8 bytes), rounded up.
-const WGMMA_FWD_BARRIERS: usize = 64;
+/// The wgmma forward's TMA barriers (eleven of 8 bytes: Q, K and V stages full, K and V stages
+/// free), rounded up.
+const WGMMA_FWD_BARRIERS: usize = 128;
 /// Extra dynamic shared memory of the wgmma kernels: they round their base up to the 1024-byte
 /// boundary their swizzled tiles need (`smem_base1024`).
 const WGMMA_ALIGN_SLACK: usize = 1024;
@@ -81,7 +82,8 @@ impl Tuning {
 
     /// Threads per forward CTA as launched.
     pub fn fwd_threads(&self) -> usize {
-        32 * if self.fwd_wgmma { 8 } else { self.fwd_warps }
+        // wgmma: two warpgroups that compute and one that loads (`WF_THREADS`).
+        32 * if self.fwd_wgmma { 12 } else { self.fwd_warps }
     }
 
     /// Threads per backward CTA as launched.
@@ -282,12 +284,12 @@ mod tests {
             ..t
         };
         assert!(forward_smem(128, &big) <= 227 * 1024);
-        // wgmma: 128 rows per CTA of 256 threads; Q, two stages of K and three of V (32 KiB
+        // wgmma: 128 rows per CTA of 384 threads; Q, two stages of K and three of V (32 KiB
         // each), barriers.
         let wg = Tuning::for_head_dim(128).for_device(128, (9, 0));
         let c = forward_config(&dims(128), 1000, &wg).unwrap();
-        assert_eq!((c.grid_dim.1, c.block_dim.0), (8, 256));
-        assert_eq!(c.shared_mem_bytes, (6 * 32 + 1) * 1024 + 64);
+        assert_eq!((c.grid_dim.1, c.block_dim.0), (8, 384));
+        assert_eq!(c.shared_mem_bytes, (6 * 32 + 1) * 1024 + 128);
     }
 
     #[test]
@@ -364,7 +366,7 @@ mod tests {
             backward_smem(64, &t64),
             (32 + 32 + 16 + 1 + 1) * 1024 + 2 * 64 * 288
         );
-        assert_eq!(forward_smem(64, &t64), (6 * 16 + 1) * 1024 + 64);
+        assert_eq!(forward_smem(64, &t64), (6 * 16 + 1) * 1024 + 128);
         let off = Tuning {
             bwd_wgmma: false,
             ..t
