@@ -3,11 +3,12 @@
 // (fwd_final: fresh state, writes O and LSE; fwd_state: folds the block into a running state),
 // which stays the kernel for other GPUs. Head dim 64 or 128.
 //
-// One CTA = 128 query rows of one (batch, head) and two warpgroups; warpgroup w owns rows
-// 64w..64w+63, and a third warpgroup that only loads (one thread of it; the warpgroup gives
-// its registers to the other two): tiles of 128 keys stream in through its TMA loads, each stage with a barrier that says it is full and one on which both warpgroups say
-// they are done with it (two stages of K, three of V: see below). No CTA-wide barrier in the
-// loop, so one warpgroup can run ahead of the other by up to a tile. Per tile j:
+// One CTA = 128 query rows of one (batch, head): two warpgroups that compute (warpgroup w owns
+// rows 64w..64w+63) and a third that only loads (one thread of it; the warpgroup gives its
+// registers to the other two). Tiles of 128 keys stream in through its TMA loads, each stage
+// with a barrier that says it is full and one on which both computing warpgroups say they are
+// done with it (two stages of K, three of V: see below). There is no CTA-wide barrier in the
+// loop, so one warpgroup can run up to a tile ahead of the other. Per tile j:
 //   S = Q·Kᵀ     one m64n128k16 wgmma per 16 head-dim columns, A = Q and B = K
 //                from shared memory, both K-major;
 //   online softmax in registers (base 2, scale·log2 e folded in), P packed to 16 bits as the
