@@ -18,7 +18,9 @@
 // warpgroup's ping-pong turn (wgmma.cuh; FlashAttention-3's schedule): the softmax of tile j then
 // runs under this warpgroup's own P·V of tile j−1 and under the other warpgroup's products, and
 // the tensor cores never wait for a softmax. The rescale of O by the new maximum waits for that
-// P·V. V of tile j−1 is still being read while tile j+1 loads, hence its third stage.
+// P·V, so after tile j, O is the usual accumulator less P_j·V_j, which the next turn (or the one
+// after the loop) adds. V of tile j−1 is still being read while tile j+1 loads, hence its third
+// stage.
 // Tiles and wgmma helpers: wgmma.cuh.
 
 #if FWD_WGMMA
