@@ -156,7 +156,7 @@ fn saved_file_has_public_layouts_and_matches_the_oracle() {
 
 #[test]
 fn bad_input_gets_one_sentence_and_a_nonzero_exit() {
-    let cases: [(&[&str], &str); 7] = [
+    let cases: [(&[&str], &str); 10] = [
         (
             &["attention", "--heads", "6", "--kv-heads", "4"],
             "must be a multiple of kv-heads",
@@ -182,6 +182,26 @@ fn bad_input_gets_one_sentence_and_a_nonzero_exit() {
             &["plan", "--out", "/nonexistent-dir/x.svg"],
             "cannot write /nonexistent-dir/x.svg",
         ),
+        (
+            &["bench", "train", "--seq-len", "64", "--workers", "2"],
+            "--workers goes with --estimate",
+        ),
+        (
+            &["bench", "train", "--estimate", "--workers", "0"],
+            "at least 1",
+        ),
+        (
+            &[
+                "bench",
+                "train",
+                "--estimate",
+                "--seq-len",
+                "3",
+                "--workers",
+                "4",
+            ],
+            "too short for 4 workers",
+        ),
     ];
     for (args, needle) in cases {
         let out = distflash(args);
@@ -193,6 +213,52 @@ fn bad_input_gets_one_sentence_and_a_nonzero_exit() {
             "{args:?}: {err}"
         );
     }
+}
+
+#[test]
+fn memory_estimate_of_one_gpu_of_several() {
+    let estimate = |extra: &[&str]| -> serde_json::Value {
+        let args = [
+            &[
+                "bench",
+                "train",
+                "--estimate",
+                "--json",
+                "--seq-len",
+                "262144",
+            ][..],
+            extra,
+        ]
+        .concat();
+        let out = distflash(&args);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let gib = |v: &serde_json::Value| v["estimated_gib"].as_f64().unwrap();
+    let one = estimate(&["--checkpoint", "layer"]);
+    let two = estimate(&["--workers", "2", "--checkpoint", "layer"]);
+    let zigzag = estimate(&[
+        "--workers",
+        "2",
+        "--checkpoint",
+        "layer",
+        "--schedule",
+        "zigzag",
+    ]);
+    assert_eq!(two["workers"], 2);
+    assert_eq!(zigzag["schedule"], "zigzag");
+    // Each GPU holds the weights and gradients but half the activations (plus the executor's
+    // buffers): less than one GPU with all of them, more than half of that.
+    assert!(
+        gib(&two) < gib(&one) && gib(&two) > gib(&one) / 2.0,
+        "{two} {one}"
+    );
+    assert!((107.0..108.0).contains(&gib(&two)), "{two}");
+    assert!(gib(&zigzag) > gib(&two), "{zigzag} {two}");
 }
 
 #[test]

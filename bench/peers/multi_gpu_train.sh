@@ -61,9 +61,10 @@ for n in $SEQS; do
   done
 done
 # The longest sequence each policy fits on two GPUs (issue 6): LONGEST lists policy:lengths to
-# try, one step each, started even past the memory estimate (whose distributed-rank terms have
-# not been measured yet); a run that does not fit fails at an allocation and is logged, not fatal. Empty by default (each try at 256K+ takes
-# minutes), e.g. LONGEST="layer:262144 remat:196608,229376".
+# try, one step each, started even past the memory estimate (whose executor terms have not been
+# measured yet: by it 256K fits with both policies, remat with 0.6 GiB to spare); a run that
+# does not fit fails at an allocation and is logged, not fatal. Empty by default (each try at
+# 256K+ takes minutes), e.g. LONGEST="layer:262144,327680 remat:262144".
 for pair in ${LONGEST:-}; do
   policy=${pair%%:*}
   for n in $(echo "${pair#*:}" | tr ',' ' '); do

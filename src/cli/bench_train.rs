@@ -5,7 +5,7 @@
 
 use super::gpu::GpuRun;
 use super::train::Device;
-use anyhow::Result;
+use anyhow::{Result, bail};
 use distflash::backend::cpu::CpuBackend;
 use distflash::backend::cuda::InputDtype;
 use distflash::comm::Communicator;
@@ -54,6 +54,10 @@ pub struct Args {
     /// Only print the estimated peak GPU memory of the step (any machine; nothing runs).
     #[arg(long)]
     estimate: bool,
+    /// With --estimate: the memory of one GPU of a run over this many GPUs (one process each,
+    /// the sequence split by --schedule). A launched run takes its GPUs from the launcher.
+    #[arg(long, default_value_t = 1)]
+    workers: usize,
     /// After the timed steps, run one more with the device waited for after every op and print
     /// where its time went (per op: calls, seconds, share). One device only.
     #[arg(long)]
@@ -109,21 +113,38 @@ pub fn run(args: Args) -> Result<()> {
     }
     let (seq, policy) = (args.seq_len, args.checkpoint);
     if args.estimate {
-        let m = cost::step_memory(&cfg, seq, policy, false);
+        let (m, gpus) = match args.workers {
+            0 => bail!("--workers must be at least 1"),
+            1 => (cost::step_memory(&cfg, seq, policy, false), String::new()),
+            n => (
+                cost::rank_step_memory(&cfg, seq, n, args.schedule, policy, false)?,
+                format!(" over {n} GPUs ({})", args.schedule),
+            ),
+        };
         if args.json {
             println!(
                 "{}",
-                serde_json::json!({"preset": args.preset, "layers": cfg.num_hidden_layers, "seq": seq, "checkpoint": policy, "estimated_bytes": m, "estimated_gib": gib(m.total())})
+                serde_json::json!({"preset": args.preset, "layers": cfg.num_hidden_layers, "seq": seq, "workers": args.workers, "schedule": args.schedule, "checkpoint": policy, "estimated_bytes": m, "estimated_gib": gib(m.total())})
             );
         } else {
             println!(
-                "{} ({} layers) at {seq} tokens, checkpoint {policy}: {} on the GPU",
+                "{} ({} layers) at {seq} tokens{gpus}, checkpoint {policy}: {} on {}",
                 args.preset,
                 cfg.num_hidden_layers,
-                m.describe()
+                m.describe(),
+                if args.workers > 1 {
+                    "each GPU"
+                } else {
+                    "the GPU"
+                }
             );
         }
         return Ok(());
+    }
+    if args.workers != 1 {
+        bail!(
+            "--workers goes with --estimate; to run on several GPUs start `distflash launch --nproc-per-node N -- bench train ...`"
+        );
     }
     let runs = Runs {
         warmup: args.warmup,
@@ -170,7 +191,8 @@ pub fn run(args: Args) -> Result<()> {
                 dtype: args.dtype,
                 config: &cfg,
                 model: &args.preset,
-                seq: seq.div_ceil(workers),
+                seq,
+                ranks: launch.as_ref().map(|env| (env.world, args.schedule)),
                 checkpoint: policy,
                 optimizer: false,
                 model_copies: 1,

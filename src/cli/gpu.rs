@@ -30,8 +30,12 @@ pub struct GpuRun<'a> {
     pub config: &'a Config,
     /// Name of the model in messages (a preset, or the file it came from).
     pub model: &'a str,
-    /// Tokens this GPU holds (a rank's share of the sequence).
+    /// Tokens of the whole sequence.
     pub seq: usize,
+    /// Under a launcher: the GPUs (one process each) the sequence is split across and the
+    /// schedule that splits it; this GPU then holds a rank's share and the executor's buffers
+    /// (`cost::rank_step_memory`). `None`: the whole sequence on this GPU.
+    pub ranks: Option<(usize, Schedule)>,
     pub checkpoint: Checkpoint,
     /// Whether AdamW's state must fit too (training) or not (gradients, benchmarks).
     pub optimizer: bool,
@@ -57,13 +61,27 @@ impl GpuRun<'_> {
                 self.model
             );
         }
-        let mut need = cost::step_memory(self.config, self.seq, self.checkpoint, self.optimizer);
+        let mut need = match self.ranks {
+            None => cost::step_memory(self.config, self.seq, self.checkpoint, self.optimizer),
+            Some((workers, schedule)) => cost::rank_step_memory(
+                self.config,
+                self.seq,
+                workers,
+                schedule,
+                self.checkpoint,
+                self.optimizer,
+            )?,
+        };
         let copies = self.model_copies.max(1) as f64;
         need.weights *= copies;
         need.grads *= copies;
         need.optimizer *= copies;
+        let share = match self.ranks {
+            Some((workers, schedule)) => format!(" over {workers} GPUs ({schedule}), one rank"),
+            None => String::new(),
+        };
         let what = format!(
-            "{} ({} layers) at {} tokens with checkpoint {}{}",
+            "{} ({} layers) at {} tokens{share} with checkpoint {}{}",
             self.model,
             self.config.num_hidden_layers,
             self.seq,

@@ -76,6 +76,7 @@ pub fn run(args: Args) -> Result<()> {
                 config: &config,
                 model: &args.model.name(),
                 seq: tokens.len().saturating_sub(1),
+                ranks: None,
                 checkpoint: args.checkpoint,
                 optimizer: false,
                 model_copies: args.workers,

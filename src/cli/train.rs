@@ -358,11 +358,8 @@ fn open_gpu(
         dtype: args.dtype,
         config,
         model: &args.model.name(),
-        seq: if launch.is_some() {
-            args.seq_len.div_ceil(workers.max(1))
-        } else {
-            args.seq_len
-        },
+        seq: args.seq_len,
+        ranks: launch.map(|_| (workers, args.schedule)),
         checkpoint: args.checkpoint,
         optimizer: true,
         model_copies: virtual_workers,

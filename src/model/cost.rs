@@ -5,6 +5,7 @@
 
 use super::Checkpoint;
 use super::config::Config;
+use crate::plan::{self, Pass, Plan, Schedule, volume};
 use anyhow::{Result, bail};
 use serde::Serialize;
 
@@ -105,6 +106,59 @@ impl StepMemory {
 /// is exact: the measured peaks of llama2-7b (16K–128K tokens, remat and layer, on an H200) are
 /// these tensors to the byte. The estimate adds only [`RESERVE_BYTES`].
 pub fn step_memory(c: &Config, seq: usize, policy: Checkpoint, optimizer: bool) -> StepMemory {
+    step_memory_with(c, seq, policy, optimizer, 0.0)
+}
+
+/// The peak GPU memory of one rank of a run over `workers` GPUs (one process each) that split
+/// `seq` tokens by `schedule`: the single-GPU step over the rank's rows ([`step_memory`]), whose
+/// attention backward, run by the executor (`train::attention::Distributed`), also holds
+///
+/// - D for its rows (f32, one a row and head: `exec::Saved::delta`), alive to the end;
+/// - while the executor runs, its communication buffers (`plan::volume::backward_buffers`:
+///   fetched inputs, in-flight fetches, returned and returning gradients); they are gone
+///   before the 16-bit relayouts of dQ, dK and dV that end the single-GPU count, so the phase
+///   holds the larger of the two;
+/// - with two chunks (zigzag), the joined copy of one of those relayouts.
+///
+/// The rank that needs most sets the figure (every rank checks the same).
+pub fn rank_step_memory(
+    c: &Config,
+    seq: usize,
+    workers: usize,
+    schedule: Schedule,
+    policy: Checkpoint,
+    optimizer: bool,
+) -> Result<StepMemory> {
+    let chunk_rows = plan::chunk_sizes(seq, workers, schedule)?;
+    let plan = Plan::new(workers, schedule, Pass::Backward)?;
+    let buffers = volume::backward_buffers(&plan, &c.dims(), &chunk_rows, HALF as usize);
+    let (qw, kw, h) = (
+        c.q_width() as f64,
+        c.kv_width() as f64,
+        c.num_attention_heads as f64,
+    );
+    let ranks = (0..workers).map(|w| {
+        let own = plan.chunks_of(w);
+        let rows: usize = own.iter().map(|&chunk| chunk_rows[chunk]).sum();
+        let t = rows as f64;
+        let relayouts = t * HALF * (qw + 2.0 * kw);
+        let join = if own.len() > 1 { t * HALF * qw } else { 0.0 };
+        let extra = t * F32 * h + (buffers[w] as f64 - relayouts).max(join);
+        step_memory_with(c, rows, policy, optimizer, extra)
+    });
+    Ok(ranks
+        .max_by(|a, b| a.total().total_cmp(&b.total()))
+        .expect("at least one worker"))
+}
+
+/// [`step_memory`] with `attention_extra` more bytes in the attention backward's widest moment.
+fn step_memory_with(
+    c: &Config,
+    seq: usize,
+    policy: Checkpoint,
+    optimizer: bool,
+    attention_extra: f64,
+) -> StepMemory {
     let t = seq as f64;
     let params: f64 = super::weights::specs(c)
         .iter()
@@ -155,7 +209,8 @@ pub fn step_memory(c: &Config, seq: usize, policy: Checkpoint, optimizer: bool) 
             + HALF * (3.0 * qw + 2.0 * kw)
             + F32 * h
             + F32 * (qw + 2.0 * kw)
-            + HALF * (qw + 2.0 * kw));
+            + HALF * (qw + 2.0 * kw))
+        + attention_extra;
     // One MLP block's backward (`mlp_backward`) at its widest, once `swiglu_backward` has run:
     // g, u, m recomputed (16-bit) unless kept, dm (`zeros`, f32), dg and du (16-bit); and, when
     // the rows take several blocks, the block's rows of h2 (16-bit) and of dout (f32) and its
@@ -328,6 +383,39 @@ mod tests {
             assert!(total > last, "{seq}");
             last = total;
         }
+    }
+
+    #[test]
+    fn a_rank_holds_its_share_and_the_executors_buffers() {
+        let c = llama7b(32);
+        let gib_of = |m: StepMemory| gib(m.total());
+        // One rank alone: the single-GPU step and its D, no transfers.
+        let one =
+            rank_step_memory(&c, 65536, 1, Schedule::Balanced, Checkpoint::Layer, false).unwrap();
+        let single = step_memory(&c, 65536, Checkpoint::Layer, false);
+        assert_eq!(one.working - single.working, 65536.0 * 4.0 * 32.0);
+        // Two GPUs, balanced, 256K tokens, layer: worker 1 holds worker 0's K and V (16-bit) and
+        // the f32 dK, dV it computed for them at once: 2 GiB + 4 GiB, where the single-GPU count
+        // of its 128K rows ends with 3 GiB of relayouts; and D (16 MiB).
+        let rank =
+            rank_step_memory(&c, 262_144, 2, Schedule::Balanced, Checkpoint::Layer, false).unwrap();
+        let share = step_memory(&c, 131_072, Checkpoint::Layer, false);
+        let rows = 131_072.0;
+        let extra = rows * 4.0 * 32.0 + (6.0 - 3.0) * (1u64 << 30) as f64;
+        assert_eq!(rank.working - share.working, extra);
+        // 256K on two GPUs (the goal): layer leaves 30 GiB of an H200; remat keeps O
+        // and LSE of every layer and comes within a GiB of it.
+        assert!((107.0..108.0).contains(&gib_of(rank)), "{}", gib_of(rank));
+        let remat =
+            rank_step_memory(&c, 262_144, 2, Schedule::Balanced, Checkpoint::Remat, false).unwrap();
+        assert!((138.0..139.0).contains(&gib_of(remat)), "{}", gib_of(remat));
+        // Zigzag ranks hold two chunks; every schedule costs more than the bare share.
+        for schedule in [Schedule::Unbalanced, Schedule::Balanced, Schedule::Zigzag] {
+            let m = rank_step_memory(&c, 65536, 4, schedule, Checkpoint::Remat, false).unwrap();
+            let bare = step_memory(&c, 16384, Checkpoint::Remat, false);
+            assert!(m.total() > bare.total(), "{schedule}");
+        }
+        assert!(rank_step_memory(&c, 3, 4, Schedule::Balanced, Checkpoint::Remat, false).is_err());
     }
 
     #[test]
