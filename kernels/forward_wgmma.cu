@@ -82,10 +82,10 @@ __device__ __forceinline__ void fwd_wg_body(const TensorMap* tmQ, const TensorMa
         if (threadIdx.x == 256 && n_tiles > 0) {
             tma_tile<WF_BQ>(sQ, tmQ, r0, blockIdx.x, barQ);
             for (int n = 0; n < n_tiles; ++n) {
-                if (n >= 2) mbar_wait(freeK + 8 * (n & 1), ((n - 2) / 2) & 1);  // tile n−2 done
-                tma_tile<WF_BKV>(sK + (n & 1) * TILE, tmK, n * WF_BKV, kvh, barK + 8 * (n & 1));
-                if (n >= 3) mbar_wait(freeV + 8 * (n % 3), ((n - 3) / 3) & 1);  // tile n−3 done
-                tma_tile<WF_BKV>(sV + (n % 3) * TILE, tmV, n * WF_BKV, kvh, barV + 8 * (n % 3));
+                if (n >= 2) stage_wait<2>(freeK, n - 2);  // tile n−2 is done with the stage
+                tma_tile<WF_BKV>(sK + (n & 1) * TILE, tmK, n * WF_BKV, kvh, stage_bar<2>(barK, n));
+                if (n >= 3) stage_wait<3>(freeV, n - 3);  // tile n−3 is done with the stage
+                tma_tile<WF_BKV>(sV + (n % 3) * TILE, tmV, n * WF_BKV, kvh, stage_bar<3>(barV, n));
             }
         }
         return;
@@ -125,8 +125,8 @@ __device__ __forceinline__ void fwd_wg_body(const TensorMap* tmQ, const TensorMa
     // which the wait<1> below would then wait past.
     auto tile = [&](const int j, const bool first) {
         if (first) mbar_wait(barQ, 0);
-        mbar_wait(barK + 8 * (j & 1), (j / 2) & 1);
-        if (!first) mbar_wait(barV + 8 * ((j - 1) % 3), ((j - 1) / 3) & 1);
+        stage_wait<2>(barK, j);
+        if (!first) stage_wait<3>(barV, j - 1);
         const u32 cK = sK + (j & 1) * TILE;
 
         // In this warpgroup's turn: S = Q·Kᵀ for 64 rows × 128 keys (one m64n128k16 per 16
@@ -151,7 +151,7 @@ __device__ __forceinline__ void fwd_wg_body(const TensorMap* tmQ, const TensorMa
             wg_wait<1>();
         fence_regs<32>(s[0]);
         fence_regs<32>(s[1]);
-        if (releaser) mbar_arrive(freeK + 8 * (j & 1));
+        if (releaser) mbar_arrive(stage_bar<2>(freeK, j));
 
         const int c0 = j * WF_BKV;
         const bool need_mask = (c0 + WF_BKV > kv_len) ||
@@ -201,7 +201,7 @@ __device__ __forceinline__ void fwd_wg_body(const TensorMap* tmQ, const TensorMa
         wg_wait<0>();
         fence_regs<32 * DH>(&o[0][0]);
         fence_regs<32>(&pa[0][0]);
-        if (releaser && !first) mbar_arrive(freeV + 8 * ((j - 1) % 3));
+        if (releaser && !first) mbar_arrive(stage_bar<3>(freeV, j - 1));
 #pragma unroll
         for (int hf = 0; hf < DH; ++hf)
 #pragma unroll
@@ -218,7 +218,7 @@ __device__ __forceinline__ void fwd_wg_body(const TensorMap* tmQ, const TensorMa
     if (n_tiles > 0) tile(0, true);
     for (int j = 1; j < n_tiles; ++j) tile(j, false);
     if (n_tiles > 0) {  // the last tile's P·V
-        mbar_wait(barV + 8 * ((n_tiles - 1) % 3), ((n_tiles - 1) / 3) & 1);
+        stage_wait<3>(barV, n_tiles - 1);
         pv_products<DH>(o[0], pa, sV + ((n_tiles - 1) % 3) * TILE);
         wg_commit();
         wg_wait<0>();

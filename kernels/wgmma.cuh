@@ -203,6 +203,17 @@ __device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
             : "memory");
     } while (!done);
 }
+// A ring of STAGES buffers with one barrier each (8 bytes apart from `bars`): tile n uses stage
+// n % STAGES, and is that stage's (n / STAGES)-th use, i.e. the phase of that parity.
+template <int STAGES>
+__device__ __forceinline__ u32 stage_bar(u32 bars, int n) {
+    return bars + 8 * (n % STAGES);
+}
+// Waits until tile n's phase of its stage's barrier in the ring at `bars` has completed.
+template <int STAGES>
+__device__ __forceinline__ void stage_wait(u32 bars, int n) {
+    mbar_wait(stage_bar<STAGES>(bars, n), (n / STAGES) & 1);
+}
 // Copies the box at (column, row, matrix) of `map` to shared memory at dst; completes on bar.
 __device__ __forceinline__ void tma_load(u32 dst, const TensorMap* map, int col, int row,
                                          int matrix, u32 bar) {
