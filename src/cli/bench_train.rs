@@ -113,13 +113,15 @@ pub fn run(args: Args) -> Result<()> {
     }
     let (seq, policy) = (args.seq_len, args.checkpoint);
     if args.estimate {
-        let (m, gpus) = match args.workers {
+        let ranks = match args.workers {
             0 => bail!("--workers must be at least 1"),
-            1 => (cost::step_memory(&cfg, seq, policy, false), String::new()),
-            n => (
-                cost::rank_step_memory(&cfg, seq, n, args.schedule, policy, false)?,
-                format!(" over {n} GPUs ({})", args.schedule),
-            ),
+            1 => None,
+            n => Some((n, args.schedule)),
+        };
+        let m = cost::gpu_step_memory(&cfg, seq, ranks, policy, false)?;
+        let gpus = match ranks {
+            Some((n, schedule)) => format!(" over {n} GPUs ({schedule})"),
+            None => String::new(),
         };
         if args.json {
             println!(

@@ -61,17 +61,13 @@ impl GpuRun<'_> {
                 self.model
             );
         }
-        let mut need = match self.ranks {
-            None => cost::step_memory(self.config, self.seq, self.checkpoint, self.optimizer),
-            Some((workers, schedule)) => cost::rank_step_memory(
-                self.config,
-                self.seq,
-                workers,
-                schedule,
-                self.checkpoint,
-                self.optimizer,
-            )?,
-        };
+        let mut need = cost::gpu_step_memory(
+            self.config,
+            self.seq,
+            self.ranks,
+            self.checkpoint,
+            self.optimizer,
+        )?;
         let copies = self.model_copies.max(1) as f64;
         need.weights *= copies;
         need.grads *= copies;

@@ -109,6 +109,21 @@ pub fn step_memory(c: &Config, seq: usize, policy: Checkpoint, optimizer: bool) 
     step_memory_with(c, seq, policy, optimizer, 0.0)
 }
 
+/// The peak memory of one GPU's step: the whole sequence on it ([`step_memory`]) or, with
+/// `ranks` = (GPUs, schedule), one rank of a run over that many GPUs ([`rank_step_memory`]).
+pub fn gpu_step_memory(
+    c: &Config,
+    seq: usize,
+    ranks: Option<(usize, Schedule)>,
+    policy: Checkpoint,
+    optimizer: bool,
+) -> Result<StepMemory> {
+    match ranks {
+        None => Ok(step_memory(c, seq, policy, optimizer)),
+        Some((workers, schedule)) => rank_step_memory(c, seq, workers, schedule, policy, optimizer),
+    }
+}
+
 /// The peak GPU memory of one rank of a run over `workers` GPUs (one process each) that split
 /// `seq` tokens by `schedule`: the single-GPU step over the rank's rows ([`step_memory`]), whose
 /// attention backward, run by the executor (`train::attention::Distributed`), also holds
