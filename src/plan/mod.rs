@@ -18,6 +18,7 @@
 //!
 //! The backward pass follows the same tasks; only what travels changes (see `Payload`).
 
+mod partition;
 mod render;
 pub mod volume;
 
@@ -26,6 +27,7 @@ use serde::Serialize;
 use std::fmt;
 use std::str::FromStr;
 
+pub use partition::Partition;
 pub use render::{to_json, to_svg, to_text};
 
 /// Which schedule assigns blocks to workers.
