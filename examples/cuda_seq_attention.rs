@@ -1,4 +1,4 @@
-//! Checks the model's single-GPU attention (`train::cuda_attention::CudaAttention`) on a GPU:
+//! Checks the model's single-GPU attention (`model::cuda::attention::CudaAttention`) on a GPU:
 //! sequence-major 16-bit tensors in and out, against
 //! - the head-major fast path it wraps (the same kernels on transposed data: O and LSE must match
 //!   bit for bit; dQ, dK, dV must equal the fast path's f32 gradients rounded to the input dtype
@@ -23,12 +23,12 @@ use distflash::attn::{Dims, layout};
 use distflash::backend::Backend;
 use distflash::backend::cuda::{CudaBackend, InputDtype, Tensor, median_ms};
 use distflash::comm::LocalComm;
-use distflash::exec::{chunk_spans, collect_results, run_workers};
 use distflash::inputs::Inputs;
 use distflash::model::attention::Attention;
-use distflash::plan::{Schedule, chunk_sizes};
+use distflash::model::cuda::attention::CudaAttention;
+use distflash::plan::{Partition, Schedule};
+use distflash::runtime::{collect_results, run_workers};
 use distflash::train::attention::Distributed;
-use distflash::train::cuda_attention::CudaAttention;
 use serde_json::json;
 use std::time::Duration;
 
@@ -66,7 +66,8 @@ impl Case {
 fn distributed(be: &CudaBackend, c: &Case, workers: usize) -> Result<[Vec<f32>; 5]> {
     let (dims, seq, d) = (c.x.dims, c.x.seq, c.x.dims.head_dim);
     let schedule = Schedule::Balanced;
-    let spans = chunk_spans(&chunk_sizes(seq, workers, schedule)?);
+    let partition = Partition::new(seq, workers, schedule)?;
+    let spans = partition.spans();
     let seq_major = |t: &[f32], heads| layout::to_seq_major(t, 1, seq, heads, d);
     let (h, kv) = (dims.heads, dims.kv_heads);
     let host = [
@@ -88,7 +89,7 @@ fn distributed(be: &CudaBackend, c: &Case, workers: usize) -> Result<[Vec<f32>; 
                 rows(&host[2], kv)?,
                 rows(&host[3], h)?,
             );
-            let mut attn = Distributed::new(be, comm, dims, spans.clone(), schedule)?;
+            let mut attn = Distributed::new(be, comm, dims, &partition)?;
             let (o, lse) = attn.forward(&q, &k, &v)?;
             let (dq, dk, dv) = attn.backward(&q, &k, &v, &o, &lse, &g)?;
             [o, dq, dk, dv, lse]

@@ -4,6 +4,7 @@
 //! oracle), `comm` (moving buffers between workers), `exec` (running a plan on a backend) and
 //! `backend` (devices).
 
+pub mod attention_run;
 pub mod attn;
 pub mod backend;
 pub mod bench;
@@ -12,6 +13,7 @@ pub mod exec;
 pub mod inputs;
 pub mod model;
 pub mod plan;
+pub mod runtime;
 pub mod shape;
 pub mod sim;
 pub mod tensor_file;

@@ -11,8 +11,7 @@
 //! run and check it against runs on the devices we have.
 
 use crate::attn::{Block, Dims};
-use crate::exec::chunk_spans;
-use crate::plan::{Pass, Plan, Schedule, chunk_sizes, volume};
+use crate::plan::{Partition, Pass, Plan, Schedule, volume};
 use anyhow::{Result, bail};
 use serde::Serialize;
 
@@ -77,8 +76,9 @@ impl Links {
 
 /// Time of one pass of `plan`.
 fn pass_secs(w: &Workload, m: &Machine, plan: &Plan, rate: f64, flops_scale: f64) -> Result<f64> {
-    let sizes = chunk_sizes(w.seq, w.workers, w.schedule)?;
-    let spans = chunk_spans(&sizes);
+    let partition = Partition::new(w.seq, w.workers, w.schedule)?;
+    let spans = partition.spans();
+    let sizes: Vec<usize> = spans.iter().map(|s| s.len).collect();
     let p = w.workers;
     let mut links = Links {
         out_free: vec![0.0; p],

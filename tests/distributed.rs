@@ -1,8 +1,8 @@
 //! Distributed attention against the f64 oracle and against the plan's byte count, for every
 //! worker count 1..=8, both schedules, MHA/GQA/MQA, several head dims, even and uneven chunks.
 
+use distflash::attention_run::on_cpu_threads as run_attention;
 use distflash::attn::{Dims, oracle};
-use distflash::exec::run_attention;
 use distflash::inputs::Inputs;
 use distflash::plan::{Pass, Plan, Schedule, chunk_sizes, volume};
 use std::time::Duration;
@@ -127,42 +127,36 @@ fn more_workers_than_tokens_is_an_error_not_a_panic() {
 }
 
 #[test]
-fn a_lone_worker_on_a_backend_equals_the_threaded_single_worker() {
+fn a_lone_worker_sends_nothing_and_equals_two_workers() {
     let x = Inputs::random(dims(2, 4, 2, 16), 70, 8);
-    let alone = distflash::exec::run_attention_alone(
-        &distflash::backend::cpu::CpuBackend,
-        &x,
-        Schedule::Balanced,
-    )
-    .unwrap();
-    let threads = run_attention(&x, 1, Schedule::Balanced, Duration::from_secs(60)).unwrap();
-    assert_eq!(alone.out, threads.out);
-    assert_eq!(alone.dq, threads.dq);
-    assert_eq!(alone.dv, threads.dv);
+    let alone = run_attention(&x, 1, Schedule::Balanced, Duration::from_secs(60)).unwrap();
+    assert_eq!(alone.workers.len(), 1);
     assert_eq!(alone.workers[0].forward_bytes_sent, 0);
+    assert_eq!(alone.workers[0].backward_bytes_sent, 0);
+    let two = run_attention(&x, 2, Schedule::Zigzag, Duration::from_secs(60)).unwrap();
+    // The same f32 sums in another order: a few ulps of the largest values.
+    for (a, b) in [
+        (&alone.out, &two.out),
+        (&alone.dq, &two.dq),
+        (&alone.dv, &two.dv),
+    ] {
+        let scale = b.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let err = a.iter().zip(b).fold(0f32, |m, (p, q)| m.max((p - q).abs()));
+        assert!(err <= 1e-5 * scale, "{err} against {scale}");
+    }
 }
 
 #[test]
-fn a_second_run_on_the_same_communicators_reports_only_its_own_bytes() {
-    use distflash::comm::LocalComm;
-    use distflash::exec::{collect_results, gather_to_root, run_attention_rank, run_workers};
+fn a_run_after_a_warm_up_on_the_same_communicators_reports_only_its_own_bytes() {
+    use distflash::attention_run::Strategy;
     let d = dims(1, 4, 2, 8);
     let (seq, workers) = (40, 3);
     let x = Inputs::random(d, seq, 9);
-    let results = run_workers(
-        workers,
-        Duration::from_secs(60),
-        |_, comm: &mut LocalComm| {
-            let cpu = distflash::backend::cpu::CpuBackend;
-            run_attention_rank(&cpu, &x, Schedule::Balanced, comm)?; // the warm-up
-            let mine = run_attention_rank(&cpu, &x, Schedule::Balanced, comm)?;
-            gather_to_root(&x, mine, comm)
-        },
-    );
-    let run = collect_results(results)
-        .unwrap()
-        .remove(0)
-        .expect("rank 0 gathers");
+    let how = Strategy {
+        warmup: true,
+        ..Strategy::from(Schedule::Balanced)
+    };
+    let run = run_attention(&x, workers, how, Duration::from_secs(60)).unwrap();
     let rows = chunk_sizes(seq, workers, Schedule::Balanced).unwrap();
     let fwd = volume::elements_sent(
         &Plan::new(workers, Schedule::Balanced, Pass::Forward).unwrap(),
@@ -182,7 +176,7 @@ fn a_second_run_on_the_same_communicators_reports_only_its_own_bytes() {
 
 #[test]
 fn serialised_communication_gives_the_same_bits_and_bytes() {
-    use distflash::exec::Strategy;
+    use distflash::attention_run::Strategy;
     let x = Inputs::random(dims(1, 4, 2, 8), 45, 11);
     for workers in 1..=5 {
         for schedule in [Schedule::Unbalanced, Schedule::Balanced, Schedule::Zigzag] {
@@ -206,7 +200,7 @@ fn serialised_communication_gives_the_same_bits_and_bytes() {
 
 #[test]
 fn repeated_runs_report_median_times_and_the_same_results() {
-    use distflash::exec::Strategy;
+    use distflash::attention_run::Strategy;
     let x = Inputs::random(dims(1, 4, 2, 8), 45, 12);
     let once = run_attention(&x, 3, Schedule::Zigzag, Duration::from_secs(60)).unwrap();
     let how = Strategy {

@@ -5,9 +5,10 @@ use anyhow::{Result, bail};
 use distflash::attn::{Dims, layout};
 use distflash::backend::cpu::CpuBackend;
 use distflash::comm::{Communicator, LocalComm, PeerFailed, Tag};
-use distflash::exec::{OwnChunk, Worker, chunk_spans, collect_results, run_workers};
+use distflash::exec::{OwnChunk, Worker};
 use distflash::inputs::Inputs;
-use distflash::plan::{Pass, Plan, Schedule, chunk_sizes};
+use distflash::plan::{Partition, Pass, Schedule};
+use distflash::runtime::{collect_results, run_workers};
 use std::time::{Duration, Instant};
 
 #[derive(Clone, Copy)]
@@ -74,8 +75,8 @@ fn run_with_fault(culprit: usize, fault: Fault) -> Vec<Result<()>> {
         head_dim: 8,
     };
     let x = Inputs::random(dims, seq, 1);
-    let spans = chunk_spans(&chunk_sizes(seq, workers, Schedule::Balanced).unwrap());
-    let plan = Plan::new(workers, Schedule::Balanced, Pass::Forward).unwrap();
+    let partition = Partition::new(seq, workers, Schedule::Balanced).unwrap();
+    let (spans, plan) = (partition.spans(), partition.plan(Pass::Forward));
     // A long timeout: the test passes only if failure propagation, not the timeout, ends waits.
     run_workers(workers, Duration::from_secs(120), |rank, comm| {
         let take = |t: &[f32]| layout::take_rows(t, 2, seq, 8, spans[rank]);
@@ -94,11 +95,11 @@ fn run_with_fault(culprit: usize, fault: Fault) -> Vec<Result<()>> {
             backend: &CpuBackend,
             comm: &mut faulty,
             dims,
-            spans: &spans,
+            spans,
             compute: Duration::ZERO,
             overlap: true,
         };
-        worker.forward(&plan, &own[..]).map(|_| ())
+        worker.forward(plan, &own[..]).map(|_| ())
     })
 }
 

@@ -8,10 +8,37 @@ use distflash::model::cpu::Cpu;
 use distflash::model::weights::{Weights, specs};
 use distflash::model::{Checkpoint, Chunk, forward_backward};
 use distflash::plan::Schedule;
-use distflash::train::gradients;
+use distflash::runtime::Runtime;
+use distflash::train::Gradients;
+use distflash::train::memory::MemoryCheck;
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use std::time::Duration;
+
+/// `train::gradients` with `workers` CPU worker threads.
+fn gradients(
+    c: &Config,
+    weights: &[Vec<f32>],
+    tokens: &[u32],
+    workers: usize,
+    schedule: Schedule,
+    policy: Checkpoint,
+    timeout: Duration,
+) -> anyhow::Result<Gradients> {
+    let memory = MemoryCheck {
+        config: c.clone(),
+        model: "small".into(),
+        seq: tokens.len() - 1,
+        schedule,
+        checkpoint: policy,
+        optimizer: false,
+        ignore_estimate: false,
+    };
+    let rt = Runtime::cpu_threads(workers, timeout);
+    let how = (schedule, policy);
+    let g = distflash::train::gradients(c, weights, tokens, how, &memory, &rt)?;
+    Ok(g.expect("worker threads report"))
+}
 
 fn small(tied: bool) -> Config {
     Config {

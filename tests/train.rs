@@ -6,8 +6,10 @@ use distflash::model::Checkpoint;
 use distflash::model::config::Config;
 use distflash::model::ops::AdamW;
 use distflash::plan::Schedule;
+use distflash::runtime::Runtime;
 use distflash::train::data::Data;
-use distflash::train::{Init, Options, StepReport, state, train};
+use distflash::train::memory::MemoryCheck;
+use distflash::train::{Init, Options, StepReport, state};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::Mutex;
@@ -31,7 +33,6 @@ fn options(steps: u64, save_dir: Option<&Path>, resume: Option<&Path>) -> Option
         data: Data::Synthetic { seed: 2 },
         seq_len: 48,
         batch: 2,
-        workers: 3,
         schedule: Schedule::Balanced,
         checkpoint: Checkpoint::Remat,
         steps,
@@ -47,8 +48,23 @@ fn options(steps: u64, save_dir: Option<&Path>, resume: Option<&Path>) -> Option
         save_dir: save_dir.map(Path::to_path_buf),
         save_every: 2,
         resume: resume.map(Path::to_path_buf),
-        timeout: Duration::from_secs(60),
     }
+}
+
+/// `train::train` on 3 CPU worker threads.
+fn train(o: &Options, on_step: impl Fn(&StepReport) + Sync) -> anyhow::Result<Vec<Vec<f32>>> {
+    let memory = MemoryCheck {
+        config: o.config.clone(),
+        model: "tiny".into(),
+        seq: o.seq_len,
+        schedule: o.schedule,
+        checkpoint: o.checkpoint,
+        optimizer: true,
+        ignore_estimate: false,
+    };
+    let rt = Runtime::cpu_threads(3, Duration::from_secs(60));
+    let w = distflash::train::train(o, &memory, &rt, on_step)?;
+    Ok(w.expect("worker threads report"))
 }
 
 fn run(o: &Options) -> (Vec<f64>, Vec<Vec<f32>>) {
@@ -243,43 +259,4 @@ fn train_writes_metrics_curve_and_model_and_grads_reads_it() {
     let g = distflash::tensor_file::read(&grads).unwrap();
     assert_eq!(g["lm_head.weight"].0, vec![256, 64]);
     std::fs::remove_dir_all(dir).unwrap();
-}
-
-/// The single-device loop (`train_on`, what one GPU runs through the model's `Ops`) follows the
-/// threaded loop's trajectory: on the CPU with one worker, the same weights bit for bit.
-#[test]
-fn one_device_loop_follows_the_threaded_one() {
-    use distflash::attn::Span;
-    use distflash::backend::cpu::CpuBackend;
-    use distflash::comm::Solo;
-    use distflash::model::cpu::Cpu;
-    use distflash::train::attention::Distributed;
-    use distflash::train::train_on;
-
-    let mut o = options(3, None, None);
-    o.workers = 1;
-    let (losses, weights) = run(&o);
-    let mut alone = Solo;
-    let spans = vec![Span {
-        start: 0,
-        len: o.seq_len,
-    }];
-    let dims = o.config.dims();
-    let mut attn = Distributed::new(&CpuBackend, &mut alone, dims, spans, o.schedule).unwrap();
-    let seen = Mutex::new(Vec::new());
-    let on_step = |r: &StepReport| seen.lock().unwrap().push(r.loss);
-    let w = train_on(&Cpu::<f32>::new(), &mut attn, &o, on_step).unwrap();
-    assert_eq!(w, weights);
-    let seen = seen.into_inner().unwrap();
-    assert_eq!(seen.len(), 3);
-    // The threaded loop sums the loss through an f32 all-reduce; this one needs none.
-    for (a, b) in seen.iter().zip(&losses) {
-        assert!((a - b).abs() < 1e-6, "{a} {b}");
-    }
-    o.workers = 2;
-    let err = train_on(&Cpu::<f32>::new(), &mut attn, &o, |_: &StepReport| {})
-        .err()
-        .unwrap()
-        .to_string();
-    assert!(err.contains("--workers 1"), "{err}");
 }

@@ -1,9 +1,9 @@
 //! The CPU backend: f32 host vectors and the `attn` block math on all cores. It is the
 //! oracle-checked reference for every algorithm and what CI runs.
 
-use super::Backend;
+use super::{Backend, ModelEdge, Order};
 use crate::attn::{self, Block, Dims, GradsMut, Partial, QuerySide, RunningState};
-use anyhow::Result;
+use anyhow::{Result, bail};
 
 /// Runs blocks on the CPU in f32 with rayon.
 #[derive(Clone, Copy, Debug, Default)]
@@ -99,5 +99,44 @@ impl Backend for CpuBackend {
     ) -> Result<()> {
         attn::backward_block(dims, block, query, k, v, grads);
         Ok(())
+    }
+}
+
+impl ModelEdge for CpuBackend {
+    fn relayout(
+        &self,
+        t: &Vec<f32>,
+        rows: usize,
+        heads: usize,
+        d: usize,
+        to: Order,
+        _: &str,
+    ) -> Result<Vec<f32>> {
+        Ok(match to {
+            Order::ToHeadMajor => attn::layout::to_head_major(t, 1, rows, heads, d),
+            Order::ToSeqMajor => attn::layout::to_seq_major(t, 1, rows, heads, d),
+        })
+    }
+
+    fn split(&self, t: &Vec<f32>, lens: &[usize]) -> Result<Vec<Vec<f32>>> {
+        if lens.iter().sum::<usize>() != t.len() {
+            bail!(
+                "cannot cut a tensor of {} elements into parts of {lens:?}",
+                t.len()
+            );
+        }
+        let mut rest = t.as_slice();
+        Ok(lens
+            .iter()
+            .map(|&len| {
+                let (part, tail) = rest.split_at(len);
+                rest = tail;
+                part.to_vec()
+            })
+            .collect())
+    }
+
+    fn join(&self, parts: &[Vec<f32>]) -> Result<Vec<f32>> {
+        Ok(parts.concat())
     }
 }

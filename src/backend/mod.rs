@@ -84,3 +84,36 @@ pub trait Backend: Sync {
         grads: GradsMut<'_, Self::Tensor>,
     ) -> Result<()>;
 }
+
+/// Which way a layout change at the model's edge goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Order {
+    /// `[rows, heads, d]` → `[heads, rows, d]`.
+    ToHeadMajor,
+    /// `[heads, rows, d]` → `[rows, heads, d]`.
+    ToSeqMajor,
+}
+
+/// A backend whose tensors the model holds too: the model hands attention sequence-major
+/// tensors (`[rows, heads, d]`, a linear layer's output as is), the block API wants head-major
+/// ones, so the layout changes at this edge, on the device (on the host for the CPU, by a kernel
+/// on a GPU). To head-major the result is in the precision the executor reads, to sequence-major
+/// in the one the model keeps activations in. `what` names the tensor in errors.
+pub trait ModelEdge: Backend {
+    fn relayout(
+        &self,
+        t: &Self::Tensor,
+        rows: usize,
+        heads: usize,
+        d: usize,
+        to: Order,
+        what: &str,
+    ) -> Result<Self::Tensor>;
+
+    /// `t` cut into consecutive parts of `lens` elements (a zigzag worker's rows into its two
+    /// chunks).
+    fn split(&self, t: &Self::Tensor, lens: &[usize]) -> Result<Vec<Self::Tensor>>;
+
+    /// `parts` one after another.
+    fn join(&self, parts: &[Self::Tensor]) -> Result<Self::Tensor>;
+}

@@ -4,47 +4,20 @@
 
 use super::create_output;
 use anyhow::{Result, bail};
-use clap::ValueEnum;
+use distflash::attention_run::{self, AttentionRun, Strategy};
 use distflash::attn::{self, Dims, layout, oracle};
-use distflash::backend::cpu::CpuBackend;
-use distflash::backend::cuda::{CudaBackend, InputDtype};
-use distflash::comm::nccl::{self, NcclComm};
-use distflash::comm::{
-    Communicator, connect_mesh,
-    rendezvous::{self, LaunchEnv},
-};
-use distflash::exec::{
-    AttentionRun, Strategy, gather_to_root, run_attention, run_attention_alone, run_attention_on,
-    run_attention_rank,
-};
+use distflash::backend::cuda::InputDtype;
 use distflash::inputs::Inputs;
 use distflash::plan::Schedule;
+use distflash::runtime::{Device, Runtime};
 use distflash::tensor_file::{self, Named};
 use serde::Serialize;
 use std::path::PathBuf;
 
-#[derive(Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Device {
-    /// Worker threads on this machine's cores (f32).
-    Cpu,
-    /// One NVIDIA GPU (bf16 or fp16 inputs, f32 accumulation).
-    Cuda,
-}
-
-impl Device {
-    fn name(self) -> &'static str {
-        match self {
-            Device::Cpu => "cpu",
-            Device::Cuda => "cuda",
-        }
-    }
-}
-
 #[derive(clap::Args)]
 pub struct Args {
-    #[arg(long, value_enum, default_value = "cpu")]
-    device: Device,
+    #[command(flatten)]
+    place: super::DeviceArgs,
     /// Workers the sequence is split across [default: WORLD_SIZE under a launcher, else 4 on
     /// the CPU and 1 on CUDA].
     #[arg(long)]
@@ -84,19 +57,14 @@ pub struct Args {
     /// Print one JSON object instead of the table.
     #[arg(long)]
     json: bool,
-    /// Input precision on the GPU: bf16 or fp16 (--device cuda).
-    #[arg(long, default_value = "bf16")]
-    dtype: InputDtype,
-    #[command(flatten)]
-    waits: super::WaitArgs,
 }
 
 /// Relative error (max abs error / max abs value) above which `--check` fails. f32 CPU results
 /// land orders of magnitude below 1e-4. On a GPU the oracle sees the same rounded inputs, so
 /// the error is the kernels' own: probabilities rounded to 16 bits before P·V and dS·K (8
 /// significant bits in bf16, 11 in fp16) with f32 accumulation.
-fn check_tolerance(device: Device, dtype: InputDtype) -> f64 {
-    match (device, dtype) {
+fn check_tolerance(rt: &Runtime) -> f64 {
+    match (rt.device, rt.dtype) {
         (Device::Cpu, _) => 1e-4,
         // Seen on an H200 (bench/cuda.md): at most 3.1e-3 in bf16 and 2.2e-4 in fp16.
         (Device::Cuda, InputDtype::Bf16) => 1e-2,
@@ -163,44 +131,43 @@ pub fn run(args: Args) -> Result<()> {
         head_dim: args.head_dim,
     };
     dims.validate()?;
-    let launch = LaunchEnv::from_env()?;
-    let workers = match (args.workers, &launch) {
-        (Some(0), _) => bail!("--workers must be at least 1"),
-        (Some(w), Some(env)) if w != env.world => bail!(
-            "--workers {w} does not match WORLD_SIZE={}: under a launcher every process is one worker",
-            env.world
-        ),
-        (Some(w), _) => w,
-        (None, Some(env)) => env.world,
-        (None, None) => match args.device {
-            Device::Cpu => 4,
-            Device::Cuda => 1,
-        },
-    };
+    let rt = args.place.runtime(args.workers, |device| match device {
+        Device::Cpu => 4,
+        Device::Cuda => 1,
+    })?;
     let save = args
         .save
         .as_deref()
         .map(|p| create_output(p).map(|_| p))
         .transpose()?;
     let mut x = Inputs::random(dims, args.seq_len, args.seed);
-    let Some(run) = execute(&args, &mut x, workers, launch)? else {
+    if rt.device == Device::Cuda {
+        // Rounded to the GPU's precision first, so the check and the saved file describe
+        // exactly what it computed.
+        for t in [&mut x.q, &mut x.k, &mut x.v, &mut x.dout] {
+            t.iter_mut().for_each(|v| *v = rt.dtype.round(*v));
+        }
+    }
+    let how = Strategy {
+        schedule: args.schedule,
+        overlap: !args.no_overlap,
+        // On a GPU the first run compiles (or loads) the kernels: keep it out of the times.
+        warmup: rt.device == Device::Cuda,
+        repeats: args.repeats as usize,
+    };
+    let Some(run) = attention_run::run(&x, how, &rt)? else {
         return Ok(()); // a rank other than 0: rank 0 reports for everyone
     };
-    let check = args
-        .check
-        .then(|| check(&x, &run, check_tolerance(args.device, args.dtype)));
-    let precision = match args.device {
-        Device::Cpu => "f32",
-        Device::Cuda => args.dtype.name(),
-    };
+    let check = args.check.then(|| check(&x, &run, check_tolerance(&rt)));
+    let precision = rt.precision();
     if let Some(path) = save {
         save_run(path, &x, &run, precision)?;
     }
-    let host_timed = args.device == Device::Cpu;
+    let host_timed = rt.device == Device::Cpu;
     let report = Report {
-        device: args.device,
+        device: rt.device,
         precision,
-        workers,
+        workers: rt.workers(),
         schedule: args.schedule,
         seq_len: args.seq_len,
         batch: args.batch,
@@ -237,76 +204,6 @@ pub fn run(args: Args) -> Result<()> {
             c.tolerance
         ),
         _ => Ok(()),
-    }
-}
-
-/// Runs the job where the arguments say: CPU threads, one rank of a multi-process job (`None`
-/// on ranks other than 0), or one GPU, whose inputs are first rounded to its precision so the
-/// check and the saved file describe exactly what it computed.
-fn execute(
-    args: &Args,
-    x: &mut Inputs,
-    workers: usize,
-    launch: Option<LaunchEnv>,
-) -> Result<Option<AttentionRun>> {
-    let waits = args.waits.waits();
-    let (timeout, rendezvous_timeout) = (waits.message, waits.rendezvous);
-    if args.device == Device::Cuda {
-        for t in [&mut x.q, &mut x.k, &mut x.v, &mut x.dout] {
-            t.iter_mut().for_each(|v| *v = args.dtype.round(*v));
-        }
-    }
-    let x = &*x;
-    let how = Strategy {
-        schedule: args.schedule,
-        overlap: !args.no_overlap,
-        // On a GPU the first run compiles (or loads) the kernels: keep it out of the times.
-        warmup: args.device == Device::Cuda,
-        repeats: args.repeats as usize,
-    };
-    match (args.device, launch) {
-        (Device::Cpu, None) => run_attention(x, workers, how, timeout).map(Some),
-        (Device::Cpu, Some(env)) => {
-            let waits = super::Waits {
-                rendezvous: rendezvous_timeout,
-                message: timeout,
-            };
-            let mut comm = super::join_cpu_ranks(&env, &waits)?;
-            let mine = run_attention_rank(&CpuBackend, x, how, &mut comm)?;
-            gather_to_root(x, mine, &mut comm)
-        }
-        (Device::Cuda, Some(env)) => {
-            // One process per GPU: NCCL carries the tensors, a TCP mesh beside it carries
-            // failures and the gathered results. Rank 0 creates the NCCL id and the
-            // rendezvous hands it to everyone.
-            let backend = CudaBackend::new(env.local_rank, args.dtype)?;
-            let joined =
-                rendezvous::join(&env, super::args_hash(), rendezvous_timeout, nccl::new_id)?;
-            let id = joined.payload.clone();
-            let mut host = connect_mesh(joined, rendezvous_timeout, timeout)?;
-            let mine =
-                NcclComm::connect(&backend, env.rank, env.world, &id).and_then(|mut comm| {
-                    // The first run compiles (or loads) and warms the kernels; the second is timed.
-                    run_attention_rank(&backend, x, how, &mut comm)?;
-                    run_attention_rank(&backend, x, how, &mut comm)
-                });
-            match mine {
-                Ok(mine) => gather_to_root(x, mine, &mut host),
-                Err(e) => {
-                    host.abort(&format!("{e:#}"));
-                    Err(e)
-                }
-            }
-        }
-        (Device::Cuda, None) => {
-            let backend = CudaBackend::new(0, args.dtype)?;
-            // Several workers share the GPU as threads (virtual workers): exact, not fast.
-            match workers {
-                1 => run_attention_alone(&backend, x, how),
-                _ => run_attention_on(&backend, x, workers, how, timeout),
-            }
-            .map(Some)
-        }
     }
 }
 

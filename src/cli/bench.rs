@@ -41,8 +41,8 @@ pub enum Target {
         head_dims: Vec<usize>,
         #[arg(long, default_value_t = 32)]
         heads: usize,
-        #[arg(long, default_value = "bf16")]
-        dtype: InputDtype,
+        #[command(flatten)]
+        dtype: super::DtypeArg,
         /// Also write the JSON lines here.
         #[arg(long)]
         json: Option<PathBuf>,
@@ -86,7 +86,7 @@ pub fn run(target: Target) -> Result<()> {
                     "bench attention times a GPU (--device cuda); for the CPU use `distflash bench cpu`"
                 );
             }
-            attention(&seqs, &head_dims, heads, dtype, json)
+            attention(&seqs, &head_dims, heads, dtype.gpu(), json)
         }
         Target::Train(args) => super::bench_train::run(args),
         Target::Report { results, out } => report(&results, out),

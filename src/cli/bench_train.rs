@@ -3,21 +3,15 @@
 //! peak memory, on the CPU or one GPU. `bench/peers/hf_train_bench.py` measures Hugging Face
 //! transformers the same way, and `bench/peers/train_session.sh` runs both on the same shapes.
 
-use super::gpu::GpuRun;
-use super::train::Device;
 use anyhow::{Result, bail};
-use distflash::backend::cpu::CpuBackend;
-use distflash::backend::cuda::InputDtype;
-use distflash::comm::Communicator;
-use distflash::comm::rendezvous::LaunchEnv;
 use distflash::model::Checkpoint;
 use distflash::model::config::Config;
 use distflash::model::cost::{self, H200_BF16_PEAK_TFLOPS, gib};
-use distflash::model::cpu::Cpu;
 use distflash::model::profile::OpTime;
 use distflash::plan::Schedule;
-use distflash::train;
-use distflash::train::bench::{Runs, StepRuns, time_steps_rank};
+use distflash::runtime::Device;
+use distflash::train::bench::{Runs, StepShape, time_steps};
+use distflash::train::memory::MemoryCheck;
 use serde::Serialize;
 use serde_json::Value;
 
@@ -26,11 +20,8 @@ const FLOPS_FORMULA: &str = "6*N*T + 6*L*T^2*H*d (PaLM, attention halved for the
 
 #[derive(clap::Args)]
 pub struct Args {
-    #[arg(long, value_enum, default_value = "cpu")]
-    device: Device,
-    /// 16-bit format of weights and activations on the GPU.
-    #[arg(long, default_value = "bf16")]
-    dtype: InputDtype,
+    #[command(flatten)]
+    place: super::DeviceArgs,
     /// A built-in model shape: tiny, llama2-7b, llama-7b-gqa, llama-7b-33h.
     #[arg(long, default_value = "llama2-7b")]
     preset: String,
@@ -70,8 +61,6 @@ pub struct Args {
     /// allocation).
     #[arg(long)]
     ignore_memory_estimate: bool,
-    #[command(flatten)]
-    waits: super::WaitArgs,
 }
 
 #[derive(Serialize)]
@@ -153,75 +142,37 @@ pub fn run(args: Args) -> Result<()> {
         repeats: args.repeats,
         profile: args.profile,
     };
-    let launch = LaunchEnv::from_env()?;
-    let workers = launch.as_ref().map_or(1, |env| env.world);
-    let waits = args.waits.waits();
-    let (steps, dtype, peak, estimate) = match (args.device, launch) {
-        (Device::Cpu, None) => {
-            train::check_memory(&cfg, 1)?;
-            let t = train::bench::time_steps_cpu(&cfg, seq, policy, runs)?;
-            (t, "f32", None, None)
-        }
-        (Device::Cpu, Some(env)) => {
-            train::check_memory(&cfg, 1)?;
-            let mut comm = super::join_cpu_ranks(&env, &waits)?;
-            let runs = StepRuns {
-                runs,
-                sync: &|| Ok(()),
-            };
-            let ops = Cpu::<f32>::new();
-            let t = time_steps_rank(
-                &ops,
-                &CpuBackend,
-                &mut comm,
-                &cfg,
-                seq,
-                policy,
-                args.schedule,
-                &runs,
-            )
-            .inspect_err(|e| comm.abort(&format!("{e:#}")))?;
-            comm.barrier()?;
-            if env.rank != 0 {
-                return Ok(());
-            }
-            (t, "f32", None, None)
-        }
-        (Device::Cuda, launch) => {
-            let (backend, need) = GpuRun {
-                gpu: launch.as_ref().map_or(0, |env| env.local_rank),
-                dtype: args.dtype,
-                config: &cfg,
-                model: &args.preset,
-                seq,
-                ranks: launch.as_ref().map(|env| (env.world, args.schedule)),
-                checkpoint: policy,
-                optimizer: false,
-                model_copies: 1,
-                ignore_estimate: args.ignore_memory_estimate,
-            }
-            .open()?;
-            let g = match launch {
-                None => super::gpu::bench(backend, &cfg, seq, policy, runs)?,
-                Some(env) => {
-                    let shape = (seq, policy, args.schedule);
-                    let g = super::gpu::bench_rank(backend, &cfg, shape, runs, (&env, &waits))?;
-                    if env.rank != 0 {
-                        return Ok(());
-                    }
-                    g
-                }
-            };
-            let peak = Some(gib(g.peak_bytes as f64));
-            (g.steps, args.dtype.name(), peak, Some(gib(need.total())))
-        }
+    // One device, or one process per device under a launcher (--workers only estimates).
+    let rt = args.place.runtime(None, |_| 1)?;
+    let workers = rt.workers();
+    let memory = MemoryCheck {
+        config: cfg.clone(),
+        model: args.preset.clone(),
+        seq,
+        schedule: args.schedule,
+        checkpoint: policy,
+        optimizer: false,
+        ignore_estimate: args.ignore_memory_estimate,
+    };
+    let shape = StepShape {
+        seq,
+        schedule: args.schedule,
+        policy,
+    };
+    let Some(steps) = time_steps(&cfg, shape, runs, &memory, &rt)? else {
+        return Ok(()); // a rank other than 0: rank 0 reports its own times
+    };
+    let peak = steps.peak_bytes.map(|b| gib(b as f64));
+    let estimate = match rt.device {
+        Device::Cuda => Some(gib(memory.gpu_estimate(&rt)?.total())),
+        Device::Cpu => None,
     };
     let flops = cost::step_flops(&cfg, seq);
     let achieved = flops / steps.step_secs / 1e12;
     let report = Report {
         implementation: "distflash",
-        device: args.device,
-        dtype,
+        device: rt.device,
+        dtype: rt.precision(),
         preset: args.preset.clone(),
         layers: cfg.num_hidden_layers,
         seq,
@@ -234,7 +185,7 @@ pub fn run(args: Args) -> Result<()> {
         tokens_per_sec: seq as f64 / steps.step_secs,
         model_tflop_per_step: flops / 1e12,
         achieved_tflops: achieved,
-        mfu: matches!(args.device, Device::Cuda)
+        mfu: matches!(rt.device, Device::Cuda)
             .then(|| achieved / (H200_BF16_PEAK_TFLOPS * workers as f64)),
         flops_formula: FLOPS_FORMULA,
         peak_memory_gib: peak,
@@ -253,10 +204,7 @@ pub fn run(args: Args) -> Result<()> {
 }
 
 fn print(r: &Report) {
-    let device = match r.device {
-        Device::Cpu => "cpu",
-        Device::Cuda => "cuda",
-    };
+    let device = r.device.name();
     println!(
         "{}, {} layers, {} tokens, checkpoint {}, {device} {}",
         r.preset, r.layers, r.seq, r.checkpoint, r.dtype

@@ -2,17 +2,15 @@
 //! written as safetensors under Hugging Face parameter names, so another implementation (the
 //! `bench/peers/hf_parity.py` script) can compare them with its own.
 
-use super::gpu::GpuRun;
-use super::train::{Device, ModelArgs};
+use super::train::ModelArgs;
 use anyhow::{Context, Result, bail};
-use distflash::backend::cuda::InputDtype;
 use distflash::model::Checkpoint;
 use distflash::model::weights::specs;
 use distflash::plan::Schedule;
 use distflash::tensor_file::{self, Named};
 use distflash::train;
+use distflash::train::memory::MemoryCheck;
 use std::path::PathBuf;
-use std::time::Duration;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -30,12 +28,9 @@ pub struct Args {
     schedule: Schedule,
     #[arg(long, default_value = "remat")]
     checkpoint: Checkpoint,
-    /// cpu (f32, --workers threads) or cuda (one GPU, --dtype).
-    #[arg(long, value_enum, default_value = "cpu")]
-    device: Device,
-    /// 16-bit format of weights and activations with --device cuda.
-    #[arg(long, default_value = "bf16")]
-    dtype: InputDtype,
+    /// With --device cuda, several workers are virtual workers sharing the GPU.
+    #[command(flatten)]
+    place: super::DeviceArgs,
     /// Start on the GPU even when the estimated peak exceeds the free memory (the estimate adds a
     /// 1.5 GiB allowance to the step's tensors; a run that really does not fit then fails at an
     /// allocation).
@@ -55,42 +50,20 @@ pub fn run(args: Args) -> Result<()> {
             config.vocab_size
         );
     }
-    let g = match args.device {
-        Device::Cpu => {
-            train::check_memory(&config, args.workers)?;
-            let host = train::initial_weights(&config, &init)?;
-            train::gradients(
-                &config,
-                &host,
-                &tokens,
-                args.workers,
-                args.schedule,
-                args.checkpoint,
-                Duration::from_secs(600),
-            )?
-        }
-        Device::Cuda => {
-            let (backend, _) = GpuRun {
-                gpu: 0,
-                dtype: args.dtype,
-                config: &config,
-                model: &args.model.name(),
-                seq: tokens.len().saturating_sub(1),
-                ranks: None,
-                checkpoint: args.checkpoint,
-                optimizer: false,
-                model_copies: args.workers,
-                ignore_estimate: args.ignore_memory_estimate,
-            }
-            .open()?;
-            let host = train::initial_weights(&config, &init)?;
-            let run = train::Threads {
-                workers: args.workers,
-                schedule: args.schedule,
-                timeout: Duration::from_secs(600),
-            };
-            super::gpu::gradients(backend, &config, &host, &tokens, run, args.checkpoint)?
-        }
+    let rt = args.place.runtime(Some(args.workers), |_| 4)?;
+    let memory = MemoryCheck {
+        config: config.clone(),
+        model: args.model.name(),
+        seq: tokens.len().saturating_sub(1),
+        schedule: args.schedule,
+        checkpoint: args.checkpoint,
+        optimizer: false,
+        ignore_estimate: args.ignore_memory_estimate,
+    };
+    let host = train::initial_weights(&config, &init)?;
+    let how = (args.schedule, args.checkpoint);
+    let Some(g) = train::gradients(&config, &host, &tokens, how, &memory, &rt)? else {
+        return Ok(()); // a rank other than 0: rank 0 writes the gradients
     };
     let specs = specs(&config);
     let named: Vec<Named<'_>> = specs
@@ -108,8 +81,8 @@ pub fn run(args: Args) -> Result<()> {
         serde_json::json!({
             "loss": g.loss,
             "tokens": tokens.len() - 1,
-            "workers": args.workers,
-            "device": args.device,
+            "workers": rt.workers(),
+            "device": rt.device,
             "checkpoint": args.checkpoint,
             "attention_forwards_per_layer": g.attention_forwards_per_layer,
             "peak_activation_bytes": g.peak_activation_bytes,

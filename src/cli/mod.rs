@@ -3,7 +3,6 @@
 mod attention;
 mod bench;
 mod bench_train;
-mod gpu;
 mod grads;
 mod launch;
 mod plan;
@@ -12,8 +11,8 @@ mod train;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
-use distflash::comm::rendezvous::{self, LaunchEnv};
-use distflash::comm::{TcpComm, connect_mesh};
+use distflash::backend::cuda::InputDtype;
+use distflash::runtime::{Device, Request, Runtime, Waits};
 use std::fs::File;
 use std::path::Path;
 use std::time::Duration;
@@ -79,13 +78,6 @@ fn args_hash() -> u64 {
     h.finish()
 }
 
-/// How long ranks of a multi-process job wait: for each other at the rendezvous, and for a
-/// message once running.
-pub struct Waits {
-    pub rendezvous: Duration,
-    pub message: Duration,
-}
-
 /// The `--timeout` and `--rendezvous-timeout` flags of every command that can run as several
 /// workers (threads or processes), declared once.
 #[derive(clap::Args, Debug, Clone)]
@@ -108,9 +100,51 @@ impl WaitArgs {
     }
 }
 
-/// This process's rank of a multi-process CPU job: the rendezvous (arguments checked alike),
-/// then the TCP mesh the ranks talk over.
-fn join_cpu_ranks(env: &LaunchEnv, waits: &Waits) -> Result<TcpComm> {
-    let joined = rendezvous::join(env, args_hash(), waits.rendezvous, || Ok(Vec::new()))?;
-    connect_mesh(joined, waits.rendezvous, waits.message)
+/// `--dtype`, declared once.
+#[derive(clap::Args, Debug, Clone)]
+pub struct DtypeArg {
+    /// 16-bit format of inputs, weights and activations on a GPU: bf16 or fp16 [default: bf16].
+    /// The CPU computes in f32.
+    #[arg(long)]
+    dtype: Option<InputDtype>,
+}
+
+impl DtypeArg {
+    /// The GPU's format: the one asked for, or bf16.
+    pub fn gpu(&self) -> InputDtype {
+        self.dtype.unwrap_or(InputDtype::Bf16)
+    }
+}
+
+/// Where a job runs: `--device`, `--dtype` and the waits, the flags every command that runs
+/// workers shares. `--workers` stays with each command, whose default differs.
+#[derive(clap::Args, Debug, Clone)]
+pub struct DeviceArgs {
+    /// cpu: this machine's cores (f32); cuda: NVIDIA GPUs (16-bit, --dtype; GPU LOCAL_RANK of
+    /// each process under a launcher, else virtual workers sharing GPU 0).
+    #[arg(long, value_enum, default_value = "cpu")]
+    device: Device,
+    #[command(flatten)]
+    dtype: DtypeArg,
+    #[command(flatten)]
+    waits: WaitArgs,
+}
+
+impl DeviceArgs {
+    /// The runtime of this command: `workers` as asked, the command's `default_workers` when
+    /// not (both under the one rule of [`Runtime::resolve`]).
+    pub fn runtime(
+        &self,
+        workers: Option<usize>,
+        default_workers: fn(Device) -> usize,
+    ) -> Result<Runtime> {
+        Runtime::resolve(Request {
+            device: self.device,
+            dtype: self.dtype.dtype,
+            workers,
+            default_workers,
+            waits: self.waits.waits(),
+            args_hash: args_hash(),
+        })
+    }
 }

@@ -2,18 +2,16 @@
 //! bar (or JSON lines), metrics and a loss-curve SVG in the save directory, checkpoints and
 //! resume.
 
-use super::gpu::GpuRun;
 use anyhow::{Context, Result, bail};
-use distflash::backend::cuda::{CudaBackend, InputDtype};
-use distflash::comm::Communicator;
-use distflash::comm::rendezvous::LaunchEnv;
 use distflash::model::Checkpoint;
 use distflash::model::config::Config;
 use distflash::model::ops::AdamW;
 use distflash::model::weights::specs;
 use distflash::plan::Schedule;
+use distflash::runtime::Device;
 use distflash::tensor_file::{self, Named};
 use distflash::train::data::Data;
+use distflash::train::memory::MemoryCheck;
 use distflash::train::{self, Init, Options, StepReport, svg};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
@@ -21,15 +19,6 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::Instant;
-
-#[derive(Clone, Copy, Debug, clap::ValueEnum, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Device {
-    /// Worker threads on this machine's cores (f32).
-    Cpu,
-    /// One GPU: 16-bit weights and activations (--dtype), f32 statistics and gradients.
-    Cuda,
-}
 
 /// Where the model's shape and first weights come from (shared with `grads`).
 #[derive(clap::Args)]
@@ -99,11 +88,8 @@ pub struct Args {
     /// Workers the sequence is split across [default: WORLD_SIZE under a launcher, else 4].
     #[arg(long)]
     workers: Option<usize>,
-    #[arg(long, value_enum, default_value = "cpu")]
-    device: Device,
-    /// 16-bit format of weights and activations with --device cuda (the CPU computes in f32).
-    #[arg(long, default_value = "bf16")]
-    dtype: InputDtype,
+    #[command(flatten)]
+    place: super::DeviceArgs,
     /// `balanced` (DistFlashAttn), `unbalanced` or `zigzag` (each worker a head and a tail chunk:
     /// balanced at any worker count, the one to use on 2 GPUs).
     #[arg(long, default_value = "balanced")]
@@ -141,8 +127,6 @@ pub struct Args {
     /// allocation).
     #[arg(long)]
     ignore_memory_estimate: bool,
-    #[command(flatten)]
-    waits: super::WaitArgs,
 }
 
 /// Most steps over which the summary averages loss and recall at the start and the end.
@@ -172,19 +156,13 @@ fn mean(xs: impl Iterator<Item = f64>) -> f64 {
 }
 
 pub fn run(args: Args) -> Result<()> {
-    let launch = LaunchEnv::from_env()?;
-    let workers = match (args.workers, &launch) {
-        (Some(w), Some(env)) if w != env.world => bail!(
-            "--workers {w} does not match WORLD_SIZE={}: under a launcher every process is one worker",
-            env.world
-        ),
-        (Some(w), _) => w,
-        (None, Some(env)) => env.world,
-        (None, None) if matches!(args.device, Device::Cuda) => 1,
-        (None, None) => 4,
-    };
+    let rt = args.place.runtime(args.workers, |device| match device {
+        Device::Cpu => 4,
+        Device::Cuda => 1,
+    })?;
+    let workers = rt.workers();
     // Under a launcher rank 0 reports and writes files; the others only train.
-    let reporter = launch.as_ref().is_none_or(|env| env.rank == 0);
+    let reporter = rt.is_reporter();
     let (config, init) = args.model.resolve()?;
     let data = match &args.data {
         Some(path) => Data::bytes(path, args.data_seed)?,
@@ -192,10 +170,14 @@ pub fn run(args: Args) -> Result<()> {
             seed: args.data_seed,
         },
     };
-    // One GPU opened, and the run refused if it would not fit, before anything else happens.
-    let gpu = match args.device {
-        Device::Cuda => Some(open_gpu(&args, &config, workers, launch.as_ref())?),
-        Device::Cpu => None,
+    let memory = MemoryCheck {
+        config: config.clone(),
+        model: args.model.name(),
+        seq: args.seq_len,
+        schedule: args.schedule,
+        checkpoint: args.checkpoint,
+        optimizer: true,
+        ignore_estimate: args.ignore_memory_estimate,
     };
     let opts = Options {
         config,
@@ -203,7 +185,6 @@ pub fn run(args: Args) -> Result<()> {
         data,
         seq_len: args.seq_len,
         batch: args.batch,
-        workers,
         schedule: args.schedule,
         checkpoint: args.checkpoint,
         steps: args.steps,
@@ -219,7 +200,6 @@ pub fn run(args: Args) -> Result<()> {
         save_dir: args.save_dir.clone(),
         save_every: args.save_every,
         resume: args.resume.clone(),
-        timeout: args.waits.waits().message,
     };
     let metrics = match &args.save_dir {
         Some(dir) if reporter => {
@@ -276,27 +256,8 @@ pub fn run(args: Args) -> Result<()> {
         }
         list.push(r.clone());
     };
-    let weights = match (gpu, launch) {
-        (Some(backend), None) => super::gpu::train(backend, &opts, on_step)?,
-        (Some(backend), Some(env)) => {
-            let waits = args.waits.waits();
-            let weights = super::gpu::train_rank(backend, &opts, (&env, &waits), on_step)?;
-            if !reporter {
-                return Ok(());
-            }
-            weights
-        }
-        (None, None) => train::train(&opts, on_step)?,
-        (None, Some(env)) => {
-            let waits = args.waits.waits();
-            let mut comm = super::join_cpu_ranks(&env, &waits)?;
-            let weights = train::train_rank(&opts, &mut comm, on_step)?;
-            comm.barrier()?;
-            if !reporter {
-                return Ok(());
-            }
-            weights
-        }
+    let Some(weights) = train::train(&opts, &memory, &rt, on_step)? else {
+        return Ok(()); // a rank other than 0: rank 0 reports and saves
     };
     if let Some(bar) = &bar {
         bar.finish();
@@ -319,7 +280,7 @@ pub fn run(args: Args) -> Result<()> {
     let tail = &list[list.len() - window..];
     let probes: u64 = tail.iter().map(|r| r.recall_total).sum();
     let summary = Summary {
-        device: args.device,
+        device: rt.device,
         steps: last.step,
         wall_secs: wall,
         workers,
@@ -340,38 +301,6 @@ pub fn run(args: Args) -> Result<()> {
         print_summary(&summary, window);
     }
     Ok(())
-}
-
-/// `train --device cuda`: this process's GPU (LOCAL_RANK under a launcher, else GPU 0), opened
-/// and checked for room (weights, gradients, AdamW's state and its share of the activations)
-/// before the run starts. Several workers without a launcher are virtual workers sharing GPU 0,
-/// each with its own copy of the model's state, and a note says how to use several GPUs.
-fn open_gpu(
-    args: &Args,
-    config: &Config,
-    workers: usize,
-    launch: Option<&LaunchEnv>,
-) -> Result<CudaBackend> {
-    let virtual_workers = if launch.is_none() { workers } else { 1 };
-    let (backend, _) = GpuRun {
-        gpu: launch.map_or(0, |env| env.local_rank),
-        dtype: args.dtype,
-        config,
-        model: &args.model.name(),
-        seq: args.seq_len,
-        ranks: launch.map(|_| (workers, args.schedule)),
-        checkpoint: args.checkpoint,
-        optimizer: true,
-        model_copies: virtual_workers,
-        ignore_estimate: args.ignore_memory_estimate,
-    }
-    .open()?;
-    if virtual_workers > 1 {
-        eprintln!(
-            "note: {workers} virtual workers share GPU 0 (exact, not fast); for one process per GPU start `distflash launch --nproc-per-node {workers} -- train --device cuda ...`"
-        );
-    }
-    Ok(backend)
 }
 
 fn print_summary(s: &Summary, window: usize) {

@@ -6,33 +6,12 @@
 //! inputs of step t + 1 therefore travel while step t computes; only returned partials wait for
 //! the compute that makes them.
 
-mod driver;
-mod local;
-
-pub use driver::{
-    AttentionRun, RankResult, WorkerReport, gather_to_root, run_attention, run_attention_alone,
-    run_attention_on, run_attention_rank,
-};
-pub use local::{collect_results, run_workers};
-
 use crate::attn::{Block, Dims, Grads, GradsMut, Partial, QuerySide, RunningState, Span};
 use crate::backend::Backend;
 use crate::comm::{Communicator, Incoming, Outgoing, Posted, Tag, Wire};
-use crate::plan::{Pass, Payload, Plan, Role, Schedule, Task, Transfer, volume};
+use crate::plan::{Pass, Payload, Plan, Role, Task, Transfer, volume};
 use anyhow::{Context as _, Result};
 use std::time::{Duration, Instant};
-
-/// Rows of each chunk in the sequence, from the chunk sizes.
-pub fn chunk_spans(sizes: &[usize]) -> Vec<Span> {
-    sizes
-        .iter()
-        .scan(0, |start, &len| {
-            let span = Span { start: *start, len };
-            *start += len;
-            Some(span)
-        })
-        .collect()
-}
 
 /// What one worker needs to run a plan: the device, its endpoint, the problem's shape, the row
 /// spans of every chunk, and the time it has spent computing.
@@ -47,30 +26,6 @@ pub struct Worker<'a, B, C> {
     /// Post step t + 1's fetches before step t computes (prefetch). Off, a step's fetches are
     /// posted and awaited just before it computes: the paper's no-overlap ablation.
     pub overlap: bool,
-}
-
-/// How a plan is run: which schedule, whether communication overlaps compute, and how the
-/// run is timed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Strategy {
-    pub schedule: Schedule,
-    pub overlap: bool,
-    /// Run forward and backward once, untimed, first (kernel compilation, allocator warm-up).
-    pub warmup: bool,
-    /// Timed runs; reported times are their medians, reported results the last run's.
-    pub repeats: usize,
-}
-
-impl From<Schedule> for Strategy {
-    /// A schedule with overlap on, run once: the normal way to run.
-    fn from(schedule: Schedule) -> Self {
-        Strategy {
-            schedule,
-            overlap: true,
-            warmup: false,
-            repeats: 1,
-        }
-    }
 }
 
 /// One chunk a worker owns: Q (`[b, h, n, d]`), K and V (`[b, hkv, n, d]`), head-major.

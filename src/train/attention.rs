@@ -2,114 +2,29 @@
 //! through the executor on any backend and communicator (CPU threads or processes; GPUs over
 //! NCCL, or virtual workers sharing one GPU). The model hands over sequence-major tensors; the
 //! executor wants head-major ones, so they are converted at this edge, by the backend
-//! ([`ModelEdge`]): on the host for the CPU, by a GPU kernel for CUDA.
+//! (`backend::ModelEdge`): on the host for the CPU, by a GPU kernel for CUDA.
 
-use crate::attn::{Dims, Span, layout};
-use crate::backend::Backend;
+use super::Tally;
+use crate::attn::{Dims, Span};
 use crate::backend::cpu::CpuBackend;
-use crate::backend::cuda::{CudaBackend, Order, Tensor};
+use crate::backend::{Backend, ModelEdge, Order};
 use crate::comm::{Buffer, Communicator, LocalComm, Wire};
 use crate::exec::{OwnChunk, Saved, Worker};
 use crate::model::attention::Attention;
-use crate::plan::{Pass, Plan, Schedule};
+use crate::model::weights::Weights;
+use crate::plan::{Partition, Pass};
+use crate::runtime::ModelDevice;
 use anyhow::{Result, bail};
 use std::time::Duration;
 
-/// A backend whose tensors the model holds too: the layout change at the model's edge,
-/// `[rows, heads, d]` ↔ `[heads, rows, d]` as `to` says. To head-major the result is in the
-/// precision the executor reads, to sequence-major in the one the model keeps activations in.
-/// `what` names the tensor in errors.
-pub trait ModelEdge: Backend {
-    fn relayout(
-        &self,
-        t: &Self::Tensor,
-        rows: usize,
-        heads: usize,
-        d: usize,
-        to: Order,
-        what: &str,
-    ) -> Result<Self::Tensor>;
-
-    /// `t` cut into consecutive parts of `lens` elements.
-    fn split(&self, t: &Self::Tensor, lens: &[usize]) -> Result<Vec<Self::Tensor>>;
-
-    /// `parts` one after another.
-    fn join(&self, parts: &[Self::Tensor]) -> Result<Self::Tensor>;
-}
-
-impl ModelEdge for CpuBackend {
-    fn relayout(
-        &self,
-        t: &Vec<f32>,
-        rows: usize,
-        heads: usize,
-        d: usize,
-        to: Order,
-        _: &str,
-    ) -> Result<Vec<f32>> {
-        Ok(match to {
-            Order::ToHeadMajor => layout::to_head_major(t, 1, rows, heads, d),
-            Order::ToSeqMajor => layout::to_seq_major(t, 1, rows, heads, d),
-        })
-    }
-
-    fn split(&self, t: &Vec<f32>, lens: &[usize]) -> Result<Vec<Vec<f32>>> {
-        if lens.iter().sum::<usize>() != t.len() {
-            bail!(
-                "cannot cut a tensor of {} elements into parts of {lens:?}",
-                t.len()
-            );
-        }
-        let mut rest = t.as_slice();
-        Ok(lens
-            .iter()
-            .map(|&len| {
-                let (part, tail) = rest.split_at(len);
-                rest = tail;
-                part.to_vec()
-            })
-            .collect())
-    }
-
-    fn join(&self, parts: &[Vec<f32>]) -> Result<Vec<f32>> {
-        Ok(parts.concat())
-    }
-}
-
-/// On the GPU both directions produce 16-bit tensors: the executor's inputs, and the model's
-/// activations (f32 results of the block API are rounded in the same pass).
-impl ModelEdge for CudaBackend {
-    fn relayout(
-        &self,
-        t: &Tensor,
-        rows: usize,
-        heads: usize,
-        d: usize,
-        to: Order,
-        what: &str,
-    ) -> Result<Tensor> {
-        CudaBackend::relayout(self, t, rows, heads, d, to, what)
-    }
-
-    fn split(&self, t: &Tensor, lens: &[usize]) -> Result<Vec<Tensor>> {
-        CudaBackend::split(self, t, lens)
-    }
-
-    fn join(&self, parts: &[Tensor]) -> Result<Tensor> {
-        CudaBackend::join(self, parts)
-    }
-}
-
-/// distflash on `backend` over `comm`: `spans` are the chunks of the sequence (one per worker
-/// for `balanced` and `unbalanced`, two for `zigzag`); the model's tensors hold this worker's
-/// chunks one after another, in sequence order.
+/// distflash on `backend` over `comm`: `partition` cuts the sequence into chunks (one per
+/// worker for `balanced` and `unbalanced`, two for `zigzag`); the model's tensors hold this
+/// worker's chunks one after another, in sequence order.
 pub struct Distributed<'c, B = CpuBackend, C = LocalComm> {
     pub backend: &'c B,
     pub comm: &'c mut C,
     pub dims: Dims,
-    pub spans: Vec<Span>,
-    forward: Plan,
-    backward: Plan,
+    partition: &'c Partition,
 }
 
 impl<'c, B: ModelEdge, C: Communicator<B::Tensor>> Distributed<'c, B, C>
@@ -120,34 +35,30 @@ where
         backend: &'c B,
         comm: &'c mut C,
         dims: Dims,
-        spans: Vec<Span>,
-        schedule: Schedule,
+        partition: &'c Partition,
     ) -> Result<Self> {
         let world = comm.world();
-        if spans.len() != schedule.chunks(world) {
+        if partition.workers() != world {
             bail!(
-                "{} spans given for {world} workers, but the {schedule} schedule cuts the sequence into {}",
-                spans.len(),
-                schedule.chunks(world)
+                "the sequence is partitioned for {} workers, but this job has {world}",
+                partition.workers()
             );
         }
         Ok(Distributed {
             backend,
             comm,
             dims,
-            spans,
-            forward: Plan::new(world, schedule, Pass::Forward)?,
-            backward: Plan::new(world, schedule, Pass::Backward)?,
+            partition,
         })
     }
 
     /// Rows of each chunk this worker owns, in sequence order (one chunk; a zigzag worker's
     /// head and tail). The model holds them as one tensor, chunk after chunk.
     fn chunk_rows(&self) -> Vec<usize> {
-        self.forward
-            .chunks_of(self.comm.rank())
-            .into_iter()
-            .map(|c| self.spans[c].len)
+        self.partition
+            .own_spans(self.comm.rank())
+            .iter()
+            .map(|s| s.len)
             .collect()
     }
 
@@ -235,8 +146,8 @@ where
         v: &B::Tensor,
     ) -> Result<(B::Tensor, B::Tensor)> {
         let own = self.own(q, k, v)?;
-        let partials =
-            worker(self.backend, self.comm, self.dims, &self.spans).forward(&self.forward, &own)?;
+        let partials = worker(self.backend, self.comm, self.dims, self.partition.spans())
+            .forward(self.partition.plan(Pass::Forward), &own)?;
         if partials.len() != own.len() {
             bail!(
                 "the executor returned {} results for this worker's {} chunks",
@@ -283,8 +194,8 @@ where
                 })
             })
             .collect::<Result<Vec<_>>>()?;
-        let grads = worker(self.backend, self.comm, self.dims, &self.spans).backward(
-            &self.backward,
+        let grads = worker(self.backend, self.comm, self.dims, self.partition.spans()).backward(
+            self.partition.plan(Pass::Backward),
             &own,
             &saved,
         )?;
@@ -307,5 +218,72 @@ where
             self.seq_major(&dk, hk, "dK")?,
             self.seq_major(&dv, hk, "dV")?,
         ))
+    }
+}
+
+/// The attention a model job runs on one worker: the device's whole-sequence path when this
+/// worker holds the whole sequence and the device has one (one GPU: its fused kernels), distflash
+/// through the executor otherwise (several workers, or the CPU's block math).
+pub enum ModelAttention<'a, D: ModelDevice + 'a, C> {
+    Whole(D::Whole<'a>),
+    Distributed(Distributed<'a, D::Backend, C>),
+}
+
+impl<'a, D: ModelDevice, C: Communicator<D::Tensor>> ModelAttention<'a, D, C> {
+    pub fn new(
+        device: &'a D,
+        comm: &'a mut C,
+        dims: Dims,
+        partition: &'a Partition,
+    ) -> Result<Self> {
+        if comm.world() == 1
+            && let Some(whole) = device.whole_sequence(dims, partition.seq())?
+        {
+            return Ok(ModelAttention::Whole(whole));
+        }
+        let distributed = Distributed::new(device.backend(), comm, dims, partition)?;
+        Ok(ModelAttention::Distributed(distributed))
+    }
+
+    /// Sums the gradients and the tally over the workers (a lone worker has nothing to add).
+    pub(super) fn all_reduce(
+        &mut self,
+        ops: &D::Ops,
+        grads: &mut Weights<D::Tensor>,
+        tally: &mut Tally,
+    ) -> Result<()> {
+        match self {
+            ModelAttention::Whole(_) => Ok(()),
+            ModelAttention::Distributed(d) => super::all_reduce(ops, d.comm, grads, tally),
+        }
+    }
+}
+
+impl<D: ModelDevice, C: Communicator<D::Tensor>> Attention<D::Tensor> for ModelAttention<'_, D, C> {
+    fn forward(
+        &mut self,
+        q: &D::Tensor,
+        k: &D::Tensor,
+        v: &D::Tensor,
+    ) -> Result<(D::Tensor, D::Tensor)> {
+        match self {
+            ModelAttention::Whole(a) => a.forward(q, k, v),
+            ModelAttention::Distributed(a) => a.forward(q, k, v),
+        }
+    }
+
+    fn backward(
+        &mut self,
+        q: &D::Tensor,
+        k: &D::Tensor,
+        v: &D::Tensor,
+        o: &D::Tensor,
+        lse: &D::Tensor,
+        dout: &D::Tensor,
+    ) -> Result<(D::Tensor, D::Tensor, D::Tensor)> {
+        match self {
+            ModelAttention::Whole(a) => a.backward(q, k, v, o, lse, dout),
+            ModelAttention::Distributed(a) => a.backward(q, k, v, o, lse, dout),
+        }
     }
 }

@@ -1,25 +1,22 @@
-//! Timing training steps without the optimizer: forward and backward of one sequence on one
-//! device, the measure peers report (`distflash bench train`; `bench/peers/hf_train_bench.py`
-//! measures Hugging Face the same way). Written against the model's device interface, so the
-//! CPU and a GPU run the same code; only the attention and the way to wait for the device differ.
+//! Timing training steps without the optimizer: forward and backward of one sequence, the
+//! measure peers report (`distflash bench train`; `bench/peers/hf_train_bench.py` measures
+//! Hugging Face the same way). One job on every topology: one device, or each rank timing its
+//! chunk and the gradient all-reduce.
 
-use super::attention::Distributed;
-use super::attention::ModelEdge;
-use super::cuda_attention::CudaAttention;
+use super::attention::ModelAttention;
 use super::data::Sample;
+use super::memory::MemoryCheck;
 use crate::attn::Span;
-use crate::backend::cpu::CpuBackend;
-use crate::backend::cuda::{CudaBackend, Tensor};
-use crate::comm::Solo;
-use crate::comm::{Buffer, Communicator};
+use crate::backend::Backend;
+use crate::comm::Communicator;
 use crate::model::attention::Attention;
 use crate::model::config::Config;
-use crate::model::cpu::Cpu;
 use crate::model::ops::Ops;
 use crate::model::profile::{OpTime, Profile, Profiled, ProfiledAttention};
 use crate::model::weights::Weights;
 use crate::model::{Checkpoint, weights};
-use crate::plan::Schedule;
+use crate::plan::{Partition, Schedule};
+use crate::runtime::{Job, ModelDevice, Runtime};
 use anyhow::{Result, bail};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
@@ -37,13 +34,6 @@ pub struct Runs {
     pub profile: bool,
 }
 
-/// How many steps to run and how to wait for the device.
-pub struct StepRuns<'a> {
-    pub runs: Runs,
-    /// Blocks until the device has finished all queued work (host clocks time the device).
-    pub sync: &'a (dyn Fn() -> Result<()> + Sync),
-}
-
 /// What a timed run measured.
 #[derive(Clone, Debug, Serialize)]
 pub struct StepTiming {
@@ -59,6 +49,9 @@ pub struct StepTiming {
     /// for the host time between them.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub profile: Option<Vec<OpTime>>,
+    /// Peak bytes of all tensors (weights included) where the device counts them (a GPU's
+    /// allocator high-water mark); `None` on the CPU.
+    pub peak_bytes: Option<usize>,
 }
 
 /// Random weights (seed 0) and `seq + 1` random tokens (seed 1): every rank of a distributed
@@ -79,12 +72,9 @@ fn random_inputs<O: Ops>(ops: &O, cfg: &Config, seq: usize) -> Result<(Weights<O
 /// Returns every timed step's seconds and the last step's outcome.
 fn timed<T>(
     runs: Runs,
-    sync: &(dyn Fn() -> Result<()> + Sync),
+    sync: &dyn Fn() -> Result<()>,
     mut step: impl FnMut() -> Result<T>,
 ) -> Result<(Vec<f64>, T)> {
-    if runs.repeats == 0 {
-        bail!("a step benchmark needs at least 1 repeat");
-    }
     let mut all_secs = Vec::with_capacity(runs.repeats);
     let mut last = None;
     for i in 0..runs.warmup + runs.repeats {
@@ -106,97 +96,124 @@ fn median(xs: &[f64]) -> f64 {
     sorted[sorted.len() / 2]
 }
 
-/// Times forward+backward of one random sequence of `seq` tokens with random weights on `ops`,
-/// attention by `attn` (which must cover all `seq` rows). Weight gradients accumulate across
-/// steps: no optimizer runs.
-pub fn time_steps<O: Ops>(
-    ops: &O,
-    cfg: &Config,
-    attn: &mut impl Attention<O::T>,
-    seq: usize,
-    policy: Checkpoint,
-    runs: &StepRuns<'_>,
-) -> Result<StepTiming> {
-    let StepRuns { runs, sync } = *runs;
-    let (w, tokens) = random_inputs(ops, cfg, seq)?;
-    let mut grads = weights::zeros(ops, cfg)?;
-    let (all_secs, out) = timed(runs, sync, || {
-        super::whole_sequence(ops, cfg, &w, &mut grads, attn, &tokens, policy)
-    })?;
-    let profile = if runs.profile {
-        Some(profile_step(
-            ops, cfg, &w, &mut grads, attn, &tokens, policy, sync,
-        )?)
-    } else {
-        None
-    };
-    Ok(StepTiming {
-        step_secs: median(&all_secs),
-        all_secs,
-        loss: out.loss_sum / seq as f64,
-        attention_forwards_per_layer: out.attention_forwards,
-        profile,
-    })
+/// What to time: one random sequence of `seq` tokens with random weights, split across the
+/// runtime's workers by `schedule`.
+#[derive(Clone, Copy, Debug)]
+pub struct StepShape {
+    pub seq: usize,
+    pub schedule: Schedule,
+    pub policy: Checkpoint,
 }
 
-/// [`time_steps`] as one rank of a multi-process job: this rank's chunk of the sequence through
-/// `ops`, attention distributed by `backend` over `comm` with `schedule`, then the gradient
-/// all-reduce a training step needs (timed with the step: it is part of what several devices
-/// cost). Every rank returns its own times; the all-reduce ends each step on all ranks alike.
-#[allow(clippy::too_many_arguments)]
-pub fn time_steps_rank<O, B, C>(
-    ops: &O,
-    backend: &B,
-    comm: &mut C,
+/// Times forward+backward of one random sequence as `shape` says on `runtime`'s workers, each
+/// step followed by the gradient all-reduce a training step needs when there are several (timed
+/// with the step: it is part of what several devices cost); no optimizer runs. The reporter's
+/// times (`None` on the other ranks of a launched job, which time their own chunks alike).
+pub fn time_steps(
     cfg: &Config,
-    seq: usize,
-    policy: Checkpoint,
-    schedule: Schedule,
-    runs: &StepRuns<'_>,
-) -> Result<StepTiming>
-where
-    O: Ops<T = B::Tensor>,
-    B: ModelEdge,
-    B::Tensor: Buffer,
-    C: Communicator<B::Tensor>,
-{
-    let StepRuns { runs, sync } = *runs;
-    if runs.profile {
-        bail!("--profile times the ops of one device: run it without a launcher");
+    shape: StepShape,
+    runs: Runs,
+    memory: &MemoryCheck,
+    runtime: &Runtime,
+) -> Result<Option<StepTiming>> {
+    if runs.repeats == 0 {
+        bail!("a step benchmark needs at least 1 repeat");
     }
-    let spans = super::spans_for(seq, comm.world(), schedule)?;
-    let mine = super::own_spans(&spans, comm.world(), schedule, comm.rank());
-    let (w, tokens) = random_inputs(ops, cfg, seq)?;
-    let sample = Sample {
-        tokens,
-        probe: None,
+    if runs.profile && runtime.workers() > 1 {
+        bail!("--profile times the ops of one device: run it without a launcher or more workers");
+    }
+    let partition = Partition::new(shape.seq, runtime.workers(), shape.schedule)?;
+    let opened = runtime.open()?;
+    memory.check(runtime, opened.gpu())?;
+    let job = StepBench {
+        cfg,
+        partition,
+        policy: shape.policy,
+        runs,
     };
-    let mut attn = Distributed::new(backend, comm, cfg.dims(), spans, schedule)?;
-    let (all_secs, (out, tally)) = timed(runs, sync, || {
-        // Fresh gradients each step, as in training (summed ones would double every step).
-        let mut grads = weights::zeros(ops, cfg)?;
-        super::reduced_sequence(ops, cfg, &w, &mut grads, &mut attn, &mine, &sample, policy)
-    })?;
-    Ok(StepTiming {
-        step_secs: median(&all_secs),
-        all_secs,
-        loss: tally.loss_sum / seq as f64,
-        attention_forwards_per_layer: out.attention_forwards,
-        profile: None,
-    })
+    opened.run_reporter(&job)
+}
+
+/// One worker's part of [`time_steps`].
+struct StepBench<'a> {
+    cfg: &'a Config,
+    partition: Partition,
+    policy: Checkpoint,
+    runs: Runs,
+}
+
+impl Job for StepBench<'_> {
+    type Output = StepTiming;
+
+    fn run<D: ModelDevice, C: Communicator<D::Tensor>>(
+        &self,
+        device: &D,
+        comm: &mut C,
+    ) -> Result<StepTiming> {
+        let (ops, cfg, seq) = (device.ops(), self.cfg, self.partition.seq());
+        let (w, tokens) = random_inputs(ops, cfg, seq)?;
+        let sample = Sample {
+            tokens,
+            probe: None,
+        };
+        let mine = self.partition.own_spans(comm.rank());
+        let sync = || device.backend().synchronize();
+        device.reset_peak_memory()?;
+        let mut attn = ModelAttention::new(device, comm, cfg.dims(), &self.partition)?;
+        let (all_secs, (out, tally)) = timed(self.runs, &sync, || {
+            // Fresh gradients each step, as in training (summed ones would double every step).
+            let mut grads = weights::zeros(ops, cfg)?;
+            super::reduced_sequence(
+                ops,
+                cfg,
+                &w,
+                &mut grads,
+                &mut attn,
+                &mine,
+                &sample,
+                self.policy,
+            )
+        })?;
+        let profile = if self.runs.profile {
+            let mut grads = weights::zeros(ops, cfg)?;
+            let step = OneStep {
+                cfg,
+                w: &w,
+                sample: &sample,
+                mine: &mine,
+                policy: self.policy,
+            };
+            Some(profile_step(ops, &mut grads, &mut attn, step, &sync)?)
+        } else {
+            None
+        };
+        Ok(StepTiming {
+            step_secs: median(&all_secs),
+            all_secs,
+            loss: tally.loss_sum / seq as f64,
+            attention_forwards_per_layer: out.attention_forwards,
+            profile,
+            peak_bytes: device.peak_memory()?,
+        })
+    }
+}
+
+/// The step a profile times: the same as the timed ones.
+struct OneStep<'a, T> {
+    cfg: &'a Config,
+    w: &'a Weights<T>,
+    sample: &'a Sample,
+    mine: &'a [Span],
+    policy: Checkpoint,
 }
 
 /// One step with every op and attention call timed; the host time between them is reported as
 /// `outside ops`.
-#[allow(clippy::too_many_arguments)]
 fn profile_step<O: Ops>(
     ops: &O,
-    cfg: &Config,
-    w: &Weights<O::T>,
     grads: &mut Weights<O::T>,
     attn: &mut impl Attention<O::T>,
-    tokens: &[u32],
-    policy: Checkpoint,
+    step: OneStep<'_, O::T>,
     sync: &(dyn Fn() -> Result<()> + Sync),
 ) -> Result<Vec<OpTime>> {
     let profile = Profile::new(sync);
@@ -208,9 +225,21 @@ fn profile_step<O: Ops>(
         inner: attn,
         profile: &profile,
     };
+    let scale = 1.0 / step.sample.tokens.len().saturating_sub(1).max(1) as f64;
     sync()?;
     let began = Instant::now();
-    super::whole_sequence(&timed, cfg, w, grads, &mut timed_attn, tokens, policy)?;
+    super::accumulate(
+        &timed,
+        step.cfg,
+        step.w,
+        grads,
+        &mut timed_attn,
+        step.mine,
+        step.sample,
+        step.policy,
+        scale,
+        &mut super::Tally::default(),
+    )?;
     sync()?;
     let total = began.elapsed().as_secs_f64();
     let mut out = profile.totals();
@@ -223,72 +252,6 @@ fn profile_step<O: Ops>(
     Ok(out)
 }
 
-/// [`time_steps`] on this machine's cores: f32, distflash attention with one worker.
-pub fn time_steps_cpu(
-    cfg: &Config,
-    seq: usize,
-    policy: Checkpoint,
-    runs: Runs,
-) -> Result<StepTiming> {
-    let spans = vec![Span { start: 0, len: seq }];
-    let mut alone = Solo;
-    let mut attn = Distributed::new(
-        &CpuBackend,
-        &mut alone,
-        cfg.dims(),
-        spans,
-        Schedule::Balanced,
-    )?;
-    let runs = StepRuns {
-        runs,
-        sync: &|| Ok(()),
-    };
-    time_steps(&Cpu::<f32>::new(), cfg, &mut attn, seq, policy, &runs)
-}
-
-/// A GPU run's step times and the most memory its tensors held at once.
-#[derive(Clone, Debug, Serialize)]
-pub struct GpuTiming {
-    #[serde(flatten)]
-    pub steps: StepTiming,
-    /// Peak bytes of all tensors (weights included), from the allocator's high-water mark.
-    pub peak_bytes: usize,
-}
-
-/// [`time_steps`] on one GPU: the model's CUDA device interface `ops`, which runs on `backend`;
-/// attention by the backend's whole-sequence fast path ([`CudaAttention`]).
-pub fn time_steps_cuda<O: Ops<T = Tensor>>(
-    ops: &O,
-    backend: &CudaBackend,
-    cfg: &Config,
-    seq: usize,
-    policy: Checkpoint,
-    runs: Runs,
-) -> Result<GpuTiming> {
-    on_gpu(backend, runs, |runs| {
-        let mut attn = CudaAttention::new(backend, cfg.dims(), seq)?;
-        time_steps(ops, cfg, &mut attn, seq, policy, runs)
-    })
-}
-
-/// Runs `bench` with the GPU's synchronisation as the clock's fence and reports the peak memory
-/// its tensors reached.
-pub fn on_gpu(
-    backend: &CudaBackend,
-    runs: Runs,
-    bench: impl FnOnce(&StepRuns<'_>) -> Result<StepTiming>,
-) -> Result<GpuTiming> {
-    backend.reset_peak_memory()?;
-    let steps = bench(&StepRuns {
-        runs,
-        sync: &|| backend.synchronize(),
-    })?;
-    Ok(GpuTiming {
-        steps,
-        peak_bytes: backend.peak_memory()?,
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -299,6 +262,30 @@ mod tests {
             repeats,
             profile,
         }
+    }
+
+    fn time_steps_cpu(
+        cfg: &Config,
+        seq: usize,
+        policy: Checkpoint,
+        runs: Runs,
+    ) -> Result<StepTiming> {
+        let shape = StepShape {
+            seq,
+            schedule: Schedule::Balanced,
+            policy,
+        };
+        let memory = MemoryCheck {
+            config: cfg.clone(),
+            model: "tiny".into(),
+            seq,
+            schedule: Schedule::Balanced,
+            checkpoint: policy,
+            optimizer: false,
+            ignore_estimate: false,
+        };
+        let rt = Runtime::cpu_threads(1, std::time::Duration::from_secs(60));
+        Ok(time_steps(cfg, shape, runs, &memory, &rt)?.expect("one worker reports"))
     }
 
     #[test]

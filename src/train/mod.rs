@@ -7,29 +7,29 @@
 
 pub mod attention;
 pub mod bench;
-pub mod cuda_attention;
 pub mod data;
+pub mod memory;
 pub mod state;
 pub mod svg;
 
 use crate::attn::Span;
-use crate::backend::cpu::CpuBackend;
-use crate::comm::{Buffer, Communicator, LocalComm, Wire};
-use crate::exec::{chunk_spans, collect_results, run_workers};
+use crate::comm::{Communicator, Wire};
 use crate::model::attention::Attention;
 use crate::model::config::Config;
 use crate::model::cpu::Cpu;
 use crate::model::ops::{AdamW, Ops};
 use crate::model::weights::{self, Weights, specs};
 use crate::model::{Checkpoint, Chunk, forward_backward};
-use crate::plan::{Schedule, chunk_sizes};
+use crate::plan::{Partition, Schedule};
+use crate::runtime::{Job, ModelDevice, Runtime};
 use anyhow::{Context, Result, bail};
-use attention::{Distributed, ModelEdge};
+use attention::ModelAttention;
 use data::{Data, Sample};
+use memory::MemoryCheck;
 use serde::Serialize;
 use state::{RunKey, State};
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 /// Where the first weights come from.
 #[derive(Clone, Debug)]
@@ -49,7 +49,7 @@ pub struct Options {
     pub seq_len: usize,
     /// Sequences per optimizer step (gradients accumulate over them).
     pub batch: usize,
-    pub workers: usize,
+    /// How the sequence is split across the runtime's workers.
     pub schedule: Schedule,
     pub checkpoint: Checkpoint,
     /// Train until this many optimizer steps have been taken (counting resumed ones).
@@ -64,7 +64,6 @@ pub struct Options {
     pub save_every: u64,
     /// A checkpoint file (or a directory holding `state.safetensors`) to continue from.
     pub resume: Option<PathBuf>,
-    pub timeout: Duration,
 }
 
 /// One optimizer step, as reported (and written as a JSON line).
@@ -207,41 +206,25 @@ fn accumulate<O: Ops>(
 
 /// One sequence's forward and backward on this worker's rows `mine` (gradients of its mean loss
 /// into `grads`), then the gradients and the tally summed over all workers: the step of
-/// `distflash grads` and of `bench train` under a launcher.
+/// `distflash grads` and of `bench train`.
 #[allow(clippy::too_many_arguments)]
-fn reduced_sequence<O, B, C>(
-    ops: &O,
+fn reduced_sequence<D: ModelDevice, C: Communicator<D::Tensor>>(
+    ops: &D::Ops,
     cfg: &Config,
-    w: &Weights<O::T>,
-    grads: &mut Weights<O::T>,
-    attn: &mut Distributed<'_, B, C>,
+    w: &Weights<D::Tensor>,
+    grads: &mut Weights<D::Tensor>,
+    attn: &mut ModelAttention<'_, D, C>,
     mine: &[Span],
     sample: &Sample,
     policy: Checkpoint,
-) -> Result<(crate::model::Outcome, Tally)>
-where
-    O: Ops<T = B::Tensor>,
-    B: ModelEdge,
-    B::Tensor: Buffer,
-    C: Communicator<B::Tensor>,
-{
+) -> Result<(crate::model::Outcome, Tally)> {
     let scale = 1.0 / (sample.tokens.len() - 1) as f64;
     let mut tally = Tally::default();
     let out = accumulate(
         ops, cfg, w, grads, attn, mine, sample, policy, scale, &mut tally,
     )?;
-    all_reduce(ops, attn.comm, grads, &mut tally)?;
+    attn.all_reduce(ops, grads, &mut tally)?;
     Ok((out, tally))
-}
-
-/// The spans of the chunks `rank` owns out of `spans` (every chunk of the sequence), in
-/// sequence order.
-fn own_spans(spans: &[Span], workers: usize, schedule: Schedule, rank: usize) -> Vec<Span> {
-    schedule
-        .chunks_of(workers, rank)
-        .into_iter()
-        .map(|c| spans[c])
-        .collect()
 }
 
 /// Sums gradients and the tally over all workers, on the device the gradients live on (the tally
@@ -300,15 +283,6 @@ pub fn check_memory(c: &Config, workers: usize) -> Result<()> {
     Ok(())
 }
 
-/// The rows of each worker's chunk: one contiguous run per worker, so rotary positions are
-/// the chunk's start plus the row.
-fn spans_for(seq_len: usize, workers: usize, schedule: Schedule) -> Result<Vec<Span>> {
-    if workers == 0 {
-        bail!("--workers must be at least 1");
-    }
-    Ok(chunk_spans(&chunk_sizes(seq_len, workers, schedule)?))
-}
-
 /// The gradients of the mean loss of one sequence, without an update: the check against other
 /// implementations (`distflash grads`, tests).
 pub struct Gradients {
@@ -320,219 +294,142 @@ pub struct Gradients {
 }
 
 /// Loss and gradients of `weights` (host, `specs` order) on `tokens` (inputs and, shifted by
-/// one, targets) with `workers` workers.
+/// one, targets), the sequence split across `runtime`'s workers by `schedule`: on the reporter
+/// (`None` on the other ranks of a launched job).
 pub fn gradients(
     cfg: &Config,
     weights: &[Vec<f32>],
     tokens: &[u32],
-    workers: usize,
-    schedule: Schedule,
-    policy: Checkpoint,
-    timeout: Duration,
-) -> Result<Gradients> {
-    let ops = Cpu::<f32>::new();
-    let run = Threads {
-        workers,
-        schedule,
-        timeout,
-    };
-    gradients_threads_on(&ops, &CpuBackend, cfg, weights, tokens, run, policy)
-}
-
-/// How a threaded run splits its sequence: worker threads, schedule, and how long a worker
-/// waits for a message.
-#[derive(Clone, Copy, Debug)]
-pub struct Threads {
-    pub workers: usize,
-    pub schedule: Schedule,
-    pub timeout: Duration,
-}
-
-/// [`gradients`] on any device: `run.workers` threads share `ops`'s device (virtual workers on
-/// one GPU), attention distributed by `backend` between them.
-pub fn gradients_threads_on<O, B>(
-    ops: &O,
-    backend: &B,
-    cfg: &Config,
-    weights: &[Vec<f32>],
-    tokens: &[u32],
-    run: Threads,
-    policy: Checkpoint,
-) -> Result<Gradients>
-where
-    O: Ops<T = B::Tensor>,
-    B: ModelEdge + Sync,
-    B::Tensor: Buffer,
-{
+    (schedule, policy): (Schedule, Checkpoint),
+    memory: &MemoryCheck,
+    runtime: &Runtime,
+) -> Result<Option<Gradients>> {
     if tokens.len() < 2 {
         bail!("gradients need at least 2 tokens (one input and its target)");
     }
-    let Threads {
-        workers,
-        schedule,
-        timeout,
-    } = run;
-    let seq = tokens.len() - 1;
-    let spans = spans_for(seq, workers, schedule)?;
-    let w = upload_weights(ops, cfg, weights)?;
-    let sample = Sample {
-        tokens: tokens.to_vec(),
-        probe: None,
+    let partition = Partition::new(tokens.len() - 1, runtime.workers(), schedule)?;
+    let opened = runtime.open()?;
+    memory.check(runtime, opened.gpu())?;
+    let job = GradientsJob {
+        cfg,
+        weights,
+        tokens,
+        partition,
+        policy,
     };
-    let results = run_workers(workers, timeout, |rank, comm: &mut LocalComm<B::Tensor>| {
+    opened.run_reporter(&job)
+}
+
+/// One worker's part of [`gradients`].
+struct GradientsJob<'a> {
+    cfg: &'a Config,
+    weights: &'a [Vec<f32>],
+    tokens: &'a [u32],
+    partition: Partition,
+    policy: Checkpoint,
+}
+
+impl Job for GradientsJob<'_> {
+    type Output = Gradients;
+
+    fn run<D: ModelDevice, C: Communicator<D::Tensor>>(
+        &self,
+        device: &D,
+        comm: &mut C,
+    ) -> Result<Gradients> {
+        let (ops, cfg) = (device.ops(), self.cfg);
+        let w = upload_weights(ops, cfg, self.weights)?;
         let mut grads = weights::zeros(ops, cfg)?;
-        let mut attn = Distributed::new(backend, comm, cfg.dims(), spans.clone(), schedule)?;
-        let mine = own_spans(&spans, workers, schedule, rank);
-        let (out, tally) =
-            reduced_sequence(ops, cfg, &w, &mut grads, &mut attn, &mine, &sample, policy)?;
+        let sample = Sample {
+            tokens: self.tokens.to_vec(),
+            probe: None,
+        };
+        let mine = self.partition.own_spans(comm.rank());
+        let mut attn = ModelAttention::new(device, comm, cfg.dims(), &self.partition)?;
+        let seq = self.partition.seq();
+        let (out, tally) = reduced_sequence(
+            ops,
+            cfg,
+            &w,
+            &mut grads,
+            &mut attn,
+            &mine,
+            &sample,
+            self.policy,
+        )?;
         Ok(Gradients {
             loss: tally.loss_sum / seq as f64,
             grads: download_weights(ops, &grads)?,
             attention_forwards_per_layer: out.attention_forwards,
             peak_activation_bytes: out.peak_activation_bytes,
         })
-    });
-    Ok(collect_results(results)?.swap_remove(0))
-}
-
-/// Loss and gradients of `weights` (host, `specs` order) on `tokens` on one device, through the
-/// model's device interface `ops` and the attention `attn` (which covers the whole sequence):
-/// the single-GPU `distflash grads` with `CudaOps` and `CudaAttention`, or any other device.
-pub fn gradients_on<O: Ops>(
-    ops: &O,
-    attn: &mut impl Attention<O::T>,
-    cfg: &Config,
-    weights: &[Vec<f32>],
-    tokens: &[u32],
-    policy: Checkpoint,
-) -> Result<Gradients> {
-    if tokens.len() < 2 {
-        bail!("gradients need at least 2 tokens (one input and its target)");
     }
-    let w = upload_weights(ops, cfg, weights)?;
-    let mut grads = weights::zeros(ops, cfg)?;
-    let out = whole_sequence(ops, cfg, &w, &mut grads, attn, tokens, policy)?;
-    let seq = tokens.len() - 1;
-    Ok(Gradients {
-        loss: out.loss_sum / seq as f64,
-        grads: download_weights(ops, &grads)?,
-        attention_forwards_per_layer: out.attention_forwards,
-        peak_activation_bytes: out.peak_activation_bytes,
-    })
 }
 
-/// Forward and backward of a whole sequence on one device (`tokens`: the inputs, then the last
-/// target); gradients of its mean loss accumulate into `grads`.
-fn whole_sequence<O: Ops>(
-    ops: &O,
-    cfg: &Config,
-    w: &Weights<O::T>,
-    grads: &mut Weights<O::T>,
-    attn: &mut impl Attention<O::T>,
-    tokens: &[u32],
-    policy: Checkpoint,
-) -> Result<crate::model::Outcome> {
-    let seq = tokens.len() - 1;
-    let chunk = Chunk {
-        tokens: &tokens[..seq],
-        targets: &tokens[1..],
-        positions: &[Span { start: 0, len: seq }],
-    };
-    forward_backward(ops, cfg, w, grads, attn, chunk, policy, 1.0 / seq as f64)
-}
-
-/// Trains as `o` says, with `o.workers` worker threads, calling `on_step` (from rank 0's thread)
-/// after every step. Returns the final host weights (`specs` order).
-pub fn train(o: &Options, on_step: impl Fn(&StepReport) + Sync) -> Result<Vec<Vec<f32>>> {
-    check_memory(&o.config, o.workers)?;
-    train_threads_on(&Cpu::<f32>::new(), &CpuBackend, o, on_step)
-}
-
-/// [`train`] on any device: `o.workers` threads share `ops`'s device (virtual workers on one
-/// GPU: each holds its own weights, gradients and optimizer state; tensors move between them
-/// through the in-process communicator). The device's memory is the caller's to check.
-pub fn train_threads_on<O, B>(
-    ops: &O,
-    backend: &B,
+/// Trains as `o` says on `runtime`'s workers, calling `on_step` (from the reporter) after every
+/// step. Returns the final host weights (`specs` order) on the reporter, `None` on the other
+/// ranks of a launched job (their weights are the same).
+pub fn train(
     o: &Options,
+    memory: &MemoryCheck,
+    runtime: &Runtime,
     on_step: impl Fn(&StepReport) + Sync,
-) -> Result<Vec<Vec<f32>>>
-where
-    O: Ops<T = B::Tensor>,
-    B: ModelEdge + Sync,
-    B::Tensor: Buffer,
-{
-    let (spans, start, key) = prepare(o)?;
-    let results = run_workers(
-        o.workers,
-        o.timeout,
-        |rank, comm: &mut LocalComm<B::Tensor>| {
-            let job = Job {
-                o,
-                key: &key,
-                start: &start,
-                spans: &spans,
-            };
-            worker(ops, backend, &job, rank, comm, &on_step)
-        },
-    );
-    Ok(collect_results(results)?.swap_remove(0))
-}
-
-/// Trains as `o` says on this machine's cores as this process's rank of a multi-process job
-/// (`comm` connects the ranks; `o.workers` must be its world size). Rank 0 calls `on_step` and
-/// saves; every rank returns the final weights, which are the same on all.
-pub fn train_rank<C: Communicator<Vec<f32>>>(
-    o: &Options,
-    comm: &mut C,
-    on_step: impl Fn(&StepReport) + Sync,
-) -> Result<Vec<Vec<f32>>> {
-    check_memory(&o.config, o.workers)?;
-    train_rank_on(&Cpu::<f32>::new(), &CpuBackend, o, comm, on_step)
-}
-
-/// [`train_rank`] on any device: the model's layers through `ops`, attention distributed by
-/// `backend` over `comm`, gradients all-reduced over `comm` (NCCL for one process per GPU).
-/// The device's memory is the caller's to check.
-pub fn train_rank_on<O, B, C>(
-    ops: &O,
-    backend: &B,
-    o: &Options,
-    comm: &mut C,
-    on_step: impl Fn(&StepReport) + Sync,
-) -> Result<Vec<Vec<f32>>>
-where
-    O: Ops<T = B::Tensor>,
-    B: ModelEdge,
-    B::Tensor: Buffer,
-    C: Communicator<B::Tensor>,
-{
-    if comm.world() != o.workers {
-        bail!(
-            "--workers {} does not match the job's {} ranks: under a launcher every process is one worker",
-            o.workers,
-            comm.world()
-        );
-    }
-    let (spans, start, key) = prepare(o)?;
-    let rank = comm.rank();
-    let job = Job {
+) -> Result<Option<Vec<Vec<f32>>>> {
+    let partition = Partition::new(o.seq_len, runtime.workers(), o.schedule)?;
+    let opened = runtime.open()?;
+    memory.check(runtime, opened.gpu())?;
+    let (start, key) = prepare(o)?;
+    let job = TrainJob {
         o,
-        key: &key,
-        start: &start,
-        spans: &spans,
+        key,
+        start,
+        partition,
+        on_step,
     };
-    worker(ops, backend, &job, rank, comm, &on_step).inspect_err(|e| {
-        if !e.chain().any(|c| c.is::<crate::comm::PeerFailed>()) {
-            comm.abort(&format!("{e:#}"));
-        }
-    })
+    opened.run_reporter(&job)
 }
 
-/// Everything every rank derives alike before the first step: chunk spans, the starting state
-/// (fresh or resumed) and the run's identity for checkpoints; the checks that refuse a run.
-fn prepare(o: &Options) -> Result<(Vec<Span>, State, RunKey)> {
-    let spans = spans_for(o.seq_len, o.workers, o.schedule)?;
+/// One worker's run: its rows of every sequence, attention across the workers, gradients
+/// summed over them after each step.
+struct TrainJob<'a, F> {
+    o: &'a Options,
+    key: RunKey,
+    start: State,
+    partition: Partition,
+    on_step: F,
+}
+
+impl<F: Fn(&StepReport) + Sync> Job for TrainJob<'_, F> {
+    type Output = Vec<Vec<f32>>;
+
+    fn run<D: ModelDevice, C: Communicator<D::Tensor>>(
+        &self,
+        device: &D,
+        comm: &mut C,
+    ) -> Result<Vec<Vec<f32>>> {
+        let rank = comm.rank();
+        let mine = self.partition.own_spans(rank);
+        let ops = device.ops();
+        let mut attn = ModelAttention::new(device, comm, self.o.config.dims(), &self.partition)?;
+        let reduce =
+            |a: &mut ModelAttention<'_, D, C>, g: &mut _, t: &mut _| a.all_reduce(ops, g, t);
+        run_steps(
+            ops,
+            self.o,
+            &self.key,
+            &self.start,
+            &mine,
+            rank == 0,
+            &mut attn,
+            reduce,
+            &self.on_step,
+        )
+    }
+}
+
+/// Everything every rank derives alike before the first step: the starting state (fresh or
+/// resumed) and the run's identity for checkpoints; the checks that refuse a run.
+fn prepare(o: &Options) -> Result<(State, RunKey)> {
     if o.batch == 0 {
         bail!("--batch must be at least 1");
     }
@@ -549,75 +446,7 @@ fn prepare(o: &Options) -> Result<(Vec<Span>, State, RunKey)> {
             o.steps
         );
     }
-    Ok((spans, start, run_key(o)))
-}
-
-/// Trains on one device as `o` says (`o.workers` must be 1), through its `Ops` with attention
-/// `attn` over the whole sequence: one GPU with `CudaOps` and `CudaAttention`. Calls `on_step`
-/// after every step and saves like rank 0 of a threaded run. Returns the final host weights.
-pub fn train_on<O: Ops>(
-    ops: &O,
-    attn: &mut impl Attention<O::T>,
-    o: &Options,
-    on_step: impl Fn(&StepReport) + Sync,
-) -> Result<Vec<Vec<f32>>> {
-    if o.workers != 1 {
-        bail!(
-            "training on one device takes --workers 1, not {}",
-            o.workers
-        );
-    }
-    let (spans, start, key) = prepare(o)?;
-    let alone = |_: &mut _, _: &mut _, _: &mut _| Ok(());
-    run_steps(ops, o, &key, &start, &spans, true, attn, alone, &on_step)
-}
-
-/// What every worker of a run shares: the options, the run's identity, the starting state and
-/// the chunk spans.
-struct Job<'a> {
-    o: &'a Options,
-    key: &'a RunKey,
-    start: &'a State,
-    spans: &'a [Span],
-}
-
-/// One worker's run: its rows of every sequence through `ops`, attention distributed by
-/// `backend` over `comm`, gradients summed over `comm` after each step.
-fn worker<O, B, C>(
-    ops: &O,
-    backend: &B,
-    job: &Job<'_>,
-    rank: usize,
-    comm: &mut C,
-    on_step: &(impl Fn(&StepReport) + Sync),
-) -> Result<Vec<Vec<f32>>>
-where
-    O: Ops<T = B::Tensor>,
-    B: ModelEdge,
-    B::Tensor: Buffer,
-    C: Communicator<B::Tensor>,
-{
-    let o = job.o;
-    let mut attn = Distributed::new(
-        backend,
-        comm,
-        o.config.dims(),
-        job.spans.to_vec(),
-        o.schedule,
-    )?;
-    let reduce =
-        |a: &mut Distributed<'_, B, C>, g: &mut _, t: &mut _| all_reduce(ops, a.comm, g, t);
-    run_steps(
-        ops,
-        o,
-        job.key,
-        job.start,
-        &own_spans(job.spans, o.workers, o.schedule, rank),
-        rank == 0,
-        &mut attn,
-        reduce,
-        on_step,
-    )
+    Ok((start, run_key(o)))
 }
 
 /// The steps of a run on any device: this worker's rows `mine` of every sequence, `reduce`
@@ -722,48 +551,27 @@ fn run_steps<O: Ops, A: Attention<O::T>>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::comm::Solo;
 
-    /// The single-device path through `Ops` gives the threaded path's gradients bit for bit.
     #[test]
-    fn gradients_on_one_device_match_the_workers_path() {
+    fn weights_that_do_not_match_the_model_are_refused() {
         let cfg = Config::preset("tiny").unwrap();
         let w = initial_weights(&cfg, &Init::Random { seed: 3 }).unwrap();
         let tokens: Vec<u32> = (0..49).map(|i| (i * 37 % 256) as u32).collect();
-        let policy = Checkpoint::Remat;
-        let timeout = Duration::from_secs(60);
-        let threads = gradients(&cfg, &w, &tokens, 1, Schedule::Balanced, policy, timeout).unwrap();
-        let mut alone = Solo;
-        let spans = vec![Span { start: 0, len: 48 }];
-        let mut attn = Distributed::new(
-            &CpuBackend,
-            &mut alone,
-            cfg.dims(),
-            spans,
-            Schedule::Balanced,
-        )
-        .unwrap();
-        let one = gradients_on(&Cpu::<f32>::new(), &mut attn, &cfg, &w, &tokens, policy).unwrap();
-        // The threaded path sums the loss through an f32 all-reduce.
-        assert!(
-            (one.loss - threads.loss).abs() < 1e-6,
-            "{} {}",
-            one.loss,
-            threads.loss
-        );
-        assert_eq!(one.grads, threads.grads);
-        assert_eq!(one.attention_forwards_per_layer, vec![1, 1]);
-        let err = gradients_on(
-            &Cpu::<f32>::new(),
-            &mut attn,
-            &cfg,
-            &w[..3],
-            &tokens,
-            policy,
-        )
-        .err()
-        .unwrap()
-        .to_string();
+        let rt = Runtime::cpu_threads(1, std::time::Duration::from_secs(60));
+        let how = (Schedule::Balanced, Checkpoint::Remat);
+        let memory = MemoryCheck {
+            config: cfg.clone(),
+            model: "tiny".into(),
+            seq: 48,
+            schedule: Schedule::Balanced,
+            checkpoint: Checkpoint::Remat,
+            optimizer: false,
+            ignore_estimate: false,
+        };
+        let err = gradients(&cfg, &w[..3], &tokens, how, &memory, &rt)
+            .err()
+            .unwrap()
+            .to_string();
         assert!(err.starts_with("no weights given for"), "{err}");
     }
 }

@@ -8,19 +8,11 @@
 //! for line), which check it against `attn::layout`, the host reference every other path uses.
 
 use super::{CudaBackend, InputDtype, Kind, Tensor, launch};
+use crate::backend::{ModelEdge, Order};
 use anyhow::{Result, anyhow, bail};
 use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr, PushKernelArg, ValidAsZeroBits};
 use std::ops::Range;
 use std::sync::Arc;
-
-/// Which way a layout change goes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Order {
-    /// `[rows, heads, d]` → `[heads, rows, d]`.
-    ToHeadMajor,
-    /// `[heads, rows, d]` → `[rows, heads, d]`.
-    ToSeqMajor,
-}
 
 /// One sentence unless `found` is a 16-bit tensor of `dtype` or an f32 one, of `len` elements.
 fn check_input(found: (Kind, usize), dtype: InputDtype, len: usize, what: &str) -> Result<()> {
@@ -175,6 +167,30 @@ impl CudaBackend {
             at += p.len();
         }
         Ok(out)
+    }
+}
+
+/// On the GPU both directions produce 16-bit tensors: the executor's inputs, and the model's
+/// activations (f32 results of the block API are rounded in the same pass).
+impl ModelEdge for CudaBackend {
+    fn relayout(
+        &self,
+        t: &Tensor,
+        rows: usize,
+        heads: usize,
+        d: usize,
+        to: Order,
+        what: &str,
+    ) -> Result<Tensor> {
+        CudaBackend::relayout(self, t, rows, heads, d, to, what)
+    }
+
+    fn split(&self, t: &Tensor, lens: &[usize]) -> Result<Vec<Tensor>> {
+        CudaBackend::split(self, t, lens)
+    }
+
+    fn join(&self, parts: &[Tensor]) -> Result<Tensor> {
+        CudaBackend::join(self, parts)
     }
 }
 

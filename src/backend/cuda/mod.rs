@@ -38,7 +38,6 @@ mod tma;
 pub use timing::{AttentionTiming, median_ms, time_attention};
 
 pub use launch::{HEAD_DIMS, Tuning};
-pub use layout::Order;
 pub use memory::DeviceMemory;
 
 use super::Backend;

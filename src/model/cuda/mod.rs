@@ -24,6 +24,7 @@
 //! statistics are counted at that size too.
 
 mod args;
+pub mod attention;
 mod gemm;
 mod kernels;
 pub(crate) mod shapes;

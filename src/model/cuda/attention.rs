@@ -13,7 +13,8 @@
 //! same interface and layout kernel, with the executor's block API and communication.
 
 use crate::attn::{Dims, Partial};
-use crate::backend::cuda::{CudaBackend, Order, Tensor};
+use crate::backend::Order;
+use crate::backend::cuda::{CudaBackend, Tensor};
 use crate::comm::Buffer;
 use crate::model::attention::Attention;
 use anyhow::{Result, bail};

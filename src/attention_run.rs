@@ -1,16 +1,17 @@
-//! Distributed attention over a whole sequence: split it into chunks, run each worker's forward
-//! and backward, and join the results, with workers as threads (`run_attention`) or as one rank
-//! of a multi-process job (`run_attention_rank`).
+//! Distributed attention over one whole problem (random inputs, `inputs::Inputs`): every
+//! worker takes its chunks of the inputs, runs the forward and backward of the plan (warm-up,
+//! timed repeats), and the chunks' results are joined into whole-sequence tensors on the
+//! reporter. The harness of `distflash attention` and of the distributed tests, above the
+//! executor; it runs on every topology the runtime offers (threads, processes, GPU ranks,
+//! virtual workers) through one per-worker function.
 
-use super::local::{collect_results, run_workers};
-use super::{OwnChunk, Saved, Strategy, Worker, chunk_spans};
-use crate::attn::Grads;
-use crate::attn::{Span, layout};
+use crate::attn::{Grads, layout};
 use crate::backend::Backend;
-use crate::backend::cpu::CpuBackend;
-use crate::comm::{Buffer, Communicator, LocalComm, PeerFailed, Solo, Tag, Wire};
+use crate::comm::{Communicator, Wire};
+use crate::exec::{OwnChunk, Saved, Worker};
 use crate::inputs::Inputs;
-use crate::plan::{self, Pass, Plan};
+use crate::plan::{Partition, Pass, Schedule};
+use crate::runtime::{Gather, Job, ModelDevice, Runtime};
 use anyhow::{Result, bail};
 use std::time::{Duration, Instant};
 
@@ -41,6 +42,30 @@ pub struct AttentionRun {
     pub workers: Vec<WorkerReport>,
 }
 
+/// How a plan is run: which schedule, whether communication overlaps compute, and how the
+/// run is timed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Strategy {
+    pub schedule: Schedule,
+    pub overlap: bool,
+    /// Run forward and backward once, untimed, first (kernel compilation, allocator warm-up).
+    pub warmup: bool,
+    /// Timed runs; reported times are their medians, reported results the last run's.
+    pub repeats: usize,
+}
+
+impl From<Schedule> for Strategy {
+    /// A schedule with overlap on, run once: the normal way to run.
+    fn from(schedule: Schedule) -> Self {
+        Strategy {
+            schedule,
+            overlap: true,
+            warmup: false,
+            repeats: 1,
+        }
+    }
+}
+
 /// Results of one chunk: out, lse, dq, dk, dv of its rows, host f32.
 type ChunkTensors = [Vec<f32>; 5];
 
@@ -52,128 +77,63 @@ struct WorkerResult {
     report: WorkerReport,
 }
 
-/// The schedule and chunking every rank derives identically from the arguments.
-struct Setup {
-    spans: Vec<Span>,
-    forward: Plan,
-    backward: Plan,
-    overlap: bool,
-    warmup: bool,
-    repeats: usize,
+/// Runs forward then backward of causal attention on `problem` where `runtime` says. `Some` on
+/// the reporter, with every worker's chunks joined; `None` on the other ranks of a launched job.
+pub fn run(
+    problem: &Inputs,
+    how: impl Into<Strategy>,
+    runtime: &Runtime,
+) -> Result<Option<AttentionRun>> {
+    problem.dims.validate()?;
+    let job = AttentionJob {
+        problem,
+        how: how.into(),
+    };
+    let parts = runtime.open()?.run_all(&job)?;
+    Ok(parts.map(|parts| assemble(problem, parts)))
 }
 
-impl Setup {
-    fn new(problem: &Inputs, workers: usize, how: Strategy) -> Result<Setup> {
-        problem.dims.validate()?;
-        let schedule = how.schedule;
-        Ok(Setup {
-            spans: chunk_spans(&plan::chunk_sizes(problem.seq, workers, schedule)?),
-            forward: Plan::new(workers, schedule, Pass::Forward)?,
-            backward: Plan::new(workers, schedule, Pass::Backward)?,
-            overlap: how.overlap,
-            warmup: how.warmup,
-            repeats: how.repeats.max(1),
-        })
-    }
-}
-
-/// Runs forward then backward of causal attention with `workers` CPU worker threads.
-pub fn run_attention(
+/// [`run`] with `workers` CPU worker threads: the distributed tests' entry.
+pub fn on_cpu_threads(
     problem: &Inputs,
     workers: usize,
     how: impl Into<Strategy>,
     timeout: Duration,
 ) -> Result<AttentionRun> {
-    run_attention_on(&CpuBackend, problem, workers, how, timeout)
+    let run = run(problem, how, &Runtime::cpu_threads(workers, timeout))?;
+    Ok(run.expect("threads report"))
 }
 
-/// Runs forward then backward with `workers` worker threads sharing one `backend`: CPU workers,
-/// or virtual workers on one GPU (transfers become device copies), which checks a schedule
-/// exactly on the GPU kernels with fewer devices than workers.
-pub fn run_attention_on<B: Backend>(
-    backend: &B,
-    problem: &Inputs,
-    workers: usize,
-    how: impl Into<Strategy>,
-    timeout: Duration,
-) -> Result<AttentionRun>
-where
-    B::Tensor: Buffer,
-{
-    let setup = Setup::new(problem, workers, how.into())?;
-    let results = run_workers(workers, timeout, |rank, comm: &mut LocalComm<B::Tensor>| {
-        run_rank(backend, problem, &setup, rank, comm)
-    });
-    Ok(assemble(problem, collect_results(results)?))
+/// One worker's part of the run.
+struct AttentionJob<'a> {
+    problem: &'a Inputs,
+    how: Strategy,
 }
 
-/// Runs forward then backward with one worker on `backend` (no communication): the path of a
-/// single device.
-pub fn run_attention_alone<B: Backend>(
-    backend: &B,
-    problem: &Inputs,
-    how: impl Into<Strategy>,
-) -> Result<AttentionRun>
-where
-    B::Tensor: Wire,
-{
-    let setup = Setup::new(problem, 1, how.into())?;
-    let part = run_rank(backend, problem, &setup, 0, &mut Solo)?;
-    Ok(assemble(problem, vec![part]))
-}
+impl Job for AttentionJob<'_> {
+    type Output = WorkerResult;
 
-/// One rank's share of a multi-process job: its chunks' results (on the host) and measurements.
-pub struct RankResult(WorkerResult);
-
-/// Runs this process's rank of a multi-process job (one rank per worker) on `backend` over
-/// `comm`. A failure is announced to the other ranks through `comm` (or, for a device
-/// communicator that cannot, by the caller's host mesh) before it is returned.
-pub fn run_attention_rank<B: Backend, C: Communicator<B::Tensor>>(
-    backend: &B,
-    problem: &Inputs,
-    how: impl Into<Strategy>,
-    comm: &mut C,
-) -> Result<RankResult>
-where
-    B::Tensor: Wire,
-{
-    let setup = Setup::new(problem, comm.world(), how.into())?;
-    let rank = comm.rank();
-    run_rank(backend, problem, &setup, rank, comm)
-        .map(RankResult)
-        .inspect_err(|e| {
-            if !e.chain().any(|c| c.is::<PeerFailed>()) {
-                comm.abort(&format!("{e:#}"));
-            }
-        })
-}
-
-/// Gathers every rank's results to rank 0 over a host communicator: `Some(run)` on rank 0,
-/// `None` elsewhere.
-pub fn gather_to_root<H: Communicator<Vec<f32>>>(
-    problem: &Inputs,
-    mine: RankResult,
-    host: &mut H,
-) -> Result<Option<AttentionRun>> {
-    let mine = mine.0;
-    // Tag space above the plans' (pass << 40) tags and below the collectives'.
-    let gather = Tag(1 << 50);
-    if host.rank() != 0 {
-        let meta = pack(&mine);
-        let mut parts: Vec<&Vec<f32>> = mine.chunks.iter().flat_map(|(_, t)| t.iter()).collect();
-        parts.push(&meta);
-        host.send(0, gather, &parts)?;
-        host.barrier()?;
-        return Ok(None);
+    fn run<D: ModelDevice, C: Communicator<D::Tensor>>(
+        &self,
+        device: &D,
+        comm: &mut C,
+    ) -> Result<WorkerResult> {
+        let partition = Partition::new(self.problem.seq, comm.world(), self.how.schedule)?;
+        run_rank(device.backend(), self.problem, &partition, &self.how, comm)
     }
-    let mut parts = vec![mine];
-    for from in 1..host.world() {
-        let mut got = host.recv(from, gather)?;
-        let meta = got.pop().unwrap_or_default();
-        parts.push(unpack(got, &meta).map_err(|e| e.context(format!("results of worker {from}")))?);
+}
+
+impl Gather for WorkerResult {
+    fn to_parts(&self) -> Vec<Vec<f32>> {
+        let mut parts: Vec<Vec<f32>> = self.chunks.iter().flat_map(|(_, t)| t.clone()).collect();
+        parts.push(pack(self));
+        parts
     }
-    host.barrier()?;
-    Ok(Some(assemble(problem, parts)))
+
+    fn from_parts(mut parts: Vec<Vec<f32>>) -> Result<Self> {
+        let meta = parts.pop().unwrap_or_default();
+        unpack(parts, &meta)
+    }
 }
 
 /// A worker's timings, counters and chunk indices as f32 bit patterns (u64s split in halves),
@@ -279,19 +239,25 @@ fn assemble(problem: &Inputs, parts: Vec<WorkerResult>) -> AttentionRun {
 fn run_rank<B: Backend, C: Communicator<B::Tensor>>(
     backend: &B,
     problem: &Inputs,
-    setup: &Setup,
-    rank: usize,
+    partition: &Partition,
+    how: &Strategy,
     comm: &mut C,
 ) -> Result<WorkerResult>
 where
     B::Tensor: Wire,
 {
     let dims = problem.dims;
-    let mine = setup.forward.chunks_of(rank);
+    let mine = partition.chunks_of(comm.rank());
     let (q_rows, kv_rows) = (dims.batch * dims.heads, dims.batch * dims.kv_heads);
     let d = dims.head_dim;
     let take = |t: &[f32], outer, c: usize| {
-        backend.upload(&layout::take_rows(t, outer, problem.seq, d, setup.spans[c]))
+        backend.upload(&layout::take_rows(
+            t,
+            outer,
+            problem.seq,
+            d,
+            partition.spans()[c],
+        ))
     };
     let own = mine
         .iter()
@@ -307,19 +273,20 @@ where
         backend,
         comm,
         dims,
-        spans: &setup.spans,
+        spans: partition.spans(),
         compute: Duration::ZERO,
-        overlap: setup.overlap,
+        overlap: how.overlap,
     };
-    let mut times = Vec::with_capacity(setup.repeats);
+    let repeats = how.repeats.max(1);
+    let mut times = Vec::with_capacity(repeats);
     let mut last = None;
-    for run in 0..usize::from(setup.warmup) + setup.repeats {
+    for run in 0..usize::from(how.warmup) + repeats {
         let dout = mine
             .iter()
             .map(|&c| take(&problem.dout, q_rows, c))
             .collect::<Result<Vec<_>>>()?;
-        let pass = timed_pass(&mut worker, setup, &mine, &own, dout)?;
-        if run >= usize::from(setup.warmup) {
+        let pass = timed_pass(&mut worker, partition, &mine, &own, dout)?;
+        if run >= usize::from(how.warmup) {
             times.push((pass.forward_secs, pass.backward_secs));
         }
         last = Some(pass);
@@ -373,7 +340,7 @@ struct TimedPass<T> {
 
 fn timed_pass<B: Backend, C: Communicator<B::Tensor>>(
     worker: &mut Worker<'_, B, C>,
-    setup: &Setup,
+    partition: &Partition,
     mine: &[usize],
     own: &[OwnChunk<B::Tensor>],
     dout: Vec<B::Tensor>,
@@ -388,7 +355,7 @@ where
     let compute_before = worker.compute;
     let waited_before = worker.comm.waited_secs()?;
     let start = Instant::now();
-    let results = worker.forward(&setup.forward, own)?;
+    let results = worker.forward(partition.plan(Pass::Forward), own)?;
     backend.synchronize()?;
     let forward_secs = start.elapsed().as_secs_f64();
     let forward_busy = worker.compute - compute_before;
@@ -398,7 +365,7 @@ where
     let mut saved = Vec::with_capacity(mine.len());
     for ((&c, result), dout) in mine.iter().zip(results).zip(dout) {
         saved.push(Saved {
-            delta: backend.delta(&dims, setup.spans[c].len, &result.out, &dout)?,
+            delta: backend.delta(&dims, partition.spans()[c].len, &result.out, &dout)?,
             dout,
             lse: result.lse,
         });
@@ -407,12 +374,12 @@ where
     worker.comm.barrier()?;
     let waited_mid = worker.comm.waited_secs()?; // the barrier's wait belongs to neither pass
     let start = Instant::now();
-    let grads = worker.backward(&setup.backward, own, &saved)?;
+    let grads = worker.backward(partition.plan(Pass::Backward), own, &saved)?;
     backend.synchronize()?;
     let backward_secs = start.elapsed().as_secs_f64();
     Ok(TimedPass {
         report: WorkerReport {
-            rows: mine.iter().map(|&c| setup.spans[c].len).sum(),
+            rows: mine.iter().map(|&c| partition.spans()[c].len).sum(),
             forward_busy_secs: forward_busy.as_secs_f64(),
             backward_busy_secs: (worker.compute - compute_before - forward_busy).as_secs_f64(),
             forward_bytes_sent: forward_bytes,

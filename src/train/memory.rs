@@ -1,0 +1,112 @@
+//! The memory a model job needs, checked where it runs before anything of it is allocated: on a
+//! GPU the estimated peak of the step (`model::cost`) against the opened device's free memory;
+//! on the CPU the model state every worker holds against this machine's available memory. A run
+//! that would not fit is refused with the figures and a fix, never killed halfway.
+
+use super::check_memory;
+use crate::model::Checkpoint;
+use crate::model::config::Config;
+use crate::model::cost;
+use crate::plan::Schedule;
+use crate::runtime::{Device, OpenedGpu, Runtime, Topology};
+use anyhow::{Result, bail};
+
+/// What a model job is about to run, for its memory estimate.
+#[derive(Clone, Debug)]
+pub struct MemoryCheck {
+    pub config: Config,
+    /// Name of the model in messages (a preset, or the file it came from).
+    pub model: String,
+    /// Tokens of the whole sequence.
+    pub seq: usize,
+    pub schedule: Schedule,
+    pub checkpoint: Checkpoint,
+    /// Whether AdamW's state must fit too (training) or not (gradients, benchmarks).
+    pub optimizer: bool,
+    /// Start even when the estimate exceeds the free GPU memory (`--ignore-memory-estimate`):
+    /// the estimate is the step's tensors plus a 1.5 GiB allowance for cuBLAS, kernel modules and
+    /// fragmentation, and a run that needs less of that allowance may still fit.
+    pub ignore_estimate: bool,
+}
+
+impl MemoryCheck {
+    /// Under a launcher: the GPUs (one process each) the sequence is split across and the
+    /// schedule that splits it; `None`: the whole sequence on this process's device.
+    fn ranks(&self, runtime: &Runtime) -> Option<(usize, Schedule)> {
+        match &runtime.topology {
+            Topology::Ranks(env) => Some((env.world, self.schedule)),
+            Topology::Threads(_) => None,
+        }
+    }
+
+    /// The estimated peak GPU memory of this process: a rank holds its share of the sequence
+    /// and the executor's buffers; threads sharing one GPU (virtual workers) each hold their own
+    /// copy of the model's state.
+    pub fn gpu_estimate(&self, runtime: &Runtime) -> Result<cost::StepMemory> {
+        let mut need = cost::gpu_step_memory(
+            &self.config,
+            self.seq,
+            self.ranks(runtime),
+            self.checkpoint,
+            self.optimizer,
+        )?;
+        let copies = runtime.workers_per_device() as f64;
+        need.weights *= copies;
+        need.grads *= copies;
+        need.optimizer *= copies;
+        Ok(need)
+    }
+
+    /// Refuses the job on `runtime` if it would not fit; on a GPU says the estimate on standard
+    /// error first.
+    pub fn check(&self, runtime: &Runtime, gpu: Option<&OpenedGpu>) -> Result<()> {
+        let Some(gpu) = gpu else {
+            return match runtime.device {
+                Device::Cpu => check_memory(&self.config, runtime.workers()),
+                Device::Cuda => Ok(()),
+            };
+        };
+        let head_dim = self.config.head_dim;
+        if !gpu.head_dims.contains(&head_dim) {
+            bail!(
+                "{} has head dim {head_dim}, but the CUDA attention kernels support {:?}: use --device cpu",
+                self.model,
+                gpu.head_dims
+            );
+        }
+        let need = self.gpu_estimate(runtime)?;
+        let ranks = self.ranks(runtime);
+        let share = match ranks {
+            Some((workers, schedule)) => format!(" over {workers} GPUs ({schedule}), one rank"),
+            None => String::new(),
+        };
+        let what = format!(
+            "{} ({} layers) at {} tokens{share} with checkpoint {}{}",
+            self.model,
+            self.config.num_hidden_layers,
+            self.seq,
+            self.checkpoint,
+            if self.optimizer { " and AdamW" } else { "" }
+        );
+        match cost::check_fits(&need, gpu.free_bytes, &what) {
+            Ok(()) => eprintln!(
+                "GPU {}: {what} needs {} of {:.1} GiB free",
+                gpu.ordinal,
+                need.describe(),
+                cost::gib(gpu.free_bytes as f64)
+            ),
+            Err(e) if self.ignore_estimate => {
+                eprintln!("note: {e:#}; starting anyway (--ignore-memory-estimate)")
+            }
+            Err(e) => bail!(
+                "{e:#} (the estimate is the step's tensors plus 1.5 GiB for cuBLAS, kernel modules and fragmentation: --ignore-memory-estimate starts anyway)"
+            ),
+        }
+        if let Topology::Threads(n @ 2..) = runtime.topology {
+            eprintln!(
+                "note: {n} virtual workers share GPU 0 (exact, not fast); for one process per GPU start `distflash launch --nproc-per-node {n} -- ...`"
+            );
+        }
+        Ok(())
+    }
+}
