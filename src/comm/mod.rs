@@ -13,7 +13,7 @@ pub use local::{LocalComm, local_group};
 pub use solo::Solo;
 pub use tcp::{TcpComm, connect_mesh};
 
-use crate::plan::volume::Part;
+use crate::shape::Part;
 use anyhow::{Result, bail};
 use std::fmt;
 
