@@ -1,6 +1,7 @@
 //! Moving buffers between workers. `exec` speaks only this trait, so the same plan runs over
 //! in-process channels (CPU workers as threads) or NCCL (one process per GPU).
 
+mod cuda;
 mod endpoint;
 mod local;
 pub mod nccl;

@@ -181,54 +181,6 @@ fn expect(found: (Kind, usize), want: (Kind, usize), what: &str) -> Result<()> {
 pub(crate) use compile::compile_cached;
 pub(crate) use launch::{elementwise_config, rows_config};
 
-impl crate::comm::Wire for Tensor {
-    fn wire_bytes(&self) -> usize {
-        match self {
-            Tensor::Half { data, .. } => 2 * data.len(),
-            Tensor::F32(data) => 4 * data.len(),
-        }
-    }
-
-    fn elements(&self) -> usize {
-        self.len()
-    }
-}
-
-/// Virtual workers on one GPU pass tensors through the in-process communicator as device copies.
-impl crate::comm::Buffer for Tensor {
-    fn duplicate(&self) -> Result<Self> {
-        let err = |e| anyhow::anyhow!("could not copy a tensor on the device: {e:?}");
-        Ok(match self {
-            Tensor::Half { dtype, data } => Tensor::Half {
-                dtype: *dtype,
-                data: data.try_clone().map_err(err)?,
-            },
-            Tensor::F32(data) => Tensor::F32(data.try_clone().map_err(err)?),
-        })
-    }
-
-    /// The in-process all-reduce of virtual workers' f32 gradients, through the host: a check
-    /// path (exact, not fast); GPU ranks of a real job all-reduce through NCCL.
-    fn sum_from(&mut self, other: &Self) -> Result<()> {
-        let (Tensor::F32(mine), Tensor::F32(theirs)) = (&mut *self, other) else {
-            bail!("the in-process all-reduce sums f32 tensors (gradients), not 16-bit ones");
-        };
-        if mine.len() != theirs.len() {
-            bail!(
-                "an all-reduce of {} elements met one of {}",
-                mine.len(),
-                theirs.len()
-            );
-        }
-        let err = |e| anyhow::anyhow!("could not sum device tensors through the host: {e:?}");
-        let stream = mine.stream().clone();
-        let mut sum = stream.clone_dtoh(&*mine).map_err(err)?;
-        let add = stream.clone_dtoh(theirs).map_err(err)?;
-        sum.iter_mut().zip(&add).for_each(|(a, b)| *a += b);
-        stream.memcpy_htod(&sum, mine).map_err(err)
-    }
-}
-
 /// Checks that `t` is a 16-bit tensor of the backend's dtype with `len` elements.
 fn half<'a>(
     t: &'a Tensor,
