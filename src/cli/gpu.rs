@@ -61,7 +61,7 @@ impl GpuRun<'_> {
                 self.model
             );
         }
-        let mut need = cost::gpu_step_memory(
+        let mut need = distflash::sim::gpu_step_memory(
             self.config,
             self.seq,
             self.ranks,
