@@ -1,6 +1,7 @@
-//! Launch shapes of the model kernels, as plain arithmetic so CI checks them without a GPU (the
-//! loss's row chunks, a memory budget the estimate counts too, are `model::cost`'s). Elementwise and one-warp-per-row kernels use the attention
-//! backend's shapes (`elementwise_config`, `rows_config`).
+//! Launch shapes of the model kernels, as plain arithmetic so CI checks them without a GPU.
+//! Elementwise and one-warp-per-row kernels use the attention backend's shapes
+//! (`elementwise_config`, `rows_config`); the loss's row chunks, a memory budget the estimate
+//! counts too, are `model::cost`'s.
 
 use anyhow::{Result, anyhow};
 use cudarc::driver::LaunchConfig;
