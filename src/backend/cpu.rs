@@ -2,7 +2,8 @@
 //! oracle-checked reference for every algorithm and what CI runs.
 
 use super::Backend;
-use crate::attn::{self, Block, Dims, GradsMut, Partial, QuerySide, RunningState};
+use crate::attn::{self, Block, GradsMut, Partial, QuerySide, RunningState};
+use crate::shape::Dims;
 use anyhow::Result;
 
 /// Runs blocks on the CPU in f32 with rayon.

@@ -42,7 +42,8 @@ pub use layout::Order;
 pub use memory::DeviceMemory;
 
 use super::Backend;
-use crate::attn::{Block, Dims, Grads, GradsMut, Partial, QuerySide, RunningState, Span};
+use crate::attn::{Block, Grads, GradsMut, Partial, QuerySide, RunningState};
+use crate::shape::{Dims, Span};
 use anyhow::{Result, bail};
 use cudarc::driver::sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
 use cudarc::driver::{
