@@ -1,6 +1,7 @@
 //! The shapes several modules share and none owns: an attention problem's dimensions, a run of
-//! sequence positions, and the element count and precision of one tensor a transfer carries. A leaf: it imports nothing of the crate, so `plan`, `attn`, `comm`,
-//! `model` and `sim` can all speak of shapes without importing each other.
+//! sequence positions, and the element count and precision of one tensor a transfer carries. A
+//! leaf: it imports nothing of the crate, so `plan`, `attn`, `comm`, `model` and `sim` can all
+//! speak of shapes without importing each other.
 
 use anyhow::{Result, bail};
 

@@ -99,7 +99,7 @@ impl CudaBackend {
     }
 
     /// Copies host f32 data to the device as an f32 tensor (statistics, accumulators), where
-    /// [`Backend::upload`] would round to the input dtype.
+    /// [`Backend::upload`](crate::backend::Backend::upload) would round to the input dtype.
     pub fn upload_f32(&self, host: &[f32]) -> Result<Tensor> {
         let data = self
             .stream

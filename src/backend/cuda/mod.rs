@@ -31,9 +31,11 @@
 //! Files, by what each owns: `device` (opening the GPU, its stream, allocation, launching),
 //! `tensor` (input dtypes, [`Tensor`], argument checks), `compile` (NVRTC and its cache),
 //! `kernels` (loading a compiled module per head dim), `launch` (launch shapes and [`Tuning`]),
-//! `tma` (the wgmma forward's tensor maps), `blocks` (the [`Backend`] block API), `sequence`
-//! (the whole-sequence fast path), `layout` (sequence-major ↔ head-major relayouts), `memory`
-//! (free memory and the pool's peak) and `timing` (event-timed medians).
+//! `tma` (the wgmma forward's tensor maps), `blocks` (the [`Backend`] block API), `sequence` (the
+//! whole-sequence fast path), `layout` (sequence-major ↔ head-major relayouts), `memory` (free
+//! memory and the pool's peak) and `timing` (event-timed medians).
+//!
+//! [`Backend`]: crate::backend::Backend
 
 mod blocks;
 mod compile;
