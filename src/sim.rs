@@ -3,8 +3,8 @@
 //! attention from a few machine figures, and the peak memory of a GPU rank from the model's cost
 //! (`model::cost`) and the executor's buffers.
 //!
-//! Time is predicted by replaying the plans: each device has one compute stream and a link with an
-//! outgoing and an incoming direction; a transfer occupies both ends' links for
+//! Time is predicted by replaying the plans: each device has one compute stream and a link with
+//! an outgoing and an incoming direction; a transfer occupies both ends' links for
 //! latency + bytes / bandwidth; a block computes for flops / rate once its operand has arrived.
 //!
 //! With overlap, the fetches of step t are issued when step t − 1 starts computing (prefetch);
