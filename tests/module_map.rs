@@ -41,12 +41,7 @@ const MAP: &[(&str, Rule)] = &[
     ("comm", Rule::Only(&["shape", "backend::cuda"])),
     // Running a plan on a backend over a communicator; the threaded driver generates inputs.
     // Nothing of the model's layers (DESIGN: exec "knows nothing of model layers").
-    (
-        "exec",
-        Rule::Below {
-            except: &["tensor_file"],
-        },
-    ),
+    ("exec", Rule::Below { except: &[] }),
     // The model's layers on a device: shapes, attn's `Partial`, and the backend whose context,
     // stream and kernel cache the GPU ops share. Nothing of plans, communication or the
     // executor (DESIGN: model "knows nothing of how attention is distributed").
@@ -57,11 +52,11 @@ const MAP: &[(&str, Rule)] = &[
     // Machine rates for reports: the CPU backend's attention forward on generated inputs.
     ("bench", Rule::Only(&["shape", "attn", "backend", "inputs"])),
     // The training loop: anything below it but the kernels (DESIGN: train "knows nothing of
-    // kernels") and the simulator's predictions.
+    // kernels"; the CPU backend and the `Backend` trait are fine).
     (
         "train",
         Rule::Below {
-            except: &["backend::cuda", "sim", "bench"],
+            except: &["backend::cuda"],
         },
     ),
     // Where a job runs, decided once: may open everything below the CLI.
