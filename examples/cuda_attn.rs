@@ -207,7 +207,10 @@ fn check(open: &dyn Fn(InputDtype) -> Result<CudaBackend>) -> Result<()> {
         let p = Problem::new(&be, dims, seq, 100 + i as u64)?;
         let host = |t: &Tensor| be.download(t);
         let x = p.host(&be, dims, seq)?;
-        let (r, rg) = (oracle::forward(&x), oracle::backward(&x));
+        let (r, rg) = (
+            oracle::forward(&x.problem()),
+            oracle::backward(&x.problem()),
+        );
         let (q, k, v, g) = (&x.q, &x.k, &x.v, &x.dout);
 
         // Fast path, outputs poisoned with NaN first so unwritten elements show.

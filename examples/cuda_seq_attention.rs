@@ -168,7 +168,10 @@ fn check(be: &CudaBackend, dims: Dims, seq: usize, seed: u64, workers: usize) ->
         .into_iter()
         .fold(0.0, f64::max);
 
-    let (r, rg) = (oracle::forward(&c.x), oracle::backward(&c.x));
+    let (r, rg) = (
+        oracle::forward(&c.x.problem()),
+        oracle::backward(&c.x.problem()),
+    );
     let refs = [&r.out, &rg.dq, &rg.dk, &rg.dv];
     let fast = [
         host(&fwd.out)?,

@@ -1,9 +1,10 @@
 //! Rates measured on this machine, so attention speed is stated against what the hardware does
 //! on plain matrix products in the same run, not against a datasheet.
 
-use crate::attn::{self, Block, Dims, Span};
+use crate::attn::{self, Block};
 use crate::backend::{Backend, cpu::CpuBackend};
 use crate::inputs::Inputs;
+use crate::shape::{Dims, Span};
 use ndarray::linalg::general_mat_mul;
 use ndarray::{Array2, ArrayView2, ArrayViewMut2};
 use rayon::prelude::*;

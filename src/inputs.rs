@@ -1,7 +1,8 @@
 //! Random attention inputs from a seed, so a run, its check and a peer's check all see the same
 //! numbers.
 
-use crate::attn::Dims;
+use crate::attn::oracle::Problem;
+use crate::shape::Dims;
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use rayon::prelude::*;
@@ -47,6 +48,18 @@ impl Inputs {
             dout: uniform(dims.q_len(seq), 1.0, seed, 3),
             dims,
             seq,
+        }
+    }
+
+    /// The oracle's view of these inputs.
+    pub fn problem(&self) -> Problem<'_> {
+        Problem {
+            dims: self.dims,
+            seq: self.seq,
+            q: &self.q,
+            k: &self.k,
+            v: &self.v,
+            dout: &self.dout,
         }
     }
 }

@@ -1,6 +1,7 @@
-//! The shapes several modules share and none owns: an attention problem's dimensions and a run
-//! of sequence positions. A leaf: it imports nothing of the crate, so `plan`, `attn`, `comm`,
-//! `model` and `sim` can all speak of shapes without importing each other.
+//! The shapes several modules share and none owns: an attention problem's dimensions, a run of
+//! sequence positions, and the element count and precision of one tensor a transfer carries. A
+//! leaf: it imports nothing of the crate, so `plan`, `attn`, `comm`, `model` and `sim` can all
+//! speak of shapes without importing each other.
 
 use anyhow::{Result, bail};
 
@@ -85,4 +86,20 @@ impl Span {
     pub fn end(&self) -> usize {
         self.start + self.len
     }
+}
+
+/// How a tensor of a payload is stored: in the backend's input precision (Q, K, V, dO: bf16 or
+/// fp16 on a GPU) or always f32 (statistics, partial results, gradients).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Precision {
+    Input,
+    F32,
+}
+
+/// One tensor of a payload: its element count and precision. A receiver allocates from this
+/// before the data arrives (NCCL needs the buffer up front) and checks what it got against it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Part {
+    pub len: usize,
+    pub precision: Precision,
 }

@@ -1,6 +1,10 @@
-//! Predicts the time of distributed attention on P devices from a few machine figures, by
-//! replaying the same plans `exec` runs: each device has one compute stream and a link with an
-//! outgoing and an incoming direction; a transfer occupies both ends' links for
+//! Predicts what a sequence-parallel run over P devices takes before it runs, from its
+//! partition (`plan::Partition`, the spans and plans `exec` runs): the time of distributed
+//! attention from a few machine figures, and the peak memory of a GPU rank from the model's cost
+//! (`model::cost`) and the executor's buffers.
+//!
+//! Time is predicted by replaying the plans: each device has one compute stream and a link with
+//! an outgoing and an incoming direction; a transfer occupies both ends' links for
 //! latency + bytes / bandwidth; a block computes for flops / rate once its operand has arrived.
 //!
 //! With overlap, the fetches of step t are issued when step t − 1 starts computing (prefetch);
@@ -10,8 +14,12 @@
 //! not contend beyond the two ends of a transfer. Use it to reason about 8–64 devices before a
 //! run and check it against runs on the devices we have.
 
-use crate::attn::{Block, Dims};
-use crate::plan::{Partition, Pass, Plan, Schedule, volume};
+use crate::attn::Block;
+use crate::model::Checkpoint;
+use crate::model::config::Config;
+use crate::model::cost::{self, RankShare, StepMemory};
+use crate::plan::{Partition, Pass, Schedule, volume};
+use crate::shape::Dims;
 use anyhow::{Result, bail};
 use serde::Serialize;
 
@@ -74,12 +82,14 @@ impl Links {
     }
 }
 
-/// Time of one pass of `plan`.
-fn pass_secs(w: &Workload, m: &Machine, plan: &Plan, rate: f64, flops_scale: f64) -> Result<f64> {
-    let partition = Partition::new(w.seq, w.workers, w.schedule)?;
-    let spans = partition.spans();
-    let sizes: Vec<usize> = spans.iter().map(|s| s.len).collect();
-    let p = w.workers;
+/// Time of one pass over `part` of a problem of shape `dims`.
+fn pass_secs(dims: &Dims, m: &Machine, part: &Partition, pass: Pass) -> f64 {
+    let (rate, flops_scale) = match pass {
+        Pass::Forward => (m.forward_flops, 1.0),
+        Pass::Backward => (m.backward_flops, 2.5),
+    };
+    let spans = part.spans();
+    let p = part.workers();
     let mut links = Links {
         out_free: vec![0.0; p],
         in_free: vec![0.0; p],
@@ -89,11 +99,11 @@ fn pass_secs(w: &Workload, m: &Machine, plan: &Plan, rate: f64, flops_scale: f64
     let mut started = vec![0.0f64; p]; // start of each device's current step
     let mut free = vec![0.0f64; p]; // end of each device's last compute (or blocking send)
     let mut finish = vec![0.0f64; p]; // last event each device must wait for
-    for step in &plan.steps {
+    for step in &part.plan(pass).steps {
         let mut arrival = vec![0.0f64; p];
         for f in &step.fetches {
             let ready = if m.overlap { started[f.to] } else { free[f.to] };
-            let bytes = volume::bytes(f.payload, &w.dims, sizes[f.chunk], m.input_bytes);
+            let bytes = volume::bytes(f.payload, dims, spans[f.chunk].len, m.input_bytes);
             let arrived = links.transfer(f.from, f.to, bytes, ready);
             arrival[f.to] = arrival[f.to].max(arrived);
         }
@@ -103,7 +113,7 @@ fn pass_secs(w: &Workload, m: &Machine, plan: &Plan, rate: f64, flops_scale: f64
                 q: spans[task.q_chunk],
                 kv: spans[task.kv_chunk],
             };
-            let per_pair = 4.0 * (w.dims.batch * w.dims.heads * w.dims.head_dim) as f64;
+            let per_pair = 4.0 * (dims.batch * dims.heads * dims.head_dim) as f64;
             work[task.worker] += flops_scale * per_pair * block.visible_pairs() as f64 / rate;
         }
         for dev in (0..p).filter(|&d| work[d] > 0.0) {
@@ -112,7 +122,7 @@ fn pass_secs(w: &Workload, m: &Machine, plan: &Plan, rate: f64, flops_scale: f64
             finish[dev] = finish[dev].max(free[dev]);
         }
         for r in &step.returns {
-            let bytes = volume::bytes(r.payload, &w.dims, sizes[r.chunk], m.input_bytes);
+            let bytes = volume::bytes(r.payload, dims, spans[r.chunk].len, m.input_bytes);
             let arrived = links.transfer(r.from, r.to, bytes, free[r.from]);
             finish[r.to] = finish[r.to].max(arrived);
             if !m.overlap {
@@ -120,7 +130,7 @@ fn pass_secs(w: &Workload, m: &Machine, plan: &Plan, rate: f64, flops_scale: f64
             }
         }
     }
-    Ok(finish.into_iter().fold(0.0, f64::max))
+    finish.into_iter().fold(0.0, f64::max)
 }
 
 /// Predicts forward and backward time of `w` on `m`.
@@ -129,32 +139,24 @@ pub fn predict(w: &Workload, m: &Machine) -> Result<Prediction> {
     if m.forward_flops <= 0.0 || m.backward_flops <= 0.0 || m.link_bandwidth <= 0.0 {
         bail!("rates and bandwidth must be positive");
     }
-    let fwd = Plan::new(w.workers, w.schedule, Pass::Forward)?;
-    let bwd = Plan::new(w.workers, w.schedule, Pass::Backward)?;
-    let forward_secs = pass_secs(w, m, &fwd, m.forward_flops, 1.0)?;
-    let backward_secs = pass_secs(w, m, &bwd, m.backward_flops, 2.5)?;
+    let part = Partition::new(w.seq, w.workers, w.schedule)?;
+    let both = |m: &Machine, part: &Partition| {
+        (
+            pass_secs(&w.dims, m, part, Pass::Forward),
+            pass_secs(&w.dims, m, part, Pass::Backward),
+        )
+    };
+    let (forward_secs, backward_secs) = both(m, &part);
     let free_links = Machine {
         link_bandwidth: f64::INFINITY,
         link_latency: 0.0,
         ..*m
     };
-    let compute_only_secs = pass_secs(w, &free_links, &fwd, m.forward_flops, 1.0)?
-        + pass_secs(w, &free_links, &bwd, m.backward_flops, 2.5)?;
+    let (forward_free, backward_free) = both(&free_links, &part);
+    let compute_only_secs = forward_free + backward_free;
     let total = forward_secs + backward_secs;
-    let alone = Workload { workers: 1, ..*w };
-    let one = pass_secs(
-        &alone,
-        m,
-        &Plan::new(1, w.schedule, Pass::Forward)?,
-        m.forward_flops,
-        1.0,
-    )? + pass_secs(
-        &alone,
-        m,
-        &Plan::new(1, w.schedule, Pass::Backward)?,
-        m.backward_flops,
-        2.5,
-    )?;
+    let (forward_one, backward_one) = both(m, &Partition::new(w.seq, 1, w.schedule)?);
+    let one = forward_one + backward_one;
     Ok(Prediction {
         workers: w.workers,
         forward_secs,
@@ -163,6 +165,44 @@ pub fn predict(w: &Workload, m: &Machine) -> Result<Prediction> {
         exposed_comm_fraction: ((total - compute_only_secs) / total).max(0.0),
         speedup_over_one: one / total,
     })
+}
+
+/// The peak GPU memory of one GPU's training step of model `c` over `seq` tokens: the whole
+/// sequence on it ([`cost::step_memory`]) or, with `ranks` = (GPUs, schedule), one rank of a run
+/// over that many GPUs ([`cost::rank_step_memory`] of its [`rank_shares`]). The rank that needs
+/// most sets the figure (every rank checks the same).
+pub fn gpu_step_memory(
+    c: &Config,
+    seq: usize,
+    ranks: Option<(usize, Schedule)>,
+    policy: Checkpoint,
+    optimizer: bool,
+) -> Result<StepMemory> {
+    let Some((workers, schedule)) = ranks else {
+        return Ok(cost::step_memory(c, seq, policy, optimizer));
+    };
+    let part = Partition::new(seq, workers, schedule)?;
+    Ok(rank_shares(&part, &c.dims())
+        .iter()
+        .map(|share| cost::rank_step_memory(c, share, policy, optimizer))
+        .max_by(|a, b| a.total().total_cmp(&b.total()))
+        .expect("a partition has at least one worker"))
+}
+
+/// What each worker of `part` holds in the backward of attention with shape `dims`: its rows,
+/// its chunks and the executor's communication buffers at their most, 16-bit inputs on the
+/// wire (what the CUDA model sends).
+pub fn rank_shares(part: &Partition, dims: &Dims) -> Vec<RankShare> {
+    let rows: Vec<usize> = part.spans().iter().map(|s| s.len).collect();
+    let buffers =
+        volume::backward_buffers(part.plan(Pass::Backward), dims, &rows, cost::HALF_BYTES);
+    (0..part.workers())
+        .map(|w| RankShare {
+            rows: part.rows_of(w),
+            chunks: part.chunks_of(w).len(),
+            buffer_bytes: buffers[w],
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -232,6 +272,74 @@ mod tests {
             slow.exposed_comm_fraction > 0.5,
             "{}",
             slow.exposed_comm_fraction
+        );
+    }
+
+    fn llama7b(layers: usize) -> Config {
+        Config {
+            num_hidden_layers: layers,
+            ..Config::preset("llama2-7b").unwrap()
+        }
+    }
+
+    #[test]
+    fn a_rank_holds_its_share_and_the_executors_buffers() {
+        let c = llama7b(32);
+        let gib_of = |m: StepMemory| cost::gib(m.total());
+        // One rank alone: the single-GPU step and its D, no transfers.
+        let one = gpu_step_memory(
+            &c,
+            65536,
+            Some((1, Schedule::Balanced)),
+            Checkpoint::Layer,
+            false,
+        )
+        .unwrap();
+        let single = cost::step_memory(&c, 65536, Checkpoint::Layer, false);
+        assert_eq!(one.working - single.working, 65536.0 * 4.0 * 32.0);
+        // Two GPUs, balanced, 256K tokens, layer: worker 1 holds worker 0's K and V (16-bit) and
+        // the f32 dK, dV it computed for them at once: 2 GiB + 4 GiB, where the single-GPU count
+        // of its 128K rows ends with 3 GiB of relayouts; and D (16 MiB).
+        let rank = gpu_step_memory(
+            &c,
+            262_144,
+            Some((2, Schedule::Balanced)),
+            Checkpoint::Layer,
+            false,
+        )
+        .unwrap();
+        let share = cost::step_memory(&c, 131_072, Checkpoint::Layer, false);
+        let rows = 131_072.0;
+        let extra = rows * 4.0 * 32.0 + (6.0 - 3.0) * (1u64 << 30) as f64;
+        assert_eq!(rank.working - share.working, extra);
+        // 256K on two GPUs (the goal): layer leaves 30 GiB of an H200; remat keeps O
+        // and LSE of every layer and comes within a GiB of it.
+        assert!((107.0..108.0).contains(&gib_of(rank)), "{}", gib_of(rank));
+        let remat = gpu_step_memory(
+            &c,
+            262_144,
+            Some((2, Schedule::Balanced)),
+            Checkpoint::Remat,
+            false,
+        )
+        .unwrap();
+        assert!((138.0..139.0).contains(&gib_of(remat)), "{}", gib_of(remat));
+        // Zigzag ranks hold two chunks; every schedule costs more than the bare share.
+        for schedule in [Schedule::Unbalanced, Schedule::Balanced, Schedule::Zigzag] {
+            let m =
+                gpu_step_memory(&c, 65536, Some((4, schedule)), Checkpoint::Remat, false).unwrap();
+            let bare = cost::step_memory(&c, 16384, Checkpoint::Remat, false);
+            assert!(m.total() > bare.total(), "{schedule}");
+        }
+        assert!(
+            gpu_step_memory(
+                &c,
+                3,
+                Some((4, Schedule::Balanced)),
+                Checkpoint::Remat,
+                false
+            )
+            .is_err()
         );
     }
 }

@@ -123,7 +123,7 @@ fn saved_file_has_public_layouts_and_matches_the_oracle() {
         v: hm("v", hk),
         dout: hm("dout", h),
     };
-    let want = oracle::forward(&x);
+    let want = oracle::forward(&x.problem());
     let got = hm("out", h);
     let err = got
         .iter()
@@ -141,7 +141,7 @@ fn saved_file_has_public_layouts_and_matches_the_oracle() {
         lse_err < 1e-5,
         "saved lse differs from the oracle by {lse_err}"
     );
-    let want_g = oracle::backward(&x);
+    let want_g = oracle::backward(&x.problem());
     let dk = hm("dk", hk);
     let dk_err = dk
         .iter()

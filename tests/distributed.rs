@@ -34,8 +34,8 @@ fn dims(batch: usize, heads: usize, kv_heads: usize, head_dim: usize) -> Dims {
 
 fn check_against_oracle(d: Dims, seq: usize, seed: u64) {
     let x = Inputs::random(d, seq, seed);
-    let fwd = oracle::forward(&x);
-    let bwd = oracle::backward(&x);
+    let fwd = oracle::forward(&x.problem());
+    let bwd = oracle::backward(&x.problem());
     for workers in 1..=8.min(seq / 2) {
         for schedule in [Schedule::Unbalanced, Schedule::Balanced, Schedule::Zigzag] {
             let run = run_attention(&x, workers, schedule, Duration::from_secs(60)).unwrap();

@@ -2,7 +2,8 @@
 //! tile ever exists, with matrix products through `ndarray` (matrixmultiply kernels) and one
 //! rayon task per (batch, head, query tile).
 
-use super::{Block, Dims, GradsMut, QuerySide, RunningState};
+use super::{Block, GradsMut, QuerySide, RunningState};
+use crate::shape::Dims;
 use ndarray::linalg::general_mat_mul;
 use ndarray::{Array2, ArrayView2, ArrayViewMut2, Axis, s};
 use rayon::prelude::*;

@@ -2,7 +2,7 @@
 //! users, PyTorch and `--save` files use) and the internal head-major `[batch, heads, seq,
 //! head_dim]`, and between a whole sequence and its row chunks.
 
-use super::Span;
+use crate::shape::Span;
 
 /// Sizes of a 4-D tensor `[batch, a, b, inner]` being transposed to `[batch, b, a, inner]`.
 fn swap_middle(data: &[f32], batch: usize, a: usize, b: usize, inner: usize) -> Vec<f32> {

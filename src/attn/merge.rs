@@ -62,7 +62,8 @@ pub fn delta(head_dim: usize, out: &[f32], dout: &[f32]) -> Vec<f32> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::attn::{Block, Dims, Span, forward_block};
+    use crate::attn::{Block, forward_block};
+    use crate::shape::{Dims, Span};
 
     /// The merge rule in f64, straight from the definition (shifted by the max to stay finite).
     fn merge_f64(oa: f64, la: f64, ob: f64, lb: f64) -> (f64, f64) {

@@ -2,8 +2,22 @@
 //! as the math (full score rows, exact softmax). Slow and memory-hungry by design: it is the
 //! truth every fast path is compared with, not something to run at scale.
 
-use crate::inputs::Inputs;
+use crate::shape::Dims;
 use rayon::prelude::*;
+
+/// One whole-sequence problem as the oracle reads it: the shape and head-major Q, K, V and dO
+/// (dO only for the backward), borrowed. The oracle's own struct, so it depends on no input
+/// generator: callers pass random inputs (`inputs::Inputs::problem`), a file's tensors or a
+/// device's rounded copies alike.
+#[derive(Clone, Copy, Debug)]
+pub struct Problem<'a> {
+    pub dims: Dims,
+    pub seq: usize,
+    pub q: &'a [f32],
+    pub k: &'a [f32],
+    pub v: &'a [f32],
+    pub dout: &'a [f32],
+}
 
 /// Forward result in f64: O `[b, h, seq, d]`, LSE `[b, h, seq]`.
 pub struct Forward {
@@ -31,7 +45,7 @@ fn probabilities(q: &[f64], k: &[f64], d: usize, i: usize, scale: f64) -> (Vec<f
 }
 
 /// One (batch, head)'s f64 copies of Q, K, V.
-fn head(x: &Inputs, bh: usize) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+fn head(x: &Problem, bh: usize) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
     let (n, d) = (x.seq, x.dims.head_dim);
     let kvh = x.dims.kv_index(bh);
     let up = |t: &[f32], i: usize| {
@@ -40,11 +54,11 @@ fn head(x: &Inputs, bh: usize) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
             .map(|&v| v as f64)
             .collect()
     };
-    (up(&x.q, bh), up(&x.k, kvh), up(&x.v, kvh))
+    (up(x.q, bh), up(x.k, kvh), up(x.v, kvh))
 }
 
 /// Causal attention forward in f64.
-pub fn forward(x: &Inputs) -> Forward {
+pub fn forward(x: &Problem) -> Forward {
     let dims = &x.dims;
     let (n, d) = (x.seq, dims.head_dim);
     let scale = 1.0 / (d as f64).sqrt();
@@ -79,8 +93,8 @@ pub fn forward(x: &Inputs) -> Forward {
 }
 
 /// Causal attention backward in f64 for the output gradient `x.dout`.
-pub fn backward(x: &Inputs) -> Backward {
-    let (dims, dout) = (&x.dims, &x.dout);
+pub fn backward(x: &Problem) -> Backward {
+    let (dims, dout) = (&x.dims, x.dout);
     let (n, d) = (x.seq, dims.head_dim);
     let scale = 1.0 / (d as f64).sqrt();
     let per_head: Vec<(Vec<f64>, Vec<f64>, Vec<f64>)> = (0..dims.batch * dims.heads)

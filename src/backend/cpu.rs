@@ -2,7 +2,8 @@
 //! oracle-checked reference for every algorithm and what CI runs.
 
 use super::{Backend, ModelEdge, Order};
-use crate::attn::{self, Block, Dims, GradsMut, Partial, QuerySide, RunningState};
+use crate::attn::{self, Block, GradsMut, Partial, QuerySide, RunningState};
+use crate::shape::Dims;
 use anyhow::{Result, bail};
 
 /// Runs blocks on the CPU in f32 with rayon.

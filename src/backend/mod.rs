@@ -4,7 +4,8 @@
 pub mod cpu;
 pub mod cuda;
 
-use crate::attn::{Block, Dims, GradsMut, Partial, QuerySide, RunningState};
+use crate::attn::{Block, GradsMut, Partial, QuerySide, RunningState};
+use crate::shape::Dims;
 use anyhow::Result;
 
 /// The block API every device implements. Tensors are head-major (see `attn`); the backend

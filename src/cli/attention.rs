@@ -227,8 +227,8 @@ fn error(got: &[f32], want: &[f64]) -> Error {
 }
 
 fn check(x: &Inputs, run: &AttentionRun, tolerance: f64) -> Check {
-    let fwd = oracle::forward(x);
-    let bwd = oracle::backward(x);
+    let fwd = oracle::forward(&x.problem());
+    let bwd = oracle::backward(&x.problem());
     let errors = [
         error(&run.out, &fwd.out),
         error(&run.lse, &fwd.lse),

@@ -107,7 +107,7 @@ pub fn run(args: Args) -> Result<()> {
             1 => None,
             n => Some((n, args.schedule)),
         };
-        let m = cost::gpu_step_memory(&cfg, seq, ranks, policy, false)?;
+        let m = distflash::sim::gpu_step_memory(&cfg, seq, ranks, policy, false)?;
         let gpus = match ranks {
             Some((n, schedule)) => format!(" over {n} GPUs ({schedule})"),
             None => String::new(),

@@ -1,6 +1,7 @@
 //! Moving buffers between workers. `exec` speaks only this trait, so the same plan runs over
 //! in-process channels (CPU workers as threads) or NCCL (one process per GPU).
 
+mod cuda;
 mod endpoint;
 mod local;
 pub mod nccl;
@@ -13,7 +14,7 @@ pub use local::{LocalComm, local_group};
 pub use solo::Solo;
 pub use tcp::{TcpComm, connect_mesh};
 
-use crate::plan::volume::Part;
+use crate::shape::Part;
 use anyhow::{Result, bail};
 use std::fmt;
 

@@ -10,7 +10,7 @@
 
 use super::{Communicator, Incoming, Outgoing, Posted, Tag, Wire};
 use crate::backend::cuda::{CudaBackend, InputDtype, Tensor};
-use crate::plan::volume::Precision;
+use crate::shape::Precision;
 use anyhow::{Result, anyhow, bail};
 use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{CudaEvent, CudaStream};

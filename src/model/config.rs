@@ -1,7 +1,7 @@
 //! The LLaMA architecture's numbers, read from a Hugging Face `config.json` or taken from a
 //! preset, checked once so the layers can assume them.
 
-use crate::attn::{Dims, MAX_HEAD_DIM};
+use crate::shape::{Dims, MAX_HEAD_DIM};
 use anyhow::{Context, Result, bail};
 use serde_json::{Value, json};
 use std::path::Path;

@@ -5,9 +5,9 @@
 
 use super::Checkpoint;
 use super::config::Config;
-use crate::plan::{self, Pass, Plan, Schedule, volume};
 use anyhow::{Result, bail};
 use serde::Serialize;
+use std::ops::Range;
 
 /// Dense bf16 (and fp16) tensor-core peak of one H200 (SXM), TFLOP/s, by NVIDIA's datasheet:
 /// the denominator of MFU on that card.
@@ -45,9 +45,29 @@ pub fn step_flops(c: &Config, seq: usize) -> f64 {
     6.0 * matmul_params(c) * t + attention
 }
 
-/// Bytes of one element: 16-bit weights and activations, f32 statistics and gradients.
-const HALF: f64 = 2.0;
+/// Bytes of one element: 16-bit weights and activations (and the attention inputs a GPU rank
+/// sends), f32 statistics and gradients.
+pub const HALF_BYTES: usize = 2;
+const HALF: f64 = HALF_BYTES as f64;
 const F32: f64 = 4.0;
+
+/// Logits (f32) that may exist at once in the loss: 64 Mi elements, 256 MiB (plus half that for
+/// their 16-bit gradient), so a vocabulary of 32000 is processed 2097 rows at a time. A memory
+/// budget, so it lives with the estimate that counts it; the CUDA loss obeys it.
+const LOSS_LOGITS: usize = 1 << 26;
+
+/// Rows per loss chunk for `vocab` logits per row (at least one).
+pub(crate) fn loss_chunk_rows(vocab: usize) -> usize {
+    (LOSS_LOGITS / vocab.max(1)).max(1)
+}
+
+/// The row ranges the loss processes one after another.
+pub(crate) fn loss_chunks(rows: usize, vocab: usize) -> impl Iterator<Item = Range<usize>> {
+    let step = loss_chunk_rows(vocab);
+    (0..rows)
+        .step_by(step)
+        .map(move |r| r..(r + step).min(rows))
+}
 
 /// Estimated GPU bytes of a single-GPU step, by what holds them.
 #[derive(Clone, Copy, Debug, Serialize)]
@@ -109,61 +129,46 @@ pub fn step_memory(c: &Config, seq: usize, policy: Checkpoint, optimizer: bool) 
     step_memory_with(c, seq, policy, optimizer, 0.0)
 }
 
-/// The peak memory of one GPU's step: the whole sequence on it ([`step_memory`]) or, with
-/// `ranks` = (GPUs, schedule), one rank of a run over that many GPUs ([`rank_step_memory`]).
-pub fn gpu_step_memory(
-    c: &Config,
-    seq: usize,
-    ranks: Option<(usize, Schedule)>,
-    policy: Checkpoint,
-    optimizer: bool,
-) -> Result<StepMemory> {
-    match ranks {
-        None => Ok(step_memory(c, seq, policy, optimizer)),
-        Some((workers, schedule)) => rank_step_memory(c, seq, workers, schedule, policy, optimizer),
-    }
+/// What one rank of a sequence-parallel run holds besides a single-GPU step over its rows, as
+/// plain figures its caller derives from the partition (`sim::gpu_step_memory`): the cost model
+/// knows the model's tensors, not how attention is distributed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RankShare {
+    /// Rows the rank owns.
+    pub rows: usize,
+    /// Chunks those rows come in (two under zigzag: a head and a tail).
+    pub chunks: usize,
+    /// The most bytes of the executor's communication buffers the rank holds at once in the
+    /// backward (`plan::volume::backward_buffers`, inputs at [`HALF_BYTES`]).
+    pub buffer_bytes: usize,
 }
 
-/// The peak GPU memory of one rank of a run over `workers` GPUs (one process each) that split
-/// `seq` tokens by `schedule`: the single-GPU step over the rank's rows ([`step_memory`]), whose
-/// attention backward, run by the executor (`train::attention::Distributed`), also holds
+/// The peak GPU memory of one rank of a multi-GPU run: the single-GPU step over the rank's rows
+/// ([`step_memory`]), whose attention backward, run by the executor
+/// (`train::attention::Distributed`), also holds
 ///
 /// - D for its rows (f32, one a row and head: `exec::Saved::delta`), alive to the end;
-/// - while the executor runs, its communication buffers (`plan::volume::backward_buffers`:
-///   fetched inputs, in-flight fetches, returned and returning gradients); they are gone
-///   before the 16-bit relayouts of dQ, dK and dV that end the single-GPU count, so the phase
-///   holds the larger of the two;
+/// - while the executor runs, its communication buffers (`share.buffer_bytes`: fetched inputs,
+///   in-flight fetches, returned and returning gradients); they are gone before the 16-bit
+///   relayouts of dQ, dK and dV that end the single-GPU count, so the phase holds the larger of
+///   the two;
 /// - with two chunks (zigzag), the joined copy of one of those relayouts.
-///
-/// The rank that needs most sets the figure (every rank checks the same).
 pub fn rank_step_memory(
     c: &Config,
-    seq: usize,
-    workers: usize,
-    schedule: Schedule,
+    share: &RankShare,
     policy: Checkpoint,
     optimizer: bool,
-) -> Result<StepMemory> {
-    let chunk_rows = plan::chunk_sizes(seq, workers, schedule)?;
-    let plan = Plan::new(workers, schedule, Pass::Backward)?;
-    let buffers = volume::backward_buffers(&plan, &c.dims(), &chunk_rows, HALF as usize);
+) -> StepMemory {
     let (qw, kw, h) = (
         c.q_width() as f64,
         c.kv_width() as f64,
         c.num_attention_heads as f64,
     );
-    let ranks = (0..workers).map(|w| {
-        let own = plan.chunks_of(w);
-        let rows: usize = own.iter().map(|&chunk| chunk_rows[chunk]).sum();
-        let t = rows as f64;
-        let relayouts = t * HALF * (qw + 2.0 * kw);
-        let join = if own.len() > 1 { t * HALF * qw } else { 0.0 };
-        let extra = t * F32 * h + (buffers[w] as f64 - relayouts).max(join);
-        step_memory_with(c, rows, policy, optimizer, extra)
-    });
-    Ok(ranks
-        .max_by(|a, b| a.total().total_cmp(&b.total()))
-        .expect("at least one worker"))
+    let t = share.rows as f64;
+    let relayouts = t * HALF * (qw + 2.0 * kw);
+    let join = if share.chunks > 1 { t * HALF * qw } else { 0.0 };
+    let extra = t * F32 * h + (share.buffer_bytes as f64 - relayouts).max(join);
+    step_memory_with(c, share.rows, policy, optimizer, extra)
 }
 
 /// [`step_memory`] with `attention_extra` more bytes in the attention backward's widest moment.
@@ -244,7 +249,7 @@ fn step_memory_with(
     // The loss (`cross_entropy`) while every layer still holds what it kept: the target ids,
     // per-row loss and argmax (4 bytes each a row) and one chunk's f32 logits and 16-bit
     // dlogits, beside `after_loss`.
-    let chunk = t.min(super::cuda::shapes::loss_chunk_rows(c.vocab_size) as f64);
+    let chunk = t.min(loss_chunk_rows(c.vocab_size) as f64);
     let loss = t * 3.0 * 4.0 + chunk * v * (F32 + HALF);
     let backward = recomputed + layer_grads + attention.max(mlp);
     // The rotary table (`CudaOps::rope_table`: head_dim / 2 f32), kept for the run.
@@ -401,36 +406,28 @@ mod tests {
     }
 
     #[test]
-    fn a_rank_holds_its_share_and_the_executors_buffers() {
-        let c = llama7b(32);
-        let gib_of = |m: StepMemory| gib(m.total());
-        // One rank alone: the single-GPU step and its D, no transfers.
-        let one =
-            rank_step_memory(&c, 65536, 1, Schedule::Balanced, Checkpoint::Layer, false).unwrap();
-        let single = step_memory(&c, 65536, Checkpoint::Layer, false);
-        assert_eq!(one.working - single.working, 65536.0 * 4.0 * 32.0);
-        // Two GPUs, balanced, 256K tokens, layer: worker 1 holds worker 0's K and V (16-bit) and
-        // the f32 dK, dV it computed for them at once: 2 GiB + 4 GiB, where the single-GPU count
-        // of its 128K rows ends with 3 GiB of relayouts; and D (16 MiB).
-        let rank =
-            rank_step_memory(&c, 262_144, 2, Schedule::Balanced, Checkpoint::Layer, false).unwrap();
-        let share = step_memory(&c, 131_072, Checkpoint::Layer, false);
-        let rows = 131_072.0;
-        let extra = rows * 4.0 * 32.0 + (6.0 - 3.0) * (1u64 << 30) as f64;
-        assert_eq!(rank.working - share.working, extra);
-        // 256K on two GPUs (the goal): layer leaves 30 GiB of an H200; remat keeps O
-        // and LSE of every layer and comes within a GiB of it.
-        assert!((107.0..108.0).contains(&gib_of(rank)), "{}", gib_of(rank));
-        let remat =
-            rank_step_memory(&c, 262_144, 2, Schedule::Balanced, Checkpoint::Remat, false).unwrap();
-        assert!((138.0..139.0).contains(&gib_of(remat)), "{}", gib_of(remat));
-        // Zigzag ranks hold two chunks; every schedule costs more than the bare share.
-        for schedule in [Schedule::Unbalanced, Schedule::Balanced, Schedule::Zigzag] {
-            let m = rank_step_memory(&c, 65536, 4, schedule, Checkpoint::Remat, false).unwrap();
-            let bare = step_memory(&c, 16384, Checkpoint::Remat, false);
-            assert!(m.total() > bare.total(), "{schedule}");
+    fn loss_chunks_cover_every_row_once_within_the_budget() {
+        assert_eq!(loss_chunk_rows(32000), 2097);
+        for (rows, vocab) in [
+            (0, 32000),
+            (1, 32000),
+            (5000, 32000),
+            (4194, 32000),
+            (300, 256),
+        ] {
+            let chunks: Vec<_> = loss_chunks(rows, vocab).collect();
+            let mut next = 0;
+            for c in &chunks {
+                assert_eq!(c.start, next);
+                assert!(!c.is_empty() && c.len() * vocab <= LOSS_LOGITS);
+                next = c.end;
+            }
+            assert_eq!(next, rows);
         }
-        assert!(rank_step_memory(&c, 3, 4, Schedule::Balanced, Checkpoint::Remat, false).is_err());
+        assert_eq!(loss_chunks(5000, 32000).count(), 3);
+        assert_eq!(loss_chunks(4194, 32000).count(), 2);
+        // A vocabulary larger than the budget still makes progress, a row at a time.
+        assert_eq!(loss_chunk_rows(LOSS_LOGITS * 2), 1);
     }
 
     #[test]

@@ -16,23 +16,7 @@
 //! forward and 2N·d backward are derived in `docs/communication.md`.
 
 use super::{Payload, Plan, Step, Transfer};
-use crate::attn::Dims;
-
-/// How a tensor of a payload is stored: in the backend's input precision (Q, K, V, dO: bf16 or
-/// fp16 on a GPU) or always f32 (statistics, partial results, gradients).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Precision {
-    Input,
-    F32,
-}
-
-/// One tensor of a payload: its element count and precision. A receiver allocates from this
-/// before the data arrives (NCCL needs the buffer up front) and checks what it got against it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Part {
-    pub len: usize,
-    pub precision: Precision,
-}
+use crate::shape::{Dims, Part, Precision};
 
 /// The tensors `payload` carries for a chunk of `rows` rows, in the order they travel.
 pub fn parts(payload: Payload, dims: &Dims, rows: usize) -> Vec<Part> {

@@ -9,6 +9,7 @@ use crate::model::config::Config;
 use crate::model::cost;
 use crate::plan::Schedule;
 use crate::runtime::{Device, OpenedGpu, Runtime, Topology};
+use crate::sim;
 use anyhow::{Result, bail};
 
 /// What a model job is about to run, for its memory estimate.
@@ -43,7 +44,7 @@ impl MemoryCheck {
     /// and the executor's buffers; threads sharing one GPU (virtual workers) each hold their own
     /// copy of the model's state.
     pub fn gpu_estimate(&self, runtime: &Runtime) -> Result<cost::StepMemory> {
-        let mut need = cost::gpu_step_memory(
+        let mut need = sim::gpu_step_memory(
             &self.config,
             self.seq,
             self.ranks(runtime),

@@ -2,7 +2,7 @@
 //! sizes mirror the `#define`s in `kernels/forward.cu` and `kernels/backward.cu`; a change there
 //! must change these too (the shared-memory sizes would be wrong otherwise).
 
-use crate::attn::Dims;
+use crate::shape::Dims;
 use anyhow::{Result, bail};
 use cudarc::driver::LaunchConfig;
 

@@ -2,9 +2,9 @@
 //! bracketed by events on the backend's stream (host clocks would time launches, not kernels).
 
 use super::CudaBackend;
-use crate::attn::Dims;
 use crate::backend::Backend;
 use crate::inputs::Inputs;
+use crate::shape::Dims;
 use anyhow::{Result, anyhow};
 use cudarc::driver::sys::CUevent_flags;
 use serde::Serialize;

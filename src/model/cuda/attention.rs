@@ -15,7 +15,6 @@
 use crate::attn::{Dims, Partial};
 use crate::backend::Order;
 use crate::backend::cuda::{CudaBackend, Tensor};
-use crate::comm::Buffer;
 use crate::model::attention::Attention;
 use anyhow::{Result, bail};
 
@@ -85,7 +84,7 @@ impl Attention<Tensor> for CudaAttention<'_> {
         let fwd = Partial {
             out: self.relayout(o, h, Order::ToHeadMajor, "O")?,
             // The backward reads LSE from a `Partial`, which owns it: a copy of h·rows floats.
-            lse: lse.duplicate()?,
+            lse: lse.try_clone()?,
         };
         let dout = self.relayout(dout, h, Order::ToHeadMajor, "dO")?;
         let g = self

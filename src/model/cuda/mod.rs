@@ -29,11 +29,12 @@ mod gemm;
 mod kernels;
 pub(crate) mod shapes;
 
+use super::cost::{loss_chunk_rows, loss_chunks};
 use super::cpu::rope_inv_freq;
 use super::ops::{AdamW, LossOut, Ops, check_positions, check_rows};
-use crate::attn::Span;
 use crate::backend::Backend;
 use crate::backend::cuda::{CudaBackend, InputDtype, Tensor, elementwise_config, rows_config};
+use crate::shape::Span;
 use anyhow::{Result, anyhow, bail};
 use args::{check, f32_mut, f32_ref, int, push, push_mut};
 use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr, PushKernelArg, ValidAsZeroBits};
@@ -495,11 +496,11 @@ impl Ops for CudaOps {
         let mut dh = self.alloc::<f32>(rows * dim)?;
         let mut loss = self.alloc::<f32>(rows)?;
         let mut argmax = self.alloc::<u32>(rows)?;
-        let most = shapes::loss_chunk_rows(vocab).min(rows);
+        let most = loss_chunk_rows(vocab).min(rows);
         let mut logits = self.alloc::<f32>(most * vocab)?;
         let mut dlogits = self.alloc::<u16>(most * vocab)?;
         let (v, sc) = (int(vocab, "a vocabulary")?, scale as f32);
-        for r in shapes::loss_chunks(rows, vocab) {
+        for r in loss_chunks(rows, vocab) {
             let n = r.len();
             let hc = h.get().slice(r.start * dim..r.end * dim);
             let shape = GemmShape::forward(n, dim, vocab);

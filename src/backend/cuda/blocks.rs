@@ -1,0 +1,383 @@
+//! The [`Backend`] block API on the GPU, which `exec` drives for distributed schedules: a block's
+//! forward folded into an f32 running state in place, finalize and merge of partial results, D,
+//! and a block's backward accumulating f32 gradients; with the launch arguments every attention
+//! kernel shares (block geometry, tensor maps).
+
+use super::tensor::{f32_mut, f32_ref, half};
+use super::{CudaBackend, InputDtype, Kernels, Tensor, Tuning, launch, tma};
+use crate::attn::{Block, GradsMut, Partial, QuerySide, RunningState};
+use crate::backend::Backend;
+use crate::shape::Dims;
+use anyhow::{Result, bail};
+use cudarc::driver::{CudaSlice, DevicePtr, LaunchArgs, PushKernelArg};
+use rayon::prelude::*;
+
+impl CudaBackend {
+    /// Q, K and V of `block` as the kernels read them, each checked for dtype and size.
+    fn block_qkv<'t>(
+        &self,
+        dims: &Dims,
+        block: Block,
+        q: &'t Tensor,
+        k: &'t Tensor,
+        v: &'t Tensor,
+    ) -> Result<[&'t CudaSlice<u16>; 3]> {
+        let (dt, qn, kvn) = (self.dtype, block.q.len, block.kv.len);
+        Ok([
+            half(q, dt, dims.q_len(qn), "Q")?,
+            half(k, dt, dims.kv_len(kvn), "K")?,
+            half(v, dt, dims.kv_len(kvn), "V")?,
+        ])
+    }
+
+    /// The tensor maps the wgmma forward loads Q, K and V of `block` through (`tma`); none for
+    /// the mma.sync kernel, which loads with cp.async.
+    fn forward_maps(
+        &self,
+        dims: &Dims,
+        block: Block,
+        [q, k, v]: [&CudaSlice<u16>; 3],
+        tuning: &Tuning,
+    ) -> Result<Option<[tma::TensorMap; 3]>> {
+        if !tuning.fwd_wgmma {
+            return Ok(None);
+        }
+        let rows = launch::WGMMA_FWD_ROWS;
+        let q_shape =
+            tma::TileMapShape::new(dims.batch * dims.heads, block.q.len, dims.head_dim, rows)?;
+        let kv_shape = tma::TileMapShape::new(
+            dims.batch * dims.kv_heads,
+            block.kv.len,
+            dims.head_dim,
+            rows,
+        )?;
+        let bf16 = self.dtype == InputDtype::Bf16;
+        let ptr = |t: &CudaSlice<u16>| t.device_ptr(&self.stream).0;
+        Ok(Some([
+            q_shape.encode(ptr(q), bf16)?,
+            kv_shape.encode(ptr(k), bf16)?,
+            kv_shape.encode(ptr(v), bf16)?,
+        ]))
+    }
+
+    fn fill(&self, k: &Kernels, x: &mut CudaSlice<f32>, value: f32) -> Result<()> {
+        let n = x.len() as i64;
+        let mut b = self.stream.launch_builder(&k.fill_f32);
+        b.arg(x).arg(&value).arg(&n);
+        self.launch("fill_f32", b, launch::elementwise_config(n as usize))
+    }
+
+    /// Forward of `block` writing a finished (O in the input dtype, LSE f32) result directly:
+    /// the running state never leaves registers.
+    pub(super) fn forward_final(
+        &self,
+        dims: &Dims,
+        block: Block,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        out: &mut Partial<Tensor>,
+    ) -> Result<()> {
+        launch::check_dims(dims)?;
+        let kern = self.kernels(dims.head_dim)?;
+        let (dt, qn) = (self.dtype, block.q.len);
+        let [q, k, v] = self.block_qkv(dims, block, q, k, v)?;
+        half(&out.out, dt, dims.q_len(qn), "O")?; // validates, with the sentence
+        let Tensor::Half { data: o, .. } = &mut out.out else {
+            bail!("O must be a {} tensor", dt.name());
+        };
+        let lse = f32_mut(&mut out.lse, dims.stat_len(qn), "LSE")?;
+        let tuning = self.tuning(dims.head_dim);
+        let cfg = launch::forward_config(dims, qn, &tuning)?;
+        let geometry = ForwardGeometry::new(dims, block)?;
+        let maps = self.forward_maps(dims, block, [q, k, v], &tuning)?;
+        let mut b = self.stream.launch_builder(&kern.fwd_final);
+        b.arg(q).arg(k).arg(v).arg(o).arg(lse);
+        geometry.push(&mut b);
+        push_maps(&mut b, &maps);
+        self.launch("the attention forward", b, cfg)
+    }
+}
+
+/// What both forward kernels take after their tensors: the block's geometry and the softmax
+/// scale in base 2 (the kernels use exp2).
+struct ForwardGeometry {
+    ints: [i32; 6],
+    scale_log2: f32,
+}
+
+impl ForwardGeometry {
+    fn new(dims: &Dims, block: Block) -> Result<Self> {
+        Ok(ForwardGeometry {
+            ints: block_ints(dims, block)?,
+            scale_log2: dims.scale() * std::f32::consts::LOG2_E,
+        })
+    }
+
+    fn push<'a>(&'a self, b: &mut LaunchArgs<'a>) {
+        for i in &self.ints {
+            b.arg(i);
+        }
+        b.arg(&self.scale_log2);
+    }
+}
+
+/// The wgmma forward's last arguments: its tensor maps, when it is the kernel in use.
+fn push_maps<'a>(b: &mut LaunchArgs<'a>, maps: &'a Option<[tma::TensorMap; 3]>) {
+    for map in maps.iter().flatten() {
+        b.arg(map);
+    }
+}
+
+/// The kernels' integer arguments for a block: heads, kv_heads, q_len, kv_len, q_start, kv_start.
+fn block_ints(dims: &Dims, block: Block) -> Result<[i32; 6]> {
+    let vals = [
+        dims.heads,
+        dims.kv_heads,
+        block.q.len,
+        block.kv.len,
+        block.q.start,
+        block.kv.start,
+    ];
+    let mut out = [0i32; 6];
+    for (o, v) in out.iter_mut().zip(vals) {
+        *o = i32::try_from(v)
+            .map_err(|_| anyhow::anyhow!("{v} does not fit the kernels' 32-bit row indices"))?;
+    }
+    // Positions are compared as i32 inside the kernels.
+    if block.q.end() > i32::MAX as usize || block.kv.end() > i32::MAX as usize {
+        bail!("sequence positions beyond 2^31 are not supported by the CUDA kernels");
+    }
+    Ok(out)
+}
+
+impl Backend for CudaBackend {
+    type Tensor = Tensor;
+
+    fn synchronize(&self) -> Result<()> {
+        CudaBackend::synchronize(self)
+    }
+
+    fn name(&self) -> String {
+        format!("cuda:{}", self.ordinal)
+    }
+
+    fn upload(&self, host: &[f32]) -> Result<Tensor> {
+        let dtype = self.dtype;
+        let bits: Vec<u16> = host.par_iter().map(|&x| dtype.encode(x)).collect();
+        let data = self
+            .stream
+            .clone_htod(&bits)
+            .map_err(|e| anyhow::anyhow!("copy to the GPU failed: {e:?}"))?;
+        Ok(Tensor::Half { dtype, data })
+    }
+
+    fn download(&self, tensor: &Tensor) -> Result<Vec<f32>> {
+        let err = |e| anyhow::anyhow!("copy from the GPU failed: {e:?}");
+        match tensor {
+            Tensor::Half { dtype, data } => {
+                let bits = self.stream.clone_dtoh(data).map_err(err)?;
+                Ok(bits.par_iter().map(|&b| dtype.decode(b)).collect())
+            }
+            Tensor::F32(data) => self.stream.clone_dtoh(data).map_err(err),
+        }
+    }
+
+    fn zeros(&self, len: usize) -> Result<Tensor> {
+        Ok(Tensor::F32(self.alloc_f32(len)?))
+    }
+
+    fn add_assign(&self, dst: &mut Tensor, src: &Tensor) -> Result<()> {
+        let n = src.len();
+        let src = f32_ref(src, n, "the added tensor")?;
+        let dst = f32_mut(dst, n, "the accumulator")?;
+        // Any compiled variant carries the elementwise kernels; take (or build) the common one.
+        let kern = self.any_kernels()?;
+        let len = n as i64;
+        let mut b = self.stream.launch_builder(&kern.add_f32);
+        b.arg(dst).arg(src).arg(&len);
+        self.launch("add_f32", b, launch::elementwise_config(n))
+    }
+
+    fn new_state(&self, dims: &Dims, rows: usize) -> Result<RunningState<Tensor>> {
+        launch::check_dims(dims)?;
+        let kern = self.kernels(dims.head_dim)?;
+        let mut m = self.alloc_f32(dims.stat_len(rows))?;
+        self.fill(&kern, &mut m, f32::NEG_INFINITY)?;
+        Ok(RunningState {
+            m: Tensor::F32(m),
+            l: Tensor::F32(self.alloc_f32(dims.stat_len(rows))?),
+            acc: Tensor::F32(self.alloc_f32(dims.q_len(rows))?),
+        })
+    }
+
+    fn forward_block(
+        &self,
+        dims: &Dims,
+        block: Block,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        state: &mut RunningState<Tensor>,
+    ) -> Result<()> {
+        launch::check_dims(dims)?;
+        let kern = self.kernels(dims.head_dim)?;
+        let (qn, kvn) = (block.q.len, block.kv.len);
+        if qn == 0 || kvn == 0 {
+            return Ok(());
+        }
+        let [q, k, v] = self.block_qkv(dims, block, q, k, v)?;
+        let m = f32_mut(&mut state.m, dims.stat_len(qn), "the running max")?;
+        let l = f32_mut(&mut state.l, dims.stat_len(qn), "the running sum")?;
+        let acc = f32_mut(&mut state.acc, dims.q_len(qn), "the accumulator")?;
+        let tuning = self.tuning(dims.head_dim);
+        let cfg = launch::forward_config(dims, qn, &tuning)?;
+        let geometry = ForwardGeometry::new(dims, block)?;
+        let maps = self.forward_maps(dims, block, [q, k, v], &tuning)?;
+        let mut b = self.stream.launch_builder(&kern.fwd_state);
+        b.arg(q).arg(k).arg(v).arg(m).arg(l).arg(acc);
+        geometry.push(&mut b);
+        push_maps(&mut b, &maps);
+        self.launch("the attention block forward", b, cfg)
+    }
+
+    fn finalize(
+        &self,
+        dims: &Dims,
+        rows: usize,
+        state: RunningState<Tensor>,
+    ) -> Result<Partial<Tensor>> {
+        launch::check_dims(dims)?;
+        let kern = self.kernels(dims.head_dim)?;
+        let m = f32_ref(&state.m, dims.stat_len(rows), "the running max")?;
+        let l = f32_ref(&state.l, dims.stat_len(rows), "the running sum")?;
+        let acc = f32_ref(&state.acc, dims.q_len(rows), "the accumulator")?;
+        let mut out = self.alloc_f32(dims.q_len(rows))?;
+        let mut lse = self.alloc_f32(dims.stat_len(rows))?;
+        let n = dims.stat_len(rows) as i64;
+        let mut b = self.stream.launch_builder(&kern.finalize_rows);
+        b.arg(m).arg(l).arg(acc).arg(&mut out).arg(&mut lse).arg(&n);
+        self.launch("finalize_rows", b, launch::rows_config(n as usize)?)?;
+        Ok(Partial {
+            out: Tensor::F32(out),
+            lse: Tensor::F32(lse),
+        })
+    }
+
+    fn merge(
+        &self,
+        dims: &Dims,
+        rows: usize,
+        into: &mut Partial<Tensor>,
+        other: &Partial<Tensor>,
+    ) -> Result<()> {
+        launch::check_dims(dims)?;
+        let kern = self.kernels(dims.head_dim)?;
+        let ob = f32_ref(&other.out, dims.q_len(rows), "the merged partial's O")?;
+        let lb = f32_ref(&other.lse, dims.stat_len(rows), "the merged partial's LSE")?;
+        let oa = f32_mut(&mut into.out, dims.q_len(rows), "the partial's O")?;
+        let la = f32_mut(&mut into.lse, dims.stat_len(rows), "the partial's LSE")?;
+        let n = dims.stat_len(rows) as i64;
+        let mut b = self.stream.launch_builder(&kern.merge_rows);
+        b.arg(oa).arg(la).arg(ob).arg(lb).arg(&n);
+        self.launch("merge_rows", b, launch::rows_config(n as usize)?)
+    }
+
+    fn delta(&self, dims: &Dims, rows: usize, out: &Tensor, dout: &Tensor) -> Result<Tensor> {
+        launch::check_dims(dims)?;
+        let kern = self.kernels(dims.head_dim)?;
+        let len = dims.q_len(rows);
+        let dout = half(dout, self.dtype, len, "dO")?;
+        let mut delta = self.alloc_f32(dims.stat_len(rows))?;
+        let n = dims.stat_len(rows) as i64;
+        let cfg = launch::rows_config(n as usize)?;
+        match out {
+            Tensor::F32(o) if o.len() == len => {
+                let mut b = self.stream.launch_builder(&kern.delta_f32);
+                b.arg(o).arg(dout).arg(&mut delta).arg(&n);
+                self.launch("delta_f32", b, cfg)?;
+            }
+            Tensor::Half { dtype, data } if *dtype == self.dtype && data.len() == len => {
+                let mut b = self.stream.launch_builder(&kern.delta_half);
+                b.arg(data).arg(dout).arg(&mut delta).arg(&n);
+                self.launch("delta_half", b, cfg)?;
+            }
+            other => bail!(
+                "O must be an f32 or {} tensor of {len} elements, got {}",
+                self.dtype.name(),
+                other.describe()
+            ),
+        }
+        Ok(Tensor::F32(delta))
+    }
+
+    fn backward_block(
+        &self,
+        dims: &Dims,
+        block: Block,
+        query: QuerySide<'_, Tensor>,
+        k: &Tensor,
+        v: &Tensor,
+        grads: GradsMut<'_, Tensor>,
+    ) -> Result<()> {
+        launch::check_dims(dims)?;
+        let kern = self.kernels(dims.head_dim)?;
+        let (dt, qn, kvn) = (self.dtype, block.q.len, block.kv.len);
+        if qn == 0 || kvn == 0 {
+            return Ok(());
+        }
+        let q = half(query.q, dt, dims.q_len(qn), "Q")?;
+        let dout = half(query.dout, dt, dims.q_len(qn), "dO")?;
+        let lse = f32_ref(query.lse, dims.stat_len(qn), "LSE")?;
+        let delta = f32_ref(query.delta, dims.stat_len(qn), "D")?;
+        let k = half(k, dt, dims.kv_len(kvn), "K")?;
+        let v = half(v, dt, dims.kv_len(kvn), "V")?;
+        let dq = f32_mut(grads.dq, dims.q_len(qn), "dQ")?;
+        let dk = f32_mut(grads.dk, dims.kv_len(kvn), "dK")?;
+        let dv = f32_mut(grads.dv, dims.kv_len(kvn), "dV")?;
+        let cfg = launch::backward_config(dims, kvn, &self.tuning(dims.head_dim))?;
+        let ints = block_ints(dims, block)?;
+        let scale = dims.scale();
+        let mut b = self.stream.launch_builder(&kern.bwd_block);
+        b.arg(q).arg(k).arg(v).arg(dout).arg(lse).arg(delta);
+        b.arg(dq).arg(dk).arg(dv);
+        for i in &ints {
+            b.arg(i);
+        }
+        b.arg(&scale);
+        self.launch("the attention block backward", b, cfg)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    use crate::shape::Span;
+
+    #[test]
+    fn block_ints_order_and_range() {
+        let dims = Dims {
+            batch: 1,
+            heads: 8,
+            kv_heads: 2,
+            head_dim: 64,
+        };
+        let block = Block {
+            q: Span {
+                start: 100,
+                len: 50,
+            },
+            kv: Span { start: 20, len: 30 },
+        };
+        assert_eq!(block_ints(&dims, block).unwrap(), [8, 2, 50, 30, 100, 20]);
+        let huge = Block {
+            q: Span {
+                start: i32::MAX as usize,
+                len: 2,
+            },
+            kv: block.kv,
+        };
+        assert!(block_ints(&dims, huge).is_err());
+    }
+}

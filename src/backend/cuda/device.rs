@@ -1,0 +1,167 @@
+//! The device: opening one GPU (driver present, device there, compute capability 8.0 or newer),
+//! its context and the one stream every kernel runs on, host-device copies, allocation and the
+//! single place kernels are launched.
+
+use super::{InputDtype, Kernels, Tensor, Tuning};
+use anyhow::{Result, bail};
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream, LaunchArgs, LaunchConfig};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+/// The error a machine without the CUDA driver gets, before cudarc could panic on it.
+fn require_driver() -> Result<()> {
+    // SAFETY: only probes whether the driver library can be opened; no CUDA call is made.
+    if unsafe { cudarc::driver::sys::is_culib_present() } {
+        Ok(())
+    } else {
+        bail!("no CUDA driver found; use --device cpu")
+    }
+}
+
+/// One GPU running attention blocks; see the module docs for precision and entry points.
+pub struct CudaBackend {
+    pub(super) ordinal: usize,
+    pub(super) dtype: InputDtype,
+    /// `None`: the per-head-dim default ([`Tuning::for_head_dim`]).
+    pub(super) tuning: Option<Tuning>,
+    pub(super) capability: (i32, i32),
+    pub(super) ctx: Arc<CudaContext>,
+    pub(super) stream: Arc<CudaStream>,
+    pub(super) kernels: Mutex<HashMap<usize, Arc<Kernels>>>,
+}
+
+impl CudaBackend {
+    /// Opens GPU `ordinal` with inputs stored as `dtype`. Fails with a sentence when there is no
+    /// driver, no such device, or a device older than compute capability 8.0 (the kernels use
+    /// bf16 tensor cores and `cp.async`).
+    pub fn new(ordinal: usize, dtype: InputDtype) -> Result<Self> {
+        require_driver()?;
+        let count = CudaContext::device_count()
+            .map_err(|e| anyhow::anyhow!("could not count the CUDA devices: {e:?}"))?;
+        if ordinal >= count.max(0) as usize {
+            bail!(
+                "GPU {ordinal} was asked for but this machine has {count}; start at most {count} GPU processes per node (one per GPU)"
+            );
+        }
+        let ctx = CudaContext::new(ordinal)
+            .map_err(|e| anyhow::anyhow!("could not open CUDA device {ordinal}: {e:?}"))?;
+        let capability = ctx
+            .compute_capability()
+            .map_err(|e| anyhow::anyhow!("could not query CUDA device {ordinal}: {e:?}"))?;
+        if capability.0 < 8 {
+            bail!(
+                "CUDA device {ordinal} has compute capability {}.{}; the attention kernels need 8.0 or newer",
+                capability.0,
+                capability.1
+            );
+        }
+        let stream = ctx.default_stream();
+        let backend = CudaBackend {
+            ordinal,
+            dtype,
+            tuning: None,
+            capability,
+            ctx,
+            stream,
+            kernels: Mutex::new(HashMap::new()),
+        };
+        backend.keep_freed_memory()?;
+        Ok(backend)
+    }
+
+    /// Selects another kernel shape variant for every head dim (see [`Tuning`]); for re-tuning
+    /// on other GPUs.
+    pub fn with_tuning(mut self, tuning: Tuning) -> Result<Self> {
+        tuning.validate()?;
+        self.tuning = Some(tuning);
+        self.kernels
+            .lock()
+            .map_err(|_| anyhow::anyhow!("kernel cache lock poisoned"))?
+            .clear();
+        Ok(self)
+    }
+
+    /// The kernel shape variant used for `head_dim` on this device.
+    pub fn tuning(&self, head_dim: usize) -> Tuning {
+        self.tuning
+            .unwrap_or_else(|| Tuning::for_head_dim(head_dim))
+            .for_device(head_dim, self.capability)
+    }
+
+    /// The input dtype chosen at construction.
+    pub fn dtype(&self) -> InputDtype {
+        self.dtype
+    }
+
+    /// The stream every kernel of this backend runs on (for events and timing).
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    /// Copies host f32 data to the device as an f32 tensor (statistics, accumulators), where
+    /// [`Backend::upload`](crate::backend::Backend::upload) would round to the input dtype.
+    pub fn upload_f32(&self, host: &[f32]) -> Result<Tensor> {
+        let data = self
+            .stream
+            .clone_htod(host)
+            .map_err(|e| anyhow::anyhow!("copy to the GPU failed: {e:?}"))?;
+        Ok(Tensor::F32(data))
+    }
+
+    /// Waits until all queued work is done; surfaces asynchronous kernel errors.
+    pub fn synchronize(&self) -> Result<()> {
+        self.stream
+            .synchronize()
+            .map_err(|e| anyhow::anyhow!("CUDA device {} failed: {e:?}", self.ordinal))
+    }
+
+    pub(super) fn launch(
+        &self,
+        what: &str,
+        mut args: LaunchArgs<'_>,
+        cfg: LaunchConfig,
+    ) -> Result<()> {
+        // SAFETY: every launch site pushes exactly the arguments of the kernel's C signature
+        // (device pointers from `CudaSlice`s whose lengths were validated against the shapes the
+        // kernel indexes, then 32-bit ints, 64-bit lengths and f32 scalars in order), and `cfg`
+        // comes from `launch`, whose shared-memory sizes match the kernels' tile layouts.
+        unsafe { args.launch(cfg) }
+            .map(|_| ())
+            .map_err(|e| anyhow::anyhow!("launching {what} failed: {e:?}"))
+    }
+
+    pub(super) fn alloc_f32(&self, len: usize) -> Result<CudaSlice<f32>> {
+        self.stream
+            .alloc_zeros::<f32>(len)
+            .map_err(|e| anyhow::anyhow!("could not allocate {len} f32 on the GPU: {e:?}"))
+    }
+
+    pub(super) fn alloc_half(&self, len: usize) -> Result<Tensor> {
+        let data = self.stream.alloc_zeros::<u16>(len).map_err(|e| {
+            anyhow::anyhow!("could not allocate {len} 16-bit values on the GPU: {e:?}")
+        })?;
+        Ok(Tensor::Half {
+            dtype: self.dtype,
+            data,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Only meaningful where no driver is installed (CI); on a GPU machine it checks nothing.
+    #[test]
+    fn no_driver_is_a_sentence_not_a_panic() {
+        // SAFETY: probing only.
+        if unsafe { cudarc::driver::sys::is_culib_present() } {
+            return;
+        }
+        let err = CudaBackend::new(0, InputDtype::Bf16)
+            .err()
+            .unwrap()
+            .to_string();
+        assert_eq!(err, "no CUDA driver found; use --device cpu");
+    }
+}
