@@ -10,12 +10,11 @@
 use anyhow::{Result, bail};
 use clap::{Parser, Subcommand};
 use distflash::attn::oracle::rel_err;
-use distflash::attn::{
-    self, Block, Dims, Grads, GradsMut, Partial, QuerySide, Span, layout, oracle,
-};
+use distflash::attn::{self, Block, Grads, GradsMut, Partial, QuerySide, layout, oracle};
 use distflash::backend::Backend;
 use distflash::backend::cuda::{CudaBackend, InputDtype, Tensor, Tuning, median_ms};
 use distflash::inputs::Inputs;
+use distflash::shape::{Dims, Span};
 use distflash::tensor_file::{self, Named};
 
 #[derive(Parser)]

@@ -16,7 +16,6 @@
 
 use anyhow::{Context, Result, bail};
 use clap::Parser;
-use distflash::attn::Span;
 use distflash::backend::cuda::{CudaBackend, InputDtype, Tensor};
 use distflash::model::attention::{Attention, Dense};
 use distflash::model::config::Config;
@@ -25,6 +24,7 @@ use distflash::model::cuda::CudaOps;
 use distflash::model::ops::{AdamW, Ops};
 use distflash::model::weights::{self, Weights};
 use distflash::model::{Checkpoint, Chunk, forward_backward};
+use distflash::shape::Span;
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 

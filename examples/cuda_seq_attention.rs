@@ -18,8 +18,8 @@
 //! Needs a GPU; on a machine without one it says so and exits non-zero.
 
 use anyhow::{Result, bail};
+use distflash::attn::layout;
 use distflash::attn::oracle::{self, rel_err};
-use distflash::attn::{Dims, layout};
 use distflash::backend::Backend;
 use distflash::backend::cuda::{CudaBackend, InputDtype, Tensor, median_ms};
 use distflash::comm::LocalComm;
@@ -28,6 +28,7 @@ use distflash::model::attention::Attention;
 use distflash::model::cuda::attention::CudaAttention;
 use distflash::plan::{Partition, Schedule};
 use distflash::runtime::{collect_results, run_workers};
+use distflash::shape::Dims;
 use distflash::train::attention::Distributed;
 use serde_json::json;
 use std::time::Duration;

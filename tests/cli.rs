@@ -1,8 +1,10 @@
 //! The command-line contract: JSON fields other tools rely on, the saved file's layout, and one
 //! sentence (no panic) for bad input.
 
-use distflash::attn::{Dims, layout, oracle};
+use distflash::attn::{layout, oracle};
+
 use distflash::inputs::Inputs;
+use distflash::shape::Dims;
 use distflash::tensor_file;
 use std::process::{Command, Output};
 

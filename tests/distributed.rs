@@ -2,9 +2,10 @@
 //! worker count 1..=8, both schedules, MHA/GQA/MQA, several head dims, even and uneven chunks.
 
 use distflash::attention_run::on_cpu_threads as run_attention;
-use distflash::attn::{Dims, oracle};
+use distflash::attn::oracle;
 use distflash::inputs::Inputs;
 use distflash::plan::{Pass, Plan, Schedule, chunk_sizes, volume};
+use distflash::shape::Dims;
 use std::time::Duration;
 
 /// max |got − want| / max |want|: relative to the tensor's scale, so a tensor of small entries

@@ -2,13 +2,14 @@
 //! instead of waiting forever.
 
 use anyhow::{Result, bail};
-use distflash::attn::{Dims, layout};
+use distflash::attn::layout;
 use distflash::backend::cpu::CpuBackend;
 use distflash::comm::{Communicator, LocalComm, PeerFailed, Tag};
 use distflash::exec::{OwnChunk, Worker};
 use distflash::inputs::Inputs;
 use distflash::plan::{Partition, Pass, Schedule};
 use distflash::runtime::{collect_results, run_workers};
+use distflash::shape::Dims;
 use std::time::{Duration, Instant};
 
 #[derive(Clone, Copy)]

@@ -97,7 +97,7 @@ fn f64_model(
     let chunk = Chunk {
         tokens: &toks[..n],
         targets: &toks[1..],
-        positions: &[distflash::attn::Span { start: 0, len: n }],
+        positions: &[distflash::shape::Span { start: 0, len: n }],
     };
     let out = forward_backward(
         &ops,

@@ -17,7 +17,7 @@ pub mod oracle;
 pub use block::{backward_block, forward_block};
 pub use merge::{delta, finalize, merge};
 
-pub use crate::shape::{Dims, MAX_HEAD_DIM, Span};
+use crate::shape::{Dims, Span};
 
 /// Query rows `q` against key/value rows `kv` under the causal mask.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -5,11 +5,12 @@
 use super::create_output;
 use anyhow::{Result, bail};
 use distflash::attention_run::{self, AttentionRun, Strategy};
-use distflash::attn::{self, Dims, layout, oracle};
+use distflash::attn::{self, layout, oracle};
 use distflash::backend::cuda::InputDtype;
 use distflash::inputs::Inputs;
 use distflash::plan::Schedule;
 use distflash::runtime::{Device, Runtime};
+use distflash::shape::Dims;
 use distflash::tensor_file::{self, Named};
 use serde::Serialize;
 use std::path::PathBuf;

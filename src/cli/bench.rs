@@ -3,9 +3,10 @@
 
 use anyhow::{Context, Result, bail};
 use clap::Subcommand;
-use distflash::attn::{self, Dims};
+use distflash::attn;
 use distflash::backend::cuda::{CudaBackend, InputDtype, time_attention};
 use distflash::bench;
+use distflash::shape::Dims;
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
 use std::io::Write;

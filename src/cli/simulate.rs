@@ -2,8 +2,8 @@
 //! replaying the plans `exec` runs (see `distflash::sim`).
 
 use anyhow::Result;
-use distflash::attn::Dims;
 use distflash::plan::Schedule;
+use distflash::shape::Dims;
 use distflash::sim::{self, Machine, Workload};
 
 #[derive(clap::Args)]

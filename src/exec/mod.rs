@@ -6,10 +6,12 @@
 //! inputs of step t + 1 therefore travel while step t computes; only returned partials wait for
 //! the compute that makes them.
 
-use crate::attn::{Block, Dims, Grads, GradsMut, Partial, QuerySide, RunningState, Span};
+use crate::attn::{Block, Grads, GradsMut, Partial, QuerySide, RunningState};
+
 use crate::backend::Backend;
 use crate::comm::{Communicator, Incoming, Outgoing, Posted, Tag, Wire};
 use crate::plan::{Pass, Payload, Plan, Role, Task, Transfer, volume};
+use crate::shape::{Dims, Span};
 use anyhow::{Context as _, Result};
 use std::time::{Duration, Instant};
 

@@ -7,7 +7,7 @@
 //! output as is); LSE is opaque to the model, which only keeps it for the backward.
 
 use super::float::Float;
-use crate::attn::Dims;
+use crate::shape::Dims;
 use anyhow::Result;
 
 /// Causal attention of this worker's rows over the whole sequence so far.

@@ -4,7 +4,7 @@
 
 use super::float::Float;
 use super::ops::{AdamW, LossOut, Ops, check_rows, row_positions};
-use crate::attn::Span;
+use crate::shape::Span;
 use anyhow::{Result, bail};
 use ndarray::linalg::general_mat_mul;
 use ndarray::{ArrayView2, ArrayViewMut2, s};

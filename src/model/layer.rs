@@ -23,7 +23,7 @@ use super::attention::Attention;
 use super::config::Config;
 use super::ops::Ops;
 use super::weights::LayerWeights;
-use crate::attn::Span;
+use crate::shape::Span;
 use anyhow::Result;
 use std::borrow::Cow;
 use std::fmt;

@@ -20,7 +20,7 @@ pub mod weights;
 
 pub use layer::{Checkpoint, Layer};
 
-use crate::attn::Span;
+use crate::shape::Span;
 use anyhow::{Result, bail};
 use attention::Attention;
 use config::Config;

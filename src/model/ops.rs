@@ -5,7 +5,7 @@
 //! Matrices are row-major. Activations are `[rows, features]` with one row per token of the
 //! worker's chunk; a linear layer's weight is `[out, in]` as Hugging Face stores it.
 
-use crate::attn::Span;
+use crate::shape::Span;
 use anyhow::{Result, bail};
 
 /// Hyperparameters of one AdamW update (decoupled weight decay, bias-corrected moments).

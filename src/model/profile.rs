@@ -6,7 +6,7 @@
 
 use super::attention::Attention;
 use super::ops::{AdamW, LossOut, Ops};
-use crate::attn::Span;
+use crate::shape::Span;
 use anyhow::Result;
 use serde::Serialize;
 use std::collections::BTreeMap;

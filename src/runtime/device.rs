@@ -3,7 +3,6 @@
 //! attention over a whole sequence where it has one faster than the block API. Jobs are
 //! generic over this one trait and a communicator, so their bounds say no more than that.
 
-use crate::attn::Dims;
 use crate::backend::ModelEdge;
 use crate::backend::cpu::CpuBackend;
 use crate::backend::cuda::{CudaBackend, Tensor};
@@ -13,6 +12,7 @@ use crate::model::cpu::Cpu;
 use crate::model::cuda::CudaOps;
 use crate::model::cuda::attention::CudaAttention;
 use crate::model::ops::Ops;
+use crate::shape::Dims;
 use anyhow::Result;
 
 /// A device: this machine's cores (f32) or one GPU.

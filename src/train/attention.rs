@@ -5,7 +5,6 @@
 //! (`backend::ModelEdge`): on the host for the CPU, by a GPU kernel for CUDA.
 
 use super::Tally;
-use crate::attn::{Dims, Span};
 use crate::backend::cpu::CpuBackend;
 use crate::backend::{Backend, ModelEdge, Order};
 use crate::comm::{Buffer, Communicator, LocalComm, Wire};
@@ -14,6 +13,7 @@ use crate::model::attention::Attention;
 use crate::model::weights::Weights;
 use crate::plan::{Partition, Pass};
 use crate::runtime::ModelDevice;
+use crate::shape::{Dims, Span};
 use anyhow::{Result, bail};
 use std::time::Duration;
 

@@ -6,7 +6,6 @@
 use super::attention::ModelAttention;
 use super::data::Sample;
 use super::memory::MemoryCheck;
-use crate::attn::Span;
 use crate::backend::Backend;
 use crate::comm::Communicator;
 use crate::model::attention::Attention;
@@ -17,6 +16,7 @@ use crate::model::weights::Weights;
 use crate::model::{Checkpoint, weights};
 use crate::plan::{Partition, Schedule};
 use crate::runtime::{Job, ModelDevice, Runtime};
+use crate::shape::Span;
 use anyhow::{Result, bail};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};

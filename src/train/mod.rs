@@ -12,7 +12,6 @@ pub mod memory;
 pub mod state;
 pub mod svg;
 
-use crate::attn::Span;
 use crate::comm::{Communicator, Wire};
 use crate::model::attention::Attention;
 use crate::model::config::Config;
@@ -22,6 +21,7 @@ use crate::model::weights::{self, Weights, specs};
 use crate::model::{Checkpoint, Chunk, forward_backward};
 use crate::plan::{Partition, Schedule};
 use crate::runtime::{Job, ModelDevice, Runtime};
+use crate::shape::Span;
 use anyhow::{Context, Result, bail};
 use attention::ModelAttention;
 use data::{Data, Sample};

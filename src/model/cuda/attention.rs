@@ -12,10 +12,12 @@
 //! `train::attention::Distributed` on the CUDA backend over `comm::nccl::NcclComm` instead: the
 //! same interface and layout kernel, with the executor's block API and communication.
 
-use crate::attn::{Dims, Partial};
+use crate::attn::Partial;
+
 use crate::backend::Order;
 use crate::backend::cuda::{CudaBackend, Tensor};
 use crate::model::attention::Attention;
+use crate::shape::Dims;
 use anyhow::{Result, bail};
 
 /// Causal attention of one whole sequence of `rows` tokens on one GPU.
