@@ -2,6 +2,7 @@
 //!
 //!   gpu_timing attention --seqs 16384,65536 --head-dims 128   # a kernel variant's TFLOP/s
 //!   gpu_timing layout --seq 16384      # the model adapter's layout changes vs the fast path
+//!   gpu_timing ops                     # a few model ops at LLaMA-7B sizes, bf16 and fp16
 //!
 //! `attention` is `distflash bench attention` (same JSON lines, for `distflash bench report`)
 //! with the kernel variant named in `DISTFLASH_TUNING` (e.g. `bwd-warps=4,fwd-wgmma=false`,
@@ -9,7 +10,8 @@
 //! variable) and the variant recorded in each line. `layout` times forward+backward through
 //! `train::cuda_attention::CudaAttention` against the fast path alone at LLaMA-7B's attention
 //! shape, the cost a training step pays per layer, with the memory figures `bench train`
-//! reports. Needs a GPU; without one it says so and exits non-zero.
+//! reports. `ops` times the largest model ops alone (4096 rows; `bench train --profile` gives
+//! every op's share of a whole step, with the device waited for after each). Needs a GPU; without one it says so and exits non-zero.
 
 #[path = "../tests/gpu_common/tuning.rs"]
 mod tuning;
@@ -21,8 +23,12 @@ use distflash::backend::Backend;
 use distflash::backend::cuda::{CudaBackend, InputDtype, median_ms, time_attention};
 use distflash::inputs::Inputs;
 use distflash::model::attention::Attention;
+use distflash::model::cuda::CudaOps;
+use distflash::model::ops::Ops;
 use distflash::shape::Dims;
 use distflash::train::cuda_attention::CudaAttention;
+use rand::rngs::StdRng;
+use rand::{RngExt, SeedableRng};
 use serde_json::json;
 
 #[derive(Parser)]
@@ -47,6 +53,8 @@ enum Cli {
         #[arg(long, default_value_t = 16384)]
         seq: usize,
     },
+    /// GEMMs, the loss and RMSNorm of `model::cuda::CudaOps` at LLaMA-7B sizes, 4096 rows.
+    Ops,
 }
 
 fn open(dtype: InputDtype) -> Result<CudaBackend> {
@@ -67,6 +75,12 @@ fn main() -> Result<()> {
             json,
         } => attention(&open(dtype)?, &seqs, &head_dims, heads, json.as_deref()),
         Cli::Layout { seq } => layout_cost(&open(InputDtype::Bf16)?, seq),
+        Cli::Ops => {
+            for dtype in [InputDtype::Bf16, InputDtype::F16] {
+                ops(&CudaOps::new(open(dtype)?)?)?;
+            }
+            Ok(())
+        }
     }
 }
 
@@ -159,4 +173,60 @@ fn layout_cost(be: &CudaBackend, seq: usize) -> Result<()> {
         })
     );
     Ok(())
+}
+
+/// Prints the mean time of a few ops over 10 runs after one warm-up (host clock around
+/// `synchronize`), and TFLOP/s where the op's FLOPs are known.
+fn ops(gpu: &CudaOps) -> Result<()> {
+    let (rows, d, i, vocab) = (4096, 4096, 11008, 32000);
+    let mut rng = StdRng::seed_from_u64(7);
+    let mut half = |len: usize, lo: f32, hi: f32| {
+        let host: Vec<f32> = (0..len).map(|_| rng.random_range(lo..hi)).collect();
+        gpu.upload(&host)
+    };
+    let x = half(rows * d, -1.0, 1.0)?;
+    let w = half(i * d, -0.02, 0.02)?;
+    let dy = half(rows * i, -1.0, 1.0)?;
+    let head = half(vocab * d, -0.02, 0.02)?;
+    let gain = half(d, 0.5, 1.5)?;
+    let targets: Vec<u32> = (0..rows as u32).map(|r| r * 7 % vocab as u32).collect();
+    let (mut dx, mut dw) = (gpu.zeros(rows * d)?, gpu.zeros(i * d)?);
+    let mut dhead = gpu.zeros(vocab * d)?;
+    let gemm = 2.0 * (rows * d * i) as f64;
+    let time = |name: &str, flops: f64, f: &mut dyn FnMut() -> Result<()>| -> Result<()> {
+        f()?;
+        gpu.backend().synchronize()?;
+        let reps = 10;
+        let start = std::time::Instant::now();
+        for _ in 0..reps {
+            f()?;
+        }
+        gpu.backend().synchronize()?;
+        let s = start.elapsed().as_secs_f64() / reps as f64;
+        let rate = if flops > 0.0 {
+            format!("{:6.1} TFLOP/s", flops / s / 1e12)
+        } else {
+            String::new()
+        };
+        let dtype = gpu.backend().dtype().name();
+        println!("{dtype} time {name:<44} {:8.3} ms {rate}", s * 1e3);
+        Ok(())
+    };
+    time("linear 4096x4096 -> 11008", gemm, &mut || {
+        gpu.linear(&x, &w, rows, d, i).map(drop)
+    })?;
+    time(
+        "linear_backward 4096x4096 -> 11008",
+        2.0 * gemm,
+        &mut || gpu.linear_backward(&dy, &x, &w, rows, d, i, &mut dx, &mut dw),
+    )?;
+    let loss = 6.0 * (rows * d * vocab) as f64;
+    time("cross_entropy 4096 rows, 4096 -> 32000", loss, &mut || {
+        let scale = 1.0 / rows as f64;
+        gpu.cross_entropy(&x, &head, &targets, d, vocab, scale, &mut dhead)
+            .map(drop)
+    })?;
+    time("rmsnorm 4096x4096", 0.0, &mut || {
+        gpu.rmsnorm(&x, &gain, rows, d, 1e-5).map(drop)
+    })
 }

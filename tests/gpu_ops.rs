@@ -15,7 +15,8 @@
 //! The attention of the whole-model check runs on the host (`model::attention::Dense` in f64 on
 //! downloaded Q, K, V): this checks the model ops, not the attention kernels
 //! (`tests/gpu_attention.rs`, `tests/gpu_model_attention.rs` do). Op timings at LLaMA-7B sizes
-//! are `distflash bench train --device cuda --preset llama2-7b --profile`.
+//! are `examples/gpu_timing.rs ops` (alone) and `distflash bench train --device cuda
+//! --preset llama2-7b --profile` (within a step).
 
 mod gpu_common;
 
