@@ -13,8 +13,10 @@
 #   5. the short training run of gpu_train_checks.sh: 1 GPU worker, 2 zigzag and 3 unbalanced
 #      virtual workers and the CPU, loss curves compared (compare_losses.py)
 # then prints each new figure beside the recorded one (also in $OUT/summary.md). Files in $OUT
-# (a call returns at most eight): gpu_tests.log, attention_checks.log, parity.log,
-# hf_parity_cuda.json, bench_train.jsonl, train.log, session.log, summary.md.
+# (a call returns at most eight, so the call's command writes nothing else there: the console,
+# which ends with the table, is the call's output): gpu_tests.log, attention_checks.log,
+# parity.log, hf_parity_cuda.json, bench_train.jsonl, train.log, session.log, summary.md.
+# The first run (commit c0aae7e, 215 s) is bench/results/runtime-verify-2026-12-01-c0aae7e.
 # Run from the repository root on the GPU machine, binaries built here first:
 #   bash bench/peers/build_gpu_tests.sh
 #   bash bench/peers/runtime_verify.sh        (device call, nvidia-h200, carry [".dev"])
