@@ -16,10 +16,10 @@
 //     computes all columns over its own 64 keys. The tile goes to shared memory, and at the
 //     start of the next tile bulk reductions (`cp.reduce.async.bulk`, one per row) add it to dQ
 //     in the background; per-thread vector atomics here cost 7% of the backward's speed
-//     (bench/kernel-notes.md, v7).
+//     (bench/notes/kernel-notes.md, v7).
 // Compared with the per-warp mma.sync kernel, B operands are read from shared memory once per
 // warpgroup instead of once per warp, which is what limited that kernel (81% shared-memory
-// throughput, bench/kernel-notes.md).
+// throughput, bench/notes/kernel-notes.md).
 //
 // Tiles and wgmma helpers: wgmma.cuh.
 

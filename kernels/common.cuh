@@ -90,7 +90,7 @@ __device__ __forceinline__ u32 swz128(int rows, int row, int col) {
 // the swizzle of all of a thread's chunks is that of its first row, and every copy after the
 // first is the first one's addresses plus constants: the loop compiles to bare cp.async
 // instructions with immediate offsets. (Indexing chunks by a strided `i` instead cost as many
-// instructions per tile as the forward's softmax: bench/kernel-notes.md, v7.)
+// instructions per tile as the forward's softmax: bench/notes/kernel-notes.md, v7.)
 template <int ROWS, int THREADS, bool ATOMS = false>
 __device__ __forceinline__ void load_tile(u32 dst, const u16* base, int row0, int rows_total) {
     constexpr int CHUNKS = HEAD_DIM / 8;          // 16-byte chunks per row

@@ -177,7 +177,7 @@ __device__ __forceinline__ void mbar_expect_bytes(u32 bar, u32 bytes) {
 // with 384 threads may use only 168 registers per thread, so the warpgroup that only loads drops
 // to 24 and the two that compute take 240. A claim waits until released registers cover it, and
 // only the CTA's own count: (168 − 24)·128 = (240 − 168)·256 exactly, so these numbers go
-// together (a backward that released only to 32 hung: bench/kernel-notes.md, v8).
+// together (a backward that released only to 32 hung: bench/notes/kernel-notes.md, v8).
 template <int REGS>
 __device__ __forceinline__ void regs_release() {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(REGS));

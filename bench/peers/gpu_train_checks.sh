@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # One device call (nvidia-h200): the correctness checks of training on a GPU. Writes to $OUT:
-#   ops_check.log       examples/cuda_ops_check: every CudaOps op and the tiny model vs the CPU in f64
-#   seq_attention.log   examples/cuda_seq_attention: the model's attention adapter vs the fast path,
-#                       the f64 oracle and virtual workers
+#   gpu_tests.log       tests/gpu_ops.rs (every CudaOps op and the tiny model vs the CPU in f64)
+#                       and tests/gpu_model_attention.rs (the model's attention adapter vs the
+#                       fast path, the f64 oracle and virtual workers), run by gpu_tests.sh
 #   parity.log, hf_parity_cuda.json
 #                       bench/peers/hf_parity.py --device cuda: loss and every gradient vs
 #                       transformers in float64, ours within 2x transformers' own bf16 error
@@ -11,18 +11,15 @@
 #                       unbalanced: the multi-GPU training algorithm on one device), and on the
 #                       CPU (f32): every loss curve must agree with the 1-worker GPU run to bf16
 #                       noise and fall (bench/peers/compare_losses.py)
-# Run from the repository root with the binaries built here:
-#   cargo build --release --examples && mkdir -p .dev && cp target/release/distflash \
-#     target/release/examples/cuda_ops_check target/release/examples/cuda_seq_attention .dev/
+# Run from the repository root with the binaries built here by build_gpu_tests.sh:
+#   bash bench/peers/build_gpu_tests.sh
 #   BIN_DIR=.dev bash bench/peers/gpu_train_checks.sh          (device call, carry [".dev"])
 set -u
 BIN_DIR=${BIN_DIR:-.dev}
 PEERS=$(dirname "$0")
 export DISTFLASH_CACHE_DIR=${DISTFLASH_CACHE_DIR:-/tmp/distflash-cache} PYTHONUNBUFFERED=1
 status=0
-"$BIN_DIR/cuda_ops_check" > "$OUT/ops_check.log" 2>&1 || { echo "cuda_ops_check failed"; status=1; }
-"$BIN_DIR/cuda_seq_attention" --time 16384 > "$OUT/seq_attention.log" 2>&1 \
-  || { echo "cuda_seq_attention failed"; status=1; }
+BIN_DIR=$BIN_DIR TESTS="gpu_ops gpu_model_attention" bash "$PEERS/gpu_tests.sh" || status=1
 PARITY=$(mktemp -d)
 python3 "$PEERS/hf_parity.py" --bin "$BIN_DIR/distflash" --out "$PARITY" --device cuda \
   > "$OUT/parity.log" 2>&1 || { echo "hf_parity --device cuda failed"; status=1; }

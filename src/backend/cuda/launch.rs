@@ -31,7 +31,7 @@ pub const HEAD_DIMS: [usize; 2] = [64, 128];
 
 /// Compile-time shape choices of the kernels (they become `#define`s). Each trades registers
 /// against reuse of shared-memory fragments; [`Tuning::for_head_dim`] is the fastest measured on
-/// an H200 (see `bench/kernel-notes.md`), the others stay selectable for re-tuning elsewhere.
+/// an H200 (see `bench/notes/kernel-notes.md`), the others stay selectable for re-tuning elsewhere.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Tuning {
     /// Warps per forward CTA (4, 8 or 12).

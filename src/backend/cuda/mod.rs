@@ -26,7 +26,7 @@
 //! Shapes: head dim 64 or 128 (others are refused with a sentence), bf16 or fp16, any batch,
 //! MHA/GQA/MQA, any lengths (tiles past the end are zero-filled and masked). Kernel tile shapes
 //! are a [`Tuning`], by default the fastest measured on an H200 for the head dim; numbers and
-//! history in `bench/kernel-notes.md`.
+//! history in `bench/notes/kernel-notes.md`.
 //!
 //! Files, by what each owns: `device` (opening the GPU, its stream, allocation, launching),
 //! `tensor` (input dtypes, [`Tensor`], argument checks), `compile` (NVRTC and its cache),

@@ -1,22 +1,27 @@
-//! GPU check of the model ops (`model::cuda::CudaOps`) against the CPU ops in f64, on the same
+//! The model ops on a GPU (`model::cuda::CudaOps`) against the CPU ops in f64 on the same
 //! inputs (rounded to the 16-bit format first), op by op, then one whole `forward_backward` of
-//! the tiny preset: the loss and every gradient.
+//! the tiny preset: the loss and every gradient; in bf16 and in fp16. Runs with
+//! `DISTFLASH_GPU_TESTS=1` on a GPU machine (`bench/peers/gpu_tests.sh`); elsewhere each test
+//! prints why it is skipped.
 //!
-//!   cuda_ops_check [--device 0] [--dtypes bf16,fp16]
-//!
-//! Prints one line per comparison: the relative error ‖gpu − cpu‖ / ‖cpu‖, its bound, PASS or
-//! FAIL; exits non-zero if any fails. Bounds: 1e-2 where the GPU result is 16-bit or went through
-//! a 16-bit rounding the f64 reference does not have (an f32 gradient rounded for cuBLAS, the
-//! loss's 16-bit dlogits), which is a few units of bf16's 2⁻⁸ roundoff; 2e-3 where the GPU
-//! accumulates the same inputs in f32; 3e-2 for the gradients of the whole model, where 16-bit
-//! activations of two layers compound. A wrong index or a missing term errs by O(1).
+//! Each comparison prints one line: the relative error ‖gpu − cpu‖ / ‖cpu‖, its bound, PASS or
+//! FAIL; a test fails if any of its comparisons does. Bounds: 1e-2 where the GPU result is
+//! 16-bit or went through a 16-bit rounding the f64 reference does not have (an f32 gradient
+//! rounded for cuBLAS, the loss's 16-bit dlogits), which is a few units of bf16's 2⁻⁸
+//! roundoff; 2e-3 where the GPU accumulates the same inputs in f32; 3e-2 for the gradients of
+//! the whole model, where 16-bit activations of two layers compound. A wrong index or a missing
+//! term errs by O(1).
 //!
 //! The attention of the whole-model check runs on the host (`model::attention::Dense` in f64 on
-//! downloaded Q, K, V): this checks the model ops, not the attention kernels.
+//! downloaded Q, K, V): this checks the model ops, not the attention kernels
+//! (`tests/gpu_attention.rs`, `tests/gpu_model_attention.rs` do). Op timings at LLaMA-7B sizes
+//! are `examples/gpu_timing.rs ops` (alone) and `distflash bench train --device cuda
+//! --preset llama2-7b --profile` (within a step).
 
-use anyhow::{Context, Result, bail};
-use clap::Parser;
-use distflash::backend::cuda::{CudaBackend, InputDtype, Tensor};
+mod gpu_common;
+
+use anyhow::{Context, Result, ensure};
+use distflash::backend::cuda::{InputDtype, Tensor};
 use distflash::model::attention::{Attention, Dense};
 use distflash::model::config::Config;
 use distflash::model::cpu::Cpu;
@@ -28,48 +33,70 @@ use distflash::shape::Span;
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 
-#[derive(Parser)]
-struct Cli {
-    /// GPU ordinal.
-    #[arg(long, default_value_t = 0)]
-    device: usize,
-    /// 16-bit formats to check, each with its own `CudaOps`.
-    #[arg(long, value_delimiter = ',', default_value = "bf16,fp16")]
-    dtypes: Vec<InputDtype>,
-}
-
 const HALF_TOL: f64 = 1e-2;
 const F32_TOL: f64 = 2e-3;
 const MODEL_TOL: f64 = 3e-2;
 
-fn main() -> Result<()> {
-    let cli = Cli::parse();
-    let mut failed = 0;
-    for dtype in cli.dtypes {
-        let gpu = CudaOps::new(CudaBackend::new(cli.device, dtype)?)?;
+/// Runs one group of comparisons in bf16 and in fp16, each on its own `CudaOps` and a fresh
+/// random stream, and fails naming every comparison that exceeded its bound.
+fn check(group: fn(&mut Checker) -> Result<()>) -> Result<()> {
+    let Some(gpu) = gpu_common::gpu()? else {
+        return Ok(());
+    };
+    let mut failed = vec![];
+    for dtype in [InputDtype::Bf16, InputDtype::F16] {
         let mut c = Checker {
-            gpu,
+            gpu: CudaOps::new(gpu.open(dtype)?)?,
             cpu: Cpu::new(),
             rng: StdRng::seed_from_u64(7),
             dtype,
-            failed: 0,
+            failed: vec![],
         };
-        c.elementwise()?;
-        c.embedding()?;
-        c.linear()?;
-        c.norm()?;
-        c.rope()?;
-        c.loss()?;
-        c.adamw()?;
-        c.model()?;
-        c.timing()?;
-        failed += c.failed;
+        group(&mut c)?;
+        failed.append(&mut c.failed);
     }
-    if failed > 0 {
-        bail!("{failed} comparisons failed");
-    }
-    println!("all comparisons passed");
+    ensure!(failed.is_empty(), "failed: {}", failed.join("; "));
     Ok(())
+}
+
+#[test]
+fn elementwise_ops_match_the_cpu() -> Result<()> {
+    check(Checker::elementwise)
+}
+
+#[test]
+fn embedding_matches_the_cpu_and_refuses_a_token_past_the_vocabulary() -> Result<()> {
+    check(Checker::embedding)
+}
+
+#[test]
+fn linear_and_its_backward_match_the_cpu() -> Result<()> {
+    check(Checker::linear)
+}
+
+#[test]
+fn rmsnorm_and_its_backward_match_the_cpu() -> Result<()> {
+    check(Checker::norm)
+}
+
+#[test]
+fn rope_over_two_runs_of_positions_matches_the_cpu() -> Result<()> {
+    check(Checker::rope)
+}
+
+#[test]
+fn cross_entropy_over_two_chunks_of_rows_matches_the_cpu() -> Result<()> {
+    check(Checker::loss)
+}
+
+#[test]
+fn adamw_matches_the_cpu() -> Result<()> {
+    check(Checker::adamw)
+}
+
+#[test]
+fn tiny_model_loss_and_gradients_match_the_cpu_under_every_checkpoint_policy() -> Result<()> {
+    check(Checker::model)
 }
 
 /// ‖got − want‖ / ‖want‖; infinite when anything is not finite or the lengths differ.
@@ -93,7 +120,8 @@ struct Checker {
     cpu: Cpu<f64>,
     rng: StdRng,
     dtype: InputDtype,
-    failed: usize,
+    /// The comparisons over their bound, named.
+    failed: Vec<String>,
 }
 
 /// One input on both devices: 16-bit (or f32) on the GPU, the same values in f64 on the CPU.
@@ -133,7 +161,10 @@ impl Checker {
         let word = if ok { "PASS" } else { "FAIL" };
         let dtype = self.dtype.name();
         println!("{dtype} {name:<44} {err:9.2e} <= {tol:.0e}  {word}");
-        self.failed += usize::from(!ok);
+        if !ok {
+            self.failed
+                .push(format!("{dtype} {name} {err:.2e} > {tol:.0e}"));
+        }
     }
 
     fn elementwise(&mut self) -> Result<()> {
@@ -421,59 +452,6 @@ impl Checker {
                 self.report(&name, g, c, MODEL_TOL)?;
             }
         }
-        Ok(())
-    }
-}
-
-impl Checker {
-    /// Times a few ops at LLaMA-7B sizes (4096 rows), for the record; nothing is checked.
-    fn timing(&mut self) -> Result<()> {
-        let (rows, d, i, vocab) = (4096, 4096, 11008, 32000);
-        let x = self.half(rows * d, -1.0, 1.0)?.0;
-        let w = self.half(i * d, -0.02, 0.02)?.0;
-        let dy = self.half(rows * i, -1.0, 1.0)?.0;
-        let head = self.half(vocab * d, -0.02, 0.02)?.0;
-        let gain = self.half(d, 0.5, 1.5)?.0;
-        let targets: Vec<u32> = (0..rows).map(|_| self.rng.random_range(0..32000)).collect();
-        let (mut dx, mut dw) = (self.gpu.zeros(rows * d)?, self.gpu.zeros(i * d)?);
-        let mut dhead = self.gpu.zeros(vocab * d)?;
-        let gemm = 2.0 * (rows * d * i) as f64;
-        let gpu = &self.gpu;
-        self.time("linear 4096x4096 -> 11008", gemm, || {
-            gpu.linear(&x, &w, rows, d, i).map(drop)
-        })?;
-        self.time("linear_backward 4096x4096 -> 11008", 2.0 * gemm, || {
-            gpu.linear_backward(&dy, &x, &w, rows, d, i, &mut dx, &mut dw)
-        })?;
-        let loss = 6.0 * (rows * d * vocab) as f64;
-        self.time("cross_entropy 4096 rows, 4096 -> 32000", loss, || {
-            let scale = 1.0 / rows as f64;
-            gpu.cross_entropy(&x, &head, &targets, d, vocab, scale, &mut dhead)
-                .map(drop)
-        })?;
-        self.time("rmsnorm 4096x4096", 0.0, || {
-            gpu.rmsnorm(&x, &gain, rows, d, 1e-5).map(drop)
-        })
-    }
-
-    /// Prints the mean time of `f` over 10 runs after one warm-up, and TFLOP/s if `flops` > 0.
-    fn time(&self, name: &str, flops: f64, mut f: impl FnMut() -> Result<()>) -> Result<()> {
-        f()?;
-        self.gpu.backend().synchronize()?;
-        let reps = 10;
-        let start = std::time::Instant::now();
-        for _ in 0..reps {
-            f()?;
-        }
-        self.gpu.backend().synchronize()?;
-        let s = start.elapsed().as_secs_f64() / reps as f64;
-        let rate = if flops > 0.0 {
-            format!("{:6.1} TFLOP/s", flops / s / 1e12)
-        } else {
-            String::new()
-        };
-        let dtype = self.dtype.name();
-        println!("{dtype} time {name:<44} {:8.3} ms {rate}", s * 1e3);
         Ok(())
     }
 }

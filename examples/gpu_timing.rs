@@ -1,0 +1,232 @@
+//! Timings on a GPU that the `distflash` binary does not offer, for re-tuning the kernels:
+//!
+//!   gpu_timing attention --seqs 16384,65536 --head-dims 128   # a kernel variant's TFLOP/s
+//!   gpu_timing layout --seq 16384      # the model adapter's layout changes vs the fast path
+//!   gpu_timing ops                     # a few model ops at LLaMA-7B sizes, bf16 and fp16
+//!
+//! `attention` is `distflash bench attention` (same JSON lines, for `distflash bench report`)
+//! with the kernel variant named in `DISTFLASH_TUNING` (e.g. `bwd-warps=4,fwd-wgmma=false`,
+//! see `tests/gpu_common/tuning.rs`; the GPU tests check a variant's correctness under the same
+//! variable) and the variant recorded in each line. `layout` times forward+backward through
+//! `model::cuda::attention::CudaAttention` against the fast path alone at LLaMA-7B's attention
+//! shape, the cost a training step pays per layer, with the memory figures `bench train`
+//! reports. `ops` times the largest model ops alone (4096 rows; `bench train --profile` gives
+//! every op's share of a whole step, with the device waited for after each). Needs a GPU; without one it says so and exits non-zero.
+
+#[path = "../tests/gpu_common/tuning.rs"]
+mod tuning;
+
+use anyhow::Result;
+use clap::Parser;
+use distflash::attn::{self, layout};
+use distflash::backend::Backend;
+use distflash::backend::cuda::{CudaBackend, InputDtype, median_ms, time_attention};
+use distflash::inputs::Inputs;
+use distflash::model::attention::Attention;
+use distflash::model::cuda::CudaOps;
+use distflash::model::cuda::attention::CudaAttention;
+use distflash::model::ops::Ops;
+use distflash::shape::Dims;
+use rand::rngs::StdRng;
+use rand::{RngExt, SeedableRng};
+use serde_json::json;
+
+#[derive(Parser)]
+enum Cli {
+    /// Causal forward and backward of the whole sequence, TFLOP/s per shape (CUDA events,
+    /// median of repeats after warm-up), one JSON line per shape.
+    Attention {
+        #[arg(long, value_delimiter = ',', default_value = "4096,16384,65536")]
+        seqs: Vec<usize>,
+        #[arg(long, value_delimiter = ',', default_value = "128,64")]
+        head_dims: Vec<usize>,
+        #[arg(long, default_value_t = 32)]
+        heads: usize,
+        #[arg(long, default_value = "bf16")]
+        dtype: InputDtype,
+        /// Also write the JSON lines here.
+        #[arg(long)]
+        json: Option<std::path::PathBuf>,
+    },
+    /// Forward+backward through the model's attention adapter and through the fast path alone.
+    Layout {
+        #[arg(long, default_value_t = 16384)]
+        seq: usize,
+    },
+    /// GEMMs, the loss and RMSNorm of `model::cuda::CudaOps` at LLaMA-7B sizes, 4096 rows.
+    Ops,
+}
+
+fn open(dtype: InputDtype) -> Result<CudaBackend> {
+    let be = CudaBackend::new(0, dtype)?;
+    match tuning::from_env()? {
+        Some(t) => be.with_tuning(t),
+        None => Ok(be),
+    }
+}
+
+fn main() -> Result<()> {
+    match Cli::parse() {
+        Cli::Attention {
+            seqs,
+            head_dims,
+            heads,
+            dtype,
+            json,
+        } => attention(&open(dtype)?, &seqs, &head_dims, heads, json.as_deref()),
+        Cli::Layout { seq } => layout_cost(&open(InputDtype::Bf16)?, seq),
+        Cli::Ops => {
+            for dtype in [InputDtype::Bf16, InputDtype::F16] {
+                ops(&CudaOps::new(open(dtype)?)?)?;
+            }
+            Ok(())
+        }
+    }
+}
+
+fn attention(
+    be: &CudaBackend,
+    seqs: &[usize],
+    head_dims: &[usize],
+    heads: usize,
+    json: Option<&std::path::Path>,
+) -> Result<()> {
+    let mut lines = vec![];
+    for &head_dim in head_dims {
+        for &seq in seqs {
+            let dims = Dims {
+                batch: 1,
+                heads,
+                kv_heads: heads,
+                head_dim,
+            };
+            dims.validate()?;
+            let t = time_attention(be, dims, seq)?;
+            let (f, b) = (
+                attn::causal_forward_flops(&dims, seq),
+                attn::causal_backward_flops(&dims, seq),
+            );
+            let tflops = |flops: f64, ms: f64| flops / (ms * 1e-3) / 1e12;
+            let line = json!({
+                "impl": "distflash", "dtype": be.dtype().name(), "seq": seq, "heads": heads,
+                "head_dim": head_dim, "tuning": format!("{:?}", be.tuning(head_dim)),
+                "fwd_ms": t.forward_ms, "bwd_ms": t.backward_ms,
+                "fwd_tflops": tflops(f, t.forward_ms), "bwd_tflops": tflops(b, t.backward_ms),
+                "fwdbwd_tflops": tflops(f + b, t.forward_ms + t.backward_ms),
+                "reps": t.repeats,
+            })
+            .to_string();
+            println!("{line}");
+            lines.push(line);
+        }
+    }
+    if let Some(path) = json {
+        std::fs::write(path, lines.join("\n") + "\n")?;
+    }
+    Ok(())
+}
+
+fn layout_cost(be: &CudaBackend, seq: usize) -> Result<()> {
+    be.reset_peak_memory()?;
+    let dims = Dims {
+        batch: 1,
+        heads: 32,
+        kv_heads: 32,
+        head_dim: 128,
+    };
+    let x = Inputs::random(dims, seq, 1);
+    let seq_major = |t: &[f32]| be.upload(&layout::to_seq_major(t, 1, seq, 32, 128));
+    let (q, k, v, dout) = (
+        seq_major(&x.q)?,
+        seq_major(&x.k)?,
+        seq_major(&x.v)?,
+        seq_major(&x.dout)?,
+    );
+    let (qh, kh, vh, gh) = (
+        be.upload(&x.q)?,
+        be.upload(&x.k)?,
+        be.upload(&x.v)?,
+        be.upload(&x.dout)?,
+    );
+    let mut attn = CudaAttention::new(be, dims, seq)?;
+    let mut adapter = || -> Result<()> {
+        let (o, lse) = attn.forward(&q, &k, &v)?;
+        attn.backward(&q, &k, &v, &o, &lse, &dout)?;
+        Ok(())
+    };
+    adapter()?;
+    let ours = median_ms(be, 10, &mut adapter)?;
+    let mut fast = || -> Result<()> {
+        let fwd = be.causal_forward(&dims, seq, &qh, &kh, &vh)?;
+        be.causal_backward(&dims, seq, &qh, &kh, &vh, &fwd, &gh)?;
+        Ok(())
+    };
+    fast()?;
+    let bare = median_ms(be, 10, &mut fast)?;
+    println!(
+        "{}",
+        json!({
+            "case": "layout", "dtype": be.dtype().name(), "seq": seq, "heads": 32, "head_dim": 128,
+            "adapter_fwdbwd_ms": ours, "fast_path_fwdbwd_ms": bare,
+            "layout_overhead": ours / bare - 1.0,
+            "peak_pool_bytes": be.peak_memory()?, "memory": be.memory()?,
+        })
+    );
+    Ok(())
+}
+
+/// Prints the mean time of a few ops over 10 runs after one warm-up (host clock around
+/// `synchronize`), and TFLOP/s where the op's FLOPs are known.
+fn ops(gpu: &CudaOps) -> Result<()> {
+    let (rows, d, i, vocab) = (4096, 4096, 11008, 32000);
+    let mut rng = StdRng::seed_from_u64(7);
+    let mut half = |len: usize, lo: f32, hi: f32| {
+        let host: Vec<f32> = (0..len).map(|_| rng.random_range(lo..hi)).collect();
+        gpu.upload(&host)
+    };
+    let x = half(rows * d, -1.0, 1.0)?;
+    let w = half(i * d, -0.02, 0.02)?;
+    let dy = half(rows * i, -1.0, 1.0)?;
+    let head = half(vocab * d, -0.02, 0.02)?;
+    let gain = half(d, 0.5, 1.5)?;
+    let targets: Vec<u32> = (0..rows as u32).map(|r| r * 7 % vocab as u32).collect();
+    let (mut dx, mut dw) = (gpu.zeros(rows * d)?, gpu.zeros(i * d)?);
+    let mut dhead = gpu.zeros(vocab * d)?;
+    let gemm = 2.0 * (rows * d * i) as f64;
+    let time = |name: &str, flops: f64, f: &mut dyn FnMut() -> Result<()>| -> Result<()> {
+        f()?;
+        gpu.backend().synchronize()?;
+        let reps = 10;
+        let start = std::time::Instant::now();
+        for _ in 0..reps {
+            f()?;
+        }
+        gpu.backend().synchronize()?;
+        let s = start.elapsed().as_secs_f64() / reps as f64;
+        let rate = if flops > 0.0 {
+            format!("{:6.1} TFLOP/s", flops / s / 1e12)
+        } else {
+            String::new()
+        };
+        let dtype = gpu.backend().dtype().name();
+        println!("{dtype} time {name:<44} {:8.3} ms {rate}", s * 1e3);
+        Ok(())
+    };
+    time("linear 4096x4096 -> 11008", gemm, &mut || {
+        gpu.linear(&x, &w, rows, d, i).map(drop)
+    })?;
+    time(
+        "linear_backward 4096x4096 -> 11008",
+        2.0 * gemm,
+        &mut || gpu.linear_backward(&dy, &x, &w, rows, d, i, &mut dx, &mut dw),
+    )?;
+    let loss = 6.0 * (rows * d * vocab) as f64;
+    time("cross_entropy 4096 rows, 4096 -> 32000", loss, &mut || {
+        let scale = 1.0 / rows as f64;
+        gpu.cross_entropy(&x, &head, &targets, d, vocab, scale, &mut dhead)
+            .map(drop)
+    })?;
+    time("rmsnorm 4096x4096", 0.0, &mut || {
+        gpu.rmsnorm(&x, &gain, rows, d, 1e-5).map(drop)
+    })
+}

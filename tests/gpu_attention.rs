@@ -1,0 +1,323 @@
+//! The CUDA attention kernels against the f64 oracle on small shapes (MHA, GQA, MQA; bf16 and
+//! fp16; head dims 64 and 128; lengths off the tile sizes): the whole-sequence fast path a
+//! training step uses, and the block API distflash composes (uneven chunks, a merge, gradients
+//! added in from separate accumulators). Runs with `DISTFLASH_GPU_TESTS=1` on a GPU machine
+//! (`bench/peers/gpu_tests.sh`); elsewhere each GPU test prints why it is skipped. A kernel
+//! variant can be named in `DISTFLASH_TUNING` (see `gpu_common/tuning.rs`).
+//!
+//! Tolerance: bf16 operands land between 1e-3 and 1e-2 (P and dS are rounded to 16 bits for
+//! the tensor cores; on an H200 the worst is 2.1e-3, fp16 2.5e-4, `bench/results/`); anything
+//! above 2e-2, or not finite, is a bug. A wrong index or a missing term errs by O(1).
+
+mod gpu_common;
+
+use anyhow::{Result, ensure};
+use distflash::attn::oracle::{self, rel_err};
+use distflash::attn::{Block, Grads, GradsMut, Partial, QuerySide, layout};
+use distflash::backend::Backend;
+use distflash::backend::cuda::{CudaBackend, InputDtype, Tensor};
+use distflash::inputs::Inputs;
+use distflash::shape::{Dims, Span};
+
+const TOLERANCE: f64 = 2e-2;
+
+/// (dtype, batch, heads, kv heads, head dim, rows).
+const CASES: [(InputDtype, usize, usize, usize, usize, usize); 5] = [
+    (InputDtype::Bf16, 1, 4, 4, 128, 300),
+    (InputDtype::F16, 2, 8, 2, 64, 257),
+    (InputDtype::Bf16, 1, 4, 1, 128, 200),
+    (InputDtype::Bf16, 1, 2, 1, 64, 129),
+    (InputDtype::F16, 1, 2, 2, 128, 77),
+];
+
+/// One case on the device, with the f64 oracle's answer for the inputs as the device holds
+/// them (rounded to the input dtype).
+struct Case {
+    be: CudaBackend,
+    dims: Dims,
+    seq: usize,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    dout: Tensor,
+    /// The rounded inputs, head-major.
+    x: Inputs,
+    want: [Vec<f64>; 5],
+}
+
+impl Case {
+    fn new(gpu: &gpu_common::Gpu, i: usize) -> Result<Case> {
+        let (dtype, batch, heads, kv_heads, head_dim, seq) = CASES[i];
+        let be = gpu.open(dtype)?;
+        let dims = Dims {
+            batch,
+            heads,
+            kv_heads,
+            head_dim,
+        };
+        let x = Inputs::random(dims, seq, 100 + i as u64);
+        let (q, k, v, dout) = (
+            be.upload(&x.q)?,
+            be.upload(&x.k)?,
+            be.upload(&x.v)?,
+            be.upload(&x.dout)?,
+        );
+        let x = Inputs {
+            dims,
+            seq,
+            q: be.download(&q)?,
+            k: be.download(&k)?,
+            v: be.download(&v)?,
+            dout: be.download(&dout)?,
+        };
+        let (r, rg) = (
+            oracle::forward(&x.problem()),
+            oracle::backward(&x.problem()),
+        );
+        Ok(Case {
+            be,
+            dims,
+            seq,
+            q,
+            k,
+            v,
+            dout,
+            x,
+            want: [r.out, r.lse, rg.dq, rg.dk, rg.dv],
+        })
+    }
+
+    /// Relative errors of O, LSE, dQ, dK, dV against the oracle, printed in one line.
+    fn errors(&self, path: &str, got: [&[f32]; 5]) -> [f64; 5] {
+        let e: [f64; 5] = std::array::from_fn(|i| rel_err(got[i], &self.want[i]));
+        let d = self.dims;
+        println!(
+            "{path} {} b={} h={} kvh={} d={} seq={}: rel err out/lse/dq/dk/dv \
+             {:.2e} {:.2e} {:.2e} {:.2e} {:.2e}",
+            self.be.dtype().name(),
+            d.batch,
+            d.heads,
+            d.kv_heads,
+            d.head_dim,
+            self.seq,
+            e[0],
+            e[1],
+            e[2],
+            e[3],
+            e[4]
+        );
+        e
+    }
+}
+
+/// Runs `path` on every case and requires every error within [`TOLERANCE`].
+fn check_all(path: &str, run: impl Fn(&Case) -> Result<[Vec<f32>; 5]>) -> Result<()> {
+    let Some(gpu) = gpu_common::gpu()? else {
+        return Ok(());
+    };
+    let mut worst = 0.0f64;
+    for i in 0..CASES.len() {
+        let case = Case::new(&gpu, i)?;
+        let got = run(&case)?;
+        let errs = case.errors(path, [&got[0], &got[1], &got[2], &got[3], &got[4]]);
+        for (name, e) in ["out", "lse", "dq", "dk", "dv"].iter().zip(errs) {
+            ensure!(
+                e <= TOLERANCE,
+                "{path}, case {i}: {name} relative error {e:.2e} exceeds {TOLERANCE:.0e}"
+            );
+            worst = worst.max(e);
+        }
+    }
+    println!("{path} passed: worst relative error {worst:.2e}");
+    Ok(())
+}
+
+#[test]
+fn fast_path_matches_the_f64_oracle() -> Result<()> {
+    check_all("fast", |c| {
+        let be = &c.be;
+        let (dims, seq) = (c.dims, c.seq);
+        // Outputs poisoned with NaN first so unwritten elements show.
+        let mut fwd = Partial {
+            out: be.upload(&vec![f32::NAN; dims.q_len(seq)])?,
+            lse: be.upload_f32(&vec![f32::NAN; dims.stat_len(seq)])?,
+        };
+        be.causal_forward_into(&dims, seq, &c.q, &c.k, &c.v, &mut fwd)?;
+        let g = be.causal_backward(&dims, seq, &c.q, &c.k, &c.v, &fwd, &c.dout)?;
+        be.synchronize()?;
+        Ok([
+            be.download(&fwd.out)?,
+            be.download(&fwd.lse)?,
+            be.download(&g.dq)?,
+            be.download(&g.dk)?,
+            be.download(&g.dv)?,
+        ])
+    })
+}
+
+#[test]
+fn block_api_over_uneven_chunks_matches_the_f64_oracle() -> Result<()> {
+    check_all("blocks", blocks)
+}
+
+/// Writes a chunk's rows (`[heads, span.len, d]`) into a whole-sequence tensor.
+fn put_rows(t: &mut [f32], part: &[f32], bh: usize, n: usize, d: usize, span: Span) {
+    for h in 0..bh {
+        t[(h * n + span.start) * d..(h * n + span.end()) * d]
+            .copy_from_slice(&part[h * span.len * d..(h + 1) * span.len * d]);
+    }
+}
+
+/// The block API over three uneven chunks, as `exec` drives it: the last chunk's rows are
+/// assembled from two partials merged (to exercise `merge`), and each block backward gets
+/// fresh accumulators that are then added in (to exercise `add_assign`, as for gradients
+/// coming back from a helper).
+fn blocks(c: &Case) -> Result<[Vec<f32>; 5]> {
+    let (be, dims, seq) = (&c.be, c.dims, c.seq);
+    let (bh, bkv, d) = (
+        dims.batch * dims.heads,
+        dims.batch * dims.kv_heads,
+        dims.head_dim,
+    );
+    let cuts = [0, seq / 4, seq / 4 + seq / 3 + 1, seq];
+    let spans: Vec<Span> = cuts
+        .windows(2)
+        .map(|w| Span {
+            start: w[0],
+            len: w[1] - w[0],
+        })
+        .collect();
+    let chunks = |t: &[f32], heads: usize| -> Result<Vec<Tensor>> {
+        spans
+            .iter()
+            .map(|&s| be.upload(&layout::take_rows(t, heads, seq, d, s)))
+            .collect()
+    };
+    let (qs, ks, vs, gs) = (
+        chunks(&c.x.q, bh)?,
+        chunks(&c.x.k, bkv)?,
+        chunks(&c.x.v, bkv)?,
+        chunks(&c.x.dout, bh)?,
+    );
+    let mut out = vec![f32::NAN; dims.q_len(seq)];
+    let mut lse = vec![f32::NAN; dims.stat_len(seq)];
+    let mut partials = vec![];
+    for (i, &qs_span) in spans.iter().enumerate() {
+        let last = i + 1 == spans.len();
+        let mut state = be.new_state(&dims, qs_span.len)?;
+        for j in 0..=i {
+            if last && j == i {
+                continue; // folded in separately below, then merged
+            }
+            let block = Block {
+                q: qs_span,
+                kv: spans[j],
+            };
+            be.forward_block(&dims, block, &qs[i], &ks[j], &vs[j], &mut state)?;
+        }
+        let mut part = be.finalize(&dims, qs_span.len, state)?;
+        if last {
+            let mut diag = be.new_state(&dims, qs_span.len)?;
+            let block = Block {
+                q: qs_span,
+                kv: qs_span,
+            };
+            be.forward_block(&dims, block, &qs[i], &ks[i], &vs[i], &mut diag)?;
+            let diag = be.finalize(&dims, qs_span.len, diag)?;
+            be.merge(&dims, qs_span.len, &mut part, &diag)?;
+        }
+        put_rows(&mut out, &be.download(&part.out)?, bh, seq, d, qs_span);
+        put_rows(&mut lse, &be.download(&part.lse)?, bh, seq, 1, qs_span);
+        partials.push(part);
+    }
+    let zeros = |len: usize| be.zeros(len);
+    let mut dqs = spans
+        .iter()
+        .map(|s| zeros(dims.q_len(s.len)))
+        .collect::<Result<Vec<_>>>()?;
+    let mut dks = spans
+        .iter()
+        .map(|s| zeros(dims.kv_len(s.len)))
+        .collect::<Result<Vec<_>>>()?;
+    let mut dvs = spans
+        .iter()
+        .map(|s| zeros(dims.kv_len(s.len)))
+        .collect::<Result<Vec<_>>>()?;
+    for (i, &qs_span) in spans.iter().enumerate() {
+        let delta = be.delta(&dims, qs_span.len, &partials[i].out, &gs[i])?;
+        for j in 0..=i {
+            let mut blk = Grads {
+                dq: zeros(dims.q_len(qs_span.len))?,
+                dk: zeros(dims.kv_len(spans[j].len))?,
+                dv: zeros(dims.kv_len(spans[j].len))?,
+            };
+            let query = QuerySide {
+                q: &qs[i],
+                dout: &gs[i],
+                lse: &partials[i].lse,
+                delta: &delta,
+            };
+            let block = Block {
+                q: qs_span,
+                kv: spans[j],
+            };
+            let g = GradsMut {
+                dq: &mut blk.dq,
+                dk: &mut blk.dk,
+                dv: &mut blk.dv,
+            };
+            be.backward_block(&dims, block, query, &ks[j], &vs[j], g)?;
+            be.add_assign(&mut dqs[i], &blk.dq)?;
+            be.add_assign(&mut dks[j], &blk.dk)?;
+            be.add_assign(&mut dvs[j], &blk.dv)?;
+        }
+    }
+    let mut dq = vec![f32::NAN; dims.q_len(seq)];
+    let mut dk = vec![f32::NAN; dims.kv_len(seq)];
+    let mut dv = vec![f32::NAN; dims.kv_len(seq)];
+    for (i, &s) in spans.iter().enumerate() {
+        put_rows(&mut dq, &be.download(&dqs[i])?, bh, seq, d, s);
+        put_rows(&mut dk, &be.download(&dks[i])?, bkv, seq, d, s);
+        put_rows(&mut dv, &be.download(&dvs[i])?, bkv, seq, d, s);
+    }
+    Ok([out, lse, dq, dk, dv])
+}
+
+/// The gate's values, which decide whether a GPU test may pass without a GPU (no GPU needed).
+#[test]
+fn the_gate_runs_only_on_1_and_refuses_what_it_does_not_understand() {
+    assert!(!gpu_common::asked(None).unwrap());
+    assert!(!gpu_common::asked(Some("")).unwrap());
+    assert!(!gpu_common::asked(Some("0")).unwrap());
+    assert!(gpu_common::asked(Some("1")).unwrap());
+    let e = gpu_common::asked(Some("yes")).unwrap_err().to_string();
+    assert!(e.contains("DISTFLASH_GPU_TESTS=1"), "{e}");
+}
+
+/// Kernel variants named in `DISTFLASH_TUNING` (no GPU needed).
+#[test]
+fn a_kernel_variant_is_parsed_from_its_keys_and_bad_ones_are_refused() {
+    use distflash::backend::cuda::Tuning;
+    let base = Tuning::for_head_dim(128);
+    assert_eq!(gpu_common::tuning::parse("").unwrap(), base);
+    let t = gpu_common::tuning::parse("bwd-warps=4, fwd-wgmma=false,fwd-qreg=true").unwrap();
+    assert_eq!(
+        t,
+        Tuning {
+            bwd_warps: 4,
+            fwd_wgmma: false,
+            fwd_q_in_registers: true,
+            ..base
+        }
+    );
+    for (spec, says) in [
+        ("bwd-warps", "key=value"),
+        ("bwd-warps=four", "takes a number"),
+        ("fwd-qreg=1", "true or false"),
+        ("warps=8", "unknown key"),
+        ("fwd-warps=6", "4, 8 or 12"),
+    ] {
+        let e = format!("{:#}", gpu_common::tuning::parse(spec).unwrap_err());
+        assert!(e.contains(says), "{spec}: {e}");
+    }
+}
