@@ -158,7 +158,7 @@ fn saved_file_has_public_layouts_and_matches_the_oracle() {
 
 #[test]
 fn bad_input_gets_one_sentence_and_a_nonzero_exit() {
-    let cases: [(&[&str], &str); 10] = [
+    let cases: [(&[&str], &str); 13] = [
         (
             &["attention", "--heads", "6", "--kv-heads", "4"],
             "must be a multiple of kv-heads",
@@ -203,6 +203,21 @@ fn bad_input_gets_one_sentence_and_a_nonzero_exit() {
                 "4",
             ],
             "too short for 4 workers",
+        ),
+        // --dtype is a GPU's format: on the CPU it would be silently ignored.
+        (
+            &["attention", "--dtype", "fp16"],
+            "--dtype fp16 applies to --device cuda",
+        ),
+        (
+            &["train", "--dtype", "bf16", "--steps", "1"],
+            "--dtype bf16 applies to --device cuda",
+        ),
+        (
+            &[
+                "grads", "--dtype", "fp16", "--tokens", "t.json", "--out", "g.st",
+            ],
+            "--dtype fp16 applies to --device cuda",
         ),
     ];
     for (args, needle) in cases {

@@ -53,6 +53,15 @@ fn options(steps: u64, save_dir: Option<&Path>, resume: Option<&Path>) -> Option
 
 /// `train::train` on 3 CPU worker threads.
 fn train(o: &Options, on_step: impl Fn(&StepReport) + Sync) -> anyhow::Result<Vec<Vec<f32>>> {
+    train_with(o, 3, on_step)
+}
+
+/// `train::train` on `workers` CPU worker threads (one: alone on this thread, no communicator).
+fn train_with(
+    o: &Options,
+    workers: usize,
+    on_step: impl Fn(&StepReport) + Sync,
+) -> anyhow::Result<Vec<Vec<f32>>> {
     let memory = MemoryCheck {
         config: o.config.clone(),
         model: "tiny".into(),
@@ -62,7 +71,7 @@ fn train(o: &Options, on_step: impl Fn(&StepReport) + Sync) -> anyhow::Result<Ve
         optimizer: true,
         ignore_estimate: false,
     };
-    let rt = Runtime::cpu_threads(3, Duration::from_secs(60));
+    let rt = Runtime::cpu_threads(workers, Duration::from_secs(60));
     let w = distflash::train::train(o, &memory, &rt, on_step)?;
     Ok(w.expect("worker threads report"))
 }
@@ -89,6 +98,24 @@ fn zigzag_workers_train_like_balanced_ones() {
         assert!(
             (g - w).abs() <= 1e-5 * w.abs(),
             "zigzag {g} vs balanced {w}"
+        );
+    }
+}
+
+/// A lone worker (the single-device path: no communicator, no all-reduce) follows the
+/// three-worker trajectory to f32 rounding.
+#[test]
+fn one_worker_follows_the_threaded_trajectory() {
+    let o = options(3, None, None);
+    let (three, _) = run(&o);
+    let one = Mutex::new(Vec::new());
+    train_with(&o, 1, |r: &StepReport| one.lock().unwrap().push(r.loss)).unwrap();
+    let one = one.into_inner().unwrap();
+    assert_eq!(one.len(), three.len());
+    for (a, b) in one.iter().zip(&three) {
+        assert!(
+            (a - b).abs() <= 1e-5 * b.abs(),
+            "one worker {a} vs three {b}"
         );
     }
 }

@@ -39,6 +39,7 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> Result<()> {
+    let rt = args.place.runtime(Some(args.workers), |_| 4)?;
     let (config, init) = args.model.resolve()?;
     let text = std::fs::read_to_string(&args.tokens)
         .with_context(|| format!("cannot read {}", args.tokens.display()))?;
@@ -50,7 +51,6 @@ pub fn run(args: Args) -> Result<()> {
             config.vocab_size
         );
     }
-    let rt = args.place.runtime(Some(args.workers), |_| 4)?;
     let memory = MemoryCheck {
         config: config.clone(),
         model: args.model.name(),
