@@ -12,6 +12,7 @@ pub mod exec;
 pub mod inputs;
 pub mod model;
 pub mod plan;
+pub mod resources;
 pub mod shape;
 pub mod sim;
 pub mod tensor_file;

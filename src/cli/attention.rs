@@ -19,6 +19,7 @@ use distflash::exec::{
 };
 use distflash::inputs::Inputs;
 use distflash::plan::Schedule;
+use distflash::resources;
 use distflash::tensor_file::{self, Named};
 use serde::Serialize;
 use std::path::PathBuf;
@@ -177,6 +178,12 @@ pub fn run(args: Args) -> Result<()> {
             Device::Cuda => 1,
         },
     };
+    // Threads of this process that hold their own copies: CPU workers, not GPU ones.
+    let cpu_workers = match args.device {
+        Device::Cpu => launch.as_ref().map_or(workers, |_| 1),
+        Device::Cuda => 0,
+    };
+    resources::ensure_attention_fits(&dims, args.seq_len, cpu_workers, args.check)?;
     let save = args
         .save
         .as_deref()

@@ -158,12 +158,13 @@ pub fn run(args: Args) -> Result<()> {
     let waits = args.waits.waits();
     let (steps, dtype, peak, estimate) = match (args.device, launch) {
         (Device::Cpu, None) => {
-            train::check_memory(&cfg, 1)?;
+            distflash::resources::CpuTraining::gradients(&cfg, seq, 1, 1, policy).ensure_fits()?;
             let t = train::bench::time_steps_cpu(&cfg, seq, policy, runs)?;
             (t, "f32", None, None)
         }
         (Device::Cpu, Some(env)) => {
-            train::check_memory(&cfg, 1)?;
+            distflash::resources::CpuTraining::gradients(&cfg, seq, env.world, 1, policy)
+                .ensure_fits()?;
             let mut comm = super::join_cpu_ranks(&env, &waits)?;
             let runs = StepRuns {
                 runs,

@@ -57,7 +57,15 @@ pub fn run(args: Args) -> Result<()> {
     }
     let g = match args.device {
         Device::Cpu => {
-            train::check_memory(&config, args.workers)?;
+            let seq = tokens.len().saturating_sub(1);
+            distflash::resources::CpuTraining::gradients(
+                &config,
+                seq,
+                args.workers,
+                args.workers,
+                args.checkpoint,
+            )
+            .ensure_fits()?;
             let host = train::initial_weights(&config, &init)?;
             train::gradients(
                 &config,
