@@ -727,9 +727,18 @@ fn diverged(o: &Options, step: u64, saved: Option<&(PathBuf, u64)>, what: &str) 
     };
     anyhow::anyhow!(
         "training diverged at step {step}: {what}, so it stopped there and {kept}; lower --lr (now {}) or raise --warmup (now {}), and keep --clip on",
-        o.adamw.lr,
+        short(o.adamw.lr),
         o.warmup
     )
+}
+
+/// `x` as a person writes it: 0.01, 3, 1e30 (not thirty-one digits).
+fn short(x: f64) -> String {
+    if x == 0.0 || (1e-4..1e6).contains(&x.abs()) {
+        x.to_string()
+    } else {
+        format!("{x:e}")
+    }
 }
 
 #[cfg(test)]
