@@ -159,11 +159,16 @@ impl<'a> CpuTraining<'a> {
         }
     }
 
+    /// The model's parameter count.
+    fn parameters(&self) -> f64 {
+        specs(self.config).iter().map(|s| s.elements() as f64).sum()
+    }
+
     /// Model state: every worker holds weights and gradients and, training, AdamW's two moments
     /// (all f32), beside the host copies the run starts from and returns (weights, and the
     /// moments when training).
     pub fn state_bytes(&self) -> f64 {
-        let params: f64 = specs(self.config).iter().map(|s| s.elements() as f64).sum();
+        let params = self.parameters();
         let (per_worker, host) = if self.optimizer {
             (4.0, 3.0)
         } else {
@@ -227,12 +232,18 @@ impl<'a> CpuTraining<'a> {
     /// Refuses the run, with the figure and a fix, when it does not fit in this machine's
     /// available memory.
     pub fn ensure_fits(&self) -> Result<()> {
+        let params = self.parameters();
+        let size = if params >= 1e9 {
+            format!("{:.2}B", params / 1e9)
+        } else {
+            format!("{:.2}M", params / 1e6)
+        };
         let what = format!(
-            "{} on the CPU over {} tokens with {} worker{} here",
+            "{} a model of {size} parameters on the CPU over {} tokens with {} worker{} here",
             if self.optimizer {
                 "training"
             } else {
-                "a gradient step"
+                "a gradient step of"
             },
             self.seq,
             self.workers_here,

@@ -183,7 +183,7 @@ fn requests_too_large_for_memory_are_refused_before_allocating() {
         &out,
         1,
         &[
-            "training on the CPU over 100000000 tokens",
+            "training a model of 0.13M parameters on the CPU over 100000000 tokens",
             "GiB available: use a shorter --seq-len",
         ],
     );
