@@ -22,17 +22,20 @@ struct Axis {
 }
 
 impl Axis {
-    /// The axis from `lo` to `hi` (positive when `log`), widened to whole ticks.
-    fn new(lo: f64, hi: f64, log: bool) -> Axis {
-        if log {
-            let (lo, hi) = (lo.log10().floor(), hi.log10().ceil());
-            return Axis {
-                lo,
-                hi: hi.max(lo + 1.0),
-                step: 1.0,
-                log,
-            };
+    /// A logarithmic axis from `lo` to `hi` (both positive), widened to whole decades.
+    fn log(lo: f64, hi: f64) -> Axis {
+        let (lo, hi) = (lo.log10().floor(), hi.log10().ceil());
+        Axis {
+            lo,
+            hi: hi.max(lo + 1.0),
+            step: 1.0,
+            log: true,
         }
+    }
+
+    /// A linear axis from `lo` to `hi`, widened to whole ticks at least `min_step` apart (1 for
+    /// steps, which are whole numbers).
+    fn linear(lo: f64, hi: f64, min_step: f64) -> Axis {
         let (lo, hi) = if hi - lo < 1e-12 {
             (lo - 0.5, hi + 0.5)
         } else {
@@ -44,12 +47,13 @@ impl Axis {
             .into_iter()
             .map(|m| m * magnitude)
             .find(|s| *s >= raw)
-            .unwrap_or(10.0 * magnitude);
+            .unwrap_or(10.0 * magnitude)
+            .max(min_step);
         Axis {
             lo: (lo / step).floor() * step,
             hi: (hi / step).ceil() * step,
             step,
-            log,
+            log: false,
         }
     }
 
@@ -89,15 +93,15 @@ pub fn loss_curve(title: &str, steps: &[u64], loss: &[f64]) -> String {
     let lo = finite.iter().copied().fold(f64::INFINITY, f64::min);
     let hi = finite.iter().copied().fold(f64::NEG_INFINITY, f64::max);
     let log = lo > 0.0 && hi / lo >= 10.0;
-    let y = if finite.is_empty() {
-        Axis::new(0.0, 1.0, false)
-    } else {
-        Axis::new(if log { lo } else { lo.min(0.0) }, hi, log)
+    let y = match (finite.is_empty(), log) {
+        (true, _) => Axis::linear(0.0, 1.0, 0.0),
+        (false, true) => Axis::log(lo, hi),
+        (false, false) => Axis::linear(lo, hi, 0.0),
     };
-    let x = Axis::new(
+    let x = Axis::linear(
         points.first().map_or(0.0, |p| p.0),
         points.last().map_or(1.0, |p| p.0),
-        false,
+        1.0,
     );
     let px = |s: f64| PAD + x.fraction(s) * (W - 2.0 * PAD);
     let py = |l: f64| H - PAD - y.fraction(l) * (H - 2.0 * PAD);
@@ -196,7 +200,7 @@ mod tests {
         let loss: Vec<f64> = steps.iter().map(|&s| 5.0 - s as f64 / 50.0).collect();
         let svg = loss_curve("t", &steps, &loss);
         let labels = texts(&svg);
-        for want in ["20", "40", "100", "0", "1", "5", "loss"] {
+        for want in ["20", "40", "100", "3", "4", "5", "loss"] {
             assert!(labels.iter().any(|l| l == want), "{want} in {labels:?}");
         }
         assert_eq!(svg.matches("<polyline").count(), 1);
@@ -241,5 +245,8 @@ mod tests {
         // All of a run's losses non-finite still draws axes.
         let all_bad = loss_curve("t", &[1], &[f64::NAN]);
         assert!(all_bad.contains("first at step 1"));
+        // Steps are whole numbers: so are their ticks.
+        let step_ticks: Vec<String> = texts(&svg)[3..].iter().take(4).cloned().collect();
+        assert_eq!(step_ticks, ["1", "2", "3", "4"]);
     }
 }
