@@ -521,13 +521,12 @@ struct Line {
 
 impl Line {
     fn print(&mut self) {
-        eprintln!(
-            "[{:.0} s] step {}/{}  {}",
-            self.began.elapsed().as_secs_f64(),
-            self.step,
-            self.steps,
-            self.message
-        );
+        let secs = self.began.elapsed().as_secs_f64();
+        // Before this run's first report the step is not known yet (a resumed run starts late).
+        match self.step {
+            0 => eprintln!("[{secs:.0} s] {}", self.message),
+            step => eprintln!("[{secs:.0} s] step {step}/{}  {}", self.steps, self.message),
+        }
         self.printed = Instant::now();
     }
 }
