@@ -99,20 +99,24 @@ pub fn ensure_attention_fits(
     let need = attention_bytes(dims, seq, cpu_workers, check);
     let per_token = (need - PROCESS_BYTES) / seq.max(1) as f64;
     let longest = ((have - PROCESS_BYTES) / per_token).max(0.0).floor();
+    let oracle = need - attention_bytes(dims, seq, cpu_workers, false);
     let fix = format!(
         "use --seq-len {longest:.0} or less{}",
         if check {
-            ", or leave out --check (its f64 oracle takes the most)"
+            format!(
+                ", or leave out --check (its f64 oracle needs {:.1} GiB of it)",
+                oracle / GIB
+            )
         } else {
-            ""
+            String::new()
         }
     );
     refuse_above(need, have, &format!("attention over {seq} tokens"), &fix)
 }
 
-/// Host bytes of a CPU training or gradient run: `workers` worker threads of this process (or
-/// one rank of a multi-process job, `workers` = 1) over `seq` tokens split `seq / total_workers`
-/// per worker, with AdamW's state when `optimizer`.
+/// Host bytes of a CPU training or gradient run: `workers_here` worker threads of this process
+/// (1 for a rank of a multi-process job) over `seq` tokens split `seq / total_workers` per
+/// worker, with AdamW's state when `optimizer`.
 #[derive(Clone, Copy, Debug)]
 pub struct CpuTraining<'a> {
     pub config: &'a Config,
@@ -249,13 +253,23 @@ impl<'a> CpuTraining<'a> {
             self.workers_here,
             if self.workers_here == 1 { "" } else { "s" }
         );
-        let state = self.state_bytes();
-        let fix = if state > self.bytes() / 2.0 {
+        let Some(have) = available() else {
+            return Ok(());
+        };
+        let fixed = PROCESS_BYTES + self.state_bytes();
+        let fix = if fixed > have / 2.0 {
             "use a smaller model (such as --preset tiny) or fewer --workers".to_string()
         } else {
-            "use a shorter --seq-len, or --checkpoint layer (the least kept)".to_string()
+            // The activations grow about linearly with the sequence.
+            let per_token = (self.bytes() - fixed) / self.seq.max(1) as f64;
+            let longest = ((have - fixed) / per_token).floor();
+            let policy = match self.policy {
+                Checkpoint::Layer => "",
+                _ => ", or --checkpoint layer (it keeps the least)",
+            };
+            format!("use --seq-len {longest:.0} or less{policy}")
         };
-        ensure_fits(self.bytes(), &what, &fix)
+        refuse_above(self.bytes(), have, &what, &fix)
     }
 }
 

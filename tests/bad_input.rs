@@ -183,7 +183,7 @@ fn requests_too_large_for_memory_are_refused_before_allocating() {
         1,
         &[
             "training a model of 0.13M parameters on the CPU over 100000000 tokens",
-            "GiB available: use a shorter --seq-len",
+            "GiB available: use --seq-len",
         ],
     );
     let out = distflash(&[
