@@ -2,6 +2,9 @@
 //! bar (or JSON lines), metrics and a loss-curve SVG in the save directory, checkpoints and
 //! resume.
 
+mod metrics;
+mod progress;
+
 use super::gpu::GpuRun;
 use anyhow::{Context, Result, bail};
 use distflash::backend::cuda::{CudaBackend, InputDtype};
@@ -15,12 +18,12 @@ use distflash::plan::Schedule;
 use distflash::tensor_file::{self, Named};
 use distflash::train::data::Data;
 use distflash::train::{self, Init, Options, StepReport, svg};
-use indicatif::{ProgressBar, ProgressStyle};
+use metrics::Metrics;
+use progress::Progress;
 use serde::Serialize;
-use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Mutex;
+use std::time::Instant;
 
 #[derive(Clone, Copy, Debug, clap::ValueEnum, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -256,7 +259,8 @@ pub fn run(args: Args) -> Result<()> {
         Some(dir) if reporter => Some(Metrics::open(dir, args.resume.is_some())?),
         _ => None,
     };
-    let progress = (!args.json && reporter).then(|| Progress::start(&args));
+    let progress =
+        (!args.json && reporter).then(|| Progress::start(args.steps, args.batch, args.seq_len));
     let reports = Mutex::new((Vec::<StepReport>::new(), metrics));
     let began = Instant::now();
     let on_step = |r: &StepReport| {
@@ -443,172 +447,4 @@ fn write_curve(dir: &Path, list: &[StepReport]) -> Result<()> {
     let path = dir.join("loss.svg");
     std::fs::write(&path, svg::loss_curve("training loss", &steps, &loss))
         .with_context(|| format!("cannot write {}", path.display()))
-}
-
-/// `metrics.jsonl` in the save directory: one JSON line per step, each step once. A resumed run
-/// appends, first dropping the lines of the steps after its checkpoint (an interrupted run wrote
-/// them, and this run takes those steps again).
-struct Metrics {
-    path: PathBuf,
-    /// Opened at the first step, once the lines to keep are known.
-    file: Option<std::fs::File>,
-}
-
-impl Metrics {
-    fn open(dir: &Path, resume: bool) -> Result<Metrics> {
-        std::fs::create_dir_all(dir)
-            .with_context(|| format!("cannot create the save directory {}", dir.display()))?;
-        let path = dir.join("metrics.jsonl");
-        // Refuse an unwritable path now, not after the first step; a fresh run starts empty.
-        std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&path)
-            .and_then(|f| if resume { Ok(()) } else { f.set_len(0) })
-            .with_context(|| format!("cannot write {}", path.display()))?;
-        Ok(Metrics { path, file: None })
-    }
-
-    /// Writes step `step`'s `line`; metrics are a by-product, so a write that fails is dropped
-    /// rather than ending the run.
-    fn record(&mut self, step: u64, line: &str) {
-        if self.file.is_none() {
-            self.file = self.reopen_before(step).ok();
-        }
-        if let Some(f) = &mut self.file {
-            let _ = writeln!(f, "{line}");
-        }
-    }
-
-    /// The file holding only the lines of steps before `step`, open for appending.
-    fn reopen_before(&self, step: u64) -> std::io::Result<std::fs::File> {
-        let text = std::fs::read_to_string(&self.path).unwrap_or_default();
-        let kept: String = text
-            .lines()
-            .filter(|l| {
-                serde_json::from_str::<serde_json::Value>(l)
-                    .ok()
-                    .and_then(|v| v["step"].as_u64())
-                    .is_some_and(|s| s < step)
-            })
-            .flat_map(|l| [l, "\n"])
-            .collect();
-        std::fs::write(&self.path, kept)?;
-        std::fs::OpenOptions::new().append(true).open(&self.path)
-    }
-}
-
-/// How often the plain-text progress line is printed when stderr is not a terminal.
-const LINE_EVERY: Duration = Duration::from_secs(5);
-
-/// What the reporter shows while training: indicatif's bar when stderr is a terminal, else a
-/// plain-text line every [`LINE_EVERY`] (logs of a batch job), both ticking during a long step
-/// so a run is never silent.
-enum Progress {
-    Bar(ProgressBar),
-    Line(Arc<Mutex<Line>>),
-}
-
-/// The plain-text progress: the latest step's numbers and when a line was last printed.
-struct Line {
-    steps: u64,
-    began: Instant,
-    printed: Instant,
-    step: u64,
-    message: String,
-    done: bool,
-}
-
-impl Line {
-    fn print(&mut self) {
-        let secs = self.began.elapsed().as_secs_f64();
-        // Before this run's first report the step is not known yet (a resumed run starts late).
-        match self.step {
-            0 => eprintln!("[{secs:.0} s] {}", self.message),
-            step => eprintln!("[{secs:.0} s] step {step}/{}  {}", self.steps, self.message),
-        }
-        self.printed = Instant::now();
-    }
-}
-
-impl Progress {
-    fn start(args: &Args) -> Progress {
-        let first = format!(
-            "first step running: {} sequences of {} tokens",
-            args.batch, args.seq_len
-        );
-        if std::io::stderr().is_terminal() {
-            let bar = ProgressBar::new(args.steps);
-            bar.set_style(
-                ProgressStyle::with_template(
-                    "{elapsed_precise} [{bar:30}] {pos}/{len} steps  {msg}  ETA {eta}",
-                )
-                .expect("valid template")
-                .progress_chars("=> "),
-            );
-            bar.set_message(first);
-            bar.enable_steady_tick(Duration::from_secs(1));
-            return Progress::Bar(bar);
-        }
-        let now = Instant::now();
-        let line = Arc::new(Mutex::new(Line {
-            steps: args.steps,
-            began: now,
-            printed: now,
-            step: 0,
-            message: first,
-            done: false,
-        }));
-        let ticking = line.clone();
-        // Prints during a long step too; ends with the run (or the process).
-        std::thread::spawn(move || {
-            loop {
-                std::thread::sleep(Duration::from_secs(1));
-                let mut l = ticking.lock().expect("progress never panics");
-                if l.done {
-                    break;
-                }
-                if l.printed.elapsed() >= LINE_EVERY {
-                    l.print();
-                }
-            }
-        });
-        Progress::Line(line)
-    }
-
-    fn step(&self, r: &StepReport) {
-        let recall = if r.recall_total > 0 {
-            format!(
-                "  recall {:.2}",
-                r.recall_correct as f64 / r.recall_total as f64
-            )
-        } else {
-            String::new()
-        };
-        let message = format!("loss {:.4}{recall}  {:.0} tok/s", r.loss, r.tokens_per_sec);
-        match self {
-            Progress::Bar(bar) => {
-                bar.set_position(r.step);
-                bar.set_message(message);
-            }
-            Progress::Line(line) => {
-                let mut l = line.lock().expect("progress never panics");
-                (l.step, l.message) = (r.step, message);
-                if l.printed.elapsed() >= LINE_EVERY {
-                    l.print();
-                }
-            }
-        }
-    }
-
-    fn finish(&self) {
-        match self {
-            Progress::Bar(bar) => bar.finish(),
-            Progress::Line(line) => {
-                let mut l = line.lock().expect("progress never panics");
-                l.done = true;
-                l.print();
-            }
-        }
-    }
 }
