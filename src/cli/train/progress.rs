@@ -17,6 +17,15 @@ pub enum Progress {
     Line(Arc<Mutex<Line>>),
 }
 
+/// The bar's look, with `tail` after the message.
+fn style(tail: &str) -> ProgressStyle {
+    ProgressStyle::with_template(&format!(
+        "{{elapsed_precise}} [{{bar:30}}] {{pos}}/{{len}} steps  {{msg}}{tail}"
+    ))
+    .expect("valid template")
+    .progress_chars("=> ")
+}
+
 /// The plain-text progress: the latest step's numbers and when a line was last printed.
 pub struct Line {
     steps: u64,
@@ -45,13 +54,7 @@ impl Progress {
         let first = format!("first step running: {batch} sequences of {seq_len} tokens");
         if std::io::stderr().is_terminal() {
             let bar = ProgressBar::new(steps);
-            bar.set_style(
-                ProgressStyle::with_template(
-                    "{elapsed_precise} [{bar:30}] {pos}/{len} steps  {msg}  ETA {eta}",
-                )
-                .expect("valid template")
-                .progress_chars("=> "),
-            );
+            bar.set_style(style(""));
             bar.set_message(first);
             bar.enable_steady_tick(Duration::from_secs(1));
             return Progress::Bar(bar);
@@ -95,6 +98,10 @@ impl Progress {
         let message = format!("loss {:.4}{recall}  {:.0} tok/s", r.loss, r.tokens_per_sec);
         match self {
             Progress::Bar(bar) => {
+                if bar.position() == 0 {
+                    // A rate exists from the first step on; before it the ETA would read 0 s.
+                    bar.set_style(style("  ETA {eta}"));
+                }
                 bar.set_position(r.step);
                 bar.set_message(message);
             }
