@@ -7,6 +7,12 @@ use clap::Parser;
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
+    // Rust ignores SIGPIPE, so a print to a closed pipe (`distflash plan | head -1`) panics.
+    // The default disposition ends the program quietly there, as every Unix tool does.
+    // SAFETY: called first in main, before any thread starts; SIG_DFL is a valid disposition.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     let args = cli::Cli::parse();
     match cli::run(args) {
         Ok(()) => ExitCode::SUCCESS,

@@ -51,6 +51,9 @@ const MAP: &[(&str, Rule)] = &[
     ("sim", Rule::Only(&["shape", "attn", "plan", "model"])),
     // Machine rates for reports: the CPU backend's attention forward on generated inputs.
     ("bench", Rule::Only(&["shape", "attn", "backend", "inputs"])),
+    // The host memory a run needs, against this machine's available memory: shapes and the
+    // model's parameter and activation sizes; nothing of devices or topology.
+    ("resources", Rule::Only(&["shape", "model"])),
     // Where a job runs, decided once: opens the devices (the CPU's and the GPU's model ops,
     // backends) and communicators below it and runs a job's per-worker function; it knows
     // nothing of what jobs compute (nothing of `train`, `attention_run`).

@@ -218,7 +218,7 @@ fn bad_configs_give_a_sentence() {
     fails_with(&["train", "--workers", "0"], "at least 1");
     fails_with(
         &["train", "--preset", "llama2-7b"],
-        "6.74B parameters needs about",
+        "training a model of 6.74B parameters on the CPU over 128 tokens with 4 workers here needs",
     );
     std::fs::remove_dir_all(dir).unwrap();
 }

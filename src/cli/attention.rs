@@ -9,6 +9,7 @@ use distflash::attn::{self, layout, oracle};
 use distflash::backend::cuda::InputDtype;
 use distflash::inputs::Inputs;
 use distflash::plan::Schedule;
+use distflash::resources;
 use distflash::runtime::{Device, Runtime};
 use distflash::shape::Dims;
 use distflash::tensor_file::{self, Named};
@@ -136,6 +137,12 @@ pub fn run(args: Args) -> Result<()> {
         Device::Cpu => 4,
         Device::Cuda => 1,
     })?;
+    // Threads of this process that hold their own copies: CPU workers, not GPU ones.
+    let cpu_workers = match rt.device {
+        Device::Cpu => rt.workers_per_device(),
+        Device::Cuda => 0,
+    };
+    resources::ensure_attention_fits(&dims, args.seq_len, cpu_workers, args.check)?;
     let save = args
         .save
         .as_deref()

@@ -1,8 +1,10 @@
 //! `distflash launch`: start one process per worker on this node with the variables torchrun
 //! sets, watch them, and end the job as soon as one fails.
 
-use anyhow::{Result, bail};
+use anyhow::{Result, anyhow, bail};
+use clap::Parser;
 use std::net::TcpListener;
+use std::os::unix::process::ExitStatusExt;
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
@@ -25,19 +27,33 @@ pub struct Args {
     command: Vec<String>,
 }
 
-/// A port nobody listens on now (the OS picks it); rank 0 binds it moments later.
+/// A port nobody listens on now (the OS picks it); rank 0 binds it moments later. Binding also
+/// proves `addr` is one of this node's, which rank 0 needs.
 fn free_port(addr: &str) -> Result<u16> {
-    Ok(TcpListener::bind((addr, 0))?.local_addr()?.port())
+    let listener = TcpListener::bind((addr, 0)).map_err(|e| {
+        anyhow!(
+            "--master-addr {addr} cannot be listened on here ({e}): give an address of this node, such as 127.0.0.1"
+        )
+    })?;
+    Ok(listener.local_addr()?.port())
+}
+
+/// Refuses a command the ranks could not parse, printing clap's message once here rather than
+/// once per rank (help and version are printed once, too, and end the launch).
+fn check_command(command: &[String]) {
+    let argv = std::iter::once("distflash").chain(command.iter().map(String::as_str));
+    if let Err(e) = super::Cli::try_parse_from(argv) {
+        e.exit();
+    }
 }
 
 pub fn run(args: Args) -> Result<()> {
     if args.nproc_per_node == 0 {
         bail!("--nproc-per-node must be at least 1");
     }
-    let port = match args.master_port {
-        Some(p) => p,
-        None => free_port(&args.master_addr)?,
-    };
+    check_command(&args.command);
+    let free = free_port(&args.master_addr)?;
+    let port = args.master_port.unwrap_or(free);
     let exe = std::env::current_exe()?;
     let mut children: Vec<Option<Child>> = Vec::new();
     for rank in 0..args.nproc_per_node {
@@ -62,20 +78,31 @@ pub fn run(args: Args) -> Result<()> {
 }
 
 /// Waits for every child. The first failure starts the grace period; whoever is still running
-/// after it is killed, and the launcher reports the first failed rank.
+/// after it is killed, and the launcher reports the first failed rank. Ranks that fail because
+/// a peer did follow it within milliseconds, so among failures seen in the same poll the one
+/// killed by a signal is the cause (its peers exit with an error about it).
 fn watch(mut children: Vec<Option<Child>>, grace: Duration) -> Result<()> {
     let mut failed: Option<(usize, String)> = None;
     let mut deadline: Option<Instant> = None;
     while children.iter().any(Option::is_some) {
+        let mut now_failed = Vec::new();
         for (rank, slot) in children.iter_mut().enumerate() {
             let Some(child) = slot else { continue };
             if let Some(status) = child.try_wait()? {
                 *slot = None;
-                if !status.success() && failed.is_none() {
-                    failed = Some((rank, status.to_string()));
-                    deadline = Some(Instant::now() + grace);
+                if !status.success() {
+                    now_failed.push((rank, status));
                 }
             }
+        }
+        if failed.is_none()
+            && let Some((rank, status)) = now_failed
+                .iter()
+                .find(|(_, s)| s.signal().is_some())
+                .or(now_failed.first())
+        {
+            failed = Some((*rank, status.to_string()));
+            deadline = Some(Instant::now() + grace);
         }
         if deadline.is_some_and(|d| Instant::now() >= d) {
             kill_all(&mut children);

@@ -1,7 +1,7 @@
 //! `distflash plan`: print or save a schedule.
 
 use super::create_output;
-use anyhow::Result;
+use anyhow::{Result, bail};
 use clap::ValueEnum;
 use distflash::plan::{self, Pass, Plan, Schedule};
 use std::io::Write;
@@ -27,9 +27,22 @@ pub struct Args {
     /// Write here instead of standard output.
     #[arg(long)]
     out: Option<PathBuf>,
+    /// Write the plan of more than 128 workers too (megabytes, no longer readable).
+    #[arg(long)]
+    any_size: bool,
 }
 
+/// Most workers whose plan is still worth reading: it grows with their square, and 128 already
+/// make 0.4 MB of text or a 3 MB picture (1000: 25 MB and 186 MB).
+const READABLE_WORKERS: usize = 128;
+
 pub fn run(args: Args) -> Result<()> {
+    if args.workers > READABLE_WORKERS && !args.any_size {
+        bail!(
+            "the plan of {} workers is too large to read (it grows with the square of the workers; {READABLE_WORKERS} already make 0.4 MB of text): use --workers {READABLE_WORKERS} or fewer, or add --any-size to write it anyway",
+            args.workers
+        );
+    }
     let out = args.out.as_deref().map(create_output).transpose()?;
     let forward = Plan::new(args.workers, args.schedule, Pass::Forward)?;
     let text = match args.format {

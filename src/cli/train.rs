@@ -2,6 +2,9 @@
 //! bar (or JSON lines), metrics and a loss-curve SVG in the save directory, checkpoints and
 //! resume.
 
+mod metrics;
+mod progress;
+
 use anyhow::{Context, Result, bail};
 use distflash::model::Checkpoint;
 use distflash::model::config::Config;
@@ -13,9 +16,9 @@ use distflash::tensor_file::{self, Named};
 use distflash::train::data::Data;
 use distflash::train::memory::MemoryCheck;
 use distflash::train::{self, Init, Options, StepReport, svg};
-use indicatif::{ProgressBar, ProgressStyle};
+use metrics::Metrics;
+use progress::Progress;
 use serde::Serialize;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::Instant;
@@ -99,22 +102,22 @@ pub struct Args {
     #[arg(long, default_value = "remat")]
     checkpoint: Checkpoint,
     /// Optimizer steps to reach (a resumed run counts its saved steps).
-    #[arg(long, default_value_t = 1000)]
+    #[arg(long, default_value_t = 1000, value_parser = at_least_one)]
     steps: u64,
-    #[arg(long, default_value_t = 1e-2)]
+    #[arg(long, default_value_t = 1e-2, value_parser = non_negative)]
     lr: f64,
     #[arg(long, default_value_t = 20)]
     warmup: u64,
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, value_parser = non_negative)]
     weight_decay: f64,
     /// Largest global gradient norm (0: no clipping).
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, value_parser = non_negative)]
     clip: f64,
     /// Directory for checkpoints (state.safetensors), metrics.jsonl, loss.svg and the final
     /// model (config.json, model.safetensors, loadable by transformers and --init-from).
     #[arg(long)]
     save_dir: Option<PathBuf>,
-    #[arg(long, default_value_t = 50)]
+    #[arg(long, default_value_t = 50, value_parser = at_least_one)]
     save_every: u64,
     /// Continue from a checkpoint file or a save directory.
     #[arg(long)]
@@ -129,13 +132,39 @@ pub struct Args {
     ignore_memory_estimate: bool,
 }
 
+/// A hyper-parameter that must be a finite number, 0 or more (learning rate, weight decay,
+/// clipping norm): NaN or a negative value would train to garbage without a word.
+fn non_negative(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(x) if x.is_finite() && x >= 0.0 => Ok(x),
+        _ => Err(format!(
+            "{s} is not a finite number of 0 or more: give one such as 0.01"
+        )),
+    }
+}
+
+/// A count that must be 1 or more (steps to reach, steps between checkpoints).
+fn at_least_one(s: &str) -> Result<u64, String> {
+    match s.parse::<u64>() {
+        Ok(n) if n >= 1 => Ok(n),
+        _ => Err(format!(
+            "{s} is not a whole number of 1 or more: give one such as 100"
+        )),
+    }
+}
+
 /// Most steps over which the summary averages loss and recall at the start and the end.
 const WINDOW: usize = 20;
 
 #[derive(Serialize)]
 struct Summary {
     device: Device,
+    /// Steps taken in all, the resumed ones included.
     steps: u64,
+    /// The checkpoint's step this run resumed from (none when it started afresh).
+    resumed_from: Option<u64>,
+    /// Steps this run took.
+    steps_this_run: u64,
     wall_secs: f64,
     workers: usize,
     seq_len: usize,
@@ -161,6 +190,11 @@ pub fn run(args: Args) -> Result<()> {
         Device::Cuda => 1,
     })?;
     let workers = rt.workers();
+    if args.resume.is_some() && args.model.init_from.is_some() {
+        bail!(
+            "--resume continues a checkpoint, which holds its own weights, and --init-from would start from a model's: give one of them"
+        );
+    }
     // Under a launcher rank 0 reports and writes files; the others only train.
     let reporter = rt.is_reporter();
     let (config, init) = args.model.resolve()?;
@@ -202,65 +236,37 @@ pub fn run(args: Args) -> Result<()> {
         resume: args.resume.clone(),
     };
     let metrics = match &args.save_dir {
-        Some(dir) if reporter => {
-            std::fs::create_dir_all(dir)
-                .with_context(|| format!("cannot create the save directory {}", dir.display()))?;
-            let path = dir.join("metrics.jsonl");
-            let file = std::fs::OpenOptions::new()
-                .create(true)
-                .append(args.resume.is_some())
-                .write(true)
-                .truncate(args.resume.is_none())
-                .open(&path)
-                .with_context(|| format!("cannot write {}", path.display()))?;
-            Some(file)
-        }
+        Some(dir) if reporter => Some(Metrics::open(dir, args.resume.is_some())?),
         _ => None,
     };
-    let bar = (!args.json && reporter).then(|| {
-        let bar = ProgressBar::new(args.steps);
-        bar.set_style(
-            ProgressStyle::with_template(
-                "{elapsed_precise} [{bar:30}] {pos}/{len} steps  {msg}  ETA {eta}",
-            )
-            .expect("valid template")
-            .progress_chars("=> "),
-        );
-        bar
-    });
+    let progress =
+        (!args.json && reporter).then(|| Progress::start(args.steps, args.batch, args.seq_len));
     let reports = Mutex::new((Vec::<StepReport>::new(), metrics));
     let began = Instant::now();
     let on_step = |r: &StepReport| {
         let line = serde_json::to_string(r).expect("reports serialize");
         let mut guard = reports.lock().expect("reporting never panics");
         let (list, file) = &mut *guard;
-        if let Some(f) = file {
-            let _ = writeln!(f, "{line}");
-        }
-        if let Some(bar) = &bar {
-            let recall = if r.recall_total > 0 {
-                format!(
-                    "  recall {:.2}",
-                    r.recall_correct as f64 / r.recall_total as f64
-                )
-            } else {
-                String::new()
-            };
-            bar.set_position(r.step);
-            bar.set_message(format!(
-                "loss {:.4}{recall}  {:.0} tok/s",
-                r.loss, r.tokens_per_sec
-            ));
-        } else {
-            println!("{line}");
-        }
         list.push(r.clone());
+        if let Some(f) = file {
+            f.record(r.step, &line);
+        }
+        match &progress {
+            Some(p) => p.step(r),
+            None => println!("{line}"),
+        }
+        // A diverged run stops after this report: draw its curve now, NaN shown.
+        if !r.loss.is_finite()
+            && let Some(dir) = &args.save_dir
+        {
+            let _ = write_curve(dir, list);
+        }
     };
     let Some(weights) = train::train(&opts, &memory, &rt, on_step)? else {
         return Ok(()); // a rank other than 0: rank 0 reports and saves
     };
-    if let Some(bar) = &bar {
-        bar.finish();
+    if let Some(p) = &progress {
+        p.finish();
     }
     let wall = began.elapsed().as_secs_f64();
     let (list, _) = reports.into_inner().expect("reporting never panics");
@@ -270,11 +276,12 @@ pub fn run(args: Args) -> Result<()> {
     }
     let Some(last) = list.last() else {
         println!(
-            "nothing to do: the run had already taken {} steps",
+            "nothing to do: the checkpoint is already at step {0}, the --steps {0} asked for; raise --steps to train further",
             args.steps
         );
         return Ok(());
     };
+    let resumed_from = args.resume.as_ref().map(|_| list[0].step - 1);
     // Disjoint windows, so a short run still compares its start with its end.
     let window = (list.len() / 2).clamp(1, WINDOW);
     let tail = &list[list.len() - window..];
@@ -282,6 +289,8 @@ pub fn run(args: Args) -> Result<()> {
     let summary = Summary {
         device: rt.device,
         steps: last.step,
+        resumed_from,
+        steps_this_run: list.len() as u64,
         wall_secs: wall,
         workers,
         seq_len: args.seq_len,
@@ -304,9 +313,13 @@ pub fn run(args: Args) -> Result<()> {
 }
 
 fn print_summary(s: &Summary, window: usize) {
+    let resumed = match s.resumed_from {
+        Some(from) => format!(" (resumed at step {from}, now at step {})", s.steps),
+        None => String::new(),
+    };
     println!(
-        "trained {} steps in {:.1} s: {} workers, {} tokens/sequence, {} sequences/step, checkpoint {}",
-        s.steps, s.wall_secs, s.workers, s.seq_len, s.batch, s.checkpoint
+        "trained {} steps{resumed} in {:.1} s: {} workers, {} tokens/sequence, {} sequences/step, checkpoint {}",
+        s.steps_this_run, s.wall_secs, s.workers, s.seq_len, s.batch, s.checkpoint
     );
     println!(
         "loss {:.4} -> {:.4} (mean of the first and last {window} steps), {:.0} tokens/s",
@@ -351,7 +364,8 @@ fn write_curve(dir: &Path, list: &[StepReport]) -> Result<()> {
     let mut points: Vec<(u64, f64)> = text
         .lines()
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .filter_map(|v| Some((v["step"].as_u64()?, v["loss"].as_f64()?)))
+        // A non-finite loss is written as null: keep it as NaN for the curve to show.
+        .filter_map(|v| Some((v["step"].as_u64()?, v["loss"].as_f64().unwrap_or(f64::NAN))))
         .collect();
     if points.is_empty() {
         points = list.iter().map(|r| (r.step, r.loss)).collect();

@@ -5,7 +5,9 @@
 //! is up) and says who it is: its rank, the world size it was given, a hash of its arguments and
 //! the address of its own data listener. Rank 0 checks them all, then answers every rank with
 //! either the address table and a payload (for NCCL: the unique id) or one error sentence, which
-//! every rank then reports. Nothing waits without a deadline.
+//! every rank then reports. A hello rank 0 accepts is acknowledged at once, so a rank that
+//! reached some other program listening on the port says so within its timeout instead of
+//! waiting for a table that never comes. Nothing waits without a deadline.
 
 use anyhow::{Context, Result, anyhow, bail};
 use serde::{Deserialize, Serialize};
@@ -27,12 +29,16 @@ impl LaunchEnv {
     /// Reads the launch variables through `get`. `Ok(None)` when neither RANK nor WORLD_SIZE is
     /// set: a plain single-process run.
     pub fn from_vars(get: impl Fn(&str) -> Option<String>) -> Result<Option<LaunchEnv>> {
-        if get("RANK").is_none() && get("WORLD_SIZE").is_none() {
+        let present: Vec<&str> = ["RANK", "WORLD_SIZE"]
+            .into_iter()
+            .filter(|name| get(name).is_some())
+            .collect();
+        if present.is_empty() {
             return Ok(None);
         }
         let need = |name: &str| {
             get(name).ok_or_else(|| {
-                anyhow!("{name} is not set but RANK or WORLD_SIZE is: start ranks with `distflash launch` or torchrun, which set RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT")
+                anyhow!("{name} is not set but {} is: start ranks with `distflash launch` or torchrun, which set RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT", present.join(" and "))
             })
         };
         let number = |name: &str| -> Result<usize> {
@@ -83,6 +89,8 @@ struct Hello {
 
 #[derive(Serialize, Deserialize)]
 enum Reply {
+    /// Rank 0 took this rank's hello; the table (or the error) follows.
+    Welcome,
     Ok {
         peers: Vec<SocketAddr>,
         payload: Vec<u8>,
@@ -110,11 +118,18 @@ fn send_line<T: Serialize>(stream: &mut TcpStream, msg: &T) -> Result<()> {
     Ok(())
 }
 
-fn read_line<T: for<'de> Deserialize<'de>>(stream: &TcpStream, deadline: Instant) -> Result<T> {
+/// One JSON line from `reader` by `deadline`. The reader lives as long as the connection, so a
+/// line that arrived with the one before is not lost in a dropped buffer.
+fn read_line<T: for<'de> Deserialize<'de>>(
+    reader: &mut BufReader<&TcpStream>,
+    deadline: Instant,
+) -> Result<T> {
     let left = deadline.saturating_duration_since(Instant::now());
-    stream.set_read_timeout(Some(left.max(Duration::from_millis(1))))?;
+    reader
+        .get_ref()
+        .set_read_timeout(Some(left.max(Duration::from_millis(1))))?;
     let mut line = String::new();
-    let n = BufReader::new(stream).read_line(&mut line)?;
+    let n = reader.read_line(&mut line)?;
     if n == 0 {
         bail!("the connection closed");
     }
@@ -138,7 +153,10 @@ pub fn join(
                 env.master_port,
                 env.master_addr
             ),
-            _ => anyhow!("rank 0 cannot listen on {master}: {e}"),
+            _ => anyhow!(
+                "rank 0 cannot listen on MASTER_ADDR={} ({master}: {e}): give an address of rank 0's own machine, such as 127.0.0.1 for a single node",
+                env.master_addr
+            ),
         })?;
         let data = TcpListener::bind((master.ip(), 0))?;
         lead(
@@ -171,14 +189,14 @@ fn lead(
     let mut problem = None;
     while arrived < env.world && problem.is_none() {
         match listener.accept() {
-            Ok((stream, _)) => {
+            Ok((mut stream, _)) => {
                 stream.set_nonblocking(false)?;
-                let hello: Hello = match read_line(&stream, deadline) {
+                let hello: Hello = match read_line(&mut BufReader::new(&stream), deadline) {
                     Ok(h) => h,
                     Err(_) => continue, // not one of ours, or it died while saying hello
                 };
                 problem = check_hello(env, args_hash, &hello, &peers);
-                if problem.is_none() {
+                if problem.is_none() && send_line(&mut stream, &Reply::Welcome).is_ok() {
                     peers[hello.rank] = Some((stream, hello.data_addr));
                     arrived += 1;
                 } else {
@@ -285,10 +303,25 @@ fn follow(
         data_addr: data.local_addr()?,
     };
     send_line(&mut stream, &hello)?;
-    // Rank 0 answers once everyone arrived or its own deadline passed: allow for its later start.
-    let reply: Reply = read_line(&stream, deadline + timeout).map_err(|e| {
-        anyhow!("rank 0 did not complete the rendezvous ({e}); did it fail to start?")
-    })?;
+    let mut reader = BufReader::new(&stream);
+    // Rank 0 acknowledges a hello at once; anything else listening there never does.
+    let first = deadline.max(Instant::now() + Duration::from_secs(1));
+    let reply = match read_line(&mut reader, first) {
+        Ok(Reply::Welcome) => {
+            // Rank 0 answers once everyone arrived or its own deadline passed: allow for its
+            // later start.
+            read_line(&mut reader, deadline + timeout).map_err(|e| {
+                anyhow!("rank 0 did not complete the rendezvous ({e}); did it fail?")
+            })?
+        }
+        Ok(reply) => reply,
+        Err(e) => bail!(
+            "the program listening at MASTER_ADDR={} MASTER_PORT={} did not answer as distflash rank 0 within {:.0} s ({e}); if another program holds that port, choose another MASTER_PORT",
+            env.master_addr,
+            env.master_port,
+            timeout.as_secs_f64()
+        ),
+    };
     joined(env, reply, data)
 }
 
@@ -304,6 +337,7 @@ fn joined(env: &LaunchEnv, reply: Reply, listener: TcpListener) -> Result<Joined
             listener,
         }),
         Reply::Err(e) => bail!("{e}"),
+        Reply::Welcome => bail!("rank 0 acknowledged this rank twice: a distflash bug"),
     }
 }
 
@@ -333,6 +367,13 @@ mod tests {
         assert_eq!(
             (env.rank, env.world, env.local_rank, env.master_port),
             (1, 2, 1, 29500)
+        );
+        let err = LaunchEnv::from_vars(vars(&full[..1]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with("WORLD_SIZE is not set but RANK is:"),
+            "{err}"
         );
         let err = LaunchEnv::from_vars(vars(&full[..2])).unwrap_err();
         assert!(err.to_string().contains("MASTER_ADDR is not set"), "{err}");

@@ -18,7 +18,7 @@ pub mod ops;
 pub mod profile;
 pub mod weights;
 
-pub use layer::{Checkpoint, Layer};
+pub use layer::{Checkpoint, Layer, mlp_block_rows};
 
 use crate::shape::Span;
 use anyhow::{Result, bail};

@@ -375,6 +375,11 @@ pub fn chunk_sizes(seq: usize, workers: usize, schedule: Schedule) -> Result<Vec
         bail!("workers must be at least 1");
     }
     let chunks = schedule.chunks(workers);
+    if seq == 0 {
+        bail!(
+            "the sequence is empty (0 tokens): give --seq-len of at least {chunks}, one token per chunk"
+        );
+    }
     if seq < chunks {
         bail!(
             "sequence length {seq} is too short for {workers} workers with the {schedule} schedule: it cuts the sequence into {chunks} chunks of at least one token; use --workers {} or fewer",

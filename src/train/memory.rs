@@ -1,13 +1,14 @@
 //! The memory a model job needs, checked where it runs before anything of it is allocated: on a
-//! GPU the estimated peak of the step (`model::cost`) against the opened device's free memory;
-//! on the CPU the model state every worker holds against this machine's available memory. A run
+//! GPU the estimated peak of the step (`sim::gpu_step_memory`) against the opened device's free
+//! memory; on the CPU the model state and activations every worker holds against this
+//! machine's available memory (`resources::CpuTraining`). A run
 //! that would not fit is refused with the figures and a fix, never killed halfway.
 
-use super::check_memory;
 use crate::model::Checkpoint;
 use crate::model::config::Config;
 use crate::model::cost;
 use crate::plan::Schedule;
+use crate::resources::CpuTraining;
 use crate::runtime::{Device, OpenedGpu, Runtime, Topology};
 use crate::sim;
 use anyhow::{Result, bail};
@@ -63,7 +64,15 @@ impl MemoryCheck {
     pub fn check(&self, runtime: &Runtime, gpu: Option<&OpenedGpu>) -> Result<()> {
         let Some(gpu) = gpu else {
             return match runtime.device {
-                Device::Cpu => check_memory(&self.config, runtime.workers()),
+                Device::Cpu => CpuTraining {
+                    config: &self.config,
+                    seq: self.seq,
+                    total_workers: runtime.workers(),
+                    workers_here: runtime.workers_per_device(),
+                    policy: self.checkpoint,
+                    optimizer: self.optimizer,
+                }
+                .ensure_fits(),
                 Device::Cuda => Ok(()),
             };
         };

@@ -471,6 +471,8 @@ fn run_steps<O: Ops, A: Attention<O::T>>(
     let mut v = upload_moments(ops, cfg, &start.v)?;
     let scale = 1.0 / (o.seq_len * o.batch) as f64;
     let mut samples = start.samples;
+    // The checkpoint a non-finite step leaves in place (the resumed one, if any) and its step.
+    let mut saved = o.resume.as_ref().map(|path| (path.clone(), start.step));
     for step in start.step + 1..=o.steps {
         let began = Instant::now();
         let mut grads = weights::zeros(ops, cfg)?;
@@ -493,18 +495,35 @@ fn run_steps<O: Ops, A: Attention<O::T>>(
             )?);
         }
         reduce(attn, &mut grads, &mut tally)?;
-        let norm = grads
-            .tensors()
-            .iter()
-            .map(|g| ops.sum_squares(g))
-            .sum::<Result<f64>>()?
-            .sqrt();
+        let norm = sum_squares(ops, &grads)?.sqrt();
+        let lr = o.adamw.lr * (step as f64 / o.warmup.max(1) as f64).min(1.0);
+        let loss = tally.loss_sum * scale;
+        let out = last.expect("batch is at least 1");
+        let report = |secs: f64| StepReport {
+            step,
+            loss,
+            recall_correct: tally.correct,
+            recall_total: tally.probes,
+            grad_norm: norm,
+            lr,
+            tokens_per_sec: (o.seq_len * o.batch) as f64 / secs,
+            step_secs: secs,
+            attention_forwards_per_layer: out.attention_forwards.clone(),
+            peak_activation_bytes: out.peak_activation_bytes,
+        };
+        // Every worker sees the same all-reduced loss and norm, so all stop at the same step.
+        if !loss.is_finite() || !norm.is_finite() {
+            if reporter {
+                on_step(&report(began.elapsed().as_secs_f64()));
+            }
+            let what = format!("the loss is {loss} and the gradient norm {norm}");
+            return Err(diverged(o, step, saved.as_ref(), &what));
+        }
         if o.clip > 0.0 && norm > o.clip {
             for g in grads.tensors_mut() {
                 ops.scale(g, o.clip / norm)?;
             }
         }
-        let lr = o.adamw.lr * (step as f64 / o.warmup.max(1) as f64).min(1.0);
         let hp = AdamW { lr, ..o.adamw };
         let (ws, gs, ms, vs) = (
             w.tensors_mut(),
@@ -515,25 +534,17 @@ fn run_steps<O: Ops, A: Attention<O::T>>(
         for ((((p, g), m), v), s) in ws.into_iter().zip(gs).zip(ms).zip(vs).zip(&specs) {
             ops.adamw(p, g, m, v, &hp, step, s.decays())?;
         }
+        let saving = o.save_dir.is_some() && (step % o.save_every.max(1) == 0 || step == o.steps);
+        if (saving || step == o.steps) && !sum_squares(ops, &w)?.is_finite() {
+            let what = "its update made weights non-finite";
+            return Err(diverged(o, step, saved.as_ref(), what));
+        }
         if !reporter {
             continue;
         }
-        let secs = began.elapsed().as_secs_f64();
-        let out = last.expect("batch is at least 1");
-        on_step(&StepReport {
-            step,
-            loss: tally.loss_sum * scale,
-            recall_correct: tally.correct,
-            recall_total: tally.probes,
-            grad_norm: norm,
-            lr,
-            tokens_per_sec: (o.seq_len * o.batch) as f64 / secs,
-            step_secs: secs,
-            attention_forwards_per_layer: out.attention_forwards,
-            peak_activation_bytes: out.peak_activation_bytes,
-        });
+        on_step(&report(began.elapsed().as_secs_f64()));
         if let Some(dir) = &o.save_dir
-            && (step % o.save_every.max(1) == 0 || step == o.steps)
+            && saving
         {
             let state = State {
                 step,
@@ -542,10 +553,44 @@ fn run_steps<O: Ops, A: Attention<O::T>>(
                 m: download_weights(ops, &m)?,
                 v: download_weights(ops, &v)?,
             };
-            state::save(&state::path_in(dir), key, &state)?;
+            let path = state::path_in(dir);
+            state::save(&path, key, &state)?;
+            saved = Some((path, step));
         }
     }
     download_weights(ops, &w)
+}
+
+/// Σ x² over every tensor of `w`: the squared gradient norm, and a finiteness test of weights.
+fn sum_squares<O: Ops>(ops: &O, w: &Weights<O::T>) -> Result<f64> {
+    w.tensors().iter().map(|t| ops.sum_squares(t)).sum()
+}
+
+/// The sentence that ends a run whose step `step` went non-finite (`what`), saying what was kept
+/// and how to go on.
+fn diverged(o: &Options, step: u64, saved: Option<&(PathBuf, u64)>, what: &str) -> anyhow::Error {
+    let kept = match (saved, &o.save_dir) {
+        (Some((path, s)), _) => format!(
+            "the last good checkpoint, {} of step {s}, is kept",
+            path.display()
+        ),
+        (None, Some(_)) => "no checkpoint had been saved yet and none is written".into(),
+        (None, None) => "nothing was saved (no --save-dir)".into(),
+    };
+    anyhow::anyhow!(
+        "training diverged at step {step}: {what}, so it stopped there and {kept}; lower --lr (now {}) or raise --warmup (now {}), and keep --clip on",
+        short(o.adamw.lr),
+        o.warmup
+    )
+}
+
+/// `x` as a person writes it: 0.01, 3, 1e30 (not thirty-one digits).
+fn short(x: f64) -> String {
+    if x == 0.0 || (1e-4..1e6).contains(&x.abs()) {
+        x.to_string()
+    } else {
+        format!("{x:e}")
+    }
 }
 
 #[cfg(test)]

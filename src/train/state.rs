@@ -101,6 +101,30 @@ pub fn save(path: &Path, key: &RunKey, state: &State) -> Result<()> {
         .with_context(|| format!("cannot move {} to {}", tmp.display(), path.display()))
 }
 
+/// "hidden_size 64 saved, 128 now; ...": the config fields two models differ in, for the
+/// message that refuses resuming one as the other.
+fn config_differences(saved: &Config, now: &Config) -> String {
+    let (saved, now) = (saved.to_json(), now.to_json());
+    let (Some(saved), Some(now)) = (saved.as_object(), now.as_object()) else {
+        return "their configs differ".into();
+    };
+    let differences = saved
+        .iter()
+        .filter(|&(k, v)| now.get(k) != Some(v))
+        .map(|(k, v)| {
+            format!(
+                "{k} {v} saved, {} now",
+                now.get(k).unwrap_or(&serde_json::Value::Null)
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("; ");
+    if differences.is_empty() {
+        return "their configs differ".into();
+    }
+    differences
+}
+
 /// Reads a checkpoint for a run with `key`, refusing one that is damaged or from another run.
 pub fn load(path: &Path, key: &RunKey) -> Result<State> {
     let shown = path.display();
@@ -122,8 +146,8 @@ pub fn load(path: &Path, key: &RunKey) -> Result<State> {
         .with_context(|| format!("the model config in {shown} is unreadable"))?;
     if saved_config != key.config {
         bail!(
-            "{shown} holds a different model ({saved_config:?}) than this run's ({:?})",
-            key.config
+            "{shown} holds a different model than this run's ({}): resume with the model it was saved with (the same --preset, --config or --init-from), or give a new --save-dir to start afresh",
+            config_differences(&saved_config, &key.config)
         );
     }
     for (what, saved, now) in [

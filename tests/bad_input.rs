@@ -1,0 +1,554 @@
+//! Bad input, as a new user types it, through the binary: each case ends with one sentence that
+//! names the problem and the fix and a non-zero exit (or, where right, a quiet success). None
+//! allocates much or waits long: memory is refused before allocation, waits are short.
+
+use std::io::Read;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_distflash");
+
+/// A small, fast training run: the tiny model on 32 tokens, one sequence a step.
+const TINY: [&str; 8] = [
+    "train",
+    "--seq-len",
+    "32",
+    "--batch",
+    "1",
+    "--workers",
+    "2",
+    "--json",
+];
+
+fn distflash(args: &[&str]) -> Output {
+    Command::new(BIN).args(args).output().expect("binary runs")
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn temp_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("distflash-bad-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// The run failed with exit code `code` and one line on stderr holding every one of `words`.
+fn fails(out: &Output, code: i32, words: &[&str]) -> String {
+    let err = stderr(out);
+    assert_eq!(out.status.code(), Some(code), "{err}");
+    for w in words {
+        assert!(err.contains(w), "'{w}' not in: {err}");
+    }
+    assert!(!err.contains("panicked"), "{err}");
+    assert_eq!(
+        err.trim().lines().count(),
+        1,
+        "one sentence expected: {err}"
+    );
+    err
+}
+
+/// A clap refusal: exit 2, clap's "invalid value" line naming the flag, and our reason.
+fn refused_flag(args: &[&str], flag: &str, reason: &str) {
+    let out = distflash(args);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+    let first = err.lines().next().unwrap_or_default();
+    assert!(
+        first.contains(flag) && first.contains(reason),
+        "{args:?}: {err}"
+    );
+}
+
+#[test]
+fn invalid_hyper_parameters_are_refused_up_front() {
+    let reason = "is not a finite number of 0 or more";
+    refused_flag(&["train", "--lr", "nan"], "--lr", reason);
+    refused_flag(&["train", "--lr=-1"], "--lr", reason);
+    refused_flag(
+        &["train", "--weight-decay", "nan"],
+        "--weight-decay",
+        reason,
+    );
+    refused_flag(&["train", "--clip=-1"], "--clip", reason);
+    refused_flag(&["train", "--lr", "inf"], "--lr", reason);
+    let count = "is not a whole number of 1 or more";
+    refused_flag(&["train", "--save-every", "0"], "--save-every", count);
+    refused_flag(&["train", "--steps", "0"], "--steps", count);
+}
+
+/// The f32 values of every tensor of a safetensors file.
+fn tensors(path: &Path) -> Vec<f32> {
+    let bytes = std::fs::read(path).unwrap();
+    let file = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    file.tensors()
+        .iter()
+        .flat_map(|(_, v)| {
+            v.data()
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+#[test]
+fn a_diverging_run_stops_and_keeps_the_last_good_checkpoint() {
+    let dir = temp_dir("diverge");
+    let d = dir.to_str().unwrap();
+    let out = Command::new(BIN)
+        .args(TINY)
+        .args(["--lr", "1e30", "--steps", "20", "--save-every", "1"])
+        .args(["--save-dir", d])
+        .output()
+        .unwrap();
+    let err = fails(
+        &out,
+        1,
+        &["training diverged at step", "lower --lr (now 1e30)"],
+    );
+    // The step that went non-finite was reported (loss null) and is the last line.
+    let lines: Vec<serde_json::Value> = stdout(&out)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let last = lines.last().unwrap();
+    let step = last["step"].as_u64().unwrap();
+    assert!(err.contains(&format!("at step {step}:")), "{err}");
+    assert!(step < 20, "stopped at {step}");
+    let finite = |v: &serde_json::Value| v.as_f64().is_some_and(f64::is_finite);
+    assert!(
+        !finite(&last["loss"]) || !finite(&last["grad_norm"]),
+        "{last}"
+    );
+    // The checkpoint kept is the step before, and holds only finite numbers.
+    let state = dir.join("state.safetensors");
+    assert!(step > 1, "diverged at once: no checkpoint to keep");
+    assert!(
+        err.contains(&format!(
+            "{} of step {}, is kept",
+            state.display(),
+            step - 1
+        )),
+        "{err}"
+    );
+    assert!(tensors(&state).iter().all(|x| x.is_finite()));
+    // No final model of non-finite weights; the curve says what happened.
+    assert!(!dir.join("model.safetensors").exists());
+    let svg = std::fs::read_to_string(dir.join("loss.svg")).unwrap();
+    assert!(svg.contains(&format!("the first at step {step}")), "{svg}");
+    let metrics = std::fs::read_to_string(dir.join("metrics.jsonl")).unwrap();
+    assert_eq!(metrics.lines().count() as u64, step);
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn requests_too_large_for_memory_are_refused_before_allocating() {
+    let started = Instant::now();
+    // A machine with this much free would really run the ten-million-token cases.
+    let roomy = distflash::resources::available().is_some_and(|b| b > 200.0 * (1u64 << 30) as f64);
+    for args in [
+        &["attention", "--seq-len", "100000000"][..],
+        &["attention", "--seq-len", "100000000", "--device", "cuda"],
+        &["attention", "--seq-len", "10000000"],
+        &["attention", "--seq-len", "10000000", "--check"],
+    ] {
+        if roomy && args[2] == "10000000" {
+            eprintln!("skipped {args:?}: this machine has room for it");
+            continue;
+        }
+        let out = distflash(args);
+        fails(
+            &out,
+            1,
+            &[
+                "attention over",
+                "tokens needs",
+                "GiB available: use --seq-len",
+            ],
+        );
+    }
+    let out = distflash(&["train", "--seq-len", "100000000", "--steps", "1"]);
+    fails(
+        &out,
+        1,
+        &[
+            "training a model of 0.13M parameters on the CPU over 100000000 tokens",
+            "GiB available: use --seq-len",
+        ],
+    );
+    let out = distflash(&[
+        "train",
+        "--preset",
+        "llama2-7b",
+        "--workers",
+        "64",
+        "--steps",
+        "1",
+    ]);
+    fails(&out, 1, &["GiB available: use a smaller model"]);
+    // Refused before anything was allocated: no time for gigabytes of random numbers.
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+/// Starts `args` with stdout a pipe whose reading end closes at once; returns the output.
+fn with_closed_stdout(args: &[&str]) -> Output {
+    let mut child = Command::new(BIN)
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    child.wait_with_output().unwrap()
+}
+
+#[test]
+fn a_closed_stdout_ends_the_program_quietly() {
+    use std::os::unix::process::ExitStatusExt;
+    for args in [&["plan", "--workers", "64"][..], &TINY[..]] {
+        let out = with_closed_stdout(args);
+        assert_eq!(stderr(&out), "", "{args:?}");
+        // Ended by SIGPIPE like any Unix tool (or done before it noticed).
+        assert!(
+            out.status.signal() == Some(libc::SIGPIPE) || out.status.success(),
+            "{args:?}: {:?}",
+            out.status
+        );
+    }
+}
+
+#[test]
+fn an_empty_sequence_is_named_as_such() {
+    for cmd in ["attention", "train"] {
+        let out = distflash(&[cmd, "--seq-len", "0"]);
+        fails(
+            &out,
+            1,
+            &["the sequence is empty (0 tokens): give --seq-len of at least"],
+        );
+    }
+}
+
+/// Trains `TINY` for `steps` into `dir`, resuming from `resume` when given.
+fn train(dir: &Path, steps: &str, resume: Option<&Path>) -> Output {
+    let mut cmd = Command::new(BIN);
+    cmd.args(&TINY[..7])
+        .args(["--steps", steps, "--save-every", "1", "--save-dir"])
+        .arg(dir);
+    if let Some(r) = resume {
+        cmd.arg("--resume").arg(r);
+    }
+    cmd.output().unwrap()
+}
+
+fn metric_steps(dir: &Path) -> Vec<u64> {
+    std::fs::read_to_string(dir.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["step"]
+                .as_u64()
+                .unwrap()
+        })
+        .collect()
+}
+
+#[test]
+fn resuming_says_where_and_counts_each_step_once() {
+    let dir = temp_dir("resume");
+    let first = train(&dir, "2", None);
+    assert!(first.status.success(), "{}", stderr(&first));
+    assert!(
+        stdout(&first).starts_with("trained 2 steps in"),
+        "{}",
+        stdout(&first)
+    );
+    // Not a terminal: the plain progress line, at least at the end.
+    assert!(stderr(&first).contains("step 2/2"), "{}", stderr(&first));
+    let at_two = dir.join("at-two.safetensors");
+    std::fs::copy(dir.join("state.safetensors"), &at_two).unwrap();
+    let second = train(&dir, "4", Some(&dir));
+    assert!(
+        stdout(&second).starts_with("trained 2 steps (resumed at step 2, now at step 4) in"),
+        "{}",
+        stdout(&second)
+    );
+    // Going back to step 2 re-runs steps 3 and 4: their old lines go.
+    let third = train(&dir, "4", Some(&at_two));
+    assert!(third.status.success(), "{}", stderr(&third));
+    assert_eq!(metric_steps(&dir), [1, 2, 3, 4]);
+    // Already there: said, and nothing else happens.
+    let again = train(&dir, "4", Some(&dir));
+    assert!(again.status.success(), "{}", stderr(&again));
+    assert!(
+        stdout(&again).starts_with("nothing to do: the checkpoint is already at step 4"),
+        "{}",
+        stdout(&again)
+    );
+    assert_eq!(metric_steps(&dir), [1, 2, 3, 4]);
+    // The JSON summary says it too.
+    let json = Command::new(BIN)
+        .args(TINY)
+        .args(["--steps", "5", "--resume"])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    let summary: serde_json::Value =
+        serde_json::from_str(stdout(&json).lines().last().unwrap()).unwrap();
+    assert_eq!(
+        (
+            &summary["steps"],
+            &summary["resumed_from"],
+            &summary["steps_this_run"]
+        ),
+        (&5.into(), &4.into(), &1.into())
+    );
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn resume_refuses_a_second_source_of_weights_and_names_a_different_model() {
+    let dir = temp_dir("other-model");
+    assert!(train(&dir, "1", None).status.success());
+    let d = dir.to_str().unwrap();
+    let out = distflash(&["train", "--resume", d, "--init-from", d]);
+    fails(
+        &out,
+        1,
+        &["--resume continues a checkpoint", "give one of them"],
+    );
+    let mut config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+    config["num_hidden_layers"] = 1.into();
+    let other = dir.join("other.json");
+    std::fs::write(&other, config.to_string()).unwrap();
+    let out = Command::new(BIN)
+        .args(&TINY[..7])
+        .args(["--steps", "2", "--config"])
+        .arg(&other)
+        .args(["--resume", d])
+        .output()
+        .unwrap();
+    let err = fails(
+        &out,
+        1,
+        &[
+            "holds a different model than this run's (num_hidden_layers 2 saved, 1 now)",
+            "resume with the model it was saved with",
+        ],
+    );
+    assert!(!err.contains("Config {"), "{err}");
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn launch_variables_and_addresses_are_named() {
+    let out = Command::new(BIN)
+        .args(["train"])
+        .env("RANK", "0")
+        .output()
+        .unwrap();
+    fails(&out, 1, &["WORLD_SIZE is not set but RANK is:"]);
+    // 192.0.2.1 is a documentation address, on no machine.
+    let out = distflash(&[
+        "launch",
+        "--nproc-per-node",
+        "2",
+        "--master-addr",
+        "192.0.2.1",
+        "--",
+        "train",
+    ]);
+    fails(
+        &out,
+        1,
+        &[
+            "--master-addr 192.0.2.1 cannot be listened on here",
+            "such as 127.0.0.1",
+        ],
+    );
+    let out = Command::new(BIN)
+        .args(["train", "--steps", "1"])
+        .envs([
+            ("RANK", "0"),
+            ("WORLD_SIZE", "2"),
+            ("MASTER_ADDR", "192.0.2.1"),
+            ("MASTER_PORT", "29500"),
+        ])
+        .output()
+        .unwrap();
+    fails(
+        &out,
+        1,
+        &[
+            "rank 0 cannot listen on MASTER_ADDR=192.0.2.1",
+            "give an address of rank 0's own machine",
+        ],
+    );
+}
+
+#[test]
+fn a_foreign_listener_on_the_port_is_named_within_the_timeout() {
+    let foreign = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = foreign.local_addr().unwrap().port().to_string();
+    let started = Instant::now();
+    let out = Command::new(BIN)
+        .args(["train", "--steps", "1", "--rendezvous-timeout", "2"])
+        .envs([
+            ("RANK", "1"),
+            ("WORLD_SIZE", "2"),
+            ("MASTER_ADDR", "127.0.0.1"),
+        ])
+        .env("MASTER_PORT", &port)
+        .output()
+        .unwrap();
+    fails(
+        &out,
+        1,
+        &[
+            &format!("MASTER_PORT={port} did not answer as distflash rank 0 within 2 s"),
+            "choose another MASTER_PORT",
+        ],
+    );
+    // Once the timeout, not twice.
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+#[test]
+fn launch_checks_the_command_once_before_starting_ranks() {
+    let out = distflash(&["launch", "--nproc-per-node", "3", "--", "nonsense"]);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert_eq!(
+        err.matches("unrecognized subcommand 'nonsense'").count(),
+        1,
+        "{err}"
+    );
+}
+
+/// The pids of the processes whose parent is `parent` and whose environment has `var`.
+fn children_with(parent: u32, var: &str) -> Vec<u32> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        // The parent is the second field after the parenthesised command.
+        let ppid = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1));
+        if ppid != Some(&parent.to_string()) {
+            continue;
+        }
+        let env = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+        if env.split(|&b| b == 0).any(|v| v == var.as_bytes()) {
+            found.push(pid);
+        }
+    }
+    found
+}
+
+#[test]
+fn the_launcher_names_the_rank_that_was_killed() {
+    let mut launcher = Command::new(BIN)
+        .args(["launch", "--nproc-per-node", "2", "--grace-secs", "1", "--"])
+        .args(&TINY[..5])
+        .args(["--steps", "100000", "--json"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let victim = loop {
+        // Both ranks training: rank 1 is past the rendezvous.
+        std::thread::sleep(Duration::from_millis(300));
+        if let Some(&pid) = children_with(launcher.id(), "RANK=1").first() {
+            std::thread::sleep(Duration::from_millis(700));
+            break pid;
+        }
+        assert!(Instant::now() < deadline, "rank 1 never started");
+    };
+    let killed = Command::new("kill")
+        .args(["-9", &victim.to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let status = launcher.wait().unwrap();
+    let mut err = String::new();
+    launcher
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    assert_eq!(status.code(), Some(1), "{err}");
+    let last = err.trim().lines().last().unwrap_or_default();
+    assert!(last.starts_with("error: rank 1 failed (signal: 9"), "{err}");
+}
+
+#[test]
+fn a_plan_too_large_to_read_is_refused_with_the_way_to_get_it() {
+    let out = distflash(&["plan", "--workers", "1000"]);
+    fails(
+        &out,
+        1,
+        &[
+            "the plan of 1000 workers is too large to read",
+            "use --workers 128 or fewer, or add --any-size",
+        ],
+    );
+    assert!(stdout(&out).is_empty());
+    let out = distflash(&["plan", "--workers", "130", "--any-size"]);
+    assert!(out.status.success() && !out.stdout.is_empty());
+}
+
+#[test]
+fn a_long_first_step_is_not_silent_when_stderr_is_not_a_terminal() {
+    let mut child = Command::new(BIN)
+        .args([
+            "train",
+            "--batch",
+            "100000000",
+            "--steps",
+            "1",
+            "--seq-len",
+            "16",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(7500));
+    child.kill().unwrap();
+    let mut err = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    child.wait().unwrap();
+    assert!(
+        err.contains("s] first step running: 100000000 sequences of 16 tokens"),
+        "{err}"
+    );
+}
