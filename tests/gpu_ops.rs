@@ -23,7 +23,7 @@ mod gpu_common;
 use anyhow::{Context, Result, ensure};
 use distflash::backend::cuda::{InputDtype, Tensor};
 use distflash::model::attention::{Attention, Dense};
-use distflash::model::config::Config;
+use distflash::model::config::{Config, RopeScaling};
 use distflash::model::cpu::Cpu;
 use distflash::model::cuda::CudaOps;
 use distflash::model::ops::{AdamW, Ops};
@@ -298,7 +298,19 @@ impl Checker {
     }
 
     fn rope(&mut self) -> Result<()> {
-        let (rows, heads, hd, theta) = (64, 8, 128, 500_000.0);
+        let (rows, heads, hd) = (64, 8, 128);
+        // Llama 3.1's frequencies (θ 500000 with its scaling): the table the GPU receives.
+        let llama31 = Config {
+            rope_theta: 500_000.0,
+            rope_scaling: RopeScaling::Llama3 {
+                factor: 8.0,
+                low_freq_factor: 1.0,
+                high_freq_factor: 4.0,
+                original_max_position_embeddings: 8192.0,
+            },
+            ..Config::preset("llama2-7b")?
+        };
+        let inv_freq = llama31.rope_inv_freq();
         // Two runs of positions, as a zigzag worker's rows: a tail far out, then a head.
         let positions = [
             Span {
@@ -314,9 +326,9 @@ impl Checker {
             let (mut x, mut cx) = self.either(h, rows * heads * hd)?;
             for inverse in [false, true] {
                 self.gpu
-                    .rope(&mut x, rows, heads, hd, &positions, theta, inverse)?;
+                    .rope(&mut x, rows, heads, hd, &positions, &inv_freq, inverse)?;
                 self.cpu
-                    .rope(&mut cx, rows, heads, hd, &positions, theta, inverse)?;
+                    .rope(&mut cx, rows, heads, hd, &positions, &inv_freq, inverse)?;
                 let name = format!(
                     "rope {}, inverse {inverse}, positions 65000+ and 1000+",
                     kind(h)

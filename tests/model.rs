@@ -3,7 +3,7 @@
 //! policy.
 
 use distflash::model::attention::Dense;
-use distflash::model::config::Config;
+use distflash::model::config::{Config, RopeScaling};
 use distflash::model::cpu::Cpu;
 use distflash::model::weights::{Weights, specs};
 use distflash::model::{Checkpoint, Chunk, forward_backward};
@@ -51,6 +51,7 @@ fn small(tied: bool) -> Config {
         head_dim: 4,
         rms_norm_eps: 1e-5,
         rope_theta: 500000.0,
+        rope_scaling: RopeScaling::None,
         tie_word_embeddings: tied,
     }
 }

@@ -14,6 +14,11 @@ within 1e-4 of the float64 reference.
 
     python3 bench/peers/hf_parity.py --bin .dev/distflash --out OUTDIR --device cuda
 
+`--rope-scaling linear|llama3` builds the model with that rotary scaling (Llama 3.1's
+parameters, or a factor of 4), so the check covers the rescaled frequencies too.
+
+    python3 bench/peers/hf_parity.py --bin .dev/distflash --out OUTDIR --device cuda
+
 runs distflash on the GPU in bf16 (one worker under every checkpoint policy, then 2 and 3
 virtual workers sharing the GPU) on a model with head dim
 64 (the CUDA kernels' smallest) and a length that is not a multiple of 128, and compares with
@@ -22,6 +27,7 @@ at most twice transformers' own bf16 error, loss (floored at 2^-9) and worst gra
 """
 import argparse
 import copy
+import inspect
 import json
 import subprocess
 import sys
@@ -46,12 +52,30 @@ SHAPES = {
 }
 
 
-def build(out: Path, seed: int, device: str):
+# Rotary scalings: Llama 3.1's own parameters (on the CPU's head dim 8 they put one frequency
+# in each of its three regimes: kept, blended, interpolated), and position interpolation.
+ROPE_SCALINGS = {
+    "none": None,
+    "linear": {"rope_type": "linear", "factor": 4.0},
+    "llama3": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+}
+
+
+def rope_arguments(scaling):
+    """θ 500000 and `scaling` as this transformers takes them (5: `rope_parameters`)."""
+    if "rope_parameters" in inspect.signature(LlamaConfig.__init__).parameters:
+        return {"rope_parameters": {"rope_type": "default", "rope_theta": 500000.0}
+                | (scaling or {})}
+    return {"rope_theta": 500000.0, "rope_scaling": scaling}
+
+
+def build(out: Path, seed: int, device: str, scaling=None):
     torch.manual_seed(seed)
     config = LlamaConfig(
         **SHAPES[device],
         rms_norm_eps=1e-5,
-        rope_theta=500000.0,
+        **rope_arguments(scaling),
         tie_word_embeddings=False,
         attention_bias=False,
         mlp_bias=False,
@@ -65,8 +89,9 @@ def build(out: Path, seed: int, device: str):
             if p.dim() == 1:  # norm gains: away from 1 so their gradients matter
                 p.copy_(1.0 + 0.2 * torch.randn_like(p))
     model.save_pretrained(out, safe_serialization=True)
-    theta = 1.0 / model.model.rotary_emb.inv_freq[1].item() ** (config.head_dim / 2)
-    assert abs(theta - 500000.0) / 500000.0 < 1e-3, f"rope theta not applied: {theta}"
+    if scaling is None:
+        theta = 1.0 / model.model.rotary_emb.inv_freq[1].item() ** (config.head_dim / 2)
+        assert abs(theta - 500000.0) / 500000.0 < 1e-3, f"rope theta not applied: {theta}"
     return model.to(torch.float64), config
 
 
@@ -116,12 +141,13 @@ def main():
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     ap.add_argument("--seq-len", type=int, help="default 64 on the CPU, 300 on the GPU")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--rope-scaling", choices=sorted(ROPE_SCALINGS), default="none")
     args = ap.parse_args()
     seq_len = args.seq_len or (64 if args.device == "cpu" else 300)
     out = Path(args.out)
     model_dir = out / "hf-model"
     model_dir.mkdir(parents=True, exist_ok=True)
-    model, config = build(model_dir, args.seed, args.device)
+    model, config = build(model_dir, args.seed, args.device, ROPE_SCALINGS[args.rope_scaling])
     g = torch.Generator().manual_seed(args.seed + 1)
     tokens = torch.randint(0, config.vocab_size, (seq_len + 1,), generator=g)
     tokens_file = out / "tokens.json"
@@ -174,7 +200,8 @@ def main():
         "config": {k: getattr(config, k, None) for k in [
             "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
             "num_attention_heads", "num_key_value_heads", "head_dim", "rms_norm_eps",
-            "tie_word_embeddings"]} | {"rope_theta": 500000.0},
+            "tie_word_embeddings"]} | {"rope_theta": 500000.0,
+                                       "rope_scaling": ROPE_SCALINGS[args.rope_scaling]},
         "device": args.device,
         "seq_len": seq_len,
         "loss_reference": loss_ref,
@@ -183,6 +210,8 @@ def main():
         "passed": all(r["passed"] for r in runs),
     }
     name = "hf_parity.json" if args.device == "cpu" else "hf_parity_cuda.json"
+    if args.rope_scaling != "none":
+        name = name.replace(".json", f"_{args.rope_scaling}.json")
     (out / name).write_text(json.dumps(result, indent=2))
     print("PASSED" if result["passed"] else "FAILED")
     sys.exit(0 if result["passed"] else 1)

@@ -18,8 +18,34 @@ pub struct Config {
     pub head_dim: usize,
     pub rms_norm_eps: f64,
     pub rope_theta: f64,
+    /// How the rotary frequencies are rescaled for a context longer than pretraining's.
+    pub rope_scaling: RopeScaling,
     pub tie_word_embeddings: bool,
 }
+
+/// How rotary frequencies θ^(−2i/d) are rescaled to extend a model's context: the `rope_type`s
+/// of Hugging Face's `rope_scaling` (`rope_parameters` in transformers 5) that are a fixed table
+/// of frequencies. A raised `rope_theta` needs none of them.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum RopeScaling {
+    /// Plain rotary embeddings (`default`).
+    None,
+    /// Position interpolation (`linear`): every frequency divided by `factor`, as if positions
+    /// were.
+    Linear { factor: f64 },
+    /// Llama 3.1's (`llama3`): wavelengths longer than `original / low_freq_factor` are
+    /// interpolated (divided by `factor`), shorter than `original / high_freq_factor` kept, and
+    /// a linear blend of the two between.
+    Llama3 {
+        factor: f64,
+        low_freq_factor: f64,
+        high_freq_factor: f64,
+        original_max_position_embeddings: f64,
+    },
+}
+
+/// `model_type`s whose math is LLaMA's (Mistral's only without a sliding window).
+const LLAMA_TYPES: &[&str] = &["llama", "mistral"];
 
 /// Names accepted by `--preset`, with what each is for.
 pub const PRESETS: &[(&str, &str)] = &[
@@ -54,6 +80,7 @@ impl Config {
             head_dim: 128,
             rms_norm_eps: 1e-5,
             rope_theta: 10000.0,
+            rope_scaling: RopeScaling::None,
             tie_word_embeddings: false,
         };
         let config = match name {
@@ -67,6 +94,7 @@ impl Config {
                 head_dim: 16,
                 rms_norm_eps: 1e-5,
                 rope_theta: 10000.0,
+                rope_scaling: RopeScaling::None,
                 tie_word_embeddings: false,
             },
             "llama2-7b" => llama7b,
@@ -102,6 +130,9 @@ impl Config {
     }
 
     /// Parses the fields of a `LlamaConfig`; missing optional ones take Hugging Face's defaults.
+    /// Anything that would change the math and that distflash does not implement — another
+    /// architecture, biases, a sliding window, dropout, partial or unknown rotary scaling — is
+    /// refused with a sentence naming it, never ignored.
     pub fn from_json(v: &Value) -> Result<Config> {
         let int = |key: &str| -> Result<usize> {
             v.get(key)
@@ -109,6 +140,7 @@ impl Config {
                 .map(|x| x as usize)
                 .with_context(|| format!("the config has no integer '{key}'"))
         };
+        refuse_other_math(v)?;
         if let Some(act) = v.get("hidden_act").and_then(Value::as_str)
             && act != "silu"
         {
@@ -119,15 +151,14 @@ impl Config {
                 bail!("'{key}: true' is unsupported: LLaMA layers have no biases");
             }
         }
-        // transformers 5 nests the rotary settings in `rope_parameters`; 4 keeps them on top.
+        // transformers 5 nests the rotary settings in `rope_parameters`; 4 keeps them on top,
+        // with the scaling in `rope_scaling`.
         let rope = v.get("rope_parameters").unwrap_or(v);
-        let kind = rope
-            .get("rope_type")
-            .and_then(Value::as_str)
-            .unwrap_or("default");
-        if kind != "default" || v.get("rope_scaling").is_some_and(|s| !s.is_null()) {
-            bail!("rope scaling ('{kind}') is unsupported: only plain rotary embeddings are");
-        }
+        let scaling = match v.get("rope_scaling").filter(|s| !s.is_null()) {
+            Some(legacy) => legacy,
+            None => rope,
+        };
+        let rope_scaling = RopeScaling::from_json(scaling)?;
         let heads = int("num_attention_heads")?;
         let hidden = int("hidden_size")?;
         let config = Config {
@@ -146,6 +177,7 @@ impl Config {
                 .get("rope_theta")
                 .and_then(Value::as_f64)
                 .unwrap_or(10000.0),
+            rope_scaling,
             tie_word_embeddings: v
                 .get("tie_word_embeddings")
                 .and_then(Value::as_bool)
@@ -170,6 +202,7 @@ impl Config {
             "head_dim": self.head_dim,
             "rms_norm_eps": self.rms_norm_eps,
             "rope_theta": self.rope_theta,
+            "rope_scaling": self.rope_scaling.to_json(),
             "tie_word_embeddings": self.tie_word_embeddings,
             "attention_bias": false,
             "mlp_bias": false,
@@ -212,6 +245,45 @@ impl Config {
         Ok(())
     }
 
+    /// The rotary inverse frequencies of a head, i < head_dim/2: θ^(−2i/head_dim), rescaled as
+    /// `rope_scaling` says. Hugging Face computes them in f32; so does this (and the GPU ops
+    /// take them from here), to match its angles.
+    pub fn rope_inv_freq(&self) -> Vec<f32> {
+        let d = self.head_dim;
+        let base =
+            (0..d / 2).map(|i| 1.0 / (self.rope_theta as f32).powf((2 * i) as f32 / d as f32));
+        match self.rope_scaling {
+            RopeScaling::None => base.collect(),
+            RopeScaling::Linear { factor } => base.map(|f| f / factor as f32).collect(),
+            RopeScaling::Llama3 {
+                factor,
+                low_freq_factor,
+                high_freq_factor,
+                original_max_position_embeddings,
+            } => {
+                let (factor, low, high) = (
+                    factor as f32,
+                    low_freq_factor as f32,
+                    high_freq_factor as f32,
+                );
+                let original = original_max_position_embeddings as f32;
+                let (low_wavelen, high_wavelen) = (original / low, original / high);
+                base.map(|f| {
+                    let wavelen = 2.0 * std::f32::consts::PI / f;
+                    if wavelen > low_wavelen {
+                        f / factor
+                    } else if wavelen < high_wavelen {
+                        f
+                    } else {
+                        let smooth = (original / wavelen - low) / (high - low);
+                        (1.0 - smooth) * f / factor + smooth * f
+                    }
+                })
+                .collect()
+            }
+        }
+    }
+
     /// The attention shape of one sequence (batch 1).
     pub fn dims(&self) -> Dims {
         Dims {
@@ -230,6 +302,125 @@ impl Config {
     /// Width of the key and value projections.
     pub fn kv_width(&self) -> usize {
         self.num_key_value_heads * self.head_dim
+    }
+}
+
+/// Refuses a config whose math is not LLaMA's: another `model_type`, a sliding window, dropout,
+/// a partial rotary embedding or quantized weights, each named with what to do.
+fn refuse_other_math(v: &Value) -> Result<()> {
+    if let Some(kind) = v.get("model_type").and_then(Value::as_str)
+        && !LLAMA_TYPES.contains(&kind)
+    {
+        let why = match kind {
+            "qwen2" => " (its q/k/v projections have biases, which distflash's layers do not)",
+            _ => "",
+        };
+        bail!(
+            "model_type '{kind}' is not implemented{why}: distflash trains {} models",
+            LLAMA_TYPES.join(" and ")
+        );
+    }
+    let uses_window = v.get("use_sliding_window").and_then(Value::as_bool) != Some(false);
+    if let Some(w) = v.get("sliding_window").filter(|w| !w.is_null())
+        && uses_window
+    {
+        bail!(
+            "sliding_window {w} is not in training yet (its mask is not in the attention): set it to null to train with full causal attention, which equals the window for sequences of at most {w} tokens"
+        );
+    }
+    if let Some(p) = v.get("attention_dropout").and_then(Value::as_f64)
+        && p != 0.0
+    {
+        bail!(
+            "attention_dropout {p} is unsupported: distflash trains without dropout; set it to 0"
+        );
+    }
+    if let Some(p) = v.get("partial_rotary_factor").and_then(Value::as_f64)
+        && p != 1.0
+    {
+        bail!("partial_rotary_factor {p} is unsupported: rotary embeddings cover the whole head");
+    }
+    if v.get("quantization_config").is_some_and(|q| !q.is_null()) {
+        bail!(
+            "quantized checkpoints (quantization_config) are unsupported: start from 16- or 32-bit weights"
+        );
+    }
+    Ok(())
+}
+
+impl RopeScaling {
+    /// Reads `rope_type` (or the older `type`) and its parameters from a `rope_scaling` /
+    /// `rope_parameters` object (or the config itself, where neither is given).
+    fn from_json(v: &Value) -> Result<RopeScaling> {
+        let kind = v
+            .get("rope_type")
+            .or_else(|| v.get("type"))
+            .and_then(Value::as_str)
+            .unwrap_or("default");
+        let number = |key: &str| {
+            v.get(key)
+                .and_then(Value::as_f64)
+                .with_context(|| format!("rope scaling '{kind}' needs a number '{key}'"))
+        };
+        let scaling = match kind {
+            "default" => RopeScaling::None,
+            "linear" => RopeScaling::Linear {
+                factor: number("factor")?,
+            },
+            "llama3" => RopeScaling::Llama3 {
+                factor: number("factor")?,
+                low_freq_factor: number("low_freq_factor")?,
+                high_freq_factor: number("high_freq_factor")?,
+                original_max_position_embeddings: number("original_max_position_embeddings")?,
+            },
+            "dynamic" | "yarn" | "longrope" => bail!(
+                "rope scaling '{kind}' is not implemented yet: train with 'linear' or 'llama3' scaling, or a raised rope_theta"
+            ),
+            other => {
+                bail!("rope scaling '{other}' is unknown: use 'default', 'linear' or 'llama3'")
+            }
+        };
+        match scaling {
+            RopeScaling::Linear { factor } | RopeScaling::Llama3 { factor, .. }
+                if !(factor >= 1.0 && factor.is_finite()) =>
+            {
+                bail!("rope scaling factor {factor} must be a finite number of at least 1")
+            }
+            RopeScaling::Llama3 {
+                low_freq_factor,
+                high_freq_factor,
+                original_max_position_embeddings,
+                ..
+            } if !(high_freq_factor > low_freq_factor
+                && low_freq_factor > 0.0
+                && original_max_position_embeddings > 0.0) =>
+            {
+                bail!(
+                    "llama3 rope scaling needs 0 < low_freq_factor < high_freq_factor and a positive original_max_position_embeddings"
+                )
+            }
+            ok => Ok(ok),
+        }
+    }
+
+    /// As Hugging Face writes it (`null` for plain rotary embeddings).
+    fn to_json(self) -> Value {
+        match self {
+            RopeScaling::None => Value::Null,
+            RopeScaling::Linear { factor } => json!({"rope_type": "linear", "factor": factor}),
+            RopeScaling::Llama3 {
+                factor,
+                low_freq_factor,
+                high_freq_factor,
+                original_max_position_embeddings,
+            } => json!({
+                "rope_type": "llama3",
+                "factor": factor,
+                "low_freq_factor": low_freq_factor,
+                "high_freq_factor": high_freq_factor,
+                "original_max_position_embeddings": original_max_position_embeddings,
+            }),
+        }
     }
 }
 
@@ -259,5 +450,134 @@ mod tests {
         v["num_key_value_heads"] = json!(3);
         let e = Config::from_json(&v).unwrap_err().to_string();
         assert!(e.contains("multiple of num_key_value_heads"), "{e}");
+    }
+
+    #[test]
+    fn llama3_and_linear_scaling_rescale_the_frequencies_as_specified() {
+        let mut c = Config::preset("llama2-7b").unwrap();
+        c.rope_theta = 500000.0;
+        let plain = c.rope_inv_freq();
+        c.rope_scaling = RopeScaling::Linear { factor: 4.0 };
+        for (s, p) in c.rope_inv_freq().iter().zip(&plain) {
+            assert_eq!(*s, p / 4.0);
+        }
+        c.rope_scaling = RopeScaling::Llama3 {
+            factor: 8.0,
+            low_freq_factor: 1.0,
+            high_freq_factor: 4.0,
+            original_max_position_embeddings: 8192.0,
+        };
+        let scaled = c.rope_inv_freq();
+        // The rule in f64: wavelengths above 8192 interpolated by 8, below 2048 kept, a linear
+        // blend of the two in the ratio (8192 / wavelength - 1) / 3 between.
+        let (mut kept, mut divided, mut blended) = (0, 0, 0);
+        for (i, (&s, &p)) in scaled.iter().zip(&plain).enumerate() {
+            let f = p as f64;
+            let wavelen = 2.0 * std::f64::consts::PI / f;
+            let want = if wavelen > 8192.0 {
+                divided += 1;
+                f / 8.0
+            } else if wavelen < 2048.0 {
+                kept += 1;
+                f
+            } else {
+                blended += 1;
+                let t = (8192.0 / wavelen - 1.0) / 3.0;
+                (1.0 - t) * f / 8.0 + t * f
+            };
+            assert!(
+                ((s as f64) - want).abs() <= 4.0 * f32::EPSILON as f64 * want,
+                "frequency {i}: {s} vs {want}"
+            );
+        }
+        assert!(
+            kept > 0 && divided > 0 && blended > 0,
+            "{kept} {divided} {blended}"
+        );
+    }
+
+    #[test]
+    fn rope_scaling_reads_both_transformers_layouts_and_round_trips() {
+        let mut v = Config::preset("tiny").unwrap().to_json();
+        let llama3 = json!({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 8192});
+        v["rope_scaling"] = llama3.clone();
+        let c = Config::from_json(&v).unwrap();
+        assert!(matches!(
+            c.rope_scaling,
+            RopeScaling::Llama3 { factor: 8.0, .. }
+        ));
+        assert_eq!(Config::from_json(&c.to_json()).unwrap(), c);
+        v["rope_scaling"] = Value::Null;
+        let mut params = llama3;
+        params["rope_theta"] = json!(500000.0);
+        v["rope_parameters"] = params;
+        let c5 = Config::from_json(&v).unwrap();
+        assert_eq!((c5.rope_theta, c5.rope_scaling), (500000.0, c.rope_scaling));
+        v["rope_parameters"] = json!({"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4});
+        assert_eq!(
+            Config::from_json(&v).unwrap().rope_scaling,
+            RopeScaling::Linear { factor: 2.0 }
+        );
+    }
+
+    #[test]
+    fn math_it_does_not_implement_is_refused_with_a_sentence() {
+        let base = Config::preset("tiny").unwrap().to_json();
+        let refused = |key: &str, value: Value, words: &str| {
+            let mut v = base.clone();
+            v[key] = value;
+            let e = format!("{:#}", Config::from_json(&v).unwrap_err());
+            assert!(e.contains(words), "{key}: {e}");
+        };
+        refused(
+            "model_type",
+            json!("qwen2"),
+            "model_type 'qwen2' is not implemented (its q/k/v",
+        );
+        refused(
+            "model_type",
+            json!("gemma"),
+            "model_type 'gemma' is not implemented",
+        );
+        refused(
+            "sliding_window",
+            json!(16),
+            "sliding_window 16 is not in training yet",
+        );
+        refused(
+            "attention_dropout",
+            json!(0.1),
+            "attention_dropout 0.1 is unsupported",
+        );
+        refused(
+            "partial_rotary_factor",
+            json!(0.5),
+            "partial_rotary_factor 0.5",
+        );
+        refused(
+            "rope_scaling",
+            json!({"rope_type": "yarn", "factor": 4.0}),
+            "'yarn' is not implemented yet",
+        );
+        refused(
+            "rope_scaling",
+            json!({"rope_type": "dynamic", "factor": 2.0}),
+            "'dynamic' is not implemented yet",
+        );
+        refused(
+            "rope_scaling",
+            json!({"rope_type": "linear"}),
+            "needs a number 'factor'",
+        );
+        refused(
+            "rope_scaling",
+            json!({"rope_type": "linear", "factor": 0.5}),
+            "at least 1",
+        );
+        let mut mistral = base.clone();
+        mistral["model_type"] = json!("mistral");
+        mistral["sliding_window"] = Value::Null;
+        assert!(Config::from_json(&mistral).is_ok());
     }
 }

@@ -75,14 +75,6 @@ fn gemm_weight_grad<F: Float>(
         });
 }
 
-/// The rotary inverse frequencies θ^(−2i/head_dim), i < head_dim/2. Hugging Face computes them
-/// in f32; so do we (and the GPU ops, which take them from here), to match its angles.
-pub(crate) fn rope_inv_freq(theta: f64, head_dim: usize) -> Vec<f32> {
-    (0..head_dim / 2)
-        .map(|i| 1.0 / (theta as f32).powf((2 * i) as f32 / head_dim as f32))
-        .collect()
-}
-
 fn sigmoid<F: Float>(x: F) -> F {
     F::one() / (F::one() + (-x).exp())
 }
@@ -269,7 +261,7 @@ impl<F: Float> Ops for Cpu<F> {
         heads: usize,
         head_dim: usize,
         positions: &[Span],
-        theta: f64,
+        inv_freq: &[f32],
         inverse: bool,
     ) -> Result<()> {
         check_len("a rotary input", x, rows * heads * head_dim)?;
@@ -278,7 +270,7 @@ impl<F: Float> Ops for Cpu<F> {
             bail!("rotary embeddings need an even head dim, not {head_dim}");
         }
         let half = head_dim / 2;
-        let inv_freq = rope_inv_freq(theta, head_dim);
+        check_len("the rotary frequencies", inv_freq, half)?;
         let sign = if inverse { -1.0 } else { 1.0 };
         x.par_chunks_mut(heads * head_dim)
             .enumerate()

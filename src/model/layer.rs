@@ -162,8 +162,9 @@ impl<O: Ops> Layer<'_, O> {
         let mut k = ops.linear(&h1, &w.wk, n, d, c.kv_width())?;
         let v = ops.linear(&h1, &w.wv, n, d, c.kv_width())?;
         let (heads, kv_heads) = (c.num_attention_heads, c.num_key_value_heads);
-        ops.rope(&mut q, n, heads, hd, self.positions, c.rope_theta, false)?;
-        ops.rope(&mut k, n, kv_heads, hd, self.positions, c.rope_theta, false)?;
+        let inv_freq = c.rope_inv_freq();
+        ops.rope(&mut q, n, heads, hd, self.positions, &inv_freq, false)?;
+        ops.rope(&mut k, n, kv_heads, hd, self.positions, &inv_freq, false)?;
         let (o, lse) = match saved_attention {
             Some(saved) => saved,
             None => {
@@ -383,14 +384,14 @@ impl<O: Ops> Layer<'_, O> {
         let (mut dq, mut dk, dv) = attn.backward(&a.q, &a.k, &a.v, &a.o, &a.lse, &dout_attn)?;
 
         // q, k = rope(h1 Wqᵀ, h1 Wkᵀ);  v = h1 Wvᵀ;  h1 = rmsnorm(x)·g1
-        let hd = c.head_dim;
+        let (hd, inv_freq) = (c.head_dim, c.rope_inv_freq());
         ops.rope(
             &mut dq,
             n,
             c.num_attention_heads,
             hd,
             self.positions,
-            c.rope_theta,
+            &inv_freq,
             true,
         )?;
         ops.rope(
@@ -399,7 +400,7 @@ impl<O: Ops> Layer<'_, O> {
             c.num_key_value_heads,
             hd,
             self.positions,
-            c.rope_theta,
+            &inv_freq,
             true,
         )?;
         let mut dh1 = ops.zeros(n * d)?;

@@ -122,7 +122,8 @@ pub trait Ops: Sync {
     /// Rotary embedding in place on `[rows, heads, head_dim]`, Hugging Face's rotate-half
     /// pairing (i, i + head_dim/2). The rows sit at the positions of `positions`, runs of the
     /// sequence in row order (one run for a contiguous chunk, two for a zigzag worker's head and
-    /// tail; see [`row_positions`]). The backward is the rotation by the opposite angle
+    /// tail; see [`row_positions`]). `inv_freq` holds the head's `head_dim / 2` inverse
+    /// frequencies (`Config::rope_inv_freq`). The backward is the rotation by the opposite angle
     /// (`inverse`).
     #[allow(clippy::too_many_arguments)]
     fn rope(
@@ -132,7 +133,7 @@ pub trait Ops: Sync {
         heads: usize,
         head_dim: usize,
         positions: &[Span],
-        theta: f64,
+        inv_freq: &[f32],
         inverse: bool,
     ) -> Result<()>;
 

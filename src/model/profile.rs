@@ -207,13 +207,13 @@ impl<O: Ops> Ops for Profiled<'_, O> {
         heads: usize,
         head_dim: usize,
         positions: &[Span],
-        theta: f64,
+        inv_freq: &[f32],
         inverse: bool,
     ) -> Result<()> {
         let op = if inverse { "rope_backward" } else { "rope" };
         self.profile.time(op, || {
             self.inner
-                .rope(x, rows, heads, head_dim, positions, theta, inverse)
+                .rope(x, rows, heads, head_dim, positions, inv_freq, inverse)
         })
     }
 

@@ -228,6 +228,21 @@ pub fn from_host<O: Ops>(
     host: &HostTensors,
     source: &str,
 ) -> Result<Weights<O::T>> {
+    let used: Vec<String> = specs(c).into_iter().map(|s| s.name).collect();
+    // A tensor the model would not read means the checkpoint is of another architecture (a
+    // Qwen2's q/k/v biases, say): refused rather than dropped. Rotary tables some converters
+    // save are derived from the config and carry nothing else.
+    let mut unused: Vec<&String> = host
+        .keys()
+        .filter(|name| !used.contains(name) && !name.ends_with("rotary_emb.inv_freq"))
+        .collect();
+    unused.sort();
+    if let Some(first) = unused.first() {
+        bail!(
+            "{source} holds {} tensor(s) a LLaMA model of this config does not use, first '{first}': the checkpoint is of another architecture (or its config.json does not describe it); refusing rather than dropping them",
+            unused.len()
+        );
+    }
     Weights::build(c, |s| {
         let (shape, data) = host.get(&s.name).with_context(|| {
             format!(
@@ -299,6 +314,16 @@ mod tests {
         let e = from_host(&ops, &c, &host, "m").unwrap_err().to_string();
         assert!(e.contains("has shape [2, 32]"), "{e}");
         host.get_mut("model.norm.weight").unwrap().0 = vec![64];
+        let bias = (vec![64], vec![0.0; 64]);
+        host.insert("model.layers.0.self_attn.q_proj.bias".into(), bias.clone());
+        let e = from_host(&ops, &c, &host, "m").unwrap_err().to_string();
+        assert!(
+            e.contains("first 'model.layers.0.self_attn.q_proj.bias'"),
+            "{e}"
+        );
+        host.remove("model.layers.0.self_attn.q_proj.bias");
+        host.insert("model.layers.0.self_attn.rotary_emb.inv_freq".into(), bias);
+        assert!(from_host(&ops, &c, &host, "m").is_ok());
         host.remove("lm_head.weight");
         let e = from_host(&ops, &c, &host, "m").unwrap_err().to_string();
         assert!(e.contains("m has no tensor 'lm_head.weight'"), "{e}");

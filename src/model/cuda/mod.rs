@@ -30,7 +30,6 @@ mod kernels;
 pub(crate) mod shapes;
 
 use super::cost::{loss_chunk_rows, loss_chunks};
-use super::cpu::rope_inv_freq;
 use super::ops::{AdamW, LossOut, Ops, check_positions, check_rows};
 use crate::backend::Backend;
 use crate::backend::cuda::{CudaBackend, InputDtype, Tensor, elementwise_config, rows_config};
@@ -48,12 +47,12 @@ pub struct CudaOps {
     backend: CudaBackend,
     blas: Blas,
     kernels: Kernels,
-    /// Rotary inverse frequencies on the device by (θ's bits, head dim): uploaded once, since a
-    /// copy from pageable host memory would wait for the stream at every rotary call.
-    rope_tables: Mutex<HashMap<(u64, usize), RopeTable>>,
+    /// Rotary inverse frequencies on the device by their bits: uploaded once, since a copy from
+    /// pageable host memory would wait for the stream at every rotary call.
+    rope_tables: Mutex<HashMap<Vec<u32>, RopeTable>>,
 }
 
-/// One θ and head dim's rotary inverse frequencies on the device.
+/// One table of rotary inverse frequencies on the device.
 type RopeTable = Arc<CudaSlice<f32>>;
 
 /// A matrix-product operand in 16 bits: the tensor's own buffer, or a rounded copy of an f32 one.
@@ -133,21 +132,22 @@ impl CudaOps {
         }
     }
 
-    /// The inverse frequencies of `rope_inv_freq(theta, head_dim)` on the device.
-    fn rope_table(&self, theta: f64, head_dim: usize) -> Result<RopeTable> {
+    /// The inverse frequencies `inv_freq` on the device, uploaded once per distinct table.
+    fn rope_table(&self, inv_freq: &[f32]) -> Result<RopeTable> {
+        let key: Vec<u32> = inv_freq.iter().map(|f| f.to_bits()).collect();
         let mut tables = self
             .rope_tables
             .lock()
             .map_err(|_| anyhow!("rotary table cache lock poisoned"))?;
-        if let Some(t) = tables.get(&(theta.to_bits(), head_dim)) {
+        if let Some(t) = tables.get(&key) {
             return Ok(t.clone());
         }
         let table = self
             .stream()
-            .clone_htod(&rope_inv_freq(theta, head_dim))
+            .clone_htod(inv_freq)
             .map_err(|e| anyhow!("copy to the GPU failed: {e:?}"))?;
         let table = Arc::new(table);
-        tables.insert((theta.to_bits(), head_dim), table.clone());
+        tables.insert(key, table.clone());
         Ok(table)
     }
 
@@ -399,7 +399,7 @@ impl Ops for CudaOps {
         heads: usize,
         head_dim: usize,
         positions: &[Span],
-        theta: f64,
+        inv_freq: &[f32],
         inverse: bool,
     ) -> Result<()> {
         check(x, self.dtype(), rows * heads * head_dim, "a rotary input")?;
@@ -415,10 +415,13 @@ impl Ops for CudaOps {
                 more.len()
             ),
         };
-        if !head_dim.is_multiple_of(2) {
-            bail!("rotary embeddings need an even head dim, not {head_dim}");
+        if !head_dim.is_multiple_of(2) || inv_freq.len() != head_dim / 2 {
+            bail!(
+                "rotary embeddings need an even head dim and one frequency per pair, not head dim {head_dim} with {} frequencies",
+                inv_freq.len()
+            );
         }
-        let inv_freq = self.rope_table(theta, head_dim)?;
+        let inv_freq = self.rope_table(inv_freq)?;
         let (n, h, hd) = (
             rows as i64,
             int(heads, "a head count")?,
