@@ -15,6 +15,7 @@ use distflash::runtime::Device;
 use distflash::tensor_file::{self, Named};
 use distflash::train::data::Data;
 use distflash::train::memory::MemoryCheck;
+use distflash::train::tokens::TokenFile;
 use distflash::train::{self, Init, Options, StepReport, svg};
 use metrics::Metrics;
 use progress::Progress;
@@ -76,10 +77,21 @@ impl ModelArgs {
 pub struct Args {
     #[command(flatten)]
     model: ModelArgs,
-    /// Train on the bytes of this file (one token per byte) instead of the synthetic recall task.
+    /// Train on this text instead of the synthetic recall task: with --tokenizer, JSON lines (a
+    /// `text` field per document) or a plain text file (one document), tokenized once into a
+    /// token file beside it; without, one token per byte.
     #[arg(long)]
     data: Option<PathBuf>,
-    /// Seed of the data (synthetic sequences, or window offsets in --data).
+    /// A Hugging Face tokenizer.json that tokenizes --data (its ids must fit the model's
+    /// vocabulary).
+    #[arg(long)]
+    tokenizer: Option<PathBuf>,
+    /// The end-of-document token (a token or an id) put after every document [default: the
+    /// tokenizer's `</s>`, `<|end_of_text|>`, `<|endoftext|>`, `<eos>` or `<|im_end|>`].
+    #[arg(long)]
+    eos_token: Option<String>,
+    /// Seed of the data (synthetic sequences, window offsets of bytes, the order of token
+    /// windows).
     #[arg(long, default_value_t = 0)]
     data_seed: u64,
     /// Tokens per sequence, split across the workers.
@@ -198,9 +210,14 @@ pub fn run(args: Args) -> Result<()> {
     // Under a launcher rank 0 reports and writes files; the others only train.
     let reporter = rt.is_reporter();
     let (config, init) = args.model.resolve()?;
-    let data = match &args.data {
-        Some(path) => Data::bytes(path, args.data_seed)?,
-        None => Data::Synthetic {
+    let data = match (&args.data, &args.tokenizer) {
+        (Some(path), Some(tokenizer)) => Data::Tokens {
+            file: TokenFile::open(path, tokenizer, args.eos_token.as_deref())?,
+            seed: args.data_seed,
+        },
+        (Some(path), None) => Data::bytes(path, args.data_seed)?,
+        (None, Some(_)) => bail!("--tokenizer tokenizes --data: give the text to train on"),
+        (None, None) => Data::Synthetic {
             seed: args.data_seed,
         },
     };

@@ -9,7 +9,11 @@
 //!   first's; it is the scored probe. The later asks, at random distances from earlier answers,
 //!   train the same content-based copying and so give it more signal.
 //! - `Bytes`: windows of a file, one token per byte, at offsets drawn from the seed.
+//! - `Tokens`: a tokenized corpus (`tokens::TokenFile`: documents joined by end-of-document
+//!   tokens) packed into consecutive windows of the sequence length, visited in an order
+//!   shuffled by the seed, every window once per epoch.
 
+use super::tokens::TokenFile;
 use anyhow::{Context, Result, bail};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
@@ -35,6 +39,10 @@ pub enum Data {
     Bytes {
         bytes: Vec<u8>,
         name: String,
+        seed: u64,
+    },
+    Tokens {
+        file: TokenFile,
         seed: u64,
     },
 }
@@ -89,6 +97,22 @@ impl Data {
                     );
                 }
             }
+            Data::Tokens { file, .. } => {
+                if file.max_id() as usize >= vocab {
+                    bail!(
+                        "{} holds token id {}, outside the model's vocabulary of {vocab}: the tokenizer is not the model's",
+                        file.path().display(),
+                        file.max_id()
+                    );
+                }
+                if file.len() <= seq_len {
+                    bail!(
+                        "{} has {} tokens, too few for one sequence of {seq_len}: give more text or a shorter --seq-len",
+                        file.path().display(),
+                        file.len()
+                    );
+                }
+            }
         }
         Ok(())
     }
@@ -138,6 +162,13 @@ impl Data {
                     probe: None,
                 }
             }
+            Data::Tokens { file, seed } => {
+                let window = shuffled_window(index, (file.len() - 1) / seq_len, *seed);
+                Sample {
+                    tokens: file.tokens(window * seq_len, seq_len + 1),
+                    probe: None,
+                }
+            }
         }
     }
 
@@ -148,8 +179,36 @@ impl Data {
             Data::Bytes { bytes, name, seed } => {
                 format!("bytes of {name} ({} bytes), seed {seed}", bytes.len())
             }
+            Data::Tokens { file, seed } => format!(
+                "tokens of {} ({} tokens, {} documents, corpus and tokenizer {:016x}), seed {seed}",
+                file.path().display(),
+                file.len(),
+                file.documents(),
+                file.key()
+            ),
         }
     }
+}
+
+/// Window of sequence `index` among `windows`: epoch `index / windows` visits every window once,
+/// in the order of an affine permutation k ↦ (a·k + b) mod windows drawn for the epoch from the
+/// seed (a coprime to `windows`, so it is a bijection).
+fn shuffled_window(index: u64, windows: usize, seed: u64) -> usize {
+    let n = windows as u64;
+    let (epoch, k) = (index / n, index % n);
+    let mut rng = rng_for(seed ^ 0x5EED, epoch);
+    let a = loop {
+        let a = rng.random_range(1..n.max(2));
+        if gcd(a, n) == 1 {
+            break a;
+        }
+    };
+    let b = rng.random_range(0..n);
+    ((a as u128 * k as u128 + b as u128) % n as u128) as usize
+}
+
+fn gcd(a: u64, b: u64) -> u64 {
+    if b == 0 { a } else { gcd(b, a % b) }
 }
 
 #[cfg(test)]
@@ -171,5 +230,25 @@ mod tests {
         assert!(asks[0] >= 56 && asks.iter().all(|&a| s.tokens[a + 1] == s.tokens[64]));
         assert_eq!(data.sample(7, 64, 256).tokens, s.tokens);
         assert!(data.check(64, 100).is_err());
+    }
+
+    #[test]
+    fn every_window_is_visited_once_an_epoch_in_a_seeded_order() {
+        for windows in [1, 2, 7, 12, 30] {
+            for epoch in 0..3u64 {
+                let mut seen: Vec<usize> = (0..windows as u64)
+                    .map(|k| shuffled_window(epoch * windows as u64 + k, windows, 9))
+                    .collect();
+                seen.sort();
+                assert_eq!(seen, (0..windows).collect::<Vec<_>>(), "{windows} {epoch}");
+            }
+        }
+        let order = |seed| {
+            (0..30)
+                .map(|i| shuffled_window(i, 30, seed))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(order(1), order(1));
+        assert_ne!(order(1), order(2));
     }
 }

@@ -11,6 +11,7 @@ pub mod data;
 pub mod memory;
 pub mod state;
 pub mod svg;
+pub mod tokens;
 
 use crate::comm::{Communicator, Wire};
 use crate::model::attention::Attention;

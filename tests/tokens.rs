@@ -1,0 +1,185 @@
+//! Training on real text: a tokenizer built here with the `tokenizers` crate's trainer on the
+//! repository's own README, a JSON-lines corpus of its paragraphs, tokenized once into a token
+//! file that later runs reuse; the loss falls, and a resumed run continues the same stream.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use tokenizers::models::TrainerWrapper;
+use tokenizers::models::bpe::{BPE, BpeTrainerBuilder};
+use tokenizers::pre_tokenizers::whitespace::Whitespace;
+use tokenizers::{AddedToken, Tokenizer};
+
+fn temp_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("distflash-tokens-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn readme() -> String {
+    std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap()
+}
+
+/// A 200-token BPE vocabulary (it fits the tiny preset's 256) with `</s>`, trained on README.md.
+fn tokenizer(dir: &Path) -> PathBuf {
+    let mut tk = Tokenizer::new(BPE::default());
+    tk.with_pre_tokenizer(Some(Whitespace {}));
+    let mut trainer: TrainerWrapper = BpeTrainerBuilder::new()
+        .vocab_size(200)
+        .special_tokens(vec![AddedToken::from("</s>", true)])
+        .build()
+        .into();
+    let source = dir.join("readme.txt");
+    std::fs::write(&source, readme()).unwrap();
+    tk.train_from_files(&mut trainer, vec![source.display().to_string()])
+        .unwrap();
+    let path = dir.join("tokenizer.json");
+    tk.save(&path, false).unwrap();
+    path
+}
+
+/// The README's paragraphs, one JSON-lines document each.
+fn corpus(dir: &Path) -> PathBuf {
+    let lines: Vec<String> = readme()
+        .split("\n\n")
+        .filter(|p| p.trim().len() > 20)
+        .map(|p| serde_json::json!({ "text": p }).to_string())
+        .collect();
+    let path = dir.join("corpus.jsonl");
+    std::fs::write(&path, lines.join("\n")).unwrap();
+    path
+}
+
+fn distflash(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_distflash"))
+        .args(args)
+        .output()
+        .expect("binary runs")
+}
+
+fn losses(out: &Output) -> Vec<f64> {
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter_map(|v| v["loss"].as_f64())
+        .collect()
+}
+
+#[test]
+fn trains_on_tokenized_text_and_resumes_the_same_stream() {
+    let dir = temp_dir("train");
+    let (tk, data) = (tokenizer(&dir), corpus(&dir));
+    let (tk, data) = (tk.to_str().unwrap(), data.to_str().unwrap());
+    let save = dir.join("run");
+    let run = |steps: &str, extra: &[&str]| {
+        let mut args = vec![
+            "train",
+            "--tokenizer",
+            tk,
+            "--data",
+            data,
+            "--seq-len",
+            "64",
+            "--batch",
+            "4",
+            "--workers",
+            "2",
+            "--lr",
+            "1e-2",
+            "--warmup",
+            "5",
+            "--json",
+            "--steps",
+            steps,
+        ];
+        args.extend_from_slice(extra);
+        distflash(&args)
+    };
+    let whole = losses(&run("40", &[]));
+    assert_eq!(whole.len(), 40);
+    // From about ln 200 (uniform over the vocabulary) by more than 0.4 nats, averaged over 5 steps.
+    let mean = |l: &[f64]| l.iter().sum::<f64>() / l.len() as f64;
+    let (first, last) = (mean(&whole[..5]), mean(&whole[35..]));
+    assert!(last < first - 0.4, "the loss should fall: {whole:?}");
+    let token_files: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".tokens"))
+        .collect();
+    assert_eq!(token_files.len(), 1, "one token file beside the corpus");
+    let written = token_files[0].metadata().unwrap().modified().unwrap();
+
+    let s = save.to_str().unwrap();
+    let part = losses(&run("3", &["--save-dir", s, "--save-every", "3"]));
+    let rest = losses(&run("6", &["--resume", s]));
+    let straight = losses(&run("6", &[]));
+    assert_eq!(
+        [part, rest].concat(),
+        straight,
+        "resume continues the same windows"
+    );
+    // Later runs read the token file instead of tokenizing again.
+    assert_eq!(
+        token_files[0].metadata().unwrap().modified().unwrap(),
+        written
+    );
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn bad_text_or_tokenizer_gets_a_sentence() {
+    let dir = temp_dir("bad");
+    let tk = tokenizer(&dir);
+    let tk = tk.to_str().unwrap();
+    let bad = dir.join("bad.jsonl");
+    std::fs::write(
+        &bad,
+        "{\"text\": \"fine\"}\n{\"body\": \"no text field\"}\n",
+    )
+    .unwrap();
+    let cases: [(Vec<&str>, &str); 4] = [
+        (
+            vec!["train", "--tokenizer", tk, "--data", bad.to_str().unwrap()],
+            "line 2: no string field 'text'",
+        ),
+        (
+            vec![
+                "train",
+                "--tokenizer",
+                tk,
+                "--data",
+                bad.to_str().unwrap(),
+                "--eos-token",
+                "<nope>",
+            ],
+            "has no token '<nope>'",
+        ),
+        (
+            vec!["train", "--tokenizer", tk],
+            "--tokenizer tokenizes --data",
+        ),
+        (
+            vec![
+                "train",
+                "--tokenizer",
+                "README.md",
+                "--data",
+                bad.to_str().unwrap(),
+            ],
+            "is not a Hugging Face tokenizer.json",
+        ),
+    ];
+    for (args, words) in cases {
+        let out = distflash(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} succeeded");
+        assert!(err.contains(words), "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+    }
+    std::fs::remove_dir_all(dir).unwrap();
+}
