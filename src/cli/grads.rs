@@ -10,6 +10,7 @@ use distflash::plan::Schedule;
 use distflash::tensor_file::{self, Named};
 use distflash::train;
 use distflash::train::memory::MemoryCheck;
+use distflash::train::shard::Shard;
 use std::path::PathBuf;
 
 #[derive(clap::Args)]
@@ -28,6 +29,11 @@ pub struct Args {
     schedule: Schedule,
     #[arg(long, default_value = "remat")]
     checkpoint: Checkpoint,
+    /// grads: reduce-scatter the gradients (each worker sums its 1/workers piece) and gather
+    /// them whole for the file, instead of all-reducing them; none and optimizer all-reduce (no
+    /// optimizer runs here).
+    #[arg(long, default_value = "none")]
+    shard: Shard,
     /// With --device cuda, several workers are virtual workers sharing the GPU.
     #[command(flatten)]
     place: super::DeviceArgs,
@@ -58,10 +64,11 @@ pub fn run(args: Args) -> Result<()> {
         schedule: args.schedule,
         checkpoint: args.checkpoint,
         optimizer: false,
+        shard: args.shard,
         ignore_estimate: args.ignore_memory_estimate,
     };
     let host = train::initial_weights(&config, &init)?;
-    let how = (args.schedule, args.checkpoint);
+    let how = (args.schedule, args.checkpoint, args.shard);
     let Some(g) = train::gradients(&config, &host, &tokens, how, &memory, &rt)? else {
         return Ok(()); // a rank other than 0: rank 0 writes the gradients
     };

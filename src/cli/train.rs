@@ -12,6 +12,7 @@ use distflash::runtime::Device;
 use distflash::tensor_file::{self, Named};
 use distflash::train::data::Data;
 use distflash::train::memory::MemoryCheck;
+use distflash::train::shard::Shard;
 use distflash::train::{self, Init, Options, StepReport, svg};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
@@ -98,6 +99,11 @@ pub struct Args {
     /// attention output: attention's forward runs once).
     #[arg(long, default_value = "remat")]
     checkpoint: Checkpoint,
+    /// Model state each worker keeps only its 1/workers piece of: none, optimizer (ZeRO-1: the
+    /// AdamW moments) or grads (ZeRO-2: the moments and the gradients after the backward). The
+    /// trajectory is the unsharded one.
+    #[arg(long, default_value = "none")]
+    shard: Shard,
     /// Optimizer steps to reach (a resumed run counts its saved steps).
     #[arg(long, default_value_t = 1000)]
     steps: u64,
@@ -177,6 +183,7 @@ pub fn run(args: Args) -> Result<()> {
         schedule: args.schedule,
         checkpoint: args.checkpoint,
         optimizer: true,
+        shard: args.shard,
         ignore_estimate: args.ignore_memory_estimate,
     };
     let opts = Options {
@@ -186,6 +193,7 @@ pub fn run(args: Args) -> Result<()> {
         seq_len: args.seq_len,
         batch: args.batch,
         schedule: args.schedule,
+        shard: args.shard,
         checkpoint: args.checkpoint,
         steps: args.steps,
         adamw: AdamW {

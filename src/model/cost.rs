@@ -92,6 +92,13 @@ impl StepMemory {
         self.weights + self.grads + self.optimizer + self.kept + self.working
     }
 
+    /// The same step with AdamW's moments cut into `shards` pieces, one per worker (ZeRO-1, and
+    /// ZeRO-2, whose gradients are whole until the backward ends, so their peak stays).
+    pub fn with_optimizer_shards(mut self, shards: usize) -> StepMemory {
+        self.optimizer /= shards.max(1) as f64;
+        self
+    }
+
     /// "about 51.2 GiB (weights 12.6, gradients 25.1, ...)": the total and its parts, for
     /// messages.
     pub fn describe(&self) -> String {

@@ -160,6 +160,28 @@ impl<T> Weights<T> {
         out
     }
 
+    /// Every tensor by value, in `specs` order (gradients handed to the optimizer without a
+    /// copy).
+    pub fn into_tensors(self) -> Vec<T> {
+        let mut out = vec![self.embed];
+        for l in self.layers {
+            out.extend([
+                l.attn_norm,
+                l.wq,
+                l.wk,
+                l.wv,
+                l.wo,
+                l.mlp_norm,
+                l.w_gate,
+                l.w_up,
+                l.w_down,
+            ]);
+        }
+        out.push(self.norm);
+        out.extend(self.lm_head);
+        out
+    }
+
     /// The output projection: `lm_head`, or the embedding when tied.
     pub fn output(&self) -> &T {
         self.lm_head.as_ref().unwrap_or(&self.embed)

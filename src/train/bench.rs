@@ -6,6 +6,7 @@
 use super::attention::ModelAttention;
 use super::data::Sample;
 use super::memory::MemoryCheck;
+use super::shard::Shard;
 use crate::backend::Backend;
 use crate::comm::Communicator;
 use crate::model::attention::Attention;
@@ -103,6 +104,9 @@ pub struct StepShape {
     pub seq: usize,
     pub schedule: Schedule,
     pub policy: Checkpoint,
+    /// `Shard::Grads`: the gradients reduce-scattered instead of all-reduced (no optimizer runs
+    /// here, so `optimizer` times as `none`).
+    pub shard: Shard,
 }
 
 /// Times forward+backward of one random sequence as `shape` says on `runtime`'s workers, each
@@ -129,6 +133,7 @@ pub fn time_steps(
         cfg,
         partition,
         policy: shape.policy,
+        shard: shape.shard,
         runs,
     };
     opened.run_reporter(&job)
@@ -139,6 +144,7 @@ struct StepBench<'a> {
     cfg: &'a Config,
     partition: Partition,
     policy: Checkpoint,
+    shard: Shard,
     runs: Runs,
 }
 
@@ -160,18 +166,17 @@ impl Job for StepBench<'_> {
         let sync = || device.backend().synchronize();
         device.reset_peak_memory()?;
         let mut attn = ModelAttention::new(device, comm, cfg.dims(), &self.partition)?;
-        let (all_secs, (out, tally)) = timed(self.runs, &sync, || {
-            // Fresh gradients each step, as in training (summed ones would double every step).
-            let mut grads = weights::zeros(ops, cfg)?;
+        // Fresh gradients each step, as in training (summed ones would double every step).
+        let (all_secs, (out, tally, _)) = timed(self.runs, &sync, || {
             super::reduced_sequence(
                 ops,
                 cfg,
                 &w,
-                &mut grads,
                 &mut attn,
                 &mine,
                 &sample,
                 self.policy,
+                self.shard,
             )
         })?;
         let profile = if self.runs.profile {
@@ -274,6 +279,7 @@ mod tests {
             seq,
             schedule: Schedule::Balanced,
             policy,
+            shard: Shard::None,
         };
         let memory = MemoryCheck {
             config: cfg.clone(),
@@ -282,6 +288,7 @@ mod tests {
             schedule: Schedule::Balanced,
             checkpoint: policy,
             optimizer: false,
+            shard: Shard::None,
             ignore_estimate: false,
         };
         let rt = Runtime::cpu_threads(1, std::time::Duration::from_secs(60));

@@ -9,10 +9,11 @@ pub mod attention;
 pub mod bench;
 pub mod data;
 pub mod memory;
+pub mod shard;
 pub mod state;
 pub mod svg;
 
-use crate::comm::{Communicator, Wire};
+use crate::comm::{Communicator, Solo, Wire};
 use crate::model::attention::Attention;
 use crate::model::config::Config;
 use crate::model::cpu::Cpu;
@@ -27,6 +28,7 @@ use attention::ModelAttention;
 use data::{Data, Sample};
 use memory::MemoryCheck;
 use serde::Serialize;
+use shard::{Optimizer, Shard};
 use state::{RunKey, State};
 use std::path::PathBuf;
 use std::time::Instant;
@@ -51,6 +53,8 @@ pub struct Options {
     pub batch: usize,
     /// How the sequence is split across the runtime's workers.
     pub schedule: Schedule,
+    /// Which model state each worker keeps only its pieces of.
+    pub shard: Shard,
     pub checkpoint: Checkpoint,
     /// Train until this many optimizer steps have been taken (counting resumed ones).
     pub steps: u64,
@@ -133,11 +137,6 @@ fn upload_weights<O: Ops>(ops: &O, c: &Config, host: &[Vec<f32>]) -> Result<Weig
     upload_each(c, host, |data| ops.upload(data))
 }
 
-/// AdamW's moments to the device, in the precision the device's optimizer keeps them.
-fn upload_moments<O: Ops>(ops: &O, c: &Config, host: &[Vec<f32>]) -> Result<Weights<O::T>> {
-    upload_each(c, host, |data| ops.upload_state(data))
-}
-
 /// One tensor per weight spec, `specs` order, each made by `upload`.
 fn upload_each<T>(
     c: &Config,
@@ -204,27 +203,58 @@ fn accumulate<O: Ops>(
     Ok(out)
 }
 
-/// One sequence's forward and backward on this worker's rows `mine` (gradients of its mean loss
-/// into `grads`), then the gradients and the tally summed over all workers: the step of
-/// `distflash grads` and of `bench train`.
+/// One sequence's forward and backward on this worker's rows `mine` (gradients of its mean
+/// loss), then the gradients (whole, or this worker's pieces under `--shard grads`) and the
+/// tally summed over all workers: the step of `distflash grads` and of `bench train`.
 #[allow(clippy::too_many_arguments)]
 fn reduced_sequence<D: ModelDevice, C: Communicator<D::Tensor>>(
     ops: &D::Ops,
     cfg: &Config,
     w: &Weights<D::Tensor>,
-    grads: &mut Weights<D::Tensor>,
     attn: &mut ModelAttention<'_, D, C>,
     mine: &[Span],
     sample: &Sample,
     policy: Checkpoint,
-) -> Result<(crate::model::Outcome, Tally)> {
+    shard: Shard,
+) -> Result<(crate::model::Outcome, Tally, Vec<D::Tensor>)> {
     let scale = 1.0 / (sample.tokens.len() - 1) as f64;
     let mut tally = Tally::default();
+    let mut grads = weights::zeros(ops, cfg)?;
     let out = accumulate(
-        ops, cfg, w, grads, attn, mine, sample, policy, scale, &mut tally,
+        ops, cfg, w, &mut grads, attn, mine, sample, policy, scale, &mut tally,
     )?;
-    attn.all_reduce(ops, grads, &mut tally)?;
-    Ok((out, tally))
+    let reduced = reduce_step(ops, attn, shard, grads, &mut tally)?;
+    Ok((out, tally, reduced))
+}
+
+/// The gradients and the tally summed over the workers: reduce-scattered to this worker's pieces
+/// under `--shard grads` with several workers, all-reduced whole otherwise.
+fn reduce_step<D: ModelDevice, C: Communicator<D::Tensor>>(
+    ops: &D::Ops,
+    attn: &mut ModelAttention<'_, D, C>,
+    shard: Shard,
+    mut grads: Weights<D::Tensor>,
+    tally: &mut Tally,
+) -> Result<Vec<D::Tensor>> {
+    if shard == Shard::Grads
+        && let Some(comm) = attn.comm()
+        && comm.world() > 1
+    {
+        return shard::reduce_grads(ops, comm, shard, grads, tally);
+    }
+    attn.all_reduce(ops, &mut grads, tally)?;
+    Ok(grads.into_tensors())
+}
+
+/// The communicator of `attn` as the sharded optimizer takes it (a lone worker's: `solo`).
+fn collectives<'x, D: ModelDevice, C: Communicator<D::Tensor>>(
+    attn: &'x mut ModelAttention<'_, D, C>,
+    solo: &'x mut Solo,
+) -> &'x mut dyn Communicator<D::Tensor> {
+    match attn.comm() {
+        Some(comm) => comm,
+        None => solo,
+    }
 }
 
 /// Sums gradients and the tally over all workers, on the device the gradients live on (the tally
@@ -238,11 +268,21 @@ fn all_reduce<O, C>(
 where
     O: Ops,
     O::T: Wire,
-    C: Communicator<O::T>,
+    C: Communicator<O::T> + ?Sized,
 {
     for g in grads.tensors_mut() {
         comm.all_reduce_sum(g)?;
     }
+    all_reduce_tally(ops, comm, tally)
+}
+
+/// Sums the tally over all workers.
+fn all_reduce_tally<O, C>(ops: &O, comm: &mut C, tally: &mut Tally) -> Result<()>
+where
+    O: Ops,
+    O::T: Wire,
+    C: Communicator<O::T> + ?Sized,
+{
     let mut t = ops.upload_state(&[
         tally.loss_sum as f32,
         tally.correct as f32,
@@ -259,11 +299,13 @@ where
 }
 
 /// Refuses, with the numbers, a model whose per-worker copies (weights, gradients, AdamW
-/// moments: every CPU worker holds all four in f32) do not fit in this machine's available
-/// memory, instead of letting the system kill the run.
-pub fn check_memory(c: &Config, workers: usize) -> Result<()> {
+/// moments: every CPU worker holds all four in f32, or 1/workers of the moments when `shard`
+/// shards them) and the host state do not fit in this machine's available memory, instead of
+/// letting the system kill the run.
+pub fn check_memory(c: &Config, workers: usize, shard: Shard) -> Result<()> {
     let params: usize = specs(c).iter().map(|s| s.elements()).sum();
-    let need = params as f64 * 4.0 * (4 * workers + 3) as f64;
+    let moments = 2.0 / shard.optimizer_shards(workers) as f64;
+    let need = params as f64 * 4.0 * ((2.0 + moments) * workers as f64 + 3.0);
     let available = std::fs::read_to_string("/proc/meminfo").ok().and_then(|m| {
         let line = m.lines().find(|l| l.starts_with("MemAvailable:"))?;
         let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
@@ -274,9 +316,13 @@ pub fn check_memory(c: &Config, workers: usize) -> Result<()> {
     {
         let gib = |b: f64| b / (1u64 << 30) as f64;
         bail!(
-            "a model of {:.2}B parameters needs about {:.0} GiB for {workers} CPU workers (weights, gradients and AdamW moments each), but only {:.0} GiB is available: train a smaller preset such as 'tiny'",
+            "a model of {:.2}B parameters needs about {:.0} GiB for {workers} CPU workers (weights and gradients each, AdamW moments {}), but only {:.0} GiB is available: train a smaller preset such as 'tiny'",
             params as f64 / 1e9,
             gib(need),
+            match shard {
+                Shard::None => "each",
+                Shard::Optimizer | Shard::Grads => "sharded",
+            },
             gib(have)
         );
     }
@@ -294,13 +340,14 @@ pub struct Gradients {
 }
 
 /// Loss and gradients of `weights` (host, `specs` order) on `tokens` (inputs and, shifted by
-/// one, targets), the sequence split across `runtime`'s workers by `schedule`: on the reporter
-/// (`None` on the other ranks of a launched job).
+/// one, targets), the sequence split across `runtime`'s workers by `schedule`, the gradients
+/// reduce-scattered (and gathered back whole) under `Shard::Grads`: on the reporter (`None` on
+/// the other ranks of a launched job).
 pub fn gradients(
     cfg: &Config,
     weights: &[Vec<f32>],
     tokens: &[u32],
-    (schedule, policy): (Schedule, Checkpoint),
+    (schedule, policy, shard): (Schedule, Checkpoint, Shard),
     memory: &MemoryCheck,
     runtime: &Runtime,
 ) -> Result<Option<Gradients>> {
@@ -316,6 +363,7 @@ pub fn gradients(
         tokens,
         partition,
         policy,
+        shard,
     };
     opened.run_reporter(&job)
 }
@@ -327,6 +375,7 @@ struct GradientsJob<'a> {
     tokens: &'a [u32],
     partition: Partition,
     policy: Checkpoint,
+    shard: Shard,
 }
 
 impl Job for GradientsJob<'_> {
@@ -339,7 +388,6 @@ impl Job for GradientsJob<'_> {
     ) -> Result<Gradients> {
         let (ops, cfg) = (device.ops(), self.cfg);
         let w = upload_weights(ops, cfg, self.weights)?;
-        let mut grads = weights::zeros(ops, cfg)?;
         let sample = Sample {
             tokens: self.tokens.to_vec(),
             probe: None,
@@ -347,19 +395,27 @@ impl Job for GradientsJob<'_> {
         let mine = self.partition.own_spans(comm.rank());
         let mut attn = ModelAttention::new(device, comm, cfg.dims(), &self.partition)?;
         let seq = self.partition.seq();
-        let (out, tally) = reduced_sequence(
+        let (out, tally, reduced) = reduced_sequence(
             ops,
             cfg,
             &w,
-            &mut grads,
             &mut attn,
             &mine,
             &sample,
             self.policy,
+            self.shard,
         )?;
+        let grads = match attn.comm() {
+            Some(comm) if self.shard == Shard::Grads && comm.world() > 1 => {
+                let lens: Vec<usize> = specs(cfg).iter().map(|s| s.elements()).collect();
+                let whole = shard::gather_host(ops, comm, &reduced, &lens, true)?;
+                whole.expect("every worker asked for the whole")
+            }
+            _ => reduced.iter().map(|g| ops.download(g)).collect::<Result<_>>()?,
+        };
         Ok(Gradients {
             loss: tally.loss_sum / seq as f64,
-            grads: download_weights(ops, &grads)?,
+            grads,
             attention_forwards_per_layer: out.attention_forwards,
             peak_activation_bytes: out.peak_activation_bytes,
         })
@@ -410,18 +466,16 @@ impl<F: Fn(&StepReport) + Sync> Job for TrainJob<'_, F> {
         let rank = comm.rank();
         let mine = self.partition.own_spans(rank);
         let ops = device.ops();
+        let world = comm.world();
         let mut attn = ModelAttention::new(device, comm, self.o.config.dims(), &self.partition)?;
-        let reduce =
-            |a: &mut ModelAttention<'_, D, C>, g: &mut _, t: &mut _| a.all_reduce(ops, g, t);
         run_steps(
             ops,
             self.o,
             &self.key,
             &self.start,
             &mine,
-            rank == 0,
+            (rank, world),
             &mut attn,
-            reduce,
             &self.on_step,
         )
     }
@@ -449,26 +503,25 @@ fn prepare(o: &Options) -> Result<(State, RunKey)> {
     Ok((start, run_key(o)))
 }
 
-/// The steps of a run on any device: this worker's rows `mine` of every sequence, `reduce`
-/// summing gradients and the tally over the workers (nothing to do for one). The reporter calls
-/// `on_step` and saves.
+/// The steps of a run on any device: this worker (`rank` of `world`)'s rows `mine` of every
+/// sequence, gradients and the tally summed over the workers, AdamW as `o.shard` shards it. The
+/// reporter calls `on_step` and saves.
 #[allow(clippy::too_many_arguments)]
-fn run_steps<O: Ops, A: Attention<O::T>>(
-    ops: &O,
+fn run_steps<D: ModelDevice, C: Communicator<D::Tensor>>(
+    ops: &D::Ops,
     o: &Options,
     key: &RunKey,
     start: &State,
     mine: &[Span],
-    reporter: bool,
-    attn: &mut A,
-    mut reduce: impl FnMut(&mut A, &mut Weights<O::T>, &mut Tally) -> Result<()>,
+    (rank, world): (usize, usize),
+    attn: &mut ModelAttention<'_, D, C>,
     on_step: &(impl Fn(&StepReport) + Sync),
 ) -> Result<Vec<Vec<f32>>> {
     let cfg = &o.config;
-    let specs = specs(cfg);
+    let reporter = rank == 0;
     let mut w = upload_weights(ops, cfg, &start.weights)?;
-    let mut m = upload_moments(ops, cfg, &start.m)?;
-    let mut v = upload_moments(ops, cfg, &start.v)?;
+    let mut opt = Optimizer::new(ops, cfg, o.shard, (rank, world), &start.m, &start.v)?;
+    let mut solo = Solo;
     let scale = 1.0 / (o.seq_len * o.batch) as f64;
     let mut samples = start.samples;
     for step in start.step + 1..=o.steps {
@@ -492,29 +545,26 @@ fn run_steps<O: Ops, A: Attention<O::T>>(
                 &mut tally,
             )?);
         }
-        reduce(attn, &mut grads, &mut tally)?;
-        let norm = grads
-            .tensors()
-            .iter()
-            .map(|g| ops.sum_squares(g))
-            .sum::<Result<f64>>()?
-            .sqrt();
+        let reduced = reduce_step(ops, attn, opt.shard(), grads, &mut tally)?;
+        let mut grads = opt.own_grads(ops, reduced)?;
+        let comm = collectives(attn, &mut solo);
+        let norm = opt.norm(ops, comm, &grads)?;
         if o.clip > 0.0 && norm > o.clip {
-            for g in grads.tensors_mut() {
+            for g in &mut grads {
                 ops.scale(g, o.clip / norm)?;
             }
         }
         let lr = o.adamw.lr * (step as f64 / o.warmup.max(1) as f64).min(1.0);
         let hp = AdamW { lr, ..o.adamw };
-        let (ws, gs, ms, vs) = (
-            w.tensors_mut(),
-            grads.tensors(),
-            m.tensors_mut(),
-            v.tensors_mut(),
-        );
-        for ((((p, g), m), v), s) in ws.into_iter().zip(gs).zip(ms).zip(vs).zip(&specs) {
-            ops.adamw(p, g, m, v, &hp, step, s.decays())?;
-        }
+        opt.update(ops, comm, &mut w, &grads, &hp, step)?;
+        drop(grads);
+        let save = o.save_dir.as_ref().filter(|_| {
+            step.is_multiple_of(o.save_every.max(1)) || step == o.steps
+        });
+        let moments = match save {
+            Some(_) => opt.moments(ops, comm, reporter)?,
+            None => None,
+        };
         if !reporter {
             continue;
         }
@@ -532,15 +582,13 @@ fn run_steps<O: Ops, A: Attention<O::T>>(
             attention_forwards_per_layer: out.attention_forwards,
             peak_activation_bytes: out.peak_activation_bytes,
         });
-        if let Some(dir) = &o.save_dir
-            && (step % o.save_every.max(1) == 0 || step == o.steps)
-        {
+        if let (Some(dir), Some((m, v))) = (save, moments) {
             let state = State {
                 step,
                 samples,
                 weights: download_weights(ops, &w)?,
-                m: download_weights(ops, &m)?,
-                v: download_weights(ops, &v)?,
+                m,
+                v,
             };
             state::save(&state::path_in(dir), key, &state)?;
         }
@@ -558,7 +606,7 @@ mod tests {
         let w = initial_weights(&cfg, &Init::Random { seed: 3 }).unwrap();
         let tokens: Vec<u32> = (0..49).map(|i| (i * 37 % 256) as u32).collect();
         let rt = Runtime::cpu_threads(1, std::time::Duration::from_secs(60));
-        let how = (Schedule::Balanced, Checkpoint::Remat);
+        let how = (Schedule::Balanced, Checkpoint::Remat, Shard::None);
         let memory = MemoryCheck {
             config: cfg.clone(),
             model: "tiny".into(),
@@ -566,6 +614,7 @@ mod tests {
             schedule: Schedule::Balanced,
             checkpoint: Checkpoint::Remat,
             optimizer: false,
+            shard: Shard::None,
             ignore_estimate: false,
         };
         let err = gradients(&cfg, &w[..3], &tokens, how, &memory, &rt)
