@@ -73,7 +73,10 @@ fn one_piece<T: Wire>(mut parts: Vec<T>, from: usize, want: usize, what: &str) -
             "{what}: worker {from} sent a piece of {} elements where the shard rule gives {want}",
             p.elements()
         ),
-        _ => bail!("{what}: worker {from} sent {} buffers instead of 1", parts.len() + 1),
+        _ => bail!(
+            "{what}: worker {from} sent {} buffers instead of 1",
+            parts.len() + 1
+        ),
     }
 }
 

@@ -14,9 +14,9 @@ use super::{
 };
 use crate::backend::cuda::{CudaBackend, InputDtype, Tensor};
 use crate::shape::Precision;
+use crate::shape::Span;
 use anyhow::{Result, anyhow, bail};
 use cudarc::driver::sys::CUevent_flags;
-use crate::shape::Span;
 use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
 use cudarc::nccl::{Comm, Id, ReduceOp, result as nccl};
 use std::sync::Arc;
@@ -347,16 +347,19 @@ impl Communicator<Tensor> for NcclComm {
                 copy_into(&stream, data, &mut send, 0)?;
                 let mut all = stream.alloc_zeros::<u16>(world * slot).map_err(&alloc)?;
                 {
-                    let bytes = |n: usize| anyhow!("{n} 16-bit values could not be viewed as bytes");
+                    let bytes =
+                        |n: usize| anyhow!("{n} 16-bit values could not be viewed as bytes");
                     // SAFETY: u16 buffers viewed as their bytes: same allocations, twice the
                     // counts, u8 has no invalid bit patterns; NCCL reads the one and writes the
                     // other, and any bytes it writes are valid u16 values.
-                    let send_view = unsafe { send.transmute::<u8>(2 * slot) }
-                        .ok_or_else(|| bytes(slot))?;
+                    let send_view =
+                        unsafe { send.transmute::<u8>(2 * slot) }.ok_or_else(|| bytes(slot))?;
                     // SAFETY: as above.
                     let mut all_view = unsafe { all.transmute_mut::<u8>(2 * world * slot) }
                         .ok_or_else(|| bytes(world * slot))?;
-                    self.comm.all_gather(&send_view, &mut all_view).map_err(err)?;
+                    self.comm
+                        .all_gather(&send_view, &mut all_view)
+                        .map_err(err)?;
                 }
                 let parts = unpad(&stream, &all, &spans, slot)?;
                 parts

@@ -411,7 +411,10 @@ impl Job for GradientsJob<'_> {
                 let whole = shard::gather_host(ops, comm, &reduced, &lens, true)?;
                 whole.expect("every worker asked for the whole")
             }
-            _ => reduced.iter().map(|g| ops.download(g)).collect::<Result<_>>()?,
+            _ => reduced
+                .iter()
+                .map(|g| ops.download(g))
+                .collect::<Result<_>>()?,
         };
         Ok(Gradients {
             loss: tally.loss_sum / seq as f64,
@@ -558,9 +561,10 @@ fn run_steps<D: ModelDevice, C: Communicator<D::Tensor>>(
         let hp = AdamW { lr, ..o.adamw };
         opt.update(ops, comm, &mut w, &grads, &hp, step)?;
         drop(grads);
-        let save = o.save_dir.as_ref().filter(|_| {
-            step.is_multiple_of(o.save_every.max(1)) || step == o.steps
-        });
+        let save = o
+            .save_dir
+            .as_ref()
+            .filter(|_| step.is_multiple_of(o.save_every.max(1)) || step == o.steps);
         let moments = match save {
             Some(_) => opt.moments(ops, comm, reporter)?,
             None => None,

@@ -52,27 +52,6 @@ impl Shard {
     }
 }
 
-/// Bytes worker `rank` of `world` sends in one optimizer step's sharded collectives (the
-/// reduce-scatter of f32 gradients under `grads`, the all-gather of the updated weights of
-/// `weight_bytes` an element under both): the prediction `bytes_sent` is checked against.
-/// The all-reduces (gradients under `optimizer`, the tally, the norm) are not counted.
-pub fn step_bytes(c: &Config, shard: Shard, world: usize, rank: usize, weight_bytes: usize) -> u64 {
-    let lens = specs(c).iter().map(|s| s.elements()).collect::<Vec<_>>();
-    let gather: u64 = lens
-        .iter()
-        .map(|&l| crate::comm::all_gather_bytes(l, world, rank, weight_bytes))
-        .sum();
-    let scatter: u64 = lens
-        .iter()
-        .map(|&l| crate::comm::reduce_scatter_bytes(l, world, rank, 4))
-        .sum();
-    match shard {
-        Shard::None => 0,
-        Shard::Optimizer => gather,
-        Shard::Grads => gather + scatter,
-    }
-}
-
 /// Gradients summed over the workers: whole tensors (`none`, `optimizer`) or this worker's
 /// pieces (`grads`); the tally summed alike. Several workers only (one has nothing to add).
 pub(super) fn reduce_grads<O: Ops>(
