@@ -116,6 +116,9 @@ where
     Ok(reporter.then_some(whole))
 }
 
+/// AdamW's whole moments `(m, v)` on the host, `specs` order.
+type HostMoments = (Vec<Vec<f32>>, Vec<Vec<f32>>);
+
 /// This worker's AdamW: the moments of its pieces (whole tensors unsharded) and the update that
 /// leaves every worker with the same whole weights.
 pub(super) struct Optimizer<T> {
@@ -250,7 +253,7 @@ impl<T: Buffer + Clone> Optimizer<T> {
         ops: &O,
         comm: &mut dyn Communicator<T>,
         reporter: bool,
-    ) -> Result<Option<(Vec<Vec<f32>>, Vec<Vec<f32>>)>> {
+    ) -> Result<Option<HostMoments>> {
         if self.shard == Shard::None {
             if !reporter {
                 return Ok(None);
