@@ -234,7 +234,7 @@ fn sharded_training_follows_the_unsharded_trajectory_on_one_to_four_threads() {
     for workers in 1..=4 {
         let none = run(&options(Shard::None, 10, None, None), workers);
         assert!(none.0[9].0 < none.0[0].0, "the loss falls: {:?}", none.0);
-        for shard in [Shard::Optimizer, Shard::Grads] {
+        for shard in [Shard::Optimizer, Shard::Grads, Shard::Full] {
             let what = format!("{workers} workers, --shard {}", shard.name());
             assert_close(
                 &what,
@@ -275,7 +275,7 @@ fn sharded_training_follows_the_unsharded_trajectory_on_one_to_four_threads() {
 fn a_sharded_checkpoint_resumes_with_other_worker_counts() {
     let dir = temp_dir("resume");
     let whole = run(&options(Shard::Optimizer, 10, None, None), 2);
-    let first = run(&options(Shard::Grads, 5, Some(&dir), None), 2);
+    let first = run(&options(Shard::Full, 5, Some(&dir), None), 2);
     assert_close(
         "the first half",
         &first,
@@ -300,7 +300,7 @@ fn a_sharded_checkpoint_resumes_with_other_worker_counts() {
             assert!((x - y).abs() <= 1e-5 * scale, "gathered {what}: {x} vs {y}");
         }
     }
-    for (workers, shard) in [(4, Shard::Optimizer), (1, Shard::Grads), (4, Shard::None)] {
+    for (workers, shard) in [(4, Shard::Full), (1, Shard::Grads), (4, Shard::None)] {
         let rest = run(&options(shard, 10, None, Some(&dir)), workers);
         let what = format!("resumed on {workers} workers, --shard {}", shard.name());
         let tail = (whole.0[5..].to_vec(), whole.1.clone());
@@ -361,7 +361,7 @@ fn sharded_training_as_processes_follows_the_unsharded_trajectory() {
     };
     let none = train(Shard::None);
     assert_eq!(none.0.len(), 10);
-    for shard in [Shard::Optimizer, Shard::Grads] {
+    for shard in [Shard::Optimizer, Shard::Grads, Shard::Full] {
         assert_close(
             &format!("3 processes, --shard {}", shard.name()),
             &train(shard),

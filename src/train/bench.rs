@@ -14,7 +14,7 @@ use crate::model::config::Config;
 use crate::model::ops::Ops;
 use crate::model::profile::{OpTime, Profile, Profiled, ProfiledAttention};
 use crate::model::weights::Weights;
-use crate::model::{Checkpoint, weights};
+use crate::model::{Checkpoint, Whole, weights};
 use crate::plan::{Partition, Schedule};
 use crate::runtime::{Job, ModelDevice, Runtime};
 use crate::shape::Span;
@@ -236,8 +236,7 @@ fn profile_step<O: Ops>(
     super::accumulate(
         &timed,
         step.cfg,
-        step.w,
-        grads,
+        &mut Whole { w: step.w, grads },
         &mut timed_attn,
         step.mine,
         step.sample,

@@ -19,7 +19,7 @@ use crate::model::config::Config;
 use crate::model::cpu::Cpu;
 use crate::model::ops::{AdamW, Ops};
 use crate::model::weights::{self, Weights, specs};
-use crate::model::{Checkpoint, Chunk, forward_backward};
+use crate::model::{Checkpoint, Chunk, Params, Whole, forward_backward_with};
 use crate::plan::{Partition, Schedule};
 use crate::runtime::{Job, ModelDevice, Runtime};
 use crate::shape::Span;
@@ -152,11 +152,6 @@ fn upload_each<T>(
     })
 }
 
-/// Device tensors back on the host, `specs` order.
-fn download_weights<O: Ops>(ops: &O, w: &Weights<O::T>) -> Result<Vec<Vec<f32>>> {
-    w.tensors().into_iter().map(|t| ops.download(t)).collect()
-}
-
 /// Per-step sums all workers add up: loss, probes right, probes asked.
 #[derive(Default)]
 struct Tally {
@@ -165,14 +160,14 @@ struct Tally {
     probes: u64,
 }
 
-/// Forward and backward of this worker's rows of `sample`, gradients into `grads`.
+/// Forward and backward of this worker's rows of `sample`, the weights taken from and the
+/// gradients handed to `params`.
 #[allow(clippy::too_many_arguments)]
-fn accumulate<O: Ops>(
+fn accumulate<O: Ops, A: Attention<O::T>>(
     ops: &O,
     cfg: &Config,
-    w: &Weights<O::T>,
-    grads: &mut Weights<O::T>,
-    attn: &mut impl Attention<O::T>,
+    params: &mut impl Params<O::T, A>,
+    attn: &mut A,
     mine: &[Span],
     sample: &Sample,
     policy: Checkpoint,
@@ -191,7 +186,7 @@ fn accumulate<O: Ops>(
         targets: &targets,
         positions: mine,
     };
-    let out = forward_backward(ops, cfg, w, grads, attn, chunk, policy, scale)?;
+    let out = forward_backward_with(ops, cfg, params, attn, chunk, policy, scale)?;
     tally.loss_sum += out.loss_sum;
     if let Some(p) = sample.probe
         && let Some(row) =
@@ -201,6 +196,35 @@ fn accumulate<O: Ops>(
         tally.correct += (out.argmax[row] == sample.tokens[p + 1]) as u64;
     }
     Ok(out)
+}
+
+/// This worker's weights as `shard` holds them (whole, or its pieces under `full`, each part
+/// gathered for its use) in the forward and backward of `sample`, the gradients (alike: whole, or
+/// the pieces, reduced as the backward goes) into `grads`.
+#[allow(clippy::too_many_arguments)]
+fn accumulate_held<D: ModelDevice, C: Communicator<D::Tensor>>(
+    ops: &D::Ops,
+    cfg: &Config,
+    shard: Shard,
+    (w, grads, lens): (&Weights<D::Tensor>, &mut Weights<D::Tensor>, &Weights<usize>),
+    attn: &mut ModelAttention<'_, D, C>,
+    mine: &[Span],
+    sample: &Sample,
+    policy: Checkpoint,
+    scale: f64,
+    tally: &mut Tally,
+) -> Result<crate::model::Outcome> {
+    if shard == Shard::Full {
+        let mut params = shard::Gathered {
+            ops,
+            w,
+            grads,
+            lens,
+        };
+        return accumulate(ops, cfg, &mut params, attn, mine, sample, policy, scale, tally);
+    }
+    let mut params = Whole { w, grads };
+    accumulate(ops, cfg, &mut params, attn, mine, sample, policy, scale, tally)
 }
 
 /// One sequence's forward and backward on this worker's rows `mine` (gradients of its mean
@@ -221,14 +245,23 @@ fn reduced_sequence<D: ModelDevice, C: Communicator<D::Tensor>>(
     let mut tally = Tally::default();
     let mut grads = weights::zeros(ops, cfg)?;
     let out = accumulate(
-        ops, cfg, w, &mut grads, attn, mine, sample, policy, scale, &mut tally,
+        ops,
+        cfg,
+        &mut Whole { w, grads: &mut grads },
+        attn,
+        mine,
+        sample,
+        policy,
+        scale,
+        &mut tally,
     )?;
     let reduced = reduce_step(ops, attn, shard, grads, &mut tally)?;
     Ok((out, tally, reduced))
 }
 
 /// The gradients and the tally summed over the workers: reduce-scattered to this worker's pieces
-/// under `--shard grads` with several workers, all-reduced whole otherwise.
+/// under `--shard grads` with several workers (under `full` the backward has reduced them),
+/// all-reduced whole otherwise.
 fn reduce_step<D: ModelDevice, C: Communicator<D::Tensor>>(
     ops: &D::Ops,
     attn: &mut ModelAttention<'_, D, C>,
@@ -236,7 +269,7 @@ fn reduce_step<D: ModelDevice, C: Communicator<D::Tensor>>(
     mut grads: Weights<D::Tensor>,
     tally: &mut Tally,
 ) -> Result<Vec<D::Tensor>> {
-    if shard == Shard::Grads
+    if matches!(shard, Shard::Grads | Shard::Full)
         && let Some(comm) = attn.comm()
         && comm.world() > 1
     {
@@ -321,7 +354,7 @@ pub fn check_memory(c: &Config, workers: usize, shard: Shard) -> Result<()> {
             gib(need),
             match shard {
                 Shard::None => "each",
-                Shard::Optimizer | Shard::Grads => "sharded",
+                Shard::Optimizer | Shard::Grads | Shard::Full => "sharded",
             },
             gib(have)
         );
@@ -408,7 +441,8 @@ impl Job for GradientsJob<'_> {
         let grads = match attn.comm() {
             Some(comm) if self.shard == Shard::Grads && comm.world() > 1 => {
                 let lens: Vec<usize> = specs(cfg).iter().map(|s| s.elements()).collect();
-                let whole = shard::gather_host(ops, comm, &reduced, &lens, true)?;
+                let pieces: Vec<_> = reduced.iter().collect();
+                let whole = shard::gather_host(ops, comm, &pieces, &lens, true)?;
                 whole.expect("every worker asked for the whole")
             }
             _ => reduced
@@ -522,24 +556,25 @@ fn run_steps<D: ModelDevice, C: Communicator<D::Tensor>>(
 ) -> Result<Vec<Vec<f32>>> {
     let cfg = &o.config;
     let reporter = rank == 0;
-    let mut w = upload_weights(ops, cfg, &start.weights)?;
     let mut opt = Optimizer::new(ops, cfg, o.shard, (rank, world), &start.m, &start.v)?;
+    let mut w = opt.upload_weights(ops, cfg, &start.weights)?;
+    let lens = Weights::build(cfg, |s| Ok(s.elements()))?;
     let mut solo = Solo;
     let scale = 1.0 / (o.seq_len * o.batch) as f64;
     let mut samples = start.samples;
     for step in start.step + 1..=o.steps {
         let began = Instant::now();
-        let mut grads = weights::zeros(ops, cfg)?;
+        let mut grads = opt.zero_grads(ops, cfg)?;
         let mut tally = Tally::default();
         let mut last = None;
         for _ in 0..o.batch {
             let sample = o.data.sample(samples, o.seq_len, cfg.vocab_size);
             samples += 1;
-            last = Some(accumulate(
+            last = Some(accumulate_held(
                 ops,
                 cfg,
-                &w,
-                &mut grads,
+                opt.shard(),
+                (&w, &mut grads, &lens),
                 attn,
                 mine,
                 &sample,
@@ -565,8 +600,11 @@ fn run_steps<D: ModelDevice, C: Communicator<D::Tensor>>(
             .save_dir
             .as_ref()
             .filter(|_| step.is_multiple_of(o.save_every.max(1)) || step == o.steps);
-        let moments = match save {
-            Some(_) => opt.moments(ops, comm, reporter)?,
+        let saved = match save {
+            Some(_) => Some((
+                opt.host_weights(ops, comm, &w, reporter)?,
+                opt.moments(ops, comm, reporter)?,
+            )),
             None => None,
         };
         if !reporter {
@@ -586,18 +624,18 @@ fn run_steps<D: ModelDevice, C: Communicator<D::Tensor>>(
             attention_forwards_per_layer: out.attention_forwards,
             peak_activation_bytes: out.peak_activation_bytes,
         });
-        if let (Some(dir), Some((m, v))) = (save, moments) {
+        if let (Some(dir), Some((weights, Some((m, v))))) = (save, saved) {
             let state = State {
                 step,
                 samples,
-                weights: download_weights(ops, &w)?,
+                weights,
                 m,
                 v,
             };
             state::save(&state::path_in(dir), key, &state)?;
         }
     }
-    download_weights(ops, &w)
+    opt.host_weights(ops, collectives(attn, &mut solo), &w, reporter)
 }
 
 #[cfg(test)]

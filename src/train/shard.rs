@@ -1,20 +1,26 @@
-//! Sharded model state (ZeRO) across the same workers that hold the sequence's chunks: each
-//! worker keeps the AdamW moments (`optimizer`, ZeRO-1) and also the reduced f32 gradients
-//! (`grads`, ZeRO-2) of its pieces only, cut by the one shard rule (`comm::shard_span`), updates
-//! its pieces of the weights and all-gathers them, so every worker starts the next step with the
-//! same whole weights. The moments are the largest part of the state (two f32 copies of every
-//! parameter), and they shrink by the number of workers.
+//! Sharded model state (ZeRO) across the same workers that hold the sequence's chunks, each
+//! tensor cut by the one shard rule (`comm::shard_span`). Each worker keeps the AdamW moments
+//! (`optimizer`, ZeRO-1) and also the reduced f32 gradients (`grads`, ZeRO-2) of its pieces only,
+//! updates its pieces of the weights and all-gathers them, so every worker starts the next step
+//! with the same whole weights. Under `full` (ZeRO-3) it keeps only its pieces of the weights too:
+//! a layer's weights are all-gathered just before its forward and again before its backward,
+//! freed after use, and its gradients reduce-scattered as the backward produces them
+//! ([`Gathered`]); AdamW then updates the pieces in place.
 //!
 //! The arithmetic is the unsharded run's: the reduce-scatter sums in the all-reduce's order and
-//! AdamW is elementwise, so only the global gradient norm (partial sums of squares all-reduced
-//! as an f32 scalar) is rounded differently; without clipping a sharded run has the unsharded
-//! run's bits.
+//! AdamW is elementwise, so under `optimizer` and `grads` only the global gradient norm (partial
+//! sums of squares all-reduced as an f32 scalar) is rounded differently, and without clipping a
+//! sharded run has the unsharded run's bits. Under `full` the gradients of a tied embedding and
+//! of a batch's sequences are reduced one contribution at a time, so they round differently.
 
-use super::{Tally, all_reduce, all_reduce_tally};
-use crate::comm::{Buffer, Communicator, shard_span, shard_spans};
+use super::attention::ModelAttention;
+use super::{Tally, all_reduce, all_reduce_tally, collectives};
+use crate::comm::{Buffer, Communicator, Solo, shard_span, shard_spans};
 use crate::model::config::Config;
 use crate::model::ops::{AdamW, Ops};
-use crate::model::weights::{Weights, specs};
+use crate::model::weights::{LayerWeights, Weights, specs};
+use crate::model::{Head, Params};
+use crate::runtime::ModelDevice;
 use crate::shape::Span;
 use anyhow::{Result, bail};
 use serde::Serialize;
@@ -32,6 +38,9 @@ pub enum Shard {
     /// ZeRO-2: the moments and the f32 gradients after the backward (reduce-scattered instead of
     /// all-reduced); the updated pieces of the weights all-gathered.
     Grads,
+    /// ZeRO-3: the moments, the gradients and the weights; each layer's weights all-gathered for
+    /// its forward and its backward, its gradients reduce-scattered as they are produced.
+    Full,
 }
 
 impl Shard {
@@ -40,6 +49,7 @@ impl Shard {
             Shard::None => "none",
             Shard::Optimizer => "optimizer",
             Shard::Grads => "grads",
+            Shard::Full => "full",
         }
     }
 
@@ -47,13 +57,197 @@ impl Shard {
     pub fn optimizer_shards(self, workers: usize) -> usize {
         match self {
             Shard::None => 1,
-            Shard::Optimizer | Shard::Grads => workers,
+            Shard::Optimizer | Shard::Grads | Shard::Full => workers,
+        }
+    }
+
+    /// Into how many pieces the weights and the gradients are cut over `workers` (they stay
+    /// whole through the step but under `full`).
+    pub fn weight_shards(self, workers: usize) -> usize {
+        match self {
+            Shard::Full => workers,
+            Shard::None | Shard::Optimizer | Shard::Grads => 1,
         }
     }
 }
 
+/// This worker's span of each tensor (`specs` order) when a tensor is cut into `pieces`: the
+/// whole tensor for one piece.
+fn own_spans(c: &Config, pieces: usize, rank: usize) -> Vec<Span> {
+    specs(c)
+        .iter()
+        .map(|s| shard_span(s.elements(), pieces, if pieces == 1 { 0 } else { rank }))
+        .collect()
+}
+
+/// Host tensors (`specs` order) cut to `spans` and made device tensors by `upload`.
+fn upload_spans<T>(
+    c: &Config,
+    host: &[Vec<f32>],
+    spans: &[Span],
+    mut upload: impl FnMut(&[f32]) -> Result<T>,
+) -> Result<Weights<T>> {
+    if host.len() != spans.len() {
+        bail!(
+            "the state holds {} tensors for a model of {}",
+            host.len(),
+            spans.len()
+        );
+    }
+    let mut it = host.iter().zip(spans);
+    Weights::build(c, |_| {
+        let (t, s) = it.next().expect("as many tensors as specs");
+        upload(&t[s.start..s.end()])
+    })
+}
+
+/// `whole` cut into the pieces of the shard rule over `world` workers.
+fn cut<O: Ops>(ops: &O, whole: &O::T, world: usize) -> Result<Vec<O::T>> {
+    shard_spans(ops.len(whole), world)
+        .iter()
+        .map(|s| ops.rows(whole, 1, s.start, s.len))
+        .collect()
+}
+
+/// A tensor of `len` elements rebuilt whole from every worker's piece (`piece` this one's).
+fn gather<O: Ops>(
+    ops: &O,
+    comm: &mut dyn Communicator<O::T>,
+    piece: &O::T,
+    len: usize,
+) -> Result<O::T>
+where
+    O::T: Buffer,
+{
+    ops.join(&comm.all_gather(piece.clone(), len)?)
+}
+
+/// This worker's piece of the sum over workers of `whole`, added to `acc`.
+fn scatter_add<O: Ops>(
+    ops: &O,
+    comm: &mut dyn Communicator<O::T>,
+    whole: &O::T,
+    acc: &mut O::T,
+) -> Result<()>
+where
+    O::T: Buffer,
+{
+    let piece = comm.reduce_scatter_sum(cut(ops, whole, comm.world())?)?;
+    ops.add_assign(acc, &piece)
+}
+
+/// A worker's pieces of the weights and of their f32 gradients under `--shard full`, lent to the
+/// model part by part ([`Params`]): each part's weights all-gathered for its use and freed when
+/// it returns, each part's gradients made whole for its backward and reduce-scattered into this
+/// worker's pieces as soon as it returns. The all-gathers run over the attention's workers.
+pub(super) struct Gathered<'a, O: Ops> {
+    pub ops: &'a O,
+    pub w: &'a Weights<O::T>,
+    pub grads: &'a mut Weights<O::T>,
+    /// Elements of each whole tensor.
+    pub lens: &'a Weights<usize>,
+}
+
+impl<'m, D: ModelDevice, C: Communicator<D::Tensor>> Params<D::Tensor, ModelAttention<'m, D, C>>
+    for Gathered<'_, D::Ops>
+{
+    fn with_embed<R>(
+        &mut self,
+        attn: &mut ModelAttention<'m, D, C>,
+        f: impl FnOnce(&D::Tensor) -> Result<R>,
+    ) -> Result<R> {
+        let mut solo = Solo;
+        let comm = collectives(attn, &mut solo);
+        f(&gather(self.ops, comm, &self.w.embed, self.lens.embed)?)
+    }
+
+    fn with_layer<R>(
+        &mut self,
+        attn: &mut ModelAttention<'m, D, C>,
+        l: usize,
+        f: impl FnOnce(&LayerWeights<D::Tensor>, &mut ModelAttention<'m, D, C>) -> Result<R>,
+    ) -> Result<R> {
+        let mut solo = Solo;
+        let comm = collectives(attn, &mut solo);
+        let whole = self.w.layers[l]
+            .try_map_with(&self.lens.layers[l], |p, &len| gather(self.ops, comm, p, len))?;
+        f(&whole, attn)
+    }
+
+    fn with_head<R>(
+        &mut self,
+        attn: &mut ModelAttention<'m, D, C>,
+        f: impl FnOnce(Head<'_, D::Tensor>) -> Result<R>,
+    ) -> Result<R> {
+        let (ops, lens) = (self.ops, self.lens);
+        let mut solo = Solo;
+        let comm = collectives(attn, &mut solo);
+        let norm = gather(ops, comm, &self.w.norm, lens.norm)?;
+        let output = gather(ops, comm, self.w.output(), *lens.output())?;
+        let mut dnorm = ops.zeros(lens.norm)?;
+        let mut doutput = ops.zeros(*lens.output())?;
+        let out = f(Head {
+            norm: &norm,
+            output: &output,
+            dnorm: &mut dnorm,
+            doutput: &mut doutput,
+        })?;
+        drop((norm, output));
+        let g = &mut *self.grads;
+        scatter_add(ops, comm, &dnorm, &mut g.norm)?;
+        let out_grad = match &mut g.lm_head {
+            Some(head) => head,
+            None => &mut g.embed,
+        };
+        scatter_add(ops, comm, &doutput, out_grad)?;
+        Ok(out)
+    }
+
+    fn with_layer_grads<R>(
+        &mut self,
+        attn: &mut ModelAttention<'m, D, C>,
+        l: usize,
+        f: impl FnOnce(
+            &LayerWeights<D::Tensor>,
+            &mut LayerWeights<D::Tensor>,
+            &mut ModelAttention<'m, D, C>,
+        ) -> Result<R>,
+    ) -> Result<R> {
+        let ops = self.ops;
+        let lens = &self.lens.layers[l];
+        let whole = {
+            let mut solo = Solo;
+            let comm = collectives(attn, &mut solo);
+            self.w.layers[l].try_map_with(lens, |p, &len| gather(ops, comm, p, len))?
+        };
+        let mut grads = lens.try_map_with(lens, |&len, _| ops.zeros(len))?;
+        let out = f(&whole, &mut grads, attn)?;
+        drop(whole);
+        let mut solo = Solo;
+        let comm = collectives(attn, &mut solo);
+        for (g, acc) in grads.tensors().into_iter().zip(self.grads.layers[l].tensors_mut()) {
+            scatter_add(ops, comm, g, acc)?;
+        }
+        Ok(out)
+    }
+
+    fn with_embed_grad<R>(
+        &mut self,
+        attn: &mut ModelAttention<'m, D, C>,
+        f: impl FnOnce(&mut D::Tensor) -> Result<R>,
+    ) -> Result<R> {
+        let mut whole = self.ops.zeros(self.lens.embed)?;
+        let out = f(&mut whole)?;
+        let mut solo = Solo;
+        let comm = collectives(attn, &mut solo);
+        scatter_add(self.ops, comm, &whole, &mut self.grads.embed)?;
+        Ok(out)
+    }
+}
+
 /// Gradients summed over the workers: whole tensors (`none`, `optimizer`) or this worker's
-/// pieces (`grads`); the tally summed alike. Several workers only (one has nothing to add).
+/// pieces (`grads`; `full`, whose backward has summed them); the tally summed alike. Several
+/// workers only (one has nothing to add).
 pub(super) fn reduce_grads<O: Ops>(
     ops: &O,
     comm: &mut dyn Communicator<O::T>,
@@ -74,17 +268,16 @@ where
             let pieces = grads
                 .tensors()
                 .into_iter()
-                .map(|g| {
-                    let cut = shard_spans(ops.len(g), world)
-                        .iter()
-                        .map(|s| ops.rows(g, 1, s.start, s.len))
-                        .collect::<Result<Vec<_>>>()?;
-                    comm.reduce_scatter_sum(cut)
-                })
+                .map(|g| comm.reduce_scatter_sum(cut(ops, g, world)?))
                 .collect::<Result<Vec<_>>>()?;
             drop(grads);
             all_reduce_tally(ops, comm, tally)?;
             Ok(pieces)
+        }
+        // The backward has reduced each part already ([`Gathered`]).
+        Shard::Full => {
+            all_reduce_tally(ops, comm, tally)?;
+            Ok(grads.into_tensors())
         }
     }
 }
@@ -95,7 +288,7 @@ where
 pub(super) fn gather_host<O: Ops>(
     ops: &O,
     comm: &mut dyn Communicator<O::T>,
-    pieces: &[O::T],
+    pieces: &[&O::T],
     lens: &[usize],
     reporter: bool,
 ) -> Result<Option<Vec<Vec<f32>>>>
@@ -103,7 +296,7 @@ where
     O::T: Buffer,
 {
     let mut whole = Vec::with_capacity(pieces.len());
-    for (piece, &len) in pieces.iter().zip(lens) {
+    for (&piece, &len) in pieces.iter().zip(lens) {
         let all = comm.all_gather(piece.clone(), len)?;
         if reporter {
             let mut host = Vec::with_capacity(len);
@@ -156,18 +349,9 @@ impl<T: Buffer + Clone> Optimizer<T> {
             );
         }
         let lens: Vec<usize> = specs.iter().map(|s| s.elements()).collect();
-        let spans: Vec<Span> = lens
-            .iter()
-            .map(|&len| match shard {
-                Shard::None => Span { start: 0, len },
-                Shard::Optimizer | Shard::Grads => shard_span(len, world, rank),
-            })
-            .collect();
+        let spans = own_spans(c, shard.optimizer_shards(world), rank);
         let upload = |host: &[Vec<f32>]| {
-            host.iter()
-                .zip(&spans)
-                .map(|(t, s)| ops.upload_state(&t[s.start..s.end()]))
-                .collect::<Result<Vec<_>>>()
+            upload_spans(c, host, &spans, |t| ops.upload_state(t)).map(Weights::into_tensors)
         };
         Ok(Optimizer {
             shard,
@@ -179,6 +363,50 @@ impl<T: Buffer + Clone> Optimizer<T> {
         })
     }
 
+    /// This worker's weights on the device from the whole host ones (`specs` order): its pieces
+    /// under `full`, whole otherwise.
+    pub fn upload_weights<O: Ops<T = T>>(
+        &self,
+        ops: &O,
+        c: &Config,
+        host: &[Vec<f32>],
+    ) -> Result<Weights<T>> {
+        match self.shard {
+            Shard::Full => upload_spans(c, host, &self.spans, |t| ops.upload(t)),
+            _ => upload_spans(c, host, &own_spans(c, 1, 0), |t| ops.upload(t)),
+        }
+    }
+
+    /// Zero gradients for a step, as this worker accumulates them: its pieces under `full`
+    /// (f32, like every gradient), whole tensors otherwise.
+    pub fn zero_grads<O: Ops<T = T>>(&self, ops: &O, c: &Config) -> Result<Weights<T>> {
+        let mut spans = self.spans.iter();
+        Weights::build(c, |s| match self.shard {
+            Shard::Full => ops.zeros(spans.next().expect("a span per tensor").len),
+            _ => ops.zeros(s.elements()),
+        })
+    }
+
+    /// The whole weights on the host (`specs` order) from this worker's `w`: gathered under
+    /// `full` (a collective every worker calls), downloaded otherwise; empty except on the
+    /// reporter.
+    pub fn host_weights<O: Ops<T = T>>(
+        &self,
+        ops: &O,
+        comm: &mut dyn Communicator<T>,
+        w: &Weights<T>,
+        reporter: bool,
+    ) -> Result<Vec<Vec<f32>>> {
+        if self.shard == Shard::Full {
+            let all = gather_host(ops, comm, &w.tensors(), &self.lens, reporter)?;
+            return Ok(all.unwrap_or_default());
+        }
+        if !reporter {
+            return Ok(Vec::new());
+        }
+        w.tensors().into_iter().map(|t| ops.download(t)).collect()
+    }
+
     /// The sharding in effect (`none` for one worker).
     pub fn shard(&self) -> Shard {
         self.shard
@@ -187,7 +415,7 @@ impl<T: Buffer + Clone> Optimizer<T> {
     /// The gradients this worker updates from: `reduce_grads`'s whole tensors cut to its pieces.
     pub fn own_grads<O: Ops<T = T>>(&self, ops: &O, reduced: Vec<T>) -> Result<Vec<T>> {
         match self.shard {
-            Shard::None | Shard::Grads => Ok(reduced),
+            Shard::None | Shard::Grads | Shard::Full => Ok(reduced),
             Shard::Optimizer => reduced
                 .iter()
                 .zip(&self.spans)
@@ -217,7 +445,8 @@ impl<T: Buffer + Clone> Optimizer<T> {
     }
 
     /// AdamW on this worker's pieces of `w` from `grads` (its pieces), then every piece
-    /// all-gathered into every worker's whole `w`.
+    /// all-gathered into every worker's whole `w` (under `full`, `w` holds the pieces and is
+    /// updated in place).
     pub fn update<O: Ops<T = T>>(
         &mut self,
         ops: &O,
@@ -231,7 +460,7 @@ impl<T: Buffer + Clone> Optimizer<T> {
         let state = self.m.iter_mut().zip(self.v.iter_mut());
         for (i, (p, (m, v))) in tensors.into_iter().zip(state).enumerate() {
             let (span, decay, g) = (self.spans[i], self.decays[i], &grads[i]);
-            if self.shard == Shard::None {
+            if matches!(self.shard, Shard::None | Shard::Full) {
                 ops.adamw(p, g, m, v, hp, step, decay)?;
                 continue;
             }
@@ -261,8 +490,9 @@ impl<T: Buffer + Clone> Optimizer<T> {
             let host = |ts: &[T]| ts.iter().map(|t| ops.download(t)).collect::<Result<_>>();
             return Ok(Some((host(&self.m)?, host(&self.v)?)));
         }
-        let m = gather_host(ops, comm, &self.m, &self.lens, reporter)?;
-        let v = gather_host(ops, comm, &self.v, &self.lens, reporter)?;
+        let (m, v): (Vec<&T>, Vec<&T>) = (self.m.iter().collect(), self.v.iter().collect());
+        let m = gather_host(ops, comm, &m, &self.lens, reporter)?;
+        let v = gather_host(ops, comm, &v, &self.lens, reporter)?;
         Ok(m.zip(v))
     }
 }
