@@ -109,8 +109,11 @@ pub trait Params<T, A> {
     ) -> Result<R>;
 
     /// The embedding table's gradient accumulator, for the lookup's backward.
-    fn with_embed_grad<R>(&mut self, attn: &mut A, f: impl FnOnce(&mut T) -> Result<R>)
-    -> Result<R>;
+    fn with_embed_grad<R>(
+        &mut self,
+        attn: &mut A,
+        f: impl FnOnce(&mut T) -> Result<R>,
+    ) -> Result<R>;
 }
 
 /// Whole weights and gradients in memory: every part lent as it is.
@@ -227,9 +230,7 @@ pub fn forward_backward_with<O: Ops, A: Attention<O::T>>(
             head.doutput,
         )?;
         let mut dx = ops.zeros(rows * d)?;
-        ops.rmsnorm_backward(
-            &x, head.norm, &rstd, &loss.dh, rows, d, &mut dx, head.dnorm,
-        )?;
+        ops.rmsnorm_backward(&x, head.norm, &rstd, &loss.dh, rows, d, &mut dx, head.dnorm)?;
         Ok((loss, dx))
     })?;
     let mut dx = dx;

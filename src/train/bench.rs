@@ -6,7 +6,7 @@
 use super::attention::ModelAttention;
 use super::data::Sample;
 use super::memory::MemoryCheck;
-use super::shard::Shard;
+use super::shard::{Held, Shard};
 use crate::backend::Backend;
 use crate::comm::Communicator;
 use crate::model::attention::Attention;
@@ -158,6 +158,8 @@ impl Job for StepBench<'_> {
     ) -> Result<StepTiming> {
         let (ops, cfg, seq) = (device.ops(), self.cfg, self.partition.seq());
         let (w, tokens) = random_inputs(ops, cfg, seq)?;
+        let ranks = (comm.rank(), comm.world());
+        let held = Held::from_device(ops, cfg, w, self.shard, ranks)?;
         let sample = Sample {
             tokens,
             probe: None,
@@ -168,22 +170,13 @@ impl Job for StepBench<'_> {
         let mut attn = ModelAttention::new(device, comm, cfg.dims(), &self.partition)?;
         // Fresh gradients each step, as in training (summed ones would double every step).
         let (all_secs, (out, tally, _)) = timed(self.runs, &sync, || {
-            super::reduced_sequence(
-                ops,
-                cfg,
-                &w,
-                &mut attn,
-                &mine,
-                &sample,
-                self.policy,
-                self.shard,
-            )
+            super::reduced_sequence(ops, cfg, &held, &mut attn, &mine, &sample, self.policy)
         })?;
         let profile = if self.runs.profile {
             let mut grads = weights::zeros(ops, cfg)?;
             let step = OneStep {
                 cfg,
-                w: &w,
+                w: &held.w,
                 sample: &sample,
                 mine: &mine,
                 policy: self.policy,

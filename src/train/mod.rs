@@ -28,7 +28,7 @@ use attention::ModelAttention;
 use data::{Data, Sample};
 use memory::MemoryCheck;
 use serde::Serialize;
-use shard::{Optimizer, Shard};
+use shard::{Held, Optimizer, Shard};
 use state::{RunKey, State};
 use std::path::PathBuf;
 use std::time::Instant;
@@ -132,26 +132,6 @@ fn initial_state(o: &Options) -> Result<State> {
     })
 }
 
-/// Host tensors (`specs` order) on the device of `ops`, shaped as the model's weights.
-fn upload_weights<O: Ops>(ops: &O, c: &Config, host: &[Vec<f32>]) -> Result<Weights<O::T>> {
-    upload_each(c, host, |data| ops.upload(data))
-}
-
-/// One tensor per weight spec, `specs` order, each made by `upload`.
-fn upload_each<T>(
-    c: &Config,
-    host: &[Vec<f32>],
-    mut upload: impl FnMut(&[f32]) -> Result<T>,
-) -> Result<Weights<T>> {
-    let mut it = host.iter();
-    Weights::build(c, |s| {
-        let data = it
-            .next()
-            .with_context(|| format!("no weights given for '{}'", s.name))?;
-        upload(data)
-    })
-}
-
 /// Per-step sums all workers add up: loss, probes right, probes asked.
 #[derive(Default)]
 struct Tally {
@@ -198,15 +178,15 @@ fn accumulate<O: Ops, A: Attention<O::T>>(
     Ok(out)
 }
 
-/// This worker's weights as `shard` holds them (whole, or its pieces under `full`, each part
-/// gathered for its use) in the forward and backward of `sample`, the gradients (alike: whole, or
-/// the pieces, reduced as the backward goes) into `grads`.
+/// This worker's weights as `held` (whole, or its pieces under `full`, each part gathered for its
+/// use) in the forward and backward of `sample`, the gradients (alike: whole, or the pieces,
+/// reduced as the backward goes) into `grads`.
 #[allow(clippy::too_many_arguments)]
 fn accumulate_held<D: ModelDevice, C: Communicator<D::Tensor>>(
     ops: &D::Ops,
     cfg: &Config,
-    shard: Shard,
-    (w, grads, lens): (&Weights<D::Tensor>, &mut Weights<D::Tensor>, &Weights<usize>),
+    held: &Held<D::Tensor>,
+    grads: &mut Weights<D::Tensor>,
     attn: &mut ModelAttention<'_, D, C>,
     mine: &[Span],
     sample: &Sample,
@@ -214,48 +194,61 @@ fn accumulate_held<D: ModelDevice, C: Communicator<D::Tensor>>(
     scale: f64,
     tally: &mut Tally,
 ) -> Result<crate::model::Outcome> {
-    if shard == Shard::Full {
+    let w = &held.w;
+    if held.shard == Shard::Full {
+        let lens = &held.lens;
         let mut params = shard::Gathered {
             ops,
             w,
             grads,
             lens,
         };
-        return accumulate(ops, cfg, &mut params, attn, mine, sample, policy, scale, tally);
+        return accumulate(
+            ops,
+            cfg,
+            &mut params,
+            attn,
+            mine,
+            sample,
+            policy,
+            scale,
+            tally,
+        );
     }
     let mut params = Whole { w, grads };
-    accumulate(ops, cfg, &mut params, attn, mine, sample, policy, scale, tally)
-}
-
-/// One sequence's forward and backward on this worker's rows `mine` (gradients of its mean
-/// loss), then the gradients (whole, or this worker's pieces under `--shard grads`) and the
-/// tally summed over all workers: the step of `distflash grads` and of `bench train`.
-#[allow(clippy::too_many_arguments)]
-fn reduced_sequence<D: ModelDevice, C: Communicator<D::Tensor>>(
-    ops: &D::Ops,
-    cfg: &Config,
-    w: &Weights<D::Tensor>,
-    attn: &mut ModelAttention<'_, D, C>,
-    mine: &[Span],
-    sample: &Sample,
-    policy: Checkpoint,
-    shard: Shard,
-) -> Result<(crate::model::Outcome, Tally, Vec<D::Tensor>)> {
-    let scale = 1.0 / (sample.tokens.len() - 1) as f64;
-    let mut tally = Tally::default();
-    let mut grads = weights::zeros(ops, cfg)?;
-    let out = accumulate(
+    accumulate(
         ops,
         cfg,
-        &mut Whole { w, grads: &mut grads },
+        &mut params,
         attn,
         mine,
         sample,
         policy,
         scale,
-        &mut tally,
+        tally,
+    )
+}
+
+/// One sequence's forward and backward on this worker's rows `mine` (gradients of its mean
+/// loss), then the gradients (whole, or this worker's pieces under `--shard grads` and `full`)
+/// and the tally summed over all workers: the step of `distflash grads` and of `bench train`.
+#[allow(clippy::too_many_arguments)]
+fn reduced_sequence<D: ModelDevice, C: Communicator<D::Tensor>>(
+    ops: &D::Ops,
+    cfg: &Config,
+    held: &Held<D::Tensor>,
+    attn: &mut ModelAttention<'_, D, C>,
+    mine: &[Span],
+    sample: &Sample,
+    policy: Checkpoint,
+) -> Result<(crate::model::Outcome, Tally, Vec<D::Tensor>)> {
+    let scale = 1.0 / (sample.tokens.len() - 1) as f64;
+    let mut tally = Tally::default();
+    let mut grads = held.zero_grads(ops, cfg)?;
+    let out = accumulate_held(
+        ops, cfg, held, &mut grads, attn, mine, sample, policy, scale, &mut tally,
     )?;
-    let reduced = reduce_step(ops, attn, shard, grads, &mut tally)?;
+    let reduced = reduce_step(ops, attn, held.shard, grads, &mut tally)?;
     Ok((out, tally, reduced))
 }
 
@@ -420,7 +413,8 @@ impl Job for GradientsJob<'_> {
         comm: &mut C,
     ) -> Result<Gradients> {
         let (ops, cfg) = (device.ops(), self.cfg);
-        let w = upload_weights(ops, cfg, self.weights)?;
+        let ranks = (comm.rank(), comm.world());
+        let held = Held::from_host(ops, cfg, self.weights, self.shard, ranks)?;
         let sample = Sample {
             tokens: self.tokens.to_vec(),
             probe: None,
@@ -428,28 +422,14 @@ impl Job for GradientsJob<'_> {
         let mine = self.partition.own_spans(comm.rank());
         let mut attn = ModelAttention::new(device, comm, cfg.dims(), &self.partition)?;
         let seq = self.partition.seq();
-        let (out, tally, reduced) = reduced_sequence(
-            ops,
-            cfg,
-            &w,
-            &mut attn,
-            &mine,
-            &sample,
-            self.policy,
-            self.shard,
-        )?;
-        let grads = match attn.comm() {
-            Some(comm) if self.shard == Shard::Grads && comm.world() > 1 => {
-                let lens: Vec<usize> = specs(cfg).iter().map(|s| s.elements()).collect();
-                let pieces: Vec<_> = reduced.iter().collect();
-                let whole = shard::gather_host(ops, comm, &pieces, &lens, true)?;
-                whole.expect("every worker asked for the whole")
-            }
-            _ => reduced
-                .iter()
-                .map(|g| ops.download(g))
-                .collect::<Result<_>>()?,
-        };
+        let (out, tally, reduced) =
+            reduced_sequence(ops, cfg, &held, &mut attn, &mine, &sample, self.policy)?;
+        let pieces = matches!(held.shard, Shard::Grads | Shard::Full);
+        let reduced: Vec<_> = reduced.iter().collect();
+        let reporter = ranks.0 == 0;
+        let mut solo = Solo;
+        let comm = collectives(&mut attn, &mut solo);
+        let grads = held.host(ops, comm, &reduced, pieces, reporter)?;
         Ok(Gradients {
             loss: tally.loss_sum / seq as f64,
             grads,
@@ -557,14 +537,13 @@ fn run_steps<D: ModelDevice, C: Communicator<D::Tensor>>(
     let cfg = &o.config;
     let reporter = rank == 0;
     let mut opt = Optimizer::new(ops, cfg, o.shard, (rank, world), &start.m, &start.v)?;
-    let mut w = opt.upload_weights(ops, cfg, &start.weights)?;
-    let lens = Weights::build(cfg, |s| Ok(s.elements()))?;
+    let mut held = Held::from_host(ops, cfg, &start.weights, o.shard, (rank, world))?;
     let mut solo = Solo;
     let scale = 1.0 / (o.seq_len * o.batch) as f64;
     let mut samples = start.samples;
     for step in start.step + 1..=o.steps {
         let began = Instant::now();
-        let mut grads = opt.zero_grads(ops, cfg)?;
+        let mut grads = held.zero_grads(ops, cfg)?;
         let mut tally = Tally::default();
         let mut last = None;
         for _ in 0..o.batch {
@@ -573,8 +552,8 @@ fn run_steps<D: ModelDevice, C: Communicator<D::Tensor>>(
             last = Some(accumulate_held(
                 ops,
                 cfg,
-                opt.shard(),
-                (&w, &mut grads, &lens),
+                &held,
+                &mut grads,
                 attn,
                 mine,
                 &sample,
@@ -583,7 +562,7 @@ fn run_steps<D: ModelDevice, C: Communicator<D::Tensor>>(
                 &mut tally,
             )?);
         }
-        let reduced = reduce_step(ops, attn, opt.shard(), grads, &mut tally)?;
+        let reduced = reduce_step(ops, attn, held.shard, grads, &mut tally)?;
         let mut grads = opt.own_grads(ops, reduced)?;
         let comm = collectives(attn, &mut solo);
         let norm = opt.norm(ops, comm, &grads)?;
@@ -594,7 +573,7 @@ fn run_steps<D: ModelDevice, C: Communicator<D::Tensor>>(
         }
         let lr = o.adamw.lr * (step as f64 / o.warmup.max(1) as f64).min(1.0);
         let hp = AdamW { lr, ..o.adamw };
-        opt.update(ops, comm, &mut w, &grads, &hp, step)?;
+        opt.update(ops, comm, &mut held.w, &grads, &hp, step)?;
         drop(grads);
         let save = o
             .save_dir
@@ -602,7 +581,7 @@ fn run_steps<D: ModelDevice, C: Communicator<D::Tensor>>(
             .filter(|_| step.is_multiple_of(o.save_every.max(1)) || step == o.steps);
         let saved = match save {
             Some(_) => Some((
-                opt.host_weights(ops, comm, &w, reporter)?,
+                held.host_weights(ops, comm, reporter)?,
                 opt.moments(ops, comm, reporter)?,
             )),
             None => None,
@@ -635,7 +614,7 @@ fn run_steps<D: ModelDevice, C: Communicator<D::Tensor>>(
             state::save(&state::path_in(dir), key, &state)?;
         }
     }
-    opt.host_weights(ops, collectives(attn, &mut solo), &w, reporter)
+    held.host_weights(ops, collectives(attn, &mut solo), reporter)
 }
 
 #[cfg(test)]

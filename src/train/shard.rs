@@ -22,7 +22,7 @@ use crate::model::weights::{LayerWeights, Weights, specs};
 use crate::model::{Head, Params};
 use crate::runtime::ModelDevice;
 use crate::shape::Span;
-use anyhow::{Result, bail};
+use anyhow::{Context, Result, bail};
 use serde::Serialize;
 
 /// Which model state each worker keeps only its pieces of (`--shard`).
@@ -69,6 +69,112 @@ impl Shard {
             Shard::None | Shard::Optimizer | Shard::Grads => 1,
         }
     }
+
+    /// The sharding in effect over `world` workers: one worker holds everything.
+    fn over(self, world: usize) -> Shard {
+        if world == 1 { Shard::None } else { self }
+    }
+}
+
+/// A worker's weights as its sharding holds them: whole, or its pieces under `full` (gathered a
+/// part at a time by [`Gathered`]).
+pub(super) struct Held<T> {
+    /// The sharding in effect (`none` for one worker).
+    pub shard: Shard,
+    pub w: Weights<T>,
+    /// Elements of each whole tensor.
+    pub lens: Weights<usize>,
+    /// The part of each tensor `w` holds (`specs` order).
+    spans: Vec<Span>,
+}
+
+impl<T: Buffer + Clone> Held<T> {
+    /// Worker `rank` of `world`'s weights from whole host ones (`specs` order).
+    pub fn from_host<O: Ops<T = T>>(
+        ops: &O,
+        c: &Config,
+        host: &[Vec<f32>],
+        shard: Shard,
+        (rank, world): (usize, usize),
+    ) -> Result<Self> {
+        let shard = shard.over(world);
+        let spans = own_spans(c, shard.weight_shards(world), rank);
+        let w = upload_spans(c, host, &spans, |t| ops.upload(t))?;
+        Self::holding(c, shard, w, spans)
+    }
+
+    /// Worker `rank` of `world`'s weights from whole device ones (cut to its pieces under
+    /// `full`, the whole freed).
+    pub fn from_device<O: Ops<T = T>>(
+        ops: &O,
+        c: &Config,
+        whole: Weights<T>,
+        shard: Shard,
+        (rank, world): (usize, usize),
+    ) -> Result<Self> {
+        let shard = shard.over(world);
+        let spans = own_spans(c, shard.weight_shards(world), rank);
+        if shard != Shard::Full {
+            return Self::holding(c, shard, whole, spans);
+        }
+        let mut it = whole.tensors().into_iter().zip(&spans);
+        let w = Weights::build(c, |_| {
+            let (t, s) = it.next().expect("a span per tensor");
+            ops.rows(t, 1, s.start, s.len)
+        })?;
+        Self::holding(c, shard, w, spans)
+    }
+
+    fn holding(c: &Config, shard: Shard, w: Weights<T>, spans: Vec<Span>) -> Result<Self> {
+        Ok(Held {
+            shard,
+            w,
+            lens: Weights::build(c, |s| Ok(s.elements()))?,
+            spans,
+        })
+    }
+
+    /// Zero f32 gradients shaped as the weights are held (pieces under `full`).
+    pub fn zero_grads<O: Ops<T = T>>(&self, ops: &O, c: &Config) -> Result<Weights<T>> {
+        let mut spans = self.spans.iter();
+        Weights::build(c, |_| {
+            ops.zeros(spans.next().expect("a span per tensor").len)
+        })
+    }
+
+    /// Whole host tensors (`specs` order) from tensors held as the weights are (the weights, or
+    /// gradients from [`Held::zero_grads`], or pieces of the reduce-scatter, which `full` holds
+    /// alike): gathered when they are pieces (a collective every worker calls), downloaded
+    /// otherwise; empty except on the reporter.
+    pub fn host<O: Ops<T = T>>(
+        &self,
+        ops: &O,
+        comm: &mut dyn Communicator<T>,
+        tensors: &[&T],
+        pieces: bool,
+        reporter: bool,
+    ) -> Result<Vec<Vec<f32>>> {
+        if pieces {
+            let lens: Vec<usize> = self.lens.tensors().into_iter().copied().collect();
+            let all = gather_host(ops, comm, tensors, &lens, reporter)?;
+            return Ok(all.unwrap_or_default());
+        }
+        if !reporter {
+            return Ok(Vec::new());
+        }
+        tensors.iter().map(|t| ops.download(t)).collect()
+    }
+
+    /// The whole weights on the host: [`Held::host`] of `w`.
+    pub fn host_weights<O: Ops<T = T>>(
+        &self,
+        ops: &O,
+        comm: &mut dyn Communicator<T>,
+        reporter: bool,
+    ) -> Result<Vec<Vec<f32>>> {
+        let full = self.shard == Shard::Full;
+        self.host(ops, comm, &self.w.tensors(), full, reporter)
+    }
 }
 
 /// This worker's span of each tensor (`specs` order) when a tensor is cut into `pieces`: the
@@ -80,24 +186,29 @@ fn own_spans(c: &Config, pieces: usize, rank: usize) -> Vec<Span> {
         .collect()
 }
 
-/// Host tensors (`specs` order) cut to `spans` and made device tensors by `upload`.
+/// Host tensors (`specs` order) cut to `spans` and made device tensors by `upload`, shaped as
+/// the model's weights.
 fn upload_spans<T>(
     c: &Config,
     host: &[Vec<f32>],
     spans: &[Span],
     mut upload: impl FnMut(&[f32]) -> Result<T>,
 ) -> Result<Weights<T>> {
-    if host.len() != spans.len() {
-        bail!(
-            "the state holds {} tensors for a model of {}",
-            host.len(),
-            spans.len()
-        );
-    }
     let mut it = host.iter().zip(spans);
-    Weights::build(c, |_| {
-        let (t, s) = it.next().expect("as many tensors as specs");
-        upload(&t[s.start..s.end()])
+    Weights::build(c, |s| {
+        let (t, span) = it
+            .next()
+            .with_context(|| format!("no weights given for '{}'", s.name))?;
+        if t.len() != s.elements() {
+            bail!(
+                "'{}' holds {} values, but its shape {:?} has {}",
+                s.name,
+                t.len(),
+                s.shape,
+                s.elements()
+            );
+        }
+        upload(&t[span.start..span.end()])
     })
 }
 
@@ -169,8 +280,9 @@ impl<'m, D: ModelDevice, C: Communicator<D::Tensor>> Params<D::Tensor, ModelAtte
     ) -> Result<R> {
         let mut solo = Solo;
         let comm = collectives(attn, &mut solo);
-        let whole = self.w.layers[l]
-            .try_map_with(&self.lens.layers[l], |p, &len| gather(self.ops, comm, p, len))?;
+        let whole = self.w.layers[l].try_map_with(&self.lens.layers[l], |p, &len| {
+            gather(self.ops, comm, p, len)
+        })?;
         f(&whole, attn)
     }
 
@@ -225,7 +337,11 @@ impl<'m, D: ModelDevice, C: Communicator<D::Tensor>> Params<D::Tensor, ModelAtte
         drop(whole);
         let mut solo = Solo;
         let comm = collectives(attn, &mut solo);
-        for (g, acc) in grads.tensors().into_iter().zip(self.grads.layers[l].tensors_mut()) {
+        for (g, acc) in grads
+            .tensors()
+            .into_iter()
+            .zip(self.grads.layers[l].tensors_mut())
+        {
             scatter_add(ops, comm, g, acc)?;
         }
         Ok(out)
@@ -338,7 +454,7 @@ impl<T: Buffer + Clone> Optimizer<T> {
         m: &[Vec<f32>],
         v: &[Vec<f32>],
     ) -> Result<Self> {
-        let shard = if world == 1 { Shard::None } else { shard };
+        let shard = shard.over(world);
         let specs = specs(c);
         if m.len() != specs.len() || v.len() != specs.len() {
             bail!(
@@ -361,55 +477,6 @@ impl<T: Buffer + Clone> Optimizer<T> {
             spans,
             lens,
         })
-    }
-
-    /// This worker's weights on the device from the whole host ones (`specs` order): its pieces
-    /// under `full`, whole otherwise.
-    pub fn upload_weights<O: Ops<T = T>>(
-        &self,
-        ops: &O,
-        c: &Config,
-        host: &[Vec<f32>],
-    ) -> Result<Weights<T>> {
-        match self.shard {
-            Shard::Full => upload_spans(c, host, &self.spans, |t| ops.upload(t)),
-            _ => upload_spans(c, host, &own_spans(c, 1, 0), |t| ops.upload(t)),
-        }
-    }
-
-    /// Zero gradients for a step, as this worker accumulates them: its pieces under `full`
-    /// (f32, like every gradient), whole tensors otherwise.
-    pub fn zero_grads<O: Ops<T = T>>(&self, ops: &O, c: &Config) -> Result<Weights<T>> {
-        let mut spans = self.spans.iter();
-        Weights::build(c, |s| match self.shard {
-            Shard::Full => ops.zeros(spans.next().expect("a span per tensor").len),
-            _ => ops.zeros(s.elements()),
-        })
-    }
-
-    /// The whole weights on the host (`specs` order) from this worker's `w`: gathered under
-    /// `full` (a collective every worker calls), downloaded otherwise; empty except on the
-    /// reporter.
-    pub fn host_weights<O: Ops<T = T>>(
-        &self,
-        ops: &O,
-        comm: &mut dyn Communicator<T>,
-        w: &Weights<T>,
-        reporter: bool,
-    ) -> Result<Vec<Vec<f32>>> {
-        if self.shard == Shard::Full {
-            let all = gather_host(ops, comm, &w.tensors(), &self.lens, reporter)?;
-            return Ok(all.unwrap_or_default());
-        }
-        if !reporter {
-            return Ok(Vec::new());
-        }
-        w.tensors().into_iter().map(|t| ops.download(t)).collect()
-    }
-
-    /// The sharding in effect (`none` for one worker).
-    pub fn shard(&self) -> Shard {
-        self.shard
     }
 
     /// The gradients this worker updates from: `reduce_grads`'s whole tensors cut to its pieces.
