@@ -370,3 +370,96 @@ fn sharded_training_as_processes_follows_the_unsharded_trajectory() {
         );
     }
 }
+
+/// `distflash grads` over 3 workers: reduce-scattered gradients (`grads`, and `full`, whose
+/// layers' gradients are reduced as the backward makes them, from all-gathered weights) gathered
+/// whole are the all-reduced ones. Each worker's whole-tensor gradients are the same as
+/// unsharded and the reduce-scatter sums them in the all-reduce's order, so the files are equal
+/// bit for bit.
+#[test]
+fn sharded_gradients_are_the_all_reduced_ones() {
+    let dir = temp_dir("grads");
+    let tokens = dir.join("tokens.json");
+    std::fs::write(&tokens, "[1, 20, 70, 71, 72, 2, 20, 9, 30, 31, 5, 6, 7]").unwrap();
+    let grads = |shard: Shard| {
+        let out_file = dir.join(format!("{}.safetensors", shard.name()));
+        let out = Command::new(BIN)
+            .args(["grads", "--workers", "3", "--shard", shard.name()])
+            .args(["--tokens", tokens.to_str().unwrap()])
+            .args(["--out", out_file.to_str().unwrap()])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", stderr(&out));
+        let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        (
+            report["loss"].as_f64().unwrap(),
+            distflash::tensor_file::read(&out_file).unwrap(),
+        )
+    };
+    let none = grads(Shard::None);
+    for shard in [Shard::Grads, Shard::Full] {
+        let got = grads(shard);
+        assert_eq!(got.0, none.0, "--shard {}: loss", shard.name());
+        assert_eq!(got.1, none.1, "--shard {}: gradients", shard.name());
+    }
+    let bench = Command::new(BIN)
+        .args([
+            "bench",
+            "train",
+            "--device",
+            "cpu",
+            "--preset",
+            "tiny",
+            "--seq-len",
+            "32",
+        ])
+        .args([
+            "--repeats",
+            "1",
+            "--warmup",
+            "0",
+            "--json",
+            "--shard",
+            "full",
+        ])
+        .output()
+        .unwrap();
+    assert!(bench.status.success(), "{}", stderr(&bench));
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn the_estimate_counts_the_sharded_state() {
+    let estimate = |extra: &[&str]| -> serde_json::Value {
+        let out = Command::new(BIN)
+            .args([
+                "bench",
+                "train",
+                "--estimate",
+                "--json",
+                "--preset",
+                "llama2-7b",
+            ])
+            .args(extra)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", stderr(&out));
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let gib = |v: &serde_json::Value| v["estimated_gib"].as_f64().unwrap();
+    let part = |v: &serde_json::Value, k: &str| v["estimated_bytes"][k].as_f64().unwrap();
+    let eight = ["--workers", "8", "--seq-len", "1048576", "--optimizer"];
+    let none = estimate(&eight);
+    let optimizer = estimate(&[&eight[..], &["--shard", "optimizer"]].concat());
+    let full = estimate(&[&eight[..], &["--shard", "full"]].concat());
+    assert_eq!(
+        part(&optimizer, "optimizer") * 8.0,
+        part(&none, "optimizer")
+    );
+    assert_eq!(part(&optimizer, "weights"), part(&none, "weights"));
+    assert!(part(&full, "weights") < part(&none, "weights") / 4.0);
+    assert!(part(&full, "grads") < part(&none, "grads") / 4.0);
+    // The figure: 1M tokens of llama2-7b with AdamW on 8 H200s.
+    assert!(gib(&full) <= 120.0, "{}", gib(&full));
+    assert!(gib(&none) > 190.0, "{}", gib(&none));
+}

@@ -116,8 +116,11 @@ pub fn run(args: Args) -> Result<()> {
             1 => None,
             n => Some((n, args.schedule)),
         };
-        let m = distflash::sim::gpu_step_memory(&cfg, seq, ranks, policy, args.optimizer)?
-            .with_optimizer_shards(args.shard.optimizer_shards(args.workers));
+        let m = distflash::sim::gpu_step_memory(&cfg, seq, ranks, policy, args.optimizer)?.sharded(
+            &cfg,
+            args.shard.optimizer_shards(args.workers),
+            args.shard.weight_shards(args.workers),
+        );
         let gpus = match ranks {
             Some((n, schedule)) => format!(" over {n} GPUs ({schedule})"),
             None => String::new(),

@@ -57,7 +57,11 @@ impl MemoryCheck {
             self.checkpoint,
             self.optimizer,
         )?
-        .with_optimizer_shards(self.shard.optimizer_shards(runtime.workers()));
+        .sharded(
+            &self.config,
+            self.shard.optimizer_shards(runtime.workers()),
+            self.shard.weight_shards(runtime.workers()),
+        );
         let copies = runtime.workers_per_device() as f64;
         need.weights *= copies;
         need.grads *= copies;

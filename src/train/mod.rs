@@ -325,13 +325,14 @@ where
 }
 
 /// Refuses, with the numbers, a model whose per-worker copies (weights, gradients, AdamW
-/// moments: every CPU worker holds all four in f32, or 1/workers of the moments when `shard`
-/// shards them) and the host state do not fit in this machine's available memory, instead of
-/// letting the system kill the run.
+/// moments: every CPU worker holds all four in f32, or 1/workers of what `shard` shards) and the
+/// host state do not fit in this machine's available memory, instead of letting the system kill
+/// the run.
 pub fn check_memory(c: &Config, workers: usize, shard: Shard) -> Result<()> {
     let params: usize = specs(c).iter().map(|s| s.elements()).sum();
-    let moments = 2.0 / shard.optimizer_shards(workers) as f64;
-    let need = params as f64 * 4.0 * ((2.0 + moments) * workers as f64 + 3.0);
+    let state =
+        2.0 / shard.weight_shards(workers) as f64 + 2.0 / shard.optimizer_shards(workers) as f64;
+    let need = params as f64 * 4.0 * (state * workers as f64 + 3.0);
     let available = std::fs::read_to_string("/proc/meminfo").ok().and_then(|m| {
         let line = m.lines().find(|l| l.starts_with("MemAvailable:"))?;
         let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
@@ -342,12 +343,14 @@ pub fn check_memory(c: &Config, workers: usize, shard: Shard) -> Result<()> {
     {
         let gib = |b: f64| b / (1u64 << 30) as f64;
         bail!(
-            "a model of {:.2}B parameters needs about {:.0} GiB for {workers} CPU workers (weights and gradients each, AdamW moments {}), but only {:.0} GiB is available: train a smaller preset such as 'tiny'",
+            "a model of {:.2}B parameters needs about {:.0} GiB for {workers} CPU workers ({}), but only {:.0} GiB is available: train a smaller preset such as 'tiny'",
             params as f64 / 1e9,
             gib(need),
             match shard {
-                Shard::None => "each",
-                Shard::Optimizer | Shard::Grads | Shard::Full => "sharded",
+                Shard::None => "weights, gradients and AdamW moments each",
+                Shard::Optimizer | Shard::Grads =>
+                    "weights and gradients each, AdamW moments sharded",
+                Shard::Full => "weights, gradients and AdamW moments sharded",
             },
             gib(have)
         );
