@@ -54,8 +54,10 @@ pub struct Args {
     #[arg(long)]
     optimizer: bool,
     /// Model state each GPU keeps only its piece of: none, optimizer (ZeRO-1: the AdamW
-    /// moments, with --estimate --optimizer) or grads (ZeRO-2: also the gradients, which a timed
-    /// step reduce-scatters instead of all-reducing).
+    /// moments, with --estimate --optimizer), grads (ZeRO-2: also the gradients, which a timed
+    /// step reduce-scatters instead of all-reducing) or full (ZeRO-3: also the weights, each
+    /// layer's gathered for its use). `none` by default: the step as the recorded figures and
+    /// the peers' benchmarks measure it.
     #[arg(long, default_value = "none")]
     shard: Shard,
     /// After the timed steps, run one more with the device waited for after every op and print

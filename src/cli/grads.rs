@@ -30,10 +30,12 @@ pub struct Args {
     #[arg(long, default_value = "remat")]
     checkpoint: Checkpoint,
     /// grads: reduce-scatter the gradients (each worker sums its 1/workers piece) and gather
-    /// them whole for the file, instead of all-reducing them; none and optimizer all-reduce (no
-    /// optimizer runs here).
-    #[arg(long, default_value = "none")]
-    shard: Shard,
+    /// them whole for the file, instead of all-reducing them; full: also shard the weights,
+    /// each layer's gathered for its use, its gradients reduce-scattered as the backward makes
+    /// them; none and optimizer all-reduce (no optimizer runs here) [default: full with several
+    /// workers, none with one].
+    #[arg(long)]
+    shard: Option<Shard>,
     /// With --device cuda, several workers are virtual workers sharing the GPU.
     #[command(flatten)]
     place: super::DeviceArgs,
@@ -46,6 +48,7 @@ pub struct Args {
 
 pub fn run(args: Args) -> Result<()> {
     let rt = args.place.runtime(Some(args.workers), |_| 4)?;
+    let shard = args.shard.unwrap_or(Shard::default_for(rt.workers()));
     let (config, init) = args.model.resolve()?;
     let text = std::fs::read_to_string(&args.tokens)
         .with_context(|| format!("cannot read {}", args.tokens.display()))?;
@@ -64,11 +67,11 @@ pub fn run(args: Args) -> Result<()> {
         schedule: args.schedule,
         checkpoint: args.checkpoint,
         optimizer: false,
-        shard: args.shard,
+        shard,
         ignore_estimate: args.ignore_memory_estimate,
     };
     let host = train::initial_weights(&config, &init)?;
-    let how = (args.schedule, args.checkpoint, args.shard);
+    let how = (args.schedule, args.checkpoint, shard);
     let Some(g) = train::gradients(&config, &host, &tokens, how, &memory, &rt)? else {
         return Ok(()); // a rank other than 0: rank 0 writes the gradients
     };

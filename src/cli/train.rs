@@ -100,10 +100,11 @@ pub struct Args {
     #[arg(long, default_value = "remat")]
     checkpoint: Checkpoint,
     /// Model state each worker keeps only its 1/workers piece of: none, optimizer (ZeRO-1: the
-    /// AdamW moments) or grads (ZeRO-2: the moments and the gradients after the backward). The
-    /// trajectory is the unsharded one.
-    #[arg(long, default_value = "none")]
-    shard: Shard,
+    /// AdamW moments), grads (ZeRO-2: also the gradients after the backward) or full (ZeRO-3:
+    /// also the weights, each layer's gathered for its use). The trajectory is the unsharded
+    /// one [default: full with several workers, none with one].
+    #[arg(long)]
+    shard: Option<Shard>,
     /// Optimizer steps to reach (a resumed run counts its saved steps).
     #[arg(long, default_value_t = 1000)]
     steps: u64,
@@ -167,6 +168,7 @@ pub fn run(args: Args) -> Result<()> {
         Device::Cuda => 1,
     })?;
     let workers = rt.workers();
+    let shard = args.shard.unwrap_or(Shard::default_for(workers));
     // Under a launcher rank 0 reports and writes files; the others only train.
     let reporter = rt.is_reporter();
     let (config, init) = args.model.resolve()?;
@@ -183,7 +185,7 @@ pub fn run(args: Args) -> Result<()> {
         schedule: args.schedule,
         checkpoint: args.checkpoint,
         optimizer: true,
-        shard: args.shard,
+        shard,
         ignore_estimate: args.ignore_memory_estimate,
     };
     let opts = Options {
@@ -193,7 +195,7 @@ pub fn run(args: Args) -> Result<()> {
         seq_len: args.seq_len,
         batch: args.batch,
         schedule: args.schedule,
-        shard: args.shard,
+        shard,
         checkpoint: args.checkpoint,
         steps: args.steps,
         adamw: AdamW {

@@ -70,6 +70,17 @@ impl Shard {
         }
     }
 
+    /// `--shard` of `train` and `grads` when not given: `full` over several workers (each holds
+    /// 1/workers of the weights, gradients and moments, the most memory freed for the sequence,
+    /// on the unsharded trajectory), `none` alone (nothing to share the state with).
+    pub fn default_for(workers: usize) -> Shard {
+        if workers > 1 {
+            Shard::Full
+        } else {
+            Shard::None
+        }
+    }
+
     /// The sharding in effect over `world` workers: one worker holds everything.
     fn over(self, world: usize) -> Shard {
         if world == 1 { Shard::None } else { self }
