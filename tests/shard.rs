@@ -300,6 +300,10 @@ fn a_sharded_checkpoint_resumes_with_other_worker_counts() {
             assert!((x - y).abs() <= 1e-5 * scale, "gathered {what}: {x} vs {y}");
         }
     }
+    // A save interrupted mid-write leaves its temporary file half written beside the previous
+    // checkpoint, which stays whole and is what a resume reads.
+    let good = std::fs::read(state::path_in(&dir)).unwrap();
+    std::fs::write(dir.join("state.tmp"), &good[..good.len() / 3]).unwrap();
     for (workers, shard) in [(4, Shard::Full), (1, Shard::Grads), (4, Shard::None)] {
         let rest = run(&options(shard, 10, None, Some(&dir)), workers);
         let what = format!("resumed on {workers} workers, --shard {}", shard.name());
@@ -425,6 +429,8 @@ fn sharded_gradients_are_the_all_reduced_ones() {
         .output()
         .unwrap();
     assert!(bench.status.success(), "{}", stderr(&bench));
+    let report: serde_json::Value = serde_json::from_slice(&bench.stdout).unwrap();
+    assert_eq!(report["shard"], "full");
     std::fs::remove_dir_all(dir).unwrap();
 }
 

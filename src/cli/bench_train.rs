@@ -86,6 +86,7 @@ struct Report {
     /// Devices (processes) the sequence is split across.
     workers: usize,
     checkpoint: Checkpoint,
+    shard: Shard,
     warmup: usize,
     repeats: usize,
     step_secs: f64,
@@ -205,6 +206,7 @@ pub fn run(args: Args) -> Result<()> {
         seq,
         workers,
         checkpoint: policy,
+        shard: args.shard,
         warmup: args.warmup,
         repeats: args.repeats,
         step_secs: steps.step_secs,
