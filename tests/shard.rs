@@ -227,8 +227,11 @@ fn assert_close(
 /// uniform scale of the gradient up to its ε (1e-8 against gradients of order 1e-3), so each
 /// weight's update moves by far less than that relative amount times the learning rate; over 10
 /// steps of this tiny model the trajectories agree to 1e-5 relative (losses, and weights against
-/// the largest weight), the bound the threaded tests use. Without clipping the norm is never
-/// used and a sharded run has the unsharded run's bits exactly.
+/// the largest weight), the bound the threaded tests use. `full` also reduces each sequence of
+/// a batch separately (two f32 sums where the unsharded run adds the two gradients first: one
+/// more rounding, 2⁻²⁴ relative, per element), which AdamW's normalised step carries to the
+/// weights at the same order, within the same bound. Without clipping the norm is never used and
+/// `optimizer` and `grads` have the unsharded run's bits exactly.
 #[test]
 fn sharded_training_follows_the_unsharded_trajectory_on_one_to_four_threads() {
     for workers in 1..=4 {
