@@ -127,6 +127,10 @@ pub struct CpuTraining<'a> {
     pub workers_here: usize,
     pub policy: Checkpoint,
     pub optimizer: bool,
+    /// Pieces the weights (and their gradients) and the AdamW moments are cut into across the
+    /// workers (`train::shard`): 1 unsharded, the worker count where sharded.
+    pub weight_shards: usize,
+    pub optimizer_shards: usize,
 }
 
 impl<'a> CpuTraining<'a> {
@@ -146,6 +150,8 @@ impl<'a> CpuTraining<'a> {
             workers_here,
             policy,
             optimizer: true,
+            weight_shards: 1,
+            optimizer_shards: 1,
         }
     }
 
@@ -169,14 +175,15 @@ impl<'a> CpuTraining<'a> {
     }
 
     /// Model state: every worker holds weights and gradients and, training, AdamW's two moments
-    /// (all f32), beside the host copies the run starts from and returns (weights, and the
-    /// moments when training).
+    /// (all f32; each its piece where sharded), beside the host copies the run starts from and
+    /// returns (weights, and the moments when training).
     pub fn state_bytes(&self) -> f64 {
         let params = self.parameters();
+        let weights = 2.0 / self.weight_shards.max(1) as f64;
         let (per_worker, host) = if self.optimizer {
-            (4.0, 3.0)
+            (weights + 2.0 / self.optimizer_shards.max(1) as f64, 3.0)
         } else {
-            (2.0, 2.0)
+            (weights, 2.0)
         };
         F32 * params * (per_worker * self.workers_here as f64 + host)
     }

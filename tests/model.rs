@@ -11,6 +11,7 @@ use distflash::plan::Schedule;
 use distflash::runtime::Runtime;
 use distflash::train::Gradients;
 use distflash::train::memory::MemoryCheck;
+use distflash::train::shard::Shard;
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use std::time::Duration;
@@ -32,10 +33,11 @@ fn gradients(
         schedule,
         checkpoint: policy,
         optimizer: false,
+        shard: Shard::None,
         ignore_estimate: false,
     };
     let rt = Runtime::cpu_threads(workers, timeout);
-    let how = (schedule, policy);
+    let how = (schedule, policy, Shard::None);
     let g = distflash::train::gradients(c, weights, tokens, how, &memory, &rt)?;
     Ok(g.expect("worker threads report"))
 }

@@ -9,6 +9,7 @@ use distflash::plan::Schedule;
 use distflash::runtime::Runtime;
 use distflash::train::data::Data;
 use distflash::train::memory::MemoryCheck;
+use distflash::train::shard::Shard;
 use distflash::train::{Init, Options, StepReport, state};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -34,6 +35,7 @@ fn options(steps: u64, save_dir: Option<&Path>, resume: Option<&Path>) -> Option
         seq_len: 48,
         batch: 2,
         schedule: Schedule::Balanced,
+        shard: Shard::None,
         checkpoint: Checkpoint::Remat,
         steps,
         adamw: AdamW {
@@ -69,6 +71,7 @@ fn train_with(
         schedule: o.schedule,
         checkpoint: o.checkpoint,
         optimizer: true,
+        shard: o.shard,
         ignore_estimate: false,
     };
     let rt = Runtime::cpu_threads(workers, Duration::from_secs(60));

@@ -12,6 +12,7 @@ use distflash::plan::Schedule;
 use distflash::runtime::Device;
 use distflash::train::bench::{Runs, StepShape, time_steps};
 use distflash::train::memory::MemoryCheck;
+use distflash::train::shard::Shard;
 use serde::Serialize;
 use serde_json::Value;
 
@@ -49,6 +50,16 @@ pub struct Args {
     /// the sequence split by --schedule). A launched run takes its GPUs from the launcher.
     #[arg(long, default_value_t = 1)]
     workers: usize,
+    /// With --estimate: include AdamW's two f32 moments (a training step's state).
+    #[arg(long)]
+    optimizer: bool,
+    /// Model state each GPU keeps only its piece of: none, optimizer (ZeRO-1: the AdamW
+    /// moments, with --estimate --optimizer), grads (ZeRO-2: also the gradients, which a timed
+    /// step reduce-scatters instead of all-reducing) or full (ZeRO-3: also the weights, each
+    /// layer's gathered for its use). `none` by default: the step as the recorded figures and
+    /// the peers' benchmarks measure it.
+    #[arg(long, default_value = "none")]
+    shard: Shard,
     /// After the timed steps, run one more with the device waited for after every op and print
     /// where its time went (per op: calls, seconds, share). One device only.
     #[arg(long)]
@@ -75,6 +86,7 @@ struct Report {
     /// Devices (processes) the sequence is split across.
     workers: usize,
     checkpoint: Checkpoint,
+    shard: Shard,
     warmup: usize,
     repeats: usize,
     step_secs: f64,
@@ -107,7 +119,11 @@ pub fn run(args: Args) -> Result<()> {
             1 => None,
             n => Some((n, args.schedule)),
         };
-        let m = distflash::sim::gpu_step_memory(&cfg, seq, ranks, policy, false)?;
+        let m = distflash::sim::gpu_step_memory(&cfg, seq, ranks, policy, args.optimizer)?.sharded(
+            &cfg,
+            args.shard.optimizer_shards(args.workers),
+            args.shard.weight_shards(args.workers),
+        );
         let gpus = match ranks {
             Some((n, schedule)) => format!(" over {n} GPUs ({schedule})"),
             None => String::new(),
@@ -115,11 +131,16 @@ pub fn run(args: Args) -> Result<()> {
         if args.json {
             println!(
                 "{}",
-                serde_json::json!({"preset": args.preset, "layers": cfg.num_hidden_layers, "seq": seq, "workers": args.workers, "schedule": args.schedule, "checkpoint": policy, "estimated_bytes": m, "estimated_gib": gib(m.total())})
+                serde_json::json!({"preset": args.preset, "layers": cfg.num_hidden_layers, "seq": seq, "workers": args.workers, "schedule": args.schedule, "checkpoint": policy, "optimizer": args.optimizer, "shard": args.shard, "estimated_bytes": m, "estimated_gib": gib(m.total())})
             );
         } else {
+            let adamw = match (args.optimizer, args.shard) {
+                (false, _) => String::new(),
+                (true, Shard::None) => ", AdamW".into(),
+                (true, s) => format!(", AdamW with --shard {}", s.name()),
+            };
             println!(
-                "{} ({} layers) at {seq} tokens{gpus}, checkpoint {policy}: {} on {}",
+                "{} ({} layers) at {seq} tokens{gpus}, checkpoint {policy}{adamw}: {} on {}",
                 args.preset,
                 cfg.num_hidden_layers,
                 m.describe(),
@@ -131,6 +152,11 @@ pub fn run(args: Args) -> Result<()> {
             );
         }
         return Ok(());
+    }
+    if args.optimizer {
+        bail!(
+            "--optimizer goes with --estimate: bench train times forward and backward without the optimizer"
+        );
     }
     if args.workers != 1 {
         bail!(
@@ -152,12 +178,14 @@ pub fn run(args: Args) -> Result<()> {
         schedule: args.schedule,
         checkpoint: policy,
         optimizer: false,
+        shard: args.shard,
         ignore_estimate: args.ignore_memory_estimate,
     };
     let shape = StepShape {
         seq,
         schedule: args.schedule,
         policy,
+        shard: args.shard,
     };
     let Some(steps) = time_steps(&cfg, shape, runs, &memory, &rt)? else {
         return Ok(()); // a rank other than 0: rank 0 reports its own times
@@ -178,6 +206,7 @@ pub fn run(args: Args) -> Result<()> {
         seq,
         workers,
         checkpoint: policy,
+        shard: args.shard,
         warmup: args.warmup,
         repeats: args.repeats,
         step_secs: steps.step_secs,

@@ -10,6 +10,7 @@ use distflash::plan::Schedule;
 use distflash::tensor_file::{self, Named};
 use distflash::train;
 use distflash::train::memory::MemoryCheck;
+use distflash::train::shard::Shard;
 use std::path::PathBuf;
 
 #[derive(clap::Args)]
@@ -28,6 +29,13 @@ pub struct Args {
     schedule: Schedule,
     #[arg(long, default_value = "remat")]
     checkpoint: Checkpoint,
+    /// grads: reduce-scatter the gradients (each worker sums its 1/workers piece) and gather
+    /// them whole for the file, instead of all-reducing them; full: also shard the weights,
+    /// each layer's gathered for its use, its gradients reduce-scattered as the backward makes
+    /// them; none and optimizer all-reduce (no optimizer runs here) [default: full with several
+    /// workers, none with one].
+    #[arg(long)]
+    shard: Option<Shard>,
     /// With --device cuda, several workers are virtual workers sharing the GPU.
     #[command(flatten)]
     place: super::DeviceArgs,
@@ -40,6 +48,7 @@ pub struct Args {
 
 pub fn run(args: Args) -> Result<()> {
     let rt = args.place.runtime(Some(args.workers), |_| 4)?;
+    let shard = args.shard.unwrap_or(Shard::default_for(rt.workers()));
     let (config, init) = args.model.resolve()?;
     let text = std::fs::read_to_string(&args.tokens)
         .with_context(|| format!("cannot read {}", args.tokens.display()))?;
@@ -58,10 +67,11 @@ pub fn run(args: Args) -> Result<()> {
         schedule: args.schedule,
         checkpoint: args.checkpoint,
         optimizer: false,
+        shard,
         ignore_estimate: args.ignore_memory_estimate,
     };
     let host = train::initial_weights(&config, &init)?;
-    let how = (args.schedule, args.checkpoint);
+    let how = (args.schedule, args.checkpoint, shard);
     let Some(g) = train::gradients(&config, &host, &tokens, how, &memory, &rt)? else {
         return Ok(()); // a rank other than 0: rank 0 writes the gradients
     };

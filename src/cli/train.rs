@@ -15,6 +15,7 @@ use distflash::runtime::Device;
 use distflash::tensor_file::{self, Named};
 use distflash::train::data::Data;
 use distflash::train::memory::MemoryCheck;
+use distflash::train::shard::Shard;
 use distflash::train::tokens::TokenFile;
 use distflash::train::{self, Init, Options, StepReport, svg};
 use metrics::Metrics;
@@ -113,6 +114,12 @@ pub struct Args {
     /// attention output: attention's forward runs once).
     #[arg(long, default_value = "remat")]
     checkpoint: Checkpoint,
+    /// Model state each worker keeps only its 1/workers piece of: none, optimizer (ZeRO-1: the
+    /// AdamW moments), grads (ZeRO-2: also the gradients after the backward) or full (ZeRO-3:
+    /// also the weights, each layer's gathered for its use). The trajectory is the unsharded
+    /// one [default: full with several workers, none with one].
+    #[arg(long)]
+    shard: Option<Shard>,
     /// Optimizer steps to reach (a resumed run counts its saved steps).
     #[arg(long, default_value_t = 1000, value_parser = at_least_one)]
     steps: u64,
@@ -207,6 +214,7 @@ pub fn run(args: Args) -> Result<()> {
             "--resume continues a checkpoint, which holds its own weights, and --init-from would start from a model's: give one of them"
         );
     }
+    let shard = args.shard.unwrap_or(Shard::default_for(workers));
     // Under a launcher rank 0 reports and writes files; the others only train.
     let reporter = rt.is_reporter();
     let (config, init) = args.model.resolve()?;
@@ -228,6 +236,7 @@ pub fn run(args: Args) -> Result<()> {
         schedule: args.schedule,
         checkpoint: args.checkpoint,
         optimizer: true,
+        shard,
         ignore_estimate: args.ignore_memory_estimate,
     };
     let opts = Options {
@@ -237,6 +246,7 @@ pub fn run(args: Args) -> Result<()> {
         seq_len: args.seq_len,
         batch: args.batch,
         schedule: args.schedule,
+        shard,
         checkpoint: args.checkpoint,
         steps: args.steps,
         adamw: AdamW {

@@ -14,7 +14,7 @@ pub use local::{LocalComm, local_group};
 pub use solo::Solo;
 pub use tcp::{TcpComm, connect_mesh};
 
-use crate::shape::Part;
+use crate::shape::{Part, Span};
 use anyhow::{Result, bail};
 use std::fmt;
 
@@ -26,6 +26,58 @@ pub struct Tag(pub u64);
 impl Tag {
     /// Tags at or above this value are reserved for collectives.
     const COLLECTIVE: u64 = 1 << 62;
+    /// The all-gather's messages. One tag serves every call: every rank calls the collectives
+    /// in the same order and messages of one sender and tag arrive in order, so the k-th
+    /// message from a rank is its piece of the k-th call.
+    const ALL_GATHER: Tag = Tag(Self::COLLECTIVE - 1);
+    /// The reduce-scatter's messages, one tag for every call as for [`Tag::ALL_GATHER`].
+    const REDUCE_SCATTER: Tag = Tag(Self::COLLECTIVE - 2);
+}
+
+/// The shard rule, written once for every collective and every sharded state: a flattened
+/// tensor of `len` elements is cut into `world` contiguous pieces whose sizes differ by at most
+/// one element (the first `len % world` pieces one longer), and rank `rank` holds piece `rank`.
+/// Contiguous pieces let each rank update its piece with the same elementwise kernels as a whole
+/// tensor, and near-equal sizes balance the work and the memory.
+pub fn shard_span(len: usize, world: usize, rank: usize) -> Span {
+    let (base, extra) = (len / world, len % world);
+    Span {
+        start: rank * base + rank.min(extra),
+        len: base + usize::from(rank < extra),
+    }
+}
+
+/// Every rank's piece of a tensor of `len` elements, in rank order ([`shard_span`]).
+pub fn shard_spans(len: usize, world: usize) -> Vec<Span> {
+    (0..world).map(|r| shard_span(len, world, r)).collect()
+}
+
+/// Bytes rank `rank` sends in one [`Communicator::all_gather`] of a tensor of `len` elements of
+/// `elem_bytes` each: its piece to each other rank (the prediction `bytes_sent` is checked
+/// against, as `plan::volume` predicts the attention's).
+pub fn all_gather_bytes(len: usize, world: usize, rank: usize, elem_bytes: usize) -> u64 {
+    ((world - 1) * shard_span(len, world, rank).len * elem_bytes) as u64
+}
+
+/// Bytes rank `rank` sends in one [`Communicator::reduce_scatter_sum`] of a tensor of `len`
+/// elements of `elem_bytes` each: every other rank's piece, to that rank.
+pub fn reduce_scatter_bytes(len: usize, world: usize, rank: usize, elem_bytes: usize) -> u64 {
+    ((len - shard_span(len, world, rank).len) * elem_bytes) as u64
+}
+
+/// The one buffer of a collective's message from `from`, checked to hold `want` elements.
+fn one_piece<T: Wire>(mut parts: Vec<T>, from: usize, want: usize, what: &str) -> Result<T> {
+    match (parts.pop(), parts.is_empty()) {
+        (Some(p), true) if p.elements() == want => Ok(p),
+        (Some(p), true) => bail!(
+            "{what}: worker {from} sent a piece of {} elements where the shard rule gives {want}",
+            p.elements()
+        ),
+        _ => bail!(
+            "{what}: worker {from} sent {} buffers instead of 1",
+            parts.len() + 1
+        ),
+    }
 }
 
 /// Something that can travel: the communicator counts its bytes and checks its length.
@@ -137,6 +189,84 @@ pub trait Communicator<T: Wire> {
 
     /// Elementwise sum of `buf` over all ranks, left in every rank's `buf`.
     fn all_reduce_sum(&mut self, buf: &mut T) -> Result<()>;
+
+    /// Every rank's piece of a tensor of `len` elements cut by [`shard_span`], in rank order,
+    /// given this rank's own `piece`: what sharded state uses to rebuild a whole tensor. Host
+    /// communicators send the piece to every other rank; the bytes count in `bytes_sent`
+    /// ([`all_gather_bytes`]).
+    fn all_gather(&mut self, piece: T, len: usize) -> Result<Vec<T>> {
+        let (me, world) = (self.rank(), self.world());
+        let spans = shard_spans(len, world);
+        if piece.elements() != spans[me].len {
+            bail!(
+                "all-gather: worker {me} holds {} elements, but its piece of {len} is {}",
+                piece.elements(),
+                spans[me].len
+            );
+        }
+        for to in (0..world).filter(|&r| r != me) {
+            self.send(to, Tag::ALL_GATHER, &[&piece])?;
+        }
+        let mut own = Some(piece);
+        (0..world)
+            .map(|from| match own.take_if(|_| from == me) {
+                Some(p) => Ok(p),
+                None => one_piece(
+                    self.recv(from, Tag::ALL_GATHER)?,
+                    from,
+                    spans[from].len,
+                    "all-gather",
+                ),
+            })
+            .collect()
+    }
+
+    /// The sum over all ranks of piece `rank` of a tensor cut by [`shard_span`], given this
+    /// rank's `pieces` of it (one per rank, in rank order): a sharded gradient. The pieces are
+    /// summed in rank order, as the host all-reduce sums, so the result has the same bits as
+    /// that piece of an all-reduce. Host communicators send each other rank its piece; the
+    /// bytes count in `bytes_sent` ([`reduce_scatter_bytes`]).
+    fn reduce_scatter_sum(&mut self, pieces: Vec<T>) -> Result<T>
+    where
+        T: Buffer,
+    {
+        let (me, world) = (self.rank(), self.world());
+        let lens: Vec<usize> = pieces.iter().map(Wire::elements).collect();
+        let len = lens.iter().sum();
+        let want: Vec<usize> = shard_spans(len, world).iter().map(|s| s.len).collect();
+        if lens != want {
+            bail!(
+                "reduce-scatter: worker {me} cut {len} elements into pieces of {lens:?}, but the shard rule over {world} workers gives {want:?}"
+            );
+        }
+        let mut own = None;
+        for (to, piece) in pieces.into_iter().enumerate() {
+            if to == me {
+                own = Some(piece);
+            } else {
+                self.send(to, Tag::REDUCE_SCATTER, &[&piece])?;
+            }
+        }
+        let mut sum: Option<T> = None;
+        for from in 0..world {
+            let piece = match own.take_if(|_| from == me) {
+                Some(p) => p,
+                None => one_piece(
+                    self.recv(from, Tag::REDUCE_SCATTER)?,
+                    from,
+                    want[me],
+                    "reduce-scatter",
+                )?,
+            };
+            match &mut sum {
+                None => sum = Some(piece),
+                Some(s) => s
+                    .sum_from(&piece)
+                    .map_err(|e| e.context(format!("reduce-scatter with worker {from}")))?,
+            }
+        }
+        sum.ok_or_else(|| anyhow::anyhow!("reduce-scatter over no workers"))
+    }
 
     /// Returns once every rank has called it.
     fn barrier(&mut self) -> Result<()>;

@@ -8,12 +8,16 @@
 //! stream wait for the group, so the next step's fetches travel while the current step
 //! computes. 16-bit tensors travel as bytes.
 
-use super::{Communicator, Incoming, Outgoing, Posted, Tag, Wire};
+use super::{
+    Communicator, Incoming, Outgoing, Posted, Tag, Wire, all_gather_bytes, reduce_scatter_bytes,
+    shard_spans,
+};
 use crate::backend::cuda::{CudaBackend, InputDtype, Tensor};
 use crate::shape::Precision;
+use crate::shape::Span;
 use anyhow::{Result, anyhow, bail};
 use cudarc::driver::sys::CUevent_flags;
-use cudarc::driver::{CudaEvent, CudaStream};
+use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
 use cudarc::nccl::{Comm, Id, ReduceOp, result as nccl};
 use std::sync::Arc;
 
@@ -107,6 +111,14 @@ impl NcclComm {
         })
     }
 
+    /// Makes the compute stream wait for what the communication stream has queued so far.
+    fn before_compute(&self, stream: &CudaStream) -> Result<()> {
+        let done = stream
+            .record_event(None)
+            .map_err(cuda_err("event record"))?;
+        self.compute.wait(&done).map_err(cuda_err("stream wait"))
+    }
+
     /// Enqueues the sends and receives of one group between group start and end.
     fn enqueue(
         &self,
@@ -130,6 +142,53 @@ impl NcclComm {
 
 fn peer(rank: usize) -> Result<i32> {
     i32::try_from(rank).map_err(|_| anyhow!("rank {rank} does not fit NCCL's 32-bit ranks"))
+}
+
+/// NCCL's all-gather and reduce-scatter move equal pieces: the shard rule's pieces (which
+/// differ by at most one element) travel padded to the longest, `spans[0].len`.
+fn padded_len(spans: &[Span]) -> Result<usize> {
+    match spans.iter().find(|s| s.len == 0) {
+        Some(_) => bail!(
+            "a tensor of {} elements cannot be sharded over {} GPUs: every piece needs at least one element",
+            spans.iter().map(|s| s.len).sum::<usize>(),
+            spans.len()
+        ),
+        None => Ok(spans[0].len),
+    }
+}
+
+/// `src` written at element `at` of `dst`, on `stream`.
+fn copy_into<E: DeviceRepr>(
+    stream: &Arc<CudaStream>,
+    src: &CudaSlice<E>,
+    dst: &mut CudaSlice<E>,
+    at: usize,
+) -> Result<()> {
+    stream
+        .memcpy_dtod(src, &mut dst.slice_mut(at..at + src.len()))
+        .map_err(cuda_err("device copy"))
+}
+
+/// The pieces `spans` of padded rank slots (slot j at `j * stride`) as tensors of their own.
+fn unpad<E: DeviceRepr + ValidAsZeroBits>(
+    stream: &Arc<CudaStream>,
+    all: &CudaSlice<E>,
+    spans: &[Span],
+    stride: usize,
+) -> Result<Vec<CudaSlice<E>>> {
+    spans
+        .iter()
+        .enumerate()
+        .map(|(j, s)| {
+            let mut out = stream
+                .alloc_zeros::<E>(s.len)
+                .map_err(cuda_err("allocation of a gathered piece"))?;
+            stream
+                .memcpy_dtod(&all.slice(j * stride..j * stride + s.len), &mut out)
+                .map_err(cuda_err("device copy"))?;
+            Ok(out)
+        })
+        .collect()
 }
 
 /// Sends a tensor's bytes to `to`.
@@ -255,10 +314,106 @@ impl Communicator<Tensor> for NcclComm {
         self.comm
             .all_reduce_in_place(data, &ReduceOp::Sum)
             .map_err(nccl_err("all-reduce"))?;
-        let done = stream
-            .record_event(None)
-            .map_err(cuda_err("event record"))?;
-        self.compute.wait(&done).map_err(cuda_err("stream wait"))
+        self.before_compute(&stream)
+    }
+
+    /// `ncclAllGather` of the pieces padded to equal length, then each piece cut out of the
+    /// gathered slots. 16-bit pieces travel as bytes.
+    fn all_gather(&mut self, piece: Tensor, len: usize) -> Result<Vec<Tensor>> {
+        let (me, world) = (self.rank(), self.world());
+        let spans = shard_spans(len, world);
+        if piece.len() != spans[me].len {
+            bail!(
+                "all-gather: GPU rank {me} holds {} elements, but its piece of {len} is {}",
+                piece.len(),
+                spans[me].len
+            );
+        }
+        let slot = padded_len(&spans)?;
+        let stream = self.after_compute()?;
+        let err = nccl_err("all-gather");
+        let alloc = cuda_err("allocation of an all-gather buffer");
+        let pieces = match &piece {
+            Tensor::F32(p) => {
+                let mut send = stream.alloc_zeros::<f32>(slot).map_err(&alloc)?;
+                copy_into(&stream, p, &mut send, 0)?;
+                let mut all = stream.alloc_zeros::<f32>(world * slot).map_err(&alloc)?;
+                self.comm.all_gather(&send, &mut all).map_err(err)?;
+                let parts = unpad(&stream, &all, &spans, slot)?;
+                parts.into_iter().map(Tensor::F32).collect()
+            }
+            Tensor::Half { dtype, data } => {
+                let mut send = stream.alloc_zeros::<u16>(slot).map_err(&alloc)?;
+                copy_into(&stream, data, &mut send, 0)?;
+                let mut all = stream.alloc_zeros::<u16>(world * slot).map_err(&alloc)?;
+                {
+                    let bytes =
+                        |n: usize| anyhow!("{n} 16-bit values could not be viewed as bytes");
+                    // SAFETY: u16 buffers viewed as their bytes: same allocations, twice the
+                    // counts, u8 has no invalid bit patterns; NCCL reads the one and writes the
+                    // other, and any bytes it writes are valid u16 values.
+                    let send_view =
+                        unsafe { send.transmute::<u8>(2 * slot) }.ok_or_else(|| bytes(slot))?;
+                    // SAFETY: as above.
+                    let mut all_view = unsafe { all.transmute_mut::<u8>(2 * world * slot) }
+                        .ok_or_else(|| bytes(world * slot))?;
+                    self.comm
+                        .all_gather(&send_view, &mut all_view)
+                        .map_err(err)?;
+                }
+                let parts = unpad(&stream, &all, &spans, slot)?;
+                parts
+                    .into_iter()
+                    .map(|data| Tensor::Half {
+                        dtype: *dtype,
+                        data,
+                    })
+                    .collect()
+            }
+        };
+        self.bytes_sent += all_gather_bytes(len, world, me, piece.wire_bytes() / piece.len());
+        self.before_compute(&stream)?;
+        Ok(pieces)
+    }
+
+    /// The pieces copied into equal padded slots, `ncclReduceScatter` (sum), and this rank's
+    /// piece cut out of its slot. Gradients are f32.
+    fn reduce_scatter_sum(&mut self, pieces: Vec<Tensor>) -> Result<Tensor> {
+        let (me, world) = (self.rank(), self.world());
+        let parts = pieces
+            .iter()
+            .map(|p| match p {
+                Tensor::F32(data) => Ok(data),
+                Tensor::Half { .. } => {
+                    bail!("NCCL reduce-scatter sums f32 tensors (gradients), not 16-bit ones")
+                }
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let lens: Vec<usize> = parts.iter().map(|p| p.len()).collect();
+        let len = lens.iter().sum();
+        let spans = shard_spans(len, world);
+        if lens != spans.iter().map(|s| s.len).collect::<Vec<_>>() {
+            bail!(
+                "reduce-scatter: GPU rank {me} cut {len} elements into pieces of {lens:?}, which is not the shard rule over {world} ranks"
+            );
+        }
+        let slot = padded_len(&spans)?;
+        let stream = self.after_compute()?;
+        let alloc = cuda_err("allocation of a reduce-scatter buffer");
+        let mut send = stream.alloc_zeros::<f32>(world * slot).map_err(&alloc)?;
+        for (j, p) in parts.iter().enumerate() {
+            copy_into(&stream, p, &mut send, j * slot)?;
+        }
+        let mut mine = stream.alloc_zeros::<f32>(slot).map_err(&alloc)?;
+        self.comm
+            .reduce_scatter(&send, &mut mine, &ReduceOp::Sum)
+            .map_err(nccl_err("reduce-scatter"))?;
+        let piece = unpad(&stream, &mine, &spans[me..=me], 0)?
+            .pop()
+            .expect("one span, one piece");
+        self.bytes_sent += reduce_scatter_bytes(len, world, me, 4);
+        self.before_compute(&stream)?;
+        Ok(Tensor::F32(piece))
     }
 
     fn barrier(&mut self) -> Result<()> {

@@ -27,6 +27,28 @@ impl<T: Wire> Communicator<T> for Solo {
         Ok(())
     }
 
+    /// The whole tensor is the one piece.
+    fn all_gather(&mut self, piece: T, len: usize) -> Result<Vec<T>> {
+        if piece.elements() != len {
+            bail!(
+                "all-gather: a single worker's piece of {len} elements holds {}",
+                piece.elements()
+            );
+        }
+        Ok(vec![piece])
+    }
+
+    /// The one piece is the sum.
+    fn reduce_scatter_sum(&mut self, mut pieces: Vec<T>) -> Result<T> {
+        match (pieces.pop(), pieces.is_empty()) {
+            (Some(piece), true) => Ok(piece),
+            _ => bail!(
+                "reduce-scatter: a single worker cuts a tensor into 1 piece, not {}",
+                pieces.len() + 1
+            ),
+        }
+    }
+
     fn barrier(&mut self) -> Result<()> {
         Ok(())
     }

@@ -92,6 +92,37 @@ impl StepMemory {
         self.weights + self.grads + self.optimizer + self.kept + self.working
     }
 
+    /// The same step of a worker holding 1/`optimizer_shards` of AdamW's moments (ZeRO-1 and 2:
+    /// ZeRO-2's gradients are whole until the backward ends, so their peak stays) and
+    /// 1/`weight_shards` of the weights and their gradients (ZeRO-3). A ZeRO-3 worker also holds,
+    /// for a while, one part of the model whole: a layer's (or the final norm's and output
+    /// projection's) 16-bit weights, gathered, and that part's f32 gradients; and, while one of
+    /// its tensors is gathered or reduce-scattered, two f32-sized copies of it (the pieces and
+    /// NCCL's padded buffer). The larger part is counted beside the step's peak.
+    pub fn sharded(mut self, c: &Config, optimizer_shards: usize, weight_shards: usize) -> Self {
+        self.optimizer /= optimizer_shards.max(1) as f64;
+        if weight_shards > 1 {
+            let specs = super::weights::specs(c);
+            let sizes: Vec<f64> = specs.iter().map(|s| s.elements() as f64).collect();
+            // `specs` order: the embedding, 9 tensors a layer, the final norm, the output
+            // projection (absent when tied to the embedding, which then is it).
+            let (layer, n) = (&sizes[1..10], sizes.len());
+            let head = match c.tie_word_embeddings {
+                true => [sizes[n - 1], sizes[0]],
+                false => [sizes[n - 2], sizes[n - 1]],
+            };
+            let whole = |part: &[f64]| {
+                let largest = part.iter().copied().fold(0.0, f64::max);
+                (HALF + F32) * part.iter().sum::<f64>() + 2.0 * F32 * largest
+            };
+            let shards = weight_shards as f64;
+            self.weights /= shards;
+            self.grads /= shards;
+            self.working += whole(layer).max(whole(&head));
+        }
+        self
+    }
+
     /// "about 51.2 GiB (weights 12.6, gradients 25.1, ...)": the total and its parts, for
     /// messages.
     pub fn describe(&self) -> String {

@@ -115,6 +115,10 @@ impl<F: Float> Ops for Cpu<F> {
         Ok(())
     }
 
+    fn join(&self, parts: &[Vec<F>]) -> Result<Vec<F>> {
+        Ok(parts.concat())
+    }
+
     fn add_assign(&self, dst: &mut Vec<F>, src: &Vec<F>) -> Result<()> {
         check_len("an added tensor", src, dst.len())?;
         dst.par_iter_mut().zip(src).for_each(|(a, &b)| *a += b);

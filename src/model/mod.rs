@@ -25,7 +25,7 @@ use anyhow::{Result, bail};
 use attention::Attention;
 use config::Config;
 use ops::Ops;
-use weights::Weights;
+use weights::{LayerWeights, Weights};
 
 /// Bytes of activations held for the backward: current and peak.
 #[derive(Clone, Copy, Debug, Default)]
@@ -68,15 +68,125 @@ pub struct Outcome {
     pub peak_activation_bytes: usize,
 }
 
+/// The model's last part as the loss needs it at once: the final norm's gain and the output
+/// projection, and the accumulators of their gradients.
+pub struct Head<'a, T> {
+    pub norm: &'a T,
+    pub output: &'a T,
+    pub dnorm: &'a mut T,
+    pub doutput: &'a mut T,
+}
+
+/// Where [`forward_backward_with`] takes each part of the weights from just before it uses it,
+/// and where each part's gradients go as the backward finishes them: the whole weights and
+/// gradients in memory ([`Whole`]), or a worker's shards, which gather a layer's weights for its
+/// use, free them after, and reduce-scatter its gradients (`train::shard`, ZeRO-3). A part is
+/// lent to a closure, so a store can free or reduce it when the closure returns; the attention
+/// `A` is passed through, because a sharded store communicates over the attention's workers
+/// between uses.
+pub trait Params<T, A> {
+    /// The embedding table, for the forward's lookup.
+    fn with_embed<R>(&mut self, attn: &mut A, f: impl FnOnce(&T) -> Result<R>) -> Result<R>;
+
+    /// Layer `l`'s weights, for its forward.
+    fn with_layer<R>(
+        &mut self,
+        attn: &mut A,
+        l: usize,
+        f: impl FnOnce(&LayerWeights<T>, &mut A) -> Result<R>,
+    ) -> Result<R>;
+
+    /// The final norm and output projection with their gradients, for the loss and its backward.
+    fn with_head<R>(&mut self, attn: &mut A, f: impl FnOnce(Head<'_, T>) -> Result<R>)
+    -> Result<R>;
+
+    /// Layer `l`'s weights and gradient accumulators, for its backward (and recompute).
+    fn with_layer_grads<R>(
+        &mut self,
+        attn: &mut A,
+        l: usize,
+        f: impl FnOnce(&LayerWeights<T>, &mut LayerWeights<T>, &mut A) -> Result<R>,
+    ) -> Result<R>;
+
+    /// The embedding table's gradient accumulator, for the lookup's backward.
+    fn with_embed_grad<R>(
+        &mut self,
+        attn: &mut A,
+        f: impl FnOnce(&mut T) -> Result<R>,
+    ) -> Result<R>;
+}
+
+/// Whole weights and gradients in memory: every part lent as it is.
+pub struct Whole<'a, T> {
+    pub w: &'a Weights<T>,
+    pub grads: &'a mut Weights<T>,
+}
+
+impl<T, A> Params<T, A> for Whole<'_, T> {
+    fn with_embed<R>(&mut self, _: &mut A, f: impl FnOnce(&T) -> Result<R>) -> Result<R> {
+        f(&self.w.embed)
+    }
+
+    fn with_layer<R>(
+        &mut self,
+        attn: &mut A,
+        l: usize,
+        f: impl FnOnce(&LayerWeights<T>, &mut A) -> Result<R>,
+    ) -> Result<R> {
+        f(&self.w.layers[l], attn)
+    }
+
+    fn with_head<R>(&mut self, _: &mut A, f: impl FnOnce(Head<'_, T>) -> Result<R>) -> Result<R> {
+        let g = &mut *self.grads;
+        f(Head {
+            norm: &self.w.norm,
+            output: self.w.output(),
+            dnorm: &mut g.norm,
+            doutput: match &mut g.lm_head {
+                Some(head) => head,
+                None => &mut g.embed,
+            },
+        })
+    }
+
+    fn with_layer_grads<R>(
+        &mut self,
+        attn: &mut A,
+        l: usize,
+        f: impl FnOnce(&LayerWeights<T>, &mut LayerWeights<T>, &mut A) -> Result<R>,
+    ) -> Result<R> {
+        f(&self.w.layers[l], &mut self.grads.layers[l], attn)
+    }
+
+    fn with_embed_grad<R>(&mut self, _: &mut A, f: impl FnOnce(&mut T) -> Result<R>) -> Result<R> {
+        f(&mut self.grads.embed)
+    }
+}
+
 /// Forward and backward of this worker's chunk. Gradients of `loss_scale · Σ loss` accumulate
 /// into `grads` (pass 1 / total tokens of all workers to average).
 #[allow(clippy::too_many_arguments)]
-pub fn forward_backward<O: Ops>(
+pub fn forward_backward<O: Ops, A: Attention<O::T>>(
     ops: &O,
     cfg: &Config,
     w: &Weights<O::T>,
     grads: &mut Weights<O::T>,
-    attn: &mut impl Attention<O::T>,
+    attn: &mut A,
+    chunk: Chunk<'_>,
+    policy: Checkpoint,
+    loss_scale: f64,
+) -> Result<Outcome> {
+    let mut whole = Whole { w, grads };
+    forward_backward_with(ops, cfg, &mut whole, attn, chunk, policy, loss_scale)
+}
+
+/// [`forward_backward`] with the weights and gradients of each part taken from and handed to
+/// `params` as the pass reaches it.
+pub fn forward_backward_with<O: Ops, A: Attention<O::T>>(
+    ops: &O,
+    cfg: &Config,
+    params: &mut impl Params<O::T, A>,
+    attn: &mut A,
     chunk: Chunk<'_>,
     policy: Checkpoint,
     loss_scale: f64,
@@ -99,44 +209,40 @@ pub fn forward_backward<O: Ops>(
     let mut forwards = vec![0u32; cfg.num_hidden_layers];
     let mut meter = Meter::default();
 
-    let mut x = ops.embed(&w.embed, chunk.tokens, d)?;
+    let mut x = params.with_embed(attn, |table| ops.embed(table, chunk.tokens, d))?;
     let mut kept = Vec::with_capacity(cfg.num_hidden_layers);
-    for (l, lw) in w.layers.iter().enumerate() {
-        let (out, k) = layer.forward(lw, x, policy, attn, &mut forwards[l], &mut meter)?;
+    for (l, count) in forwards.iter_mut().enumerate() {
+        let (out, k) = params.with_layer(attn, l, |lw, attn| {
+            layer.forward(lw, x, policy, attn, count, &mut meter)
+        })?;
         kept.push(k);
         x = out;
     }
-    let (h, rstd) = ops.rmsnorm(&x, &w.norm, rows, d, cfg.rms_norm_eps)?;
-    let out_grad = match &mut grads.lm_head {
-        Some(g) => g,
-        None => &mut grads.embed,
-    };
-    let loss = ops.cross_entropy(
-        &h,
-        w.output(),
-        chunk.targets,
-        d,
-        cfg.vocab_size,
-        loss_scale,
-        out_grad,
-    )?;
-
-    let mut dx = ops.zeros(rows * d)?;
-    ops.rmsnorm_backward(
-        &x,
-        &w.norm,
-        &rstd,
-        &loss.dh,
-        rows,
-        d,
-        &mut dx,
-        &mut grads.norm,
-    )?;
+    let (loss, dx) = params.with_head(attn, |head| {
+        let (h, rstd) = ops.rmsnorm(&x, head.norm, rows, d, cfg.rms_norm_eps)?;
+        let loss = ops.cross_entropy(
+            &h,
+            head.output,
+            chunk.targets,
+            d,
+            cfg.vocab_size,
+            loss_scale,
+            head.doutput,
+        )?;
+        let mut dx = ops.zeros(rows * d)?;
+        ops.rmsnorm_backward(&x, head.norm, &rstd, &loss.dh, rows, d, &mut dx, head.dnorm)?;
+        Ok((loss, dx))
+    })?;
+    let mut dx = dx;
     for (l, k) in kept.into_iter().enumerate().rev() {
-        let (lw, lg) = (&w.layers[l], &mut grads.layers[l]);
-        dx = layer.backward(lw, k, dx, attn, lg, &mut forwards[l], &mut meter)?;
+        let count = &mut forwards[l];
+        dx = params.with_layer_grads(attn, l, |lw, lg, attn| {
+            layer.backward(lw, k, dx, attn, lg, count, &mut meter)
+        })?;
     }
-    ops.embed_backward(&mut grads.embed, chunk.tokens, &dx, d)?;
+    params.with_embed_grad(attn, |table| {
+        ops.embed_backward(table, chunk.tokens, &dx, d)
+    })?;
     Ok(Outcome {
         loss_sum: loss.loss_sum,
         argmax: loss.argmax,

@@ -55,6 +55,10 @@ pub trait Ops: Sync {
     /// `dst`.
     fn set_rows(&self, dst: &mut Self::T, width: usize, start: usize, src: &Self::T) -> Result<()>;
 
+    /// `parts` one after another as one tensor (their common precision): a parameter rebuilt
+    /// from its gathered shards.
+    fn join(&self, parts: &[Self::T]) -> Result<Self::T>;
+
     /// `dst += src`.
     fn add_assign(&self, dst: &mut Self::T, src: &Self::T) -> Result<()>;
     /// Σ t², for the global gradient norm.

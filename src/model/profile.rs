@@ -97,6 +97,10 @@ impl<O: Ops> Ops for Profiled<'_, O> {
         self.profile.time("download", || self.inner.download(t))
     }
 
+    fn join(&self, parts: &[O::T]) -> Result<O::T> {
+        self.profile.time("join", || self.inner.join(parts))
+    }
+
     fn zeros(&self, len: usize) -> Result<O::T> {
         self.profile.time("zeros", || self.inner.zeros(len))
     }

@@ -25,6 +25,59 @@ pub struct LayerWeights<T> {
     pub w_down: T,
 }
 
+impl<T> LayerWeights<T> {
+    /// Every tensor, in `specs` order.
+    pub fn tensors(&self) -> [&T; 9] {
+        [
+            &self.attn_norm,
+            &self.wq,
+            &self.wk,
+            &self.wv,
+            &self.wo,
+            &self.mlp_norm,
+            &self.w_gate,
+            &self.w_up,
+            &self.w_down,
+        ]
+    }
+
+    /// Every tensor, mutably, in `specs` order.
+    pub fn tensors_mut(&mut self) -> [&mut T; 9] {
+        [
+            &mut self.attn_norm,
+            &mut self.wq,
+            &mut self.wk,
+            &mut self.wv,
+            &mut self.wo,
+            &mut self.mlp_norm,
+            &mut self.w_gate,
+            &mut self.w_up,
+            &mut self.w_down,
+        ]
+    }
+
+    /// A layer of `f` of each tensor and its companion in `other` (a shard and its whole
+    /// length, say), in `specs` order.
+    pub fn try_map_with<V, U>(
+        &self,
+        other: &LayerWeights<V>,
+        mut f: impl FnMut(&T, &V) -> Result<U>,
+    ) -> Result<LayerWeights<U>> {
+        let o = other;
+        Ok(LayerWeights {
+            attn_norm: f(&self.attn_norm, &o.attn_norm)?,
+            wq: f(&self.wq, &o.wq)?,
+            wk: f(&self.wk, &o.wk)?,
+            wv: f(&self.wv, &o.wv)?,
+            wo: f(&self.wo, &o.wo)?,
+            mlp_norm: f(&self.mlp_norm, &o.mlp_norm)?,
+            w_gate: f(&self.w_gate, &o.w_gate)?,
+            w_up: f(&self.w_up, &o.w_up)?,
+            w_down: f(&self.w_down, &o.w_down)?,
+        })
+    }
+}
+
 /// Every parameter of the model; `lm_head` is `None` when tied to `embed`.
 #[derive(Clone, Debug)]
 pub struct Weights<T> {
@@ -122,17 +175,7 @@ impl<T> Weights<T> {
     pub fn tensors(&self) -> Vec<&T> {
         let mut out = vec![&self.embed];
         for l in &self.layers {
-            out.extend([
-                &l.attn_norm,
-                &l.wq,
-                &l.wk,
-                &l.wv,
-                &l.wo,
-                &l.mlp_norm,
-                &l.w_gate,
-                &l.w_up,
-                &l.w_down,
-            ]);
+            out.extend(l.tensors());
         }
         out.push(&self.norm);
         out.extend(&self.lm_head);
@@ -143,20 +186,32 @@ impl<T> Weights<T> {
     pub fn tensors_mut(&mut self) -> Vec<&mut T> {
         let mut out = vec![&mut self.embed];
         for l in &mut self.layers {
-            out.extend([
-                &mut l.attn_norm,
-                &mut l.wq,
-                &mut l.wk,
-                &mut l.wv,
-                &mut l.wo,
-                &mut l.mlp_norm,
-                &mut l.w_gate,
-                &mut l.w_up,
-                &mut l.w_down,
-            ]);
+            out.extend(l.tensors_mut());
         }
         out.push(&mut self.norm);
         out.extend(&mut self.lm_head);
+        out
+    }
+
+    /// Every tensor by value, in `specs` order (gradients handed to the optimizer without a
+    /// copy).
+    pub fn into_tensors(self) -> Vec<T> {
+        let mut out = vec![self.embed];
+        for l in self.layers {
+            out.extend([
+                l.attn_norm,
+                l.wq,
+                l.wk,
+                l.wv,
+                l.wo,
+                l.mlp_norm,
+                l.w_gate,
+                l.w_up,
+                l.w_down,
+            ]);
+        }
+        out.push(self.norm);
+        out.extend(self.lm_head);
         out
     }
 

@@ -245,6 +245,14 @@ impl<'a, D: ModelDevice, C: Communicator<D::Tensor>> ModelAttention<'a, D, C> {
         Ok(ModelAttention::Distributed(distributed))
     }
 
+    /// The communicator joining the workers (`None` for the whole sequence on one worker).
+    pub(super) fn comm(&mut self) -> Option<&mut C> {
+        match self {
+            ModelAttention::Whole(_) => None,
+            ModelAttention::Distributed(d) => Some(&mut *d.comm),
+        }
+    }
+
     /// Sums the gradients and the tally over the workers (a lone worker has nothing to add).
     pub(super) fn all_reduce(
         &mut self,

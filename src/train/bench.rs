@@ -6,6 +6,7 @@
 use super::attention::ModelAttention;
 use super::data::Sample;
 use super::memory::MemoryCheck;
+use super::shard::{Held, Shard};
 use crate::backend::Backend;
 use crate::comm::Communicator;
 use crate::model::attention::Attention;
@@ -13,7 +14,7 @@ use crate::model::config::Config;
 use crate::model::ops::Ops;
 use crate::model::profile::{OpTime, Profile, Profiled, ProfiledAttention};
 use crate::model::weights::Weights;
-use crate::model::{Checkpoint, weights};
+use crate::model::{Checkpoint, Whole, weights};
 use crate::plan::{Partition, Schedule};
 use crate::runtime::{Job, ModelDevice, Runtime};
 use crate::shape::Span;
@@ -103,6 +104,9 @@ pub struct StepShape {
     pub seq: usize,
     pub schedule: Schedule,
     pub policy: Checkpoint,
+    /// `Shard::Grads`: the gradients reduce-scattered instead of all-reduced (no optimizer runs
+    /// here, so `optimizer` times as `none`).
+    pub shard: Shard,
 }
 
 /// Times forward+backward of one random sequence as `shape` says on `runtime`'s workers, each
@@ -129,6 +133,7 @@ pub fn time_steps(
         cfg,
         partition,
         policy: shape.policy,
+        shard: shape.shard,
         runs,
     };
     opened.run_reporter(&job)
@@ -139,6 +144,7 @@ struct StepBench<'a> {
     cfg: &'a Config,
     partition: Partition,
     policy: Checkpoint,
+    shard: Shard,
     runs: Runs,
 }
 
@@ -152,6 +158,8 @@ impl Job for StepBench<'_> {
     ) -> Result<StepTiming> {
         let (ops, cfg, seq) = (device.ops(), self.cfg, self.partition.seq());
         let (w, tokens) = random_inputs(ops, cfg, seq)?;
+        let ranks = (comm.rank(), comm.world());
+        let held = Held::from_device(ops, cfg, w, self.shard, ranks)?;
         let sample = Sample {
             tokens,
             probe: None,
@@ -160,25 +168,15 @@ impl Job for StepBench<'_> {
         let sync = || device.backend().synchronize();
         device.reset_peak_memory()?;
         let mut attn = ModelAttention::new(device, comm, cfg.dims(), &self.partition)?;
-        let (all_secs, (out, tally)) = timed(self.runs, &sync, || {
-            // Fresh gradients each step, as in training (summed ones would double every step).
-            let mut grads = weights::zeros(ops, cfg)?;
-            super::reduced_sequence(
-                ops,
-                cfg,
-                &w,
-                &mut grads,
-                &mut attn,
-                &mine,
-                &sample,
-                self.policy,
-            )
+        // Fresh gradients each step, as in training (summed ones would double every step).
+        let (all_secs, (out, tally, _)) = timed(self.runs, &sync, || {
+            super::reduced_sequence(ops, cfg, &held, &mut attn, &mine, &sample, self.policy)
         })?;
         let profile = if self.runs.profile {
             let mut grads = weights::zeros(ops, cfg)?;
             let step = OneStep {
                 cfg,
-                w: &w,
+                w: &held.w,
                 sample: &sample,
                 mine: &mine,
                 policy: self.policy,
@@ -231,8 +229,7 @@ fn profile_step<O: Ops>(
     super::accumulate(
         &timed,
         step.cfg,
-        step.w,
-        grads,
+        &mut Whole { w: step.w, grads },
         &mut timed_attn,
         step.mine,
         step.sample,
@@ -274,6 +271,7 @@ mod tests {
             seq,
             schedule: Schedule::Balanced,
             policy,
+            shard: Shard::None,
         };
         let memory = MemoryCheck {
             config: cfg.clone(),
@@ -282,6 +280,7 @@ mod tests {
             schedule: Schedule::Balanced,
             checkpoint: policy,
             optimizer: false,
+            shard: Shard::None,
             ignore_estimate: false,
         };
         let rt = Runtime::cpu_threads(1, std::time::Duration::from_secs(60));

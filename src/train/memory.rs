@@ -4,6 +4,7 @@
 //! machine's available memory (`resources::CpuTraining`). A run
 //! that would not fit is refused with the figures and a fix, never killed halfway.
 
+use super::shard::Shard;
 use crate::model::Checkpoint;
 use crate::model::config::Config;
 use crate::model::cost;
@@ -25,6 +26,10 @@ pub struct MemoryCheck {
     pub checkpoint: Checkpoint,
     /// Whether AdamW's state must fit too (training) or not (gradients, benchmarks).
     pub optimizer: bool,
+    /// Which state the workers shard: each holds 1/workers of the AdamW moments under
+    /// `optimizer` and `grads` (the gradients are whole until the backward ends, so their peak
+    /// stays).
+    pub shard: Shard,
     /// Start even when the estimate exceeds the free GPU memory (`--ignore-memory-estimate`):
     /// the estimate is the step's tensors plus a 1.5 GiB allowance for cuBLAS, kernel modules and
     /// fragmentation, and a run that needs less of that allowance may still fit.
@@ -42,8 +47,9 @@ impl MemoryCheck {
     }
 
     /// The estimated peak GPU memory of this process: a rank holds its share of the sequence
-    /// and the executor's buffers; threads sharing one GPU (virtual workers) each hold their own
-    /// copy of the model's state.
+    /// and the executor's buffers, and its shard of the optimizer state; threads sharing one GPU
+    /// (virtual workers) each hold their own copy of the model's state (their shards add up to
+    /// one copy of the moments).
     pub fn gpu_estimate(&self, runtime: &Runtime) -> Result<cost::StepMemory> {
         let mut need = sim::gpu_step_memory(
             &self.config,
@@ -51,7 +57,12 @@ impl MemoryCheck {
             self.ranks(runtime),
             self.checkpoint,
             self.optimizer,
-        )?;
+        )?
+        .sharded(
+            &self.config,
+            self.shard.optimizer_shards(runtime.workers()),
+            self.shard.weight_shards(runtime.workers()),
+        );
         let copies = runtime.workers_per_device() as f64;
         need.weights *= copies;
         need.grads *= copies;
@@ -71,6 +82,8 @@ impl MemoryCheck {
                     workers_here: runtime.workers_per_device(),
                     policy: self.checkpoint,
                     optimizer: self.optimizer,
+                    weight_shards: self.shard.weight_shards(runtime.workers()),
+                    optimizer_shards: self.shard.optimizer_shards(runtime.workers()),
                 }
                 .ensure_fits(),
                 Device::Cuda => Ok(()),
@@ -96,7 +109,11 @@ impl MemoryCheck {
             self.config.num_hidden_layers,
             self.seq,
             self.checkpoint,
-            if self.optimizer { " and AdamW" } else { "" }
+            match (self.optimizer, self.shard) {
+                (false, _) => String::new(),
+                (true, Shard::None) => " and AdamW".into(),
+                (true, s) => format!(" and AdamW (--shard {})", s.name()),
+            }
         );
         match cost::check_fits(&need, gpu.free_bytes, &what) {
             Ok(()) => eprintln!(

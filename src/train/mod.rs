@@ -9,17 +9,18 @@ pub mod attention;
 pub mod bench;
 pub mod data;
 pub mod memory;
+pub mod shard;
 pub mod state;
 pub mod svg;
 pub mod tokens;
 
-use crate::comm::{Communicator, Wire};
+use crate::comm::{Communicator, Solo, Wire};
 use crate::model::attention::Attention;
 use crate::model::config::Config;
 use crate::model::cpu::Cpu;
 use crate::model::ops::{AdamW, Ops};
 use crate::model::weights::{self, Weights, specs};
-use crate::model::{Checkpoint, Chunk, forward_backward};
+use crate::model::{Checkpoint, Chunk, Params, Whole, forward_backward_with};
 use crate::plan::{Partition, Schedule};
 use crate::runtime::{Job, ModelDevice, Runtime};
 use crate::shape::Span;
@@ -28,6 +29,7 @@ use attention::ModelAttention;
 use data::{Data, Sample};
 use memory::MemoryCheck;
 use serde::Serialize;
+use shard::{Held, Optimizer, Shard};
 use state::{RunKey, State};
 use std::path::PathBuf;
 use std::time::Instant;
@@ -52,6 +54,8 @@ pub struct Options {
     pub batch: usize,
     /// How the sequence is split across the runtime's workers.
     pub schedule: Schedule,
+    /// Which model state each worker keeps only its pieces of.
+    pub shard: Shard,
     pub checkpoint: Checkpoint,
     /// Train until this many optimizer steps have been taken (counting resumed ones).
     pub steps: u64,
@@ -129,36 +133,6 @@ fn initial_state(o: &Options) -> Result<State> {
     })
 }
 
-/// Host tensors (`specs` order) on the device of `ops`, shaped as the model's weights.
-fn upload_weights<O: Ops>(ops: &O, c: &Config, host: &[Vec<f32>]) -> Result<Weights<O::T>> {
-    upload_each(c, host, |data| ops.upload(data))
-}
-
-/// AdamW's moments to the device, in the precision the device's optimizer keeps them.
-fn upload_moments<O: Ops>(ops: &O, c: &Config, host: &[Vec<f32>]) -> Result<Weights<O::T>> {
-    upload_each(c, host, |data| ops.upload_state(data))
-}
-
-/// One tensor per weight spec, `specs` order, each made by `upload`.
-fn upload_each<T>(
-    c: &Config,
-    host: &[Vec<f32>],
-    mut upload: impl FnMut(&[f32]) -> Result<T>,
-) -> Result<Weights<T>> {
-    let mut it = host.iter();
-    Weights::build(c, |s| {
-        let data = it
-            .next()
-            .with_context(|| format!("no weights given for '{}'", s.name))?;
-        upload(data)
-    })
-}
-
-/// Device tensors back on the host, `specs` order.
-fn download_weights<O: Ops>(ops: &O, w: &Weights<O::T>) -> Result<Vec<Vec<f32>>> {
-    w.tensors().into_iter().map(|t| ops.download(t)).collect()
-}
-
 /// Per-step sums all workers add up: loss, probes right, probes asked.
 #[derive(Default)]
 struct Tally {
@@ -167,14 +141,14 @@ struct Tally {
     probes: u64,
 }
 
-/// Forward and backward of this worker's rows of `sample`, gradients into `grads`.
+/// Forward and backward of this worker's rows of `sample`, the weights taken from and the
+/// gradients handed to `params`.
 #[allow(clippy::too_many_arguments)]
-fn accumulate<O: Ops>(
+fn accumulate<O: Ops, A: Attention<O::T>>(
     ops: &O,
     cfg: &Config,
-    w: &Weights<O::T>,
-    grads: &mut Weights<O::T>,
-    attn: &mut impl Attention<O::T>,
+    params: &mut impl Params<O::T, A>,
+    attn: &mut A,
     mine: &[Span],
     sample: &Sample,
     policy: Checkpoint,
@@ -193,7 +167,7 @@ fn accumulate<O: Ops>(
         targets: &targets,
         positions: mine,
     };
-    let out = forward_backward(ops, cfg, w, grads, attn, chunk, policy, scale)?;
+    let out = forward_backward_with(ops, cfg, params, attn, chunk, policy, scale)?;
     tally.loss_sum += out.loss_sum;
     if let Some(p) = sample.probe
         && let Some(row) =
@@ -205,27 +179,109 @@ fn accumulate<O: Ops>(
     Ok(out)
 }
 
-/// One sequence's forward and backward on this worker's rows `mine` (gradients of its mean loss
-/// into `grads`), then the gradients and the tally summed over all workers: the step of
-/// `distflash grads` and of `bench train`.
+/// This worker's weights as `held` (whole, or its pieces under `full`, each part gathered for its
+/// use) in the forward and backward of `sample`, the gradients (alike: whole, or the pieces,
+/// reduced as the backward goes) into `grads`.
 #[allow(clippy::too_many_arguments)]
-fn reduced_sequence<D: ModelDevice, C: Communicator<D::Tensor>>(
+fn accumulate_held<D: ModelDevice, C: Communicator<D::Tensor>>(
     ops: &D::Ops,
     cfg: &Config,
-    w: &Weights<D::Tensor>,
+    held: &Held<D::Tensor>,
     grads: &mut Weights<D::Tensor>,
     attn: &mut ModelAttention<'_, D, C>,
     mine: &[Span],
     sample: &Sample,
     policy: Checkpoint,
-) -> Result<(crate::model::Outcome, Tally)> {
+    scale: f64,
+    tally: &mut Tally,
+) -> Result<crate::model::Outcome> {
+    let w = &held.w;
+    if held.shard == Shard::Full {
+        let lens = &held.lens;
+        let mut params = shard::Gathered {
+            ops,
+            w,
+            grads,
+            lens,
+        };
+        return accumulate(
+            ops,
+            cfg,
+            &mut params,
+            attn,
+            mine,
+            sample,
+            policy,
+            scale,
+            tally,
+        );
+    }
+    let mut params = Whole { w, grads };
+    accumulate(
+        ops,
+        cfg,
+        &mut params,
+        attn,
+        mine,
+        sample,
+        policy,
+        scale,
+        tally,
+    )
+}
+
+/// One sequence's forward and backward on this worker's rows `mine` (gradients of its mean
+/// loss), then the gradients (whole, or this worker's pieces under `--shard grads` and `full`)
+/// and the tally summed over all workers: the step of `distflash grads` and of `bench train`.
+#[allow(clippy::too_many_arguments)]
+fn reduced_sequence<D: ModelDevice, C: Communicator<D::Tensor>>(
+    ops: &D::Ops,
+    cfg: &Config,
+    held: &Held<D::Tensor>,
+    attn: &mut ModelAttention<'_, D, C>,
+    mine: &[Span],
+    sample: &Sample,
+    policy: Checkpoint,
+) -> Result<(crate::model::Outcome, Tally, Vec<D::Tensor>)> {
     let scale = 1.0 / (sample.tokens.len() - 1) as f64;
     let mut tally = Tally::default();
-    let out = accumulate(
-        ops, cfg, w, grads, attn, mine, sample, policy, scale, &mut tally,
+    let mut grads = held.zero_grads(ops, cfg)?;
+    let out = accumulate_held(
+        ops, cfg, held, &mut grads, attn, mine, sample, policy, scale, &mut tally,
     )?;
-    attn.all_reduce(ops, grads, &mut tally)?;
-    Ok((out, tally))
+    let reduced = reduce_step(ops, attn, held.shard, grads, &mut tally)?;
+    Ok((out, tally, reduced))
+}
+
+/// The gradients and the tally summed over the workers: reduce-scattered to this worker's pieces
+/// under `--shard grads` with several workers (under `full` the backward has reduced them),
+/// all-reduced whole otherwise.
+fn reduce_step<D: ModelDevice, C: Communicator<D::Tensor>>(
+    ops: &D::Ops,
+    attn: &mut ModelAttention<'_, D, C>,
+    shard: Shard,
+    mut grads: Weights<D::Tensor>,
+    tally: &mut Tally,
+) -> Result<Vec<D::Tensor>> {
+    if matches!(shard, Shard::Grads | Shard::Full)
+        && let Some(comm) = attn.comm()
+        && comm.world() > 1
+    {
+        return shard::reduce_grads(ops, comm, shard, grads, tally);
+    }
+    attn.all_reduce(ops, &mut grads, tally)?;
+    Ok(grads.into_tensors())
+}
+
+/// The communicator of `attn` as the sharded optimizer takes it (a lone worker's: `solo`).
+fn collectives<'x, D: ModelDevice, C: Communicator<D::Tensor>>(
+    attn: &'x mut ModelAttention<'_, D, C>,
+    solo: &'x mut Solo,
+) -> &'x mut dyn Communicator<D::Tensor> {
+    match attn.comm() {
+        Some(comm) => comm,
+        None => solo,
+    }
 }
 
 /// Sums gradients and the tally over all workers, on the device the gradients live on (the tally
@@ -239,11 +295,21 @@ fn all_reduce<O, C>(
 where
     O: Ops,
     O::T: Wire,
-    C: Communicator<O::T>,
+    C: Communicator<O::T> + ?Sized,
 {
     for g in grads.tensors_mut() {
         comm.all_reduce_sum(g)?;
     }
+    all_reduce_tally(ops, comm, tally)
+}
+
+/// Sums the tally over all workers.
+fn all_reduce_tally<O, C>(ops: &O, comm: &mut C, tally: &mut Tally) -> Result<()>
+where
+    O: Ops,
+    O::T: Wire,
+    C: Communicator<O::T> + ?Sized,
+{
     let mut t = ops.upload_state(&[
         tally.loss_sum as f32,
         tally.correct as f32,
@@ -259,31 +325,6 @@ where
     Ok(())
 }
 
-/// Refuses, with the numbers, a model whose per-worker copies (weights, gradients, AdamW
-/// moments: every CPU worker holds all four in f32) do not fit in this machine's available
-/// memory, instead of letting the system kill the run.
-pub fn check_memory(c: &Config, workers: usize) -> Result<()> {
-    let params: usize = specs(c).iter().map(|s| s.elements()).sum();
-    let need = params as f64 * 4.0 * (4 * workers + 3) as f64;
-    let available = std::fs::read_to_string("/proc/meminfo").ok().and_then(|m| {
-        let line = m.lines().find(|l| l.starts_with("MemAvailable:"))?;
-        let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
-        Some(kib * 1024.0)
-    });
-    if let Some(have) = available
-        && need > have
-    {
-        let gib = |b: f64| b / (1u64 << 30) as f64;
-        bail!(
-            "a model of {:.2}B parameters needs about {:.0} GiB for {workers} CPU workers (weights, gradients and AdamW moments each), but only {:.0} GiB is available: train a smaller preset such as 'tiny'",
-            params as f64 / 1e9,
-            gib(need),
-            gib(have)
-        );
-    }
-    Ok(())
-}
-
 /// The gradients of the mean loss of one sequence, without an update: the check against other
 /// implementations (`distflash grads`, tests).
 pub struct Gradients {
@@ -295,13 +336,14 @@ pub struct Gradients {
 }
 
 /// Loss and gradients of `weights` (host, `specs` order) on `tokens` (inputs and, shifted by
-/// one, targets), the sequence split across `runtime`'s workers by `schedule`: on the reporter
-/// (`None` on the other ranks of a launched job).
+/// one, targets), the sequence split across `runtime`'s workers by `schedule`, the gradients
+/// reduce-scattered (and gathered back whole) under `Shard::Grads`: on the reporter (`None` on
+/// the other ranks of a launched job).
 pub fn gradients(
     cfg: &Config,
     weights: &[Vec<f32>],
     tokens: &[u32],
-    (schedule, policy): (Schedule, Checkpoint),
+    (schedule, policy, shard): (Schedule, Checkpoint, Shard),
     memory: &MemoryCheck,
     runtime: &Runtime,
 ) -> Result<Option<Gradients>> {
@@ -317,6 +359,7 @@ pub fn gradients(
         tokens,
         partition,
         policy,
+        shard,
     };
     opened.run_reporter(&job)
 }
@@ -328,6 +371,7 @@ struct GradientsJob<'a> {
     tokens: &'a [u32],
     partition: Partition,
     policy: Checkpoint,
+    shard: Shard,
 }
 
 impl Job for GradientsJob<'_> {
@@ -339,8 +383,8 @@ impl Job for GradientsJob<'_> {
         comm: &mut C,
     ) -> Result<Gradients> {
         let (ops, cfg) = (device.ops(), self.cfg);
-        let w = upload_weights(ops, cfg, self.weights)?;
-        let mut grads = weights::zeros(ops, cfg)?;
+        let ranks = (comm.rank(), comm.world());
+        let held = Held::from_host(ops, cfg, self.weights, self.shard, ranks)?;
         let sample = Sample {
             tokens: self.tokens.to_vec(),
             probe: None,
@@ -348,19 +392,17 @@ impl Job for GradientsJob<'_> {
         let mine = self.partition.own_spans(comm.rank());
         let mut attn = ModelAttention::new(device, comm, cfg.dims(), &self.partition)?;
         let seq = self.partition.seq();
-        let (out, tally) = reduced_sequence(
-            ops,
-            cfg,
-            &w,
-            &mut grads,
-            &mut attn,
-            &mine,
-            &sample,
-            self.policy,
-        )?;
+        let (out, tally, reduced) =
+            reduced_sequence(ops, cfg, &held, &mut attn, &mine, &sample, self.policy)?;
+        let pieces = matches!(held.shard, Shard::Grads | Shard::Full);
+        let reduced: Vec<_> = reduced.iter().collect();
+        let reporter = ranks.0 == 0;
+        let mut solo = Solo;
+        let comm = collectives(&mut attn, &mut solo);
+        let grads = held.host(ops, comm, &reduced, pieces, reporter)?;
         Ok(Gradients {
             loss: tally.loss_sum / seq as f64,
-            grads: download_weights(ops, &grads)?,
+            grads,
             attention_forwards_per_layer: out.attention_forwards,
             peak_activation_bytes: out.peak_activation_bytes,
         })
@@ -411,18 +453,16 @@ impl<F: Fn(&StepReport) + Sync> Job for TrainJob<'_, F> {
         let rank = comm.rank();
         let mine = self.partition.own_spans(rank);
         let ops = device.ops();
+        let world = comm.world();
         let mut attn = ModelAttention::new(device, comm, self.o.config.dims(), &self.partition)?;
-        let reduce =
-            |a: &mut ModelAttention<'_, D, C>, g: &mut _, t: &mut _| a.all_reduce(ops, g, t);
         run_steps(
             ops,
             self.o,
             &self.key,
             &self.start,
             &mine,
-            rank == 0,
+            (rank, world),
             &mut attn,
-            reduce,
             &self.on_step,
         )
     }
@@ -450,42 +490,41 @@ fn prepare(o: &Options) -> Result<(State, RunKey)> {
     Ok((start, run_key(o)))
 }
 
-/// The steps of a run on any device: this worker's rows `mine` of every sequence, `reduce`
-/// summing gradients and the tally over the workers (nothing to do for one). The reporter calls
-/// `on_step` and saves.
+/// The steps of a run on any device: this worker (`rank` of `world`)'s rows `mine` of every
+/// sequence, gradients and the tally summed over the workers, AdamW as `o.shard` shards it. The
+/// reporter calls `on_step` and saves.
 #[allow(clippy::too_many_arguments)]
-fn run_steps<O: Ops, A: Attention<O::T>>(
-    ops: &O,
+fn run_steps<D: ModelDevice, C: Communicator<D::Tensor>>(
+    ops: &D::Ops,
     o: &Options,
     key: &RunKey,
     start: &State,
     mine: &[Span],
-    reporter: bool,
-    attn: &mut A,
-    mut reduce: impl FnMut(&mut A, &mut Weights<O::T>, &mut Tally) -> Result<()>,
+    (rank, world): (usize, usize),
+    attn: &mut ModelAttention<'_, D, C>,
     on_step: &(impl Fn(&StepReport) + Sync),
 ) -> Result<Vec<Vec<f32>>> {
     let cfg = &o.config;
-    let specs = specs(cfg);
-    let mut w = upload_weights(ops, cfg, &start.weights)?;
-    let mut m = upload_moments(ops, cfg, &start.m)?;
-    let mut v = upload_moments(ops, cfg, &start.v)?;
+    let reporter = rank == 0;
+    let mut opt = Optimizer::new(ops, cfg, o.shard, (rank, world), &start.m, &start.v)?;
+    let mut held = Held::from_host(ops, cfg, &start.weights, o.shard, (rank, world))?;
+    let mut solo = Solo;
     let scale = 1.0 / (o.seq_len * o.batch) as f64;
     let mut samples = start.samples;
     // The checkpoint a non-finite step leaves in place (the resumed one, if any) and its step.
     let mut saved = o.resume.as_ref().map(|path| (path.clone(), start.step));
     for step in start.step + 1..=o.steps {
         let began = Instant::now();
-        let mut grads = weights::zeros(ops, cfg)?;
+        let mut grads = held.zero_grads(ops, cfg)?;
         let mut tally = Tally::default();
         let mut last = None;
         for _ in 0..o.batch {
             let sample = o.data.sample(samples, o.seq_len, cfg.vocab_size);
             samples += 1;
-            last = Some(accumulate(
+            last = Some(accumulate_held(
                 ops,
                 cfg,
-                &w,
+                &held,
                 &mut grads,
                 attn,
                 mine,
@@ -495,8 +534,10 @@ fn run_steps<O: Ops, A: Attention<O::T>>(
                 &mut tally,
             )?);
         }
-        reduce(attn, &mut grads, &mut tally)?;
-        let norm = sum_squares(ops, &grads)?.sqrt();
+        let reduced = reduce_step(ops, attn, held.shard, grads, &mut tally)?;
+        let mut grads = opt.own_grads(ops, reduced)?;
+        let comm = collectives(attn, &mut solo);
+        let norm = opt.norm(ops, comm, &grads)?;
         let lr = o.adamw.lr * (step as f64 / o.warmup.max(1) as f64).min(1.0);
         let loss = tally.loss_sum * scale;
         let out = last.expect("batch is at least 1");
@@ -521,22 +562,28 @@ fn run_steps<O: Ops, A: Attention<O::T>>(
             return Err(diverged(o, step, saved.as_ref(), &what));
         }
         if o.clip > 0.0 && norm > o.clip {
-            for g in grads.tensors_mut() {
+            for g in &mut grads {
                 ops.scale(g, o.clip / norm)?;
             }
         }
         let hp = AdamW { lr, ..o.adamw };
-        let (ws, gs, ms, vs) = (
-            w.tensors_mut(),
-            grads.tensors(),
-            m.tensors_mut(),
-            v.tensors_mut(),
-        );
-        for ((((p, g), m), v), s) in ws.into_iter().zip(gs).zip(ms).zip(vs).zip(&specs) {
-            ops.adamw(p, g, m, v, &hp, step, s.decays())?;
-        }
-        let saving = o.save_dir.is_some() && (step % o.save_every.max(1) == 0 || step == o.steps);
-        if (saving || step == o.steps) && !sum_squares(ops, &w)?.is_finite() {
+        opt.update(ops, comm, &mut held.w, &grads, &hp, step)?;
+        drop(grads);
+        let save = o
+            .save_dir
+            .as_ref()
+            .filter(|_| step.is_multiple_of(o.save_every.max(1)) || step == o.steps);
+        let gathered = match save {
+            Some(_) => Some((
+                held.host_weights(ops, comm, reporter)?,
+                opt.moments(ops, comm, reporter)?,
+            )),
+            None => None,
+        };
+        if reporter
+            && let Some((weights, _)) = &gathered
+            && !all_finite(weights)
+        {
             let what = "its update made weights non-finite";
             return Err(diverged(o, step, saved.as_ref(), what));
         }
@@ -544,27 +591,30 @@ fn run_steps<O: Ops, A: Attention<O::T>>(
             continue;
         }
         on_step(&report(began.elapsed().as_secs_f64()));
-        if let Some(dir) = &o.save_dir
-            && saving
-        {
+        if let (Some(dir), Some((weights, Some((m, v))))) = (save, gathered) {
             let state = State {
                 step,
                 samples,
-                weights: download_weights(ops, &w)?,
-                m: download_weights(ops, &m)?,
-                v: download_weights(ops, &v)?,
+                weights,
+                m,
+                v,
             };
             let path = state::path_in(dir);
             state::save(&path, key, &state)?;
             saved = Some((path, step));
         }
     }
-    download_weights(ops, &w)
+    let weights = held.host_weights(ops, collectives(attn, &mut solo), reporter)?;
+    if reporter && !all_finite(&weights) {
+        let what = "its last update made weights non-finite";
+        return Err(diverged(o, o.steps, saved.as_ref(), what));
+    }
+    Ok(weights)
 }
 
-/// Σ x² over every tensor of `w`: the squared gradient norm, and a finiteness test of weights.
-fn sum_squares<O: Ops>(ops: &O, w: &Weights<O::T>) -> Result<f64> {
-    w.tensors().iter().map(|t| ops.sum_squares(t)).sum()
+/// Whether every weight is a finite number: non-finite ones are never saved or returned.
+fn all_finite(weights: &[Vec<f32>]) -> bool {
+    weights.iter().flatten().all(|x| x.is_finite())
 }
 
 /// The sentence that ends a run whose step `step` went non-finite (`what`), saying what was kept
@@ -604,7 +654,7 @@ mod tests {
         let w = initial_weights(&cfg, &Init::Random { seed: 3 }).unwrap();
         let tokens: Vec<u32> = (0..49).map(|i| (i * 37 % 256) as u32).collect();
         let rt = Runtime::cpu_threads(1, std::time::Duration::from_secs(60));
-        let how = (Schedule::Balanced, Checkpoint::Remat);
+        let how = (Schedule::Balanced, Checkpoint::Remat, Shard::None);
         let memory = MemoryCheck {
             config: cfg.clone(),
             model: "tiny".into(),
@@ -612,6 +662,7 @@ mod tests {
             schedule: Schedule::Balanced,
             checkpoint: Checkpoint::Remat,
             optimizer: false,
+            shard: Shard::None,
             ignore_estimate: false,
         };
         let err = gradients(&cfg, &w[..3], &tokens, how, &memory, &rt)

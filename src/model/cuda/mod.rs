@@ -208,6 +208,10 @@ impl Ops for CudaOps {
         self.backend.write_at(dst, start * width, src)
     }
 
+    fn join(&self, parts: &[Tensor]) -> Result<Tensor> {
+        self.backend.join(parts)
+    }
+
     fn add_assign(&self, dst: &mut Tensor, src: &Tensor) -> Result<()> {
         let len = dst.len();
         check(dst, self.dtype(), len, "an accumulator")?;

@@ -1,0 +1,576 @@
+//! Sharded model state (ZeRO) across the same workers that hold the sequence's chunks, each
+//! tensor cut by the one shard rule (`comm::shard_span`). Each worker keeps the AdamW moments
+//! (`optimizer`, ZeRO-1) and also the reduced f32 gradients (`grads`, ZeRO-2) of its pieces only,
+//! updates its pieces of the weights and all-gathers them, so every worker starts the next step
+//! with the same whole weights. Under `full` (ZeRO-3) it keeps only its pieces of the weights too:
+//! a layer's weights are all-gathered just before its forward and again before its backward,
+//! freed after use, and its gradients reduce-scattered as the backward produces them
+//! ([`Gathered`]); AdamW then updates the pieces in place.
+//!
+//! The arithmetic is the unsharded run's: the reduce-scatter sums in the all-reduce's order and
+//! AdamW is elementwise, so under `optimizer` and `grads` only the global gradient norm (partial
+//! sums of squares all-reduced as an f32 scalar) is rounded differently, and without clipping a
+//! sharded run has the unsharded run's bits. Under `full` the gradients of a tied embedding and
+//! of a batch's sequences are reduced one contribution at a time, so they round differently.
+
+use super::attention::ModelAttention;
+use super::{Tally, all_reduce, all_reduce_tally, collectives};
+use crate::comm::{Buffer, Communicator, Solo, shard_span, shard_spans};
+use crate::model::config::Config;
+use crate::model::ops::{AdamW, Ops};
+use crate::model::weights::{LayerWeights, Weights, specs};
+use crate::model::{Head, Params};
+use crate::runtime::ModelDevice;
+use crate::shape::Span;
+use anyhow::{Context, Result, bail};
+use serde::Serialize;
+
+/// Which model state each worker keeps only its pieces of (`--shard`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Shard {
+    /// Every worker holds all of it (gradients all-reduced).
+    #[default]
+    None,
+    /// ZeRO-1: the AdamW moments; gradients all-reduced, the updated pieces of the weights
+    /// all-gathered.
+    Optimizer,
+    /// ZeRO-2: the moments and the f32 gradients after the backward (reduce-scattered instead of
+    /// all-reduced); the updated pieces of the weights all-gathered.
+    Grads,
+    /// ZeRO-3: the moments, the gradients and the weights; each layer's weights all-gathered for
+    /// its forward and its backward, its gradients reduce-scattered as they are produced.
+    Full,
+}
+
+impl Shard {
+    pub fn name(self) -> &'static str {
+        match self {
+            Shard::None => "none",
+            Shard::Optimizer => "optimizer",
+            Shard::Grads => "grads",
+            Shard::Full => "full",
+        }
+    }
+
+    /// Into how many pieces the AdamW moments are cut over `workers`.
+    pub fn optimizer_shards(self, workers: usize) -> usize {
+        match self {
+            Shard::None => 1,
+            Shard::Optimizer | Shard::Grads | Shard::Full => workers,
+        }
+    }
+
+    /// Into how many pieces the weights and the gradients are cut over `workers` (they stay
+    /// whole through the step but under `full`).
+    pub fn weight_shards(self, workers: usize) -> usize {
+        match self {
+            Shard::Full => workers,
+            Shard::None | Shard::Optimizer | Shard::Grads => 1,
+        }
+    }
+
+    /// `--shard` of `train` and `grads` when not given: `full` over several workers (each holds
+    /// 1/workers of the weights, gradients and moments, the most memory freed for the sequence,
+    /// on the unsharded trajectory), `none` alone (nothing to share the state with).
+    pub fn default_for(workers: usize) -> Shard {
+        if workers > 1 {
+            Shard::Full
+        } else {
+            Shard::None
+        }
+    }
+
+    /// The sharding in effect over `world` workers: one worker holds everything.
+    fn over(self, world: usize) -> Shard {
+        if world == 1 { Shard::None } else { self }
+    }
+}
+
+/// A worker's weights as its sharding holds them: whole, or its pieces under `full` (gathered a
+/// part at a time by [`Gathered`]).
+pub(super) struct Held<T> {
+    /// The sharding in effect (`none` for one worker).
+    pub shard: Shard,
+    pub w: Weights<T>,
+    /// Elements of each whole tensor.
+    pub lens: Weights<usize>,
+    /// The part of each tensor `w` holds (`specs` order).
+    spans: Vec<Span>,
+}
+
+impl<T: Buffer + Clone> Held<T> {
+    /// Worker `rank` of `world`'s weights from whole host ones (`specs` order).
+    pub fn from_host<O: Ops<T = T>>(
+        ops: &O,
+        c: &Config,
+        host: &[Vec<f32>],
+        shard: Shard,
+        (rank, world): (usize, usize),
+    ) -> Result<Self> {
+        let shard = shard.over(world);
+        let spans = own_spans(c, shard.weight_shards(world), rank);
+        let w = upload_spans(c, host, &spans, |t| ops.upload(t))?;
+        Self::holding(c, shard, w, spans)
+    }
+
+    /// Worker `rank` of `world`'s weights from whole device ones (cut to its pieces under
+    /// `full`, the whole freed).
+    pub fn from_device<O: Ops<T = T>>(
+        ops: &O,
+        c: &Config,
+        whole: Weights<T>,
+        shard: Shard,
+        (rank, world): (usize, usize),
+    ) -> Result<Self> {
+        let shard = shard.over(world);
+        let spans = own_spans(c, shard.weight_shards(world), rank);
+        if shard != Shard::Full {
+            return Self::holding(c, shard, whole, spans);
+        }
+        let mut it = whole.tensors().into_iter().zip(&spans);
+        let w = Weights::build(c, |_| {
+            let (t, s) = it.next().expect("a span per tensor");
+            ops.rows(t, 1, s.start, s.len)
+        })?;
+        Self::holding(c, shard, w, spans)
+    }
+
+    fn holding(c: &Config, shard: Shard, w: Weights<T>, spans: Vec<Span>) -> Result<Self> {
+        Ok(Held {
+            shard,
+            w,
+            lens: Weights::build(c, |s| Ok(s.elements()))?,
+            spans,
+        })
+    }
+
+    /// Zero f32 gradients shaped as the weights are held (pieces under `full`).
+    pub fn zero_grads<O: Ops<T = T>>(&self, ops: &O, c: &Config) -> Result<Weights<T>> {
+        let mut spans = self.spans.iter();
+        Weights::build(c, |_| {
+            ops.zeros(spans.next().expect("a span per tensor").len)
+        })
+    }
+
+    /// Whole host tensors (`specs` order) from tensors held as the weights are (the weights, or
+    /// gradients from [`Held::zero_grads`], or pieces of the reduce-scatter, which `full` holds
+    /// alike): gathered when they are pieces (a collective every worker calls), downloaded
+    /// otherwise; empty except on the reporter.
+    pub fn host<O: Ops<T = T>>(
+        &self,
+        ops: &O,
+        comm: &mut dyn Communicator<T>,
+        tensors: &[&T],
+        pieces: bool,
+        reporter: bool,
+    ) -> Result<Vec<Vec<f32>>> {
+        if pieces {
+            let lens: Vec<usize> = self.lens.tensors().into_iter().copied().collect();
+            let all = gather_host(ops, comm, tensors, &lens, reporter)?;
+            return Ok(all.unwrap_or_default());
+        }
+        if !reporter {
+            return Ok(Vec::new());
+        }
+        tensors.iter().map(|t| ops.download(t)).collect()
+    }
+
+    /// The whole weights on the host: [`Held::host`] of `w`.
+    pub fn host_weights<O: Ops<T = T>>(
+        &self,
+        ops: &O,
+        comm: &mut dyn Communicator<T>,
+        reporter: bool,
+    ) -> Result<Vec<Vec<f32>>> {
+        let full = self.shard == Shard::Full;
+        self.host(ops, comm, &self.w.tensors(), full, reporter)
+    }
+}
+
+/// This worker's span of each tensor (`specs` order) when a tensor is cut into `pieces`: the
+/// whole tensor for one piece.
+fn own_spans(c: &Config, pieces: usize, rank: usize) -> Vec<Span> {
+    specs(c)
+        .iter()
+        .map(|s| shard_span(s.elements(), pieces, if pieces == 1 { 0 } else { rank }))
+        .collect()
+}
+
+/// Host tensors (`specs` order) cut to `spans` and made device tensors by `upload`, shaped as
+/// the model's weights.
+fn upload_spans<T>(
+    c: &Config,
+    host: &[Vec<f32>],
+    spans: &[Span],
+    mut upload: impl FnMut(&[f32]) -> Result<T>,
+) -> Result<Weights<T>> {
+    let mut it = host.iter().zip(spans);
+    Weights::build(c, |s| {
+        let (t, span) = it
+            .next()
+            .with_context(|| format!("no weights given for '{}'", s.name))?;
+        if t.len() != s.elements() {
+            bail!(
+                "'{}' holds {} values, but its shape {:?} has {}",
+                s.name,
+                t.len(),
+                s.shape,
+                s.elements()
+            );
+        }
+        upload(&t[span.start..span.end()])
+    })
+}
+
+/// `whole` cut into the pieces of the shard rule over `world` workers.
+fn cut<O: Ops>(ops: &O, whole: &O::T, world: usize) -> Result<Vec<O::T>> {
+    shard_spans(ops.len(whole), world)
+        .iter()
+        .map(|s| ops.rows(whole, 1, s.start, s.len))
+        .collect()
+}
+
+/// A tensor of `len` elements rebuilt whole from every worker's piece (`piece` this one's).
+fn gather<O: Ops>(
+    ops: &O,
+    comm: &mut dyn Communicator<O::T>,
+    piece: &O::T,
+    len: usize,
+) -> Result<O::T>
+where
+    O::T: Buffer,
+{
+    ops.join(&comm.all_gather(piece.clone(), len)?)
+}
+
+/// This worker's piece of the sum over workers of `whole`, added to `acc`.
+fn scatter_add<O: Ops>(
+    ops: &O,
+    comm: &mut dyn Communicator<O::T>,
+    whole: &O::T,
+    acc: &mut O::T,
+) -> Result<()>
+where
+    O::T: Buffer,
+{
+    let piece = comm.reduce_scatter_sum(cut(ops, whole, comm.world())?)?;
+    ops.add_assign(acc, &piece)
+}
+
+/// A worker's pieces of the weights and of their f32 gradients under `--shard full`, lent to the
+/// model part by part ([`Params`]): each part's weights all-gathered for its use and freed when
+/// it returns, each part's gradients made whole for its backward and reduce-scattered into this
+/// worker's pieces as soon as it returns. The all-gathers run over the attention's workers.
+pub(super) struct Gathered<'a, O: Ops> {
+    pub ops: &'a O,
+    pub w: &'a Weights<O::T>,
+    pub grads: &'a mut Weights<O::T>,
+    /// Elements of each whole tensor.
+    pub lens: &'a Weights<usize>,
+}
+
+impl<'m, D: ModelDevice, C: Communicator<D::Tensor>> Params<D::Tensor, ModelAttention<'m, D, C>>
+    for Gathered<'_, D::Ops>
+{
+    fn with_embed<R>(
+        &mut self,
+        attn: &mut ModelAttention<'m, D, C>,
+        f: impl FnOnce(&D::Tensor) -> Result<R>,
+    ) -> Result<R> {
+        let mut solo = Solo;
+        let comm = collectives(attn, &mut solo);
+        f(&gather(self.ops, comm, &self.w.embed, self.lens.embed)?)
+    }
+
+    fn with_layer<R>(
+        &mut self,
+        attn: &mut ModelAttention<'m, D, C>,
+        l: usize,
+        f: impl FnOnce(&LayerWeights<D::Tensor>, &mut ModelAttention<'m, D, C>) -> Result<R>,
+    ) -> Result<R> {
+        let mut solo = Solo;
+        let comm = collectives(attn, &mut solo);
+        let whole = self.w.layers[l].try_map_with(&self.lens.layers[l], |p, &len| {
+            gather(self.ops, comm, p, len)
+        })?;
+        f(&whole, attn)
+    }
+
+    fn with_head<R>(
+        &mut self,
+        attn: &mut ModelAttention<'m, D, C>,
+        f: impl FnOnce(Head<'_, D::Tensor>) -> Result<R>,
+    ) -> Result<R> {
+        let (ops, lens) = (self.ops, self.lens);
+        let mut solo = Solo;
+        let comm = collectives(attn, &mut solo);
+        let norm = gather(ops, comm, &self.w.norm, lens.norm)?;
+        let output = gather(ops, comm, self.w.output(), *lens.output())?;
+        let mut dnorm = ops.zeros(lens.norm)?;
+        let mut doutput = ops.zeros(*lens.output())?;
+        let out = f(Head {
+            norm: &norm,
+            output: &output,
+            dnorm: &mut dnorm,
+            doutput: &mut doutput,
+        })?;
+        drop((norm, output));
+        let g = &mut *self.grads;
+        scatter_add(ops, comm, &dnorm, &mut g.norm)?;
+        let out_grad = match &mut g.lm_head {
+            Some(head) => head,
+            None => &mut g.embed,
+        };
+        scatter_add(ops, comm, &doutput, out_grad)?;
+        Ok(out)
+    }
+
+    fn with_layer_grads<R>(
+        &mut self,
+        attn: &mut ModelAttention<'m, D, C>,
+        l: usize,
+        f: impl FnOnce(
+            &LayerWeights<D::Tensor>,
+            &mut LayerWeights<D::Tensor>,
+            &mut ModelAttention<'m, D, C>,
+        ) -> Result<R>,
+    ) -> Result<R> {
+        let ops = self.ops;
+        let lens = &self.lens.layers[l];
+        let whole = {
+            let mut solo = Solo;
+            let comm = collectives(attn, &mut solo);
+            self.w.layers[l].try_map_with(lens, |p, &len| gather(ops, comm, p, len))?
+        };
+        let mut grads = lens.try_map_with(lens, |&len, _| ops.zeros(len))?;
+        let out = f(&whole, &mut grads, attn)?;
+        drop(whole);
+        let mut solo = Solo;
+        let comm = collectives(attn, &mut solo);
+        for (g, acc) in grads
+            .tensors()
+            .into_iter()
+            .zip(self.grads.layers[l].tensors_mut())
+        {
+            scatter_add(ops, comm, g, acc)?;
+        }
+        Ok(out)
+    }
+
+    fn with_embed_grad<R>(
+        &mut self,
+        attn: &mut ModelAttention<'m, D, C>,
+        f: impl FnOnce(&mut D::Tensor) -> Result<R>,
+    ) -> Result<R> {
+        let mut whole = self.ops.zeros(self.lens.embed)?;
+        let out = f(&mut whole)?;
+        let mut solo = Solo;
+        let comm = collectives(attn, &mut solo);
+        scatter_add(self.ops, comm, &whole, &mut self.grads.embed)?;
+        Ok(out)
+    }
+}
+
+/// Gradients summed over the workers: whole tensors (`none`, `optimizer`) or this worker's
+/// pieces (`grads`; `full`, whose backward has summed them); the tally summed alike. Several
+/// workers only (one has nothing to add).
+pub(super) fn reduce_grads<O: Ops>(
+    ops: &O,
+    comm: &mut dyn Communicator<O::T>,
+    shard: Shard,
+    mut grads: Weights<O::T>,
+    tally: &mut Tally,
+) -> Result<Vec<O::T>>
+where
+    O::T: Buffer,
+{
+    match shard {
+        Shard::None | Shard::Optimizer => {
+            all_reduce(ops, comm, &mut grads, tally)?;
+            Ok(grads.into_tensors())
+        }
+        Shard::Grads => {
+            let world = comm.world();
+            let pieces = grads
+                .tensors()
+                .into_iter()
+                .map(|g| comm.reduce_scatter_sum(cut(ops, g, world)?))
+                .collect::<Result<Vec<_>>>()?;
+            drop(grads);
+            all_reduce_tally(ops, comm, tally)?;
+            Ok(pieces)
+        }
+        // The backward has reduced each part already ([`Gathered`]).
+        Shard::Full => {
+            all_reduce_tally(ops, comm, tally)?;
+            Ok(grads.into_tensors())
+        }
+    }
+}
+
+/// Host copies of whole tensors, each rebuilt from every worker's piece of it (`pieces` this
+/// worker's, `lens` the whole tensors' elements): a collective every worker calls; `None` except
+/// on the reporter, which alone needs them.
+pub(super) fn gather_host<O: Ops>(
+    ops: &O,
+    comm: &mut dyn Communicator<O::T>,
+    pieces: &[&O::T],
+    lens: &[usize],
+    reporter: bool,
+) -> Result<Option<Vec<Vec<f32>>>>
+where
+    O::T: Buffer,
+{
+    let mut whole = Vec::with_capacity(pieces.len());
+    for (&piece, &len) in pieces.iter().zip(lens) {
+        let all = comm.all_gather(piece.clone(), len)?;
+        if reporter {
+            let mut host = Vec::with_capacity(len);
+            for p in &all {
+                host.extend(ops.download(p)?);
+            }
+            whole.push(host);
+        }
+    }
+    Ok(reporter.then_some(whole))
+}
+
+/// AdamW's whole moments `(m, v)` on the host, `specs` order.
+type HostMoments = (Vec<Vec<f32>>, Vec<Vec<f32>>);
+
+/// This worker's AdamW: the moments of its pieces (whole tensors unsharded) and the update that
+/// leaves every worker with the same whole weights.
+pub(super) struct Optimizer<T> {
+    shard: Shard,
+    /// This worker's piece of each parameter tensor (`specs` order); the whole tensor under
+    /// `none`.
+    spans: Vec<Span>,
+    /// Elements of each whole tensor.
+    lens: Vec<usize>,
+    decays: Vec<bool>,
+    m: Vec<T>,
+    v: Vec<T>,
+}
+
+impl<T: Buffer + Clone> Optimizer<T> {
+    /// Worker `rank` of `world`'s pieces of the whole host moments `m` and `v` (`specs` order) on
+    /// the device: a run resumed with another worker count re-shards them here. One worker
+    /// holds everything whatever `shard` says.
+    pub fn new<O: Ops<T = T>>(
+        ops: &O,
+        c: &Config,
+        shard: Shard,
+        (rank, world): (usize, usize),
+        m: &[Vec<f32>],
+        v: &[Vec<f32>],
+    ) -> Result<Self> {
+        let shard = shard.over(world);
+        let specs = specs(c);
+        if m.len() != specs.len() || v.len() != specs.len() {
+            bail!(
+                "the optimizer state holds {} and {} moments for a model of {} tensors",
+                m.len(),
+                v.len(),
+                specs.len()
+            );
+        }
+        let lens: Vec<usize> = specs.iter().map(|s| s.elements()).collect();
+        let spans = own_spans(c, shard.optimizer_shards(world), rank);
+        let upload = |host: &[Vec<f32>]| {
+            upload_spans(c, host, &spans, |t| ops.upload_state(t)).map(Weights::into_tensors)
+        };
+        Ok(Optimizer {
+            shard,
+            decays: specs.iter().map(|s| s.decays()).collect(),
+            m: upload(m)?,
+            v: upload(v)?,
+            spans,
+            lens,
+        })
+    }
+
+    /// The gradients this worker updates from: `reduce_grads`'s whole tensors cut to its pieces.
+    pub fn own_grads<O: Ops<T = T>>(&self, ops: &O, reduced: Vec<T>) -> Result<Vec<T>> {
+        match self.shard {
+            Shard::None | Shard::Grads | Shard::Full => Ok(reduced),
+            Shard::Optimizer => reduced
+                .iter()
+                .zip(&self.spans)
+                .map(|(g, s)| ops.rows(g, 1, s.start, s.len))
+                .collect(),
+        }
+    }
+
+    /// The global gradient norm of `grads` (this worker's pieces, or whole tensors unsharded):
+    /// sharded, each worker's sum of squares all-reduced as an f32 scalar.
+    pub fn norm<O: Ops<T = T>>(
+        &self,
+        ops: &O,
+        comm: &mut dyn Communicator<T>,
+        grads: &[T],
+    ) -> Result<f64> {
+        let squares = grads
+            .iter()
+            .map(|g| ops.sum_squares(g))
+            .sum::<Result<f64>>()?;
+        if self.shard == Shard::None {
+            return Ok(squares.sqrt());
+        }
+        let mut t = ops.upload_state(&[squares as f32])?;
+        comm.all_reduce_sum(&mut t)?;
+        Ok(f64::from(ops.download(&t)?[0]).sqrt())
+    }
+
+    /// AdamW on this worker's pieces of `w` from `grads` (its pieces), then every piece
+    /// all-gathered into every worker's whole `w` (under `full`, `w` holds the pieces and is
+    /// updated in place).
+    pub fn update<O: Ops<T = T>>(
+        &mut self,
+        ops: &O,
+        comm: &mut dyn Communicator<T>,
+        w: &mut Weights<T>,
+        grads: &[T],
+        hp: &AdamW,
+        step: u64,
+    ) -> Result<()> {
+        let tensors = w.tensors_mut();
+        let state = self.m.iter_mut().zip(self.v.iter_mut());
+        for (i, (p, (m, v))) in tensors.into_iter().zip(state).enumerate() {
+            let (span, decay, g) = (self.spans[i], self.decays[i], &grads[i]);
+            if matches!(self.shard, Shard::None | Shard::Full) {
+                ops.adamw(p, g, m, v, hp, step, decay)?;
+                continue;
+            }
+            let mut piece = ops.rows(p, 1, span.start, span.len)?;
+            ops.adamw(&mut piece, g, m, v, hp, step, decay)?;
+            let world = comm.world();
+            let all = comm.all_gather(piece, self.lens[i])?;
+            for (s, part) in shard_spans(self.lens[i], world).iter().zip(&all) {
+                ops.set_rows(p, 1, s.start, part)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The whole moments `(m, v)` on the host for a checkpoint: a collective every worker calls
+    /// when sharded; `None` except on the reporter.
+    pub fn moments<O: Ops<T = T>>(
+        &self,
+        ops: &O,
+        comm: &mut dyn Communicator<T>,
+        reporter: bool,
+    ) -> Result<Option<HostMoments>> {
+        if self.shard == Shard::None {
+            if !reporter {
+                return Ok(None);
+            }
+            let host = |ts: &[T]| ts.iter().map(|t| ops.download(t)).collect::<Result<_>>();
+            return Ok(Some((host(&self.m)?, host(&self.v)?)));
+        }
+        let (m, v): (Vec<&T>, Vec<&T>) = (self.m.iter().collect(), self.v.iter().collect());
+        let m = gather_host(ops, comm, &m, &self.lens, reporter)?;
+        let v = gather_host(ops, comm, &v, &self.lens, reporter)?;
+        Ok(m.zip(v))
+    }
+}

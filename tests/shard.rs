@@ -1,0 +1,474 @@
+//! Sharded model state (`--shard optimizer|grads`, ZeRO-1/2): the collectives on every host
+//! transport against the all-reduce and their byte predictions, sharded training against the
+//! unsharded trajectory on threads and processes, and sharded checkpoints resumed with other
+//! worker counts.
+
+use distflash::comm::rendezvous::{LaunchEnv, join};
+use distflash::comm::{
+    Communicator, all_gather_bytes, connect_mesh, reduce_scatter_bytes, shard_span, shard_spans,
+};
+use distflash::model::Checkpoint;
+use distflash::model::config::Config;
+use distflash::model::ops::AdamW;
+use distflash::plan::Schedule;
+use distflash::runtime::{Runtime, run_workers};
+use distflash::train::data::Data;
+use distflash::train::memory::MemoryCheck;
+use distflash::train::shard::Shard;
+use distflash::train::{Init, Options, StepReport, state};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::Mutex;
+use std::time::Duration;
+
+const BIN: &str = env!("CARGO_BIN_EXE_distflash");
+const TIMEOUT: Duration = Duration::from_secs(60);
+
+#[test]
+fn the_shard_rule_cuts_contiguous_pieces_differing_by_at_most_one() {
+    for len in 0..40 {
+        for world in 1..7 {
+            let spans = shard_spans(len, world);
+            let mut next = 0;
+            for (r, s) in spans.iter().enumerate() {
+                assert_eq!(s.start, next, "len {len} world {world}: contiguous");
+                assert_eq!(s.len, len / world + usize::from(r < len % world));
+                assert_eq!(*s, shard_span(len, world, r));
+                next = s.end();
+            }
+            assert_eq!(next, len, "the pieces cover the tensor");
+        }
+    }
+}
+
+/// Rank `rank`'s test vector of `len` elements: values whose sums round in f32.
+fn data(rank: usize, len: usize) -> Vec<f32> {
+    (0..len)
+        .map(|i| ((i * 7 + rank * 13) % 17) as f32 * 0.1 + 1.0 / (rank + 3) as f32)
+        .collect()
+}
+
+/// On one rank: all-gather and reduce-scatter of tensors of several lengths, checked against
+/// every rank's data and against the all-reduce (the same bits: both sum in rank order), and the
+/// bytes each sends against the prediction.
+fn check_collectives(comm: &mut impl Communicator<Vec<f32>>) -> anyhow::Result<()> {
+    let (me, world) = (comm.rank(), comm.world());
+    for len in [1, world, 37, 64] {
+        let mine = data(me, len);
+        let own = shard_span(len, world, me);
+
+        let before = comm.bytes_sent();
+        let pieces = comm.all_gather(mine[own.start..own.end()].to_vec(), len)?;
+        assert_eq!(
+            comm.bytes_sent() - before,
+            all_gather_bytes(len, world, me, 4)
+        );
+        for (r, (piece, s)) in pieces.iter().zip(shard_spans(len, world)).enumerate() {
+            assert_eq!(piece[..], data(r, len)[s.start..s.end()], "piece of {r}");
+        }
+
+        let cut = shard_spans(len, world)
+            .iter()
+            .map(|s| mine[s.start..s.end()].to_vec())
+            .collect();
+        let before = comm.bytes_sent();
+        let summed = comm.reduce_scatter_sum(cut)?;
+        assert_eq!(
+            comm.bytes_sent() - before,
+            reduce_scatter_bytes(len, world, me, 4)
+        );
+        let mut whole = mine.clone();
+        comm.all_reduce_sum(&mut whole)?;
+        assert_eq!(summed[..], whole[own.start..own.end()], "len {len}");
+    }
+    Ok(())
+}
+
+#[test]
+fn collectives_over_threads_match_the_all_reduce_and_the_byte_prediction() {
+    for world in 1..=4 {
+        for r in run_workers(world, TIMEOUT, |_, comm| check_collectives(comm)) {
+            r.unwrap();
+        }
+    }
+}
+
+#[test]
+fn collectives_over_tcp_match_the_all_reduce_and_the_byte_prediction() {
+    let world = 3;
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    std::thread::scope(|scope| {
+        let ranks: Vec<_> = (0..world)
+            .map(|rank| {
+                scope.spawn(move || -> anyhow::Result<()> {
+                    let env = LaunchEnv {
+                        rank,
+                        world,
+                        local_rank: rank,
+                        master_addr: "127.0.0.1".into(),
+                        master_port: port,
+                    };
+                    let joined = join(&env, 7, TIMEOUT, || Ok(Vec::new()))?;
+                    let mut comm = connect_mesh(joined, TIMEOUT, TIMEOUT)?;
+                    check_collectives(&mut comm)?;
+                    comm.barrier()
+                })
+            })
+            .collect();
+        for r in ranks {
+            r.join().unwrap().unwrap();
+        }
+    });
+}
+
+#[test]
+fn a_piece_that_breaks_the_shard_rule_is_refused_with_a_sentence() {
+    let results = run_workers(2, TIMEOUT, |_, comm| {
+        comm.reduce_scatter_sum(vec![vec![1.0; 2], vec![1.0; 4]])
+    });
+    for r in results {
+        let e = r.unwrap_err().to_string();
+        assert!(e.contains("the shard rule over 2 workers gives"), "{e}");
+    }
+}
+
+fn temp_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("distflash-shard-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn options(shard: Shard, steps: u64, save_dir: Option<&Path>, resume: Option<&Path>) -> Options {
+    let mut config = Config::preset("tiny").unwrap();
+    config.hidden_size = 32;
+    config.head_dim = 8;
+    config.intermediate_size = 48;
+    Options {
+        config,
+        init: Init::Random { seed: 1 },
+        data: Data::Synthetic { seed: 2 },
+        seq_len: 48,
+        batch: 2,
+        schedule: Schedule::Balanced,
+        shard,
+        checkpoint: Checkpoint::Remat,
+        steps,
+        adamw: AdamW {
+            lr: 3e-3,
+            beta1: 0.9,
+            beta2: 0.95,
+            eps: 1e-8,
+            weight_decay: 0.1,
+        },
+        warmup: 2,
+        clip: 1.0,
+        save_dir: save_dir.map(Path::to_path_buf),
+        save_every: 5,
+        resume: resume.map(Path::to_path_buf),
+    }
+}
+
+/// Losses and gradient norms of every step, and the final weights, of `o` on `workers` threads.
+fn run(o: &Options, workers: usize) -> (Vec<(f64, f64)>, Vec<Vec<f32>>) {
+    let memory = MemoryCheck {
+        config: o.config.clone(),
+        model: "tiny".into(),
+        seq: o.seq_len,
+        schedule: o.schedule,
+        checkpoint: o.checkpoint,
+        optimizer: true,
+        shard: o.shard,
+        ignore_estimate: false,
+    };
+    let steps = Mutex::new(Vec::new());
+    let rt = Runtime::cpu_threads(workers, TIMEOUT);
+    let on_step = |r: &StepReport| steps.lock().unwrap().push((r.loss, r.grad_norm));
+    let w = distflash::train::train(o, &memory, &rt, on_step).unwrap();
+    (steps.into_inner().unwrap(), w.expect("threads report"))
+}
+
+/// Relative agreement of two trajectories' losses and of two sets of weights.
+fn assert_close(
+    what: &str,
+    a: &(Vec<(f64, f64)>, Vec<Vec<f32>>),
+    b: &(Vec<(f64, f64)>, Vec<Vec<f32>>),
+    rel: f64,
+) {
+    assert_eq!(a.0.len(), b.0.len(), "{what}: steps");
+    for (s, (x, y)) in a.0.iter().zip(&b.0).enumerate() {
+        assert!(
+            (x.0 - y.0).abs() <= rel * y.0.abs(),
+            "{what}: step {} loss {} vs {}",
+            s + 1,
+            x.0,
+            y.0
+        );
+    }
+    let scale = b.1.iter().flatten().fold(0f32, |m, x| m.max(x.abs())) as f64;
+    for (t, (x, y)) in a.1.iter().zip(&b.1).enumerate() {
+        for (p, q) in x.iter().zip(y) {
+            assert!(
+                ((p - q).abs() as f64) <= rel * scale,
+                "{what}: tensor {t}: weight {p} vs {q}"
+            );
+        }
+    }
+}
+
+/// Sharding changes no arithmetic but the global gradient norm's: each worker's sum of squares
+/// is rounded to f32 and the P sums added in f32, a relative error of at most about
+/// (P + 1)·2⁻²⁴ < 3·10⁻⁷ in the norm and so in the clipping factor. AdamW's step is invariant to a
+/// uniform scale of the gradient up to its ε (1e-8 against gradients of order 1e-3), so each
+/// weight's update moves by far less than that relative amount times the learning rate; over 10
+/// steps of this tiny model the trajectories agree to 1e-5 relative (losses, and weights against
+/// the largest weight), the bound the threaded tests use. `full` also reduces each sequence of
+/// a batch separately (two f32 sums where the unsharded run adds the two gradients first: one
+/// more rounding, 2⁻²⁴ relative, per element), which AdamW's normalised step carries to the
+/// weights at the same order, within the same bound. Without clipping the norm is never used and
+/// `optimizer` and `grads` have the unsharded run's bits exactly.
+#[test]
+fn sharded_training_follows_the_unsharded_trajectory_on_one_to_four_threads() {
+    for workers in 1..=4 {
+        let none = run(&options(Shard::None, 10, None, None), workers);
+        assert!(none.0[9].0 < none.0[0].0, "the loss falls: {:?}", none.0);
+        for shard in [Shard::Optimizer, Shard::Grads, Shard::Full] {
+            let what = format!("{workers} workers, --shard {}", shard.name());
+            assert_close(
+                &what,
+                &run(&options(shard, 10, None, None), workers),
+                &none,
+                1e-5,
+            );
+        }
+    }
+    for workers in [2, 3] {
+        let unclipped = |shard| Options {
+            clip: 0.0,
+            ..options(shard, 4, None, None)
+        };
+        let none = run(&unclipped(Shard::None), workers);
+        for shard in [Shard::Optimizer, Shard::Grads] {
+            let got = run(&unclipped(shard), workers);
+            let losses = |r: &(Vec<(f64, f64)>, _)| r.0.iter().map(|s| s.0).collect::<Vec<_>>();
+            assert_eq!(
+                losses(&got),
+                losses(&none),
+                "{workers} workers, {}",
+                shard.name()
+            );
+            assert_eq!(
+                got.1,
+                none.1,
+                "{workers} workers, {}: same bits",
+                shard.name()
+            );
+        }
+    }
+}
+
+/// A P=2 sharded checkpoint holds the whole state (the same file an unsharded run saves, to the
+/// norm's rounding), and resumed with 4 workers or 1 it continues the uninterrupted run.
+#[test]
+fn a_sharded_checkpoint_resumes_with_other_worker_counts() {
+    let dir = temp_dir("resume");
+    let whole = run(&options(Shard::Optimizer, 10, None, None), 2);
+    let first = run(&options(Shard::Full, 5, Some(&dir), None), 2);
+    assert_close(
+        "the first half",
+        &first,
+        &(whole.0[..5].to_vec(), first.1.clone()),
+        1e-5,
+    );
+    let key = state::RunKey {
+        config: options(Shard::None, 0, None, None).config,
+        data: Data::Synthetic { seed: 2 }.describe(),
+        seq_len: 48,
+        batch: 2,
+    };
+    let saved = state::load(&state::path_in(&dir), &key).unwrap();
+    assert_eq!(saved.step, 5);
+    assert_eq!(saved.weights, first.1, "the saved weights are the run's");
+    let unsharded = temp_dir("resume-unsharded");
+    run(&options(Shard::None, 5, Some(&unsharded), None), 2);
+    let reference = state::load(&state::path_in(&unsharded), &key).unwrap();
+    for (what, a, b) in [("m", &saved.m, &reference.m), ("v", &saved.v, &reference.v)] {
+        let scale = b.iter().flatten().fold(0f32, |m, x| m.max(x.abs()));
+        for (x, y) in a.iter().flatten().zip(b.iter().flatten()) {
+            assert!((x - y).abs() <= 1e-5 * scale, "gathered {what}: {x} vs {y}");
+        }
+    }
+    // A save interrupted mid-write leaves its temporary file half written beside the previous
+    // checkpoint, which stays whole and is what a resume reads.
+    let good = std::fs::read(state::path_in(&dir)).unwrap();
+    std::fs::write(dir.join("state.tmp"), &good[..good.len() / 3]).unwrap();
+    for (workers, shard) in [(4, Shard::Full), (1, Shard::Grads), (4, Shard::None)] {
+        let rest = run(&options(shard, 10, None, Some(&dir)), workers);
+        let what = format!("resumed on {workers} workers, --shard {}", shard.name());
+        let tail = (whole.0[5..].to_vec(), whole.1.clone());
+        assert_close(&what, &rest, &tail, 1e-5);
+    }
+    std::fs::remove_dir_all(dir).unwrap();
+    std::fs::remove_dir_all(unsharded).unwrap();
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// Per-step losses and gradient norms of a `train --json` run.
+fn trajectory(out: &Output) -> Vec<(f64, f64)> {
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v.get("step").is_some() && v.get("loss").is_some())
+        .map(|v| {
+            (
+                v["loss"].as_f64().unwrap(),
+                v["grad_norm"].as_f64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+/// Three processes under `distflash launch` (TCP between ranks): each sharding follows the
+/// unsharded processes' trajectory for 10 steps and saves the same final model (the tolerance
+/// of the threaded test, for the same reason).
+#[test]
+fn sharded_training_as_processes_follows_the_unsharded_trajectory() {
+    let train = |shard: Shard| {
+        let dir = temp_dir(&format!("launch-{}", shard.name()));
+        let out = Command::new(BIN)
+            .args(["launch", "--nproc-per-node", "3", "--"])
+            .args([
+                "train",
+                "--steps",
+                "10",
+                "--json",
+                "--seq-len",
+                "48",
+                "--batch",
+                "2",
+            ])
+            .args(["--shard", shard.name(), "--save-dir", dir.to_str().unwrap()])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", stderr(&out));
+        let model = distflash::tensor_file::read(&dir.join("model.safetensors")).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        let mut names: Vec<_> = model.keys().cloned().collect();
+        names.sort();
+        let weights = names.iter().map(|n| model[n].1.clone()).collect::<Vec<_>>();
+        (trajectory(&out), weights)
+    };
+    let none = train(Shard::None);
+    assert_eq!(none.0.len(), 10);
+    for shard in [Shard::Optimizer, Shard::Grads, Shard::Full] {
+        assert_close(
+            &format!("3 processes, --shard {}", shard.name()),
+            &train(shard),
+            &none,
+            1e-5,
+        );
+    }
+}
+
+/// `distflash grads` over 3 workers: reduce-scattered gradients (`grads`, and `full`, whose
+/// layers' gradients are reduced as the backward makes them, from all-gathered weights) gathered
+/// whole are the all-reduced ones. Each worker's whole-tensor gradients are the same as
+/// unsharded and the reduce-scatter sums them in the all-reduce's order, so the files are equal
+/// bit for bit.
+#[test]
+fn sharded_gradients_are_the_all_reduced_ones() {
+    let dir = temp_dir("grads");
+    let tokens = dir.join("tokens.json");
+    std::fs::write(&tokens, "[1, 20, 70, 71, 72, 2, 20, 9, 30, 31, 5, 6, 7]").unwrap();
+    let grads = |shard: Shard| {
+        let out_file = dir.join(format!("{}.safetensors", shard.name()));
+        let out = Command::new(BIN)
+            .args(["grads", "--workers", "3", "--shard", shard.name()])
+            .args(["--tokens", tokens.to_str().unwrap()])
+            .args(["--out", out_file.to_str().unwrap()])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", stderr(&out));
+        let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        (
+            report["loss"].as_f64().unwrap(),
+            distflash::tensor_file::read(&out_file).unwrap(),
+        )
+    };
+    let none = grads(Shard::None);
+    for shard in [Shard::Grads, Shard::Full] {
+        let got = grads(shard);
+        assert_eq!(got.0, none.0, "--shard {}: loss", shard.name());
+        assert_eq!(got.1, none.1, "--shard {}: gradients", shard.name());
+    }
+    let bench = Command::new(BIN)
+        .args([
+            "bench",
+            "train",
+            "--device",
+            "cpu",
+            "--preset",
+            "tiny",
+            "--seq-len",
+            "32",
+        ])
+        .args([
+            "--repeats",
+            "1",
+            "--warmup",
+            "0",
+            "--json",
+            "--shard",
+            "full",
+        ])
+        .output()
+        .unwrap();
+    assert!(bench.status.success(), "{}", stderr(&bench));
+    let report: serde_json::Value = serde_json::from_slice(&bench.stdout).unwrap();
+    assert_eq!(report["shard"], "full");
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn the_estimate_counts_the_sharded_state() {
+    let estimate = |extra: &[&str]| -> serde_json::Value {
+        let out = Command::new(BIN)
+            .args([
+                "bench",
+                "train",
+                "--estimate",
+                "--json",
+                "--preset",
+                "llama2-7b",
+            ])
+            .args(extra)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", stderr(&out));
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let gib = |v: &serde_json::Value| v["estimated_gib"].as_f64().unwrap();
+    let part = |v: &serde_json::Value, k: &str| v["estimated_bytes"][k].as_f64().unwrap();
+    let eight = ["--workers", "8", "--seq-len", "1048576", "--optimizer"];
+    let none = estimate(&eight);
+    let optimizer = estimate(&[&eight[..], &["--shard", "optimizer"]].concat());
+    let full = estimate(&[&eight[..], &["--shard", "full"]].concat());
+    assert_eq!(
+        part(&optimizer, "optimizer") * 8.0,
+        part(&none, "optimizer")
+    );
+    assert_eq!(part(&optimizer, "weights"), part(&none, "weights"));
+    assert!(part(&full, "weights") < part(&none, "weights") / 4.0);
+    assert!(part(&full, "grads") < part(&none, "grads") / 4.0);
+    // The figure: 1M tokens of llama2-7b with AdamW on 8 H200s.
+    assert!(gib(&full) <= 120.0, "{}", gib(&full));
+    assert!(gib(&none) > 190.0, "{}", gib(&none));
+}
