@@ -48,8 +48,10 @@ pub struct Args {
 
 pub fn run(args: Args) -> Result<()> {
     let rt = args.place.runtime(Some(args.workers), |_| 4)?;
-    let shard = args.shard.unwrap_or(Shard::default_for(rt.workers()));
     let (config, init) = args.model.resolve()?;
+    let shard = args
+        .shard
+        .unwrap_or(Shard::default_for(rt.workers(), &config));
     let text = std::fs::read_to_string(&args.tokens)
         .with_context(|| format!("cannot read {}", args.tokens.display()))?;
     let tokens: Vec<u32> = serde_json::from_str(&text)

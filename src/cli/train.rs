@@ -214,10 +214,10 @@ pub fn run(args: Args) -> Result<()> {
             "--resume continues a checkpoint, which holds its own weights, and --init-from would start from a model's: give one of them"
         );
     }
-    let shard = args.shard.unwrap_or(Shard::default_for(workers));
     // Under a launcher rank 0 reports and writes files; the others only train.
     let reporter = rt.is_reporter();
     let (config, init) = args.model.resolve()?;
+    let shard = args.shard.unwrap_or(Shard::default_for(workers, &config));
     let data = match (&args.data, &args.tokenizer) {
         (Some(path), Some(tokenizer)) => Data::Tokens {
             file: TokenFile::open(path, tokenizer, args.eos_token.as_deref())?,

@@ -25,6 +25,10 @@ use crate::shape::Span;
 use anyhow::{Context, Result, bail};
 use serde::Serialize;
 
+/// Parameters from which several workers shard by default: 100M, whose f32 weights, gradients
+/// and AdamW moments (1.6 GB a worker) begin to matter beside a long sequence's activations.
+pub const SHARD_FROM_PARAMETERS: usize = 100_000_000;
+
 /// Which model state each worker keeps only its pieces of (`--shard`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -70,11 +74,15 @@ impl Shard {
         }
     }
 
-    /// `--shard` of `train` and `grads` when not given: `full` over several workers (each holds
-    /// 1/workers of the weights, gradients and moments, the most memory freed for the sequence,
-    /// on the unsharded trajectory), `none` alone (nothing to share the state with).
-    pub fn default_for(workers: usize) -> Shard {
-        if workers > 1 {
+    /// `--shard` of `train` and `grads` when not given: `full` over several workers once the
+    /// model's state is what fills memory (each then holds 1/workers of the weights, gradients
+    /// and moments, on the unsharded trajectory to f32 rounding), else `none`: below
+    /// [`SHARD_FROM_PARAMETERS`] the state is small beside the activations and the collectives
+    /// would only cost time (the `tiny` preset trains 1.4x slower sharded on 4 CPU workers, and
+    /// its rounding-level drift moves when the recall task is learned).
+    pub fn default_for(workers: usize, config: &Config) -> Shard {
+        let parameters: usize = specs(config).iter().map(|s| s.elements()).sum();
+        if workers > 1 && parameters >= SHARD_FROM_PARAMETERS {
             Shard::Full
         } else {
             Shard::None
