@@ -39,6 +39,7 @@ pub trait Backend: Sync {
     /// Folds block (Q rows `block.q`, K/V rows `block.kv`) into `state`, counting only the
     /// pairs `mask` leaves visible (causal by position at least). A backend that cannot apply
     /// a mask refuses it rather than compute another one.
+    #[allow(clippy::too_many_arguments)]
     fn forward_block(
         &self,
         dims: &Dims,
@@ -78,6 +79,7 @@ pub trait Backend: Sync {
 
     /// Backward of one block from the final O's statistics, under the `mask` the forward ran
     /// with: accumulates dQ (for `block.q` rows) and dK, dV (for `block.kv` rows) into `grads`.
+    #[allow(clippy::too_many_arguments)]
     fn backward_block(
         &self,
         dims: &Dims,
