@@ -13,7 +13,12 @@ use distflash::shape::{Dims, Mask};
 use std::process::{Command, Output};
 use std::time::Duration;
 
-const SCHEDULES: [Schedule; 3] = [Schedule::Unbalanced, Schedule::Balanced, Schedule::Zigzag];
+const SCHEDULES: [Schedule; 4] = [
+    Schedule::Unbalanced,
+    Schedule::Balanced,
+    Schedule::Zigzag,
+    Schedule::Greedy,
+];
 const TOL: f64 = 1e-5;
 const TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -131,16 +136,20 @@ fn tensors(run: &AttentionRun) -> Vec<Vec<u32>> {
 #[test]
 fn a_mask_that_hides_nothing_computes_exactly_what_causal_attention_does() {
     // The first document is all global tokens, so every later token still sees every earlier
-    // one: the masked path, bit for bit the causal one.
+    // one: the masked path, bit for bit the causal one. (Not `greedy`, whose assignment follows
+    // the visible pairs and so sums the same blocks in another order.)
     let d = dims(4, 2, 8);
     let causal = Inputs::random(d, 90, 13);
     let hides_nothing = masked(d, 90, 13, &[30, 60], None, 30);
     assert!(!hides_nothing.mask.is_causal());
     for workers in [1, 3, 4] {
-        for schedule in SCHEDULES {
+        for schedule in [Schedule::Unbalanced, Schedule::Balanced, Schedule::Zigzag] {
             let a = run_attention(&causal, workers, schedule, TIMEOUT).unwrap();
             let b = run_attention(&hides_nothing, workers, schedule, TIMEOUT).unwrap();
-            assert_eq!(tensors(&a), tensors(&b), "P={workers} {schedule}");
+            assert!(
+                tensors(&a) == tensors(&b),
+                "P={workers} {schedule}: results differ"
+            );
         }
     }
 }

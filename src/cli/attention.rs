@@ -37,7 +37,8 @@ pub struct Args {
     head_dim: usize,
     #[arg(long, default_value_t = 1)]
     batch: usize,
-    /// `balanced` (DistFlashAttn), `unbalanced` or `zigzag` (a head and a tail chunk per worker).
+    /// `balanced` (DistFlashAttn), `unbalanced`, `zigzag` (a head and a tail chunk per worker) or
+    /// `greedy` (blocks assigned by their real cost under the mask).
     #[arg(long, default_value = "balanced")]
     schedule: Schedule,
     /// Timed runs; times reported are their medians (on CUDA after one untimed warm-up run).

@@ -21,7 +21,8 @@ pub struct Args {
     /// Number of workers (one sequence chunk each).
     #[arg(long, default_value_t = 8)]
     workers: usize,
-    /// `balanced` (DistFlashAttn), `unbalanced` or `zigzag` (a head and a tail chunk per worker).
+    /// `balanced` (DistFlashAttn), `unbalanced`, `zigzag` (a head and a tail chunk per worker) or
+    /// `greedy` (blocks assigned by their real cost under the mask).
     #[arg(long, default_value = "balanced")]
     schedule: Schedule,
     #[arg(long, value_enum, default_value = "text")]

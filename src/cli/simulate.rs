@@ -12,6 +12,7 @@ pub struct Args {
     /// Worker counts to predict, e.g. 1,2,4,8,16,32,64.
     #[arg(long, value_delimiter = ',', default_value = "1,2,4,8,16,32,64")]
     workers: Vec<usize>,
+    /// `balanced`, `unbalanced`, `zigzag` or `greedy` (see `plan`).
     #[arg(long, default_value = "balanced")]
     schedule: Schedule,
     #[arg(long, default_value_t = 131072)]

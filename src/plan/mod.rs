@@ -15,6 +15,10 @@
 //!   of worker r − t (mod P): each step gives every worker the same work, two quarter-size blocks
 //!   (or three smaller ones at step 0), so P steps make a speedup of P even for P = 2, where
 //!   `balanced` reaches only 4/3.
+//! - `greedy` (cost-aware, for masks): `balanced`'s chunks and roles, but each block goes to its
+//!   query's or its key's owner by its real cost, heaviest first (`greedy.rs`), so the blocks
+//!   of a long packed document are shared by the workers holding their keys. Under full
+//!   causal attention it takes `balanced`'s ⌊P/2⌋ + 1 steps.
 //!
 //! The backward pass follows the same tasks; only what travels changes (see `Payload`).
 //!
@@ -24,6 +28,7 @@
 //! empty go), so with a window no wider than a chunk only neighbouring chunks move (the paper's
 //! appendix F); the cost model counts each block's visible pairs.
 
+mod greedy;
 mod partition;
 mod render;
 pub mod volume;
@@ -44,6 +49,7 @@ pub enum Schedule {
     Unbalanced,
     Balanced,
     Zigzag,
+    Greedy,
 }
 
 impl FromStr for Schedule {
@@ -53,8 +59,9 @@ impl FromStr for Schedule {
             "unbalanced" => Ok(Schedule::Unbalanced),
             "balanced" => Ok(Schedule::Balanced),
             "zigzag" => Ok(Schedule::Zigzag),
+            "greedy" => Ok(Schedule::Greedy),
             other => Err(format!(
-                "unknown schedule '{other}': use 'balanced', 'unbalanced' or 'zigzag'"
+                "unknown schedule '{other}': use 'balanced', 'unbalanced', 'zigzag' or 'greedy'"
             )),
         }
     }
@@ -66,6 +73,7 @@ impl fmt::Display for Schedule {
             Schedule::Unbalanced => "unbalanced",
             Schedule::Balanced => "balanced",
             Schedule::Zigzag => "zigzag",
+            Schedule::Greedy => "greedy",
         })
     }
 }
@@ -74,7 +82,7 @@ impl Schedule {
     /// How many chunks the sequence is cut into for `workers` workers.
     pub fn chunks(self, workers: usize) -> usize {
         match self {
-            Schedule::Unbalanced | Schedule::Balanced => workers,
+            Schedule::Unbalanced | Schedule::Balanced | Schedule::Greedy => workers,
             Schedule::Zigzag => 2 * workers,
         }
     }
@@ -200,7 +208,8 @@ impl Plan {
         if workers == 0 {
             bail!("workers must be at least 1");
         }
-        let steps = task_steps(workers, schedule);
+        let chunks = schedule.chunks(workers);
+        let steps = task_steps(workers, schedule, |i, j| area_cost(workers, chunks, i, j));
         Ok(Plan::from_tasks(
             workers,
             schedule,
@@ -242,7 +251,7 @@ impl Plan {
                 mask.visible_pairs(spans[i], spans[j]) as f64 / unit
             })
             .collect();
-        let steps = task_steps(workers, schedule)
+        let steps = task_steps(workers, schedule, |i, j| costs[i * chunks + j])
             .into_iter()
             .map(|tasks| {
                 tasks
@@ -343,16 +352,10 @@ impl Plan {
     /// Cost in the model where a block between two worker-sized chunks (N/P rows) costs 1 and a
     /// causal diagonal block half its area; under a mask, the block's visible pairs in that unit.
     pub fn task_cost(&self, task: &Task) -> f64 {
-        if let Some(costs) = &self.block_costs {
-            return costs[task.q_chunk * self.chunks() + task.kv_chunk];
+        match &self.block_costs {
+            Some(costs) => costs[task.q_chunk * self.chunks() + task.kv_chunk],
+            None => area_cost(self.workers, self.chunks(), task.q_chunk, task.kv_chunk),
         }
-        let side = self.workers as f64 / self.chunks() as f64;
-        let area = if task.q_chunk == task.kv_chunk {
-            0.5
-        } else {
-            1.0
-        };
-        area * side * side
     }
 
     /// Time of a step in the cost model: its busiest worker.
@@ -398,6 +401,14 @@ impl Plan {
     }
 }
 
+/// The causal area model's cost of block (i, j) of `chunks` chunks over `workers` workers: a
+/// block between two worker-sized chunks costs 1, a diagonal block half its area.
+fn area_cost(workers: usize, chunks: usize, i: usize, j: usize) -> f64 {
+    let side = workers as f64 / chunks as f64;
+    let area = if i == j { 0.5 } else { 1.0 };
+    area * side * side
+}
+
 fn role(owner: &[usize], task: &Task) -> Role {
     match (
         owner[task.q_chunk] == task.worker,
@@ -409,8 +420,9 @@ fn role(owner: &[usize], task: &Task) -> Role {
     }
 }
 
-/// The tasks of each step; the pass does not change them.
-fn task_steps(p: usize, schedule: Schedule) -> Vec<Vec<Task>> {
+/// The tasks of each step, from the block costs for the schedule that reads them (`greedy`);
+/// the pass does not change them.
+fn task_steps(p: usize, schedule: Schedule, cost: impl Fn(usize, usize) -> f64) -> Vec<Vec<Task>> {
     let task = |worker, q_chunk, kv_chunk| Task {
         worker,
         q_chunk,
@@ -448,6 +460,7 @@ fn task_steps(p: usize, schedule: Schedule) -> Vec<Vec<Task>> {
                 })
                 .collect()
         }
+        Schedule::Greedy => greedy::steps(p, cost),
     }
 }
 

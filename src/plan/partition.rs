@@ -112,7 +112,12 @@ mod tests {
 
     #[test]
     fn spans_tile_the_sequence_and_every_row_has_one_owner() {
-        for schedule in [Schedule::Balanced, Schedule::Unbalanced, Schedule::Zigzag] {
+        for schedule in [
+            Schedule::Balanced,
+            Schedule::Unbalanced,
+            Schedule::Zigzag,
+            Schedule::Greedy,
+        ] {
             for workers in 1..=5 {
                 for seq in [schedule.chunks(workers), 17, 64, 101] {
                     let p = Partition::new(seq, workers, schedule).unwrap();

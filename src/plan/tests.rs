@@ -2,9 +2,14 @@ use super::*;
 use crate::shape::{Mask, Span};
 use std::collections::HashMap;
 
-const ALL: [Schedule; 3] = [Schedule::Unbalanced, Schedule::Balanced, Schedule::Zigzag];
+const ALL: [Schedule; 4] = [
+    Schedule::Unbalanced,
+    Schedule::Balanced,
+    Schedule::Zigzag,
+    Schedule::Greedy,
+];
 
-fn both(workers: usize) -> [(Plan, Plan); 3] {
+fn both(workers: usize) -> [(Plan, Plan); 4] {
     ALL.map(|s| {
         (
             Plan::new(workers, s, Pass::Forward).unwrap(),
@@ -343,4 +348,48 @@ fn masked_renderings_show_the_skipped_blocks() {
     let svg = to_svg(fwd);
     assert_eq!(svg.matches(": skipped</title>").count(), 3);
     assert_eq!(svg.matches(": cost ").count(), 7);
+}
+
+#[test]
+fn greedy_matches_balanced_under_causal_attention() {
+    for p in 1..=16 {
+        let greedy = Plan::new(p, Schedule::Greedy, Pass::Forward).unwrap();
+        let balanced = Plan::new(p, Schedule::Balanced, Pass::Forward).unwrap();
+        assert_eq!(greedy.steps.len(), balanced.steps.len(), "P={p}");
+        assert!(
+            (greedy.ideal_speedup() - balanced.ideal_speedup()).abs() < 1e-12,
+            "P={p}"
+        );
+    }
+}
+
+#[test]
+fn greedy_balances_packed_documents_by_their_real_work() {
+    // One long document over the last chunks and short ones before it: the long document's
+    // blocks all sit in the last query chunks, which balanced leaves to their owners.
+    let mask = Mask::new(256, &[10, 10, 10, 10, 16, 200], None, 0).unwrap();
+    let plan = |schedule| {
+        Partition::masked(256, 8, schedule, &mask)
+            .unwrap()
+            .plan(Pass::Forward)
+            .clone()
+    };
+    let (greedy, balanced) = (plan(Schedule::Greedy), plan(Schedule::Balanced));
+    assert!(
+        greedy.ideal_speedup() > 1.15 * balanced.ideal_speedup(),
+        "greedy {} against balanced {}",
+        greedy.ideal_speedup(),
+        balanced.ideal_speedup()
+    );
+    // Never worse than balanced on the other masks, for any worker count.
+    for mask in masks() {
+        for p in 1..=8 {
+            let speedup = |schedule| {
+                let part = Partition::masked(97, p, schedule, &mask).unwrap();
+                part.plan(Pass::Forward).ideal_speedup()
+            };
+            let (g, b) = (speedup(Schedule::Greedy), speedup(Schedule::Balanced));
+            assert!(g >= b - 1e-12, "{mask} P={p}: greedy {g} < balanced {b}");
+        }
+    }
 }
