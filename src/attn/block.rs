@@ -90,6 +90,29 @@ fn key_tiles(keys: &[Visible]) -> impl Iterator<Item = (usize, usize)> {
     })
 }
 
+/// The columns of key tile `[c0, c0 + cols)` that a row seeing `seen` does not see, as up to
+/// three runs of tile-local indices (before, between and after its visible runs); under
+/// plain causal attention one run, from its last visible key to the tile's end.
+fn hidden_columns(seen: &Visible, c0: usize, cols: usize) -> [Span; 3] {
+    let tile = Span {
+        start: c0,
+        len: cols,
+    };
+    let mut gaps = [Span::between(cols, cols); 3];
+    let mut at = 0;
+    let mut k = 0;
+    for run in [seen.global, seen.local] {
+        let run = run.relative_to(tile);
+        if run.len > 0 {
+            gaps[k] = Span::between(at, run.start);
+            at = run.end();
+            k += 1;
+        }
+    }
+    gaps[k] = Span::between(at, cols);
+    gaps
+}
+
 #[allow(clippy::too_many_arguments)]
 fn forward_tile(
     keys: &[Visible],
@@ -110,10 +133,9 @@ fn forward_tile(
         let mut s = scores.slice_mut(s![.., ..cols]);
         general_mat_mul(scale, &q, &kt.t(), 0.0, &mut s);
         for (r, mut row) in s.axis_iter_mut(Axis(0)).enumerate() {
-            for (c, x) in row.iter_mut().enumerate() {
-                if !keys[r].contains(c0 + c) {
-                    *x = f32::NEG_INFINITY;
-                }
+            for gap in hidden_columns(&keys[r], c0, cols) {
+                row.slice_mut(s![gap.start..gap.end()])
+                    .fill(f32::NEG_INFINITY);
             }
             let row_max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
             let m_new = m[r].max(row_max);
@@ -220,14 +242,23 @@ fn backward_tile(
             let (lse, delta) = (head.lse[r0 + r], head.delta[r0 + r]);
             let mut p_row = p.row_mut(r);
             let mut dp_row = dp.row_mut(r);
-            for c in 0..cols {
-                let prob = if seen.contains(c0 + c) && lse > f32::NEG_INFINITY {
-                    (p_row[c] - lse).exp()
-                } else {
-                    0.0
-                };
-                p_row[c] = prob;
-                dp_row[c] = prob * (dp_row[c] - delta); // dS
+            let tile = Span {
+                start: c0,
+                len: cols,
+            };
+            let shown = [seen.global, seen.local].map(|run| run.relative_to(tile));
+            let runs = shown.iter().map(|run| (run, true));
+            let gaps = hidden_columns(seen, c0, cols);
+            for (run, visible) in runs.chain(gaps.iter().map(|gap| (gap, false))) {
+                for c in run.start..run.end() {
+                    let prob = if visible && lse > f32::NEG_INFINITY {
+                        (p_row[c] - lse).exp()
+                    } else {
+                        0.0
+                    };
+                    p_row[c] = prob;
+                    dp_row[c] = prob * (dp_row[c] - delta); // dS
+                }
             }
         }
         let mut dk_t = ArrayViewMut2::from_shape((cols, d), &mut dk[c0 * d..(c0 + cols) * d])
