@@ -66,23 +66,30 @@ pub(super) fn steps(p: usize, cost: impl Fn(usize, usize) -> f64) -> Vec<Vec<Tas
     steps
 }
 
-/// Gives `block` to its query's owner or its key's owner, moving earlier blocks to their other
-/// candidate where that frees one (an augmenting path); false if no assignment takes it.
+/// Gives `block` to its query's owner or its key's owner: a free one if there is (the query's
+/// owner first, so no partial has to travel back), else one whose block moves to its other
+/// candidate (an augmenting path, tried only then so that blocks stay with their query's owner
+/// where they can); false if no assignment takes it.
 fn assign(
     block: (usize, usize),
     by_worker: &mut [Option<(usize, usize)>],
     visited: &mut [bool],
 ) -> bool {
-    for worker in [block.0, block.1] {
+    let candidates = [block.0, block.1];
+    if let Some(&free) = candidates
+        .iter()
+        .find(|&&w| !visited[w] && by_worker[w].is_none())
+    {
+        by_worker[free] = Some(block);
+        return true;
+    }
+    for worker in candidates {
         if visited[worker] {
             continue;
         }
         visited[worker] = true;
-        let free = match by_worker[worker] {
-            None => true,
-            Some(other) => assign(other, by_worker, visited),
-        };
-        if free {
+        let held = by_worker[worker].expect("a worker without a block was taken above");
+        if assign(held, by_worker, visited) {
             by_worker[worker] = Some(block);
             return true;
         }
