@@ -393,3 +393,25 @@ fn greedy_balances_packed_documents_by_their_real_work() {
         }
     }
 }
+
+#[test]
+fn greedy_moves_no_more_than_balanced_under_causal_attention() {
+    let dims = crate::shape::Dims {
+        batch: 1,
+        heads: 4,
+        kv_heads: 4,
+        head_dim: 8,
+    };
+    for p in 1..=16 {
+        for pass in [Pass::Forward, Pass::Backward] {
+            let sent = |schedule| {
+                let plan = Plan::new(p, schedule, pass).unwrap();
+                volume::elements_sent(&plan, &dims, &vec![10; p])
+                    .iter()
+                    .sum::<usize>()
+            };
+            let (g, b) = (sent(Schedule::Greedy), sent(Schedule::Balanced));
+            assert!(g <= b, "P={p} {pass:?}: greedy {g} > balanced {b}");
+        }
+    }
+}
