@@ -103,10 +103,6 @@ impl Span {
         let end = self.end().min(within.end());
         Span::between(start - within.start, end.saturating_sub(within.start))
     }
-
-    pub fn contains(&self, position: usize) -> bool {
-        (self.start..self.end()).contains(&position)
-    }
 }
 
 mod mask;

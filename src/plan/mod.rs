@@ -246,9 +246,9 @@ impl Plan {
         let seq: usize = spans.iter().map(|s| s.len).sum();
         let unit = (seq as f64 / workers as f64).powi(2);
         let costs: Vec<f64> = (0..chunks * chunks)
-            .map(|b| {
-                let (i, j) = (b / chunks, b % chunks);
-                mask.visible_pairs(spans[i], spans[j]) as f64 / unit
+            .map(|b| match (b / chunks, b % chunks) {
+                (i, j) if j <= i => mask.visible_pairs(spans[i], spans[j]) as f64 / unit,
+                _ => 0.0, // above the diagonal: causal hides it
             })
             .collect();
         let steps = task_steps(workers, schedule, |i, j| costs[i * chunks + j])

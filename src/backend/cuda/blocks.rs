@@ -393,4 +393,15 @@ mod tests {
         };
         assert!(block_ints(&dims, huge).is_err());
     }
+
+    #[test]
+    fn masks_are_refused_until_the_kernels_have_them() {
+        assert!(refuse_masks(&Mask::causal()).is_ok());
+        let window = Mask::new(100, &[], Some(10), 0).unwrap();
+        let err = refuse_masks(&window).unwrap_err().to_string();
+        assert!(
+            err.contains("not in the CUDA kernels yet: use --device cpu"),
+            "{err}"
+        );
+    }
 }
