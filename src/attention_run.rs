@@ -77,7 +77,7 @@ struct WorkerResult {
     report: WorkerReport,
 }
 
-/// Runs forward then backward of causal attention on `problem` where `runtime` says. `Some` on
+/// Runs forward then backward of attention on `problem`, under its mask, where `runtime` says. `Some` on
 /// the reporter, with every worker's chunks joined; `None` on the other ranks of a launched job.
 pub fn run(
     problem: &Inputs,
@@ -118,7 +118,8 @@ impl Job for AttentionJob<'_> {
         device: &D,
         comm: &mut C,
     ) -> Result<WorkerResult> {
-        let partition = Partition::new(self.problem.seq, comm.world(), self.how.schedule)?;
+        let (x, schedule) = (self.problem, self.how.schedule);
+        let partition = Partition::masked(x.seq, comm.world(), schedule, &x.mask)?;
         run_rank(device.backend(), self.problem, &partition, &self.how, comm)
     }
 }

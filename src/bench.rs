@@ -55,7 +55,7 @@ pub fn cpu_attention_forward_gflops(dims: Dims, seq: usize, repeats: usize) -> f
             q: whole,
             kv: whole,
         };
-        attn::forward_block(&dims, block, &x.q, &x.k, &x.v, &mut state);
+        attn::forward_block(&dims, block, &x.mask, &x.q, &x.k, &x.v, &mut state);
         std::hint::black_box(attn::finalize(dims.head_dim, state));
     });
     attn::causal_forward_flops(&dims, seq) / secs / 1e9

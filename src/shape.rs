@@ -1,7 +1,8 @@
 //! The shapes several modules share and none owns: an attention problem's dimensions, a run of
-//! sequence positions, and the element count and precision of one tensor a transfer carries. A
-//! leaf: it imports nothing of the crate, so `plan`, `attn`, `comm`, `model` and `sim` can all
-//! speak of shapes without importing each other.
+//! sequence positions, the attention mask (which keys each query sees), and the element count
+//! and precision of one tensor a transfer carries. A leaf: it imports nothing of the crate, so
+//! `plan`, `attn`, `comm`, `model` and `sim` can all speak of shapes without importing each
+//! other.
 
 use anyhow::{Result, bail};
 
@@ -86,7 +87,26 @@ impl Span {
     pub fn end(&self) -> usize {
         self.start + self.len
     }
+
+    /// The positions `[start, end)`, empty (at `start`) when `end ≤ start`.
+    pub fn between(start: usize, end: usize) -> Span {
+        Span {
+            start,
+            len: end.saturating_sub(start),
+        }
+    }
+
+    /// The positions of `self` inside `within`, counted from `within.start` (a block's local
+    /// column indices); empty when they do not meet.
+    pub fn relative_to(&self, within: Span) -> Span {
+        let start = self.start.max(within.start);
+        let end = self.end().min(within.end());
+        Span::between(start - within.start, end.saturating_sub(within.start))
+    }
 }
+
+mod mask;
+pub use mask::{Mask, Visible};
 
 /// How a tensor of a payload is stored: in the backend's input precision (Q, K, V, dO: bf16 or
 /// fp16 on a GPU) or always f32 (statistics, partial results, gradients).

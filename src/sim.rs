@@ -14,12 +14,11 @@
 //! not contend beyond the two ends of a transfer. Use it to reason about 8–64 devices before a
 //! run and check it against runs on the devices we have.
 
-use crate::attn::Block;
 use crate::model::Checkpoint;
 use crate::model::config::Config;
 use crate::model::cost::{self, RankShare, StepMemory};
 use crate::plan::{Partition, Pass, Schedule, volume};
-use crate::shape::Dims;
+use crate::shape::{Dims, Mask};
 use anyhow::{Result, bail};
 use serde::Serialize;
 
@@ -41,12 +40,15 @@ pub struct Machine {
 }
 
 /// The problem being predicted.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct Workload {
     pub dims: Dims,
     pub seq: usize,
     pub workers: usize,
     pub schedule: Schedule,
+    /// Attention's mask: the plans replayed leave out the blocks it hides, and each block
+    /// computes for its visible pairs.
+    pub mask: Mask,
 }
 
 /// Predicted times of one configuration.
@@ -109,12 +111,9 @@ fn pass_secs(dims: &Dims, m: &Machine, part: &Partition, pass: Pass) -> f64 {
         }
         let mut work = vec![0.0f64; p]; // seconds of compute each device has this step
         for task in &step.tasks {
-            let block = Block {
-                q: spans[task.q_chunk],
-                kv: spans[task.kv_chunk],
-            };
+            let pairs = part.visible_pairs(task.q_chunk, task.kv_chunk);
             let per_pair = 4.0 * (dims.batch * dims.heads * dims.head_dim) as f64;
-            work[task.worker] += flops_scale * per_pair * block.visible_pairs() as f64 / rate;
+            work[task.worker] += flops_scale * per_pair * pairs as f64 / rate;
         }
         for dev in (0..p).filter(|&d| work[d] > 0.0) {
             started[dev] = free[dev].max(arrival[dev]);
@@ -139,7 +138,7 @@ pub fn predict(w: &Workload, m: &Machine) -> Result<Prediction> {
     if m.forward_flops <= 0.0 || m.backward_flops <= 0.0 || m.link_bandwidth <= 0.0 {
         bail!("rates and bandwidth must be positive");
     }
-    let part = Partition::new(w.seq, w.workers, w.schedule)?;
+    let part = Partition::masked(w.seq, w.workers, w.schedule, &w.mask)?;
     let both = |m: &Machine, part: &Partition| {
         (
             pass_secs(&w.dims, m, part, Pass::Forward),
@@ -155,7 +154,8 @@ pub fn predict(w: &Workload, m: &Machine) -> Result<Prediction> {
     let (forward_free, backward_free) = both(&free_links, &part);
     let compute_only_secs = forward_free + backward_free;
     let total = forward_secs + backward_secs;
-    let (forward_one, backward_one) = both(m, &Partition::new(w.seq, 1, w.schedule)?);
+    let alone = Partition::masked(w.seq, 1, w.schedule, &w.mask)?;
+    let (forward_one, backward_one) = both(m, &alone);
     let one = forward_one + backward_one;
     Ok(Prediction {
         workers: w.workers,
@@ -231,6 +231,7 @@ mod tests {
             seq: 8192,
             workers,
             schedule,
+            mask: Mask::causal(),
         }
     }
 

@@ -4,7 +4,7 @@
 use distflash::attn::{layout, oracle};
 
 use distflash::inputs::Inputs;
-use distflash::shape::Dims;
+use distflash::shape::{Dims, Mask};
 use distflash::tensor_file;
 use std::process::{Command, Output};
 
@@ -120,6 +120,7 @@ fn saved_file_has_public_layouts_and_matches_the_oracle() {
     let x = Inputs {
         dims,
         seq: n,
+        mask: Mask::causal(),
         q: hm("q", h),
         k: hm("k", hk),
         v: hm("v", hk),

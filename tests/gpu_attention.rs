@@ -17,7 +17,7 @@ use distflash::attn::{Block, Grads, GradsMut, Partial, QuerySide, layout};
 use distflash::backend::Backend;
 use distflash::backend::cuda::{CudaBackend, InputDtype, Tensor};
 use distflash::inputs::Inputs;
-use distflash::shape::{Dims, Span};
+use distflash::shape::{Dims, Mask, Span};
 
 const TOLERANCE: f64 = 2e-2;
 
@@ -65,6 +65,7 @@ impl Case {
         let x = Inputs {
             dims,
             seq,
+            mask: Mask::causal(),
             q: be.download(&q)?,
             k: be.download(&k)?,
             v: be.download(&v)?,
@@ -213,7 +214,15 @@ fn blocks(c: &Case) -> Result<[Vec<f32>; 5]> {
                 q: qs_span,
                 kv: spans[j],
             };
-            be.forward_block(&dims, block, &qs[i], &ks[j], &vs[j], &mut state)?;
+            be.forward_block(
+                &dims,
+                block,
+                &Mask::causal(),
+                &qs[i],
+                &ks[j],
+                &vs[j],
+                &mut state,
+            )?;
         }
         let mut part = be.finalize(&dims, qs_span.len, state)?;
         if last {
@@ -222,7 +231,15 @@ fn blocks(c: &Case) -> Result<[Vec<f32>; 5]> {
                 q: qs_span,
                 kv: qs_span,
             };
-            be.forward_block(&dims, block, &qs[i], &ks[i], &vs[i], &mut diag)?;
+            be.forward_block(
+                &dims,
+                block,
+                &Mask::causal(),
+                &qs[i],
+                &ks[i],
+                &vs[i],
+                &mut diag,
+            )?;
             let diag = be.finalize(&dims, qs_span.len, diag)?;
             be.merge(&dims, qs_span.len, &mut part, &diag)?;
         }
@@ -266,7 +283,7 @@ fn blocks(c: &Case) -> Result<[Vec<f32>; 5]> {
                 dk: &mut blk.dk,
                 dv: &mut blk.dv,
             };
-            be.backward_block(&dims, block, query, &ks[j], &vs[j], g)?;
+            be.backward_block(&dims, block, &Mask::causal(), query, &ks[j], &vs[j], g)?;
             be.add_assign(&mut dqs[i], &blk.dq)?;
             be.add_assign(&mut dks[j], &blk.dk)?;
             be.add_assign(&mut dvs[j], &blk.dv)?;

@@ -1,9 +1,11 @@
 //! CPU f32 forward and backward of one attention block, tiled so no score matrix larger than a
 //! tile ever exists, with matrix products through `ndarray` (matrixmultiply kernels) and one
-//! rayon task per (batch, head, query tile).
+//! rayon task per (batch, head, query tile). The mask decides which key tiles a query tile
+//! visits (only those any of its rows sees) and which scores inside them count; under plain
+//! causal attention that is the key prefix up to each row, exactly as before masks existed.
 
 use super::{Block, GradsMut, QuerySide, RunningState};
-use crate::shape::Dims;
+use crate::shape::{Dims, Mask, Span, Visible};
 use ndarray::linalg::general_mat_mul;
 use ndarray::{Array2, ArrayView2, ArrayViewMut2, Axis, s};
 use rayon::prelude::*;
@@ -14,10 +16,12 @@ const Q_TILE: usize = 64;
 /// Key rows per inner step; bounds the score tile at `Q_TILE × KV_TILE`.
 const KV_TILE: usize = 128;
 
-/// Folds block `block` into `state`: the online-softmax update of FlashAttention, per tile.
+/// Folds block `block` into `state` under `mask`: the online-softmax update of
+/// FlashAttention, per tile.
 pub fn forward_block(
     dims: &Dims,
     block: Block,
+    mask: &Mask,
     q: &[f32],
     k: &[f32],
     v: &[f32],
@@ -45,21 +49,73 @@ pub fn forward_block(
                     let rows = m.len();
                     let q = view(&q[r0 * d..(r0 + rows) * d], rows, d);
                     let mut acc = ArrayViewMut2::from_shape((rows, d), acc).expect("tile shape");
-                    let tile = Block {
-                        q: super::Span {
-                            start: block.q.start + r0,
-                            len: rows,
-                        },
-                        kv: block.kv,
-                    };
-                    forward_tile(tile, scale, q, k, v, d, m, l, &mut acc);
+                    let keys = visible_columns(mask, block, r0, rows);
+                    forward_tile(&keys, scale, q, k, v, d, m, l, &mut acc);
                 });
         });
 }
 
+/// The key columns (local indices of `block.kv`) each of the `rows` query rows from local row
+/// `r0` sees.
+fn visible_columns(mask: &Mask, block: Block, r0: usize, rows: usize) -> Vec<Visible> {
+    (0..rows)
+        .map(|r| mask.visible(block.q.start + r0 + r).relative_to(block.kv))
+        .collect()
+}
+
+/// The columns any row of a tile sees, as at most two runs in order (the global prefix, then
+/// the local band), merged into one when they meet: the key tiles worth visiting. Under plain
+/// causal attention one run, `[0, last row's visible keys)`.
+fn column_runs(keys: &[Visible]) -> Vec<Span> {
+    let global_end = keys.iter().map(|k| k.global.len).max().unwrap_or(0);
+    let local = keys.iter().filter(|k| k.local.len > 0);
+    let local_start = local.clone().map(|k| k.local.start).min();
+    let local_end = local.map(|k| k.local.end()).max().unwrap_or(0);
+    match local_start {
+        None => vec![Span::between(0, global_end)],
+        Some(start) if start <= global_end => vec![Span::between(0, global_end.max(local_end))],
+        Some(start) => vec![
+            Span::between(0, global_end),
+            Span::between(start, local_end),
+        ],
+    }
+}
+
+/// The first columns of each run's key tiles and their widths, in order.
+fn key_tiles(keys: &[Visible]) -> impl Iterator<Item = (usize, usize)> {
+    column_runs(keys).into_iter().flat_map(|run| {
+        (run.start..run.end())
+            .step_by(KV_TILE)
+            .map(move |c0| (c0, KV_TILE.min(run.end() - c0)))
+    })
+}
+
+/// The columns of key tile `[c0, c0 + cols)` that a row seeing `seen` does not see, as up to
+/// three runs of tile-local indices (before, between and after its visible runs); under
+/// plain causal attention one run, from its last visible key to the tile's end.
+fn hidden_columns(seen: &Visible, c0: usize, cols: usize) -> [Span; 3] {
+    let tile = Span {
+        start: c0,
+        len: cols,
+    };
+    let mut gaps = [Span::between(cols, cols); 3];
+    let mut at = 0;
+    let mut k = 0;
+    for run in [seen.global, seen.local] {
+        let run = run.relative_to(tile);
+        if run.len > 0 {
+            gaps[k] = Span::between(at, run.start);
+            at = run.end();
+            k += 1;
+        }
+    }
+    gaps[k] = Span::between(at, cols);
+    gaps
+}
+
 #[allow(clippy::too_many_arguments)]
 fn forward_tile(
-    tile: Block,
+    keys: &[Visible],
     scale: f32,
     q: ArrayView2<f32>,
     k: &[f32],
@@ -69,22 +125,23 @@ fn forward_tile(
     l: &mut [f32],
     acc: &mut ArrayViewMut2<f32>,
 ) {
-    let rows = tile.q.len;
-    let visible = tile.visible_keys(rows - 1);
+    let rows = keys.len();
     let mut scores = Array2::<f32>::zeros((rows, KV_TILE));
-    for c0 in (0..visible).step_by(KV_TILE) {
-        let cols = KV_TILE.min(visible - c0);
+    for (c0, cols) in key_tiles(keys) {
         let kt = view(&k[c0 * d..(c0 + cols) * d], cols, d);
         let vt = view(&v[c0 * d..(c0 + cols) * d], cols, d);
         let mut s = scores.slice_mut(s![.., ..cols]);
         general_mat_mul(scale, &q, &kt.t(), 0.0, &mut s);
         for (r, mut row) in s.axis_iter_mut(Axis(0)).enumerate() {
-            let seen = tile.visible_keys(r).saturating_sub(c0).min(cols);
-            row.slice_mut(s![seen..]).fill(f32::NEG_INFINITY);
+            for gap in hidden_columns(&keys[r], c0, cols) {
+                row.slice_mut(s![gap.start..gap.end()])
+                    .fill(f32::NEG_INFINITY);
+            }
             let row_max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
             let m_new = m[r].max(row_max);
             if m_new == f32::NEG_INFINITY {
-                continue; // nothing visible yet: state stays empty
+                row.fill(0.0); // nothing visible yet: state stays empty, the row adds nothing
+                continue;
             }
             let alpha = (m[r] - m_new).exp();
             let mut sum = 0.0;
@@ -101,12 +158,13 @@ fn forward_tile(
     }
 }
 
-/// Backward of block `block`: accumulates dQ for the query rows and dK, dV for the key rows.
-/// One task per (batch, query head) writes its own dQ rows and returns its dK, dV share, which
-/// are summed per KV head afterwards (query heads of one GQA group share a KV head).
+/// Backward of block `block` under `mask`: accumulates dQ for the query rows and dK, dV for the
+/// key rows. One task per (batch, query head) writes its own dQ rows and returns its dK, dV
+/// share, which are summed per KV head afterwards (query heads of one GQA group share a KV head).
 pub fn backward_block(
     dims: &Dims,
     block: Block,
+    mask: &Mask,
     query: QuerySide<'_, Vec<f32>>,
     k: &[f32],
     v: &[f32],
@@ -132,15 +190,8 @@ pub fn backward_block(
                 v: &v[kv_off..kv_off + nk * d],
             };
             for r0 in (0..nq).step_by(Q_TILE) {
-                let rows = Q_TILE.min(nq - r0);
-                let tile = Block {
-                    q: super::Span {
-                        start: block.q.start + r0,
-                        len: rows,
-                    },
-                    kv: block.kv,
-                };
-                backward_tile(tile, r0, scale, d, &head, dq, &mut dk, &mut dv);
+                let keys = visible_columns(mask, block, r0, Q_TILE.min(nq - r0));
+                backward_tile(&keys, r0, scale, d, &head, dq, &mut dk, &mut dv);
             }
             (dk, dv)
         })
@@ -164,7 +215,7 @@ struct HeadTensors<'a> {
 
 #[allow(clippy::too_many_arguments)]
 fn backward_tile(
-    tile: Block,
+    keys: &[Visible],
     r0: usize,
     scale: f32,
     d: usize,
@@ -173,35 +224,41 @@ fn backward_tile(
     dk: &mut [f32],
     dv: &mut [f32],
 ) {
-    let rows = tile.q.len;
-    let visible = tile.visible_keys(rows - 1);
+    let rows = keys.len();
     let q = view(&head.q[r0 * d..(r0 + rows) * d], rows, d);
     let dout = view(&head.dout[r0 * d..(r0 + rows) * d], rows, d);
     let mut dq =
         ArrayViewMut2::from_shape((rows, d), &mut dq[r0 * d..(r0 + rows) * d]).expect("tile shape");
     let mut p = Array2::<f32>::zeros((rows, KV_TILE));
     let mut dp = Array2::<f32>::zeros((rows, KV_TILE));
-    for c0 in (0..visible).step_by(KV_TILE) {
-        let cols = KV_TILE.min(visible - c0);
+    for (c0, cols) in key_tiles(keys) {
         let kt = view(&head.k[c0 * d..(c0 + cols) * d], cols, d);
         let vt = view(&head.v[c0 * d..(c0 + cols) * d], cols, d);
         let mut p = p.slice_mut(s![.., ..cols]);
         let mut dp = dp.slice_mut(s![.., ..cols]);
         general_mat_mul(scale, &q, &kt.t(), 0.0, &mut p);
         general_mat_mul(1.0, &dout, &vt.t(), 0.0, &mut dp);
-        for r in 0..rows {
-            let seen = tile.visible_keys(r).saturating_sub(c0).min(cols);
+        for (r, seen) in keys.iter().enumerate() {
             let (lse, delta) = (head.lse[r0 + r], head.delta[r0 + r]);
             let mut p_row = p.row_mut(r);
             let mut dp_row = dp.row_mut(r);
-            for c in 0..cols {
-                let prob = if c < seen && lse > f32::NEG_INFINITY {
-                    (p_row[c] - lse).exp()
-                } else {
-                    0.0
-                };
-                p_row[c] = prob;
-                dp_row[c] = prob * (dp_row[c] - delta); // dS
+            let tile = Span {
+                start: c0,
+                len: cols,
+            };
+            let shown = [seen.global, seen.local].map(|run| run.relative_to(tile));
+            let runs = shown.iter().map(|run| (run, true));
+            let gaps = hidden_columns(seen, c0, cols);
+            for (run, visible) in runs.chain(gaps.iter().map(|gap| (gap, false))) {
+                for c in run.start..run.end() {
+                    let prob = if visible && lse > f32::NEG_INFINITY {
+                        (p_row[c] - lse).exp()
+                    } else {
+                        0.0
+                    };
+                    p_row[c] = prob;
+                    dp_row[c] = prob * (dp_row[c] - delta); // dS
+                }
             }
         }
         let mut dk_t = ArrayViewMut2::from_shape((cols, d), &mut dk[c0 * d..(c0 + cols) * d])

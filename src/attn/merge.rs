@@ -63,7 +63,7 @@ pub fn delta(head_dim: usize, out: &[f32], dout: &[f32]) -> Vec<f32> {
 mod tests {
     use super::*;
     use crate::attn::{Block, forward_block};
-    use crate::shape::{Dims, Span};
+    use crate::shape::{Dims, Mask, Span};
 
     /// The merge rule in f64, straight from the definition (shifted by the max to stay finite).
     fn merge_f64(oa: f64, la: f64, ob: f64, lb: f64) -> (f64, f64) {
@@ -154,7 +154,7 @@ mod tests {
         };
         let q = vec![1.0; dims.q_len(3)];
         let kv = vec![1.0; dims.kv_len(5)];
-        forward_block(&dims, block, &q, &kv, &kv, &mut state);
+        forward_block(&dims, block, &Mask::causal(), &q, &kv, &kv, &mut state);
         let p = finalize(4, state);
         assert!(p.lse.iter().all(|&l| l == f32::NEG_INFINITY));
         assert!(p.out.iter().all(|&o| o == 0.0));

@@ -7,7 +7,8 @@
 //!
 //! A block is the query rows of one chunk against the key/value rows of another. Rows carry their
 //! absolute position in the sequence (`Span`), so the causal mask is "key position ≤ query
-//! position" for any pair of chunks, of any sizes.
+//! position" for any pair of chunks, of any sizes, and a `shape::Mask` (packed documents, a
+//! sliding window, global tokens) restricts that further by position alone.
 
 mod block;
 pub mod layout;
@@ -17,29 +18,15 @@ pub mod oracle;
 pub use block::{backward_block, forward_block};
 pub use merge::{delta, finalize, merge};
 
-use crate::shape::{Dims, Span};
+use crate::shape::{Dims, Mask, Span};
 
-/// Query rows `q` against key/value rows `kv` under the causal mask.
+/// Query rows `q` against key/value rows `kv`. Which of their pairs count is the mask's to say
+/// (`shape::Mask`, passed beside the block): causal by position at least, so a block of any two
+/// chunks, of any sizes, is well defined; its work is `Mask::visible_pairs(q, kv)`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Block {
     pub q: Span,
     pub kv: Span,
-}
-
-impl Block {
-    /// Number of (query, key) pairs the causal mask leaves visible: the block's work.
-    pub fn visible_pairs(&self) -> u64 {
-        (self.q.start..self.q.end())
-            .map(|p| (p + 1).saturating_sub(self.kv.start).min(self.kv.len) as u64)
-            .sum()
-    }
-
-    /// Keys (local indices `0..n`) visible to query rows `rows` (local indices): a prefix.
-    pub(crate) fn visible_keys(&self, last_row: usize) -> usize {
-        (self.q.start + last_row + 1)
-            .saturating_sub(self.kv.start)
-            .min(self.kv.len)
-    }
 }
 
 /// Online-softmax state of one query chunk while blocks are folded in: running max `m`, running
@@ -105,4 +92,21 @@ pub fn causal_forward_flops(dims: &Dims, seq: usize) -> f64 {
 /// Backward FLOPs: 2.5× forward (five matrix products instead of two), the FlashAttention count.
 pub fn causal_backward_flops(dims: &Dims, seq: usize) -> f64 {
     2.5 * causal_forward_flops(dims, seq)
+}
+
+/// Forward FLOPs of attention over `seq` tokens under `mask`: 4 per visible (query, key) pair,
+/// head dimension and head; plain causal attention keeps [`causal_forward_flops`]'s count, so
+/// rates under a mask compare with the causal ones of the same machine.
+pub fn masked_forward_flops(dims: &Dims, mask: &Mask, seq: usize) -> f64 {
+    if mask.is_causal() {
+        return causal_forward_flops(dims, seq);
+    }
+    let whole = Span { start: 0, len: seq };
+    let pairs = mask.visible_pairs(whole, whole) as f64;
+    4.0 * pairs * dims.heads as f64 * dims.head_dim as f64 * dims.batch as f64
+}
+
+/// Backward FLOPs under `mask`: 2.5× its forward, as [`causal_backward_flops`].
+pub fn masked_backward_flops(dims: &Dims, mask: &Mask, seq: usize) -> f64 {
+    2.5 * masked_forward_flops(dims, mask, seq)
 }

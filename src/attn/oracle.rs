@@ -1,18 +1,20 @@
-//! The f64 reference: whole-sequence causal attention, forward and backward, written as plainly
-//! as the math (full score rows, exact softmax). Slow and memory-hungry by design: it is the
+//! The f64 reference: whole-sequence attention under a mask (causal, packed documents, a sliding
+//! window, global tokens: `shape::Mask`), forward and backward, written as plainly as the math
+//! (every visible score of a row, exact softmax). Slow and memory-hungry by design: it is the
 //! truth every fast path is compared with, not something to run at scale.
 
-use crate::shape::Dims;
+use crate::shape::{Dims, Mask};
 use rayon::prelude::*;
 
-/// One whole-sequence problem as the oracle reads it: the shape and head-major Q, K, V and dO
-/// (dO only for the backward), borrowed. The oracle's own struct, so it depends on no input
+/// One whole-sequence problem as the oracle reads it: the shape, the mask and head-major Q, K, V
+/// and dO (dO only for the backward), borrowed. The oracle's own struct, so it depends on no input
 /// generator: callers pass random inputs (`inputs::Inputs::problem`), a file's tensors or a
 /// device's rounded copies alike.
 #[derive(Clone, Copy, Debug)]
 pub struct Problem<'a> {
     pub dims: Dims,
     pub seq: usize,
+    pub mask: &'a Mask,
     pub q: &'a [f32],
     pub k: &'a [f32],
     pub v: &'a [f32],
@@ -32,11 +34,27 @@ pub struct Backward {
     pub dv: Vec<f64>,
 }
 
-/// Softmax probabilities of query row `i` over keys `0..=i` for one (batch, head), and the row's
-/// log-sum-exp.
-fn probabilities(q: &[f64], k: &[f64], d: usize, i: usize, scale: f64) -> (Vec<f64>, f64) {
-    let scores: Vec<f64> = (0..=i)
-        .map(|j| scale * dot(&q[i * d..(i + 1) * d], &k[j * d..(j + 1) * d]))
+/// The keys query row `i` sees, in order.
+fn keys(mask: &Mask, i: usize) -> Vec<usize> {
+    let v = mask.visible(i);
+    (v.global.start..v.global.end())
+        .chain(v.local.start..v.local.end())
+        .collect()
+}
+
+/// Softmax probabilities of query row `i` over its visible `keys` for one (batch, head), and the
+/// row's log-sum-exp (−∞, with no probabilities, for a row that sees nothing).
+fn probabilities(
+    q: &[f64],
+    k: &[f64],
+    d: usize,
+    i: usize,
+    keys: &[usize],
+    scale: f64,
+) -> (Vec<f64>, f64) {
+    let scores: Vec<f64> = keys
+        .iter()
+        .map(|&j| scale * dot(&q[i * d..(i + 1) * d], &k[j * d..(j + 1) * d]))
         .collect();
     let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
     let sum: f64 = scores.iter().map(|s| (s - max).exp()).sum();
@@ -57,7 +75,7 @@ fn head(x: &Problem, bh: usize) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
     (up(x.q, bh), up(x.k, kvh), up(x.v, kvh))
 }
 
-/// Causal attention forward in f64.
+/// Attention forward in f64 under the problem's mask.
 pub fn forward(x: &Problem) -> Forward {
     let dims = &x.dims;
     let (n, d) = (x.seq, dims.head_dim);
@@ -69,9 +87,10 @@ pub fn forward(x: &Problem) -> Forward {
             let mut out = vec![0.0; n * d];
             let mut lse = vec![0.0; n];
             for i in 0..n {
-                let (p, row_lse) = probabilities(&q, &k, d, i, scale);
+                let keys = keys(x.mask, i);
+                let (p, row_lse) = probabilities(&q, &k, d, i, &keys, scale);
                 lse[i] = row_lse;
-                for (j, pj) in p.iter().enumerate() {
+                for (&j, pj) in keys.iter().zip(&p) {
                     for c in 0..d {
                         out[i * d + c] += pj * v[j * d + c];
                     }
@@ -92,7 +111,7 @@ pub fn forward(x: &Problem) -> Forward {
     }
 }
 
-/// Causal attention backward in f64 for the output gradient `x.dout`.
+/// Attention backward in f64 under the problem's mask, for the output gradient `x.dout`.
 pub fn backward(x: &Problem) -> Backward {
     let (dims, dout) = (&x.dims, x.dout);
     let (n, d) = (x.seq, dims.head_dim);
@@ -107,14 +126,18 @@ pub fn backward(x: &Problem) -> Backward {
                 .collect();
             let (mut dq, mut dk, mut dv) = (vec![0.0; n * d], vec![0.0; n * d], vec![0.0; n * d]);
             for i in 0..n {
-                let (p, _) = probabilities(&q, &k, d, i, scale);
+                let keys = keys(x.mask, i);
+                let (p, _) = probabilities(&q, &k, d, i, &keys, scale);
                 let gi = &g[i * d..(i + 1) * d];
-                let dp: Vec<f64> = (0..=i).map(|j| dot(gi, &v[j * d..(j + 1) * d])).collect();
+                let dp: Vec<f64> = keys
+                    .iter()
+                    .map(|&j| dot(gi, &v[j * d..(j + 1) * d]))
+                    .collect();
                 let row_delta: f64 = p.iter().zip(&dp).map(|(a, b)| a * b).sum();
-                for j in 0..=i {
-                    let ds = p[j] * (dp[j] - row_delta);
+                for (at, &j) in keys.iter().enumerate() {
+                    let ds = p[at] * (dp[at] - row_delta);
                     for c in 0..d {
-                        dv[j * d + c] += p[j] * gi[c];
+                        dv[j * d + c] += p[at] * gi[c];
                         dq[i * d + c] += scale * ds * k[j * d + c];
                         dk[j * d + c] += scale * ds * q[i * d + c];
                     }

@@ -3,7 +3,7 @@
 
 use super::{Backend, ModelEdge, Order};
 use crate::attn::{self, Block, GradsMut, Partial, QuerySide, RunningState};
-use crate::shape::Dims;
+use crate::shape::{Dims, Mask};
 use anyhow::{Result, bail};
 
 /// Runs blocks on the CPU in f32 with rayon.
@@ -50,12 +50,13 @@ impl Backend for CpuBackend {
         &self,
         dims: &Dims,
         block: Block,
+        mask: &Mask,
         q: &Vec<f32>,
         k: &Vec<f32>,
         v: &Vec<f32>,
         state: &mut RunningState<Vec<f32>>,
     ) -> Result<()> {
-        attn::forward_block(dims, block, q, k, v, state);
+        attn::forward_block(dims, block, mask, q, k, v, state);
         Ok(())
     }
 
@@ -93,12 +94,13 @@ impl Backend for CpuBackend {
         &self,
         dims: &Dims,
         block: Block,
+        mask: &Mask,
         query: QuerySide<'_, Vec<f32>>,
         k: &Vec<f32>,
         v: &Vec<f32>,
         grads: GradsMut<'_, Vec<f32>>,
     ) -> Result<()> {
-        attn::backward_block(dims, block, query, k, v, grads);
+        attn::backward_block(dims, block, mask, query, k, v, grads);
         Ok(())
     }
 }

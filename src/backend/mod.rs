@@ -5,7 +5,7 @@ pub mod cpu;
 pub mod cuda;
 
 use crate::attn::{Block, GradsMut, Partial, QuerySide, RunningState};
-use crate::shape::Dims;
+use crate::shape::{Dims, Mask};
 use anyhow::Result;
 
 /// The block API every device implements. Tensors are head-major (see `attn`); the backend
@@ -36,11 +36,15 @@ pub trait Backend: Sync {
     /// A fresh online-softmax state for `rows` query rows: m = −∞, l = 0, acc = 0.
     fn new_state(&self, dims: &Dims, rows: usize) -> Result<RunningState<Self::Tensor>>;
 
-    /// Folds block (Q rows `block.q`, K/V rows `block.kv`) into `state`, causal mask by position.
+    /// Folds block (Q rows `block.q`, K/V rows `block.kv`) into `state`, counting only the
+    /// pairs `mask` leaves visible (causal by position at least). A backend that cannot apply
+    /// a mask refuses it rather than compute another one.
+    #[allow(clippy::too_many_arguments)]
     fn forward_block(
         &self,
         dims: &Dims,
         block: Block,
+        mask: &Mask,
         q: &Self::Tensor,
         k: &Self::Tensor,
         v: &Self::Tensor,
@@ -73,12 +77,14 @@ pub trait Backend: Sync {
         dout: &Self::Tensor,
     ) -> Result<Self::Tensor>;
 
-    /// Backward of one block from the final O's statistics: accumulates dQ (for `block.q` rows)
-    /// and dK, dV (for `block.kv` rows) into `grads`.
+    /// Backward of one block from the final O's statistics, under the `mask` the forward ran
+    /// with: accumulates dQ (for `block.q` rows) and dK, dV (for `block.kv` rows) into `grads`.
+    #[allow(clippy::too_many_arguments)]
     fn backward_block(
         &self,
         dims: &Dims,
         block: Block,
+        mask: &Mask,
         query: QuerySide<'_, Self::Tensor>,
         k: &Self::Tensor,
         v: &Self::Tensor,

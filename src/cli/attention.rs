@@ -1,17 +1,18 @@
 //! `distflash attention`: distributed causal attention forward and backward on random inputs,
-//! with timings, per-worker load and traffic, an optional check against the f64 oracle and an
-//! optional safetensors dump of inputs and results.
+//! optionally masked (packed documents, a sliding window, global tokens), with timings,
+//! per-worker load and traffic, an optional check against the f64 oracle under the same mask and
+//! an optional safetensors dump of inputs and results.
 
 use super::create_output;
 use anyhow::{Result, bail};
 use distflash::attention_run::{self, AttentionRun, Strategy};
 use distflash::attn::{self, layout, oracle};
 use distflash::backend::cuda::InputDtype;
-use distflash::inputs::Inputs;
+use distflash::inputs::{self, Inputs};
 use distflash::plan::Schedule;
 use distflash::resources;
 use distflash::runtime::{Device, Runtime};
-use distflash::shape::Dims;
+use distflash::shape::{Dims, Mask};
 use distflash::tensor_file::{self, Named};
 use serde::Serialize;
 use std::path::PathBuf;
@@ -37,7 +38,8 @@ pub struct Args {
     head_dim: usize,
     #[arg(long, default_value_t = 1)]
     batch: usize,
-    /// `balanced` (DistFlashAttn), `unbalanced` or `zigzag` (a head and a tail chunk per worker).
+    /// `balanced` (DistFlashAttn), `unbalanced`, `zigzag` (a head and a tail chunk per worker) or
+    /// `greedy` (blocks assigned by their real cost under the mask).
     #[arg(long, default_value = "balanced")]
     schedule: Schedule,
     /// Timed runs; times reported are their medians (on CUDA after one untimed warm-up run).
@@ -47,9 +49,11 @@ pub struct Args {
     /// computes) — the paper's ablation of prefetching.
     #[arg(long)]
     no_overlap: bool,
-    /// Seed of the random inputs.
+    /// Seed of the random inputs (and of `--docs random:N`'s lengths).
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    #[command(flatten)]
+    mask: MaskArgs,
     /// Compare with the f64 oracle (quadratic memory-free but slow: keep seq-len moderate).
     #[arg(long)]
     check: bool,
@@ -71,6 +75,76 @@ fn check_tolerance(rt: &Runtime) -> f64 {
         // Seen on an H200 (bench/cuda.md): at most 3.1e-3 in bf16 and 2.2e-4 in fp16.
         (Device::Cuda, InputDtype::Bf16) => 1e-2,
         (Device::Cuda, InputDtype::F16) => 1e-3,
+    }
+}
+
+/// The mask flags `attention`, `plan` and `simulate` share.
+#[derive(clap::Args)]
+pub struct MaskArgs {
+    /// Pack the sequence from documents of these lengths (they must add up to the sequence
+    /// length; any lengths, one-token documents included): a token sees only its own document.
+    #[arg(long, value_delimiter = ',', conflicts_with = "docs")]
+    doc_lens: Vec<usize>,
+    /// `random:N`: N documents of random lengths (at least one token each) from the seed.
+    #[arg(long)]
+    docs: Option<String>,
+    /// Causal sliding window: a token sees itself and the W − 1 tokens before it (in its
+    /// document).
+    #[arg(long)]
+    window: Option<usize>,
+    /// Global prefix tokens: every later token sees the first G tokens, across documents and
+    /// beyond the window.
+    #[arg(long, default_value_t = 0)]
+    global: usize,
+}
+
+impl MaskArgs {
+    /// True when any mask flag was given.
+    pub fn given(&self) -> bool {
+        !self.doc_lens.is_empty() || self.docs.is_some() || self.window.is_some() || self.global > 0
+    }
+
+    /// The mask of a `seq`-token sequence; `--docs random:N` draws its lengths from `seed`.
+    pub fn mask(&self, seq: usize, seed: u64) -> Result<Mask> {
+        let lens = match &self.docs {
+            None => self.doc_lens.clone(),
+            Some(spec) => {
+                let count = spec
+                    .strip_prefix("random:")
+                    .and_then(|n| n.parse::<usize>().ok())
+                    .ok_or_else(|| {
+                        anyhow::anyhow!(
+                            "--docs takes random:N (N documents of random lengths), not '{spec}'"
+                        )
+                    })?;
+                inputs::random_doc_lens(seq, count, seed)?
+            }
+        };
+        Mask::new(seq, &lens, self.window, self.global)
+    }
+}
+
+#[derive(Serialize)]
+struct MaskReport {
+    /// Document lengths (one entry: an unpacked sequence).
+    doc_lens: Vec<usize>,
+    window: Option<usize>,
+    global: usize,
+    /// Share of the causal (query, key) pairs the mask leaves visible.
+    visible_fraction: f64,
+}
+
+impl MaskReport {
+    fn new(mask: &Mask, seq: usize) -> MaskReport {
+        let whole = distflash::shape::Span { start: 0, len: seq };
+        let causal = (seq as f64) * (seq as f64 + 1.0) / 2.0;
+        let docs = mask.doc_lens();
+        MaskReport {
+            doc_lens: if docs.is_empty() { vec![seq] } else { docs },
+            window: mask.window(),
+            global: mask.global(),
+            visible_fraction: mask.visible_pairs(whole, whole) as f64 / causal,
+        }
     }
 }
 
@@ -99,6 +173,7 @@ struct Report {
     workers: usize,
     schedule: Schedule,
     seq_len: usize,
+    mask: MaskReport,
     batch: usize,
     heads: usize,
     kv_heads: usize,
@@ -148,7 +223,11 @@ pub fn run(args: Args) -> Result<()> {
         .as_deref()
         .map(|p| create_output(p).map(|_| p))
         .transpose()?;
-    let mut x = Inputs::random(dims, args.seq_len, args.seed);
+    let mask = args.mask.mask(args.seq_len, args.seed)?;
+    if rt.device == Device::Cuda && !mask.is_causal() {
+        bail!("masks ({mask}) are not in the CUDA kernels yet: use --device cpu");
+    }
+    let mut x = Inputs::random(dims, args.seq_len, args.seed).with_mask(mask)?;
     if rt.device == Device::Cuda {
         // Rounded to the GPU's precision first, so the check and the saved file describe
         // exactly what it computed.
@@ -178,14 +257,19 @@ pub fn run(args: Args) -> Result<()> {
         workers: rt.workers(),
         schedule: args.schedule,
         seq_len: args.seq_len,
+        mask: MaskReport::new(&x.mask, args.seq_len),
         batch: args.batch,
         heads: args.heads,
         kv_heads: args.kv_heads,
         head_dim: args.head_dim,
         forward_secs: run.forward_secs,
         backward_secs: run.backward_secs,
-        forward_gflops: attn::causal_forward_flops(&dims, args.seq_len) / run.forward_secs / 1e9,
-        backward_gflops: attn::causal_backward_flops(&dims, args.seq_len) / run.backward_secs / 1e9,
+        forward_gflops: attn::masked_forward_flops(&dims, &x.mask, args.seq_len)
+            / run.forward_secs
+            / 1e9,
+        backward_gflops: attn::masked_backward_flops(&dims, &x.mask, args.seq_len)
+            / run.backward_secs
+            / 1e9,
         per_worker: run
             .workers
             .iter()
@@ -310,6 +394,16 @@ fn print_table(r: &Report) {
         r.kv_heads,
         r.head_dim
     );
+    let m = &r.mask;
+    if m.doc_lens.len() > 1 || m.window.is_some() || m.global > 0 {
+        let window = m.window.map_or("none".to_string(), |w| w.to_string());
+        println!(
+            "mask: {} documents, window {window}, {} global tokens: {:.1}% of the causal pairs visible (rates count visible pairs)",
+            m.doc_lens.len(),
+            m.global,
+            100.0 * m.visible_fraction
+        );
+    }
     let rate = |gflops: f64| match gflops {
         g if g >= 1e3 => format!("{:8.1} TFLOP/s", g / 1e3),
         g => format!("{g:8.2} GFLOP/s"),

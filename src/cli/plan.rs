@@ -1,9 +1,11 @@
-//! `distflash plan`: print or save a schedule.
+//! `distflash plan`: print or save a schedule, of full causal attention or (with `--seq-len`
+//! and the mask flags) of the blocks a mask leaves visible.
 
+use super::attention::MaskArgs;
 use super::create_output;
 use anyhow::{Result, bail};
 use clap::ValueEnum;
-use distflash::plan::{self, Pass, Plan, Schedule};
+use distflash::plan::{self, Partition, Pass, Plan, Schedule};
 use std::io::Write;
 use std::path::PathBuf;
 
@@ -19,7 +21,8 @@ pub struct Args {
     /// Number of workers (one sequence chunk each).
     #[arg(long, default_value_t = 8)]
     workers: usize,
-    /// `balanced` (DistFlashAttn), `unbalanced` or `zigzag` (a head and a tail chunk per worker).
+    /// `balanced` (DistFlashAttn), `unbalanced`, `zigzag` (a head and a tail chunk per worker) or
+    /// `greedy` (blocks assigned by their real cost under the mask).
     #[arg(long, default_value = "balanced")]
     schedule: Schedule,
     #[arg(long, value_enum, default_value = "text")]
@@ -30,6 +33,12 @@ pub struct Args {
     /// Write the plan of more than 128 workers too (megabytes, no longer readable).
     #[arg(long)]
     any_size: bool,
+    /// Tokens in the sequence: needed with a mask, whose blocks are cut from real chunks.
+    #[arg(long)]
+    seq_len: Option<usize>,
+    /// The mask (`--docs random:N` draws its lengths from seed 0).
+    #[command(flatten)]
+    mask: MaskArgs,
 }
 
 /// Most workers whose plan is still worth reading: it grows with their square, and 128 already
@@ -44,13 +53,28 @@ pub fn run(args: Args) -> Result<()> {
         );
     }
     let out = args.out.as_deref().map(create_output).transpose()?;
-    let forward = Plan::new(args.workers, args.schedule, Pass::Forward)?;
+    let (forward, backward) = match args.seq_len {
+        Some(seq) => {
+            let mask = args.mask.mask(seq, 0)?;
+            let part = Partition::masked(seq, args.workers, args.schedule, &mask)?;
+            (
+                part.plan(Pass::Forward).clone(),
+                part.plan(Pass::Backward).clone(),
+            )
+        }
+        None if args.mask.given() => {
+            bail!(
+                "a mask cuts blocks from real chunks: give --seq-len with --doc-lens, --docs, --window or --global"
+            )
+        }
+        None => (
+            Plan::new(args.workers, args.schedule, Pass::Forward)?,
+            Plan::new(args.workers, args.schedule, Pass::Backward)?,
+        ),
+    };
     let text = match args.format {
         Format::Text => plan::to_text(&forward),
-        Format::Json => {
-            let backward = Plan::new(args.workers, args.schedule, Pass::Backward)?;
-            serde_json::to_string_pretty(&plan::to_json(&forward, &backward))? + "\n"
-        }
+        Format::Json => serde_json::to_string_pretty(&plan::to_json(&forward, &backward))? + "\n",
         Format::Svg => plan::to_svg(&forward),
     };
     match out {

@@ -1,6 +1,7 @@
 //! `distflash simulate`: predicted step time for P devices from device rates and link speed,
-//! replaying the plans `exec` runs (see `distflash::sim`).
+//! replaying the plans `exec` runs (see `distflash::sim`), under a mask when one is given.
 
+use super::attention::MaskArgs;
 use anyhow::Result;
 use distflash::plan::Schedule;
 use distflash::shape::Dims;
@@ -11,6 +12,7 @@ pub struct Args {
     /// Worker counts to predict, e.g. 1,2,4,8,16,32,64.
     #[arg(long, value_delimiter = ',', default_value = "1,2,4,8,16,32,64")]
     workers: Vec<usize>,
+    /// `balanced`, `unbalanced`, `zigzag` or `greedy` (see `plan`).
     #[arg(long, default_value = "balanced")]
     schedule: Schedule,
     #[arg(long, default_value_t = 131072)]
@@ -41,6 +43,9 @@ pub struct Args {
     /// Serialise communication with compute (the paper's ablation).
     #[arg(long)]
     no_overlap: bool,
+    /// The mask (`--docs random:N` draws its lengths from seed 0).
+    #[command(flatten)]
+    mask: MaskArgs,
     #[arg(long)]
     json: bool,
 }
@@ -60,6 +65,7 @@ pub fn run(args: Args) -> Result<()> {
         kv_heads: args.kv_heads,
         head_dim: args.head_dim,
     };
+    let mask = args.mask.mask(args.seq_len, 0)?;
     let predictions = args
         .workers
         .iter()
@@ -69,18 +75,19 @@ pub fn run(args: Args) -> Result<()> {
                 seq: args.seq_len,
                 workers,
                 schedule: args.schedule,
+                mask: mask.clone(),
             };
             sim::predict(&w, &machine)
         })
         .collect::<Result<Vec<_>>>()?;
     if args.json {
         let out = serde_json::json!({ "machine": machine, "schedule": args.schedule,
-            "seq_len": args.seq_len, "predictions": predictions });
+            "seq_len": args.seq_len, "mask": mask.to_string(), "predictions": predictions });
         println!("{}", serde_json::to_string_pretty(&out)?);
         return Ok(());
     }
     println!(
-        "{} schedule{}, seq {}, heads {}/{}, head dim {}: {} / {} TFLOP/s fwd/bwd, {} GB/s links",
+        "{} schedule{}, seq {} ({mask}), heads {}/{}, head dim {}: {} / {} TFLOP/s fwd/bwd, {} GB/s links",
         args.schedule,
         if args.no_overlap {
             " without overlap"

@@ -1,5 +1,7 @@
-//! Runs a plan for one worker: forward and backward of distributed causal attention on any
-//! backend over any communicator.
+//! Runs a plan for one worker: forward and backward of distributed attention on any backend
+//! over any communicator, under the plan's mask (causal, or packed documents, a window, global
+//! tokens: the plan has already left out the blocks it hides, and every block computed gets
+//! the mask).
 //!
 //! Prefetch: at the start of step t a worker sends everything it owns that others need at step
 //! t + 1, then computes step t, then returns results and collects what was returned to it. The
@@ -240,6 +242,7 @@ where
             .map(|&c| self.backend.new_state(&dims, self.spans[c].len))
             .collect::<Result<Vec<_>>>()?;
         let mut returned: Vec<Vec<Partial<B::Tensor>>> = mine.iter().map(|_| Vec::new()).collect();
+        let mask = &plan.mask;
         let owned = |p: Payload, c: usize| match p {
             Payload::KeyValue => vec![&own[at(c)].k, &own[at(c)].v],
             _ => vec![&own[at(c)].q],
@@ -255,13 +258,23 @@ where
                     Role::Local => {
                         let (q, kv) = (&own[at(i)], &own[at(j)]);
                         let state = &mut states[at(i)];
-                        self.timed(|b| b.forward_block(&dims, block, &q.q, &kv.k, &kv.v, state))?;
+                        self.timed(|b| {
+                            b.forward_block(&dims, block, mask, &q.q, &kv.k, &kv.v, state)
+                        })?;
                     }
                     Role::Owner => {
                         let kv = find(&fetched, j);
                         let state = &mut states[at(i)];
                         self.timed(|b| {
-                            b.forward_block(&dims, block, &own[at(i)].q, &kv[0], &kv[1], state)
+                            b.forward_block(
+                                &dims,
+                                block,
+                                mask,
+                                &own[at(i)].q,
+                                &kv[0],
+                                &kv[1],
+                                state,
+                            )
                         })?;
                     }
                     Role::Helper => {
@@ -270,7 +283,9 @@ where
                         let state =
                             slot(&mut helping, i, || backend.new_state(&dims, block.q.len))?;
                         let kv = &own[at(j)];
-                        self.timed(|b| b.forward_block(&dims, block, q, &kv.k, &kv.v, state))?;
+                        self.timed(|b| {
+                            b.forward_block(&dims, block, mask, q, &kv.k, &kv.v, state)
+                        })?;
                     }
                 }
             }
@@ -324,6 +339,7 @@ where
             }
         };
         let zeros = |len: usize| self.backend.zeros(len);
+        let mask = &plan.mask;
         let rows = |c: usize| self.spans[c].len;
         let mut dq = mine
             .iter()
@@ -361,7 +377,7 @@ where
                             dv: &mut dv[at(j)],
                         };
                         self.timed(|b| {
-                            b.backward_block(&dims, block, query_side(i), &kv.k, &kv.v, g)
+                            b.backward_block(&dims, block, mask, query_side(i), &kv.k, &kv.v, g)
                         })?;
                     }
                     Role::Owner => {
@@ -376,7 +392,7 @@ where
                             dv: tv,
                         };
                         self.timed(|b| {
-                            b.backward_block(&dims, block, query_side(i), &kv[0], &kv[1], g)
+                            b.backward_block(&dims, block, mask, query_side(i), &kv[0], &kv[1], g)
                         })?;
                     }
                     Role::Helper => {
@@ -395,7 +411,9 @@ where
                             dk: &mut dk[at(j)],
                             dv: &mut dv[at(j)],
                         };
-                        self.timed(|b| b.backward_block(&dims, block, remote, &kv.k, &kv.v, g))?;
+                        self.timed(|b| {
+                            b.backward_block(&dims, block, mask, remote, &kv.k, &kv.v, g)
+                        })?;
                     }
                 }
             }

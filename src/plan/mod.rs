@@ -15,13 +15,25 @@
 //!   of worker r − t (mod P): each step gives every worker the same work, two quarter-size blocks
 //!   (or three smaller ones at step 0), so P steps make a speedup of P even for P = 2, where
 //!   `balanced` reaches only 4/3.
+//! - `greedy` (cost-aware, for masks): `balanced`'s chunks and roles, but each block goes to its
+//!   query's or its key's owner by its real cost, heaviest first (`greedy.rs`), so the blocks
+//!   of a long packed document are shared by the workers holding their keys. Under full
+//!   causal attention it takes `balanced`'s ⌊P/2⌋ + 1 steps.
 //!
 //! The backward pass follows the same tasks; only what travels changes (see `Payload`).
+//!
+//! Under a mask (`shape::Mask`: packed documents, a sliding window, global tokens) a plan is
+//! made from the real work: a block in which the mask hides every pair is neither computed nor
+//! fetched (the schedule's task is left out, with the transfers only it needed, and steps left
+//! empty go), so with a window no wider than a chunk only neighbouring chunks move (the paper's
+//! appendix F); the cost model counts each block's visible pairs.
 
+mod greedy;
 mod partition;
 mod render;
 pub mod volume;
 
+use crate::shape::{Mask, Span};
 use anyhow::{Result, bail};
 use serde::Serialize;
 use std::fmt;
@@ -37,6 +49,7 @@ pub enum Schedule {
     Unbalanced,
     Balanced,
     Zigzag,
+    Greedy,
 }
 
 impl FromStr for Schedule {
@@ -46,8 +59,9 @@ impl FromStr for Schedule {
             "unbalanced" => Ok(Schedule::Unbalanced),
             "balanced" => Ok(Schedule::Balanced),
             "zigzag" => Ok(Schedule::Zigzag),
+            "greedy" => Ok(Schedule::Greedy),
             other => Err(format!(
-                "unknown schedule '{other}': use 'balanced', 'unbalanced' or 'zigzag'"
+                "unknown schedule '{other}': use 'balanced', 'unbalanced', 'zigzag' or 'greedy'"
             )),
         }
     }
@@ -59,6 +73,7 @@ impl fmt::Display for Schedule {
             Schedule::Unbalanced => "unbalanced",
             Schedule::Balanced => "balanced",
             Schedule::Zigzag => "zigzag",
+            Schedule::Greedy => "greedy",
         })
     }
 }
@@ -67,7 +82,7 @@ impl Schedule {
     /// How many chunks the sequence is cut into for `workers` workers.
     pub fn chunks(self, workers: usize) -> usize {
         match self {
-            Schedule::Unbalanced | Schedule::Balanced => workers,
+            Schedule::Unbalanced | Schedule::Balanced | Schedule::Greedy => workers,
             Schedule::Zigzag => 2 * workers,
         }
     }
@@ -177,16 +192,105 @@ pub struct Plan {
     /// The worker owning each chunk.
     pub owner: Vec<usize>,
     pub steps: Vec<Step>,
+    /// The mask the plan was made for; the executor applies it to every block it computes.
+    pub mask: Mask,
+    /// Cost of block (i, j) at `i · chunks + j` from its visible pairs, one unit being the
+    /// pairs of a full block between two worker-sized chunks; `None` under plain causal
+    /// attention, whose cost model counts areas (a diagonal block is half a full one).
+    #[serde(skip)]
+    block_costs: Option<Vec<f64>>,
 }
 
 impl Plan {
-    /// Builds the plan for `workers` workers.
+    /// The plan of full causal attention for `workers` workers: every block on or below the
+    /// diagonal.
     pub fn new(workers: usize, schedule: Schedule, pass: Pass) -> Result<Plan> {
         if workers == 0 {
             bail!("workers must be at least 1");
         }
+        let chunks = schedule.chunks(workers);
+        let steps = task_steps(workers, schedule, |i, j| area_cost(workers, chunks, i, j));
+        Ok(Plan::from_tasks(
+            workers,
+            schedule,
+            pass,
+            steps,
+            Mask::causal(),
+            None,
+        ))
+    }
+
+    /// The plan for chunks `spans` (the schedule's chunks for `workers` workers, in sequence
+    /// order) under `mask`: the schedule's tasks less those whose block holds no visible pair.
+    /// Plain causal attention gives [`Plan::new`]'s plan.
+    pub fn masked(
+        workers: usize,
+        schedule: Schedule,
+        pass: Pass,
+        spans: &[Span],
+        mask: &Mask,
+    ) -> Result<Plan> {
+        if mask.is_causal() {
+            return Plan::new(workers, schedule, pass);
+        }
+        if workers == 0 {
+            bail!("workers must be at least 1");
+        }
+        let chunks = schedule.chunks(workers);
+        if spans.len() != chunks {
+            bail!(
+                "the {schedule} schedule cuts the sequence into {chunks} chunks for {workers} workers, not {}",
+                spans.len()
+            );
+        }
+        let seq: usize = spans.iter().map(|s| s.len).sum();
+        let unit = (seq as f64 / workers as f64).powi(2);
+        let costs: Vec<f64> = (0..chunks * chunks)
+            .map(|b| match (b / chunks, b % chunks) {
+                (i, j) if j <= i => mask.visible_pairs(spans[i], spans[j]) as f64 / unit,
+                _ => 0.0, // above the diagonal: causal hides it
+            })
+            .collect();
+        let steps = task_steps(workers, schedule, |i, j| costs[i * chunks + j])
+            .into_iter()
+            .map(|tasks| {
+                tasks
+                    .into_iter()
+                    .filter(|t| costs[t.q_chunk * chunks + t.kv_chunk] > 0.0)
+                    .collect::<Vec<_>>()
+            })
+            .filter(|tasks| !tasks.is_empty())
+            .collect();
+        Ok(Plan::from_tasks(
+            workers,
+            schedule,
+            pass,
+            steps,
+            mask.clone(),
+            Some(costs),
+        ))
+    }
+
+    /// The same tasks for `pass`: what travels is derived again, nothing else changes.
+    pub fn for_pass(&self, pass: Pass) -> Plan {
+        let tasks = self.steps.iter().map(|s| s.tasks.clone()).collect();
+        let costs = self.block_costs.clone();
+        let (workers, schedule) = (self.workers, self.schedule);
+        Plan::from_tasks(workers, schedule, pass, tasks, self.mask.clone(), costs)
+    }
+
+    /// A plan of these tasks, with the transfers they need: a remote operand is fetched once a
+    /// step per worker however many of its tasks use it, a result returned once.
+    fn from_tasks(
+        workers: usize,
+        schedule: Schedule,
+        pass: Pass,
+        task_steps: Vec<Vec<Task>>,
+        mask: Mask,
+        block_costs: Option<Vec<f64>>,
+    ) -> Plan {
         let owner = schedule.owners(workers);
-        let steps = task_steps(workers, schedule)
+        let steps = task_steps
             .into_iter()
             .map(|tasks| {
                 let mut fetches = Vec::new();
@@ -203,13 +307,29 @@ impl Plan {
                 }
             })
             .collect();
-        Ok(Plan {
+        Plan {
             workers,
             schedule,
             pass,
             owner,
             steps,
-        })
+            mask,
+            block_costs,
+        }
+    }
+
+    /// The blocks on or below the diagonal (query chunk ≥ key chunk, in sequence order) that
+    /// no task computes, because the mask hides every pair of them.
+    pub fn skipped_blocks(&self) -> Vec<(usize, usize)> {
+        let computed: Vec<(usize, usize)> = self
+            .steps
+            .iter()
+            .flat_map(|s| s.tasks.iter().map(|t| (t.q_chunk, t.kv_chunk)))
+            .collect();
+        (0..self.chunks())
+            .flat_map(|i| (0..=i).map(move |j| (i, j)))
+            .filter(|b| !computed.contains(b))
+            .collect()
     }
 
     /// Number of chunks the sequence is cut into.
@@ -230,15 +350,12 @@ impl Plan {
     }
 
     /// Cost in the model where a block between two worker-sized chunks (N/P rows) costs 1 and a
-    /// causal diagonal block half its area.
+    /// causal diagonal block half its area; under a mask, the block's visible pairs in that unit.
     pub fn task_cost(&self, task: &Task) -> f64 {
-        let side = self.workers as f64 / self.chunks() as f64;
-        let area = if task.q_chunk == task.kv_chunk {
-            0.5
-        } else {
-            1.0
-        };
-        area * side * side
+        match &self.block_costs {
+            Some(costs) => costs[task.q_chunk * self.chunks() + task.kv_chunk],
+            None => area_cost(self.workers, self.chunks(), task.q_chunk, task.kv_chunk),
+        }
     }
 
     /// Time of a step in the cost model: its busiest worker.
@@ -249,8 +366,12 @@ impl Plan {
     }
 
     /// Work of one worker computing every block alone, in the cost model: P diagonal halves
-    /// plus P(P−1)/2 full blocks, P²/2 in all, however the sequence is chunked.
+    /// plus P(P−1)/2 full blocks, P²/2 in all, however the sequence is chunked; under a mask,
+    /// the visible pairs of the whole sequence in the same unit.
     pub fn total_work(&self) -> f64 {
+        if let Some(costs) = &self.block_costs {
+            return costs.iter().sum();
+        }
         let p = self.workers as f64;
         p * p / 2.0
     }
@@ -280,6 +401,14 @@ impl Plan {
     }
 }
 
+/// The causal area model's cost of block (i, j) of `chunks` chunks over `workers` workers: a
+/// block between two worker-sized chunks costs 1, a diagonal block half its area.
+fn area_cost(workers: usize, chunks: usize, i: usize, j: usize) -> f64 {
+    let side = workers as f64 / chunks as f64;
+    let area = if i == j { 0.5 } else { 1.0 };
+    area * side * side
+}
+
 fn role(owner: &[usize], task: &Task) -> Role {
     match (
         owner[task.q_chunk] == task.worker,
@@ -291,8 +420,9 @@ fn role(owner: &[usize], task: &Task) -> Role {
     }
 }
 
-/// The tasks of each step; the pass does not change them.
-fn task_steps(p: usize, schedule: Schedule) -> Vec<Vec<Task>> {
+/// The tasks of each step, from the block costs for the schedule that reads them (`greedy`);
+/// the pass does not change them.
+fn task_steps(p: usize, schedule: Schedule, cost: impl Fn(usize, usize) -> f64) -> Vec<Vec<Task>> {
     let task = |worker, q_chunk, kv_chunk| Task {
         worker,
         q_chunk,
@@ -330,6 +460,7 @@ fn task_steps(p: usize, schedule: Schedule) -> Vec<Vec<Task>> {
                 })
                 .collect()
         }
+        Schedule::Greedy => greedy::steps(p, cost),
     }
 }
 

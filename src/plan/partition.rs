@@ -1,9 +1,10 @@
 //! How one sequence is cut among the workers, decided once: the chunk spans, which worker owns
-//! which chunk, and the forward and backward plans over them. Every layer above (the executor,
+//! which chunk, and the forward and backward plans over them (under the sequence's mask, so
+//! blocks it hides are left out of both). Every layer above (the executor,
 //! the training loop, the simulator, the memory estimate) reads this instead of recomputing it.
 
 use super::{Pass, Plan, Schedule, chunk_sizes};
-use crate::shape::Span;
+use crate::shape::{Mask, Span};
 use anyhow::Result;
 
 /// A sequence of `seq` tokens split across `workers` workers by `schedule`.
@@ -17,9 +18,22 @@ pub struct Partition {
 
 impl Partition {
     /// Chunks of consecutive rows whose sizes differ by at most one (see [`chunk_sizes`]), and
-    /// the schedule's plans over them. Refuses a sequence shorter than the chunk count.
+    /// the schedule's plans of full causal attention over them. Refuses a sequence shorter
+    /// than the chunk count.
     pub fn new(seq: usize, workers: usize, schedule: Schedule) -> Result<Partition> {
-        let spans = chunk_sizes(seq, workers, schedule)?
+        Partition::masked(seq, workers, schedule, &Mask::causal())
+    }
+
+    /// [`Partition::new`]'s chunks with the plans of attention under `mask`: blocks it hides
+    /// entirely are neither computed nor fetched. Documents need not align with chunks.
+    pub fn masked(
+        seq: usize,
+        workers: usize,
+        schedule: Schedule,
+        mask: &Mask,
+    ) -> Result<Partition> {
+        mask.check_seq(seq)?;
+        let spans: Vec<Span> = chunk_sizes(seq, workers, schedule)?
             .into_iter()
             .scan(0, |start, len| {
                 let span = Span { start: *start, len };
@@ -27,12 +41,24 @@ impl Partition {
                 Some(span)
             })
             .collect();
+        let forward = Plan::masked(workers, schedule, Pass::Forward, &spans, mask)?;
         Ok(Partition {
             seq,
             spans,
-            forward: Plan::new(workers, schedule, Pass::Forward)?,
-            backward: Plan::new(workers, schedule, Pass::Backward)?,
+            backward: forward.for_pass(Pass::Backward),
+            forward,
         })
+    }
+
+    /// The mask both plans were made for.
+    pub fn mask(&self) -> &Mask {
+        &self.forward.mask
+    }
+
+    /// Visible (query, key) pairs of block (`q_chunk`, `kv_chunk`): its real work.
+    pub fn visible_pairs(&self, q_chunk: usize, kv_chunk: usize) -> u64 {
+        self.mask()
+            .visible_pairs(self.spans[q_chunk], self.spans[kv_chunk])
     }
 
     /// Tokens of the whole sequence.
@@ -86,7 +112,12 @@ mod tests {
 
     #[test]
     fn spans_tile_the_sequence_and_every_row_has_one_owner() {
-        for schedule in [Schedule::Balanced, Schedule::Unbalanced, Schedule::Zigzag] {
+        for schedule in [
+            Schedule::Balanced,
+            Schedule::Unbalanced,
+            Schedule::Zigzag,
+            Schedule::Greedy,
+        ] {
             for workers in 1..=5 {
                 for seq in [schedule.chunks(workers), 17, 64, 101] {
                     let p = Partition::new(seq, workers, schedule).unwrap();

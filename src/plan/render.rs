@@ -1,6 +1,7 @@
 //! A plan as text (for terminals), JSON (for tools) and SVG (for people reading the paper).
+//! Under a mask each also shows the blocks the plan leaves out (nothing in them is visible).
 
-use super::{Pass, Payload, Plan, Role, Transfer};
+use super::{Pass, Payload, Plan, Role, Task, Transfer};
 use serde::Serialize;
 use serde_json::{Value, json};
 use std::fmt::Write;
@@ -45,6 +46,12 @@ pub fn to_json(forward: &Plan, backward: &Plan) -> Value {
         "busy_fraction": forward.busy_fractions(),
         "makespan": forward.makespan(),
         "total_work": forward.total_work(),
+        "mask": {
+            "doc_lens": forward.mask.doc_lens(),
+            "window": forward.mask.window(),
+            "global": forward.mask.global(),
+        },
+        "skipped_blocks": forward.skipped_blocks(),
     })
 }
 
@@ -60,14 +67,29 @@ fn payload_name(p: Payload) -> &'static str {
 }
 
 fn headline(plan: &Plan) -> String {
+    let mask = if plan.mask.is_causal() {
+        String::new()
+    } else {
+        format!(
+            " under {} ({} blocks skipped)",
+            plan.mask,
+            plan.skipped_blocks().len()
+        )
+    };
     format!(
-        "{} schedule, {} workers: {} steps, ideal speedup {:.2}x over one worker, idle {:.1}%",
+        "{} schedule, {} workers{mask}: {} steps, ideal speedup {:.2}x over one worker, idle {:.1}%",
         plan.schedule,
         plan.workers,
         plan.steps.len(),
         plan.ideal_speedup(),
         100.0 * plan.idle_fraction()
     )
+}
+
+/// "Q2·KV0, Q3·KV1": blocks by their chunks.
+fn block_list(blocks: &[(usize, usize)]) -> String {
+    let names: Vec<String> = blocks.iter().map(|(i, j)| format!("Q{i}·KV{j}")).collect();
+    names.join(", ")
 }
 
 /// A table of steps × workers ("Q3·KV1", `*` marking a helper) followed by each step's moves.
@@ -93,6 +115,14 @@ pub fn to_text(plan: &Plan) -> String {
     out.push_str(
         "\n* helper: computes another worker's queries with its own K/V and returns the result\n",
     );
+    let skipped = plan.skipped_blocks();
+    if !skipped.is_empty() {
+        let _ = writeln!(
+            out,
+            "\nskipped (the mask hides every pair; neither computed nor fetched): {}",
+            block_list(&skipped)
+        );
+    }
     let pass = match plan.pass {
         Pass::Forward => "forward",
         Pass::Backward => "backward",
@@ -172,7 +202,14 @@ fn arrow_colour(p: Payload) -> &'static str {
 pub fn to_svg(plan: &Plan) -> String {
     let (cw, ch, left, top, margin) = (150.0, 44.0, 60.0, 60.0, 28.0);
     let width = (left + cw * plan.steps.len() as f64 + 40.0).max(880.0);
-    let height = top + ch * plan.workers as f64 + 90.0;
+    let grid_top = top + ch * plan.workers as f64 + 90.0;
+    let side = (360.0 / plan.chunks() as f64).clamp(6.0, 28.0);
+    let grid = !plan.mask.is_causal();
+    let height = if grid {
+        grid_top + 40.0 + side * plan.chunks() as f64 + 20.0
+    } else {
+        grid_top
+    };
     let mut s = format!(
         r#"<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" font-size="12">
 <defs><marker id="head" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="6" markerHeight="6" orient="auto-start-reverse"><path d="M0,0 L10,5 L0,10 z" fill="context-stroke"/></marker></defs>
@@ -270,6 +307,63 @@ pub fn to_svg(plan: &Plan) -> String {
         r#"<text x="{left}" y="{}">Cell colour = whose queries it serves; dashed = a helper working for another worker.</text>"#,
         ly + 28.0
     );
+    if grid {
+        block_grid(&mut s, plan, left, grid_top, side);
+    }
     s.push_str("</svg>\n");
     s
+}
+
+/// The chunk-by-chunk block matrix of a masked plan below its schedule: computed blocks shaded
+/// by their cost, skipped ones crossed out, blocks above the diagonal (causal) left blank.
+fn block_grid(s: &mut String, plan: &Plan, left: f64, top: f64, cell: f64) {
+    let n = plan.chunks();
+    let skipped = plan.skipped_blocks();
+    let costs: Vec<(Task, f64)> = plan
+        .steps
+        .iter()
+        .flat_map(|st| st.tasks.iter().map(|t| (*t, plan.task_cost(t))))
+        .collect();
+    let most = costs
+        .iter()
+        .map(|c| c.1)
+        .fold(0.0, f64::max)
+        .max(f64::MIN_POSITIVE);
+    let _ = writeln!(
+        s,
+        r#"<text x="{left}" y="{}">Blocks (query chunk down, key chunk across): shaded by visible pairs, crossed out when the mask hides all of them ({} skipped: {}).</text>"#,
+        top + 14.0,
+        skipped.len(),
+        if skipped.len() > 12 {
+            format!("{} …", block_list(&skipped[..12]))
+        } else {
+            block_list(&skipped)
+        }
+    );
+    let top = top + 30.0;
+    for i in 0..n {
+        for j in 0..=i {
+            let (x, y) = (left + cell * j as f64, top + cell * i as f64);
+            let cost = costs
+                .iter()
+                .find(|(t, _)| (t.q_chunk, t.kv_chunk) == (i, j))
+                .map(|c| c.1);
+            match cost {
+                Some(c) => {
+                    let light = 92.0 - 50.0 * (c / most);
+                    let _ = writeln!(
+                        s,
+                        r##"<rect x="{x}" y="{y}" width="{cell}" height="{cell}" fill="hsl(215, 60%, {light:.0}%)" stroke="#fff"><title>Q{i}·KV{j}: cost {c:.3}</title></rect>"##
+                    );
+                }
+                None => {
+                    let _ = writeln!(
+                        s,
+                        r##"<rect x="{x}" y="{y}" width="{cell}" height="{cell}" fill="#fff" stroke="#ddd"><title>Q{i}·KV{j}: skipped</title></rect><path d="M{x},{y} l{cell},{cell} M{},{y} l-{cell},{cell}" stroke="#c33" stroke-width="1"/>"##,
+                        x + cell
+                    );
+                }
+            }
+        }
+    }
 }

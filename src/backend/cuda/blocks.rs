@@ -7,7 +7,7 @@ use super::tensor::{f32_mut, f32_ref, half};
 use super::{CudaBackend, InputDtype, Kernels, Tensor, Tuning, launch, tma};
 use crate::attn::{Block, GradsMut, Partial, QuerySide, RunningState};
 use crate::backend::Backend;
-use crate::shape::Dims;
+use crate::shape::{Dims, Mask};
 use anyhow::{Result, bail};
 use cudarc::driver::{CudaSlice, DevicePtr, LaunchArgs, PushKernelArg};
 use rayon::prelude::*;
@@ -151,6 +151,15 @@ fn block_ints(dims: &Dims, block: Block) -> Result<[i32; 6]> {
     Ok(out)
 }
 
+/// The kernels compute full causal attention only: a document, window or global-token mask is
+/// refused in one sentence rather than silently ignored.
+fn refuse_masks(mask: &Mask) -> Result<()> {
+    if !mask.is_causal() {
+        bail!("masks ({mask}) are not in the CUDA kernels yet: use --device cpu");
+    }
+    Ok(())
+}
+
 impl Backend for CudaBackend {
     type Tensor = Tensor;
 
@@ -215,11 +224,13 @@ impl Backend for CudaBackend {
         &self,
         dims: &Dims,
         block: Block,
+        mask: &Mask,
         q: &Tensor,
         k: &Tensor,
         v: &Tensor,
         state: &mut RunningState<Tensor>,
     ) -> Result<()> {
+        refuse_masks(mask)?;
         launch::check_dims(dims)?;
         let kern = self.kernels(dims.head_dim)?;
         let (qn, kvn) = (block.q.len, block.kv.len);
@@ -315,11 +326,13 @@ impl Backend for CudaBackend {
         &self,
         dims: &Dims,
         block: Block,
+        mask: &Mask,
         query: QuerySide<'_, Tensor>,
         k: &Tensor,
         v: &Tensor,
         grads: GradsMut<'_, Tensor>,
     ) -> Result<()> {
+        refuse_masks(mask)?;
         launch::check_dims(dims)?;
         let kern = self.kernels(dims.head_dim)?;
         let (dt, qn, kvn) = (self.dtype, block.q.len, block.kv.len);
@@ -379,5 +392,16 @@ mod tests {
             kv: block.kv,
         };
         assert!(block_ints(&dims, huge).is_err());
+    }
+
+    #[test]
+    fn masks_are_refused_until_the_kernels_have_them() {
+        assert!(refuse_masks(&Mask::causal()).is_ok());
+        let window = Mask::new(100, &[], Some(10), 0).unwrap();
+        let err = refuse_masks(&window).unwrap_err().to_string();
+        assert!(
+            err.contains("not in the CUDA kernels yet: use --device cpu"),
+            "{err}"
+        );
     }
 }

@@ -7,7 +7,7 @@ use super::tensor::f32_mut;
 use super::{CudaBackend, Tensor, launch};
 use crate::attn::{Block, Grads, GradsMut, Partial, QuerySide};
 use crate::backend::Backend;
-use crate::shape::{Dims, Span};
+use crate::shape::{Dims, Mask, Span};
 use anyhow::Result;
 
 impl CudaBackend {
@@ -115,6 +115,7 @@ impl CudaBackend {
                 q: whole,
                 kv: whole,
             },
+            &Mask::causal(),
             query,
             k,
             v,
