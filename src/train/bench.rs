@@ -168,9 +168,11 @@ impl Job for StepBench<'_> {
         let sync = || device.backend().synchronize();
         device.reset_peak_memory()?;
         let mut attn = ModelAttention::new(device, comm, cfg.dims(), &self.partition)?;
-        // Fresh gradients each step, as in training (summed ones would double every step).
-        let (all_secs, (out, tally, _)) = timed(self.runs, &sync, || {
+        // Fresh gradients each step, as in training (summed ones would double every step),
+        // dropped within the step: kept to the next, they would double the gradients' memory.
+        let (all_secs, (out, tally)) = timed(self.runs, &sync, || {
             super::reduced_sequence(ops, cfg, &held, &mut attn, &mine, &sample, self.policy)
+                .map(|(out, tally, _grads)| (out, tally))
         })?;
         let profile = if self.runs.profile {
             let mut grads = weights::zeros(ops, cfg)?;
