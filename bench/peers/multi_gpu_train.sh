@@ -72,3 +72,19 @@ for pair in ${LONGEST:-}; do
       --schedule zigzag --warmup 0 --repeats 1 --ignore-memory-estimate
   done
 done
+# Issue 22: the real training step (AdamW) of llama2-7b on two GPUs with the model state
+# sharded (--shard full: each GPU holds half the weights, gradients and moments), at each of
+# SHARDED_SEQS tokens, two steps each; rank 0's JSON lines appended to train_7b.jsonl. Empty by
+# default (a 256K step takes minutes), e.g. SHARDED_SEQS="65536 131072 262144".
+for n in ${SHARDED_SEQS:-}; do
+  tag="2gpu zigzag remat 7b n$n train --shard full"
+  echo "=== $tag" >> "$OUT/train_7b.log"
+  if timeout 560 "$BIN" launch --nproc-per-node 2 -- train --device cuda --preset llama2-7b \
+      --batch 1 --steps 2 --lr 1e-5 --seq-len "$n" --schedule zigzag --shard full --json \
+      > "$WORK/train.jsonl" 2>> "$OUT/train_7b.log"; then
+    cat "$WORK/train.jsonl" >> "$OUT/train_7b.jsonl"
+    echo "$tag: $(grep -oE '"step_secs":[0-9.]*' "$WORK/train.jsonl" | tr '\n' ' ')"
+  else
+    echo "$tag failed (or did not fit): $(tail -n 1 "$OUT/train_7b.log")"
+  fi
+done
