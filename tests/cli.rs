@@ -159,7 +159,7 @@ fn saved_file_has_public_layouts_and_matches_the_oracle() {
 
 #[test]
 fn bad_input_gets_one_sentence_and_a_nonzero_exit() {
-    let cases: [(&[&str], &str); 13] = [
+    let cases: [(&[&str], &str); 14] = [
         (
             &["attention", "--heads", "6", "--kv-heads", "4"],
             "must be a multiple of kv-heads",
@@ -204,6 +204,11 @@ fn bad_input_gets_one_sentence_and_a_nonzero_exit() {
                 "4",
             ],
             "too short for 4 workers",
+        ),
+        // The small models' default learning rate would make a 7B diverge.
+        (
+            &["train", "--preset", "llama2-7b"],
+            "llama2-7b has 6.74B parameters: give its learning rate with --lr",
         ),
         // --dtype is a GPU's format: on the CPU it would be silently ignored.
         (
@@ -496,4 +501,42 @@ fn bench_report_tables_ours_beside_the_peers() {
     std::fs::create_dir_all(&empty).unwrap();
     let out = distflash(&["bench", "report", "--results", empty.to_str().unwrap()]);
     assert!(String::from_utf8_lossy(&out.stderr).contains("no JSON lines"));
+}
+
+#[test]
+fn the_learning_rate_warms_up_then_decays_to_the_floor() {
+    let out = distflash(&[
+        "train",
+        "--steps",
+        "4",
+        "--warmup",
+        "2",
+        "--decay",
+        "linear",
+        "--lr",
+        "1e-2",
+        "--min-lr",
+        "1e-3",
+        "--seq-len",
+        "32",
+        "--batch",
+        "1",
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lrs: Vec<f64> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter_map(|v| v["lr"].as_f64())
+        .collect();
+    // Up to the peak in two steps, then a straight line to the floor at step 4.
+    let want = [5e-3, 1e-2, 5.5e-3, 1e-3];
+    assert_eq!(lrs.len(), 4, "{lrs:?}");
+    for (got, want) in lrs.iter().zip(want) {
+        assert!((got - want).abs() < 1e-12, "{lrs:?}");
+    }
 }

@@ -13,6 +13,7 @@ use distflash::model::ops::AdamW;
 use distflash::plan::Schedule;
 use distflash::runtime::{Runtime, run_workers};
 use distflash::train::data::Data;
+use distflash::train::lr::Decay;
 use distflash::train::memory::MemoryCheck;
 use distflash::train::shard::Shard;
 use distflash::train::{Init, Options, StepReport, state};
@@ -167,6 +168,8 @@ fn options(shard: Shard, steps: u64, save_dir: Option<&Path>, resume: Option<&Pa
             weight_decay: 0.1,
         },
         warmup: 2,
+        decay: Decay::Constant,
+        min_lr: 0.0,
         clip: 1.0,
         save_dir: save_dir.map(Path::to_path_buf),
         save_every: 5,

@@ -8,6 +8,7 @@ use distflash::model::ops::AdamW;
 use distflash::plan::Schedule;
 use distflash::runtime::Runtime;
 use distflash::train::data::Data;
+use distflash::train::lr::Decay;
 use distflash::train::memory::MemoryCheck;
 use distflash::train::shard::Shard;
 use distflash::train::{Init, Options, StepReport, state};
@@ -46,6 +47,8 @@ fn options(steps: u64, save_dir: Option<&Path>, resume: Option<&Path>) -> Option
             weight_decay: 0.1,
         },
         warmup: 2,
+        decay: Decay::Constant,
+        min_lr: 0.0,
         clip: 1.0,
         save_dir: save_dir.map(Path::to_path_buf),
         save_every: 2,

@@ -8,6 +8,7 @@
 pub mod attention;
 pub mod bench;
 pub mod data;
+pub mod lr;
 pub mod memory;
 pub mod shard;
 pub mod state;
@@ -27,6 +28,7 @@ use crate::shape::Span;
 use anyhow::{Context, Result, bail};
 use attention::ModelAttention;
 use data::{Data, Sample};
+use lr::{Decay, LrSchedule};
 use memory::MemoryCheck;
 use serde::Serialize;
 use shard::{Held, Optimizer, Shard};
@@ -59,9 +61,13 @@ pub struct Options {
     pub checkpoint: Checkpoint,
     /// Train until this many optimizer steps have been taken (counting resumed ones).
     pub steps: u64,
+    /// AdamW's hyper-parameters; its `lr` is the schedule's peak.
     pub adamw: AdamW,
     /// Steps of linear learning-rate warm-up.
     pub warmup: u64,
+    /// How the learning rate falls after the warm-up, and to what (`lr::LrSchedule`).
+    pub decay: Decay,
+    pub min_lr: f64,
     /// Largest global gradient norm; larger gradients are scaled down to it (0: no clipping).
     pub clip: f64,
     pub save_dir: Option<PathBuf>,
@@ -538,7 +544,14 @@ fn run_steps<D: ModelDevice, C: Communicator<D::Tensor>>(
         let mut grads = opt.own_grads(ops, reduced)?;
         let comm = collectives(attn, &mut solo);
         let norm = opt.norm(ops, comm, &grads)?;
-        let lr = o.adamw.lr * (step as f64 / o.warmup.max(1) as f64).min(1.0);
+        let lr = LrSchedule {
+            peak: o.adamw.lr,
+            floor: o.min_lr,
+            warmup: o.warmup,
+            decay: o.decay,
+            steps: o.steps,
+        }
+        .at(step);
         let loss = tally.loss_sum * scale;
         let out = last.expect("batch is at least 1");
         let report = |secs: f64| StepReport {
