@@ -190,6 +190,8 @@ fn requests_too_large_for_memory_are_refused_before_allocating() {
         "train",
         "--preset",
         "llama2-7b",
+        "--lr",
+        "1e-5",
         "--workers",
         "64",
         "--steps",

@@ -174,6 +174,7 @@ fn options(shard: Shard, steps: u64, save_dir: Option<&Path>, resume: Option<&Pa
         save_dir: save_dir.map(Path::to_path_buf),
         save_every: 5,
         resume: resume.map(Path::to_path_buf),
+        eval: None,
     }
 }
 

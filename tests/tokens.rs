@@ -38,15 +38,24 @@ fn tokenizer(dir: &Path) -> PathBuf {
     path
 }
 
-/// The README's paragraphs, one JSON-lines document each.
+/// The README's paragraphs, one JSON-lines document each: every fifth held out (`held.jsonl`),
+/// the rest to train on (`corpus.jsonl`).
 fn corpus(dir: &Path) -> PathBuf {
     let lines: Vec<String> = readme()
         .split("\n\n")
         .filter(|p| p.trim().len() > 20)
         .map(|p| serde_json::json!({ "text": p }).to_string())
         .collect();
+    let (held, train): (Vec<_>, Vec<_>) = lines.iter().enumerate().partition(|(i, _)| i % 5 == 4);
+    let join = |part: Vec<(usize, &String)>| {
+        part.into_iter()
+            .map(|(_, l)| l.as_str())
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    std::fs::write(dir.join("held.jsonl"), join(held)).unwrap();
     let path = dir.join("corpus.jsonl");
-    std::fs::write(&path, lines.join("\n")).unwrap();
+    std::fs::write(&path, join(train)).unwrap();
     path
 }
 
@@ -100,8 +109,22 @@ fn trains_on_tokenized_text_and_resumes_the_same_stream() {
         args.extend_from_slice(extra);
         distflash(&args)
     };
-    let whole = losses(&run("40", &[]));
+    let held = dir.join("held.jsonl");
+    let eval = ["--eval-data", held.to_str().unwrap(), "--eval-every", "10"];
+    let out = run("40", &[&eval[..], &["--eval-sequences", "2"]].concat());
+    let whole = losses(&out);
     assert_eq!(whole.len(), 40);
+    let evals: Vec<(u64, f64)> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter_map(|v| Some((v["step"].as_u64()?, v["eval_loss"].as_f64()?)))
+        .collect();
+    let steps: Vec<u64> = evals.iter().map(|e| e.0).collect();
+    assert_eq!(steps, [10, 20, 30, 40], "held-out loss every 10 steps");
+    assert!(
+        evals[3].1 < evals[0].1,
+        "the held-out loss should fall: {evals:?}"
+    );
     // From about ln 200 (uniform over the vocabulary) by more than 0.4 nats, averaged over 5 steps.
     let mean = |l: &[f64]| l.iter().sum::<f64>() / l.len() as f64;
     let (first, last) = (mean(&whole[..5]), mean(&whole[35..]));
@@ -109,7 +132,10 @@ fn trains_on_tokenized_text_and_resumes_the_same_stream() {
     let token_files: Vec<_> = std::fs::read_dir(&dir)
         .unwrap()
         .filter_map(|e| e.ok())
-        .filter(|e| e.file_name().to_string_lossy().ends_with(".tokens"))
+        .filter(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            name.starts_with("corpus.jsonl.") && name.ends_with(".tokens")
+        })
         .collect();
     assert_eq!(token_files.len(), 1, "one token file beside the corpus");
     let written = token_files[0].metadata().unwrap().modified().unwrap();

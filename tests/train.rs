@@ -53,6 +53,7 @@ fn options(steps: u64, save_dir: Option<&Path>, resume: Option<&Path>) -> Option
         save_dir: save_dir.map(Path::to_path_buf),
         save_every: 2,
         resume: resume.map(Path::to_path_buf),
+        eval: None,
     }
 }
 
@@ -223,7 +224,7 @@ fn bad_configs_give_a_sentence() {
     );
     fails_with(&["train", "--workers", "0"], "at least 1");
     fails_with(
-        &["train", "--preset", "llama2-7b"],
+        &["train", "--preset", "llama2-7b", "--lr", "1e-5"],
         "training a model of 6.74B parameters on the CPU over 128 tokens with 4 workers here needs",
     );
     std::fs::remove_dir_all(dir).unwrap();

@@ -18,7 +18,7 @@ use distflash::train::lr::Decay;
 use distflash::train::memory::MemoryCheck;
 use distflash::train::shard::Shard;
 use distflash::train::tokens::TokenFile;
-use distflash::train::{self, Init, Options, StepReport, svg};
+use distflash::train::{self, Eval, Init, Options, StepReport, svg};
 use metrics::Metrics;
 use progress::Progress;
 use serde::Serialize;
@@ -88,6 +88,16 @@ pub struct Args {
     /// vocabulary).
     #[arg(long)]
     tokenizer: Option<PathBuf>,
+    /// Held-out text, read like --data (tokenized by --tokenizer): its loss and perplexity are
+    /// reported every --eval-every steps and at the last.
+    #[arg(long)]
+    eval_data: Option<PathBuf>,
+    #[arg(long, default_value_t = 50, value_parser = at_least_one)]
+    eval_every: u64,
+    /// Held-out sequences of --seq-len tokens each evaluation averages over (each costs about a
+    /// training sequence's forward and backward).
+    #[arg(long, default_value_t = 8, value_parser = at_least_one)]
+    eval_sequences: u64,
     /// The end-of-document token (a token or an id) put after every document [default: the
     /// tokenizer's `</s>`, `<|end_of_text|>`, `<|endoftext|>`, `<eos>` or `<|im_end|>`].
     #[arg(long)]
@@ -227,6 +237,11 @@ struct Summary {
     attention_forwards_per_layer: Vec<u32>,
     peak_activation_bytes: usize,
     tokens_per_sec: f64,
+    /// The held-out loss of the first and the last evaluation (`--eval-data`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    eval_loss_first: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    eval_loss_last: Option<f64>,
 }
 
 fn mean(xs: impl Iterator<Item = f64>) -> f64 {
@@ -250,16 +265,27 @@ pub fn run(args: Args) -> Result<()> {
     let (config, init) = args.model.resolve()?;
     let shard = args.shard.unwrap_or(Shard::default_for(workers, &config));
     let lr = peak_lr(args.lr, &config, &args.model.name())?;
-    let data = match (&args.data, &args.tokenizer) {
-        (Some(path), Some(tokenizer)) => Data::Tokens {
+    let text = |path: &PathBuf| match &args.tokenizer {
+        Some(tokenizer) => Ok(Data::Tokens {
             file: TokenFile::open(path, tokenizer, args.eos_token.as_deref())?,
             seed: args.data_seed,
-        },
-        (Some(path), None) => Data::bytes(path, args.data_seed)?,
+        }),
+        None => Data::bytes(path, args.data_seed),
+    };
+    let data = match (&args.data, &args.tokenizer) {
+        (Some(path), _) => text(path)?,
         (None, Some(_)) => bail!("--tokenizer tokenizes --data: give the text to train on"),
         (None, None) => Data::Synthetic {
             seed: args.data_seed,
         },
+    };
+    let eval = match &args.eval_data {
+        Some(path) => Some(Eval {
+            data: text(path)?,
+            every: args.eval_every,
+            sequences: args.eval_sequences,
+        }),
+        None => None,
     };
     let memory = MemoryCheck {
         config: config.clone(),
@@ -295,6 +321,7 @@ pub fn run(args: Args) -> Result<()> {
         save_dir: args.save_dir.clone(),
         save_every: args.save_every,
         resume: args.resume.clone(),
+        eval,
     };
     let metrics = match &args.save_dir {
         Some(dir) if reporter => Some(Metrics::open(dir, args.resume.is_some())?),
@@ -364,6 +391,8 @@ pub fn run(args: Args) -> Result<()> {
         attention_forwards_per_layer: last.attention_forwards_per_layer.clone(),
         peak_activation_bytes: last.peak_activation_bytes,
         tokens_per_sec: mean(list.iter().map(|r| r.tokens_per_sec)),
+        eval_loss_first: list.iter().find_map(|r| r.eval_loss),
+        eval_loss_last: list.iter().rev().find_map(|r| r.eval_loss),
     };
     if args.json {
         println!("{}", serde_json::to_string(&summary)?);
@@ -386,6 +415,13 @@ fn print_summary(s: &Summary, window: usize) {
         "loss {:.4} -> {:.4} (mean of the first and last {window} steps), {:.0} tokens/s",
         s.loss_first, s.loss_last, s.tokens_per_sec
     );
+    if let (Some(first), Some(last)) = (s.eval_loss_first, s.eval_loss_last) {
+        println!(
+            "held-out loss {first:.4} -> {last:.4} (perplexity {:.1} -> {:.1})",
+            first.exp(),
+            last.exp()
+        );
+    }
     if let Some(acc) = s.recall_accuracy_last {
         println!(
             "recall accuracy {:.1}% over the last {window} steps' sequences (chance: {:.1}%)",

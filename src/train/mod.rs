@@ -75,6 +75,16 @@ pub struct Options {
     pub save_every: u64,
     /// A checkpoint file (or a directory holding `state.safetensors`) to continue from.
     pub resume: Option<PathBuf>,
+    /// Held-out sequences whose loss is reported every few steps.
+    pub eval: Option<Eval>,
+}
+
+/// Held-out data (`--eval-data`): the mean loss of its first `sequences` sequences, every
+/// `every` steps and at the last.
+pub struct Eval {
+    pub data: Data,
+    pub every: u64,
+    pub sequences: u64,
 }
 
 /// One optimizer step, as reported (and written as a JSON line).
@@ -95,6 +105,12 @@ pub struct StepReport {
     pub attention_forwards_per_layer: Vec<u32>,
     /// Peak bytes of layer activations one worker held for the backward.
     pub peak_activation_bytes: usize,
+    /// Mean loss over the held-out sequences, at the steps that evaluate (`Options::eval`),
+    /// and its perplexity.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub eval_loss: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub eval_perplexity: Option<f64>,
 }
 
 fn run_key(o: &Options) -> RunKey {
@@ -425,6 +441,12 @@ pub fn train(
     on_step: impl Fn(&StepReport) + Sync,
 ) -> Result<Option<Vec<Vec<f32>>>> {
     let partition = Partition::new(o.seq_len, runtime.workers(), o.schedule)?;
+    if let Some(e) = &o.eval {
+        e.data.check(o.seq_len, o.config.vocab_size)?;
+        if e.sequences == 0 {
+            bail!("--eval-sequences must be at least 1");
+        }
+    }
     let opened = runtime.open()?;
     memory.check(runtime, opened.gpu())?;
     let (start, key) = prepare(o)?;
@@ -565,6 +587,8 @@ fn run_steps<D: ModelDevice, C: Communicator<D::Tensor>>(
             step_secs: secs,
             attention_forwards_per_layer: out.attention_forwards.clone(),
             peak_activation_bytes: out.peak_activation_bytes,
+            eval_loss: None,
+            eval_perplexity: None,
         };
         // Every worker sees the same all-reduced loss and norm, so all stop at the same step.
         if !loss.is_finite() || !norm.is_finite() {
@@ -600,10 +624,19 @@ fn run_steps<D: ModelDevice, C: Communicator<D::Tensor>>(
             let what = "its update made weights non-finite";
             return Err(diverged(o, step, saved.as_ref(), what));
         }
+        let eval_loss = match &o.eval {
+            Some(e) if step.is_multiple_of(e.every.max(1)) || step == o.steps => {
+                Some(evaluate(ops, &held, attn, &mut solo, mine, e, o)?)
+            }
+            _ => None,
+        };
         if !reporter {
             continue;
         }
-        on_step(&report(began.elapsed().as_secs_f64()));
+        let mut r = report(began.elapsed().as_secs_f64());
+        r.eval_loss = eval_loss;
+        r.eval_perplexity = eval_loss.map(f64::exp);
+        on_step(&r);
         if let (Some(dir), Some((weights, Some((m, v))))) = (save, gathered) {
             let state = State {
                 step,
@@ -623,6 +656,41 @@ fn run_steps<D: ModelDevice, C: Communicator<D::Tensor>>(
         return Err(diverged(o, o.steps, saved.as_ref(), what));
     }
     Ok(weights)
+}
+
+/// The mean loss over `eval`'s held-out sequences, summed over the workers. The model has one
+/// pass, forward and backward, so the held-out loss costs a step's work a sequence; its
+/// gradients go to scratch tensors that are dropped.
+fn evaluate<D: ModelDevice, C: Communicator<D::Tensor>>(
+    ops: &D::Ops,
+    held: &Held<D::Tensor>,
+    attn: &mut ModelAttention<'_, D, C>,
+    solo: &mut Solo,
+    mine: &[Span],
+    eval: &Eval,
+    o: &Options,
+) -> Result<f64> {
+    let cfg = &o.config;
+    let mut tally = Tally::default();
+    let mut scratch = held.zero_grads(ops, cfg)?;
+    for i in 0..eval.sequences {
+        let sample = eval.data.sample(i, o.seq_len, cfg.vocab_size);
+        accumulate_held(
+            ops,
+            cfg,
+            held,
+            &mut scratch,
+            attn,
+            mine,
+            &sample,
+            o.checkpoint,
+            1.0,
+            &mut tally,
+        )?;
+    }
+    drop(scratch);
+    all_reduce_tally(ops, collectives(attn, solo), &mut tally)?;
+    Ok(tally.loss_sum / (eval.sequences as usize * o.seq_len) as f64)
 }
 
 /// Whether every weight is a finite number: non-finite ones are never saved or returned.
