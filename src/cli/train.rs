@@ -225,6 +225,8 @@ struct Summary {
     resumed_from: Option<u64>,
     /// Steps this run took.
     steps_this_run: u64,
+    /// Seconds from the command's start to its first step's (config, weights, device, data).
+    startup_secs: Option<f64>,
     wall_secs: f64,
     workers: usize,
     seq_len: usize,
@@ -250,6 +252,7 @@ fn mean(xs: impl Iterator<Item = f64>) -> f64 {
 }
 
 pub fn run(args: Args) -> Result<()> {
+    let started = Instant::now();
     let rt = args.place.runtime(args.workers, |device| match device {
         Device::Cpu => 4,
         Device::Cuda => 1,
@@ -331,10 +334,16 @@ pub fn run(args: Args) -> Result<()> {
         (!args.json && reporter).then(|| Progress::start(args.steps, args.batch, args.seq_len));
     let reports = Mutex::new((Vec::<StepReport>::new(), metrics));
     let began = Instant::now();
+    // From the command's start to its first step's: config, weights, device, data.
+    let startup = Mutex::new(None::<f64>);
     let on_step = |r: &StepReport| {
         let line = serde_json::to_string(r).expect("reports serialize");
         let mut guard = reports.lock().expect("reporting never panics");
         let (list, file) = &mut *guard;
+        if list.is_empty() {
+            let to_first = started.elapsed().as_secs_f64() - r.step_secs;
+            *startup.lock().expect("reporting never panics") = Some(to_first);
+        }
         list.push(r.clone());
         if let Some(f) = file {
             f.record(r.step, &line);
@@ -379,6 +388,7 @@ pub fn run(args: Args) -> Result<()> {
         steps: last.step,
         resumed_from,
         steps_this_run: list.len() as u64,
+        startup_secs: startup.into_inner().expect("reporting never panics"),
         wall_secs: wall,
         workers,
         seq_len: args.seq_len,
@@ -411,6 +421,9 @@ fn print_summary(s: &Summary, window: usize) {
         "trained {} steps{resumed} in {:.1} s: {} workers, {} tokens/sequence, {} sequences/step, checkpoint {}",
         s.steps_this_run, s.wall_secs, s.workers, s.seq_len, s.batch, s.checkpoint
     );
+    if let Some(secs) = s.startup_secs {
+        println!("start-up (to the first step) {secs:.1} s");
+    }
     println!(
         "loss {:.4} -> {:.4} (mean of the first and last {window} steps), {:.0} tokens/s",
         s.loss_first, s.loss_last, s.tokens_per_sec
