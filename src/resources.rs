@@ -5,7 +5,7 @@
 
 use crate::model::Checkpoint;
 use crate::model::config::Config;
-use crate::model::weights::specs;
+use crate::model::weights::parameters;
 use crate::shape::Dims;
 use anyhow::{Result, bail};
 
@@ -171,7 +171,7 @@ impl<'a> CpuTraining<'a> {
 
     /// The model's parameter count.
     fn parameters(&self) -> f64 {
-        specs(self.config).iter().map(|s| s.elements() as f64).sum()
+        parameters(self.config) as f64
     }
 
     /// Model state: every worker holds weights and gradients and, training, AdamW's two moments
@@ -333,7 +333,7 @@ mod tests {
     #[test]
     fn training_counts_every_workers_state_and_activations() {
         let c = Config::preset("tiny").unwrap();
-        let params: usize = specs(&c).iter().map(|s| s.elements()).sum();
+        let params = parameters(&c);
         let one = run(&c, 1024, 1, Checkpoint::Remat);
         // Weights, gradients and two moments per worker.
         assert!(one.state_bytes() >= (16 * params) as f64);

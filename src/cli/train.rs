@@ -9,7 +9,7 @@ use anyhow::{Context, Result, bail};
 use distflash::model::Checkpoint;
 use distflash::model::config::Config;
 use distflash::model::ops::AdamW;
-use distflash::model::weights::specs;
+use distflash::model::weights::{self, specs};
 use distflash::plan::Schedule;
 use distflash::runtime::Device;
 use distflash::tensor_file::{self, Named};
@@ -184,7 +184,7 @@ fn peak_lr(asked: Option<f64>, config: &Config, model: &str) -> Result<f64> {
     if let Some(lr) = asked {
         return Ok(lr);
     }
-    let parameters: usize = specs(config).iter().map(|s| s.elements()).sum();
+    let parameters = weights::parameters(config);
     if parameters < LR_DEFAULT_BELOW_PARAMETERS {
         return Ok(1e-2);
     }

@@ -211,10 +211,7 @@ fn step_memory_with(
     attention_extra: f64,
 ) -> StepMemory {
     let t = seq as f64;
-    let params: f64 = super::weights::specs(c)
-        .iter()
-        .map(|s| s.elements() as f64)
-        .sum();
+    let params = super::weights::parameters(c) as f64;
     let (d, i, v) = (
         c.hidden_size as f64,
         c.intermediate_size as f64,

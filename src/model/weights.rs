@@ -87,6 +87,11 @@ pub struct Weights<T> {
     pub lm_head: Option<T>,
 }
 
+/// The model's parameter count: the sum of every tensor's elements.
+pub fn parameters(c: &Config) -> usize {
+    specs(c).iter().map(Spec::elements).sum()
+}
+
 /// A parameter's Hugging Face name and shape.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Spec {

@@ -4,13 +4,11 @@
 //! executor wants head-major ones, so they are converted at this edge, by the backend
 //! (`backend::ModelEdge`): on the host for the CPU, by a GPU kernel for CUDA.
 
-use super::Tally;
 use crate::backend::cpu::CpuBackend;
 use crate::backend::{Backend, ModelEdge, Order};
 use crate::comm::{Buffer, Communicator, LocalComm, Wire};
 use crate::exec::{OwnChunk, Saved, Worker};
 use crate::model::attention::Attention;
-use crate::model::weights::Weights;
 use crate::plan::{Partition, Pass};
 use crate::runtime::ModelDevice;
 use crate::shape::{Dims, Span};
@@ -250,19 +248,6 @@ impl<'a, D: ModelDevice, C: Communicator<D::Tensor>> ModelAttention<'a, D, C> {
         match self {
             ModelAttention::Whole(_) => None,
             ModelAttention::Distributed(d) => Some(&mut *d.comm),
-        }
-    }
-
-    /// Sums the gradients and the tally over the workers (a lone worker has nothing to add).
-    pub(super) fn all_reduce(
-        &mut self,
-        ops: &D::Ops,
-        grads: &mut Weights<D::Tensor>,
-        tally: &mut Tally,
-    ) -> Result<()> {
-        match self {
-            ModelAttention::Whole(_) => Ok(()),
-            ModelAttention::Distributed(d) => super::all_reduce(ops, d.comm, grads, tally),
         }
     }
 }

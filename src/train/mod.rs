@@ -285,13 +285,14 @@ fn reduce_step<D: ModelDevice, C: Communicator<D::Tensor>>(
     mut grads: Weights<D::Tensor>,
     tally: &mut Tally,
 ) -> Result<Vec<D::Tensor>> {
-    if matches!(shard, Shard::Grads | Shard::Full)
-        && let Some(comm) = attn.comm()
-        && comm.world() > 1
-    {
-        return shard::reduce_grads(ops, comm, shard, grads, tally);
+    // A lone worker on the device's whole-sequence attention has no communicator and nothing
+    // to add.
+    if let Some(comm) = attn.comm() {
+        if matches!(shard, Shard::Grads | Shard::Full) && comm.world() > 1 {
+            return shard::reduce_grads(ops, comm, shard, grads, tally);
+        }
+        all_reduce(ops, comm, &mut grads, tally)?;
     }
-    attn.all_reduce(ops, &mut grads, tally)?;
     Ok(grads.into_tensors())
 }
 

@@ -18,7 +18,7 @@ use super::{Tally, all_reduce, all_reduce_tally, collectives};
 use crate::comm::{Buffer, Communicator, Solo, shard_span, shard_spans};
 use crate::model::config::Config;
 use crate::model::ops::{AdamW, Ops};
-use crate::model::weights::{LayerWeights, Weights, specs};
+use crate::model::weights::{LayerWeights, Weights, parameters, specs};
 use crate::model::{Head, Params};
 use crate::runtime::ModelDevice;
 use crate::shape::Span;
@@ -81,8 +81,7 @@ impl Shard {
     /// would only cost time (the `tiny` preset trains 1.4x slower sharded on 4 CPU workers, and
     /// its rounding-level drift moves when the recall task is learned).
     pub fn default_for(workers: usize, config: &Config) -> Shard {
-        let parameters: usize = specs(config).iter().map(|s| s.elements()).sum();
-        if workers > 1 && parameters >= SHARD_FROM_PARAMETERS {
+        if workers > 1 && parameters(config) >= SHARD_FROM_PARAMETERS {
             Shard::Full
         } else {
             Shard::None

@@ -39,10 +39,9 @@ pub struct TokenFile {
     path: PathBuf,
     tokens: usize,
     documents: usize,
-    eos: u32,
     max_id: u32,
-    /// Identifies corpus and tokenizer together (for checkpoints).
-    key: u64,
+    /// The corpus and tokenizer it was made from.
+    id: Identity,
 }
 
 /// What decides whether a token file still describes its corpus and tokenizer.
@@ -86,7 +85,7 @@ impl TokenFile {
         };
         let path = cache_path(corpus, id);
         if let Ok(file) = TokenFile::map(&path)
-            && file.identity()? == id
+            && file.id == id
         {
             return Ok(file);
         }
@@ -123,27 +122,19 @@ impl TokenFile {
         if map.len() != HEADER_BYTES + 4 * tokens + 8 * documents {
             return Err(corrupt());
         }
-        Ok(TokenFile {
-            path: path.to_path_buf(),
-            tokens,
-            documents,
-            eos: field(4) as u32,
-            max_id: field(5) as u32,
-            key: field(1) ^ field(2).rotate_left(1),
-            map,
-        })
-    }
-
-    fn identity(&self) -> Result<Identity> {
-        let field = |i: usize| {
-            let at = 8 + 8 * i;
-            u64::from_le_bytes(self.map[at..at + 8].try_into().expect("8 bytes"))
-        };
-        Ok(Identity {
+        let id = Identity {
             tokenizer: field(1),
             corpus: field(2),
             corpus_len: field(3),
             eos: field(4) as u32,
+        };
+        Ok(TokenFile {
+            path: path.to_path_buf(),
+            tokens,
+            documents,
+            max_id: field(5) as u32,
+            id,
+            map,
         })
     }
 
@@ -161,7 +152,7 @@ impl TokenFile {
     }
 
     pub fn eos(&self) -> u32 {
-        self.eos
+        self.id.eos
     }
 
     /// The largest token id in the corpus (every id must be below the model's vocabulary).
@@ -171,7 +162,7 @@ impl TokenFile {
 
     /// A hash of corpus and tokenizer together: a checkpoint resumes only on the same tokens.
     pub fn key(&self) -> u64 {
-        self.key
+        self.id.tokenizer ^ self.id.corpus.rotate_left(1)
     }
 
     pub fn path(&self) -> &Path {
