@@ -1,19 +1,13 @@
 //! The command-line contract: JSON fields other tools rely on, the saved file's layout, and one
 //! sentence (no panic) for bad input.
 
-use distflash::attn::{layout, oracle};
+mod common;
 
+use common::distflash;
+use distflash::attn::{layout, oracle};
 use distflash::inputs::Inputs;
 use distflash::shape::{Dims, Mask};
 use distflash::tensor_file;
-use std::process::{Command, Output};
-
-fn distflash(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_distflash"))
-        .args(args)
-        .output()
-        .expect("binary runs")
-}
 
 fn temp_path(name: &str) -> std::path::PathBuf {
     let dir = std::env::temp_dir().join(format!("distflash-cli-{}", std::process::id()));

@@ -2,6 +2,9 @@
 //! with the failures a user meets (a rank that never arrives, a port in use, ranks started
 //! differently, a rank that dies).
 
+mod common;
+
+use common::trajectory;
 use distflash::tensor_file;
 use std::net::TcpListener;
 use std::process::{Child, Command, Output, Stdio};
@@ -231,20 +234,6 @@ fn training_as_processes_follows_the_threaded_trajectory_exactly() {
         .output()
         .unwrap();
     assert!(procs.status.success(), "{}", stderr(&procs));
-    // Per-step losses and gradient norms, without the timings.
-    let trajectory = |out: &Output| -> Vec<(f64, f64)> {
-        String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-            .filter(|v| v.get("step").is_some() && v.get("loss").is_some())
-            .map(|v| {
-                (
-                    v["loss"].as_f64().unwrap(),
-                    v["grad_norm"].as_f64().unwrap(),
-                )
-            })
-            .collect()
-    };
     let (a, b) = (trajectory(&threads), trajectory(&procs));
     assert_eq!(a.len(), 6, "{}", String::from_utf8_lossy(&threads.stdout));
     assert_eq!(a, b);

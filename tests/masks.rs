@@ -5,12 +5,15 @@
 //! plan's prediction and against the unmasked one; and the flags of `attention`, `plan` and
 //! `simulate`.
 
+mod common;
+
+use common::distflash;
 use distflash::attention_run::{AttentionRun, on_cpu_threads as run_attention};
 use distflash::attn::oracle;
 use distflash::inputs::{Inputs, random_doc_lens};
 use distflash::plan::{Partition, Pass, Schedule, volume};
 use distflash::shape::{Dims, Mask};
-use std::process::{Command, Output};
+use std::process::Output;
 use std::time::Duration;
 
 const SCHEDULES: [Schedule; 4] = [
@@ -196,13 +199,6 @@ fn bytes_moved_equal_the_masked_plan_and_are_fewer_than_without_the_mask() {
             }
         }
     }
-}
-
-fn distflash(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_distflash"))
-        .args(args)
-        .output()
-        .expect("binary runs")
 }
 
 fn stderr(out: &Output) -> String {

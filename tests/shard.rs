@@ -3,20 +3,17 @@
 //! unsharded trajectory on threads and processes, and sharded checkpoints resumed with other
 //! worker counts.
 
+mod common;
+
+use common::{tiny_options, train_on_threads, trajectory};
 use distflash::comm::rendezvous::{LaunchEnv, join};
 use distflash::comm::{
     Communicator, all_gather_bytes, connect_mesh, reduce_scatter_bytes, shard_span, shard_spans,
 };
-use distflash::model::Checkpoint;
-use distflash::model::config::Config;
-use distflash::model::ops::AdamW;
-use distflash::plan::Schedule;
-use distflash::runtime::{Runtime, run_workers};
+use distflash::runtime::run_workers;
 use distflash::train::data::Data;
-use distflash::train::lr::Decay;
-use distflash::train::memory::MemoryCheck;
 use distflash::train::shard::Shard;
-use distflash::train::{Init, Options, StepReport, state};
+use distflash::train::{Options, StepReport, state};
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -138,63 +135,25 @@ fn a_piece_that_breaks_the_shard_rule_is_refused_with_a_sentence() {
     }
 }
 
-fn temp_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("distflash-shard-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+/// Losses and gradient norms of every step, and the final weights, of `o` on `workers` threads.
+fn run(o: &Options, workers: usize) -> (Vec<(f64, f64)>, Vec<Vec<f32>>) {
+    let steps = Mutex::new(Vec::new());
+    let on_step = |r: &StepReport| steps.lock().unwrap().push((r.loss, r.grad_norm));
+    let w = train_on_threads(o, workers, on_step).unwrap();
+    (steps.into_inner().unwrap(), w)
 }
 
+/// The small training job of the other suites with sharding `shard`, saving every 5 steps.
 fn options(shard: Shard, steps: u64, save_dir: Option<&Path>, resume: Option<&Path>) -> Options {
-    let mut config = Config::preset("tiny").unwrap();
-    config.hidden_size = 32;
-    config.head_dim = 8;
-    config.intermediate_size = 48;
     Options {
-        config,
-        init: Init::Random { seed: 1 },
-        data: Data::Synthetic { seed: 2 },
-        seq_len: 48,
-        batch: 2,
-        schedule: Schedule::Balanced,
         shard,
-        checkpoint: Checkpoint::Remat,
-        steps,
-        adamw: AdamW {
-            lr: 3e-3,
-            beta1: 0.9,
-            beta2: 0.95,
-            eps: 1e-8,
-            weight_decay: 0.1,
-        },
-        warmup: 2,
-        decay: Decay::Constant,
-        min_lr: 0.0,
-        clip: 1.0,
-        save_dir: save_dir.map(Path::to_path_buf),
         save_every: 5,
-        resume: resume.map(Path::to_path_buf),
-        eval: None,
+        ..tiny_options(steps, save_dir, resume)
     }
 }
 
-/// Losses and gradient norms of every step, and the final weights, of `o` on `workers` threads.
-fn run(o: &Options, workers: usize) -> (Vec<(f64, f64)>, Vec<Vec<f32>>) {
-    let memory = MemoryCheck {
-        config: o.config.clone(),
-        model: "tiny".into(),
-        seq: o.seq_len,
-        schedule: o.schedule,
-        checkpoint: o.checkpoint,
-        optimizer: true,
-        shard: o.shard,
-        ignore_estimate: false,
-    };
-    let steps = Mutex::new(Vec::new());
-    let rt = Runtime::cpu_threads(workers, TIMEOUT);
-    let on_step = |r: &StepReport| steps.lock().unwrap().push((r.loss, r.grad_norm));
-    let w = distflash::train::train(o, &memory, &rt, on_step).unwrap();
-    (steps.into_inner().unwrap(), w.expect("threads report"))
+fn temp_dir(name: &str) -> PathBuf {
+    common::temp_dir("shard", name)
 }
 
 /// Relative agreement of two trajectories' losses and of two sets of weights.
@@ -323,21 +282,6 @@ fn a_sharded_checkpoint_resumes_with_other_worker_counts() {
 
 fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-/// Per-step losses and gradient norms of a `train --json` run.
-fn trajectory(out: &Output) -> Vec<(f64, f64)> {
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .filter(|v| v.get("step").is_some() && v.get("loss").is_some())
-        .map(|v| {
-            (
-                v["loss"].as_f64().unwrap(),
-                v["grad_norm"].as_f64().unwrap(),
-            )
-        })
-        .collect()
 }
 
 /// Three processes under `distflash launch` (TCP between ranks): each sharding follows the

@@ -2,19 +2,15 @@
 //! repository's own README, a JSON-lines corpus of its paragraphs, tokenized once into a token
 //! file that later runs reuse; the loss falls, and a resumed run continues the same stream.
 
+mod common;
+
+use common::{distflash, temp_dir};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 use tokenizers::models::TrainerWrapper;
 use tokenizers::models::bpe::{BPE, BpeTrainerBuilder};
 use tokenizers::pre_tokenizers::whitespace::Whitespace;
 use tokenizers::{AddedToken, Tokenizer};
-
-fn temp_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("distflash-tokens-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
 
 fn readme() -> String {
     std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap()
@@ -59,13 +55,6 @@ fn corpus(dir: &Path) -> PathBuf {
     path
 }
 
-fn distflash(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_distflash"))
-        .args(args)
-        .output()
-        .expect("binary runs")
-}
-
 fn losses(out: &Output) -> Vec<f64> {
     assert!(
         out.status.success(),
@@ -81,7 +70,7 @@ fn losses(out: &Output) -> Vec<f64> {
 
 #[test]
 fn trains_on_tokenized_text_and_resumes_the_same_stream() {
-    let dir = temp_dir("train");
+    let dir = temp_dir("tokens", "train");
     let (tk, data) = (tokenizer(&dir), corpus(&dir));
     let (tk, data) = (tk.to_str().unwrap(), data.to_str().unwrap());
     let save = dir.join("run");
@@ -159,7 +148,7 @@ fn trains_on_tokenized_text_and_resumes_the_same_stream() {
 
 #[test]
 fn bad_text_or_tokenizer_gets_a_sentence() {
-    let dir = temp_dir("bad");
+    let dir = temp_dir("tokens", "bad");
     let tk = tokenizer(&dir);
     let tk = tk.to_str().unwrap();
     let bad = dir.join("bad.jsonl");
@@ -207,5 +196,30 @@ fn bad_text_or_tokenizer_gets_a_sentence() {
         assert!(err.contains(words), "{args:?}: {err}");
         assert!(!err.contains("panicked"), "{args:?}: {err}");
     }
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn the_token_file_keeps_every_document_and_its_end() {
+    use distflash::train::tokens::TokenFile;
+    let dir = temp_dir("tokens", "file");
+    let (tk, data) = (tokenizer(&dir), corpus(&dir));
+    let file = TokenFile::open(&data, &tk, None).unwrap();
+    let lines = std::fs::read_to_string(&data).unwrap().lines().count();
+    let ends = file.document_ends();
+    assert_eq!((ends.len(), file.documents()), (lines, lines));
+    assert_eq!(*ends.last().unwrap() as usize, file.len());
+    // Each document ends with the end-of-document token, and only there.
+    let tokens = file.tokens(0, file.len());
+    for &end in &ends {
+        assert_eq!(tokens[end as usize - 1], file.eos());
+    }
+    assert_eq!(
+        tokens.iter().filter(|&&t| t == file.eos()).count(),
+        ends.len()
+    );
+    // Opened again, the same file: the tokens are not recomputed.
+    let again = TokenFile::open(&data, &tk, Some("</s>")).unwrap();
+    assert_eq!((again.key(), again.len()), (file.key(), file.len()));
     std::fs::remove_dir_all(dir).unwrap();
 }

@@ -2,85 +2,17 @@
 //! checkpoints are refused with a sentence (and left as they were), bad configs give a sentence,
 //! and `train` / `grads` write what they promise.
 
-use distflash::model::Checkpoint;
+mod common;
+
+use common::{distflash, temp_dir, tiny_options as options, train_on_threads};
 use distflash::model::config::Config;
-use distflash::model::ops::AdamW;
 use distflash::plan::Schedule;
-use distflash::runtime::Runtime;
-use distflash::train::data::Data;
-use distflash::train::lr::Decay;
-use distflash::train::memory::MemoryCheck;
-use distflash::train::shard::Shard;
-use distflash::train::{Init, Options, StepReport, state};
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use distflash::train::{Options, StepReport, state};
 use std::sync::Mutex;
-use std::time::Duration;
-
-fn temp_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("distflash-train-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
-fn options(steps: u64, save_dir: Option<&Path>, resume: Option<&Path>) -> Options {
-    let mut config = Config::preset("tiny").unwrap();
-    config.hidden_size = 32;
-    config.head_dim = 8;
-    config.intermediate_size = 48;
-    Options {
-        config,
-        init: Init::Random { seed: 1 },
-        data: Data::Synthetic { seed: 2 },
-        seq_len: 48,
-        batch: 2,
-        schedule: Schedule::Balanced,
-        shard: Shard::None,
-        checkpoint: Checkpoint::Remat,
-        steps,
-        adamw: AdamW {
-            lr: 3e-3,
-            beta1: 0.9,
-            beta2: 0.95,
-            eps: 1e-8,
-            weight_decay: 0.1,
-        },
-        warmup: 2,
-        decay: Decay::Constant,
-        min_lr: 0.0,
-        clip: 1.0,
-        save_dir: save_dir.map(Path::to_path_buf),
-        save_every: 2,
-        resume: resume.map(Path::to_path_buf),
-        eval: None,
-    }
-}
 
 /// `train::train` on 3 CPU worker threads.
 fn train(o: &Options, on_step: impl Fn(&StepReport) + Sync) -> anyhow::Result<Vec<Vec<f32>>> {
-    train_with(o, 3, on_step)
-}
-
-/// `train::train` on `workers` CPU worker threads (one: alone on this thread, no communicator).
-fn train_with(
-    o: &Options,
-    workers: usize,
-    on_step: impl Fn(&StepReport) + Sync,
-) -> anyhow::Result<Vec<Vec<f32>>> {
-    let memory = MemoryCheck {
-        config: o.config.clone(),
-        model: "tiny".into(),
-        seq: o.seq_len,
-        schedule: o.schedule,
-        checkpoint: o.checkpoint,
-        optimizer: true,
-        shard: o.shard,
-        ignore_estimate: false,
-    };
-    let rt = Runtime::cpu_threads(workers, Duration::from_secs(60));
-    let w = distflash::train::train(o, &memory, &rt, on_step)?;
-    Ok(w.expect("worker threads report"))
+    train_on_threads(o, 3, on_step)
 }
 
 fn run(o: &Options) -> (Vec<f64>, Vec<Vec<f32>>) {
@@ -116,7 +48,7 @@ fn one_worker_follows_the_threaded_trajectory() {
     let o = options(3, None, None);
     let (three, _) = run(&o);
     let one = Mutex::new(Vec::new());
-    train_with(&o, 1, |r: &StepReport| one.lock().unwrap().push(r.loss)).unwrap();
+    train_on_threads(&o, 1, |r: &StepReport| one.lock().unwrap().push(r.loss)).unwrap();
     let one = one.into_inner().unwrap();
     assert_eq!(one.len(), three.len());
     for (a, b) in one.iter().zip(&three) {
@@ -129,7 +61,7 @@ fn one_worker_follows_the_threaded_trajectory() {
 
 #[test]
 fn resumed_run_follows_the_uninterrupted_trajectory() {
-    let dir = temp_dir("resume");
+    let dir = temp_dir("train", "resume");
     let (whole, w_whole) = run(&options(5, None, None));
     let (first, _) = run(&options(3, Some(&dir), None));
     let (rest, w_rest) = run(&options(5, None, Some(&dir)));
@@ -146,7 +78,7 @@ fn resumed_run_follows_the_uninterrupted_trajectory() {
 
 #[test]
 fn damaged_or_mismatched_checkpoints_are_refused_and_kept() {
-    let dir = temp_dir("damaged");
+    let dir = temp_dir("train", "damaged");
     run(&options(2, Some(&dir), None));
     let path = state::path_in(&dir);
     let good = std::fs::read(&path).unwrap();
@@ -180,13 +112,6 @@ fn damaged_or_mismatched_checkpoints_are_refused_and_kept() {
     std::fs::remove_dir_all(dir).unwrap();
 }
 
-fn distflash(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_distflash"))
-        .args(args)
-        .output()
-        .expect("binary runs")
-}
-
 fn fails_with(args: &[&str], words: &str) {
     let out = distflash(args);
     let err = String::from_utf8_lossy(&out.stderr);
@@ -202,7 +127,7 @@ fn fails_with(args: &[&str], words: &str) {
 
 #[test]
 fn bad_configs_give_a_sentence() {
-    let dir = temp_dir("bad");
+    let dir = temp_dir("train", "bad");
     fails_with(&["train", "--preset", "gpt-5"], "unknown preset 'gpt-5'");
     let mut config = Config::preset("tiny").unwrap().to_json();
     config["num_key_value_heads"] = serde_json::json!(3);
@@ -232,7 +157,7 @@ fn bad_configs_give_a_sentence() {
 
 #[test]
 fn train_writes_metrics_curve_and_model_and_grads_reads_it() {
-    let dir = temp_dir("cli");
+    let dir = temp_dir("train", "cli");
     let d = dir.to_str().unwrap();
     let out = distflash(&[
         "train",

@@ -1,0 +1,105 @@
+//! What the integration tests share: the binary, a scratch folder, a training run's trajectory,
+//! and the small training job several of them run (each test crate uses its part).
+#![allow(dead_code)]
+
+use distflash::model::Checkpoint;
+use distflash::model::config::Config;
+use distflash::model::ops::AdamW;
+use distflash::plan::Schedule;
+use distflash::runtime::Runtime;
+use distflash::train::data::Data;
+use distflash::train::lr::Decay;
+use distflash::train::memory::MemoryCheck;
+use distflash::train::shard::Shard;
+use distflash::train::{Init, Options, StepReport};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::Duration;
+
+/// Runs the `distflash` binary with `args`.
+pub fn distflash(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_distflash"))
+        .args(args)
+        .output()
+        .expect("binary runs")
+}
+
+/// An empty scratch folder of the test suite `suite`, unique to this process.
+pub fn temp_dir(suite: &str, name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("distflash-{suite}-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// Per-step losses and gradient norms of a `train --json` run, without the timings.
+pub fn trajectory(out: &Output) -> Vec<(f64, f64)> {
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v.get("step").is_some() && v.get("loss").is_some())
+        .map(|v| {
+            (
+                v["loss"].as_f64().unwrap(),
+                v["grad_norm"].as_f64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+/// A narrowed `tiny` model trained on the synthetic task, unsharded, saving every 2 steps when
+/// `save_dir` is given.
+pub fn tiny_options(steps: u64, save_dir: Option<&Path>, resume: Option<&Path>) -> Options {
+    let mut config = Config::preset("tiny").unwrap();
+    config.hidden_size = 32;
+    config.head_dim = 8;
+    config.intermediate_size = 48;
+    Options {
+        config,
+        init: Init::Random { seed: 1 },
+        data: Data::Synthetic { seed: 2 },
+        seq_len: 48,
+        batch: 2,
+        schedule: Schedule::Balanced,
+        shard: Shard::None,
+        checkpoint: Checkpoint::Remat,
+        steps,
+        adamw: AdamW {
+            lr: 3e-3,
+            beta1: 0.9,
+            beta2: 0.95,
+            eps: 1e-8,
+            weight_decay: 0.1,
+        },
+        warmup: 2,
+        decay: Decay::Constant,
+        min_lr: 0.0,
+        clip: 1.0,
+        save_dir: save_dir.map(Path::to_path_buf),
+        save_every: 2,
+        resume: resume.map(Path::to_path_buf),
+        eval: None,
+    }
+}
+
+/// `train::train` of `o` on `workers` CPU worker threads (one: alone, no communicator),
+/// returning the final weights.
+pub fn train_on_threads(
+    o: &Options,
+    workers: usize,
+    on_step: impl Fn(&StepReport) + Sync,
+) -> anyhow::Result<Vec<Vec<f32>>> {
+    let memory = MemoryCheck {
+        config: o.config.clone(),
+        model: "tiny".into(),
+        seq: o.seq_len,
+        schedule: o.schedule,
+        checkpoint: o.checkpoint,
+        optimizer: true,
+        shard: o.shard,
+        ignore_estimate: false,
+    };
+    let rt = Runtime::cpu_threads(workers, Duration::from_secs(60));
+    let w = distflash::train::train(o, &memory, &rt, on_step)?;
+    Ok(w.expect("worker threads report"))
+}
