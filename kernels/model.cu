@@ -89,6 +89,25 @@ extern "C" __global__ void scale(void* x, int x_half, float s, long n) {
     GRID_STRIDE(i, n) st(x, x_half, i, ld(x, x_half, i) * s);
 }
 
+// SplitMix64's output function (model::init::mix).
+__device__ __forceinline__ unsigned long long splitmix(unsigned long long z) {
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+// Random weights drawn on the device: elements offset..offset + n of the counter-based stream
+// `key`, bit for bit as model::init::uniform draws them on the CPU (an exact int-to-float
+// conversion and one rounded multiplication), then rounded to 16 bits as an upload rounds.
+extern "C" __global__ void uniform(u16* dst, long n, unsigned long long key, unsigned long long offset,
+                                   float step) {
+    GRID_STRIDE(i, n) {
+        unsigned long long h = splitmix(key + (offset + (unsigned long long)i + 1ull) * 0x9e3779b97f4a7c15ull);
+        int k = (int)(h >> 41);
+        dst[i] = to_half(__fmul_rn((float)(2 * k + 1 - (1 << 23)), step));
+    }
+}
+
 // One f64 partial sum of squares per block; the host adds the partials.
 extern "C" __global__ void sum_squares(const void* x, int x_half, long n, double* partial) {
     double acc = 0.0;

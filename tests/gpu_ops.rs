@@ -65,6 +65,11 @@ fn elementwise_ops_match_the_cpu() -> Result<()> {
 }
 
 #[test]
+fn random_weights_are_the_cpu_ones_bit_for_bit() -> Result<()> {
+    check(Checker::random_weights)
+}
+
+#[test]
 fn embedding_matches_the_cpu_and_refuses_a_token_past_the_vocabulary() -> Result<()> {
     check(Checker::embedding)
 }
@@ -213,6 +218,46 @@ impl Checker {
         let (cdg, cdu) = self.cpu.swiglu_backward(&cg, &cu, &cdm)?;
         self.report("swiglu_backward dg", &dg, &cdg, HALF_TOL)?;
         self.report("swiglu_backward du", &du, &cdu, HALF_TOL)
+    }
+
+    /// The counter-based initialisation drawn on the GPU against the CPU's draw rounded to the
+    /// 16-bit format: equal to the bit (error bound 0), at offsets past 2^32 too, and for the
+    /// whole tiny model.
+    fn random_weights(&mut self) -> Result<()> {
+        let host = Cpu::<f32>::new();
+        let amp = 0.05;
+        for offset in [0u64, 12_345, (1 << 33) + 7] {
+            let key = 0x1234_5678_9abc_def0 ^ offset;
+            let got = self.gpu.random_uniform(10_007, key, offset, amp)?;
+            let want = host.random_uniform(10_007, key, offset, amp)?;
+            self.exact(&format!("random_uniform at offset {offset}"), &got, &want)?;
+        }
+        let cfg = Config::preset("tiny")?;
+        let got = weights::random(&self.gpu, &cfg, 11)?;
+        let want = weights::random(&host, &cfg, 11)?;
+        let mismatched = got
+            .tensors()
+            .into_iter()
+            .zip(want.tensors())
+            .map(|(g, w)| Ok(self.rounded(w) != self.gpu.download(g)?))
+            .collect::<Result<Vec<bool>>>()?;
+        let wrong = mismatched.iter().filter(|&&m| m).count();
+        self.verdict("random weights of tiny: tensors differing", wrong as f64, 0.0);
+        Ok(())
+    }
+
+    /// `want` rounded to the 16-bit format, as an upload rounds it.
+    fn rounded(&self, want: &[f32]) -> Vec<f32> {
+        want.iter().map(|&x| self.dtype.round(x)).collect()
+    }
+
+    /// Passes when `got` holds exactly `want` rounded to the 16-bit format.
+    fn exact(&mut self, name: &str, got: &Tensor, want: &[f32]) -> Result<()> {
+        let got = self.gpu.download(got)?;
+        let want = self.rounded(want);
+        let differing = got.iter().zip(&want).filter(|(g, w)| g != w).count();
+        self.verdict(&format!("{name}: values differing"), differing as f64, 0.0);
+        Ok(())
     }
 
     fn either(&mut self, half: bool, len: usize) -> Result<Pair> {

@@ -3,6 +3,7 @@
 //! GPU implementation is checked against.
 
 use super::float::Float;
+use super::init;
 use super::ops::{AdamW, LossOut, Ops, check_rows, row_positions};
 use crate::shape::Span;
 use anyhow::{Result, bail};
@@ -92,6 +93,14 @@ impl<F: Float> Ops for Cpu<F> {
 
     fn zeros(&self, len: usize) -> Result<Vec<F>> {
         Ok(vec![F::zero(); len])
+    }
+
+    fn random_uniform(&self, len: usize, key: u64, offset: u64, amp: f32) -> Result<Vec<F>> {
+        let step = init::step(amp);
+        Ok((0..len as u64)
+            .into_par_iter()
+            .map(|i| F::of(init::uniform(key, offset + i, step) as f64))
+            .collect())
     }
 
     fn len(&self, t: &Vec<F>) -> usize {

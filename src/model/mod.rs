@@ -13,6 +13,8 @@ pub mod cost;
 pub mod cpu;
 pub mod cuda;
 pub mod float;
+pub mod hf_weights;
+pub mod init;
 mod layer;
 pub mod ops;
 pub mod profile;

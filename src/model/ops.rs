@@ -43,6 +43,11 @@ pub trait Ops: Sync {
     /// Copies a tensor back to the host as f32.
     fn download(&self, t: &Self::T) -> Result<Vec<f32>>;
     fn zeros(&self, len: usize) -> Result<Self::T>;
+    /// Weights (the precision `upload` gives) drawn where they will live: elements
+    /// `offset..offset + len` of the counter-based stream `key`, uniform on `(-amp, amp)`
+    /// (`model::init`). A shard draws only its piece, and every device draws the same numbers,
+    /// so start-up neither builds nor copies a host model.
+    fn random_uniform(&self, len: usize, key: u64, offset: u64, amp: f32) -> Result<Self::T>;
     /// Elements of `t`, for memory accounting.
     fn len(&self, t: &Self::T) -> usize;
     /// Bytes per element, for memory accounting.

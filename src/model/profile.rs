@@ -105,6 +105,12 @@ impl<O: Ops> Ops for Profiled<'_, O> {
         self.profile.time("zeros", || self.inner.zeros(len))
     }
 
+    fn random_uniform(&self, len: usize, key: u64, offset: u64, amp: f32) -> Result<O::T> {
+        self.profile.time("random_uniform", || {
+            self.inner.random_uniform(len, key, offset, amp)
+        })
+    }
+
     fn len(&self, t: &O::T) -> usize {
         self.inner.len(t)
     }

@@ -3,12 +3,11 @@
 //! gradients and optimizer moments.
 
 use super::config::Config;
+use super::hf_weights::HfWeights;
+use super::init;
 use super::ops::Ops;
-use anyhow::{Context, Result, bail};
-use rand::rngs::StdRng;
-use rand::{RngExt, SeedableRng};
-use safetensors::{Dtype, SafeTensors};
-use std::collections::HashMap;
+use crate::shape::Span;
+use anyhow::{Context, Result};
 use std::path::Path;
 
 /// One decoder layer's weights (linear weights `[out, in]`).
@@ -231,127 +230,49 @@ pub fn zeros<O: Ops>(ops: &O, c: &Config) -> Result<Weights<O::T>> {
     Weights::build(c, |s| ops.zeros(s.elements()))
 }
 
-/// Random weights from a seed: norm gains 1, matrices uniform with standard deviation 0.02
-/// (Hugging Face's `initializer_range`).
+/// Every tensor whole, as spans (`specs` order): the pieces of an unsharded model.
+pub fn whole_spans(c: &Config) -> Vec<Span> {
+    specs(c)
+        .iter()
+        .map(|s| Span {
+            start: 0,
+            len: s.elements(),
+        })
+        .collect()
+}
+
+/// Random weights from a seed: norm gains 1, matrices uniform with standard deviation
+/// [`init::INIT_STD`] (Hugging Face's `initializer_range`).
 pub fn random<O: Ops>(ops: &O, c: &Config, seed: u64) -> Result<Weights<O::T>> {
-    let mut rng = StdRng::seed_from_u64(seed);
-    let amp = 0.02 * 3f32.sqrt();
-    Weights::build(c, |s| {
-        let host: Vec<f32> = if s.decays() {
-            (0..s.elements())
-                .map(|_| rng.random_range(-amp..amp))
-                .collect()
-        } else {
-            vec![1.0; s.elements()]
-        };
-        ops.upload(&host)
-    })
+    random_pieces(ops, c, seed, &whole_spans(c))
 }
 
-/// Host tensors by name: shape and f32 data.
-pub type HostTensors = HashMap<String, (Vec<usize>, Vec<f32>)>;
-
-/// Reads the f32, bf16 or f16 tensors of one safetensors file as f32.
-pub fn read_safetensors(path: &Path, into: &mut HostTensors) -> Result<()> {
-    let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
-    let file = SafeTensors::deserialize(&bytes)
-        .with_context(|| format!("{} is not a valid safetensors file", path.display()))?;
-    for (name, view) in file.tensors() {
-        let b = view.data();
-        let data: Vec<f32> = match view.dtype() {
-            Dtype::F32 => b
-                .chunks_exact(4)
-                .map(|x| f32::from_le_bytes([x[0], x[1], x[2], x[3]]))
-                .collect(),
-            Dtype::BF16 => b
-                .chunks_exact(2)
-                .map(|x| half::bf16::from_le_bytes([x[0], x[1]]).to_f32())
-                .collect(),
-            Dtype::F16 => b
-                .chunks_exact(2)
-                .map(|x| half::f16::from_le_bytes([x[0], x[1]]).to_f32())
-                .collect(),
-            other => bail!(
-                "tensor '{name}' in {} is {other:?}; only F32, BF16 and F16 weights load",
-                path.display()
-            ),
-        };
-        into.insert(name, (view.shape().to_vec(), data));
-    }
-    Ok(())
-}
-
-/// Weights from host tensors, checking that every parameter is present with its shape.
-pub fn from_host<O: Ops>(
+/// The pieces `spans` (one per tensor, `specs` order) of [`random`]'s weights, drawn on `ops`'s
+/// device: the counter-based generator gives every piece the numbers the whole model has there,
+/// whichever worker draws it and on whatever device.
+pub fn random_pieces<O: Ops>(
     ops: &O,
     c: &Config,
-    host: &HostTensors,
-    source: &str,
+    seed: u64,
+    spans: &[Span],
 ) -> Result<Weights<O::T>> {
-    let used: Vec<String> = specs(c).into_iter().map(|s| s.name).collect();
-    // A tensor the model would not read means the checkpoint is of another architecture (a
-    // Qwen2's q/k/v biases, say): refused rather than dropped. Rotary tables some converters
-    // save are derived from the config and carry nothing else.
-    let mut unused: Vec<&String> = host
-        .keys()
-        .filter(|name| !used.contains(name) && !name.ends_with("rotary_emb.inv_freq"))
-        .collect();
-    unused.sort();
-    if let Some(first) = unused.first() {
-        bail!(
-            "{source} holds {} tensor(s) a LLaMA model of this config does not use, first '{first}': the checkpoint is of another architecture (or its config.json does not describe it); refusing rather than dropping them",
-            unused.len()
-        );
-    }
+    let mut pieces = spans.iter().enumerate();
     Weights::build(c, |s| {
-        let (shape, data) = host.get(&s.name).with_context(|| {
-            format!(
-                "{source} has no tensor '{}', which a model of this config needs",
-                s.name
-            )
-        })?;
-        if *shape != s.shape {
-            bail!(
-                "tensor '{}' in {source} has shape {shape:?}, but the config needs {:?}",
-                s.name,
-                s.shape
-            );
+        let (k, span) = pieces
+            .next()
+            .with_context(|| format!("no piece given for '{}'", s.name))?;
+        if s.decays() {
+            let key = init::tensor_key(seed, k);
+            ops.random_uniform(span.len, key, span.start as u64, init::init_amp())
+        } else {
+            ops.upload(&vec![1.0; span.len])
         }
-        ops.upload(data)
     })
 }
 
-/// Loads a Hugging Face model directory's weights: `model.safetensors`, or the shards listed in
-/// `model.safetensors.index.json`.
+/// Loads a Hugging Face model directory's weights whole (`hf_weights` maps and checks them).
 pub fn load_hf<O: Ops>(ops: &O, c: &Config, dir: &Path) -> Result<Weights<O::T>> {
-    let mut host = HostTensors::new();
-    let single = dir.join("model.safetensors");
-    let index = dir.join("model.safetensors.index.json");
-    if single.exists() {
-        read_safetensors(&single, &mut host)?;
-    } else if index.exists() {
-        let text = std::fs::read_to_string(&index)
-            .with_context(|| format!("cannot read {}", index.display()))?;
-        let v: serde_json::Value = serde_json::from_str(&text)
-            .with_context(|| format!("{} is not valid JSON", index.display()))?;
-        let mut files: Vec<&str> = v["weight_map"]
-            .as_object()
-            .with_context(|| format!("{} has no weight_map", index.display()))?
-            .values()
-            .filter_map(|f| f.as_str())
-            .collect();
-        files.sort();
-        files.dedup();
-        for f in files {
-            read_safetensors(&dir.join(f), &mut host)?;
-        }
-    } else {
-        bail!(
-            "{} has no model.safetensors (nor a sharded index): there are no weights to load",
-            dir.display()
-        );
-    }
-    from_host(ops, c, &host, &dir.display().to_string())
+    HfWeights::open(dir, c)?.pieces(ops, c, &whole_spans(c))
 }
 
 #[cfg(test)]
@@ -360,32 +281,36 @@ mod tests {
     use crate::model::cpu::Cpu;
 
     #[test]
-    fn loading_names_a_missing_or_misshapen_tensor() {
+    fn random_pieces_are_the_whole_models_values_for_any_cut() {
         let c = Config::preset("tiny").unwrap();
         let ops = Cpu::<f32>::new();
-        let w = random(&ops, &c, 0).unwrap();
-        let mut host: HostTensors = specs(&c)
-            .into_iter()
-            .zip(w.tensors())
-            .map(|(s, t)| (s.name, (s.shape, t.clone())))
-            .collect();
-        assert!(from_host(&ops, &c, &host, "m").is_ok());
-        host.get_mut("model.norm.weight").unwrap().0 = vec![2, 32];
-        let e = from_host(&ops, &c, &host, "m").unwrap_err().to_string();
-        assert!(e.contains("has shape [2, 32]"), "{e}");
-        host.get_mut("model.norm.weight").unwrap().0 = vec![64];
-        let bias = (vec![64], vec![0.0; 64]);
-        host.insert("model.layers.0.self_attn.q_proj.bias".into(), bias.clone());
-        let e = from_host(&ops, &c, &host, "m").unwrap_err().to_string();
-        assert!(
-            e.contains("first 'model.layers.0.self_attn.q_proj.bias'"),
-            "{e}"
-        );
-        host.remove("model.layers.0.self_attn.q_proj.bias");
-        host.insert("model.layers.0.self_attn.rotary_emb.inv_freq".into(), bias);
-        assert!(from_host(&ops, &c, &host, "m").is_ok());
-        host.remove("lm_head.weight");
-        let e = from_host(&ops, &c, &host, "m").unwrap_err().to_string();
-        assert!(e.contains("m has no tensor 'lm_head.weight'"), "{e}");
+        let whole = random(&ops, &c, 9).unwrap();
+        assert_ne!(whole.tensors(), random(&ops, &c, 10).unwrap().tensors());
+        for pieces in 1..=4usize {
+            // Piece p of a tensor of n elements: [p·n/P, (p+1)·n/P), any cut works.
+            let cut = |p: usize| -> Vec<Span> {
+                specs(&c)
+                    .iter()
+                    .map(|s| {
+                        let n = s.elements();
+                        let start = p * n / pieces;
+                        Span {
+                            start,
+                            len: (p + 1) * n / pieces - start,
+                        }
+                    })
+                    .collect()
+            };
+            let drawn: Vec<Weights<Vec<f32>>> = (0..pieces)
+                .map(|p| random_pieces(&ops, &c, 9, &cut(p)).unwrap())
+                .collect();
+            for (k, want) in whole.tensors().into_iter().enumerate() {
+                let joined: Vec<f32> = drawn
+                    .iter()
+                    .flat_map(|w| w.tensors()[k].clone())
+                    .collect();
+                assert_eq!(&joined, want, "tensor {k} cut in {pieces}");
+            }
+        }
     }
 }

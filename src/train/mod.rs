@@ -18,9 +18,10 @@ pub mod tokens;
 use crate::comm::{Communicator, Solo, Wire};
 use crate::model::attention::Attention;
 use crate::model::config::Config;
+use crate::model::hf_weights::HfWeights;
 use crate::model::cpu::Cpu;
 use crate::model::ops::{AdamW, Ops};
-use crate::model::weights::{self, Weights, specs};
+use crate::model::weights::{self, Weights};
 use crate::model::{Checkpoint, Chunk, Params, Whole, forward_backward_with};
 use crate::plan::{Partition, Schedule};
 use crate::runtime::{Job, ModelDevice, Runtime};
@@ -132,27 +133,56 @@ pub fn initial_weights(c: &Config, init: &Init) -> Result<Vec<Vec<f32>>> {
     Ok(w.tensors().into_iter().cloned().collect())
 }
 
+/// Where a run's state comes from.
+enum Start {
+    /// Step 0: weights made where each worker keeps them, zero moments allocated there.
+    Fresh(Source),
+    /// A checkpoint's whole host state, each worker taking its pieces (re-sharded on load).
+    Resumed(State),
+}
+
+/// The weights of a fresh run, opened (and checked) once before any worker starts.
+enum Source {
+    /// Drawn on the device from the seed's counter-based streams.
+    Random { seed: u64 },
+    /// Read piece by piece from a model folder's mapped files.
+    Folder(HfWeights),
+}
+
+impl Source {
+    /// The pieces `spans` of the weights on `ops`'s device.
+    fn draw<O: Ops>(&self, ops: &O, c: &Config, spans: &[Span]) -> Result<Weights<O::T>> {
+        match self {
+            Source::Random { seed } => weights::random_pieces(ops, c, *seed, spans),
+            Source::Folder(folder) => folder.pieces(ops, c, spans),
+        }
+    }
+}
+
+impl Start {
+    /// The step and the samples already taken.
+    fn taken(&self) -> (u64, u64) {
+        match self {
+            Start::Fresh(_) => (0, 0),
+            Start::Resumed(s) => (s.step, s.samples),
+        }
+    }
+}
+
 /// The state a run starts from: a resumed checkpoint, or fresh weights and zero moments.
-fn initial_state(o: &Options) -> Result<State> {
+fn initial_state(o: &Options) -> Result<Start> {
     if let Some(path) = &o.resume {
         let file = if path.is_dir() {
             state::path_in(path)
         } else {
             path.clone()
         };
-        return state::load(&file, &run_key(o));
+        return state::load(&file, &run_key(o)).map(Start::Resumed);
     }
-    let zeros: Vec<Vec<f32>> = specs(&o.config)
-        .iter()
-        .map(|s| vec![0.0; s.elements()])
-        .collect();
-    Ok(State {
-        step: 0,
-        samples: 0,
-        weights: initial_weights(&o.config, &o.init)?,
-        m: zeros.clone(),
-        v: zeros,
-    })
+    Ok(Start::Fresh(match &o.init {
+        Init::Random { seed } => Source::Random { seed: *seed },
+        Init::HuggingFace(dir) => Source::Folder(HfWeights::open(dir, &o.config)?),
+    }))
 }
 
 /// Per-step sums all workers add up: loss, probes right, probes asked.
@@ -466,7 +496,7 @@ pub fn train(
 struct TrainJob<'a, F> {
     o: &'a Options,
     key: RunKey,
-    start: State,
+    start: Start,
     partition: Partition,
     on_step: F,
 }
@@ -499,7 +529,7 @@ impl<F: Fn(&StepReport) + Sync> Job for TrainJob<'_, F> {
 
 /// Everything every rank derives alike before the first step: the starting state (fresh or
 /// resumed) and the run's identity for checkpoints; the checks that refuse a run.
-fn prepare(o: &Options) -> Result<(State, RunKey)> {
+fn prepare(o: &Options) -> Result<(Start, RunKey)> {
     if o.batch == 0 {
         bail!("--batch must be at least 1");
     }
@@ -509,10 +539,10 @@ fn prepare(o: &Options) -> Result<(State, RunKey)> {
             .with_context(|| format!("cannot create the save directory {}", dir.display()))?;
     }
     let start = initial_state(o)?;
-    if start.step > o.steps {
+    let (taken, _) = start.taken();
+    if taken > o.steps {
         bail!(
-            "the checkpoint has already taken {} steps, more than --steps {}",
-            start.step,
+            "the checkpoint has already taken {taken} steps, more than --steps {}",
             o.steps
         );
     }
@@ -527,22 +557,30 @@ fn run_steps<D: ModelDevice, C: Communicator<D::Tensor>>(
     ops: &D::Ops,
     o: &Options,
     key: &RunKey,
-    start: &State,
+    start: &Start,
     mine: &[Span],
-    (rank, world): (usize, usize),
+    ranks: (usize, usize),
     attn: &mut ModelAttention<'_, D, C>,
     on_step: &(impl Fn(&StepReport) + Sync),
 ) -> Result<Vec<Vec<f32>>> {
     let cfg = &o.config;
-    let reporter = rank == 0;
-    let mut opt = Optimizer::new(ops, cfg, o.shard, (rank, world), &start.m, &start.v)?;
-    let mut held = Held::from_host(ops, cfg, &start.weights, o.shard, (rank, world))?;
+    let reporter = ranks.0 == 0;
+    let (mut held, mut opt) = match start {
+        Start::Fresh(source) => (
+            Held::drawn(cfg, o.shard, ranks, |spans| source.draw(ops, cfg, spans))?,
+            Optimizer::zeroed(ops, cfg, o.shard, ranks)?,
+        ),
+        Start::Resumed(s) => (
+            Held::from_host(ops, cfg, &s.weights, o.shard, ranks)?,
+            Optimizer::new(ops, cfg, o.shard, ranks, &s.m, &s.v)?,
+        ),
+    };
     let mut solo = Solo;
     let scale = 1.0 / (o.seq_len * o.batch) as f64;
-    let mut samples = start.samples;
+    let (first, mut samples) = start.taken();
     // The checkpoint a non-finite step leaves in place (the resumed one, if any) and its step.
-    let mut saved = o.resume.as_ref().map(|path| (path.clone(), start.step));
-    for step in start.step + 1..=o.steps {
+    let mut saved = o.resume.as_ref().map(|path| (path.clone(), first));
+    for step in first + 1..=o.steps {
         let began = Instant::now();
         let mut grads = held.zero_grads(ops, cfg)?;
         let mut tally = Tally::default();

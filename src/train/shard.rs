@@ -121,6 +121,21 @@ impl<T: Buffer + Clone> Held<T> {
         Self::holding(c, shard, w, spans)
     }
 
+    /// Worker `rank` of `world`'s weights made on its device by `draw` from the pieces it keeps
+    /// (one span per tensor, `specs` order: whole tensors unless `full`): a fresh run's
+    /// start-up, which never holds the whole model on the host.
+    pub fn drawn(
+        c: &Config,
+        shard: Shard,
+        (rank, world): (usize, usize),
+        draw: impl FnOnce(&[Span]) -> Result<Weights<T>>,
+    ) -> Result<Self> {
+        let shard = shard.over(world);
+        let spans = own_spans(c, shard.weight_shards(world), rank);
+        let w = draw(&spans)?;
+        Self::holding(c, shard, w, spans)
+    }
+
     /// Worker `rank` of `world`'s weights from whole device ones (cut to its pieces under
     /// `full`, the whole freed).
     pub fn from_device<O: Ops<T = T>>(
@@ -482,19 +497,45 @@ impl<T: Buffer + Clone> Optimizer<T> {
                 specs.len()
             );
         }
-        let lens: Vec<usize> = specs.iter().map(|s| s.elements()).collect();
         let spans = own_spans(c, shard.optimizer_shards(world), rank);
         let upload = |host: &[Vec<f32>]| {
             upload_spans(c, host, &spans, |t| ops.upload_state(t)).map(Weights::into_tensors)
         };
         Ok(Optimizer {
-            shard,
-            decays: specs.iter().map(|s| s.decays()).collect(),
             m: upload(m)?,
             v: upload(v)?,
-            spans,
-            lens,
+            ..Self::empty(c, shard, spans.clone())
         })
+    }
+
+    /// Worker `rank` of `world`'s zero moments, allocated zeroed on the device: a fresh run's.
+    pub fn zeroed<O: Ops<T = T>>(
+        ops: &O,
+        c: &Config,
+        shard: Shard,
+        (rank, world): (usize, usize),
+    ) -> Result<Self> {
+        let shard = shard.over(world);
+        let spans = own_spans(c, shard.optimizer_shards(world), rank);
+        let zeros = || spans.iter().map(|s| ops.zeros(s.len)).collect::<Result<Vec<_>>>();
+        Ok(Optimizer {
+            m: zeros()?,
+            v: zeros()?,
+            ..Self::empty(c, shard, spans)
+        })
+    }
+
+    /// The optimizer of `spans` without moments, which the constructors fill.
+    fn empty(c: &Config, shard: Shard, spans: Vec<Span>) -> Self {
+        let specs = specs(c);
+        Optimizer {
+            shard,
+            decays: specs.iter().map(|s| s.decays()).collect(),
+            lens: specs.iter().map(|s| s.elements()).collect(),
+            spans,
+            m: Vec::new(),
+            v: Vec::new(),
+        }
     }
 
     /// The gradients this worker updates from: `reduce_grads`'s whole tensors cut to its pieces.

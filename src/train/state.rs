@@ -4,7 +4,7 @@
 //! metadata make a corrupt, truncated or mismatched file refused with a sentence.
 
 use crate::model::config::Config;
-use crate::model::weights::{HostTensors, specs};
+use crate::model::weights::specs;
 use anyhow::{Context, Result, bail};
 use safetensors::tensor::TensorView;
 use safetensors::{Dtype, SafeTensors};
@@ -166,7 +166,7 @@ pub fn load(path: &Path, key: &RunKey) -> Result<State> {
             .parse()
             .with_context(|| format!("{shown} has an unreadable '{k}'"))
     };
-    let mut host = HostTensors::new();
+    let mut host: HashMap<String, (Vec<usize>, Vec<f32>)> = HashMap::new();
     for (name, view) in file.tensors() {
         if view.dtype() != Dtype::F32 {
             bail!("tensor '{name}' in {shown} is not F32");

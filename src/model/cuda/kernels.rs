@@ -26,11 +26,12 @@ pub(crate) enum Kernel {
     RmsnormDw,
     Rope,
     XentRows,
+    Uniform,
 }
 
 impl Kernel {
     /// Every kernel, in declaration order (so `k as usize` indexes this array).
-    pub(crate) const ALL: [Kernel; 14] = [
+    pub(crate) const ALL: [Kernel; 15] = [
         Kernel::CastToHalf,
         Kernel::AddAssign,
         Kernel::Scale,
@@ -45,6 +46,7 @@ impl Kernel {
         Kernel::RmsnormDw,
         Kernel::Rope,
         Kernel::XentRows,
+        Kernel::Uniform,
     ];
 
     /// The `extern "C"` name in the source.
@@ -64,6 +66,7 @@ impl Kernel {
             Kernel::RmsnormDw => "rmsnorm_dw",
             Kernel::Rope => "rope",
             Kernel::XentRows => "xent_rows",
+            Kernel::Uniform => "uniform",
         }
     }
 }
@@ -116,7 +119,8 @@ impl Kernels {
         // SAFETY: every call site pushes exactly the arguments of the kernel's C signature in
         // order: device pointers of `CudaSlice`s whose lengths were checked against the shape
         // the kernel indexes (each followed by its 16-bit flag where the C side takes
-        // `const void*, int`), then `long` lengths as i64, `int` sizes as i32 and f32 scalars.
+        // `const void*, int`), then `long` lengths as i64, `int` sizes as i32, f32 scalars and
+        // `unsigned long long` counters as u64.
         // `cfg` comes from `shapes`, whose block sizes are the multiples of 32 the row kernels
         // assume; no kernel uses dynamic shared memory.
         unsafe { args.launch(cfg) }

@@ -30,6 +30,7 @@ mod kernels;
 pub(crate) mod shapes;
 
 use super::cost::{loss_chunk_rows, loss_chunks};
+use super::init;
 use super::ops::{AdamW, LossOut, Ops, check_positions, check_rows};
 use crate::backend::Backend;
 use crate::backend::cuda::{CudaBackend, InputDtype, Tensor, elementwise_config, rows_config};
@@ -187,6 +188,16 @@ impl Ops for CudaOps {
 
     fn zeros(&self, len: usize) -> Result<Tensor> {
         Ok(Tensor::F32(self.alloc(len)?))
+    }
+
+    fn random_uniform(&self, len: usize, key: u64, offset: u64, amp: f32) -> Result<Tensor> {
+        let mut out = self.alloc::<u16>(len)?;
+        let (n, step) = (len as i64, init::step(amp));
+        let mut b = self.kernels.builder(Kernel::Uniform);
+        b.arg(&mut out).arg(&n).arg(&key).arg(&offset).arg(&step);
+        self.kernels
+            .run(Kernel::Uniform, b, elementwise_config(len))?;
+        Ok(self.half(out))
     }
 
     fn len(&self, t: &Tensor) -> usize {

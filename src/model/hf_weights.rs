@@ -1,0 +1,277 @@
+//! A Hugging Face model folder's weights (`model.safetensors`, or the shards its
+//! `model.safetensors.index.json` lists), memory-mapped. Opening checks every tensor's name,
+//! shape and format against the config without reading any data; loading then converts one
+//! tensor's piece at a time for the device, so a 7B model starts without a whole-model host copy
+//! and a sharded worker reads only its shard.
+
+use super::config::Config;
+use super::ops::Ops;
+use super::weights::{Weights, specs};
+use crate::shape::Span;
+use anyhow::{Context, Result, bail};
+use memmap2::Mmap;
+use safetensors::{Dtype, SafeTensors};
+use std::collections::HashMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+/// The mapped files of a model folder and, per tensor the model uses, the file that holds it.
+pub struct HfWeights {
+    source: String,
+    files: Vec<(PathBuf, Mmap)>,
+    home: HashMap<String, usize>,
+}
+
+impl HfWeights {
+    /// Maps `dir`'s weight files and checks them against `c`: every parameter present with its
+    /// shape in F32, BF16 or F16, and no tensor the model would not read (a checkpoint of another
+    /// architecture is refused, not silently trimmed).
+    pub fn open(dir: &Path, c: &Config) -> Result<HfWeights> {
+        let source = dir.display().to_string();
+        let files = weight_files(dir)?
+            .into_iter()
+            .map(|path| {
+                let file = File::open(&path)
+                    .with_context(|| format!("cannot read {}", path.display()))?;
+                // SAFETY: the map is read-only; a checkpoint rewritten while a run reads it is
+                // outside what any loader can guard against (transformers maps alike).
+                let map = unsafe { Mmap::map(&file) }
+                    .with_context(|| format!("cannot map {}", path.display()))?;
+                Ok((path, map))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let mut found: HashMap<String, (usize, Vec<usize>)> = HashMap::new();
+        for (i, (path, map)) in files.iter().enumerate() {
+            let st = parse(path, map)?;
+            for (name, view) in st.tensors() {
+                if !matches!(view.dtype(), Dtype::F32 | Dtype::BF16 | Dtype::F16) {
+                    bail!(
+                        "tensor '{name}' in {} is {:?}; only F32, BF16 and F16 weights load",
+                        path.display(),
+                        view.dtype()
+                    );
+                }
+                found.insert(name, (i, view.shape().to_vec()));
+            }
+        }
+        let specs = specs(c);
+        // Rotary tables some converters save are derived from the config and carry nothing else.
+        let mut unused: Vec<&String> = found
+            .keys()
+            .filter(|name| {
+                !specs.iter().any(|s| &s.name == *name) && !name.ends_with("rotary_emb.inv_freq")
+            })
+            .collect();
+        unused.sort();
+        if let Some(first) = unused.first() {
+            bail!(
+                "{source} holds {} tensor(s) a LLaMA model of this config does not use, first '{first}': the checkpoint is of another architecture (or its config.json does not describe it); refusing rather than dropping them",
+                unused.len()
+            );
+        }
+        let mut home = HashMap::new();
+        for s in &specs {
+            let (file, shape) = found.get(&s.name).with_context(|| {
+                format!(
+                    "{source} has no tensor '{}', which a model of this config needs",
+                    s.name
+                )
+            })?;
+            if *shape != s.shape {
+                bail!(
+                    "tensor '{}' in {source} has shape {shape:?}, but the config needs {:?}",
+                    s.name,
+                    s.shape
+                );
+            }
+            home.insert(s.name.clone(), *file);
+        }
+        Ok(HfWeights {
+            source,
+            files,
+            home,
+        })
+    }
+
+    /// The pieces `spans` (one per tensor, `specs` order) of every parameter on `ops`'s device,
+    /// converted to f32 a piece at a time.
+    pub fn pieces<O: Ops>(&self, ops: &O, c: &Config, spans: &[Span]) -> Result<Weights<O::T>> {
+        let mut spans = spans.iter();
+        Weights::build(c, |s| {
+            let span = spans
+                .next()
+                .with_context(|| format!("no piece given for '{}'", s.name))?;
+            let (path, map) = &self.files[self.home[&s.name]];
+            let view = parse(path, map)?.tensor(&s.name).with_context(|| {
+                format!("{} changed while it was being read", self.source)
+            })?;
+            ops.upload(&to_f32(view.dtype(), view.data(), *span))
+        })
+    }
+}
+
+/// The folder's weight files: `model.safetensors`, or every file of the sharded index.
+fn weight_files(dir: &Path) -> Result<Vec<PathBuf>> {
+    let single = dir.join("model.safetensors");
+    let index = dir.join("model.safetensors.index.json");
+    if single.exists() {
+        return Ok(vec![single]);
+    }
+    if !index.exists() {
+        bail!(
+            "{} has no model.safetensors (nor a sharded index): there are no weights to load",
+            dir.display()
+        );
+    }
+    let text = std::fs::read_to_string(&index)
+        .with_context(|| format!("cannot read {}", index.display()))?;
+    let v: serde_json::Value = serde_json::from_str(&text)
+        .with_context(|| format!("{} is not valid JSON", index.display()))?;
+    let mut files: Vec<&str> = v["weight_map"]
+        .as_object()
+        .with_context(|| format!("{} has no weight_map", index.display()))?
+        .values()
+        .filter_map(|f| f.as_str())
+        .collect();
+    files.sort();
+    files.dedup();
+    Ok(files.into_iter().map(|f| dir.join(f)).collect())
+}
+
+fn parse<'a>(path: &Path, map: &'a Mmap) -> Result<SafeTensors<'a>> {
+    SafeTensors::deserialize(map)
+        .with_context(|| format!("{} is not a valid safetensors file", path.display()))
+}
+
+/// Elements `span` of little-endian `bytes` of format `dtype` (checked on open), as f32.
+fn to_f32(dtype: Dtype, bytes: &[u8], span: Span) -> Vec<f32> {
+    let width = if dtype == Dtype::F32 { 4 } else { 2 };
+    let piece = &bytes[span.start * width..span.end() * width];
+    match dtype {
+        Dtype::F32 => piece
+            .chunks_exact(4)
+            .map(|x| f32::from_le_bytes([x[0], x[1], x[2], x[3]]))
+            .collect(),
+        Dtype::BF16 => piece
+            .chunks_exact(2)
+            .map(|x| half::bf16::from_le_bytes([x[0], x[1]]).to_f32())
+            .collect(),
+        _ => piece
+            .chunks_exact(2)
+            .map(|x| half::f16::from_le_bytes([x[0], x[1]]).to_f32())
+            .collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::cpu::Cpu;
+    use crate::model::weights::{random, whole_spans};
+    use safetensors::tensor::TensorView;
+
+    /// Writes `tensors` (name, shape, f32 data) as `dir/model.safetensors` in `dtype`.
+    fn write(dir: &Path, tensors: &[(String, Vec<usize>, Vec<f32>)], dtype: Dtype) {
+        let bytes: Vec<Vec<u8>> = tensors
+            .iter()
+            .map(|(_, _, data)| match dtype {
+                Dtype::BF16 => data
+                    .iter()
+                    .flat_map(|x| half::bf16::from_f32(*x).to_le_bytes())
+                    .collect(),
+                _ => data.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            })
+            .collect();
+        let views: Vec<(String, TensorView)> = tensors
+            .iter()
+            .zip(&bytes)
+            .map(|((name, shape, _), b)| {
+                (name.clone(), TensorView::new(dtype, shape.clone(), b).unwrap())
+            })
+            .collect();
+        safetensors::serialize_to_file(views, None, &dir.join("model.safetensors")).unwrap();
+    }
+
+    fn scratch(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("distflash-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    fn model_tensors(c: &Config) -> Vec<(String, Vec<usize>, Vec<f32>)> {
+        let w = random(&Cpu::<f32>::new(), c, 0).unwrap();
+        specs(c)
+            .into_iter()
+            .zip(w.tensors())
+            .map(|(s, t)| (s.name, s.shape, t.clone()))
+            .collect()
+    }
+
+    #[test]
+    fn pieces_are_the_file_values_of_each_span_in_any_format() {
+        let c = Config::preset("tiny").unwrap();
+        let ops = Cpu::<f32>::new();
+        let tensors = model_tensors(&c);
+        for dtype in [Dtype::F32, Dtype::BF16] {
+            let dir = scratch(&format!("pieces-{dtype:?}"));
+            write(&dir, &tensors, dtype);
+            let hf = HfWeights::open(&dir, &c).unwrap();
+            let whole = hf.pieces(&ops, &c, &whole_spans(&c)).unwrap();
+            let halves: Vec<Span> = tensors
+                .iter()
+                .map(|(_, _, d)| Span {
+                    start: d.len() / 3,
+                    len: d.len() / 2,
+                })
+                .collect();
+            let part = hf.pieces(&ops, &c, &halves).unwrap();
+            for (((_, _, want), got), (piece, span)) in tensors
+                .iter()
+                .zip(whole.tensors())
+                .zip(part.tensors().into_iter().zip(&halves))
+            {
+                let want: Vec<f32> = match dtype {
+                    Dtype::BF16 => want
+                        .iter()
+                        .map(|x| half::bf16::from_f32(*x).to_f32())
+                        .collect(),
+                    _ => want.clone(),
+                };
+                assert_eq!(got, &want);
+                assert_eq!(piece[..], want[span.start..span.end()]);
+            }
+            std::fs::remove_dir_all(&dir).unwrap();
+        }
+    }
+
+    #[test]
+    fn opening_names_a_missing_misshapen_or_unused_tensor() {
+        let c = Config::preset("tiny").unwrap();
+        let dir = scratch("refusals");
+        let err = |tensors: &[(String, Vec<usize>, Vec<f32>)]| {
+            write(&dir, tensors, Dtype::F32);
+            HfWeights::open(&dir, &c).err().map(|e| e.to_string())
+        };
+        let mut tensors = model_tensors(&c);
+        assert_eq!(err(&tensors), None);
+        let norm = tensors.iter().position(|t| t.0 == "model.norm.weight").unwrap();
+        tensors[norm].1 = vec![2, 32];
+        let e = err(&tensors).unwrap();
+        assert!(e.contains("has shape [2, 32]"), "{e}");
+        tensors[norm].1 = vec![64];
+        let bias = |name: &str| (name.to_string(), vec![64], vec![0.0; 64]);
+        tensors.push(bias("model.layers.0.self_attn.q_proj.bias"));
+        let e = err(&tensors).unwrap();
+        assert!(
+            e.contains("first 'model.layers.0.self_attn.q_proj.bias'"),
+            "{e}"
+        );
+        tensors.pop();
+        tensors.push(bias("model.layers.0.self_attn.rotary_emb.inv_freq"));
+        assert_eq!(err(&tensors), None);
+        tensors.retain(|t| t.0 != "lm_head.weight");
+        let e = err(&tensors).unwrap();
+        assert!(e.contains("has no tensor 'lm_head.weight'"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
