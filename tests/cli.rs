@@ -153,7 +153,7 @@ fn saved_file_has_public_layouts_and_matches_the_oracle() {
 
 #[test]
 fn bad_input_gets_one_sentence_and_a_nonzero_exit() {
-    let cases: [(&[&str], &str); 14] = [
+    let cases: [(&[&str], &str); 13] = [
         (
             &["attention", "--heads", "6", "--kv-heads", "4"],
             "must be a multiple of kv-heads",
@@ -178,10 +178,6 @@ fn bad_input_gets_one_sentence_and_a_nonzero_exit() {
         (
             &["plan", "--out", "/nonexistent-dir/x.svg"],
             "cannot write /nonexistent-dir/x.svg",
-        ),
-        (
-            &["bench", "train", "--seq-len", "64", "--workers", "2"],
-            "--workers goes with --estimate",
         ),
         (
             &["bench", "train", "--estimate", "--workers", "0"],
@@ -390,7 +386,7 @@ fn bench_train_reports_time_throughput_and_flops() {
 }
 
 #[test]
-fn bench_train_under_a_launcher_splits_the_sequence_and_loses_nothing() {
+fn bench_train_over_threads_or_a_launcher_splits_the_sequence_and_loses_nothing() {
     let step = [
         "--preset",
         "tiny",
@@ -409,25 +405,37 @@ fn bench_train_under_a_launcher_splits_the_sequence_and_loses_nothing() {
         ]
         .concat(),
     );
-    for out in [&alone, &launched] {
+    let threads = distflash(
+        &[
+            &["bench", "train"][..],
+            &step,
+            &["--workers", "2", "--shard", "full"],
+        ]
+        .concat(),
+    );
+    for out in [&alone, &launched, &threads] {
         assert!(
             out.status.success(),
             "{}",
             String::from_utf8_lossy(&out.stderr)
         );
     }
-    let alone: serde_json::Value = serde_json::from_slice(&alone.stdout).unwrap();
+    let json = |out: &std::process::Output| -> serde_json::Value {
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
     // Only rank 0 reports.
-    let launched: serde_json::Value = serde_json::from_slice(&launched.stdout).unwrap();
+    let (alone, launched, threads) = (json(&alone), json(&launched), json(&threads));
     assert_eq!(alone["workers"], 1);
     assert_eq!(launched["workers"], 3);
+    assert_eq!(threads["workers"], 2);
+    assert_eq!(threads["shard"], "full");
     // The same weights and tokens: the loss of the split sequence, summed over the ranks by the
     // all-reduce, is the whole sequence's up to f32 rounding.
-    let (a, b) = (
-        alone["loss"].as_f64().unwrap(),
-        launched["loss"].as_f64().unwrap(),
-    );
-    assert!((a - b).abs() <= 1e-5 * a.abs(), "{a} vs {b}");
+    let a = alone["loss"].as_f64().unwrap();
+    for split in [&launched, &threads] {
+        let b = split["loss"].as_f64().unwrap();
+        assert!((a - b).abs() <= 1e-5 * a.abs(), "{a} vs {b}");
+    }
     assert!((a - 256f64.ln()).abs() < 0.5, "{a}");
 }
 

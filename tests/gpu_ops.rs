@@ -242,7 +242,11 @@ impl Checker {
             .map(|(g, w)| Ok(self.rounded(w) != self.gpu.download(g)?))
             .collect::<Result<Vec<bool>>>()?;
         let wrong = mismatched.iter().filter(|&&m| m).count();
-        self.verdict("random weights of tiny: tensors differing", wrong as f64, 0.0);
+        self.verdict(
+            "random weights of tiny: tensors differing",
+            wrong as f64,
+            0.0,
+        );
         Ok(())
     }
 

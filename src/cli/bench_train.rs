@@ -46,8 +46,9 @@ pub struct Args {
     /// Only print the estimated peak GPU memory of the step (any machine; nothing runs).
     #[arg(long)]
     estimate: bool,
-    /// With --estimate: the memory of one GPU of a run over this many GPUs (one process each,
-    /// the sequence split by --schedule). A launched run takes its GPUs from the launcher.
+    /// Workers the sequence is split across (by --schedule): CPU threads, or virtual workers
+    /// sharing one GPU. With --estimate: the memory of one GPU of a run over this many GPUs (one
+    /// process each). A launched run takes its workers from the launcher.
     #[arg(long, default_value_t = 1)]
     workers: usize,
     /// With --estimate: include AdamW's two f32 moments (a training step's state).
@@ -83,7 +84,7 @@ struct Report {
     preset: String,
     layers: usize,
     seq: usize,
-    /// Devices (processes) the sequence is split across.
+    /// Workers the sequence is split across: devices (processes), or virtual workers on one.
     workers: usize,
     checkpoint: Checkpoint,
     shard: Shard,
@@ -158,18 +159,16 @@ pub fn run(args: Args) -> Result<()> {
             "--optimizer goes with --estimate: bench train times forward and backward without the optimizer"
         );
     }
-    if args.workers != 1 {
-        bail!(
-            "--workers goes with --estimate; to run on several GPUs start `distflash launch --nproc-per-node N -- bench train ...`"
-        );
-    }
     let runs = Runs {
         warmup: args.warmup,
         repeats: args.repeats,
         profile: args.profile,
     };
-    // One device, or one process per device under a launcher (--workers only estimates).
-    let rt = args.place.runtime(None, |_| 1)?;
+    // One device, or virtual workers sharing it (--workers), or one process per device under a
+    // launcher.
+    let rt = args
+        .place
+        .runtime((args.workers > 1).then_some(args.workers), |_| 1)?;
     let workers = rt.workers();
     let memory = MemoryCheck {
         config: cfg.clone(),

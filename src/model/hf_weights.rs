@@ -31,8 +31,8 @@ impl HfWeights {
         let files = weight_files(dir)?
             .into_iter()
             .map(|path| {
-                let file = File::open(&path)
-                    .with_context(|| format!("cannot read {}", path.display()))?;
+                let file =
+                    File::open(&path).with_context(|| format!("cannot read {}", path.display()))?;
                 // SAFETY: the map is read-only; a checkpoint rewritten while a run reads it is
                 // outside what any loader can guard against (transformers maps alike).
                 let map = unsafe { Mmap::map(&file) }
@@ -102,9 +102,9 @@ impl HfWeights {
                 .next()
                 .with_context(|| format!("no piece given for '{}'", s.name))?;
             let (path, map) = &self.files[self.home[&s.name]];
-            let view = parse(path, map)?.tensor(&s.name).with_context(|| {
-                format!("{} changed while it was being read", self.source)
-            })?;
+            let view = parse(path, map)?
+                .tensor(&s.name)
+                .with_context(|| format!("{} changed while it was being read", self.source))?;
             ops.upload(&to_f32(view.dtype(), view.data(), *span))
         })
     }
@@ -186,7 +186,10 @@ mod tests {
             .iter()
             .zip(&bytes)
             .map(|((name, shape, _), b)| {
-                (name.clone(), TensorView::new(dtype, shape.clone(), b).unwrap())
+                (
+                    name.clone(),
+                    TensorView::new(dtype, shape.clone(), b).unwrap(),
+                )
             })
             .collect();
         safetensors::serialize_to_file(views, None, &dir.join("model.safetensors")).unwrap();
@@ -254,7 +257,10 @@ mod tests {
         };
         let mut tensors = model_tensors(&c);
         assert_eq!(err(&tensors), None);
-        let norm = tensors.iter().position(|t| t.0 == "model.norm.weight").unwrap();
+        let norm = tensors
+            .iter()
+            .position(|t| t.0 == "model.norm.weight")
+            .unwrap();
         tensors[norm].1 = vec![2, 32];
         let e = err(&tensors).unwrap();
         assert!(e.contains("has shape [2, 32]"), "{e}");

@@ -72,7 +72,11 @@ mod tests {
     #[test]
     fn streams_differ_by_seed_and_tensor_and_values_are_odd_multiples_of_the_step() {
         let s = step(1.0);
-        let first = |seed, t| (0..64).map(|i| uniform(tensor_key(seed, t), i, s)).collect();
+        let first = |seed, t| {
+            (0..64)
+                .map(|i| uniform(tensor_key(seed, t), i, s))
+                .collect()
+        };
         let a: Vec<f32> = first(1, 0);
         assert_ne!(a, first(2, 0));
         assert_ne!(a, first(1, 1));

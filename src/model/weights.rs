@@ -305,10 +305,7 @@ mod tests {
                 .map(|p| random_pieces(&ops, &c, 9, &cut(p)).unwrap())
                 .collect();
             for (k, want) in whole.tensors().into_iter().enumerate() {
-                let joined: Vec<f32> = drawn
-                    .iter()
-                    .flat_map(|w| w.tensors()[k].clone())
-                    .collect();
+                let joined: Vec<f32> = drawn.iter().flat_map(|w| w.tensors()[k].clone()).collect();
                 assert_eq!(&joined, want, "tensor {k} cut in {pieces}");
             }
         }

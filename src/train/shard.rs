@@ -517,7 +517,12 @@ impl<T: Buffer + Clone> Optimizer<T> {
     ) -> Result<Self> {
         let shard = shard.over(world);
         let spans = own_spans(c, shard.optimizer_shards(world), rank);
-        let zeros = || spans.iter().map(|s| ops.zeros(s.len)).collect::<Result<Vec<_>>>();
+        let zeros = || {
+            spans
+                .iter()
+                .map(|s| ops.zeros(s.len))
+                .collect::<Result<Vec<_>>>()
+        };
         Ok(Optimizer {
             m: zeros()?,
             v: zeros()?,
