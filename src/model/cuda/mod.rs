@@ -27,6 +27,7 @@ mod args;
 pub mod attention;
 mod gemm;
 mod kernels;
+mod offload;
 pub(crate) mod shapes;
 
 use super::cost::{loss_chunk_rows, loss_chunks};
@@ -50,6 +51,10 @@ pub struct CudaOps {
     /// Rotary inverse frequencies on the device by their bits: uploaded once, since a copy from
     /// pageable host memory would wait for the stream at every rotary call.
     rope_tables: Mutex<HashMap<Vec<u32>, RopeTable>>,
+    /// Pinned host buffers of offloaded checkpoints (`--offload activations`), reused by step.
+    host: offload::HostPool,
+    /// The stream the offload's copies run on.
+    copies: Arc<CudaStream>,
 }
 
 /// One table of rotary inverse frequencies on the device.
@@ -78,10 +83,12 @@ impl CudaOps {
         let blas = Blas::new(stream.clone(), backend.dtype())?;
         let kernels = Kernels::load(stream, backend.dtype())?;
         Ok(CudaOps {
+            copies: backend.stream().clone(),
             backend,
             blas,
             kernels,
             rope_tables: Mutex::default(),
+            host: offload::HostPool::default(),
         })
     }
 
@@ -96,6 +103,13 @@ impl CudaOps {
 
     fn dtype(&self) -> InputDtype {
         self.backend.dtype()
+    }
+
+    fn streams(&self) -> offload::Streams<'_> {
+        offload::Streams {
+            compute: self.stream(),
+            copies: &self.copies,
+        }
     }
 
     fn alloc<T: DeviceRepr + ValidAsZeroBits>(&self, len: usize) -> Result<CudaSlice<T>> {
@@ -183,6 +197,20 @@ impl Ops for CudaOps {
 
     fn download(&self, t: &Tensor) -> Result<Vec<f32>> {
         Backend::download(&self.backend, t)
+    }
+
+    type Host = offload::HostTensor;
+
+    fn stash(&self, t: &Tensor) -> Result<offload::HostTensor> {
+        self.streams().stash(&self.host, t)
+    }
+
+    fn fetch(&self, h: &offload::HostTensor) -> Result<Tensor> {
+        self.streams().fetch(h)
+    }
+
+    fn await_fetches(&self) -> Result<()> {
+        self.streams().landed()
     }
 
     fn zeros(&self, len: usize) -> Result<Tensor> {
