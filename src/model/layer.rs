@@ -88,29 +88,29 @@ pub struct MlpActs<T> {
 type MlpOut<T> = (T, Vec<MlpActs<T>>);
 
 impl<T> Acts<T> {
-    fn try_map<U>(self, f: &mut impl FnMut(T) -> Result<U>) -> Result<Acts<U>> {
+    fn try_map<U>(&self, f: &mut impl FnMut(&T) -> Result<U>) -> Result<Acts<U>> {
         Ok(Acts {
-            x: f(self.x)?,
-            h1: f(self.h1)?,
-            rstd1: f(self.rstd1)?,
-            q: f(self.q)?,
-            k: f(self.k)?,
-            v: f(self.v)?,
-            o: f(self.o)?,
-            lse: f(self.lse)?,
-            x2: f(self.x2)?,
-            h2: f(self.h2)?,
-            rstd2: f(self.rstd2)?,
+            x: f(&self.x)?,
+            h1: f(&self.h1)?,
+            rstd1: f(&self.rstd1)?,
+            q: f(&self.q)?,
+            k: f(&self.k)?,
+            v: f(&self.v)?,
+            o: f(&self.o)?,
+            lse: f(&self.lse)?,
+            x2: f(&self.x2)?,
+            h2: f(&self.h2)?,
+            rstd2: f(&self.rstd2)?,
         })
     }
 }
 
 impl<T> MlpActs<T> {
-    fn try_map<U>(self, f: &mut impl FnMut(T) -> Result<U>) -> Result<MlpActs<U>> {
+    fn try_map<U>(&self, f: &mut impl FnMut(&T) -> Result<U>) -> Result<MlpActs<U>> {
         Ok(MlpActs {
-            g: f(self.g)?,
-            u: f(self.u)?,
-            m: f(self.m)?,
+            g: f(&self.g)?,
+            u: f(&self.u)?,
+            m: f(&self.m)?,
         })
     }
 }
@@ -130,13 +130,13 @@ pub enum Kept<T> {
 }
 
 impl<T> Kept<T> {
-    /// The same checkpoint with every tensor passed through `f` (to host memory and back:
-    /// `offload`).
-    pub fn try_map<U>(self, mut f: impl FnMut(T) -> Result<U>) -> Result<Kept<U>> {
+    /// The same checkpoint with every tensor's image under `f` (its copy in host memory, or
+    /// back: `offload`).
+    pub fn try_map<U>(&self, mut f: impl FnMut(&T) -> Result<U>) -> Result<Kept<U>> {
         Ok(match self {
             Kept::All(a, mlp) => Kept::All(
                 a.try_map(&mut f)?,
-                mlp.into_iter()
+                mlp.iter()
                     .map(|m| m.try_map(&mut f))
                     .collect::<Result<_>>()?,
             ),

@@ -88,6 +88,12 @@ pub(super) struct Checkpoints<'a, O: Ops> {
     ops: &'a O,
     offload: Offload,
     layers: Vec<Slot<O>>,
+    /// The device tensors of the last layer stashed (its index, checkpoint and bytes), dropped
+    /// when the next layer's stash is issued: the copy to the host then runs beside that
+    /// layer's forward, where dropping them at once would make the device wait for it (a
+    /// buffer's free is ordered after its last use). The last layer's is the one its backward
+    /// reads, with no fetch.
+    draining: Option<(usize, Kept<O::T>, usize)>,
 }
 
 impl<'a, O: Ops> Checkpoints<'a, O> {
@@ -96,29 +102,43 @@ impl<'a, O: Ops> Checkpoints<'a, O> {
             ops,
             offload,
             layers: Vec::with_capacity(layers),
+            draining: None,
         }
     }
 
-    /// The next layer's checkpoint (`bytes` of it, held on the meter), stashed to the host when
-    /// offloading (and then released from the meter: the device copy is dropped here).
-    pub(super) fn push(&mut self, kept: Kept<O::T>, bytes: usize, meter: &mut Meter) -> Result<()> {
-        let slot = if self.offload.activations() {
-            let host = kept.try_map(|t| self.ops.stash(&t))?;
+    /// Drops the draining layer's device tensors and their bytes from the meter.
+    fn drain(&mut self, meter: &mut Meter) {
+        if let Some((_, kept, bytes)) = self.draining.take() {
+            drop(kept);
             meter.release(bytes);
-            Slot::Host(host, bytes)
-        } else {
-            Slot::Device(kept)
-        };
-        self.layers.push(slot);
+        }
+    }
+
+    /// The next layer's checkpoint (`bytes` of it, held on the meter), its copy to the host
+    /// issued when offloading; the previous layer's device copy is dropped then.
+    pub(super) fn push(&mut self, kept: Kept<O::T>, bytes: usize, meter: &mut Meter) -> Result<()> {
+        if !self.offload.activations() {
+            self.layers.push(Slot::Device(kept));
+            return Ok(());
+        }
+        let host = kept.try_map(|t| self.ops.stash(t))?;
+        self.drain(meter);
+        self.draining = Some((self.layers.len(), kept, bytes));
+        self.layers.push(Slot::Host(host, bytes));
         Ok(())
     }
 
-    /// Brings layer `l`'s checkpoint to the device if it is on the host.
+    /// Brings layer `l`'s checkpoint to the device if it is on the host: the draining device
+    /// copy if it is that layer's, else a fetch.
     fn bring(&mut self, l: usize, meter: &mut Meter) -> Result<()> {
         let slot = std::mem::replace(&mut self.layers[l], Slot::Taken);
         self.layers[l] = match slot {
+            Slot::Host(_, _) if matches!(self.draining, Some((d, _, _)) if d == l) => {
+                let (_, kept, _) = self.draining.take().expect("matched");
+                Slot::Device(kept)
+            }
             Slot::Host(host, bytes) => {
-                let kept = host.try_map(|h| self.ops.fetch(&h))?;
+                let kept = host.try_map(|h| self.ops.fetch(h))?;
                 meter.hold(bytes);
                 Slot::Device(kept)
             }
@@ -137,6 +157,7 @@ impl<'a, O: Ops> Checkpoints<'a, O> {
             );
         }
         self.bring(l, meter)?;
+        self.drain(meter);
         if self.offload.activations() {
             self.ops.await_fetches()?;
         }

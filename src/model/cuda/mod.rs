@@ -53,8 +53,10 @@ pub struct CudaOps {
     rope_tables: Mutex<HashMap<Vec<u32>, RopeTable>>,
     /// Pinned host buffers of offloaded checkpoints (`--offload activations`), reused by step.
     host: offload::HostPool,
-    /// The stream the offload's copies run on.
-    copies: Arc<CudaStream>,
+    /// The stream the offload's copies run on beside the compute stream, made at the first
+    /// stash (a second stream turns on cudarc's cross-stream event tracking, which runs without
+    /// offload need not pay).
+    copies: Mutex<Option<Arc<CudaStream>>>,
 }
 
 /// One table of rotary inverse frequencies on the device.
@@ -83,7 +85,7 @@ impl CudaOps {
         let blas = Blas::new(stream.clone(), backend.dtype())?;
         let kernels = Kernels::load(stream, backend.dtype())?;
         Ok(CudaOps {
-            copies: backend.stream().clone(),
+            copies: Mutex::default(),
             backend,
             blas,
             kernels,
@@ -105,11 +107,25 @@ impl CudaOps {
         self.backend.dtype()
     }
 
-    fn streams(&self) -> offload::Streams<'_> {
-        offload::Streams {
+    fn streams(&self) -> Result<offload::Streams<'_>> {
+        let mut copies = self
+            .copies
+            .lock()
+            .map_err(|_| anyhow!("copy stream lock poisoned"))?;
+        let copies = match &*copies {
+            Some(stream) => stream.clone(),
+            None => {
+                let stream =
+                    self.stream().context().new_stream().map_err(|e| {
+                        anyhow!("could not create the offload's copy stream: {e:?}")
+                    })?;
+                copies.insert(stream).clone()
+            }
+        };
+        Ok(offload::Streams {
             compute: self.stream(),
-            copies: &self.copies,
-        }
+            copies,
+        })
     }
 
     fn alloc<T: DeviceRepr + ValidAsZeroBits>(&self, len: usize) -> Result<CudaSlice<T>> {
@@ -202,15 +218,15 @@ impl Ops for CudaOps {
     type Host = offload::HostTensor;
 
     fn stash(&self, t: &Tensor) -> Result<offload::HostTensor> {
-        self.streams().stash(&self.host, t)
+        self.streams()?.stash(&self.host, t)
     }
 
     fn fetch(&self, h: &offload::HostTensor) -> Result<Tensor> {
-        self.streams().fetch(h)
+        self.streams()?.fetch(h)
     }
 
     fn await_fetches(&self) -> Result<()> {
-        self.streams().landed()
+        self.streams()?.landed()
     }
 
     fn zeros(&self, len: usize) -> Result<Tensor> {

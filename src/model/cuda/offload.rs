@@ -108,31 +108,28 @@ fn copy_err(what: &'static str) -> impl Fn(cudarc::driver::DriverError) -> anyho
     move |e| anyhow!("the {what} copy of an offloaded checkpoint failed: {e:?}")
 }
 
-/// Makes work queued on `later` from now on wait for everything queued on `earlier` so far
-/// (nothing to do when they are one stream).
+/// Makes work queued on `later` from now on wait for everything queued on `earlier` so far.
 fn order(earlier: &Arc<CudaStream>, later: &Arc<CudaStream>) -> Result<()> {
-    if Arc::ptr_eq(earlier, later) {
-        return Ok(());
-    }
     let event = earlier.record_event(None).map_err(copy_err("offload"))?;
     later.wait(&event).map_err(copy_err("offload"))
 }
 
 /// The GPU's two streams as the offload uses them: `compute` runs the model and owns every
-/// tensor's allocation; `copies` runs the copies to and from host memory (the same stream when
-/// the copies are not to overlap compute).
+/// tensor's allocation; `copies` runs the copies to and from host memory beside it.
 pub struct Streams<'a> {
     pub compute: &'a Arc<CudaStream>,
-    pub copies: &'a Arc<CudaStream>,
+    pub copies: Arc<CudaStream>,
 }
 
 impl Streams<'_> {
     /// Issues the copy of `t` into a pinned buffer of `pool` on `copies`, after everything
     /// `compute` has queued (the tensor's producer). The device buffer of `t` may be freed on
     /// `compute` as soon as this returns: cudarc orders that free after the copy's read (the
-    /// buffer's read event, which `memcpy_dtoh` records on `copies`).
+    /// buffer's read event, which `memcpy_dtoh` records on `copies`) by making `compute` wait
+    /// for the copy, so the caller keeps `t` until it has issued the next layer's work
+    /// (`model::offload`).
     pub fn stash(&self, pool: &HostPool, t: &Tensor) -> Result<HostTensor> {
-        order(self.compute, self.copies)?;
+        order(self.compute, &self.copies)?;
         Ok(match t {
             Tensor::Half { dtype, data } => HostTensor::Half {
                 dtype: *dtype,
@@ -172,7 +169,7 @@ impl Streams<'_> {
         // (ops on `compute` wait for `copies` first: `landed`).
         let mut out = unsafe { self.compute.alloc::<T>(src.len()) }
             .map_err(|e| anyhow!("could not allocate a fetched checkpoint on the GPU: {e:?}"))?;
-        order(self.compute, self.copies)?;
+        order(self.compute, &self.copies)?;
         self.copies
             .memcpy_htod(src, &mut out)
             .map_err(copy_err("host-to-device"))?;
@@ -181,6 +178,6 @@ impl Streams<'_> {
 
     /// Makes work queued on `compute` from now on wait for every copy issued so far.
     pub fn landed(&self) -> Result<()> {
-        order(self.copies, self.compute)
+        order(&self.copies, self.compute)
     }
 }
