@@ -143,14 +143,14 @@ impl StepMemory {
     pub fn describe(&self) -> String {
         let host = if self.pinned_host > 0.0 {
             format!(
-                ", and {:.1} GiB of pinned host memory",
+                "; plus {:.1} GiB of pinned host memory",
                 gib(self.pinned_host)
             )
         } else {
             String::new()
         };
         format!(
-            "about {:.1} GiB (weights {:.1}, gradients {:.1}, optimizer {:.1}, kept activations {:.1}, working set {:.1}){host}",
+            "about {:.1} GiB (weights {:.1}, gradients {:.1}, optimizer {:.1}, kept activations {:.1}, working set {:.1}{host})",
             gib(self.total()),
             gib(self.weights),
             gib(self.grads),
@@ -425,7 +425,7 @@ mod tests {
                 off.weights + off.grads + off.optimizer + off.working,
                 others
             );
-            assert!(off.describe().ends_with(" GiB of pinned host memory"));
+            assert!(off.describe().ends_with(" GiB of pinned host memory)"));
             assert!(!kept.describe().contains("pinned"));
         }
         // llama2-7b at 128K under remat: 64.5 GiB of checkpoints become 4.0 on the GPU.
