@@ -3,9 +3,9 @@
 //! out-of-memory kill. The estimates count the tensors the code allocates (f32 on the host) and
 //! err on the side of more, never less; the GPU's own memory is `model::cost`'s to estimate.
 
-use crate::model::Checkpoint;
 use crate::model::config::Config;
 use crate::model::weights::parameters;
+use crate::model::{Checkpoint, Offload};
 use crate::shape::Dims;
 use anyhow::{Result, bail};
 
@@ -126,6 +126,9 @@ pub struct CpuTraining<'a> {
     /// Workers in this process, each holding its own model state and activations.
     pub workers_here: usize,
     pub policy: Checkpoint,
+    /// Offloaded, each layer's checkpoint has a host copy beside the working tensors
+    /// (`model::offload`), two layers' of them fetched back at once.
+    pub offload: Offload,
     pub optimizer: bool,
     /// Pieces the weights (and their gradients) and the AdamW moments are cut into across the
     /// workers (`train::shard`): 1 unsharded, the worker count where sharded.
@@ -149,6 +152,7 @@ impl<'a> CpuTraining<'a> {
             total_workers,
             workers_here,
             policy,
+            offload: Offload::None,
             optimizer: true,
             weight_shards: 1,
             optimizer_shards: 1,
@@ -190,7 +194,7 @@ impl<'a> CpuTraining<'a> {
 
     /// One worker's activations at its peak, the last layer's backward (as `model::cost` counts
     /// the GPU's, every tensor f32 here): what each layer keeps under the policy
-    /// (`model::layer`), the last layer's recomputed activations, its gradient accumulators and
+    /// (`model::layer`; offloaded, also the two layers' fetched back), the last layer's recomputed activations, its gradient accumulators and
     /// the wider of the attention's backward and an MLP block's, the loss's tensors, and the
     /// sample (every worker draws the whole sequence's tokens).
     pub fn activation_bytes(&self) -> f64 {
@@ -227,12 +231,12 @@ impl<'a> CpuTraining<'a> {
         let mlp = block * F32 * (3.0 * i + 3.0 * d);
         let loss = t * F32 * (3.0 * d + 3.0) + 64f64.min(t) * v * F32;
         let sample = F32 * 3.0 * (self.seq as f64 + 1.0);
-        c.num_hidden_layers as f64 * kept_per_layer
-            + recomputed
-            + layer_grads
-            + attention.max(mlp)
-            + loss
-            + sample
+        let layers = c.num_hidden_layers as f64;
+        let kept_layers = match self.offload {
+            Offload::None => layers,
+            Offload::Activations => layers + layers.min(2.0),
+        };
+        kept_layers * kept_per_layer + recomputed + layer_grads + attention.max(mlp) + loss + sample
     }
 
     /// Everything this process holds at its peak.
@@ -349,6 +353,18 @@ mod tests {
         assert!(
             run(&c, 4096, 4, Checkpoint::None).activation_bytes()
                 > run(&c, 4096, 4, Checkpoint::Layer).activation_bytes()
+        );
+        // Offloaded, each layer's checkpoint has a host copy, and two layers' are fetched back.
+        let offloaded = CpuTraining {
+            offload: Offload::Activations,
+            ..four
+        };
+        let per_layer =
+            rows as f64 * F32 * (c.hidden_size + c.q_width() + c.num_attention_heads) as f64;
+        let extra = offloaded.activation_bytes() - four.activation_bytes();
+        assert!(
+            (extra - 2.0 * per_layer).abs() < 1.0,
+            "{extra} vs {per_layer}"
         );
         // Gradients alone hold no moments.
         let grads = CpuTraining::gradients(&c, 1024, 4, 4, Checkpoint::Remat);

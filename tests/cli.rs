@@ -272,6 +272,43 @@ fn memory_estimate_of_one_gpu_of_several() {
     );
     assert!((107.0..108.0).contains(&gib(&two)), "{two}");
     assert!(gib(&zigzag) > gib(&two), "{zigzag} {two}");
+    // Offloaded, 30 of 32 layers' checkpoints leave the GPU for pinned host memory.
+    let offloaded = estimate(&["--checkpoint", "layer", "--offload", "activations"]);
+    assert_eq!(offloaded["offload"], "activations");
+    let bytes = |v: &serde_json::Value, k: &str| v["estimated_bytes"][k].as_f64().unwrap();
+    assert_eq!(bytes(&one, "pinned_host"), 0.0);
+    assert_eq!(bytes(&offloaded, "pinned_host"), bytes(&one, "kept"));
+    assert_eq!(16.0 * bytes(&offloaded, "kept"), bytes(&one, "kept"));
+    let saved = gib(&one) - gib(&offloaded);
+    let want = 30.0 / 32.0 * bytes(&one, "kept") / (1u64 << 30) as f64;
+    assert!((saved - want).abs() < 1e-6, "{saved} vs {want}");
+    let text = distflash(&[
+        "bench",
+        "train",
+        "--estimate",
+        "--seq-len",
+        "131072",
+        "--offload",
+        "activations",
+    ]);
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text.contains("offload activations")
+            && text.contains("kept activations 4.0")
+            && text.contains("plus 64.5 GiB of pinned host memory"),
+        "{text}"
+    );
+}
+
+#[test]
+fn offload_optimizer_is_refused_until_it_is_built() {
+    let out = distflash(&["train", "--offload", "optimizer", "--steps", "1"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--offload optimizer (AdamW's moments in host memory) is not built yet"),
+        "{err}"
+    );
 }
 
 #[test]

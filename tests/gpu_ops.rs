@@ -26,9 +26,10 @@ use distflash::model::attention::{Attention, Dense};
 use distflash::model::config::{Config, RopeScaling};
 use distflash::model::cpu::Cpu;
 use distflash::model::cuda::CudaOps;
+use distflash::model::cuda::attention::CudaAttention;
 use distflash::model::ops::{AdamW, Ops};
 use distflash::model::weights::{self, Weights};
-use distflash::model::{Checkpoint, Chunk, forward_backward};
+use distflash::model::{Checkpoint, Chunk, Keep, Offload, forward_backward};
 use distflash::shape::Span;
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
@@ -102,6 +103,11 @@ fn adamw_matches_the_cpu() -> Result<()> {
 #[test]
 fn tiny_model_loss_and_gradients_match_the_cpu_under_every_checkpoint_policy() -> Result<()> {
     check(Checker::model)
+}
+
+#[test]
+fn offloaded_checkpoints_give_the_same_loss_and_gradients_on_the_gpu() -> Result<()> {
+    check(Checker::offload)
 }
 
 /// ‖got − want‖ / ‖want‖; infinite when anything is not finite or the lengths differ.
@@ -493,7 +499,14 @@ impl Checker {
                 dense: dense(),
             };
             let got = forward_backward(
-                &self.gpu, &cfg, &w, &mut grads, &mut attn, chunk, policy, scale,
+                &self.gpu,
+                &cfg,
+                &w,
+                &mut grads,
+                &mut attn,
+                chunk,
+                Keep::on_device(policy),
+                scale,
             )?;
             let want = forward_backward(
                 &self.cpu,
@@ -502,7 +515,7 @@ impl Checker {
                 &mut cgrads,
                 &mut dense(),
                 chunk,
-                policy,
+                Keep::on_device(policy),
                 scale,
             )?;
             let err = (got.loss_sum - want.loss_sum).abs() / want.loss_sum;
@@ -512,6 +525,109 @@ impl Checker {
                 let name = format!("tiny model, {policy}: d {}", s.name);
                 self.report(&name, g, c, MODEL_TOL)?;
             }
+        }
+        Ok(())
+    }
+}
+
+impl Checker {
+    /// A 5-layer model's forward and backward on the GPU, attention on its own kernels and
+    /// nothing waited for by the host, with each layer's checkpoint offloaded to pinned host
+    /// memory (stashed on the copy stream as the forward goes, fetched one layer ahead of the
+    /// backward), against the same step without offload. The copies are exact, so the results
+    /// must be the same bits wherever the device itself repeats its bits: each comparison's
+    /// bound is the largest difference between two runs without offload (0 when the device is
+    /// deterministic; float atomics in the norm gains' and the embedding's gradients may make
+    /// it more). A copy read before it landed, or a buffer freed or reused while a copy still
+    /// used it, gives errors of the size of the values.
+    fn offload(&mut self) -> Result<()> {
+        let cfg = Config {
+            vocab_size: 512,
+            hidden_size: 256,
+            intermediate_size: 688,
+            num_hidden_layers: 5,
+            num_attention_heads: 4,
+            num_key_value_heads: 2,
+            head_dim: 64,
+            rms_norm_eps: 1e-5,
+            rope_theta: 10000.0,
+            rope_scaling: RopeScaling::None,
+            tie_word_embeddings: false,
+        };
+        let seq = 4096;
+        let tokens: Vec<u32> = (0..=seq)
+            .map(|_| self.rng.random_range(0..cfg.vocab_size as u32))
+            .collect();
+        let chunk = Chunk {
+            tokens: &tokens[..seq],
+            targets: &tokens[1..],
+            positions: &[Span { start: 0, len: seq }],
+        };
+        let w = weights::random(&self.gpu, &cfg, 5)?;
+        let gpu = &self.gpu;
+        let run = |keep: Keep| -> Result<(f64, usize, Vec<Vec<f32>>)> {
+            let mut grads = weights::zeros(gpu, &cfg)?;
+            let mut attn = CudaAttention::new(gpu.backend(), cfg.dims(), seq)?;
+            let scale = 1.0 / seq as f64;
+            let out = forward_backward(gpu, &cfg, &w, &mut grads, &mut attn, chunk, keep, scale)?;
+            let grads = grads.tensors().into_iter().map(|t| gpu.download(t));
+            Ok((
+                out.loss_sum,
+                out.peak_activation_bytes,
+                grads.collect::<Result<_>>()?,
+            ))
+        };
+        let max_diff = |a: &[f32], b: &[f32]| -> f64 {
+            if a.len() != b.len() {
+                return f64::INFINITY;
+            }
+            a.iter()
+                .zip(b)
+                .map(|(&x, &y)| {
+                    if x.to_bits() == y.to_bits() {
+                        0.0
+                    } else {
+                        (x as f64 - y as f64).abs()
+                    }
+                })
+                .fold(0.0, |m, d| {
+                    if d.is_nan() || m.is_nan() {
+                        f64::NAN
+                    } else {
+                        m.max(d)
+                    }
+                })
+        };
+        let names = weights::specs(&cfg);
+        // (comparison, error, bound), judged once the runs are done.
+        let mut checks = Vec::new();
+        for checkpoint in [Checkpoint::None, Checkpoint::Layer, Checkpoint::Remat] {
+            let plain = run(Keep::on_device(checkpoint))?;
+            let again = run(Keep::on_device(checkpoint))?;
+            let offloaded = run(Keep {
+                checkpoint,
+                offload: Offload::Activations,
+            })?;
+            let what = format!("5 layers, {checkpoint}, offloaded");
+            let spread = (again.0 - plain.0).abs();
+            let loss = (offloaded.0 - plain.0).abs();
+            checks.push((format!("{what}: loss"), loss, spread));
+            let runs = offloaded.2.iter().zip(plain.2.iter().zip(&again.2));
+            for (s, (off, (p, a))) in names.iter().zip(runs) {
+                let err = max_diff(off, p);
+                let err = if err.is_nan() { f64::INFINITY } else { err };
+                checks.push((format!("{what}: d {}", s.name), err, max_diff(a, p)));
+            }
+            // Two layers' checkpoints on the device at most, instead of five.
+            let share = offloaded.1 as f64 / plain.1 as f64;
+            checks.push((
+                format!("{what}: peak kept bytes / not offloaded"),
+                share,
+                0.99,
+            ));
+        }
+        for (name, err, bound) in checks {
+            self.verdict(&name, err, bound);
         }
         Ok(())
     }

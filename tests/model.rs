@@ -1,12 +1,12 @@
 //! The model's gradients: against finite differences (f64, dense attention), distributed over
-//! 1..4 workers against one worker and against the f64 model, and equal under every checkpoint
-//! policy.
+//! 1..4 workers against one worker and against the f64 model, equal under every checkpoint
+//! policy, and bit for bit the same with each layer's checkpoint offloaded to host memory.
 
 use distflash::model::attention::Dense;
 use distflash::model::config::{Config, RopeScaling};
 use distflash::model::cpu::Cpu;
 use distflash::model::weights::{Weights, specs};
-use distflash::model::{Checkpoint, Chunk, forward_backward};
+use distflash::model::{Checkpoint, Chunk, Keep, Offload, forward_backward};
 use distflash::plan::Schedule;
 use distflash::runtime::Runtime;
 use distflash::train::Gradients;
@@ -23,7 +23,7 @@ fn gradients(
     tokens: &[u32],
     workers: usize,
     schedule: Schedule,
-    policy: Checkpoint,
+    keep: Keep,
     timeout: Duration,
 ) -> anyhow::Result<Gradients> {
     let memory = MemoryCheck {
@@ -31,13 +31,14 @@ fn gradients(
         model: "small".into(),
         seq: tokens.len() - 1,
         schedule,
-        checkpoint: policy,
+        checkpoint: keep.checkpoint,
+        offload: keep.offload,
         optimizer: false,
         shard: Shard::None,
         ignore_estimate: false,
     };
     let rt = Runtime::cpu_threads(workers, timeout);
-    let how = (schedule, policy, Shard::None);
+    let how = (schedule, keep, Shard::None);
     let g = distflash::train::gradients(c, weights, tokens, how, &memory, &rt)?;
     Ok(g.expect("worker threads report"))
 }
@@ -109,7 +110,7 @@ fn f64_model(
         &mut g,
         &mut attn,
         chunk,
-        policy,
+        Keep::on_device(policy),
         1.0 / n as f64,
     )
     .unwrap();
@@ -178,7 +179,7 @@ fn distributed_equals_one_worker_and_the_f64_model() {
             &toks,
             workers,
             schedule,
-            Checkpoint::Remat,
+            Keep::on_device(Checkpoint::Remat),
             Duration::from_secs(60),
         )
         .unwrap()
@@ -226,7 +227,7 @@ fn checkpoint_policies_give_the_same_gradients() {
             &toks,
             3,
             Schedule::Balanced,
-            policy,
+            Keep::on_device(policy),
             Duration::from_secs(60),
         )
         .unwrap()
@@ -246,4 +247,98 @@ fn checkpoint_policies_give_the_same_gradients() {
     }
     assert!(none.peak_activation_bytes > remat.peak_activation_bytes);
     assert!(remat.peak_activation_bytes > layer.peak_activation_bytes);
+}
+
+/// Offloading each layer's checkpoint to host memory and fetching it back one layer ahead of
+/// the backward changes no bit of the loss or of any gradient, under every checkpoint policy and
+/// schedule on 1 to 4 workers, while the device-side peak of kept activations falls: with 5
+/// layers, the backward holds two layers' checkpoints instead of five.
+#[test]
+fn offloaded_checkpoints_give_the_same_bits_and_a_lower_peak() {
+    let c = Config {
+        num_hidden_layers: 5,
+        ..small(false)
+    };
+    let host = host_weights(&c, 8);
+    let toks = tokens(&c, 21, 9);
+    for checkpoint in [Checkpoint::None, Checkpoint::Layer, Checkpoint::Remat] {
+        for workers in 1..=4 {
+            for schedule in [Schedule::Balanced, Schedule::Unbalanced, Schedule::Zigzag] {
+                let run = |offload| {
+                    let keep = Keep {
+                        checkpoint,
+                        offload,
+                    };
+                    gradients(
+                        &c,
+                        &host,
+                        &toks,
+                        workers,
+                        schedule,
+                        keep,
+                        Duration::from_secs(60),
+                    )
+                    .unwrap()
+                };
+                let (kept, offloaded) = (run(Offload::None), run(Offload::Activations));
+                let what = format!("{checkpoint}, {workers} workers, {schedule}");
+                assert_eq!(
+                    offloaded.loss.to_bits(),
+                    kept.loss.to_bits(),
+                    "{what}: loss"
+                );
+                assert_eq!(offloaded.grads, kept.grads, "{what}: gradients");
+                assert_eq!(
+                    offloaded.attention_forwards_per_layer,
+                    kept.attention_forwards_per_layer
+                );
+                assert!(
+                    offloaded.peak_activation_bytes < kept.peak_activation_bytes,
+                    "{what}: offloaded peak {} vs {}",
+                    offloaded.peak_activation_bytes,
+                    kept.peak_activation_bytes
+                );
+            }
+        }
+    }
+}
+
+/// The meter's peak with offload is what the estimate's accounting says: three of five layers'
+/// checkpoints fewer than keeping them all (the backward of the last layer holds its own and the
+/// one fetched for the next layer).
+#[test]
+fn offload_leaves_two_layers_checkpoints_on_the_device() {
+    let peak = |layers, offload| {
+        let c = Config {
+            num_hidden_layers: layers,
+            ..small(false)
+        };
+        let keep = Keep {
+            checkpoint: Checkpoint::Remat,
+            offload,
+        };
+        let host = host_weights(&c, 8);
+        let toks = tokens(&c, 21, 9);
+        gradients(
+            &c,
+            &host,
+            &toks,
+            1,
+            Schedule::Balanced,
+            keep,
+            Duration::from_secs(60),
+        )
+        .unwrap()
+        .peak_activation_bytes
+    };
+    // Without offload each layer adds its checkpoint; with it, the peak stops growing at two.
+    let per_layer = peak(3, Offload::None) - peak(2, Offload::None);
+    assert!(per_layer > 0);
+    assert_eq!(
+        peak(5, Offload::None) - peak(2, Offload::None),
+        3 * per_layer
+    );
+    for layers in [2, 3, 5] {
+        assert_eq!(peak(layers, Offload::Activations), peak(2, Offload::None));
+    }
 }

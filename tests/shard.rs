@@ -420,3 +420,32 @@ fn the_estimate_counts_the_sharded_state() {
     assert!(gib(&full) <= 120.0, "{}", gib(&full));
     assert!(gib(&none) > 190.0, "{}", gib(&none));
 }
+
+/// The training loop with each layer's checkpoint offloaded to host memory takes the same steps
+/// bit for bit (losses, gradient norms, final weights), sharded or not, under each checkpoint
+/// policy: the offload moves tensors and changes no arithmetic.
+#[test]
+fn offloaded_training_follows_the_same_trajectory_bit_for_bit() {
+    use distflash::model::{Checkpoint, Offload};
+    let cases = [
+        (Shard::None, Checkpoint::Remat, 1),
+        (Shard::None, Checkpoint::None, 3),
+        (Shard::Grads, Checkpoint::Remat, 2),
+        (Shard::Full, Checkpoint::Layer, 4),
+    ];
+    for (shard, checkpoint, workers) in cases {
+        let o = |offload| Options {
+            checkpoint,
+            offload,
+            ..options(shard, 3, None, None)
+        };
+        let kept = run(&o(Offload::None), workers);
+        let offloaded = run(&o(Offload::Activations), workers);
+        let what = format!(
+            "--shard {} --checkpoint {checkpoint}, {workers} workers",
+            shard.name()
+        );
+        assert_eq!(offloaded.0, kept.0, "{what}: losses and gradient norms");
+        assert_eq!(offloaded.1, kept.1, "{what}: final weights");
+    }
+}

@@ -4,10 +4,10 @@
 //! transformers the same way, and `bench/peers/train_session.sh` runs both on the same shapes.
 
 use anyhow::{Result, bail};
-use distflash::model::Checkpoint;
 use distflash::model::config::Config;
 use distflash::model::cost::{self, H200_BF16_PEAK_TFLOPS, gib};
 use distflash::model::profile::OpTime;
+use distflash::model::{Checkpoint, Offload};
 use distflash::plan::Schedule;
 use distflash::runtime::Device;
 use distflash::train::bench::{Runs, StepShape, time_steps};
@@ -34,6 +34,10 @@ pub struct Args {
     /// none, layer (re-run the layer, attention included) or remat (keep the attention output).
     #[arg(long, default_value = "remat")]
     checkpoint: Checkpoint,
+    /// none, or activations: each layer's checkpoint waits in pinned host memory between its
+    /// forward and its backward (two layers' on the GPU at once).
+    #[arg(long, default_value = "none")]
+    offload: Offload,
     /// Untimed steps first.
     #[arg(long, default_value_t = 1)]
     warmup: usize,
@@ -87,6 +91,7 @@ struct Report {
     /// Workers the sequence is split across: devices (processes), or virtual workers on one.
     workers: usize,
     checkpoint: Checkpoint,
+    offload: Offload,
     shard: Shard,
     warmup: usize,
     repeats: usize,
@@ -120,11 +125,13 @@ pub fn run(args: Args) -> Result<()> {
             1 => None,
             n => Some((n, args.schedule)),
         };
-        let m = distflash::sim::gpu_step_memory(&cfg, seq, ranks, policy, args.optimizer)?.sharded(
-            &cfg,
-            args.shard.optimizer_shards(args.workers),
-            args.shard.weight_shards(args.workers),
-        );
+        let m = distflash::sim::gpu_step_memory(&cfg, seq, ranks, policy, args.optimizer)?
+            .sharded(
+                &cfg,
+                args.shard.optimizer_shards(args.workers),
+                args.shard.weight_shards(args.workers),
+            )
+            .offloaded(&cfg, args.offload);
         let gpus = match ranks {
             Some((n, schedule)) => format!(" over {n} GPUs ({schedule})"),
             None => String::new(),
@@ -132,7 +139,7 @@ pub fn run(args: Args) -> Result<()> {
         if args.json {
             println!(
                 "{}",
-                serde_json::json!({"preset": args.preset, "layers": cfg.num_hidden_layers, "seq": seq, "workers": args.workers, "schedule": args.schedule, "checkpoint": policy, "optimizer": args.optimizer, "shard": args.shard, "estimated_bytes": m, "estimated_gib": gib(m.total())})
+                serde_json::json!({"preset": args.preset, "layers": cfg.num_hidden_layers, "seq": seq, "workers": args.workers, "schedule": args.schedule, "checkpoint": policy, "offload": args.offload, "optimizer": args.optimizer, "shard": args.shard, "estimated_bytes": m, "estimated_gib": gib(m.total())})
             );
         } else {
             let adamw = match (args.optimizer, args.shard) {
@@ -140,8 +147,12 @@ pub fn run(args: Args) -> Result<()> {
                 (true, Shard::None) => ", AdamW".into(),
                 (true, s) => format!(", AdamW with --shard {}", s.name()),
             };
+            let offload = match args.offload {
+                Offload::None => String::new(),
+                o => format!(", offload {o}"),
+            };
             println!(
-                "{} ({} layers) at {seq} tokens{gpus}, checkpoint {policy}{adamw}: {} on {}",
+                "{} ({} layers) at {seq} tokens{gpus}, checkpoint {policy}{offload}{adamw}: {} on {}",
                 args.preset,
                 cfg.num_hidden_layers,
                 m.describe(),
@@ -176,6 +187,7 @@ pub fn run(args: Args) -> Result<()> {
         seq,
         schedule: args.schedule,
         checkpoint: policy,
+        offload: args.offload,
         optimizer: false,
         shard: args.shard,
         ignore_estimate: args.ignore_memory_estimate,
@@ -184,6 +196,7 @@ pub fn run(args: Args) -> Result<()> {
         seq,
         schedule: args.schedule,
         policy,
+        offload: args.offload,
         shard: args.shard,
     };
     let Some(steps) = time_steps(&cfg, shape, runs, &memory, &rt)? else {
@@ -205,6 +218,7 @@ pub fn run(args: Args) -> Result<()> {
         seq,
         workers,
         checkpoint: policy,
+        offload: args.offload,
         shard: args.shard,
         warmup: args.warmup,
         repeats: args.repeats,
@@ -234,8 +248,8 @@ pub fn run(args: Args) -> Result<()> {
 fn print(r: &Report) {
     let device = r.device.name();
     println!(
-        "{}, {} layers, {} tokens, checkpoint {}, {device} {}",
-        r.preset, r.layers, r.seq, r.checkpoint, r.dtype
+        "{}, {} layers, {} tokens, checkpoint {}, offload {}, {device} {}",
+        r.preset, r.layers, r.seq, r.checkpoint, r.offload, r.dtype
     );
     println!(
         "step {:.3} s (median of {} after {} warm-up): {:.0} tokens/s",

@@ -4,8 +4,8 @@
 
 use super::train::ModelArgs;
 use anyhow::{Context, Result, bail};
-use distflash::model::Checkpoint;
 use distflash::model::weights::specs;
+use distflash::model::{Checkpoint, Keep, Offload};
 use distflash::plan::Schedule;
 use distflash::tensor_file::{self, Named};
 use distflash::train;
@@ -68,12 +68,13 @@ pub fn run(args: Args) -> Result<()> {
         seq: tokens.len().saturating_sub(1),
         schedule: args.schedule,
         checkpoint: args.checkpoint,
+        offload: Offload::None,
         optimizer: false,
         shard,
         ignore_estimate: args.ignore_memory_estimate,
     };
     let host = train::initial_weights(&config, &init)?;
-    let how = (args.schedule, args.checkpoint, shard);
+    let how = (args.schedule, Keep::on_device(args.checkpoint), shard);
     let Some(g) = train::gradients(&config, &host, &tokens, how, &memory, &rt)? else {
         return Ok(()); // a rank other than 0: rank 0 writes the gradients
     };

@@ -6,10 +6,10 @@ mod metrics;
 mod progress;
 
 use anyhow::{Context, Result, bail};
-use distflash::model::Checkpoint;
 use distflash::model::config::Config;
 use distflash::model::ops::AdamW;
 use distflash::model::weights::{self, specs};
+use distflash::model::{Checkpoint, Offload};
 use distflash::plan::Schedule;
 use distflash::runtime::Device;
 use distflash::tensor_file::{self, Named};
@@ -125,6 +125,12 @@ pub struct Args {
     /// attention output: attention's forward runs once).
     #[arg(long, default_value = "remat")]
     checkpoint: Checkpoint,
+    /// What waits in host memory during a step: none, or activations (each layer's checkpoint
+    /// goes to host memory as its forward ends and comes back one layer ahead of its backward,
+    /// so the device holds two layers' instead of all; the same losses and gradients, bit for
+    /// bit).
+    #[arg(long, default_value = "none")]
+    offload: Offload,
     /// Model state each worker keeps only its 1/workers piece of: none, optimizer (ZeRO-1: the
     /// AdamW moments), grads (ZeRO-2: also the gradients after the backward) or full (ZeRO-3:
     /// also the weights, each layer's gathered for its use). The trajectory is the unsharded
@@ -232,6 +238,7 @@ struct Summary {
     seq_len: usize,
     batch: usize,
     checkpoint: Checkpoint,
+    offload: Offload,
     loss_first: f64,
     loss_last: f64,
     /// Recall accuracy over the last steps' sequences, each scored before it was trained on.
@@ -296,6 +303,7 @@ pub fn run(args: Args) -> Result<()> {
         seq: args.seq_len,
         schedule: args.schedule,
         checkpoint: args.checkpoint,
+        offload: args.offload,
         optimizer: true,
         shard,
         ignore_estimate: args.ignore_memory_estimate,
@@ -309,6 +317,7 @@ pub fn run(args: Args) -> Result<()> {
         schedule: args.schedule,
         shard,
         checkpoint: args.checkpoint,
+        offload: args.offload,
         steps: args.steps,
         adamw: AdamW {
             lr,
@@ -394,6 +403,7 @@ pub fn run(args: Args) -> Result<()> {
         seq_len: args.seq_len,
         batch: args.batch,
         checkpoint: args.checkpoint,
+        offload: args.offload,
         loss_first: mean(list.iter().take(window).map(|r| r.loss)),
         loss_last: mean(tail.iter().map(|r| r.loss)),
         recall_accuracy_last: (probes > 0)

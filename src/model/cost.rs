@@ -3,8 +3,8 @@
 //! figure is an estimate made before anything is allocated, so a run that would not fit is
 //! refused with the numbers instead of dying mid-step.
 
-use super::Checkpoint;
 use super::config::Config;
+use super::{Checkpoint, Offload};
 use anyhow::{Result, bail};
 use serde::Serialize;
 use std::ops::Range;
@@ -85,6 +85,8 @@ pub struct StepMemory {
     /// its f32 gradient accumulators, the attention backward's buffers (or the MLP's, or the
     /// loss's, whichever phase holds most), the loss's tensors that outlive it, and the reserve.
     pub working: f64,
+    /// Pinned host memory, not the GPU's: the offloaded checkpoints ([`StepMemory::offloaded`]).
+    pub pinned_host: f64,
 }
 
 impl StepMemory {
@@ -123,11 +125,32 @@ impl StepMemory {
         self
     }
 
+    /// The same step with each layer's checkpoint offloaded (`--offload activations`,
+    /// `model::offload`): every layer's in pinned host memory, and on the GPU at most two
+    /// layers' at once (in the backward, the layer computing and the one being fetched for the
+    /// next; in the forward, the one being stashed and the one being made).
+    pub fn offloaded(mut self, c: &Config, offload: Offload) -> Self {
+        if offload.activations() && c.num_hidden_layers > 0 {
+            let layers = c.num_hidden_layers as f64;
+            self.pinned_host = self.kept;
+            self.kept *= layers.min(2.0) / layers;
+        }
+        self
+    }
+
     /// "about 51.2 GiB (weights 12.6, gradients 25.1, ...)": the total and its parts, for
-    /// messages.
+    /// messages; offloaded, the pinned host memory beside it.
     pub fn describe(&self) -> String {
+        let host = if self.pinned_host > 0.0 {
+            format!(
+                "; plus {:.1} GiB of pinned host memory",
+                gib(self.pinned_host)
+            )
+        } else {
+            String::new()
+        };
         format!(
-            "about {:.1} GiB (weights {:.1}, gradients {:.1}, optimizer {:.1}, kept activations {:.1}, working set {:.1})",
+            "about {:.1} GiB (weights {:.1}, gradients {:.1}, optimizer {:.1}, kept activations {:.1}, working set {:.1}{host})",
             gib(self.total()),
             gib(self.weights),
             gib(self.grads),
@@ -288,6 +311,7 @@ fn step_memory_with(
         optimizer: if optimizer { 2.0 * F32 * params } else { 0.0 },
         kept: c.num_hidden_layers as f64 * kept_per_layer,
         working: after_loss + backward.max(loss) + rope + RESERVE_BYTES,
+        pinned_host: 0.0,
     }
 }
 
@@ -386,6 +410,38 @@ mod tests {
         (131072, Checkpoint::Remat, 134.17092156410217),
         (131072, Checkpoint::Layer, 102.68654656410217),
     ];
+
+    #[test]
+    fn offload_keeps_two_layers_checkpoints_on_the_gpu_and_pins_all() {
+        let c = llama7b(32);
+        for policy in [Checkpoint::None, Checkpoint::Remat, Checkpoint::Layer] {
+            let kept = step_memory(&c, 131072, policy, true);
+            assert_eq!(kept.offloaded(&c, Offload::None).total(), kept.total());
+            let off = kept.offloaded(&c, Offload::Activations);
+            assert_eq!(off.pinned_host, kept.kept);
+            assert_eq!(off.kept * 16.0, kept.kept, "{policy}: 2 of 32 layers");
+            let others = kept.weights + kept.grads + kept.optimizer + kept.working;
+            assert_eq!(
+                off.weights + off.grads + off.optimizer + off.working,
+                others
+            );
+            assert!(off.describe().ends_with(" GiB of pinned host memory)"));
+            assert!(!kept.describe().contains("pinned"));
+        }
+        // llama2-7b at 128K under remat: 64.5 GiB of checkpoints become 4.0 on the GPU.
+        let off =
+            step_memory(&c, 131072, Checkpoint::Remat, false).offloaded(&c, Offload::Activations);
+        assert!((gib(off.kept) - 4.03).abs() < 0.01, "{}", gib(off.kept));
+        assert!(
+            (gib(off.pinned_host) - 64.5).abs() < 0.1,
+            "{}",
+            gib(off.pinned_host)
+        );
+        // One layer keeps its one checkpoint: nothing to gain, nothing counted twice.
+        let one = llama7b(1);
+        let m = step_memory(&one, 4096, Checkpoint::Remat, false);
+        assert_eq!(m.offloaded(&one, Offload::Activations).kept, m.kept);
+    }
 
     #[test]
     fn estimate_is_the_measured_peak_plus_the_reserve() {

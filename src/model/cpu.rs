@@ -91,6 +91,23 @@ impl<F: Float> Ops for Cpu<F> {
         Ok(t.iter().map(|x| x.f64() as f32).collect())
     }
 
+    /// A separate host buffer: the copy out and back run the schedule a GPU runs, so the CPU
+    /// tests its logic.
+    type Host = Box<[F]>;
+
+    fn stash(&self, t: &Vec<F>) -> Result<Box<[F]>> {
+        Ok(t.as_slice().into())
+    }
+
+    fn fetch(&self, h: &Box<[F]>) -> Result<Vec<F>> {
+        Ok(h.to_vec())
+    }
+
+    /// Copies on the host are done when they return.
+    fn await_fetches(&self) -> Result<()> {
+        Ok(())
+    }
+
     fn zeros(&self, len: usize) -> Result<Vec<F>> {
         Ok(vec![F::zero(); len])
     }

@@ -87,6 +87,34 @@ pub struct MlpActs<T> {
 /// The layer's output and the MLP blocks' activations it kept.
 type MlpOut<T> = (T, Vec<MlpActs<T>>);
 
+impl<T> Acts<T> {
+    fn try_map<U>(&self, f: &mut impl FnMut(&T) -> Result<U>) -> Result<Acts<U>> {
+        Ok(Acts {
+            x: f(&self.x)?,
+            h1: f(&self.h1)?,
+            rstd1: f(&self.rstd1)?,
+            q: f(&self.q)?,
+            k: f(&self.k)?,
+            v: f(&self.v)?,
+            o: f(&self.o)?,
+            lse: f(&self.lse)?,
+            x2: f(&self.x2)?,
+            h2: f(&self.h2)?,
+            rstd2: f(&self.rstd2)?,
+        })
+    }
+}
+
+impl<T> MlpActs<T> {
+    fn try_map<U>(&self, f: &mut impl FnMut(&T) -> Result<U>) -> Result<MlpActs<U>> {
+        Ok(MlpActs {
+            g: f(&self.g)?,
+            u: f(&self.u)?,
+            m: f(&self.m)?,
+        })
+    }
+}
+
 /// What a layer keeps for its backward under each policy.
 pub enum Kept<T> {
     /// Everything, the MLP's activations block by block.
@@ -99,6 +127,27 @@ pub enum Kept<T> {
     Input {
         x: T,
     },
+}
+
+impl<T> Kept<T> {
+    /// The same checkpoint with every tensor's image under `f` (its copy in host memory, or
+    /// back: `offload`).
+    pub fn try_map<U>(&self, mut f: impl FnMut(&T) -> Result<U>) -> Result<Kept<U>> {
+        Ok(match self {
+            Kept::All(a, mlp) => Kept::All(
+                a.try_map(&mut f)?,
+                mlp.iter()
+                    .map(|m| m.try_map(&mut f))
+                    .collect::<Result<_>>()?,
+            ),
+            Kept::AttentionOut { x, o, lse } => Kept::AttentionOut {
+                x: f(x)?,
+                o: f(o)?,
+                lse: f(lse)?,
+            },
+            Kept::Input { x } => Kept::Input { x: f(x)? },
+        })
+    }
 }
 
 /// Elements of one of the MLP's `[rows, intermediate]` tensors that may exist at once: 64 Mi
@@ -136,7 +185,8 @@ impl<O: Ops> Layer<'_, O> {
         self.bytes(&[&m.g, &m.u, &m.m])
     }
 
-    fn kept_bytes(&self, k: &Kept<O::T>) -> usize {
+    /// Bytes of a layer's checkpoint (for the meter).
+    pub fn kept_bytes(&self, k: &Kept<O::T>) -> usize {
         match k {
             Kept::All(a, mlp) => {
                 self.acts_bytes(a) + mlp.iter().map(|m| self.mlp_bytes(m)).sum::<usize>()

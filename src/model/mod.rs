@@ -16,11 +16,13 @@ pub mod float;
 pub mod hf_weights;
 pub mod init;
 mod layer;
+pub mod offload;
 pub mod ops;
 pub mod profile;
 pub mod weights;
 
-pub use layer::{Checkpoint, Layer, mlp_block_rows};
+pub use layer::{Checkpoint, Kept, Layer, mlp_block_rows};
+pub use offload::{Keep, Offload};
 
 use crate::shape::Span;
 use anyhow::{Result, bail};
@@ -37,12 +39,12 @@ pub struct Meter {
 }
 
 impl Meter {
-    fn hold(&mut self, bytes: usize) {
+    pub(crate) fn hold(&mut self, bytes: usize) {
         self.live += bytes;
         self.peak = self.peak.max(self.live);
     }
 
-    fn release(&mut self, bytes: usize) {
+    pub(crate) fn release(&mut self, bytes: usize) {
         self.live -= bytes;
     }
 }
@@ -66,7 +68,8 @@ pub struct Outcome {
     pub argmax: Vec<u32>,
     /// Attention forwards run per layer (1 under `none` and `remat`, 2 under `layer`).
     pub attention_forwards: Vec<u32>,
-    /// Peak bytes of layer activations held for the backward.
+    /// Peak bytes of layer activations held on the device for the backward (offloaded
+    /// checkpoints count while they are on the device, not while they wait in host memory).
     pub peak_activation_bytes: usize,
 }
 
@@ -175,22 +178,23 @@ pub fn forward_backward<O: Ops, A: Attention<O::T>>(
     grads: &mut Weights<O::T>,
     attn: &mut A,
     chunk: Chunk<'_>,
-    policy: Checkpoint,
+    keep: Keep,
     loss_scale: f64,
 ) -> Result<Outcome> {
     let mut whole = Whole { w, grads };
-    forward_backward_with(ops, cfg, &mut whole, attn, chunk, policy, loss_scale)
+    forward_backward_with(ops, cfg, &mut whole, attn, chunk, keep, loss_scale)
 }
 
 /// [`forward_backward`] with the weights and gradients of each part taken from and handed to
-/// `params` as the pass reaches it.
+/// `params` as the pass reaches it; each layer's checkpoint kept as `keep` says
+/// ([`offload::Checkpoints`]).
 pub fn forward_backward_with<O: Ops, A: Attention<O::T>>(
     ops: &O,
     cfg: &Config,
     params: &mut impl Params<O::T, A>,
     attn: &mut A,
     chunk: Chunk<'_>,
-    policy: Checkpoint,
+    keep: Keep,
     loss_scale: f64,
 ) -> Result<Outcome> {
     let rows = chunk.tokens.len();
@@ -212,12 +216,13 @@ pub fn forward_backward_with<O: Ops, A: Attention<O::T>>(
     let mut meter = Meter::default();
 
     let mut x = params.with_embed(attn, |table| ops.embed(table, chunk.tokens, d))?;
-    let mut kept = Vec::with_capacity(cfg.num_hidden_layers);
+    let mut kept = offload::Checkpoints::new(ops, keep.offload, cfg.num_hidden_layers);
     for (l, count) in forwards.iter_mut().enumerate() {
         let (out, k) = params.with_layer(attn, l, |lw, attn| {
-            layer.forward(lw, x, policy, attn, count, &mut meter)
+            layer.forward(lw, x, keep.checkpoint, attn, count, &mut meter)
         })?;
-        kept.push(k);
+        let bytes = layer.kept_bytes(&k);
+        kept.push(k, bytes, &mut meter)?;
         x = out;
     }
     let (loss, dx) = params.with_head(attn, |head| {
@@ -236,7 +241,8 @@ pub fn forward_backward_with<O: Ops, A: Attention<O::T>>(
         Ok((loss, dx))
     })?;
     let mut dx = dx;
-    for (l, k) in kept.into_iter().enumerate().rev() {
+    for l in (0..cfg.num_hidden_layers).rev() {
+        let k = kept.take(l, &mut meter)?;
         let count = &mut forwards[l];
         dx = params.with_layer_grads(attn, l, |lw, lg, attn| {
             layer.backward(lw, k, dx, attn, lg, count, &mut meter)

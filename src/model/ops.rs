@@ -42,6 +42,19 @@ pub trait Ops: Sync {
     }
     /// Copies a tensor back to the host as f32.
     fn download(&self, t: &Self::T) -> Result<Vec<f32>>;
+
+    /// A tensor's exact copy in host memory, apart from the device's working tensors: where an
+    /// offloaded checkpoint waits for the backward (`offload`).
+    type Host: Send + Sync;
+    /// Starts copying `t` to host memory; `t` may be dropped as soon as this returns (a device
+    /// orders the copy before the buffer's reuse).
+    fn stash(&self, t: &Self::T) -> Result<Self::Host>;
+    /// Starts copying `h` back into a new device tensor, bit for bit what was stashed; a device
+    /// may run the copy beside other work until [`Ops::await_fetches`].
+    fn fetch(&self, h: &Self::Host) -> Result<Self::T>;
+    /// Makes ops issued from now on wait until every fetch issued so far has landed, and no
+    /// longer (fetches issued later may still run beside them).
+    fn await_fetches(&self) -> Result<()>;
     fn zeros(&self, len: usize) -> Result<Self::T>;
     /// Weights (the precision `upload` gives) drawn where they will live: elements
     /// `offset..offset + len` of the counter-based stream `key`, uniform on `(-amp, amp)`

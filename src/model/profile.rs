@@ -97,6 +97,21 @@ impl<O: Ops> Ops for Profiled<'_, O> {
         self.profile.time("download", || self.inner.download(t))
     }
 
+    type Host = O::Host;
+
+    fn stash(&self, t: &O::T) -> Result<O::Host> {
+        self.profile.time("stash", || self.inner.stash(t))
+    }
+
+    fn fetch(&self, h: &O::Host) -> Result<O::T> {
+        self.profile.time("fetch", || self.inner.fetch(h))
+    }
+
+    fn await_fetches(&self) -> Result<()> {
+        self.profile
+            .time("await_fetches", || self.inner.await_fetches())
+    }
+
     fn join(&self, parts: &[O::T]) -> Result<O::T> {
         self.profile.time("join", || self.inner.join(parts))
     }

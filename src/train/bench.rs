@@ -14,7 +14,7 @@ use crate::model::config::Config;
 use crate::model::ops::Ops;
 use crate::model::profile::{OpTime, Profile, Profiled, ProfiledAttention};
 use crate::model::weights::Weights;
-use crate::model::{Checkpoint, Whole, weights};
+use crate::model::{Checkpoint, Keep, Offload, Whole, weights};
 use crate::plan::{Partition, Schedule};
 use crate::runtime::{Job, ModelDevice, Runtime};
 use crate::shape::Span;
@@ -104,6 +104,8 @@ pub struct StepShape {
     pub seq: usize,
     pub schedule: Schedule,
     pub policy: Checkpoint,
+    /// What of each layer's checkpoint waits in host memory.
+    pub offload: Offload,
     /// `Shard::Grads`: the gradients reduce-scattered instead of all-reduced (no optimizer runs
     /// here, so `optimizer` times as `none`).
     pub shard: Shard,
@@ -132,7 +134,10 @@ pub fn time_steps(
     let job = StepBench {
         cfg,
         partition,
-        policy: shape.policy,
+        keep: Keep {
+            checkpoint: shape.policy,
+            offload: shape.offload,
+        },
         shard: shape.shard,
         runs,
     };
@@ -143,7 +148,7 @@ pub fn time_steps(
 struct StepBench<'a> {
     cfg: &'a Config,
     partition: Partition,
-    policy: Checkpoint,
+    keep: Keep,
     shard: Shard,
     runs: Runs,
 }
@@ -171,7 +176,7 @@ impl Job for StepBench<'_> {
         // Fresh gradients each step, as in training (summed ones would double every step),
         // dropped within the step: kept to the next, they would double the gradients' memory.
         let (all_secs, (out, tally)) = timed(self.runs, &sync, || {
-            super::reduced_sequence(ops, cfg, &held, &mut attn, &mine, &sample, self.policy)
+            super::reduced_sequence(ops, cfg, &held, &mut attn, &mine, &sample, self.keep)
                 .map(|(out, tally, _grads)| (out, tally))
         })?;
         let profile = if self.runs.profile {
@@ -181,7 +186,7 @@ impl Job for StepBench<'_> {
                 w: &held.w,
                 sample: &sample,
                 mine: &mine,
-                policy: self.policy,
+                keep: self.keep,
             };
             Some(profile_step(ops, &mut grads, &mut attn, step, &sync)?)
         } else {
@@ -204,7 +209,7 @@ struct OneStep<'a, T> {
     w: &'a Weights<T>,
     sample: &'a Sample,
     mine: &'a [Span],
-    policy: Checkpoint,
+    keep: Keep,
 }
 
 /// One step with every op and attention call timed; the host time between them is reported as
@@ -235,7 +240,7 @@ fn profile_step<O: Ops>(
         &mut timed_attn,
         step.mine,
         step.sample,
-        step.policy,
+        step.keep,
         scale,
         &mut super::Tally::default(),
     )?;
@@ -273,6 +278,7 @@ mod tests {
             seq,
             schedule: Schedule::Balanced,
             policy,
+            offload: Offload::None,
             shard: Shard::None,
         };
         let memory = MemoryCheck {
@@ -281,6 +287,7 @@ mod tests {
             seq,
             schedule: Schedule::Balanced,
             checkpoint: policy,
+            offload: Offload::None,
             optimizer: false,
             shard: Shard::None,
             ignore_estimate: false,

@@ -5,11 +5,11 @@
 //! that would not fit is refused with the figures and a fix, never killed halfway.
 
 use super::shard::Shard;
-use crate::model::Checkpoint;
 use crate::model::config::Config;
 use crate::model::cost;
+use crate::model::{Checkpoint, Offload};
 use crate::plan::Schedule;
-use crate::resources::CpuTraining;
+use crate::resources::{self, CpuTraining};
 use crate::runtime::{Device, OpenedGpu, Runtime, Topology};
 use crate::sim;
 use anyhow::{Result, bail};
@@ -24,6 +24,9 @@ pub struct MemoryCheck {
     pub seq: usize,
     pub schedule: Schedule,
     pub checkpoint: Checkpoint,
+    /// What waits in host memory: offloaded checkpoints leave two layers' on the GPU and need
+    /// pinned host memory for all of them.
+    pub offload: Offload,
     /// Whether AdamW's state must fit too (training) or not (gradients, benchmarks).
     pub optimizer: bool,
     /// Which state the workers shard: each holds 1/workers of the AdamW moments under
@@ -62,7 +65,8 @@ impl MemoryCheck {
             &self.config,
             self.shard.optimizer_shards(runtime.workers()),
             self.shard.weight_shards(runtime.workers()),
-        );
+        )
+        .offloaded(&self.config, self.offload);
         let copies = runtime.workers_per_device() as f64;
         need.weights *= copies;
         need.grads *= copies;
@@ -81,6 +85,7 @@ impl MemoryCheck {
                     total_workers: runtime.workers(),
                     workers_here: runtime.workers_per_device(),
                     policy: self.checkpoint,
+                    offload: self.offload,
                     optimizer: self.optimizer,
                     weight_shards: self.shard.weight_shards(runtime.workers()),
                     optimizer_shards: self.shard.optimizer_shards(runtime.workers()),
@@ -104,11 +109,15 @@ impl MemoryCheck {
             None => String::new(),
         };
         let what = format!(
-            "{} ({} layers) at {} tokens{share} with checkpoint {}{}",
+            "{} ({} layers) at {} tokens{share} with checkpoint {}{}{}",
             self.model,
             self.config.num_hidden_layers,
             self.seq,
             self.checkpoint,
+            match self.offload {
+                Offload::None => "",
+                Offload::Activations => " offloaded",
+            },
             match (self.optimizer, self.shard) {
                 (false, _) => String::new(),
                 (true, Shard::None) => " and AdamW".into(),
@@ -128,6 +137,13 @@ impl MemoryCheck {
             Err(e) => bail!(
                 "{e:#} (the estimate is the step's tensors plus 1.5 GiB for cuBLAS, kernel modules and fragmentation: --ignore-memory-estimate starts anyway)"
             ),
+        }
+        if need.pinned_host > 0.0 {
+            resources::ensure_fits(
+                need.pinned_host,
+                &format!("pinning the offloaded checkpoints of {what}"),
+                "run without --offload, or with a shorter sequence",
+            )?;
         }
         if let Topology::Threads(n @ 2..) = runtime.topology {
             eprintln!(

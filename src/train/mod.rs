@@ -22,7 +22,7 @@ use crate::model::cpu::Cpu;
 use crate::model::hf_weights::HfWeights;
 use crate::model::ops::{AdamW, Ops};
 use crate::model::weights::{self, Weights};
-use crate::model::{Checkpoint, Chunk, Params, Whole, forward_backward_with};
+use crate::model::{Checkpoint, Chunk, Keep, Offload, Params, Whole, forward_backward_with};
 use crate::plan::{Partition, Schedule};
 use crate::runtime::{Job, ModelDevice, Runtime};
 use crate::shape::Span;
@@ -60,6 +60,8 @@ pub struct Options {
     /// Which model state each worker keeps only its pieces of.
     pub shard: Shard,
     pub checkpoint: Checkpoint,
+    /// What of the checkpoint waits in host memory (`model::offload`).
+    pub offload: Offload,
     /// Train until this many optimizer steps have been taken (counting resumed ones).
     pub steps: u64,
     /// AdamW's hyper-parameters; its `lr` is the schedule's peak.
@@ -112,6 +114,14 @@ pub struct StepReport {
     pub eval_loss: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub eval_perplexity: Option<f64>,
+}
+
+/// What `o`'s steps keep of each layer, and where.
+fn keep(o: &Options) -> Keep {
+    Keep {
+        checkpoint: o.checkpoint,
+        offload: o.offload,
+    }
 }
 
 fn run_key(o: &Options) -> RunKey {
@@ -203,7 +213,7 @@ fn accumulate<O: Ops, A: Attention<O::T>>(
     attn: &mut A,
     mine: &[Span],
     sample: &Sample,
-    policy: Checkpoint,
+    keep: Keep,
     scale: f64,
     tally: &mut Tally,
 ) -> Result<crate::model::Outcome> {
@@ -219,7 +229,7 @@ fn accumulate<O: Ops, A: Attention<O::T>>(
         targets: &targets,
         positions: mine,
     };
-    let out = forward_backward_with(ops, cfg, params, attn, chunk, policy, scale)?;
+    let out = forward_backward_with(ops, cfg, params, attn, chunk, keep, scale)?;
     tally.loss_sum += out.loss_sum;
     if let Some(p) = sample.probe
         && let Some(row) =
@@ -243,7 +253,7 @@ fn accumulate_held<D: ModelDevice, C: Communicator<D::Tensor>>(
     attn: &mut ModelAttention<'_, D, C>,
     mine: &[Span],
     sample: &Sample,
-    policy: Checkpoint,
+    keep: Keep,
     scale: f64,
     tally: &mut Tally,
 ) -> Result<crate::model::Outcome> {
@@ -263,7 +273,7 @@ fn accumulate_held<D: ModelDevice, C: Communicator<D::Tensor>>(
             attn,
             mine,
             sample,
-            policy,
+            keep,
             scale,
             tally,
         );
@@ -276,7 +286,7 @@ fn accumulate_held<D: ModelDevice, C: Communicator<D::Tensor>>(
         attn,
         mine,
         sample,
-        policy,
+        keep,
         scale,
         tally,
     )
@@ -293,13 +303,13 @@ fn reduced_sequence<D: ModelDevice, C: Communicator<D::Tensor>>(
     attn: &mut ModelAttention<'_, D, C>,
     mine: &[Span],
     sample: &Sample,
-    policy: Checkpoint,
+    keep: Keep,
 ) -> Result<(crate::model::Outcome, Tally, Vec<D::Tensor>)> {
     let scale = 1.0 / (sample.tokens.len() - 1) as f64;
     let mut tally = Tally::default();
     let mut grads = held.zero_grads(ops, cfg)?;
     let out = accumulate_held(
-        ops, cfg, held, &mut grads, attn, mine, sample, policy, scale, &mut tally,
+        ops, cfg, held, &mut grads, attn, mine, sample, keep, scale, &mut tally,
     )?;
     let reduced = reduce_step(ops, attn, held.shard, grads, &mut tally)?;
     Ok((out, tally, reduced))
@@ -396,7 +406,7 @@ pub fn gradients(
     cfg: &Config,
     weights: &[Vec<f32>],
     tokens: &[u32],
-    (schedule, policy, shard): (Schedule, Checkpoint, Shard),
+    (schedule, keep, shard): (Schedule, Keep, Shard),
     memory: &MemoryCheck,
     runtime: &Runtime,
 ) -> Result<Option<Gradients>> {
@@ -411,7 +421,7 @@ pub fn gradients(
         weights,
         tokens,
         partition,
-        policy,
+        keep,
         shard,
     };
     opened.run_reporter(&job)
@@ -423,7 +433,7 @@ struct GradientsJob<'a> {
     weights: &'a [Vec<f32>],
     tokens: &'a [u32],
     partition: Partition,
-    policy: Checkpoint,
+    keep: Keep,
     shard: Shard,
 }
 
@@ -446,7 +456,7 @@ impl Job for GradientsJob<'_> {
         let mut attn = ModelAttention::new(device, comm, cfg.dims(), &self.partition)?;
         let seq = self.partition.seq();
         let (out, tally, reduced) =
-            reduced_sequence(ops, cfg, &held, &mut attn, &mine, &sample, self.policy)?;
+            reduced_sequence(ops, cfg, &held, &mut attn, &mine, &sample, self.keep)?;
         let pieces = matches!(held.shard, Shard::Grads | Shard::Full);
         let reduced: Vec<_> = reduced.iter().collect();
         let reporter = ranks.0 == 0;
@@ -596,7 +606,7 @@ fn run_steps<D: ModelDevice, C: Communicator<D::Tensor>>(
                 attn,
                 mine,
                 &sample,
-                o.checkpoint,
+                keep(o),
                 scale,
                 &mut tally,
             )?);
@@ -722,7 +732,7 @@ fn evaluate<D: ModelDevice, C: Communicator<D::Tensor>>(
             attn,
             mine,
             &sample,
-            o.checkpoint,
+            keep(o),
             1.0,
             &mut tally,
         )?;
@@ -774,13 +784,18 @@ mod tests {
         let w = initial_weights(&cfg, &Init::Random { seed: 3 }).unwrap();
         let tokens: Vec<u32> = (0..49).map(|i| (i * 37 % 256) as u32).collect();
         let rt = Runtime::cpu_threads(1, std::time::Duration::from_secs(60));
-        let how = (Schedule::Balanced, Checkpoint::Remat, Shard::None);
+        let how = (
+            Schedule::Balanced,
+            Keep::on_device(Checkpoint::Remat),
+            Shard::None,
+        );
         let memory = MemoryCheck {
             config: cfg.clone(),
             model: "tiny".into(),
             seq: 48,
             schedule: Schedule::Balanced,
             checkpoint: Checkpoint::Remat,
+            offload: Offload::None,
             optimizer: false,
             shard: Shard::None,
             ignore_estimate: false,

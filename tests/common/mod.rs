@@ -2,9 +2,9 @@
 //! and the small training job several of them run (each test crate uses its part).
 #![allow(dead_code)]
 
-use distflash::model::Checkpoint;
 use distflash::model::config::Config;
 use distflash::model::ops::AdamW;
+use distflash::model::{Checkpoint, Offload};
 use distflash::plan::Schedule;
 use distflash::runtime::Runtime;
 use distflash::train::data::Data;
@@ -63,6 +63,7 @@ pub fn tiny_options(steps: u64, save_dir: Option<&Path>, resume: Option<&Path>) 
         schedule: Schedule::Balanced,
         shard: Shard::None,
         checkpoint: Checkpoint::Remat,
+        offload: Offload::None,
         steps,
         adamw: AdamW {
             lr: 3e-3,
@@ -95,6 +96,7 @@ pub fn train_on_threads(
         seq: o.seq_len,
         schedule: o.schedule,
         checkpoint: o.checkpoint,
+        offload: o.offload,
         optimizer: true,
         shard: o.shard,
         ignore_estimate: false,

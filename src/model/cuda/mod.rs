@@ -27,6 +27,7 @@ mod args;
 pub mod attention;
 mod gemm;
 mod kernels;
+mod offload;
 pub(crate) mod shapes;
 
 use super::cost::{loss_chunk_rows, loss_chunks};
@@ -51,6 +52,12 @@ pub struct CudaOps {
     /// Rotary inverse frequencies on the device by their bits: uploaded once, since a copy from
     /// pageable host memory would wait for the stream at every rotary call.
     rope_tables: Mutex<HashMap<Vec<u32>, RopeTable>>,
+    /// Pinned host buffers of offloaded checkpoints (`--offload activations`), reused by step.
+    host: offload::HostPool,
+    /// The stream the offload's copies run on beside the compute stream, made at the first
+    /// stash (a second stream turns on cudarc's cross-stream event tracking, which runs without
+    /// offload need not pay).
+    copies: Mutex<Option<Arc<CudaStream>>>,
 }
 
 /// One table of rotary inverse frequencies on the device.
@@ -79,10 +86,12 @@ impl CudaOps {
         let blas = Blas::new(stream.clone(), backend.dtype())?;
         let kernels = Kernels::load(stream, backend.dtype())?;
         Ok(CudaOps {
+            copies: Mutex::default(),
             backend,
             blas,
             kernels,
             rope_tables: Mutex::default(),
+            host: offload::HostPool::default(),
         })
     }
 
@@ -97,6 +106,27 @@ impl CudaOps {
 
     fn dtype(&self) -> InputDtype {
         self.backend.dtype()
+    }
+
+    fn streams(&self) -> Result<offload::Streams<'_>> {
+        let mut copies = self
+            .copies
+            .lock()
+            .map_err(|_| anyhow!("copy stream lock poisoned"))?;
+        let copies = match &*copies {
+            Some(stream) => stream.clone(),
+            None => {
+                let stream =
+                    self.stream().context().new_stream().map_err(|e| {
+                        anyhow!("could not create the offload's copy stream: {e:?}")
+                    })?;
+                copies.insert(stream).clone()
+            }
+        };
+        Ok(offload::Streams {
+            compute: self.stream(),
+            copies,
+        })
     }
 
     fn alloc<T: DeviceRepr + ValidAsZeroBits>(&self, len: usize) -> Result<CudaSlice<T>> {
@@ -184,6 +214,20 @@ impl Ops for CudaOps {
 
     fn download(&self, t: &Tensor) -> Result<Vec<f32>> {
         Backend::download(&self.backend, t)
+    }
+
+    type Host = offload::HostTensor;
+
+    fn stash(&self, t: &Tensor) -> Result<offload::HostTensor> {
+        self.streams()?.stash(&self.host, t)
+    }
+
+    fn fetch(&self, h: &offload::HostTensor) -> Result<Tensor> {
+        self.streams()?.fetch(h)
+    }
+
+    fn await_fetches(&self) -> Result<()> {
+        self.streams()?.landed()
     }
 
     fn zeros(&self, len: usize) -> Result<Tensor> {
