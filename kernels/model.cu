@@ -227,6 +227,22 @@ extern "C" __global__ void rmsnorm_dw(const void* x, int x_half, const float* rs
     atomicAdd(dw + c, acc);
 }
 
+// ---- projection biases ----
+
+// y[r, c] += b[c] on [rows, width], in place in y's representation.
+extern "C" __global__ void bias_add(void* y, int y_half, const void* b, int b_half, long rows, int width) {
+    GRID_STRIDE(i, rows * width) st(y, y_half, i, ld(y, y_half, i) + ld(b, b_half, i % width));
+}
+
+// db += Σ_rows dy: a thread per column sums every gridDim.y-th row in f32, then one atomic.
+extern "C" __global__ void bias_dw(const void* dy, int dy_half, float* db, long rows, int width) {
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= width) return;
+    float acc = 0.f;
+    for (long r = blockIdx.y; r < rows; r += gridDim.y) acc += ld(dy, dy_half, r * width + c);
+    atomicAdd(db + c, acc);
+}
+
 // ---- rotary embedding ----
 
 // In place on [rows, heads, head_dim], Hugging Face's rotate-half pairing (j, j + head_dim/2).

@@ -23,7 +23,7 @@ mod gpu_common;
 use anyhow::{Context, Result, ensure};
 use distflash::backend::cuda::{InputDtype, Tensor};
 use distflash::model::attention::{Attention, Dense};
-use distflash::model::config::{Config, RopeScaling};
+use distflash::model::config::{Config, ModelType, RopeScaling};
 use distflash::model::cpu::Cpu;
 use distflash::model::cuda::CudaOps;
 use distflash::model::ops::{AdamW, Ops};
@@ -80,6 +80,11 @@ fn rmsnorm_and_its_backward_match_the_cpu() -> Result<()> {
 }
 
 #[test]
+fn bias_add_and_its_column_sum_gradient_match_the_cpu() -> Result<()> {
+    check(Checker::bias)
+}
+
+#[test]
 fn rope_over_two_runs_of_positions_matches_the_cpu() -> Result<()> {
     check(Checker::rope)
 }
@@ -95,7 +100,7 @@ fn adamw_matches_the_cpu() -> Result<()> {
 }
 
 #[test]
-fn tiny_model_loss_and_gradients_match_the_cpu_under_every_checkpoint_policy() -> Result<()> {
+fn tiny_models_loss_and_gradients_match_the_cpu_under_every_checkpoint_policy() -> Result<()> {
     check(Checker::model)
 }
 
@@ -297,6 +302,26 @@ impl Checker {
         self.report("rmsnorm_backward dw +=", &dw, &cdw, F32_TOL)
     }
 
+    fn bias(&mut self) -> Result<()> {
+        // More rows than the column sums' 64 row groups, a width no multiple of their block.
+        let (rows, width) = (3000, 200);
+        for h in [true, false] {
+            let (mut y, mut cy) = self.either(h, rows * width)?;
+            let (b, cb) = self.half(width, -1.0, 1.0)?;
+            self.gpu.bias_add(&mut y, &b, rows, width)?;
+            self.cpu.bias_add(&mut cy, &cb, rows, width)?;
+            self.report(&format!("bias_add {}", kind(h)), &y, &cy, tol(h))?;
+            // The same values summed in f32 on the GPU, in f64 on the CPU.
+            let (dy, cdy) = self.either(h, rows * width)?;
+            let (mut db, mut cdb) = self.full(width, -1.0, 1.0)?;
+            self.gpu.bias_backward(&dy, rows, width, &mut db)?;
+            self.cpu.bias_backward(&cdy, rows, width, &mut cdb)?;
+            let name = format!("bias_backward, {} dy: db +=", kind(h));
+            self.report(&name, &db, &cdb, F32_TOL)?;
+        }
+        Ok(())
+    }
+
     fn rope(&mut self) -> Result<()> {
         let (rows, heads, hd) = (64, 8, 128);
         // Llama 3.1's frequencies (θ 500000 with its scaling): the table the GPU receives.
@@ -407,9 +432,24 @@ impl Checker {
     }
 
     /// The tiny preset's forward and backward under each checkpoint policy against the CPU in
-    /// f64.
+    /// f64: as LLaMA, as Qwen2 (q/k/v biases) and with LLaMA's `attention_bias` (o too).
     fn model(&mut self) -> Result<()> {
-        let cfg = Config::preset("tiny")?;
+        let tiny = Config::preset("tiny")?;
+        let qwen2 = Config {
+            model_type: ModelType::Qwen2,
+            ..tiny.clone()
+        };
+        let biased = Config {
+            attention_bias: true,
+            ..tiny.clone()
+        };
+        for cfg in [tiny, qwen2, biased] {
+            self.model_of(&cfg)?;
+        }
+        Ok(())
+    }
+
+    fn model_of(&mut self, cfg: &Config) -> Result<()> {
         let seq = 96;
         let tokens: Vec<u32> = (0..=seq)
             .map(|_| self.rng.random_range(0..cfg.vocab_size as u32))
@@ -419,15 +459,26 @@ impl Checker {
             targets: &tokens[1..],
             positions: &[Span { start: 0, len: seq }],
         };
-        let w = weights::random(&self.gpu, &cfg, 3)?;
-        let host = w
-            .tensors()
-            .into_iter()
-            .map(|t| self.gpu.download(t))
-            .collect::<Result<Vec<_>>>()?;
+        // Random weights, the biases (zero at initialization) random too so they matter.
+        let start = weights::random(&self.gpu, cfg, 3)?;
+        let mut host = vec![];
+        for (s, t) in weights::specs(cfg).iter().zip(start.tensors()) {
+            host.push(match s.is_bias() {
+                true => self.random(s.elements(), -0.5, 0.5),
+                false => self.gpu.download(t)?,
+            });
+        }
+        let mut gpu_host = host.iter();
+        let w = Weights::build(cfg, |_| {
+            self.gpu
+                .upload(gpu_host.next().context("a weight per spec")?)
+        })?;
         let mut host = host.into_iter();
-        let cw = Weights::build(&cfg, |_| {
-            self.cpu.upload(&host.next().context("a weight per spec")?)
+        let cw = Weights::build(cfg, |_| {
+            let rounded = self
+                .gpu
+                .download(&self.gpu.upload(&host.next().context("a weight")?)?)?;
+            self.cpu.upload(&rounded)
         })?;
         let dense = || Dense {
             dims: cfg.dims(),
@@ -436,19 +487,19 @@ impl Checker {
         let scale = 1.0 / seq as f64;
         for policy in [Checkpoint::None, Checkpoint::Layer, Checkpoint::Remat] {
             let (mut grads, mut cgrads) = (
-                weights::zeros(&self.gpu, &cfg)?,
-                weights::zeros(&self.cpu, &cfg)?,
+                weights::zeros(&self.gpu, cfg)?,
+                weights::zeros(&self.cpu, cfg)?,
             );
             let mut attn = HostAttention {
                 ops: &self.gpu,
                 dense: dense(),
             };
             let got = forward_backward(
-                &self.gpu, &cfg, &w, &mut grads, &mut attn, chunk, policy, scale,
+                &self.gpu, cfg, &w, &mut grads, &mut attn, chunk, policy, scale,
             )?;
             let want = forward_backward(
                 &self.cpu,
-                &cfg,
+                cfg,
                 &cw,
                 &mut cgrads,
                 &mut dense(),
@@ -457,10 +508,15 @@ impl Checker {
                 scale,
             )?;
             let err = (got.loss_sum - want.loss_sum).abs() / want.loss_sum;
-            self.verdict(&format!("tiny model, {policy}: loss"), err, F32_TOL);
-            let names = weights::specs(&cfg);
+            let model = match (cfg.model_type, cfg.attention_bias) {
+                (ModelType::Llama, true) => "tiny llama, attention_bias",
+                (ModelType::Qwen2, _) => "tiny qwen2",
+                _ => "tiny model",
+            };
+            self.verdict(&format!("{model}, {policy}: loss"), err, F32_TOL);
+            let names = weights::specs(cfg);
             for ((s, g), c) in names.iter().zip(grads.tensors()).zip(cgrads.tensors()) {
-                let name = format!("tiny model, {policy}: d {}", s.name);
+                let name = format!("{model}, {policy}: d {}", s.name);
                 self.report(&name, g, c, MODEL_TOL)?;
             }
         }

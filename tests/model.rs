@@ -3,7 +3,7 @@
 //! policy.
 
 use distflash::model::attention::Dense;
-use distflash::model::config::{Config, RopeScaling};
+use distflash::model::config::{Config, ModelType, RopeScaling};
 use distflash::model::cpu::Cpu;
 use distflash::model::weights::{Weights, specs};
 use distflash::model::{Checkpoint, Chunk, forward_backward};
@@ -55,6 +55,18 @@ fn small(tied: bool) -> Config {
         rope_theta: 500000.0,
         rope_scaling: RopeScaling::None,
         tie_word_embeddings: tied,
+        model_type: ModelType::Llama,
+        attention_bias: false,
+    }
+}
+
+/// `small(false)` with projection biases: Qwen2's (q, k, v) or LLaMA's `attention_bias` (q, k,
+/// v and o).
+fn biased(model_type: ModelType) -> Config {
+    Config {
+        model_type,
+        attention_bias: model_type == ModelType::Llama,
+        ..small(false)
     }
 }
 
@@ -137,8 +149,14 @@ fn rel(a: &[f32], b: &[f64]) -> f64 {
 
 #[test]
 fn gradients_match_finite_differences_in_f64() {
-    for tied in [false, true] {
-        let c = small(tied);
+    let configs = [
+        small(false),
+        small(true),
+        biased(ModelType::Qwen2),
+        biased(ModelType::Llama),
+    ];
+    for c in configs {
+        let tied = c.tie_word_embeddings;
         let host = widen(&host_weights(&c, 1));
         let toks = tokens(&c, 9, 2);
         let (_, grads) = f64_model(&c, &host, &toks, Checkpoint::Remat);
@@ -157,8 +175,9 @@ fn gradients_match_finite_differences_in_f64() {
                 let got = grads[t][i];
                 assert!(
                     (got - fd).abs() <= 1e-7 + 1e-6 * fd.abs(),
-                    "{} [{i}] (tied {tied}): backward {got:e}, finite difference {fd:e}",
-                    spec.name
+                    "{} [{i}] ({:?}, tied {tied}): backward {got:e}, finite difference {fd:e}",
+                    spec.name,
+                    c.model_type
                 );
             }
         }
@@ -167,13 +186,18 @@ fn gradients_match_finite_differences_in_f64() {
 
 #[test]
 fn distributed_equals_one_worker_and_the_f64_model() {
-    let c = small(false);
-    let host = host_weights(&c, 4);
-    let toks = tokens(&c, 23, 5);
-    let (loss64, grads64) = f64_model(&c, &widen(&host), &toks, Checkpoint::None);
+    for c in [small(false), biased(ModelType::Qwen2)] {
+        distributed_equals_one_worker_and_the_f64_model_for(&c);
+    }
+}
+
+fn distributed_equals_one_worker_and_the_f64_model_for(c: &Config) {
+    let host = host_weights(c, 4);
+    let toks = tokens(c, 23, 5);
+    let (loss64, grads64) = f64_model(c, &widen(&host), &toks, Checkpoint::None);
     let run = |workers, schedule| {
         gradients(
-            &c,
+            c,
             &host,
             &toks,
             workers,
@@ -189,11 +213,12 @@ fn distributed_equals_one_worker_and_the_f64_model() {
         "f32 loss {} vs f64 {loss64}",
         one.loss
     );
-    for (s, (g, want)) in specs(&c).iter().zip(one.grads.iter().zip(&grads64)) {
+    for (s, (g, want)) in specs(c).iter().zip(one.grads.iter().zip(&grads64)) {
         assert!(
             rel(g, want) < 1e-4,
-            "{}: relative error {:e} against f64",
+            "{} ({:?}): relative error {:e} against f64",
             s.name,
+            c.model_type,
             rel(g, want)
         );
     }
@@ -201,7 +226,7 @@ fn distributed_equals_one_worker_and_the_f64_model() {
         for schedule in [Schedule::Balanced, Schedule::Unbalanced, Schedule::Zigzag] {
             let many = run(workers, schedule);
             assert!((many.loss - one.loss).abs() < 1e-6 * one.loss);
-            for (s, (g, want)) in specs(&c).iter().zip(many.grads.iter().zip(&one.grads)) {
+            for (s, (g, want)) in specs(c).iter().zip(many.grads.iter().zip(&one.grads)) {
                 let want: Vec<f64> = want.iter().map(|&x| x as f64).collect();
                 assert!(
                     rel(g, &want) < 1e-5,

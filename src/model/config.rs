@@ -1,5 +1,5 @@
-//! The LLaMA architecture's numbers, read from a Hugging Face `config.json` or taken from a
-//! preset, checked once so the layers can assume them.
+//! The LLaMA-family architecture's numbers (LLaMA, Qwen2, Mistral), read from a Hugging Face
+//! `config.json` or taken from a preset, checked once so the layers can assume them.
 
 use crate::shape::{Dims, MAX_HEAD_DIM};
 use anyhow::{Context, Result, bail};
@@ -9,6 +9,12 @@ use std::path::Path;
 /// One LLaMA-family model shape. Field names follow Hugging Face's `LlamaConfig`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Config {
+    /// Which Hugging Face architecture this is: it decides the biases and the saved
+    /// `config.json`'s `model_type`, so transformers loads a saved model as what it was.
+    pub model_type: ModelType,
+    /// `LlamaConfig`'s `attention_bias`: biases on the q, k, v and o projections (LLaMA only;
+    /// Qwen2's q/k/v biases follow from its `model_type`). See [`Config::qkv_bias`].
+    pub attention_bias: bool,
     pub vocab_size: usize,
     pub hidden_size: usize,
     pub intermediate_size: usize,
@@ -21,6 +27,41 @@ pub struct Config {
     /// How the rotary frequencies are rescaled for a context longer than pretraining's.
     pub rope_scaling: RopeScaling,
     pub tie_word_embeddings: bool,
+}
+
+/// The `model_type`s distflash implements: one decoder, differing in which projections have
+/// biases (and, for Mistral, an attention window).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ModelType {
+    /// `llama`: no biases unless `attention_bias`.
+    Llama,
+    /// `qwen2`: biases on the q, k and v projections, none on o.
+    Qwen2,
+    /// `mistral`: no biases.
+    Mistral,
+}
+
+impl ModelType {
+    /// The `model_type` string Hugging Face writes.
+    pub fn name(self) -> &'static str {
+        match self {
+            ModelType::Llama => "llama",
+            ModelType::Qwen2 => "qwen2",
+            ModelType::Mistral => "mistral",
+        }
+    }
+
+    /// The `architectures` entry of a causal language model of this type.
+    fn architecture(self) -> &'static str {
+        match self {
+            ModelType::Llama => "LlamaForCausalLM",
+            ModelType::Qwen2 => "Qwen2ForCausalLM",
+            ModelType::Mistral => "MistralForCausalLM",
+        }
+    }
+
+    /// Every implemented type, for parsing and for the refusal of the others.
+    const ALL: [ModelType; 3] = [ModelType::Llama, ModelType::Qwen2, ModelType::Mistral];
 }
 
 /// How rotary frequencies θ^(−2i/d) are rescaled to extend a model's context: the `rope_type`s
@@ -43,9 +84,6 @@ pub enum RopeScaling {
         original_max_position_embeddings: f64,
     },
 }
-
-/// `model_type`s whose math is LLaMA's (Mistral's only without a sliding window).
-const LLAMA_TYPES: &[&str] = &["llama", "mistral"];
 
 /// Names accepted by `--preset`, with what each is for.
 pub const PRESETS: &[(&str, &str)] = &[
@@ -71,6 +109,8 @@ impl Config {
     /// A named preset, or an error listing the names.
     pub fn preset(name: &str) -> Result<Config> {
         let llama7b = Config {
+            model_type: ModelType::Llama,
+            attention_bias: false,
             vocab_size: 32000,
             hidden_size: 4096,
             intermediate_size: 11008,
@@ -85,6 +125,8 @@ impl Config {
         };
         let config = match name {
             "tiny" => Config {
+                model_type: ModelType::Llama,
+                attention_bias: false,
                 vocab_size: 256,
                 hidden_size: 64,
                 intermediate_size: 176,
@@ -120,7 +162,7 @@ impl Config {
         Ok(config)
     }
 
-    /// Reads a Hugging Face `config.json` of a LLaMA model.
+    /// Reads a Hugging Face `config.json` of a LLaMA, Qwen2 or Mistral model.
     pub fn from_file(path: &Path) -> Result<Config> {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("cannot read {}", path.display()))?;
@@ -129,10 +171,11 @@ impl Config {
         Config::from_json(&v).with_context(|| format!("in {}", path.display()))
     }
 
-    /// Parses the fields of a `LlamaConfig`; missing optional ones take Hugging Face's defaults.
+    /// Parses the fields of a `LlamaConfig` (or `Qwen2Config`, `MistralConfig`, by
+    /// `model_type`; none means LLaMA); missing optional ones take Hugging Face's defaults.
     /// Anything that would change the math and that distflash does not implement — another
-    /// architecture, biases, a sliding window, dropout, partial or unknown rotary scaling — is
-    /// refused with a sentence naming it, never ignored.
+    /// architecture, MLP biases, a sliding window, dropout, partial or unknown rotary scaling —
+    /// is refused with a sentence naming it, never ignored.
     pub fn from_json(v: &Value) -> Result<Config> {
         let int = |key: &str| -> Result<usize> {
             v.get(key)
@@ -140,17 +183,17 @@ impl Config {
                 .map(|x| x as usize)
                 .with_context(|| format!("the config has no integer '{key}'"))
         };
-        refuse_other_math(v)?;
+        let model_type = model_type(v)?;
+        refuse_other_math(v, model_type)?;
         if let Some(act) = v.get("hidden_act").and_then(Value::as_str)
             && act != "silu"
         {
             bail!("hidden_act '{act}' is unsupported: LLaMA uses 'silu'");
         }
-        for key in ["attention_bias", "mlp_bias"] {
-            if v.get(key).and_then(Value::as_bool) == Some(true) {
-                bail!("'{key}: true' is unsupported: LLaMA layers have no biases");
-            }
+        if v.get("mlp_bias").and_then(Value::as_bool) == Some(true) {
+            bail!("'mlp_bias: true' is unsupported: distflash's MLPs have no biases");
         }
+        let attention_bias = attention_bias(v, model_type)?;
         // transformers 5 nests the rotary settings in `rope_parameters`; 4 keeps them on top,
         // with the scaling in `rope_scaling`.
         let rope = v.get("rope_parameters").unwrap_or(v);
@@ -162,6 +205,8 @@ impl Config {
         let heads = int("num_attention_heads")?;
         let hidden = int("hidden_size")?;
         let config = Config {
+            model_type,
+            attention_bias,
             vocab_size: int("vocab_size")?,
             hidden_size: hidden,
             intermediate_size: int("intermediate_size")?,
@@ -187,11 +232,26 @@ impl Config {
         Ok(config)
     }
 
+    /// Whether the q, k and v projections have biases: Qwen2's always do, LLaMA's with
+    /// `attention_bias`.
+    pub fn qkv_bias(&self) -> bool {
+        match self.model_type {
+            ModelType::Qwen2 => true,
+            ModelType::Llama => self.attention_bias,
+            ModelType::Mistral => false,
+        }
+    }
+
+    /// Whether the output projection has a bias: LLaMA's with `attention_bias` (Qwen2's never).
+    pub fn o_bias(&self) -> bool {
+        self.model_type == ModelType::Llama && self.attention_bias
+    }
+
     /// The config as Hugging Face writes it, so a saved model loads in `transformers`.
     pub fn to_json(&self) -> Value {
-        json!({
-            "architectures": ["LlamaForCausalLM"],
-            "model_type": "llama",
+        let mut v = json!({
+            "architectures": [self.model_type.architecture()],
+            "model_type": self.model_type.name(),
             "hidden_act": "silu",
             "vocab_size": self.vocab_size,
             "hidden_size": self.hidden_size,
@@ -204,9 +264,16 @@ impl Config {
             "rope_theta": self.rope_theta,
             "rope_scaling": self.rope_scaling.to_json(),
             "tie_word_embeddings": self.tie_word_embeddings,
-            "attention_bias": false,
-            "mlp_bias": false,
-        })
+        });
+        let extra = match self.model_type {
+            ModelType::Llama => json!({"attention_bias": self.attention_bias, "mlp_bias": false}),
+            ModelType::Qwen2 => json!({"use_sliding_window": false, "sliding_window": null}),
+            ModelType::Mistral => json!({"sliding_window": null}),
+        };
+        for (key, value) in extra.as_object().expect("an object") {
+            v[key] = value.clone();
+        }
+        v
     }
 
     /// Checks the shape once, so the layers can assume it and users get one sentence.
@@ -241,6 +308,12 @@ impl Config {
         }
         if !(self.rope_theta > 0.0 && self.rms_norm_eps >= 0.0) {
             bail!("rope_theta must be positive and rms_norm_eps non-negative");
+        }
+        if self.attention_bias && self.model_type != ModelType::Llama {
+            bail!(
+                "attention_bias is a LLaMA setting; model_type '{}' fixes its own biases",
+                self.model_type.name()
+            );
         }
         Ok(())
     }
@@ -305,27 +378,68 @@ impl Config {
     }
 }
 
-/// Refuses a config whose math is not LLaMA's: another `model_type`, a sliding window, dropout,
-/// a partial rotary embedding or quantized weights, each named with what to do.
-fn refuse_other_math(v: &Value) -> Result<()> {
-    if let Some(kind) = v.get("model_type").and_then(Value::as_str)
-        && !LLAMA_TYPES.contains(&kind)
-    {
-        let why = match kind {
-            "qwen2" => " (its q/k/v projections have biases, which distflash's layers do not)",
-            _ => "",
-        };
+/// The config's `model_type` (LLaMA when it has none), or a sentence naming an unimplemented
+/// one.
+fn model_type(v: &Value) -> Result<ModelType> {
+    let Some(kind) = v.get("model_type").and_then(Value::as_str) else {
+        return Ok(ModelType::Llama);
+    };
+    match ModelType::ALL.into_iter().find(|t| t.name() == kind) {
+        Some(t) => Ok(t),
+        None => {
+            let names: Vec<&str> = ModelType::ALL.iter().map(|t| t.name()).collect();
+            bail!(
+                "model_type '{kind}' is not implemented: distflash trains {} models",
+                names.join(", ")
+            )
+        }
+    }
+}
+
+/// `attention_bias`, which only `LlamaConfig` reads (for all four attention projections):
+/// elsewhere transformers ignores it, so a `true` there is a config that does not mean what it
+/// says and is refused.
+fn attention_bias(v: &Value, t: ModelType) -> Result<bool> {
+    let bias = v.get("attention_bias").and_then(Value::as_bool) == Some(true);
+    if bias && t != ModelType::Llama {
         bail!(
-            "model_type '{kind}' is not implemented{why}: distflash trains {} models",
-            LLAMA_TYPES.join(" and ")
+            "'attention_bias: true' is not read by transformers for model_type '{}' (its biases are fixed: {}): remove the key",
+            t.name(),
+            match t {
+                ModelType::Qwen2 => "q, k and v have them, o does not",
+                _ => "none",
+            }
         );
     }
-    let uses_window = v.get("use_sliding_window").and_then(Value::as_bool) != Some(false);
+    Ok(bias)
+}
+
+/// Refuses a config whose math distflash does not implement: a sliding window, dropout, a
+/// partial rotary embedding or quantized weights, each named with what to do.
+fn refuse_other_math(v: &Value, t: ModelType) -> Result<()> {
+    // Qwen2 keeps a `sliding_window` size even when `use_sliding_window` (default false) turns it
+    // off; Mistral's window is on whenever it is not null.
+    let uses_window = match t {
+        ModelType::Qwen2 => v.get("use_sliding_window").and_then(Value::as_bool) == Some(true),
+        _ => v.get("use_sliding_window").and_then(Value::as_bool) != Some(false),
+    };
     if let Some(w) = v.get("sliding_window").filter(|w| !w.is_null())
         && uses_window
     {
+        let off = match t {
+            ModelType::Qwen2 => "set use_sliding_window to false",
+            _ => "set sliding_window to null",
+        };
         bail!(
-            "sliding_window {w} is not in training yet (its mask is not in the attention): set it to null to train with full causal attention, which equals the window for sequences of at most {w} tokens"
+            "sliding_window {w} is not in training yet (its mask is not in the attention): {off} to train with full causal attention, which equals the window for sequences of at most {w} tokens"
+        );
+    }
+    if let Some(types) = v.get("layer_types").and_then(Value::as_array)
+        && let Some(other) = types.iter().find(|l| l.as_str() != Some("full_attention"))
+    {
+        bail!(
+            "layer_types lists a '{}' layer; distflash trains full causal attention in every layer: make every entry 'full_attention' (or turn the sliding window off)",
+            other.as_str().unwrap_or("non-string")
         );
     }
     if let Some(p) = v.get("attention_dropout").and_then(Value::as_f64)
@@ -522,6 +636,35 @@ mod tests {
     }
 
     #[test]
+    fn qwen2_has_qkv_biases_llama_attention_bias_all_four_and_both_round_trip() {
+        // A Qwen2Config as transformers 5 saves it: no attention_bias key, the window off.
+        let mut v = Config::preset("tiny").unwrap().to_json();
+        let o = v.as_object_mut().unwrap();
+        o.remove("attention_bias");
+        o.remove("mlp_bias");
+        v["model_type"] = json!("qwen2");
+        v["use_sliding_window"] = json!(false);
+        v["sliding_window"] = json!(4096);
+        v["max_window_layers"] = json!(28);
+        v["layer_types"] = json!(["full_attention", "full_attention"]);
+        let q = Config::from_json(&v).unwrap();
+        assert_eq!(q.model_type, ModelType::Qwen2);
+        assert!(q.qkv_bias() && !q.o_bias());
+        let saved = q.to_json();
+        assert_eq!(saved["model_type"], "qwen2");
+        assert_eq!(saved["architectures"][0], "Qwen2ForCausalLM");
+        assert_eq!(Config::from_json(&saved).unwrap(), q);
+
+        let mut l = Config::preset("tiny").unwrap().to_json();
+        l["attention_bias"] = json!(true);
+        let c = Config::from_json(&l).unwrap();
+        assert!(c.qkv_bias() && c.o_bias());
+        assert_eq!(Config::from_json(&c.to_json()).unwrap(), c);
+        let plain = Config::preset("tiny").unwrap();
+        assert!(!plain.qkv_bias() && !plain.o_bias());
+    }
+
+    #[test]
     fn math_it_does_not_implement_is_refused_with_a_sentence() {
         let base = Config::preset("tiny").unwrap().to_json();
         let refused = |key: &str, value: Value, words: &str| {
@@ -530,11 +673,6 @@ mod tests {
             let e = format!("{:#}", Config::from_json(&v).unwrap_err());
             assert!(e.contains(words), "{key}: {e}");
         };
-        refused(
-            "model_type",
-            json!("qwen2"),
-            "model_type 'qwen2' is not implemented (its q/k/v",
-        );
         refused(
             "model_type",
             json!("gemma"),
@@ -579,5 +717,23 @@ mod tests {
         mistral["model_type"] = json!("mistral");
         mistral["sliding_window"] = Value::Null;
         assert!(Config::from_json(&mistral).is_ok());
+        mistral["attention_bias"] = json!(true);
+        let e = Config::from_json(&mistral).unwrap_err().to_string();
+        assert!(e.contains("'attention_bias: true' is not read"), "{e}");
+        let mut qwen = base.clone();
+        qwen["model_type"] = json!("qwen2");
+        qwen["attention_bias"] = Value::Null;
+        qwen["sliding_window"] = json!(64);
+        qwen["use_sliding_window"] = json!(true);
+        let e = Config::from_json(&qwen).unwrap_err().to_string();
+        assert!(e.contains("set use_sliding_window to false"), "{e}");
+        qwen["use_sliding_window"] = json!(false);
+        assert!(Config::from_json(&qwen).is_ok());
+        qwen["layer_types"] = json!(["full_attention", "sliding_attention"]);
+        let e = Config::from_json(&qwen).unwrap_err().to_string();
+        assert!(
+            e.contains("layer_types lists a 'sliding_attention' layer"),
+            "{e}"
+        );
     }
 }

@@ -201,6 +201,27 @@ impl<F: Float> Ops for Cpu<F> {
         Ok(())
     }
 
+    fn bias_add(&self, y: &mut Vec<F>, b: &Vec<F>, rows: usize, width: usize) -> Result<()> {
+        check_len("a biased projection", y, rows * width)?;
+        check_len("a bias", b, width)?;
+        y.par_chunks_mut(width.max(1))
+            .for_each(|r| r.iter_mut().zip(b).for_each(|(v, &c)| *v += c));
+        Ok(())
+    }
+
+    fn bias_backward(&self, dy: &Vec<F>, rows: usize, width: usize, db: &mut Vec<F>) -> Result<()> {
+        check_len("a biased projection's gradient", dy, rows * width)?;
+        check_len("a bias gradient", db, width)?;
+        // Summed in f64 whatever F is: at long sequences an f32 running sum over rows loses
+        // digits.
+        let mut sum = vec![0.0f64; width];
+        for r in dy.chunks(width.max(1)) {
+            sum.iter_mut().zip(r).for_each(|(s, v)| *s += v.f64());
+        }
+        db.iter_mut().zip(sum).for_each(|(d, s)| *d += F::of(s));
+        Ok(())
+    }
+
     fn rmsnorm(
         &self,
         x: &Vec<F>,

@@ -100,6 +100,18 @@ pub trait Ops: Sync {
         dw: &mut Self::T,
     ) -> Result<()>;
 
+    /// y[r] += b for every row r of y `[rows, width]`: a projection's bias, added in place after
+    /// its `linear` (y keeps its precision).
+    fn bias_add(&self, y: &mut Self::T, b: &Self::T, rows: usize, width: usize) -> Result<()>;
+    /// db += Σ_r dy[r] over the rows of dy `[rows, width]`: the bias's gradient, accumulated.
+    fn bias_backward(
+        &self,
+        dy: &Self::T,
+        rows: usize,
+        width: usize,
+        db: &mut Self::T,
+    ) -> Result<()>;
+
     /// y = x · rstd · w with rstd = 1/√(mean(x²) + eps) per row; returns (y, rstd).
     fn rmsnorm(
         &self,

@@ -175,6 +175,17 @@ impl<O: Ops> Ops for Profiled<'_, O> {
         })
     }
 
+    fn bias_add(&self, y: &mut O::T, b: &O::T, rows: usize, width: usize) -> Result<()> {
+        self.profile
+            .time("bias_add", || self.inner.bias_add(y, b, rows, width))
+    }
+
+    fn bias_backward(&self, dy: &O::T, rows: usize, width: usize, db: &mut O::T) -> Result<()> {
+        self.profile.time("bias_backward", || {
+            self.inner.bias_backward(dy, rows, width, db)
+        })
+    }
+
     fn rmsnorm(
         &self,
         x: &O::T,

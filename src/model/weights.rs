@@ -1,4 +1,4 @@
-//! The parameters of a LLaMA model, named and shaped as Hugging Face names them, so weights load
+//! The parameters of a LLaMA-family model, named and shaped as Hugging Face names them, so weights load
 //! from and save to `model.safetensors` files that `transformers` reads. The same struct holds
 //! gradients and optimizer moments.
 
@@ -11,14 +11,19 @@ use safetensors::{Dtype, SafeTensors};
 use std::collections::HashMap;
 use std::path::Path;
 
-/// One decoder layer's weights (linear weights `[out, in]`).
+/// One decoder layer's weights (linear weights `[out, in]`); the projections' biases exist
+/// where the config has them (`Config::qkv_bias`, `Config::o_bias`).
 #[derive(Clone, Debug)]
 pub struct LayerWeights<T> {
     pub attn_norm: T,
     pub wq: T,
+    pub bq: Option<T>,
     pub wk: T,
+    pub bk: Option<T>,
     pub wv: T,
+    pub bv: Option<T>,
     pub wo: T,
+    pub bo: Option<T>,
     pub mlp_norm: T,
     pub w_gate: T,
     pub w_up: T,
@@ -27,37 +32,54 @@ pub struct LayerWeights<T> {
 
 impl<T> LayerWeights<T> {
     /// Every tensor, in `specs` order.
-    pub fn tensors(&self) -> [&T; 9] {
-        [
-            &self.attn_norm,
-            &self.wq,
-            &self.wk,
-            &self.wv,
-            &self.wo,
-            &self.mlp_norm,
-            &self.w_gate,
-            &self.w_up,
-            &self.w_down,
-        ]
+    pub fn tensors(&self) -> Vec<&T> {
+        let mut out = vec![&self.attn_norm, &self.wq];
+        out.extend(&self.bq);
+        out.push(&self.wk);
+        out.extend(&self.bk);
+        out.push(&self.wv);
+        out.extend(&self.bv);
+        out.push(&self.wo);
+        out.extend(&self.bo);
+        out.extend([&self.mlp_norm, &self.w_gate, &self.w_up, &self.w_down]);
+        out
     }
 
     /// Every tensor, mutably, in `specs` order.
-    pub fn tensors_mut(&mut self) -> [&mut T; 9] {
-        [
-            &mut self.attn_norm,
-            &mut self.wq,
-            &mut self.wk,
-            &mut self.wv,
-            &mut self.wo,
+    pub fn tensors_mut(&mut self) -> Vec<&mut T> {
+        let mut out = vec![&mut self.attn_norm, &mut self.wq];
+        out.extend(&mut self.bq);
+        out.push(&mut self.wk);
+        out.extend(&mut self.bk);
+        out.push(&mut self.wv);
+        out.extend(&mut self.bv);
+        out.push(&mut self.wo);
+        out.extend(&mut self.bo);
+        out.extend([
             &mut self.mlp_norm,
             &mut self.w_gate,
             &mut self.w_up,
             &mut self.w_down,
-        ]
+        ]);
+        out
+    }
+
+    /// Every tensor by value, in `specs` order.
+    fn into_tensors(self) -> Vec<T> {
+        let mut out = vec![self.attn_norm, self.wq];
+        out.extend(self.bq);
+        out.push(self.wk);
+        out.extend(self.bk);
+        out.push(self.wv);
+        out.extend(self.bv);
+        out.push(self.wo);
+        out.extend(self.bo);
+        out.extend([self.mlp_norm, self.w_gate, self.w_up, self.w_down]);
+        out
     }
 
     /// A layer of `f` of each tensor and its companion in `other` (a shard and its whole
-    /// length, say), in `specs` order.
+    /// length, say), in `specs` order. Both have the biases of one config.
     pub fn try_map_with<V, U>(
         &self,
         other: &LayerWeights<V>,
@@ -67,14 +89,31 @@ impl<T> LayerWeights<T> {
         Ok(LayerWeights {
             attn_norm: f(&self.attn_norm, &o.attn_norm)?,
             wq: f(&self.wq, &o.wq)?,
+            bq: bias(&mut f, &self.bq, &o.bq)?,
             wk: f(&self.wk, &o.wk)?,
+            bk: bias(&mut f, &self.bk, &o.bk)?,
             wv: f(&self.wv, &o.wv)?,
+            bv: bias(&mut f, &self.bv, &o.bv)?,
             wo: f(&self.wo, &o.wo)?,
+            bo: bias(&mut f, &self.bo, &o.bo)?,
             mlp_norm: f(&self.mlp_norm, &o.mlp_norm)?,
             w_gate: f(&self.w_gate, &o.w_gate)?,
             w_up: f(&self.w_up, &o.w_up)?,
             w_down: f(&self.w_down, &o.w_down)?,
         })
+    }
+}
+
+/// `f` of a bias and its companion, where the layer has it.
+fn bias<T, V, U>(
+    f: &mut impl FnMut(&T, &V) -> Result<U>,
+    a: &Option<T>,
+    b: &Option<V>,
+) -> Result<Option<U>> {
+    match (a, b) {
+        (Some(a), Some(b)) => f(a, b).map(Some),
+        (None, None) => Ok(None),
+        _ => bail!("two layers of one config differ in their biases"),
     }
 }
 
@@ -105,9 +144,14 @@ impl Spec {
         self.shape.iter().product()
     }
 
-    /// Whether weight decay applies: matrices yes, norm gains (vectors) no.
+    /// Whether weight decay applies: matrices yes, norm gains and biases (vectors) no.
     pub fn decays(&self) -> bool {
         self.shape.len() > 1
+    }
+
+    /// Whether this is a projection's bias (initialized to zero, as Hugging Face does).
+    pub fn is_bias(&self) -> bool {
+        self.name.ends_with(".bias")
     }
 }
 
@@ -121,12 +165,22 @@ pub fn specs(c: &Config) -> Vec<Spec> {
     let mut out = vec![spec("model.embed_tokens.weight".into(), &[c.vocab_size, d])];
     for l in 0..c.num_hidden_layers {
         let p = format!("model.layers.{l}");
+        out.push(spec(format!("{p}.input_layernorm.weight"), &[d]));
+        for (proj, width, inp, bias) in [
+            ("q", c.q_width(), d, c.qkv_bias()),
+            ("k", c.kv_width(), d, c.qkv_bias()),
+            ("v", c.kv_width(), d, c.qkv_bias()),
+            ("o", d, c.q_width(), c.o_bias()),
+        ] {
+            out.push(spec(
+                format!("{p}.self_attn.{proj}_proj.weight"),
+                &[width, inp],
+            ));
+            if bias {
+                out.push(spec(format!("{p}.self_attn.{proj}_proj.bias"), &[width]));
+            }
+        }
         out.extend([
-            spec(format!("{p}.input_layernorm.weight"), &[d]),
-            spec(format!("{p}.self_attn.q_proj.weight"), &[c.q_width(), d]),
-            spec(format!("{p}.self_attn.k_proj.weight"), &[c.kv_width(), d]),
-            spec(format!("{p}.self_attn.v_proj.weight"), &[c.kv_width(), d]),
-            spec(format!("{p}.self_attn.o_proj.weight"), &[d, c.q_width()]),
             spec(format!("{p}.post_attention_layernorm.weight"), &[d]),
             spec(format!("{p}.mlp.gate_proj.weight"), &[i, d]),
             spec(format!("{p}.mlp.up_proj.weight"), &[i, d]),
@@ -147,14 +201,19 @@ impl<T> Weights<T> {
         let mut it = specs.iter();
         let mut next = || make(it.next().expect("specs cover every tensor"));
         let embed = next()?;
+        let (qkv, o) = (c.qkv_bias(), c.o_bias());
         let layers = (0..c.num_hidden_layers)
             .map(|_| {
                 Ok(LayerWeights {
                     attn_norm: next()?,
                     wq: next()?,
+                    bq: if qkv { Some(next()?) } else { None },
                     wk: next()?,
+                    bk: if qkv { Some(next()?) } else { None },
                     wv: next()?,
+                    bv: if qkv { Some(next()?) } else { None },
                     wo: next()?,
+                    bo: if o { Some(next()?) } else { None },
                     mlp_norm: next()?,
                     w_gate: next()?,
                     w_up: next()?,
@@ -203,17 +262,7 @@ impl<T> Weights<T> {
     pub fn into_tensors(self) -> Vec<T> {
         let mut out = vec![self.embed];
         for l in self.layers {
-            out.extend([
-                l.attn_norm,
-                l.wq,
-                l.wk,
-                l.wv,
-                l.wo,
-                l.mlp_norm,
-                l.w_gate,
-                l.w_up,
-                l.w_down,
-            ]);
+            out.extend(l.into_tensors());
         }
         out.push(self.norm);
         out.extend(self.lm_head);
@@ -231,8 +280,8 @@ pub fn zeros<O: Ops>(ops: &O, c: &Config) -> Result<Weights<O::T>> {
     Weights::build(c, |s| ops.zeros(s.elements()))
 }
 
-/// Random weights from a seed: norm gains 1, matrices uniform with standard deviation 0.02
-/// (Hugging Face's `initializer_range`).
+/// Random weights from a seed: norm gains 1, biases 0, matrices uniform with standard deviation
+/// 0.02 (Hugging Face's `initializer_range`).
 pub fn random<O: Ops>(ops: &O, c: &Config, seed: u64) -> Result<Weights<O::T>> {
     let mut rng = StdRng::seed_from_u64(seed);
     let amp = 0.02 * 3f32.sqrt();
@@ -241,6 +290,8 @@ pub fn random<O: Ops>(ops: &O, c: &Config, seed: u64) -> Result<Weights<O::T>> {
             (0..s.elements())
                 .map(|_| rng.random_range(-amp..amp))
                 .collect()
+        } else if s.is_bias() {
+            vec![0.0; s.elements()]
         } else {
             vec![1.0; s.elements()]
         };
@@ -299,8 +350,9 @@ pub fn from_host<O: Ops>(
     unused.sort();
     if let Some(first) = unused.first() {
         bail!(
-            "{source} holds {} tensor(s) a LLaMA model of this config does not use, first '{first}': the checkpoint is of another architecture (or its config.json does not describe it); refusing rather than dropping them",
-            unused.len()
+            "{source} holds {} tensor(s) a {} model of this config does not use, first '{first}': the checkpoint is of another architecture (or its config.json does not describe it); refusing rather than dropping them",
+            unused.len(),
+            c.model_type.name()
         );
     }
     Weights::build(c, |s| {
@@ -384,8 +436,50 @@ mod tests {
         host.remove("model.layers.0.self_attn.q_proj.bias");
         host.insert("model.layers.0.self_attn.rotary_emb.inv_freq".into(), bias);
         assert!(from_host(&ops, &c, &host, "m").is_ok());
+        host.remove("model.layers.0.self_attn.rotary_emb.inv_freq");
+        // The same tensors read as a Qwen2 lack its q/k/v biases.
+        let qwen = Config {
+            model_type: crate::model::config::ModelType::Qwen2,
+            ..c.clone()
+        };
+        let e = from_host(&ops, &qwen, &host, "m").unwrap_err().to_string();
+        assert!(
+            e.contains("m has no tensor 'model.layers.0.self_attn.q_proj.bias'"),
+            "{e}"
+        );
         host.remove("lm_head.weight");
         let e = from_host(&ops, &c, &host, "m").unwrap_err().to_string();
         assert!(e.contains("m has no tensor 'lm_head.weight'"), "{e}");
+    }
+
+    #[test]
+    fn biases_sit_after_their_projections_start_at_zero_and_do_not_decay() {
+        let c = Config {
+            model_type: crate::model::config::ModelType::Qwen2,
+            ..Config::preset("tiny").unwrap()
+        };
+        let s = specs(&c);
+        let names: Vec<&str> = s[1..6].iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "model.layers.0.input_layernorm.weight",
+                "model.layers.0.self_attn.q_proj.weight",
+                "model.layers.0.self_attn.q_proj.bias",
+                "model.layers.0.self_attn.k_proj.weight",
+                "model.layers.0.self_attn.k_proj.bias",
+            ]
+        );
+        assert_eq!(s[3].shape, [c.q_width()]);
+        assert!(!s[3].decays() && s[3].is_bias());
+        assert_eq!(
+            parameters(&c),
+            parameters(&Config::preset("tiny").unwrap()) + 2 * 128
+        );
+        let ops = Cpu::<f32>::new();
+        let w = random(&ops, &c, 0).unwrap();
+        assert_eq!(w.tensors().len(), s.len());
+        assert!(w.layers[1].bv.as_ref().unwrap().iter().all(|&b| b == 0.0));
+        assert!(w.layers[1].bo.is_none());
     }
 }

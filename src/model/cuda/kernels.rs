@@ -24,13 +24,15 @@ pub(crate) enum Kernel {
     Rmsnorm,
     RmsnormBackward,
     RmsnormDw,
+    BiasAdd,
+    BiasDw,
     Rope,
     XentRows,
 }
 
 impl Kernel {
     /// Every kernel, in declaration order (so `k as usize` indexes this array).
-    pub(crate) const ALL: [Kernel; 14] = [
+    pub(crate) const ALL: [Kernel; 16] = [
         Kernel::CastToHalf,
         Kernel::AddAssign,
         Kernel::Scale,
@@ -43,6 +45,8 @@ impl Kernel {
         Kernel::Rmsnorm,
         Kernel::RmsnormBackward,
         Kernel::RmsnormDw,
+        Kernel::BiasAdd,
+        Kernel::BiasDw,
         Kernel::Rope,
         Kernel::XentRows,
     ];
@@ -62,6 +66,8 @@ impl Kernel {
             Kernel::Rmsnorm => "rmsnorm",
             Kernel::RmsnormBackward => "rmsnorm_backward",
             Kernel::RmsnormDw => "rmsnorm_dw",
+            Kernel::BiasAdd => "bias_add",
+            Kernel::BiasDw => "bias_dw",
             Kernel::Rope => "rope",
             Kernel::XentRows => "xent_rows",
         }

@@ -396,6 +396,35 @@ impl Ops for CudaOps {
             .run(Kernel::RmsnormDw, b, shapes::column_sums(dim, rows)?)
     }
 
+    fn bias_add(&self, y: &mut Tensor, b: &Tensor, rows: usize, width: usize) -> Result<()> {
+        let len = rows * width;
+        check(y, self.dtype(), len, "a biased projection")?;
+        check(b, self.dtype(), width, "a bias")?;
+        let (n, w) = (rows as i64, int(width, "a width")?);
+        let mut args = self.kernels.builder(Kernel::BiasAdd);
+        push_mut(&mut args, y);
+        push(&mut args, b);
+        args.arg(&n).arg(&w);
+        self.kernels
+            .run(Kernel::BiasAdd, args, elementwise_config(len))
+    }
+
+    fn bias_backward(&self, dy: &Tensor, rows: usize, width: usize, db: &mut Tensor) -> Result<()> {
+        check(
+            dy,
+            self.dtype(),
+            rows * width,
+            "a biased projection's gradient",
+        )?;
+        let db = f32_mut(db, width, "a bias gradient")?;
+        let (n, w) = (rows as i64, int(width, "a width")?);
+        let mut args = self.kernels.builder(Kernel::BiasDw);
+        push(&mut args, dy);
+        args.arg(db).arg(&n).arg(&w);
+        self.kernels
+            .run(Kernel::BiasDw, args, shapes::column_sums(width, rows)?)
+    }
+
     fn rope(
         &self,
         x: &mut Tensor,
