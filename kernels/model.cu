@@ -250,8 +250,10 @@ extern "C" __global__ void bias_dw(const void* dy, int dy_half, float* db, long 
 // worker's head and tail); the angle is formed in f32 from the host's f32 inverse
 // frequencies (as Hugging Face and the CPU ops do), its sine and cosine taken in f64 (fast-math
 // single-precision sines are far off at the angles of long sequences). sign = −1 rotates back.
+// cos and sin are multiplied by `scale` (YaRN's attention factor, else 1), as transformers does.
 extern "C" __global__ void rope(void* x, int x_half, const float* inv_freq, long rows, int heads,
-                                int head_dim, long split, long start0, long start1, float sign) {
+                                int head_dim, long split, long start0, long start1, float sign,
+                                float scale) {
     const int pairs = head_dim / 2;
     GRID_STRIDE(i, rows * pairs) {
         const long r = i / pairs;
@@ -260,7 +262,7 @@ extern "C" __global__ void rope(void* x, int x_half, const float* inv_freq, long
         const float angle = (float)pos * inv_freq[j];
         double sd, cd;
         sincos((double)angle, &sd, &cd);
-        const float cs = (float)cd, sn = sign * (float)sd;
+        const float cs = (float)cd * scale, sn = sign * ((float)sd * scale);
         for (int h = 0; h < heads; ++h) {
             const long o = (r * heads + h) * head_dim + j;
             const float a = ld(x, x_half, o), b = ld(x, x_half, o + pairs);

@@ -23,10 +23,11 @@ mod gpu_common;
 use anyhow::{Context, Result, ensure};
 use distflash::backend::cuda::{InputDtype, Tensor};
 use distflash::model::attention::{Attention, Dense};
-use distflash::model::config::{Config, ModelType, RopeScaling};
+use distflash::model::config::{Config, ModelType};
 use distflash::model::cpu::Cpu;
 use distflash::model::cuda::CudaOps;
 use distflash::model::ops::{AdamW, Ops};
+use distflash::model::rope::RopeScaling;
 use distflash::model::weights::{self, Weights};
 use distflash::model::{Checkpoint, Chunk, forward_backward};
 use distflash::shape::Span;
@@ -85,7 +86,7 @@ fn bias_add_and_its_column_sum_gradient_match_the_cpu() -> Result<()> {
 }
 
 #[test]
-fn rope_over_two_runs_of_positions_matches_the_cpu() -> Result<()> {
+fn rope_over_two_runs_of_positions_with_llama3_and_yarn_tables_matches_the_cpu() -> Result<()> {
     check(Checker::rope)
 }
 
@@ -335,7 +336,19 @@ impl Checker {
             },
             ..Config::preset("llama2-7b")?
         };
-        let inv_freq = llama31.rope_inv_freq();
+        // YaRN's, whose attention factor (0.1 ln 4 + 1) scales cos and sin.
+        let yarn = Config {
+            rope_theta: 10_000.0,
+            rope_scaling: RopeScaling::Yarn {
+                factor: 4.0,
+                original_max_position_embeddings: 4096.0,
+                beta_fast: 32.0,
+                beta_slow: 1.0,
+                truncate: true,
+                attention_factor: 0.1 * 4f64.ln() + 1.0,
+            },
+            ..llama31.clone()
+        };
         // Two runs of positions, as a zigzag worker's rows: a tail far out, then a head.
         let positions = [
             Span {
@@ -347,18 +360,21 @@ impl Checker {
                 len: 24,
             },
         ];
-        for h in [true, false] {
-            let (mut x, mut cx) = self.either(h, rows * heads * hd)?;
-            for inverse in [false, true] {
-                self.gpu
-                    .rope(&mut x, rows, heads, hd, &positions, &inv_freq, inverse)?;
-                self.cpu
-                    .rope(&mut cx, rows, heads, hd, &positions, &inv_freq, inverse)?;
-                let name = format!(
-                    "rope {}, inverse {inverse}, positions 65000+ and 1000+",
-                    kind(h)
-                );
-                self.report(&name, &x, &cx, tol(h))?;
+        for (which, cfg) in [("llama3", &llama31), ("yarn", &yarn)] {
+            let rotary = cfg.rotary(65_040);
+            for h in [true, false] {
+                let (mut x, mut cx) = self.either(h, rows * heads * hd)?;
+                for inverse in [false, true] {
+                    self.gpu
+                        .rope(&mut x, rows, heads, hd, &positions, &rotary, inverse)?;
+                    self.cpu
+                        .rope(&mut cx, rows, heads, hd, &positions, &rotary, inverse)?;
+                    let name = format!(
+                        "rope {which} {}, inverse {inverse}, positions 65000+ and 1000+",
+                        kind(h)
+                    );
+                    self.report(&name, &x, &cx, tol(h))?;
+                }
             }
         }
         Ok(())
@@ -458,6 +474,7 @@ impl Checker {
             tokens: &tokens[..seq],
             targets: &tokens[1..],
             positions: &[Span { start: 0, len: seq }],
+            sequence: seq,
         };
         // Random weights, the biases (zero at initialization) random too so they matter.
         let start = weights::random(&self.gpu, cfg, 3)?;

@@ -3,8 +3,9 @@
 //! policy.
 
 use distflash::model::attention::Dense;
-use distflash::model::config::{Config, ModelType, RopeScaling};
+use distflash::model::config::{Config, ModelType};
 use distflash::model::cpu::Cpu;
+use distflash::model::rope::RopeScaling;
 use distflash::model::weights::{Weights, specs};
 use distflash::model::{Checkpoint, Chunk, forward_backward};
 use distflash::plan::Schedule;
@@ -70,6 +71,33 @@ fn biased(model_type: ModelType) -> Config {
     }
 }
 
+/// `small(false)` with a rotary scaling: YaRN (whose attention factor scales q and k) or dynamic
+/// NTK past a trained context of 8 tokens (so the sequence length, not a worker's rows, sets
+/// the frequencies).
+fn rescaled(yarn: bool) -> Config {
+    let rope_scaling = if yarn {
+        RopeScaling::Yarn {
+            factor: 4.0,
+            original_max_position_embeddings: 64.0,
+            beta_fast: 32.0,
+            beta_slow: 1.0,
+            truncate: false,
+            attention_factor: 1.3,
+        }
+    } else {
+        RopeScaling::Dynamic {
+            factor: 4.0,
+            max_position_embeddings: 8.0,
+        }
+    };
+    Config {
+        rope_scaling,
+        head_dim: 8,
+        hidden_size: 32,
+        ..small(false)
+    }
+}
+
 /// Weights large enough that attention is far from uniform and every path carries gradient.
 fn host_weights(c: &Config, seed: u64) -> Vec<Vec<f32>> {
     let mut rng = StdRng::seed_from_u64(seed);
@@ -113,6 +141,7 @@ fn f64_model(
         tokens: &toks[..n],
         targets: &toks[1..],
         positions: &[distflash::shape::Span { start: 0, len: n }],
+        sequence: n,
     };
     let out = forward_backward(
         &ops,
@@ -154,6 +183,7 @@ fn gradients_match_finite_differences_in_f64() {
         small(true),
         biased(ModelType::Qwen2),
         biased(ModelType::Llama),
+        rescaled(true),
     ];
     for c in configs {
         let tied = c.tie_word_embeddings;
@@ -186,7 +216,7 @@ fn gradients_match_finite_differences_in_f64() {
 
 #[test]
 fn distributed_equals_one_worker_and_the_f64_model() {
-    for c in [small(false), biased(ModelType::Qwen2)] {
+    for c in [small(false), biased(ModelType::Qwen2), rescaled(false)] {
         distributed_equals_one_worker_and_the_f64_model_for(&c);
     }
 }

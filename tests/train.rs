@@ -155,6 +155,36 @@ fn bad_configs_give_a_sentence() {
     std::fs::remove_dir_all(dir).unwrap();
 }
 
+/// `distflash grads --init-from model` of a short token list on `workers` workers, writing into
+/// `dir`: its JSON report and the gradients.
+fn grads_of(
+    model: &str,
+    dir: &std::path::Path,
+    workers: &str,
+) -> (serde_json::Value, distflash::tensor_file::Tensors) {
+    let tokens = dir.join("tokens.json");
+    std::fs::write(&tokens, "[1, 20, 70, 71, 72, 2, 20]").unwrap();
+    let grads = dir.join("grads.safetensors");
+    let out = distflash(&[
+        "grads",
+        "--init-from",
+        model,
+        "--tokens",
+        tokens.to_str().unwrap(),
+        "--out",
+        grads.to_str().unwrap(),
+        "--workers",
+        workers,
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report = serde_json::from_slice(&out.stdout).unwrap();
+    (report, distflash::tensor_file::read(&grads).unwrap())
+}
+
 #[test]
 fn train_writes_metrics_curve_and_model_and_grads_reads_it() {
     let dir = temp_dir("train", "cli");
@@ -194,28 +224,8 @@ fn train_writes_metrics_curve_and_model_and_grads_reads_it() {
             .contains("<polyline")
     );
 
-    let tokens = dir.join("tokens.json");
-    std::fs::write(&tokens, "[1, 20, 70, 71, 72, 2, 20]").unwrap();
-    let grads = dir.join("grads.safetensors");
-    let out = distflash(&[
-        "grads",
-        "--init-from",
-        d,
-        "--tokens",
-        tokens.to_str().unwrap(),
-        "--out",
-        grads.to_str().unwrap(),
-        "--workers",
-        "3",
-    ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let (report, g) = grads_of(d, &dir, "3");
     assert!(report["loss"].as_f64().unwrap() > 0.0);
-    let g = distflash::tensor_file::read(&grads).unwrap();
     assert_eq!(g["lm_head.weight"].0, vec![256, 64]);
     std::fs::remove_dir_all(dir).unwrap();
 }
@@ -261,26 +271,7 @@ fn a_qwen2_model_trains_sharded_and_saves_and_reloads_its_biases() {
     assert!(bias.iter().any(|&b| b != 0.0), "the bias trained from zero");
     assert!(!weights.contains_key("model.layers.0.self_attn.o_proj.bias"));
 
-    let tokens = dir.join("tokens.json");
-    std::fs::write(&tokens, "[1, 20, 70, 71, 72, 2, 20]").unwrap();
-    let grads = dir.join("grads.safetensors");
-    let out = distflash(&[
-        "grads",
-        "--init-from",
-        d,
-        "--tokens",
-        tokens.to_str().unwrap(),
-        "--out",
-        grads.to_str().unwrap(),
-        "--workers",
-        "2",
-    ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let g = distflash::tensor_file::read(&grads).unwrap();
+    let (_, g) = grads_of(d, &dir, "2");
     let (shape, db) = &g["model.layers.0.self_attn.v_proj.bias"];
     assert_eq!(shape, &vec![32]);
     assert!(db.iter().any(|&x| x != 0.0));

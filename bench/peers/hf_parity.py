@@ -14,8 +14,12 @@ within 1e-4 of the float64 reference.
 
     python3 bench/peers/hf_parity.py --bin .dev/distflash --out OUTDIR --device cuda
 
-`--rope-scaling linear|llama3` builds the model with that rotary scaling (Llama 3.1's
-parameters, or a factor of 4), so the check covers the rescaled frequencies too.
+`--rope-scaling linear|llama3|yarn|dynamic` builds the model with that rotary scaling (Llama
+3.1's parameters, or a factor of 4), so the check covers the rescaled frequencies too. YaRN
+(factor 4 over an original context of 4096, its default attention factor 0.1 ln 4 + 1 scaling
+cos and sin) follows transformers 5's reading of `rope_parameters`. Dynamic NTK is built with
+max_position_embeddings 16, shorter than the sequence, so transformers recomputes its
+frequencies from the sequence's length, which distflash takes from the run.
 
 `--model-type qwen2` builds a Qwen2ForCausalLM instead (q/k/v projection biases, random so they
 matter, and their gradients compared like every other); `--model-type llama --attention-bias`
@@ -65,7 +69,13 @@ ROPE_SCALINGS = {
     "linear": {"rope_type": "linear", "factor": 4.0},
     "llama3": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+    "yarn": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 4096},
+    "dynamic": {"rope_type": "dynamic", "factor": 4.0},
 }
+
+# The context the model was trained for: 4096, except for dynamic NTK, which changes nothing
+# within it.
+MAX_POSITIONS = {"dynamic": 16}
 
 
 # model_type: the config and model classes.
@@ -114,7 +124,7 @@ def build(out: Path, seed: int, device: str, scaling=None, model_type="llama",
         tie_word_embeddings=False,
         **type_arguments(model_type, attention_bias, sliding_window),
         initializer_range=0.1,
-        max_position_embeddings=4096,
+        max_position_embeddings=MAX_POSITIONS.get((scaling or {}).get("rope_type"), 4096),
     )
     config._attn_implementation = "eager"
     model = model_class(config).to(torch.float32)

@@ -1,6 +1,7 @@
 //! The LLaMA-family architecture's numbers (LLaMA, Qwen2, Mistral), read from a Hugging Face
 //! `config.json` or taken from a preset, checked once so the layers can assume them.
 
+use super::rope::{RopeScaling, Rotary};
 use crate::shape::{Dims, MAX_HEAD_DIM};
 use anyhow::{Context, Result, bail};
 use serde_json::{Value, json};
@@ -62,27 +63,6 @@ impl ModelType {
 
     /// Every implemented type, for parsing and for the refusal of the others.
     const ALL: [ModelType; 3] = [ModelType::Llama, ModelType::Qwen2, ModelType::Mistral];
-}
-
-/// How rotary frequencies θ^(−2i/d) are rescaled to extend a model's context: the `rope_type`s
-/// of Hugging Face's `rope_scaling` (`rope_parameters` in transformers 5) that are a fixed table
-/// of frequencies. A raised `rope_theta` needs none of them.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub enum RopeScaling {
-    /// Plain rotary embeddings (`default`).
-    None,
-    /// Position interpolation (`linear`): every frequency divided by `factor`, as if positions
-    /// were.
-    Linear { factor: f64 },
-    /// Llama 3.1's (`llama3`): wavelengths longer than `original / low_freq_factor` are
-    /// interpolated (divided by `factor`), shorter than `original / high_freq_factor` kept, and
-    /// a linear blend of the two between.
-    Llama3 {
-        factor: f64,
-        low_freq_factor: f64,
-        high_freq_factor: f64,
-        original_max_position_embeddings: f64,
-    },
 }
 
 /// Names accepted by `--preset`, with what each is for.
@@ -201,7 +181,7 @@ impl Config {
             Some(legacy) => legacy,
             None => rope,
         };
-        let rope_scaling = RopeScaling::from_json(scaling)?;
+        let rope_scaling = RopeScaling::from_json(scaling, v)?;
         let heads = int("num_attention_heads")?;
         let hidden = int("hidden_size")?;
         let config = Config {
@@ -249,6 +229,7 @@ impl Config {
 
     /// The config as Hugging Face writes it, so a saved model loads in `transformers`.
     pub fn to_json(&self) -> Value {
+        let (rope_scaling, rope_keys) = self.rope_scaling.to_json();
         let mut v = json!({
             "architectures": [self.model_type.architecture()],
             "model_type": self.model_type.name(),
@@ -262,7 +243,7 @@ impl Config {
             "head_dim": self.head_dim,
             "rms_norm_eps": self.rms_norm_eps,
             "rope_theta": self.rope_theta,
-            "rope_scaling": self.rope_scaling.to_json(),
+            "rope_scaling": rope_scaling,
             "tie_word_embeddings": self.tie_word_embeddings,
         });
         let extra = match self.model_type {
@@ -270,8 +251,10 @@ impl Config {
             ModelType::Qwen2 => json!({"use_sliding_window": false, "sliding_window": null}),
             ModelType::Mistral => json!({"sliding_window": null}),
         };
-        for (key, value) in extra.as_object().expect("an object") {
-            v[key] = value.clone();
+        for extra in [extra, rope_keys] {
+            for (key, value) in extra.as_object().expect("an object") {
+                v[key] = value.clone();
+            }
         }
         v
     }
@@ -309,6 +292,7 @@ impl Config {
         if !(self.rope_theta > 0.0 && self.rms_norm_eps >= 0.0) {
             bail!("rope_theta must be positive and rms_norm_eps non-negative");
         }
+        self.rope_scaling.validate(self.head_dim)?;
         if self.attention_bias && self.model_type != ModelType::Llama {
             bail!(
                 "attention_bias is a LLaMA setting; model_type '{}' fixes its own biases",
@@ -318,43 +302,10 @@ impl Config {
         Ok(())
     }
 
-    /// The rotary inverse frequencies of a head, i < head_dim/2: θ^(−2i/head_dim), rescaled as
-    /// `rope_scaling` says. Hugging Face computes them in f32; so does this (and the GPU ops
-    /// take them from here), to match its angles.
-    pub fn rope_inv_freq(&self) -> Vec<f32> {
-        let d = self.head_dim;
-        let base =
-            (0..d / 2).map(|i| 1.0 / (self.rope_theta as f32).powf((2 * i) as f32 / d as f32));
-        match self.rope_scaling {
-            RopeScaling::None => base.collect(),
-            RopeScaling::Linear { factor } => base.map(|f| f / factor as f32).collect(),
-            RopeScaling::Llama3 {
-                factor,
-                low_freq_factor,
-                high_freq_factor,
-                original_max_position_embeddings,
-            } => {
-                let (factor, low, high) = (
-                    factor as f32,
-                    low_freq_factor as f32,
-                    high_freq_factor as f32,
-                );
-                let original = original_max_position_embeddings as f32;
-                let (low_wavelen, high_wavelen) = (original / low, original / high);
-                base.map(|f| {
-                    let wavelen = 2.0 * std::f32::consts::PI / f;
-                    if wavelen > low_wavelen {
-                        f / factor
-                    } else if wavelen < high_wavelen {
-                        f
-                    } else {
-                        let smooth = (original / wavelen - low) / (high - low);
-                        (1.0 - smooth) * f / factor + smooth * f
-                    }
-                })
-                .collect()
-            }
-        }
+    /// The rotary table of sequences of `sequence` tokens (`rope::Rotary::new`): the
+    /// frequencies of `rope_theta` rescaled as `rope_scaling` says.
+    pub fn rotary(&self, sequence: usize) -> Rotary {
+        Rotary::new(self.rope_theta, self.head_dim, self.rope_scaling, sequence)
     }
 
     /// The attention shape of one sequence (batch 1).
@@ -462,82 +413,6 @@ fn refuse_other_math(v: &Value, t: ModelType) -> Result<()> {
     Ok(())
 }
 
-impl RopeScaling {
-    /// Reads `rope_type` (or the older `type`) and its parameters from a `rope_scaling` /
-    /// `rope_parameters` object (or the config itself, where neither is given).
-    fn from_json(v: &Value) -> Result<RopeScaling> {
-        let kind = v
-            .get("rope_type")
-            .or_else(|| v.get("type"))
-            .and_then(Value::as_str)
-            .unwrap_or("default");
-        let number = |key: &str| {
-            v.get(key)
-                .and_then(Value::as_f64)
-                .with_context(|| format!("rope scaling '{kind}' needs a number '{key}'"))
-        };
-        let scaling = match kind {
-            "default" => RopeScaling::None,
-            "linear" => RopeScaling::Linear {
-                factor: number("factor")?,
-            },
-            "llama3" => RopeScaling::Llama3 {
-                factor: number("factor")?,
-                low_freq_factor: number("low_freq_factor")?,
-                high_freq_factor: number("high_freq_factor")?,
-                original_max_position_embeddings: number("original_max_position_embeddings")?,
-            },
-            "dynamic" | "yarn" | "longrope" => bail!(
-                "rope scaling '{kind}' is not implemented yet: train with 'linear' or 'llama3' scaling, or a raised rope_theta"
-            ),
-            other => {
-                bail!("rope scaling '{other}' is unknown: use 'default', 'linear' or 'llama3'")
-            }
-        };
-        match scaling {
-            RopeScaling::Linear { factor } | RopeScaling::Llama3 { factor, .. }
-                if !(factor >= 1.0 && factor.is_finite()) =>
-            {
-                bail!("rope scaling factor {factor} must be a finite number of at least 1")
-            }
-            RopeScaling::Llama3 {
-                low_freq_factor,
-                high_freq_factor,
-                original_max_position_embeddings,
-                ..
-            } if !(high_freq_factor > low_freq_factor
-                && low_freq_factor > 0.0
-                && original_max_position_embeddings > 0.0) =>
-            {
-                bail!(
-                    "llama3 rope scaling needs 0 < low_freq_factor < high_freq_factor and a positive original_max_position_embeddings"
-                )
-            }
-            ok => Ok(ok),
-        }
-    }
-
-    /// As Hugging Face writes it (`null` for plain rotary embeddings).
-    fn to_json(self) -> Value {
-        match self {
-            RopeScaling::None => Value::Null,
-            RopeScaling::Linear { factor } => json!({"rope_type": "linear", "factor": factor}),
-            RopeScaling::Llama3 {
-                factor,
-                low_freq_factor,
-                high_freq_factor,
-                original_max_position_embeddings,
-            } => json!({
-                "rope_type": "llama3",
-                "factor": factor,
-                "low_freq_factor": low_freq_factor,
-                "high_freq_factor": high_freq_factor,
-                "original_max_position_embeddings": original_max_position_embeddings,
-            }),
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -567,50 +442,6 @@ mod tests {
     }
 
     #[test]
-    fn llama3_and_linear_scaling_rescale_the_frequencies_as_specified() {
-        let mut c = Config::preset("llama2-7b").unwrap();
-        c.rope_theta = 500000.0;
-        let plain = c.rope_inv_freq();
-        c.rope_scaling = RopeScaling::Linear { factor: 4.0 };
-        for (s, p) in c.rope_inv_freq().iter().zip(&plain) {
-            assert_eq!(*s, p / 4.0);
-        }
-        c.rope_scaling = RopeScaling::Llama3 {
-            factor: 8.0,
-            low_freq_factor: 1.0,
-            high_freq_factor: 4.0,
-            original_max_position_embeddings: 8192.0,
-        };
-        let scaled = c.rope_inv_freq();
-        // The rule in f64: wavelengths above 8192 interpolated by 8, below 2048 kept, a linear
-        // blend of the two in the ratio (8192 / wavelength - 1) / 3 between.
-        let (mut kept, mut divided, mut blended) = (0, 0, 0);
-        for (i, (&s, &p)) in scaled.iter().zip(&plain).enumerate() {
-            let f = p as f64;
-            let wavelen = 2.0 * std::f64::consts::PI / f;
-            let want = if wavelen > 8192.0 {
-                divided += 1;
-                f / 8.0
-            } else if wavelen < 2048.0 {
-                kept += 1;
-                f
-            } else {
-                blended += 1;
-                let t = (8192.0 / wavelen - 1.0) / 3.0;
-                (1.0 - t) * f / 8.0 + t * f
-            };
-            assert!(
-                ((s as f64) - want).abs() <= 4.0 * f32::EPSILON as f64 * want,
-                "frequency {i}: {s} vs {want}"
-            );
-        }
-        assert!(
-            kept > 0 && divided > 0 && blended > 0,
-            "{kept} {divided} {blended}"
-        );
-    }
-
-    #[test]
     fn rope_scaling_reads_both_transformers_layouts_and_round_trips() {
         let mut v = Config::preset("tiny").unwrap().to_json();
         let llama3 = json!({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
@@ -633,6 +464,18 @@ mod tests {
             Config::from_json(&v).unwrap().rope_scaling,
             RopeScaling::Linear { factor: 2.0 }
         );
+        // YaRN and dynamic NTK, as transformers 5 nests them; dynamic reads the config's
+        // max_position_embeddings, and both survive a save and a load.
+        v["max_position_embeddings"] = json!(4096);
+        for params in [
+            json!({"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e6, "beta_fast": 16}),
+            json!({"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e6}),
+        ] {
+            v["rope_parameters"] = params;
+            let c = Config::from_json(&v).unwrap();
+            assert_ne!(c.rope_scaling, RopeScaling::None);
+            assert_eq!(Config::from_json(&c.to_json()).unwrap(), c);
+        }
     }
 
     #[test]
@@ -695,13 +538,13 @@ mod tests {
         );
         refused(
             "rope_scaling",
-            json!({"rope_type": "yarn", "factor": 4.0}),
-            "'yarn' is not implemented yet",
+            json!({"rope_type": "longrope", "factor": 4.0}),
+            "'longrope' is not implemented yet",
         );
         refused(
             "rope_scaling",
             json!({"rope_type": "dynamic", "factor": 2.0}),
-            "'dynamic' is not implemented yet",
+            "needs max_position_embeddings",
         );
         refused(
             "rope_scaling",

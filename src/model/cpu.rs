@@ -4,6 +4,7 @@
 
 use super::float::Float;
 use super::ops::{AdamW, LossOut, Ops, check_rows, row_positions};
+use super::rope::Rotary;
 use crate::shape::Span;
 use anyhow::{Result, bail};
 use ndarray::linalg::general_mat_mul;
@@ -286,7 +287,7 @@ impl<F: Float> Ops for Cpu<F> {
         heads: usize,
         head_dim: usize,
         positions: &[Span],
-        inv_freq: &[f32],
+        rotary: &Rotary,
         inverse: bool,
     ) -> Result<()> {
         check_len("a rotary input", x, rows * heads * head_dim)?;
@@ -295,17 +296,19 @@ impl<F: Float> Ops for Cpu<F> {
             bail!("rotary embeddings need an even head dim, not {head_dim}");
         }
         let half = head_dim / 2;
-        check_len("the rotary frequencies", inv_freq, half)?;
+        check_len("the rotary frequencies", &rotary.inv_freq, half)?;
         let sign = if inverse { -1.0 } else { 1.0 };
+        let scale = F::of(rotary.scale as f64);
         x.par_chunks_mut(heads * head_dim)
             .enumerate()
             .for_each(|(r, row)| {
                 let pos = positions[r] as f32;
-                let (cos, sin): (Vec<F>, Vec<F>) = inv_freq
+                let (cos, sin): (Vec<F>, Vec<F>) = rotary
+                    .inv_freq
                     .iter()
                     .map(|&f| {
                         let a = (pos * f) as f64;
-                        (F::of(a.cos()), F::of(sign * a.sin()))
+                        (F::of(a.cos()) * scale, F::of(sign * a.sin()) * scale)
                     })
                     .unzip();
                 for h in row.chunks_mut(head_dim) {

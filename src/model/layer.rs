@@ -22,6 +22,7 @@ use super::Meter;
 use super::attention::Attention;
 use super::config::Config;
 use super::ops::Ops;
+use super::rope::Rotary;
 use super::weights::LayerWeights;
 use crate::shape::Span;
 use anyhow::Result;
@@ -112,12 +113,14 @@ pub fn mlp_block_rows(c: &Config) -> usize {
 }
 
 /// A layer's setting: the device, the shape, and this worker's rows (`positions`: where they sit
-/// in the sequence, for rotary embeddings; `mlp_rows`: the MLP's block, `mlp_block_rows`).
+/// in the sequence, for rotary embeddings, `rotary` the run's table; `mlp_rows`: the MLP's block,
+/// `mlp_block_rows`).
 pub struct Layer<'a, O> {
     pub ops: &'a O,
     pub cfg: &'a Config,
     pub rows: usize,
     pub positions: &'a [Span],
+    pub rotary: &'a Rotary,
     pub mlp_rows: usize,
 }
 
@@ -162,9 +165,8 @@ impl<O: Ops> Layer<'_, O> {
         let mut k = self.projection(&h1, &w.wk, w.bk.as_ref(), d, c.kv_width())?;
         let v = self.projection(&h1, &w.wv, w.bv.as_ref(), d, c.kv_width())?;
         let (heads, kv_heads) = (c.num_attention_heads, c.num_key_value_heads);
-        let inv_freq = c.rope_inv_freq();
-        ops.rope(&mut q, n, heads, hd, self.positions, &inv_freq, false)?;
-        ops.rope(&mut k, n, kv_heads, hd, self.positions, &inv_freq, false)?;
+        ops.rope(&mut q, n, heads, hd, self.positions, self.rotary, false)?;
+        ops.rope(&mut k, n, kv_heads, hd, self.positions, self.rotary, false)?;
         let (o, lse) = match saved_attention {
             Some(saved) => saved,
             None => {
@@ -409,14 +411,14 @@ impl<O: Ops> Layer<'_, O> {
         let (mut dq, mut dk, dv) = attn.backward(&a.q, &a.k, &a.v, &a.o, &a.lse, &dout_attn)?;
 
         // q, k = rope(h1 Wqᵀ + bq, h1 Wkᵀ + bk);  v = h1 Wvᵀ + bv;  h1 = rmsnorm(x)·g1
-        let (hd, inv_freq) = (c.head_dim, c.rope_inv_freq());
+        let hd = c.head_dim;
         ops.rope(
             &mut dq,
             n,
             c.num_attention_heads,
             hd,
             self.positions,
-            &inv_freq,
+            self.rotary,
             true,
         )?;
         ops.rope(
@@ -425,7 +427,7 @@ impl<O: Ops> Layer<'_, O> {
             c.num_key_value_heads,
             hd,
             self.positions,
-            &inv_freq,
+            self.rotary,
             true,
         )?;
         self.bias_grad(&dq, qw, grads.bq.as_mut())?;
@@ -473,11 +475,13 @@ mod tests {
             start: 0,
             len: rows,
         }];
+        let rotary = cfg.rotary(rows);
         let layer = Layer {
             ops: &ops,
             cfg: &cfg,
             rows,
             positions: &positions,
+            rotary: &rotary,
             mlp_rows,
         };
         let mut attn = Dense {

@@ -6,6 +6,7 @@
 
 use super::attention::Attention;
 use super::ops::{AdamW, LossOut, Ops};
+use super::rope::Rotary;
 use crate::shape::Span;
 use anyhow::Result;
 use serde::Serialize;
@@ -222,13 +223,13 @@ impl<O: Ops> Ops for Profiled<'_, O> {
         heads: usize,
         head_dim: usize,
         positions: &[Span],
-        inv_freq: &[f32],
+        rotary: &Rotary,
         inverse: bool,
     ) -> Result<()> {
         let op = if inverse { "rope_backward" } else { "rope" };
         self.profile.time(op, || {
             self.inner
-                .rope(x, rows, heads, head_dim, positions, inv_freq, inverse)
+                .rope(x, rows, heads, head_dim, positions, rotary, inverse)
         })
     }
 

@@ -188,6 +188,7 @@ fn accumulate<O: Ops, A: Attention<O::T>>(
         tokens: &tokens,
         targets: &targets,
         positions: mine,
+        sequence: sample.tokens.len() - 1,
     };
     let out = forward_backward_with(ops, cfg, params, attn, chunk, policy, scale)?;
     tally.loss_sum += out.loss_sum;

@@ -31,6 +31,7 @@ pub(crate) mod shapes;
 
 use super::cost::{loss_chunk_rows, loss_chunks};
 use super::ops::{AdamW, LossOut, Ops, check_positions, check_rows};
+use super::rope::Rotary;
 use crate::backend::Backend;
 use crate::backend::cuda::{CudaBackend, InputDtype, Tensor, elementwise_config, rows_config};
 use crate::shape::Span;
@@ -432,7 +433,7 @@ impl Ops for CudaOps {
         heads: usize,
         head_dim: usize,
         positions: &[Span],
-        inv_freq: &[f32],
+        rotary: &Rotary,
         inverse: bool,
     ) -> Result<()> {
         check(x, self.dtype(), rows * heads * head_dim, "a rotary input")?;
@@ -448,6 +449,7 @@ impl Ops for CudaOps {
                 more.len()
             ),
         };
+        let inv_freq = &rotary.inv_freq;
         if !head_dim.is_multiple_of(2) || inv_freq.len() != head_dim / 2 {
             bail!(
                 "rotary embeddings need an even head dim and one frequency per pair, not head dim {head_dim} with {} frequencies",
@@ -461,7 +463,7 @@ impl Ops for CudaOps {
             int(head_dim, "a head dim")?,
         );
         let (split, start0, start1) = (split as i64, start0 as i64, start1 as i64);
-        let sign = if inverse { -1.0f32 } else { 1.0 };
+        let (sign, scale) = (if inverse { -1.0f32 } else { 1.0 }, rotary.scale);
         let mut b = self.kernels.builder(Kernel::Rope);
         push_mut(&mut b, x);
         b.arg(inv_freq.as_ref())
@@ -471,7 +473,8 @@ impl Ops for CudaOps {
             .arg(&split)
             .arg(&start0)
             .arg(&start1)
-            .arg(&sign);
+            .arg(&sign)
+            .arg(&scale);
         let cfg = elementwise_config(rows * head_dim / 2);
         self.kernels.run(Kernel::Rope, b, cfg)
     }
