@@ -58,6 +58,7 @@ fn small(tied: bool) -> Config {
         tie_word_embeddings: tied,
         model_type: ModelType::Llama,
         attention_bias: false,
+        sliding_window: None,
     }
 }
 
@@ -94,6 +95,15 @@ fn rescaled(yarn: bool) -> Config {
         rope_scaling,
         head_dim: 8,
         hidden_size: 32,
+        ..small(false)
+    }
+}
+
+/// A Mistral `small(false)` whose sliding window of 4 hides keys in every sequence here.
+fn windowed() -> Config {
+    Config {
+        model_type: ModelType::Mistral,
+        sliding_window: Some(4),
         ..small(false)
     }
 }
@@ -136,6 +146,7 @@ fn f64_model(
     let mut attn = Dense {
         dims: c.dims(),
         rows: n,
+        window: c.sliding_window,
     };
     let chunk = Chunk {
         tokens: &toks[..n],
@@ -184,6 +195,7 @@ fn gradients_match_finite_differences_in_f64() {
         biased(ModelType::Qwen2),
         biased(ModelType::Llama),
         rescaled(true),
+        windowed(),
     ];
     for c in configs {
         let tied = c.tie_word_embeddings;
@@ -216,7 +228,12 @@ fn gradients_match_finite_differences_in_f64() {
 
 #[test]
 fn distributed_equals_one_worker_and_the_f64_model() {
-    for c in [small(false), biased(ModelType::Qwen2), rescaled(false)] {
+    for c in [
+        small(false),
+        biased(ModelType::Qwen2),
+        rescaled(false),
+        windowed(),
+    ] {
         distributed_equals_one_worker_and_the_f64_model_for(&c);
     }
 }
@@ -301,4 +318,35 @@ fn checkpoint_policies_give_the_same_gradients() {
     }
     assert!(none.peak_activation_bytes > remat.peak_activation_bytes);
     assert!(remat.peak_activation_bytes > layer.peak_activation_bytes);
+}
+
+/// The window changes the model (so the checks above that pass under it could fail without it):
+/// the same weights and tokens give another loss under full causal attention, and the workers'
+/// loss is the windowed f64 model's.
+#[test]
+fn the_sliding_window_is_applied_in_training() {
+    let c = windowed();
+    let host = host_weights(&c, 8);
+    let toks = tokens(&c, 23, 9);
+    let (windowed64, _) = f64_model(&c, &widen(&host), &toks, Checkpoint::None);
+    let causal = Config {
+        sliding_window: None,
+        ..c.clone()
+    };
+    let (causal64, _) = f64_model(&causal, &widen(&host), &toks, Checkpoint::None);
+    assert!(
+        (windowed64 - causal64).abs() > 1e-3 * causal64,
+        "{windowed64} {causal64}"
+    );
+    let two = gradients(
+        &c,
+        &host,
+        &toks,
+        2,
+        Schedule::Zigzag,
+        Checkpoint::Layer,
+        Duration::from_secs(60),
+    )
+    .unwrap();
+    assert!((two.loss - windowed64).abs() < 1e-5 * windowed64);
 }

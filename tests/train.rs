@@ -277,3 +277,31 @@ fn a_qwen2_model_trains_sharded_and_saves_and_reloads_its_biases() {
     assert!(db.iter().any(|&x| x != 0.0));
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+/// A Mistral config's sliding window trains on the CPU (its mask in every block the workers
+/// compute; `tests/model.rs` checks the numbers) and is refused on the GPU, whose kernels take no
+/// mask yet, before any device is opened; a window longer than the sequence hides nothing and
+/// is plain causal attention, which the GPU would run.
+#[test]
+fn a_mistral_window_trains_on_the_cpu_and_is_refused_on_the_gpu() {
+    let dir = temp_dir("train", "mistral");
+    let mut config = Config::preset("tiny").unwrap().to_json();
+    config["model_type"] = serde_json::json!("mistral");
+    config.as_object_mut().unwrap().remove("attention_bias");
+    config["sliding_window"] = serde_json::json!(16);
+    let path = dir.join("mistral.json");
+    std::fs::write(&path, config.to_string()).unwrap();
+    let p = path.to_str().unwrap();
+    let run = ["train", "--config", p, "--seq-len", "32", "--steps", "2"];
+    fails_with(
+        &[&run[..], &["--device", "cuda"]].concat(),
+        "sliding_window 16 hides keys in sequences of 32 tokens, and the CUDA kernels do not take masks yet: use --device cpu",
+    );
+    let out = distflash(&[&run[..], &["--workers", "2", "--schedule", "zigzag"]].concat());
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::fs::remove_dir_all(dir).unwrap();
+}

@@ -2,7 +2,7 @@
 //! `config.json` or taken from a preset, checked once so the layers can assume them.
 
 use super::rope::{RopeScaling, Rotary};
-use crate::shape::{Dims, MAX_HEAD_DIM};
+use crate::shape::{Dims, MAX_HEAD_DIM, Mask};
 use anyhow::{Context, Result, bail};
 use serde_json::{Value, json};
 use std::path::Path;
@@ -16,6 +16,9 @@ pub struct Config {
     /// `LlamaConfig`'s `attention_bias`: biases on the q, k, v and o projections (LLaMA only;
     /// Qwen2's q/k/v biases follow from its `model_type`). See [`Config::qkv_bias`].
     pub attention_bias: bool,
+    /// Mistral's `sliding_window`: each token sees itself and the W − 1 tokens before it
+    /// (`None`: full causal attention). See [`Config::mask`].
+    pub sliding_window: Option<usize>,
     pub vocab_size: usize,
     pub hidden_size: usize,
     pub intermediate_size: usize,
@@ -91,6 +94,7 @@ impl Config {
         let llama7b = Config {
             model_type: ModelType::Llama,
             attention_bias: false,
+            sliding_window: None,
             vocab_size: 32000,
             hidden_size: 4096,
             intermediate_size: 11008,
@@ -107,6 +111,7 @@ impl Config {
             "tiny" => Config {
                 model_type: ModelType::Llama,
                 attention_bias: false,
+                sliding_window: None,
                 vocab_size: 256,
                 hidden_size: 64,
                 intermediate_size: 176,
@@ -164,7 +169,8 @@ impl Config {
                 .with_context(|| format!("the config has no integer '{key}'"))
         };
         let model_type = model_type(v)?;
-        refuse_other_math(v, model_type)?;
+        refuse_other_math(v)?;
+        let sliding_window = sliding_window(v, model_type)?;
         if let Some(act) = v.get("hidden_act").and_then(Value::as_str)
             && act != "silu"
         {
@@ -187,6 +193,7 @@ impl Config {
         let config = Config {
             model_type,
             attention_bias,
+            sliding_window,
             vocab_size: int("vocab_size")?,
             hidden_size: hidden,
             intermediate_size: int("intermediate_size")?,
@@ -210,6 +217,14 @@ impl Config {
         };
         config.validate()?;
         Ok(config)
+    }
+
+    /// The attention mask of a sequence of `seq` tokens: causal, within the sliding window
+    /// where the config has one. A window of at least `seq` tokens hides nothing, so it is plain
+    /// causal attention (which the GPU kernels compute).
+    pub fn mask(&self, seq: usize) -> Result<Mask> {
+        let window = self.sliding_window.filter(|&w| w < seq);
+        Mask::new(seq, &[], window, 0)
     }
 
     /// Whether the q, k and v projections have biases: Qwen2's always do, LLaMA's with
@@ -249,7 +264,7 @@ impl Config {
         let extra = match self.model_type {
             ModelType::Llama => json!({"attention_bias": self.attention_bias, "mlp_bias": false}),
             ModelType::Qwen2 => json!({"use_sliding_window": false, "sliding_window": null}),
-            ModelType::Mistral => json!({"sliding_window": null}),
+            ModelType::Mistral => json!({"sliding_window": self.sliding_window}),
         };
         for extra in [extra, rope_keys] {
             for (key, value) in extra.as_object().expect("an object") {
@@ -293,6 +308,13 @@ impl Config {
             bail!("rope_theta must be positive and rms_norm_eps non-negative");
         }
         self.rope_scaling.validate(self.head_dim)?;
+        if let Some(w) = self.sliding_window
+            && (w == 0 || self.model_type != ModelType::Mistral)
+        {
+            bail!(
+                "sliding_window {w} is unsupported here: distflash trains windows of at least 1 token, in Mistral models"
+            );
+        }
         if self.attention_bias && self.model_type != ModelType::Llama {
             bail!(
                 "attention_bias is a LLaMA setting; model_type '{}' fixes its own biases",
@@ -365,34 +387,50 @@ fn attention_bias(v: &Value, t: ModelType) -> Result<bool> {
     Ok(bias)
 }
 
-/// Refuses a config whose math distflash does not implement: a sliding window, dropout, a
-/// partial rotary embedding or quantized weights, each named with what to do.
-fn refuse_other_math(v: &Value, t: ModelType) -> Result<()> {
-    // Qwen2 keeps a `sliding_window` size even when `use_sliding_window` (default false) turns it
-    // off; Mistral's window is on whenever it is not null.
-    let uses_window = match t {
-        ModelType::Qwen2 => v.get("use_sliding_window").and_then(Value::as_bool) == Some(true),
-        _ => v.get("use_sliding_window").and_then(Value::as_bool) != Some(false),
+/// Mistral's `sliding_window` (null: none). Qwen2 keeps a `sliding_window` size even when
+/// `use_sliding_window` (default false) turns it off, and a window that is on, which covers only
+/// its layers from `max_window_layers` on, is refused; LLaMA has no window, so one there is
+/// refused unless `use_sliding_window: false` says it is off. `layer_types`, where given, must
+/// agree: every layer sliding under a window, full otherwise.
+fn sliding_window(v: &Value, t: ModelType) -> Result<Option<usize>> {
+    let given = v.get("sliding_window").filter(|w| !w.is_null());
+    let switch = v.get("use_sliding_window").and_then(Value::as_bool);
+    let window = match (t, given) {
+        (_, None) => None,
+        (ModelType::Qwen2, Some(_)) if switch != Some(true) => None,
+        (ModelType::Qwen2, Some(w)) => bail!(
+            "Qwen2's sliding window (sliding_window {w} in the layers from max_window_layers on) is not implemented: set use_sliding_window to false to train with full causal attention, which equals the window for sequences of at most {w} tokens"
+        ),
+        (ModelType::Llama, Some(_)) if switch == Some(false) => None,
+        (ModelType::Llama, Some(w)) => bail!(
+            "sliding_window {w} is not a LLaMA setting (transformers ignores it for model_type 'llama'): remove it, or give model_type 'mistral' for a model with a sliding window"
+        ),
+        (ModelType::Mistral, Some(w)) => match w.as_u64() {
+            Some(w) if w >= 1 => Some(w as usize),
+            _ => bail!(
+                "sliding_window {w} must be a whole number of at least 1 (the keys a token sees, itself included), or null for full causal attention"
+            ),
+        },
     };
-    if let Some(w) = v.get("sliding_window").filter(|w| !w.is_null())
-        && uses_window
-    {
-        let off = match t {
-            ModelType::Qwen2 => "set use_sliding_window to false",
-            _ => "set sliding_window to null",
-        };
-        bail!(
-            "sliding_window {w} is not in training yet (its mask is not in the attention): {off} to train with full causal attention, which equals the window for sequences of at most {w} tokens"
-        );
-    }
+    let want = if window.is_some() {
+        "sliding_attention"
+    } else {
+        "full_attention"
+    };
     if let Some(types) = v.get("layer_types").and_then(Value::as_array)
-        && let Some(other) = types.iter().find(|l| l.as_str() != Some("full_attention"))
+        && let Some(other) = types.iter().find(|l| l.as_str() != Some(want))
     {
         bail!(
-            "layer_types lists a '{}' layer; distflash trains full causal attention in every layer: make every entry 'full_attention' (or turn the sliding window off)",
+            "layer_types lists a '{}' layer; distflash trains one attention in every layer ('{want}' for this config): make every entry '{want}'",
             other.as_str().unwrap_or("non-string")
         );
     }
+    Ok(window)
+}
+
+/// Refuses a config whose math distflash does not implement: dropout, a partial rotary
+/// embedding or quantized weights, each named with what to do.
+fn refuse_other_math(v: &Value) -> Result<()> {
     if let Some(p) = v.get("attention_dropout").and_then(Value::as_f64)
         && p != 0.0
     {
@@ -524,7 +562,7 @@ mod tests {
         refused(
             "sliding_window",
             json!(16),
-            "sliding_window 16 is not in training yet",
+            "sliding_window 16 is not a LLaMA setting",
         );
         refused(
             "attention_dropout",
@@ -569,7 +607,10 @@ mod tests {
         qwen["sliding_window"] = json!(64);
         qwen["use_sliding_window"] = json!(true);
         let e = Config::from_json(&qwen).unwrap_err().to_string();
-        assert!(e.contains("set use_sliding_window to false"), "{e}");
+        assert!(
+            e.contains("Qwen2's sliding window (sliding_window 64"),
+            "{e}"
+        );
         qwen["use_sliding_window"] = json!(false);
         assert!(Config::from_json(&qwen).is_ok());
         qwen["layer_types"] = json!(["full_attention", "sliding_attention"]);
@@ -578,5 +619,28 @@ mod tests {
             e.contains("layer_types lists a 'sliding_attention' layer"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn mistral_reads_its_window_whose_mask_hides_keys_only_past_it() {
+        let mut v = Config::preset("tiny").unwrap().to_json();
+        v["model_type"] = json!("mistral");
+        v.as_object_mut().unwrap().remove("attention_bias");
+        v["sliding_window"] = json!(16);
+        let c = Config::from_json(&v).unwrap();
+        assert_eq!(c.sliding_window, Some(16));
+        assert_eq!(Config::from_json(&c.to_json()).unwrap(), c);
+        assert!(c.mask(16).unwrap().is_causal());
+        let m = c.mask(40).unwrap();
+        assert_eq!(m.window(), Some(16));
+        v["layer_types"] = json!(["sliding_attention", "sliding_attention"]);
+        assert!(Config::from_json(&v).is_ok());
+        v["layer_types"] = json!(["sliding_attention", "full_attention"]);
+        let e = Config::from_json(&v).unwrap_err().to_string();
+        assert!(e.contains("make every entry 'sliding_attention'"), "{e}");
+        v["layer_types"] = Value::Null;
+        v["sliding_window"] = json!(0);
+        let e = Config::from_json(&v).unwrap_err().to_string();
+        assert!(e.contains("sliding_window 0 must be a whole number"), "{e}");
     }
 }
