@@ -246,6 +246,22 @@ extern "C" __global__ void rmsnorm_dw(const void* x, int x_half, const float* rs
     atomicAdd(dw + c, acc);
 }
 
+// ---- projection biases ----
+
+// y[r, c] += b[c] on [rows, width], in place in y's representation.
+extern "C" __global__ void bias_add(void* y, int y_half, const void* b, int b_half, long rows, int width) {
+    GRID_STRIDE(i, rows * width) st(y, y_half, i, ld(y, y_half, i) + ld(b, b_half, i % width));
+}
+
+// db += Σ_rows dy: a thread per column sums every gridDim.y-th row in f32, then one atomic.
+extern "C" __global__ void bias_dw(const void* dy, int dy_half, float* db, long rows, int width) {
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= width) return;
+    float acc = 0.f;
+    for (long r = blockIdx.y; r < rows; r += gridDim.y) acc += ld(dy, dy_half, r * width + c);
+    atomicAdd(db + c, acc);
+}
+
 // ---- rotary embedding ----
 
 // In place on [rows, heads, head_dim], Hugging Face's rotate-half pairing (j, j + head_dim/2).
@@ -253,8 +269,10 @@ extern "C" __global__ void rmsnorm_dw(const void* x, int x_half, const float* rs
 // worker's head and tail); the angle is formed in f32 from the host's f32 inverse
 // frequencies (as Hugging Face and the CPU ops do), its sine and cosine taken in f64 (fast-math
 // single-precision sines are far off at the angles of long sequences). sign = −1 rotates back.
+// cos and sin are multiplied by `scale` (YaRN's attention factor, else 1), as transformers does.
 extern "C" __global__ void rope(void* x, int x_half, const float* inv_freq, long rows, int heads,
-                                int head_dim, long split, long start0, long start1, float sign) {
+                                int head_dim, long split, long start0, long start1, float sign,
+                                float scale) {
     const int pairs = head_dim / 2;
     GRID_STRIDE(i, rows * pairs) {
         const long r = i / pairs;
@@ -263,7 +281,7 @@ extern "C" __global__ void rope(void* x, int x_half, const float* inv_freq, long
         const float angle = (float)pos * inv_freq[j];
         double sd, cd;
         sincos((double)angle, &sd, &cd);
-        const float cs = (float)cd, sn = sign * (float)sd;
+        const float cs = (float)cd * scale, sn = sign * ((float)sd * scale);
         for (int h = 0; h < heads; ++h) {
             const long o = (r * heads + h) * head_dim + j;
             const float a = ld(x, x_half, o), b = ld(x, x_half, o + pairs);

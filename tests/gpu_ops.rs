@@ -23,11 +23,12 @@ mod gpu_common;
 use anyhow::{Context, Result, ensure};
 use distflash::backend::cuda::{InputDtype, Tensor};
 use distflash::model::attention::{Attention, Dense};
-use distflash::model::config::{Config, RopeScaling};
+use distflash::model::config::{Config, ModelType};
 use distflash::model::cpu::Cpu;
 use distflash::model::cuda::CudaOps;
 use distflash::model::cuda::attention::CudaAttention;
 use distflash::model::ops::{AdamW, Ops};
+use distflash::model::rope::RopeScaling;
 use distflash::model::weights::{self, Weights};
 use distflash::model::{Checkpoint, Chunk, Keep, Offload, forward_backward};
 use distflash::shape::Span;
@@ -86,7 +87,12 @@ fn rmsnorm_and_its_backward_match_the_cpu() -> Result<()> {
 }
 
 #[test]
-fn rope_over_two_runs_of_positions_matches_the_cpu() -> Result<()> {
+fn bias_add_and_its_column_sum_gradient_match_the_cpu() -> Result<()> {
+    check(Checker::bias)
+}
+
+#[test]
+fn rope_over_two_runs_of_positions_with_llama3_and_yarn_tables_matches_the_cpu() -> Result<()> {
     check(Checker::rope)
 }
 
@@ -101,7 +107,7 @@ fn adamw_matches_the_cpu() -> Result<()> {
 }
 
 #[test]
-fn tiny_model_loss_and_gradients_match_the_cpu_under_every_checkpoint_policy() -> Result<()> {
+fn tiny_models_loss_and_gradients_match_the_cpu_under_every_checkpoint_policy() -> Result<()> {
     check(Checker::model)
 }
 
@@ -352,6 +358,26 @@ impl Checker {
         self.report("rmsnorm_backward dw +=", &dw, &cdw, F32_TOL)
     }
 
+    fn bias(&mut self) -> Result<()> {
+        // More rows than the column sums' 64 row groups, a width no multiple of their block.
+        let (rows, width) = (3000, 200);
+        for h in [true, false] {
+            let (mut y, mut cy) = self.either(h, rows * width)?;
+            let (b, cb) = self.half(width, -1.0, 1.0)?;
+            self.gpu.bias_add(&mut y, &b, rows, width)?;
+            self.cpu.bias_add(&mut cy, &cb, rows, width)?;
+            self.report(&format!("bias_add {}", kind(h)), &y, &cy, tol(h))?;
+            // The same values summed in f32 on the GPU, in f64 on the CPU.
+            let (dy, cdy) = self.either(h, rows * width)?;
+            let (mut db, mut cdb) = self.full(width, -1.0, 1.0)?;
+            self.gpu.bias_backward(&dy, rows, width, &mut db)?;
+            self.cpu.bias_backward(&cdy, rows, width, &mut cdb)?;
+            let name = format!("bias_backward, {} dy: db +=", kind(h));
+            self.report(&name, &db, &cdb, F32_TOL)?;
+        }
+        Ok(())
+    }
+
     fn rope(&mut self) -> Result<()> {
         let (rows, heads, hd) = (64, 8, 128);
         // Llama 3.1's frequencies (θ 500000 with its scaling): the table the GPU receives.
@@ -365,7 +391,19 @@ impl Checker {
             },
             ..Config::preset("llama2-7b")?
         };
-        let inv_freq = llama31.rope_inv_freq();
+        // YaRN's, whose attention factor (0.1 ln 4 + 1) scales cos and sin.
+        let yarn = Config {
+            rope_theta: 10_000.0,
+            rope_scaling: RopeScaling::Yarn {
+                factor: 4.0,
+                original_max_position_embeddings: 4096.0,
+                beta_fast: 32.0,
+                beta_slow: 1.0,
+                truncate: true,
+                attention_factor: 0.1 * 4f64.ln() + 1.0,
+            },
+            ..llama31.clone()
+        };
         // Two runs of positions, as a zigzag worker's rows: a tail far out, then a head.
         let positions = [
             Span {
@@ -377,18 +415,21 @@ impl Checker {
                 len: 24,
             },
         ];
-        for h in [true, false] {
-            let (mut x, mut cx) = self.either(h, rows * heads * hd)?;
-            for inverse in [false, true] {
-                self.gpu
-                    .rope(&mut x, rows, heads, hd, &positions, &inv_freq, inverse)?;
-                self.cpu
-                    .rope(&mut cx, rows, heads, hd, &positions, &inv_freq, inverse)?;
-                let name = format!(
-                    "rope {}, inverse {inverse}, positions 65000+ and 1000+",
-                    kind(h)
-                );
-                self.report(&name, &x, &cx, tol(h))?;
+        for (which, cfg) in [("llama3", &llama31), ("yarn", &yarn)] {
+            let rotary = cfg.rotary(65_040);
+            for h in [true, false] {
+                let (mut x, mut cx) = self.either(h, rows * heads * hd)?;
+                for inverse in [false, true] {
+                    self.gpu
+                        .rope(&mut x, rows, heads, hd, &positions, &rotary, inverse)?;
+                    self.cpu
+                        .rope(&mut cx, rows, heads, hd, &positions, &rotary, inverse)?;
+                    let name = format!(
+                        "rope {which} {}, inverse {inverse}, positions 65000+ and 1000+",
+                        kind(h)
+                    );
+                    self.report(&name, &x, &cx, tol(h))?;
+                }
             }
         }
         Ok(())
@@ -462,9 +503,24 @@ impl Checker {
     }
 
     /// The tiny preset's forward and backward under each checkpoint policy against the CPU in
-    /// f64.
+    /// f64: as LLaMA, as Qwen2 (q/k/v biases) and with LLaMA's `attention_bias` (o too).
     fn model(&mut self) -> Result<()> {
-        let cfg = Config::preset("tiny")?;
+        let tiny = Config::preset("tiny")?;
+        let qwen2 = Config {
+            model_type: ModelType::Qwen2,
+            ..tiny.clone()
+        };
+        let biased = Config {
+            attention_bias: true,
+            ..tiny.clone()
+        };
+        for cfg in [tiny, qwen2, biased] {
+            self.model_of(&cfg)?;
+        }
+        Ok(())
+    }
+
+    fn model_of(&mut self, cfg: &Config) -> Result<()> {
         let seq = 96;
         let tokens: Vec<u32> = (0..=seq)
             .map(|_| self.rng.random_range(0..cfg.vocab_size as u32))
@@ -473,26 +529,39 @@ impl Checker {
             tokens: &tokens[..seq],
             targets: &tokens[1..],
             positions: &[Span { start: 0, len: seq }],
+            sequence: seq,
         };
-        let w = weights::random(&self.gpu, &cfg, 3)?;
-        let host = w
-            .tensors()
-            .into_iter()
-            .map(|t| self.gpu.download(t))
-            .collect::<Result<Vec<_>>>()?;
+        // Random weights, the biases (zero at initialization) random too so they matter.
+        let start = weights::random(&self.gpu, cfg, 3)?;
+        let mut host = vec![];
+        for (s, t) in weights::specs(cfg).iter().zip(start.tensors()) {
+            host.push(match s.is_bias() {
+                true => self.random(s.elements(), -0.5, 0.5),
+                false => self.gpu.download(t)?,
+            });
+        }
+        let mut gpu_host = host.iter();
+        let w = Weights::build(cfg, |_| {
+            self.gpu
+                .upload(gpu_host.next().context("a weight per spec")?)
+        })?;
         let mut host = host.into_iter();
-        let cw = Weights::build(&cfg, |_| {
-            self.cpu.upload(&host.next().context("a weight per spec")?)
+        let cw = Weights::build(cfg, |_| {
+            let rounded = self
+                .gpu
+                .download(&self.gpu.upload(&host.next().context("a weight")?)?)?;
+            self.cpu.upload(&rounded)
         })?;
         let dense = || Dense {
             dims: cfg.dims(),
             rows: seq,
+            window: None,
         };
         let scale = 1.0 / seq as f64;
         for policy in [Checkpoint::None, Checkpoint::Layer, Checkpoint::Remat] {
             let (mut grads, mut cgrads) = (
-                weights::zeros(&self.gpu, &cfg)?,
-                weights::zeros(&self.cpu, &cfg)?,
+                weights::zeros(&self.gpu, cfg)?,
+                weights::zeros(&self.cpu, cfg)?,
             );
             let mut attn = HostAttention {
                 ops: &self.gpu,
@@ -500,7 +569,7 @@ impl Checker {
             };
             let got = forward_backward(
                 &self.gpu,
-                &cfg,
+                cfg,
                 &w,
                 &mut grads,
                 &mut attn,
@@ -510,7 +579,7 @@ impl Checker {
             )?;
             let want = forward_backward(
                 &self.cpu,
-                &cfg,
+                cfg,
                 &cw,
                 &mut cgrads,
                 &mut dense(),
@@ -519,10 +588,15 @@ impl Checker {
                 scale,
             )?;
             let err = (got.loss_sum - want.loss_sum).abs() / want.loss_sum;
-            self.verdict(&format!("tiny model, {policy}: loss"), err, F32_TOL);
-            let names = weights::specs(&cfg);
+            let model = match (cfg.model_type, cfg.attention_bias) {
+                (ModelType::Llama, true) => "tiny llama, attention_bias",
+                (ModelType::Qwen2, _) => "tiny qwen2",
+                _ => "tiny model",
+            };
+            self.verdict(&format!("{model}, {policy}: loss"), err, F32_TOL);
+            let names = weights::specs(cfg);
             for ((s, g), c) in names.iter().zip(grads.tensors()).zip(cgrads.tensors()) {
-                let name = format!("tiny model, {policy}: d {}", s.name);
+                let name = format!("{model}, {policy}: d {}", s.name);
                 self.report(&name, g, c, MODEL_TOL)?;
             }
         }
@@ -553,6 +627,7 @@ impl Checker {
             rope_theta: 10000.0,
             rope_scaling: RopeScaling::None,
             tie_word_embeddings: false,
+            ..Config::preset("tiny")?
         };
         let seq = 4096;
         let tokens: Vec<u32> = (0..=seq)
@@ -562,6 +637,7 @@ impl Checker {
             tokens: &tokens[..seq],
             targets: &tokens[1..],
             positions: &[Span { start: 0, len: seq }],
+            sequence: seq,
         };
         let w = weights::random(&self.gpu, &cfg, 5)?;
         let gpu = &self.gpu;

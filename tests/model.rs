@@ -3,8 +3,9 @@
 //! policy, and bit for bit the same with each layer's checkpoint offloaded to host memory.
 
 use distflash::model::attention::Dense;
-use distflash::model::config::{Config, RopeScaling};
+use distflash::model::config::{Config, ModelType};
 use distflash::model::cpu::Cpu;
+use distflash::model::rope::RopeScaling;
 use distflash::model::weights::{Weights, specs};
 use distflash::model::{Checkpoint, Chunk, Keep, Offload, forward_backward};
 use distflash::plan::Schedule;
@@ -56,6 +57,55 @@ fn small(tied: bool) -> Config {
         rope_theta: 500000.0,
         rope_scaling: RopeScaling::None,
         tie_word_embeddings: tied,
+        model_type: ModelType::Llama,
+        attention_bias: false,
+        sliding_window: None,
+    }
+}
+
+/// `small(false)` with projection biases: Qwen2's (q, k, v) or LLaMA's `attention_bias` (q, k,
+/// v and o).
+fn biased(model_type: ModelType) -> Config {
+    Config {
+        model_type,
+        attention_bias: model_type == ModelType::Llama,
+        ..small(false)
+    }
+}
+
+/// `small(false)` with a rotary scaling: YaRN (whose attention factor scales q and k) or dynamic
+/// NTK past a trained context of 8 tokens (so the sequence length, not a worker's rows, sets
+/// the frequencies).
+fn rescaled(yarn: bool) -> Config {
+    let rope_scaling = if yarn {
+        RopeScaling::Yarn {
+            factor: 4.0,
+            original_max_position_embeddings: 64.0,
+            beta_fast: 32.0,
+            beta_slow: 1.0,
+            truncate: false,
+            attention_factor: 1.3,
+        }
+    } else {
+        RopeScaling::Dynamic {
+            factor: 4.0,
+            max_position_embeddings: 8.0,
+        }
+    };
+    Config {
+        rope_scaling,
+        head_dim: 8,
+        hidden_size: 32,
+        ..small(false)
+    }
+}
+
+/// A Mistral `small(false)` whose sliding window of 4 hides keys in every sequence here.
+fn windowed() -> Config {
+    Config {
+        model_type: ModelType::Mistral,
+        sliding_window: Some(4),
+        ..small(false)
     }
 }
 
@@ -97,11 +147,13 @@ fn f64_model(
     let mut attn = Dense {
         dims: c.dims(),
         rows: n,
+        window: c.sliding_window,
     };
     let chunk = Chunk {
         tokens: &toks[..n],
         targets: &toks[1..],
         positions: &[distflash::shape::Span { start: 0, len: n }],
+        sequence: n,
     };
     let out = forward_backward(
         &ops,
@@ -138,8 +190,16 @@ fn rel(a: &[f32], b: &[f64]) -> f64 {
 
 #[test]
 fn gradients_match_finite_differences_in_f64() {
-    for tied in [false, true] {
-        let c = small(tied);
+    let configs = [
+        small(false),
+        small(true),
+        biased(ModelType::Qwen2),
+        biased(ModelType::Llama),
+        rescaled(true),
+        windowed(),
+    ];
+    for c in configs {
+        let tied = c.tie_word_embeddings;
         let host = widen(&host_weights(&c, 1));
         let toks = tokens(&c, 9, 2);
         let (_, grads) = f64_model(&c, &host, &toks, Checkpoint::Remat);
@@ -158,8 +218,9 @@ fn gradients_match_finite_differences_in_f64() {
                 let got = grads[t][i];
                 assert!(
                     (got - fd).abs() <= 1e-7 + 1e-6 * fd.abs(),
-                    "{} [{i}] (tied {tied}): backward {got:e}, finite difference {fd:e}",
-                    spec.name
+                    "{} [{i}] ({:?}, tied {tied}): backward {got:e}, finite difference {fd:e}",
+                    spec.name,
+                    c.model_type
                 );
             }
         }
@@ -168,13 +229,23 @@ fn gradients_match_finite_differences_in_f64() {
 
 #[test]
 fn distributed_equals_one_worker_and_the_f64_model() {
-    let c = small(false);
-    let host = host_weights(&c, 4);
-    let toks = tokens(&c, 23, 5);
-    let (loss64, grads64) = f64_model(&c, &widen(&host), &toks, Checkpoint::None);
+    for c in [
+        small(false),
+        biased(ModelType::Qwen2),
+        rescaled(false),
+        windowed(),
+    ] {
+        distributed_equals_one_worker_and_the_f64_model_for(&c);
+    }
+}
+
+fn distributed_equals_one_worker_and_the_f64_model_for(c: &Config) {
+    let host = host_weights(c, 4);
+    let toks = tokens(c, 23, 5);
+    let (loss64, grads64) = f64_model(c, &widen(&host), &toks, Checkpoint::None);
     let run = |workers, schedule| {
         gradients(
-            &c,
+            c,
             &host,
             &toks,
             workers,
@@ -190,11 +261,12 @@ fn distributed_equals_one_worker_and_the_f64_model() {
         "f32 loss {} vs f64 {loss64}",
         one.loss
     );
-    for (s, (g, want)) in specs(&c).iter().zip(one.grads.iter().zip(&grads64)) {
+    for (s, (g, want)) in specs(c).iter().zip(one.grads.iter().zip(&grads64)) {
         assert!(
             rel(g, want) < 1e-4,
-            "{}: relative error {:e} against f64",
+            "{} ({:?}): relative error {:e} against f64",
             s.name,
+            c.model_type,
             rel(g, want)
         );
     }
@@ -202,7 +274,7 @@ fn distributed_equals_one_worker_and_the_f64_model() {
         for schedule in [Schedule::Balanced, Schedule::Unbalanced, Schedule::Zigzag] {
             let many = run(workers, schedule);
             assert!((many.loss - one.loss).abs() < 1e-6 * one.loss);
-            for (s, (g, want)) in specs(&c).iter().zip(many.grads.iter().zip(&one.grads)) {
+            for (s, (g, want)) in specs(c).iter().zip(many.grads.iter().zip(&one.grads)) {
                 let want: Vec<f64> = want.iter().map(|&x| x as f64).collect();
                 assert!(
                     rel(g, &want) < 1e-5,
@@ -341,4 +413,35 @@ fn offload_leaves_two_layers_checkpoints_on_the_device() {
     for layers in [2, 3, 5] {
         assert_eq!(peak(layers, Offload::Activations), peak(2, Offload::None));
     }
+}
+
+/// The window changes the model (so the checks above that pass under it could fail without it):
+/// the same weights and tokens give another loss under full causal attention, and the workers'
+/// loss is the windowed f64 model's.
+#[test]
+fn the_sliding_window_is_applied_in_training() {
+    let c = windowed();
+    let host = host_weights(&c, 8);
+    let toks = tokens(&c, 23, 9);
+    let (windowed64, _) = f64_model(&c, &widen(&host), &toks, Checkpoint::None);
+    let causal = Config {
+        sliding_window: None,
+        ..c.clone()
+    };
+    let (causal64, _) = f64_model(&causal, &widen(&host), &toks, Checkpoint::None);
+    assert!(
+        (windowed64 - causal64).abs() > 1e-3 * causal64,
+        "{windowed64} {causal64}"
+    );
+    let two = gradients(
+        &c,
+        &host,
+        &toks,
+        2,
+        Schedule::Zigzag,
+        Keep::on_device(Checkpoint::Layer),
+        Duration::from_secs(60),
+    )
+    .unwrap();
+    assert!((two.loss - windowed64).abs() < 1e-5 * windowed64);
 }

@@ -14,8 +14,17 @@ within 1e-4 of the float64 reference.
 
     python3 bench/peers/hf_parity.py --bin .dev/distflash --out OUTDIR --device cuda
 
-`--rope-scaling linear|llama3` builds the model with that rotary scaling (Llama 3.1's
-parameters, or a factor of 4), so the check covers the rescaled frequencies too.
+`--rope-scaling linear|llama3|yarn|dynamic` builds the model with that rotary scaling (Llama
+3.1's parameters, or a factor of 4), so the check covers the rescaled frequencies too. YaRN
+(factor 4 over an original context of 4096, its default attention factor 0.1 ln 4 + 1 scaling
+cos and sin) follows transformers 5's reading of `rope_parameters`. Dynamic NTK is built with
+max_position_embeddings 16, shorter than the sequence, so transformers recomputes its
+frequencies from the sequence's length, which distflash takes from the run.
+
+`--model-type qwen2` builds a Qwen2ForCausalLM instead (q/k/v projection biases, random so they
+matter, and their gradients compared like every other); `--model-type llama --attention-bias`
+a LLaMA with LlamaConfig's attention_bias (q, k, v and o biases); `--model-type mistral` a
+MistralForCausalLM (`--sliding-window W` sets its window; none: full causal attention).
 
     python3 bench/peers/hf_parity.py --bin .dev/distflash --out OUTDIR --device cuda
 
@@ -36,7 +45,8 @@ from pathlib import Path
 import torch
 import transformers
 from safetensors.torch import load_file
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM,
+                          Qwen2Config, Qwen2ForCausalLM)
 
 TOLERANCE = 1e-4  # f32 results against a float64 reference
 
@@ -59,38 +69,76 @@ ROPE_SCALINGS = {
     "linear": {"rope_type": "linear", "factor": 4.0},
     "llama3": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+    "yarn": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 4096},
+    "dynamic": {"rope_type": "dynamic", "factor": 4.0},
+}
+
+# The context the model was trained for: 4096, except for dynamic NTK, which changes nothing
+# within it.
+MAX_POSITIONS = {"dynamic": 16}
+
+
+# model_type: the config and model classes.
+MODELS = {
+    "llama": (LlamaConfig, LlamaForCausalLM),
+    "qwen2": (Qwen2Config, Qwen2ForCausalLM),
+    "mistral": (MistralConfig, MistralForCausalLM),
 }
 
 
-def rope_arguments(scaling):
+def accepts(config_class, key):
+    """Whether `config_class` takes `key` (transformers 5's configs are strict dataclasses)."""
+    params = inspect.signature(config_class.__init__).parameters
+    return key in params or key in getattr(config_class, "__dataclass_fields__", {})
+
+
+def rope_arguments(config_class, scaling):
     """θ 500000 and `scaling` as this transformers takes them (5: `rope_parameters`)."""
-    if "rope_parameters" in inspect.signature(LlamaConfig.__init__).parameters:
+    if accepts(config_class, "rope_parameters"):
         return {"rope_parameters": {"rope_type": "default", "rope_theta": 500000.0}
                 | (scaling or {})}
     return {"rope_theta": 500000.0, "rope_scaling": scaling}
 
 
-def build(out: Path, seed: int, device: str, scaling=None):
+def type_arguments(model_type, attention_bias, sliding_window):
+    """The keys of each config class that set biases and windows."""
+    if model_type == "llama":
+        return {"attention_bias": attention_bias, "mlp_bias": False}
+    if model_type == "qwen2":
+        return {"use_sliding_window": False}
+    return {"sliding_window": sliding_window}
+
+
+def build(out: Path, seed: int, device: str, scaling=None, model_type="llama",
+          attention_bias=False, sliding_window=None):
     torch.manual_seed(seed)
-    config = LlamaConfig(
-        **SHAPES[device],
+    config_class, model_class = MODELS[model_type]
+    # Every shape has head_dim = hidden_size / heads, so a config class without the key (some
+    # Qwen2Config versions) derives the same.
+    shape = {k: v for k, v in SHAPES[device].items()
+             if k != "head_dim" or accepts(config_class, k)}
+    config = config_class(
+        **shape,
         rms_norm_eps=1e-5,
-        **rope_arguments(scaling),
+        **rope_arguments(config_class, scaling),
         tie_word_embeddings=False,
-        attention_bias=False,
-        mlp_bias=False,
+        **type_arguments(model_type, attention_bias, sliding_window),
         initializer_range=0.1,
-        max_position_embeddings=4096,
+        max_position_embeddings=MAX_POSITIONS.get((scaling or {}).get("rope_type"), 4096),
     )
     config._attn_implementation = "eager"
-    model = LlamaForCausalLM(config).to(torch.float32)
+    model = model_class(config).to(torch.float32)
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if p.dim() == 1:  # norm gains: away from 1 so their gradients matter
+            if name.endswith(".bias"):  # zero at initialization: random so they matter
+                p.copy_(0.2 * torch.randn_like(p))
+            elif p.dim() == 1:  # norm gains: away from 1 so their gradients matter
                 p.copy_(1.0 + 0.2 * torch.randn_like(p))
     model.save_pretrained(out, safe_serialization=True)
     if scaling is None:
-        theta = 1.0 / model.model.rotary_emb.inv_freq[1].item() ** (config.head_dim / 2)
+        rotary = next(m for n, m in model.named_modules() if n.endswith("rotary_emb"))
+        head_dim = SHAPES[device]["head_dim"]
+        theta = 1.0 / rotary.inv_freq[1].item() ** (head_dim / 2)
         assert abs(theta - 500000.0) / 500000.0 < 1e-3, f"rope theta not applied: {theta}"
     return model.to(torch.float64), config
 
@@ -142,12 +190,21 @@ def main():
     ap.add_argument("--seq-len", type=int, help="default 64 on the CPU, 300 on the GPU")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--rope-scaling", choices=sorted(ROPE_SCALINGS), default="none")
+    ap.add_argument("--model-type", choices=sorted(MODELS), default="llama")
+    ap.add_argument("--attention-bias", action="store_true",
+                    help="LlamaConfig's attention_bias (llama only)")
+    ap.add_argument("--sliding-window", type=int, help="Mistral's sliding_window (mistral only)")
     args = ap.parse_args()
+    if args.attention_bias and args.model_type != "llama":
+        sys.exit("--attention-bias is a LlamaConfig setting: use it with --model-type llama")
+    if args.sliding_window is not None and args.model_type != "mistral":
+        sys.exit("--sliding-window is Mistral's: use it with --model-type mistral")
     seq_len = args.seq_len or (64 if args.device == "cpu" else 300)
     out = Path(args.out)
     model_dir = out / "hf-model"
     model_dir.mkdir(parents=True, exist_ok=True)
-    model, config = build(model_dir, args.seed, args.device, ROPE_SCALINGS[args.rope_scaling])
+    model, config = build(model_dir, args.seed, args.device, ROPE_SCALINGS[args.rope_scaling],
+                          args.model_type, args.attention_bias, args.sliding_window)
     g = torch.Generator().manual_seed(args.seed + 1)
     tokens = torch.randint(0, config.vocab_size, (seq_len + 1,), generator=g)
     tokens_file = out / "tokens.json"
@@ -194,14 +251,18 @@ def main():
               f"{loss_ref:.8f} (rel {loss_err:.2e}), worst gradient rel error "
               f"{errors[worst]:.2e} ({worst})")
     result = {
-        "what": "distflash grads vs transformers LlamaForCausalLM (float64 reference)",
+        "what": f"distflash grads vs transformers {MODELS[args.model_type][1].__name__} "
+                "(float64 reference)",
         "transformers": transformers.__version__,
         "torch": torch.__version__,
         "config": {k: getattr(config, k, None) for k in [
             "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
             "num_attention_heads", "num_key_value_heads", "head_dim", "rms_norm_eps",
             "tie_word_embeddings"]} | {"rope_theta": 500000.0,
-                                       "rope_scaling": ROPE_SCALINGS[args.rope_scaling]},
+                                       "rope_scaling": ROPE_SCALINGS[args.rope_scaling],
+                                       "model_type": args.model_type,
+                                       "attention_bias": args.attention_bias,
+                                       "sliding_window": args.sliding_window},
         "device": args.device,
         "seq_len": seq_len,
         "loss_reference": loss_ref,
@@ -212,6 +273,11 @@ def main():
     name = "hf_parity.json" if args.device == "cpu" else "hf_parity_cuda.json"
     if args.rope_scaling != "none":
         name = name.replace(".json", f"_{args.rope_scaling}.json")
+    if args.model_type != "llama" or args.attention_bias:
+        kind = args.model_type + ("_bias" if args.attention_bias else "")
+        if args.sliding_window is not None:
+            kind += f"_window{args.sliding_window}"
+        name = name.replace(".json", f"_{kind}.json")
     (out / name).write_text(json.dumps(result, indent=2))
     print("PASSED" if result["passed"] else "FAILED")
     sys.exit(0 if result["passed"] else 1)

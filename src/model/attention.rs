@@ -19,13 +19,20 @@ pub trait Attention<T> {
 }
 
 /// Causal attention of one chunk holding the whole sequence, written plainly in precision `F`:
-/// the reference the gradient check differentiates through.
+/// the reference the gradient check differentiates through. With a `window` of W, query i sees
+/// keys i − W < j ≤ i only (Mistral's sliding window).
 pub struct Dense {
     pub dims: Dims,
     pub rows: usize,
+    pub window: Option<usize>,
 }
 
 impl Dense {
+    /// The first key query `i` sees.
+    fn first_key(&self, i: usize) -> usize {
+        self.window.map_or(0, |w| (i + 1).saturating_sub(w))
+    }
+
     /// Offset of row i, head h in a `[rows, heads, head_dim]` tensor.
     fn at(&self, i: usize, h: usize, heads: usize) -> usize {
         (i * heads + h) * self.dims.head_dim
@@ -48,12 +55,13 @@ impl<F: Float> Attention<Vec<F>> for Dense {
         let mut lse = vec![F::zero(); d.heads * self.rows];
         for h in 0..d.heads {
             for i in 0..self.rows {
-                let s: Vec<F> = (0..=i).map(|j| self.score(q, k, i, j, h)).collect();
+                let first = self.first_key(i);
+                let s: Vec<F> = (first..=i).map(|j| self.score(q, k, i, j, h)).collect();
                 let max = s.iter().copied().fold(F::neg_infinity(), F::max);
                 let l = max + s.iter().fold(F::zero(), |a, &x| a + (x - max).exp()).ln();
                 lse[h * self.rows + i] = l;
                 let oi = self.at(i, h, d.heads);
-                for (j, &sj) in s.iter().enumerate() {
+                for (j, &sj) in (first..).zip(&s) {
                     let p = (sj - l).exp();
                     let vj = self.at(j, h / d.group(), d.kv_heads);
                     for c in 0..d.head_dim {
@@ -85,7 +93,7 @@ impl<F: Float> Attention<Vec<F>> for Dense {
             for i in 0..self.rows {
                 let qi = self.at(i, h, d.heads);
                 let delta = (0..d.head_dim).fold(F::zero(), |a, c| a + dout[qi + c] * o[qi + c]);
-                for j in 0..=i {
+                for j in self.first_key(i)..=i {
                     let kj = self.at(j, h / d.group(), d.kv_heads);
                     let p = (self.score(q, k, i, j, h) - lse[h * self.rows + i]).exp();
                     let dp = (0..d.head_dim).fold(F::zero(), |a, c| a + dout[qi + c] * v[kj + c]);

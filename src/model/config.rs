@@ -1,7 +1,8 @@
-//! The LLaMA architecture's numbers, read from a Hugging Face `config.json` or taken from a
-//! preset, checked once so the layers can assume them.
+//! The LLaMA-family architecture's numbers (LLaMA, Qwen2, Mistral), read from a Hugging Face
+//! `config.json` or taken from a preset, checked once so the layers can assume them.
 
-use crate::shape::{Dims, MAX_HEAD_DIM};
+use super::rope::{RopeScaling, Rotary};
+use crate::shape::{Dims, MAX_HEAD_DIM, Mask};
 use anyhow::{Context, Result, bail};
 use serde_json::{Value, json};
 use std::path::Path;
@@ -9,6 +10,15 @@ use std::path::Path;
 /// One LLaMA-family model shape. Field names follow Hugging Face's `LlamaConfig`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Config {
+    /// Which Hugging Face architecture this is: it decides the biases and the saved
+    /// `config.json`'s `model_type`, so transformers loads a saved model as what it was.
+    pub model_type: ModelType,
+    /// `LlamaConfig`'s `attention_bias`: biases on the q, k, v and o projections (LLaMA only;
+    /// Qwen2's q/k/v biases follow from its `model_type`). See [`Config::qkv_bias`].
+    pub attention_bias: bool,
+    /// Mistral's `sliding_window`: each token sees itself and the W − 1 tokens before it
+    /// (`None`: full causal attention). See [`Config::mask`].
+    pub sliding_window: Option<usize>,
     pub vocab_size: usize,
     pub hidden_size: usize,
     pub intermediate_size: usize,
@@ -23,29 +33,40 @@ pub struct Config {
     pub tie_word_embeddings: bool,
 }
 
-/// How rotary frequencies θ^(−2i/d) are rescaled to extend a model's context: the `rope_type`s
-/// of Hugging Face's `rope_scaling` (`rope_parameters` in transformers 5) that are a fixed table
-/// of frequencies. A raised `rope_theta` needs none of them.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub enum RopeScaling {
-    /// Plain rotary embeddings (`default`).
-    None,
-    /// Position interpolation (`linear`): every frequency divided by `factor`, as if positions
-    /// were.
-    Linear { factor: f64 },
-    /// Llama 3.1's (`llama3`): wavelengths longer than `original / low_freq_factor` are
-    /// interpolated (divided by `factor`), shorter than `original / high_freq_factor` kept, and
-    /// a linear blend of the two between.
-    Llama3 {
-        factor: f64,
-        low_freq_factor: f64,
-        high_freq_factor: f64,
-        original_max_position_embeddings: f64,
-    },
+/// The `model_type`s distflash implements: one decoder, differing in which projections have
+/// biases (and, for Mistral, an attention window).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ModelType {
+    /// `llama`: no biases unless `attention_bias`.
+    Llama,
+    /// `qwen2`: biases on the q, k and v projections, none on o.
+    Qwen2,
+    /// `mistral`: no biases.
+    Mistral,
 }
 
-/// `model_type`s whose math is LLaMA's (Mistral's only without a sliding window).
-const LLAMA_TYPES: &[&str] = &["llama", "mistral"];
+impl ModelType {
+    /// The `model_type` string Hugging Face writes.
+    pub fn name(self) -> &'static str {
+        match self {
+            ModelType::Llama => "llama",
+            ModelType::Qwen2 => "qwen2",
+            ModelType::Mistral => "mistral",
+        }
+    }
+
+    /// The `architectures` entry of a causal language model of this type.
+    fn architecture(self) -> &'static str {
+        match self {
+            ModelType::Llama => "LlamaForCausalLM",
+            ModelType::Qwen2 => "Qwen2ForCausalLM",
+            ModelType::Mistral => "MistralForCausalLM",
+        }
+    }
+
+    /// Every implemented type, for parsing and for the refusal of the others.
+    const ALL: [ModelType; 3] = [ModelType::Llama, ModelType::Qwen2, ModelType::Mistral];
+}
 
 /// Names accepted by `--preset`, with what each is for.
 pub const PRESETS: &[(&str, &str)] = &[
@@ -71,6 +92,9 @@ impl Config {
     /// A named preset, or an error listing the names.
     pub fn preset(name: &str) -> Result<Config> {
         let llama7b = Config {
+            model_type: ModelType::Llama,
+            attention_bias: false,
+            sliding_window: None,
             vocab_size: 32000,
             hidden_size: 4096,
             intermediate_size: 11008,
@@ -85,6 +109,9 @@ impl Config {
         };
         let config = match name {
             "tiny" => Config {
+                model_type: ModelType::Llama,
+                attention_bias: false,
+                sliding_window: None,
                 vocab_size: 256,
                 hidden_size: 64,
                 intermediate_size: 176,
@@ -120,7 +147,7 @@ impl Config {
         Ok(config)
     }
 
-    /// Reads a Hugging Face `config.json` of a LLaMA model.
+    /// Reads a Hugging Face `config.json` of a LLaMA, Qwen2 or Mistral model.
     pub fn from_file(path: &Path) -> Result<Config> {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("cannot read {}", path.display()))?;
@@ -129,10 +156,11 @@ impl Config {
         Config::from_json(&v).with_context(|| format!("in {}", path.display()))
     }
 
-    /// Parses the fields of a `LlamaConfig`; missing optional ones take Hugging Face's defaults.
+    /// Parses the fields of a `LlamaConfig` (or `Qwen2Config`, `MistralConfig`, by
+    /// `model_type`; none means LLaMA); missing optional ones take Hugging Face's defaults.
     /// Anything that would change the math and that distflash does not implement — another
-    /// architecture, biases, a sliding window, dropout, partial or unknown rotary scaling — is
-    /// refused with a sentence naming it, never ignored.
+    /// architecture, MLP biases, a sliding window, dropout, partial or unknown rotary scaling —
+    /// is refused with a sentence naming it, never ignored.
     pub fn from_json(v: &Value) -> Result<Config> {
         let int = |key: &str| -> Result<usize> {
             v.get(key)
@@ -140,17 +168,18 @@ impl Config {
                 .map(|x| x as usize)
                 .with_context(|| format!("the config has no integer '{key}'"))
         };
+        let model_type = model_type(v)?;
         refuse_other_math(v)?;
+        let sliding_window = sliding_window(v, model_type)?;
         if let Some(act) = v.get("hidden_act").and_then(Value::as_str)
             && act != "silu"
         {
             bail!("hidden_act '{act}' is unsupported: LLaMA uses 'silu'");
         }
-        for key in ["attention_bias", "mlp_bias"] {
-            if v.get(key).and_then(Value::as_bool) == Some(true) {
-                bail!("'{key}: true' is unsupported: LLaMA layers have no biases");
-            }
+        if v.get("mlp_bias").and_then(Value::as_bool) == Some(true) {
+            bail!("'mlp_bias: true' is unsupported: distflash's MLPs have no biases");
         }
+        let attention_bias = attention_bias(v, model_type)?;
         // transformers 5 nests the rotary settings in `rope_parameters`; 4 keeps them on top,
         // with the scaling in `rope_scaling`.
         let rope = v.get("rope_parameters").unwrap_or(v);
@@ -158,10 +187,13 @@ impl Config {
             Some(legacy) => legacy,
             None => rope,
         };
-        let rope_scaling = RopeScaling::from_json(scaling)?;
+        let rope_scaling = RopeScaling::from_json(scaling, v)?;
         let heads = int("num_attention_heads")?;
         let hidden = int("hidden_size")?;
         let config = Config {
+            model_type,
+            attention_bias,
+            sliding_window,
             vocab_size: int("vocab_size")?,
             hidden_size: hidden,
             intermediate_size: int("intermediate_size")?,
@@ -187,11 +219,35 @@ impl Config {
         Ok(config)
     }
 
+    /// The attention mask of a sequence of `seq` tokens: causal, within the sliding window
+    /// where the config has one. A window of at least `seq` tokens hides nothing, so it is plain
+    /// causal attention (which the GPU kernels compute).
+    pub fn mask(&self, seq: usize) -> Result<Mask> {
+        let window = self.sliding_window.filter(|&w| w < seq);
+        Mask::new(seq, &[], window, 0)
+    }
+
+    /// Whether the q, k and v projections have biases: Qwen2's always do, LLaMA's with
+    /// `attention_bias`.
+    pub fn qkv_bias(&self) -> bool {
+        match self.model_type {
+            ModelType::Qwen2 => true,
+            ModelType::Llama => self.attention_bias,
+            ModelType::Mistral => false,
+        }
+    }
+
+    /// Whether the output projection has a bias: LLaMA's with `attention_bias` (Qwen2's never).
+    pub fn o_bias(&self) -> bool {
+        self.model_type == ModelType::Llama && self.attention_bias
+    }
+
     /// The config as Hugging Face writes it, so a saved model loads in `transformers`.
     pub fn to_json(&self) -> Value {
-        json!({
-            "architectures": ["LlamaForCausalLM"],
-            "model_type": "llama",
+        let (rope_scaling, rope_keys) = self.rope_scaling.to_json();
+        let mut v = json!({
+            "architectures": [self.model_type.architecture()],
+            "model_type": self.model_type.name(),
             "hidden_act": "silu",
             "vocab_size": self.vocab_size,
             "hidden_size": self.hidden_size,
@@ -202,11 +258,20 @@ impl Config {
             "head_dim": self.head_dim,
             "rms_norm_eps": self.rms_norm_eps,
             "rope_theta": self.rope_theta,
-            "rope_scaling": self.rope_scaling.to_json(),
+            "rope_scaling": rope_scaling,
             "tie_word_embeddings": self.tie_word_embeddings,
-            "attention_bias": false,
-            "mlp_bias": false,
-        })
+        });
+        let extra = match self.model_type {
+            ModelType::Llama => json!({"attention_bias": self.attention_bias, "mlp_bias": false}),
+            ModelType::Qwen2 => json!({"use_sliding_window": false, "sliding_window": null}),
+            ModelType::Mistral => json!({"sliding_window": self.sliding_window}),
+        };
+        for extra in [extra, rope_keys] {
+            for (key, value) in extra.as_object().expect("an object") {
+                v[key] = value.clone();
+            }
+        }
+        v
     }
 
     /// Checks the shape once, so the layers can assume it and users get one sentence.
@@ -242,46 +307,27 @@ impl Config {
         if !(self.rope_theta > 0.0 && self.rms_norm_eps >= 0.0) {
             bail!("rope_theta must be positive and rms_norm_eps non-negative");
         }
+        self.rope_scaling.validate(self.head_dim)?;
+        if let Some(w) = self.sliding_window
+            && (w == 0 || self.model_type != ModelType::Mistral)
+        {
+            bail!(
+                "sliding_window {w} is unsupported here: distflash trains windows of at least 1 token, in Mistral models"
+            );
+        }
+        if self.attention_bias && self.model_type != ModelType::Llama {
+            bail!(
+                "attention_bias is a LLaMA setting; model_type '{}' fixes its own biases",
+                self.model_type.name()
+            );
+        }
         Ok(())
     }
 
-    /// The rotary inverse frequencies of a head, i < head_dim/2: θ^(−2i/head_dim), rescaled as
-    /// `rope_scaling` says. Hugging Face computes them in f32; so does this (and the GPU ops
-    /// take them from here), to match its angles.
-    pub fn rope_inv_freq(&self) -> Vec<f32> {
-        let d = self.head_dim;
-        let base =
-            (0..d / 2).map(|i| 1.0 / (self.rope_theta as f32).powf((2 * i) as f32 / d as f32));
-        match self.rope_scaling {
-            RopeScaling::None => base.collect(),
-            RopeScaling::Linear { factor } => base.map(|f| f / factor as f32).collect(),
-            RopeScaling::Llama3 {
-                factor,
-                low_freq_factor,
-                high_freq_factor,
-                original_max_position_embeddings,
-            } => {
-                let (factor, low, high) = (
-                    factor as f32,
-                    low_freq_factor as f32,
-                    high_freq_factor as f32,
-                );
-                let original = original_max_position_embeddings as f32;
-                let (low_wavelen, high_wavelen) = (original / low, original / high);
-                base.map(|f| {
-                    let wavelen = 2.0 * std::f32::consts::PI / f;
-                    if wavelen > low_wavelen {
-                        f / factor
-                    } else if wavelen < high_wavelen {
-                        f
-                    } else {
-                        let smooth = (original / wavelen - low) / (high - low);
-                        (1.0 - smooth) * f / factor + smooth * f
-                    }
-                })
-                .collect()
-            }
-        }
+    /// The rotary table of sequences of `sequence` tokens (`rope::Rotary::new`): the
+    /// frequencies of `rope_theta` rescaled as `rope_scaling` says.
+    pub fn rotary(&self, sequence: usize) -> Rotary {
+        Rotary::new(self.rope_theta, self.head_dim, self.rope_scaling, sequence)
     }
 
     /// The attention shape of one sequence (batch 1).
@@ -305,29 +351,86 @@ impl Config {
     }
 }
 
-/// Refuses a config whose math is not LLaMA's: another `model_type`, a sliding window, dropout,
-/// a partial rotary embedding or quantized weights, each named with what to do.
+/// The config's `model_type` (LLaMA when it has none), or a sentence naming an unimplemented
+/// one.
+fn model_type(v: &Value) -> Result<ModelType> {
+    let Some(kind) = v.get("model_type").and_then(Value::as_str) else {
+        return Ok(ModelType::Llama);
+    };
+    match ModelType::ALL.into_iter().find(|t| t.name() == kind) {
+        Some(t) => Ok(t),
+        None => {
+            let names: Vec<&str> = ModelType::ALL.iter().map(|t| t.name()).collect();
+            bail!(
+                "model_type '{kind}' is not implemented: distflash trains {} models",
+                names.join(", ")
+            )
+        }
+    }
+}
+
+/// `attention_bias`, which only `LlamaConfig` reads (for all four attention projections):
+/// elsewhere transformers ignores it, so a `true` there is a config that does not mean what it
+/// says and is refused.
+fn attention_bias(v: &Value, t: ModelType) -> Result<bool> {
+    let bias = v.get("attention_bias").and_then(Value::as_bool) == Some(true);
+    if bias && t != ModelType::Llama {
+        bail!(
+            "'attention_bias: true' is not read by transformers for model_type '{}' (its biases are fixed: {}): remove the key",
+            t.name(),
+            match t {
+                ModelType::Qwen2 => "q, k and v have them, o does not",
+                _ => "none",
+            }
+        );
+    }
+    Ok(bias)
+}
+
+/// Mistral's `sliding_window` (null: none). Qwen2 keeps a `sliding_window` size even when
+/// `use_sliding_window` (default false) turns it off, and a window that is on, which covers only
+/// its layers from `max_window_layers` on, is refused; LLaMA has no window, so one there is
+/// refused unless `use_sliding_window: false` says it is off. `layer_types`, where given, must
+/// agree: every layer sliding under a window, full otherwise.
+fn sliding_window(v: &Value, t: ModelType) -> Result<Option<usize>> {
+    let given = v.get("sliding_window").filter(|w| !w.is_null());
+    let switch = v.get("use_sliding_window").and_then(Value::as_bool);
+    let window = match (t, given) {
+        (_, None) => None,
+        (ModelType::Qwen2, Some(_)) if switch != Some(true) => None,
+        (ModelType::Qwen2, Some(w)) => bail!(
+            "Qwen2's sliding window (sliding_window {w} in the layers from max_window_layers on) is not implemented: set use_sliding_window to false to train with full causal attention, which equals the window for sequences of at most {w} tokens"
+        ),
+        (ModelType::Llama, Some(_)) if switch == Some(false) => None,
+        (ModelType::Llama, Some(w)) => bail!(
+            "sliding_window {w} is not a LLaMA setting (transformers ignores it for model_type 'llama'): remove it, or give model_type 'mistral' for a model with a sliding window"
+        ),
+        (ModelType::Mistral, Some(w)) => match w.as_u64() {
+            Some(w) if w >= 1 => Some(w as usize),
+            _ => bail!(
+                "sliding_window {w} must be a whole number of at least 1 (the keys a token sees, itself included), or null for full causal attention"
+            ),
+        },
+    };
+    let want = if window.is_some() {
+        "sliding_attention"
+    } else {
+        "full_attention"
+    };
+    if let Some(types) = v.get("layer_types").and_then(Value::as_array)
+        && let Some(other) = types.iter().find(|l| l.as_str() != Some(want))
+    {
+        bail!(
+            "layer_types lists a '{}' layer; distflash trains one attention in every layer ('{want}' for this config): make every entry '{want}'",
+            other.as_str().unwrap_or("non-string")
+        );
+    }
+    Ok(window)
+}
+
+/// Refuses a config whose math distflash does not implement: dropout, a partial rotary
+/// embedding or quantized weights, each named with what to do.
 fn refuse_other_math(v: &Value) -> Result<()> {
-    if let Some(kind) = v.get("model_type").and_then(Value::as_str)
-        && !LLAMA_TYPES.contains(&kind)
-    {
-        let why = match kind {
-            "qwen2" => " (its q/k/v projections have biases, which distflash's layers do not)",
-            _ => "",
-        };
-        bail!(
-            "model_type '{kind}' is not implemented{why}: distflash trains {} models",
-            LLAMA_TYPES.join(" and ")
-        );
-    }
-    let uses_window = v.get("use_sliding_window").and_then(Value::as_bool) != Some(false);
-    if let Some(w) = v.get("sliding_window").filter(|w| !w.is_null())
-        && uses_window
-    {
-        bail!(
-            "sliding_window {w} is not in training yet (its mask is not in the attention): set it to null to train with full causal attention, which equals the window for sequences of at most {w} tokens"
-        );
-    }
     if let Some(p) = v.get("attention_dropout").and_then(Value::as_f64)
         && p != 0.0
     {
@@ -346,82 +449,6 @@ fn refuse_other_math(v: &Value) -> Result<()> {
         );
     }
     Ok(())
-}
-
-impl RopeScaling {
-    /// Reads `rope_type` (or the older `type`) and its parameters from a `rope_scaling` /
-    /// `rope_parameters` object (or the config itself, where neither is given).
-    fn from_json(v: &Value) -> Result<RopeScaling> {
-        let kind = v
-            .get("rope_type")
-            .or_else(|| v.get("type"))
-            .and_then(Value::as_str)
-            .unwrap_or("default");
-        let number = |key: &str| {
-            v.get(key)
-                .and_then(Value::as_f64)
-                .with_context(|| format!("rope scaling '{kind}' needs a number '{key}'"))
-        };
-        let scaling = match kind {
-            "default" => RopeScaling::None,
-            "linear" => RopeScaling::Linear {
-                factor: number("factor")?,
-            },
-            "llama3" => RopeScaling::Llama3 {
-                factor: number("factor")?,
-                low_freq_factor: number("low_freq_factor")?,
-                high_freq_factor: number("high_freq_factor")?,
-                original_max_position_embeddings: number("original_max_position_embeddings")?,
-            },
-            "dynamic" | "yarn" | "longrope" => bail!(
-                "rope scaling '{kind}' is not implemented yet: train with 'linear' or 'llama3' scaling, or a raised rope_theta"
-            ),
-            other => {
-                bail!("rope scaling '{other}' is unknown: use 'default', 'linear' or 'llama3'")
-            }
-        };
-        match scaling {
-            RopeScaling::Linear { factor } | RopeScaling::Llama3 { factor, .. }
-                if !(factor >= 1.0 && factor.is_finite()) =>
-            {
-                bail!("rope scaling factor {factor} must be a finite number of at least 1")
-            }
-            RopeScaling::Llama3 {
-                low_freq_factor,
-                high_freq_factor,
-                original_max_position_embeddings,
-                ..
-            } if !(high_freq_factor > low_freq_factor
-                && low_freq_factor > 0.0
-                && original_max_position_embeddings > 0.0) =>
-            {
-                bail!(
-                    "llama3 rope scaling needs 0 < low_freq_factor < high_freq_factor and a positive original_max_position_embeddings"
-                )
-            }
-            ok => Ok(ok),
-        }
-    }
-
-    /// As Hugging Face writes it (`null` for plain rotary embeddings).
-    fn to_json(self) -> Value {
-        match self {
-            RopeScaling::None => Value::Null,
-            RopeScaling::Linear { factor } => json!({"rope_type": "linear", "factor": factor}),
-            RopeScaling::Llama3 {
-                factor,
-                low_freq_factor,
-                high_freq_factor,
-                original_max_position_embeddings,
-            } => json!({
-                "rope_type": "llama3",
-                "factor": factor,
-                "low_freq_factor": low_freq_factor,
-                "high_freq_factor": high_freq_factor,
-                "original_max_position_embeddings": original_max_position_embeddings,
-            }),
-        }
-    }
 }
 
 #[cfg(test)]
@@ -453,50 +480,6 @@ mod tests {
     }
 
     #[test]
-    fn llama3_and_linear_scaling_rescale_the_frequencies_as_specified() {
-        let mut c = Config::preset("llama2-7b").unwrap();
-        c.rope_theta = 500000.0;
-        let plain = c.rope_inv_freq();
-        c.rope_scaling = RopeScaling::Linear { factor: 4.0 };
-        for (s, p) in c.rope_inv_freq().iter().zip(&plain) {
-            assert_eq!(*s, p / 4.0);
-        }
-        c.rope_scaling = RopeScaling::Llama3 {
-            factor: 8.0,
-            low_freq_factor: 1.0,
-            high_freq_factor: 4.0,
-            original_max_position_embeddings: 8192.0,
-        };
-        let scaled = c.rope_inv_freq();
-        // The rule in f64: wavelengths above 8192 interpolated by 8, below 2048 kept, a linear
-        // blend of the two in the ratio (8192 / wavelength - 1) / 3 between.
-        let (mut kept, mut divided, mut blended) = (0, 0, 0);
-        for (i, (&s, &p)) in scaled.iter().zip(&plain).enumerate() {
-            let f = p as f64;
-            let wavelen = 2.0 * std::f64::consts::PI / f;
-            let want = if wavelen > 8192.0 {
-                divided += 1;
-                f / 8.0
-            } else if wavelen < 2048.0 {
-                kept += 1;
-                f
-            } else {
-                blended += 1;
-                let t = (8192.0 / wavelen - 1.0) / 3.0;
-                (1.0 - t) * f / 8.0 + t * f
-            };
-            assert!(
-                ((s as f64) - want).abs() <= 4.0 * f32::EPSILON as f64 * want,
-                "frequency {i}: {s} vs {want}"
-            );
-        }
-        assert!(
-            kept > 0 && divided > 0 && blended > 0,
-            "{kept} {divided} {blended}"
-        );
-    }
-
-    #[test]
     fn rope_scaling_reads_both_transformers_layouts_and_round_trips() {
         let mut v = Config::preset("tiny").unwrap().to_json();
         let llama3 = json!({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
@@ -519,6 +502,47 @@ mod tests {
             Config::from_json(&v).unwrap().rope_scaling,
             RopeScaling::Linear { factor: 2.0 }
         );
+        // YaRN and dynamic NTK, as transformers 5 nests them; dynamic reads the config's
+        // max_position_embeddings, and both survive a save and a load.
+        v["max_position_embeddings"] = json!(4096);
+        for params in [
+            json!({"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e6, "beta_fast": 16}),
+            json!({"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e6}),
+        ] {
+            v["rope_parameters"] = params;
+            let c = Config::from_json(&v).unwrap();
+            assert_ne!(c.rope_scaling, RopeScaling::None);
+            assert_eq!(Config::from_json(&c.to_json()).unwrap(), c);
+        }
+    }
+
+    #[test]
+    fn qwen2_has_qkv_biases_llama_attention_bias_all_four_and_both_round_trip() {
+        // A Qwen2Config as transformers 5 saves it: no attention_bias key, the window off.
+        let mut v = Config::preset("tiny").unwrap().to_json();
+        let o = v.as_object_mut().unwrap();
+        o.remove("attention_bias");
+        o.remove("mlp_bias");
+        v["model_type"] = json!("qwen2");
+        v["use_sliding_window"] = json!(false);
+        v["sliding_window"] = json!(4096);
+        v["max_window_layers"] = json!(28);
+        v["layer_types"] = json!(["full_attention", "full_attention"]);
+        let q = Config::from_json(&v).unwrap();
+        assert_eq!(q.model_type, ModelType::Qwen2);
+        assert!(q.qkv_bias() && !q.o_bias());
+        let saved = q.to_json();
+        assert_eq!(saved["model_type"], "qwen2");
+        assert_eq!(saved["architectures"][0], "Qwen2ForCausalLM");
+        assert_eq!(Config::from_json(&saved).unwrap(), q);
+
+        let mut l = Config::preset("tiny").unwrap().to_json();
+        l["attention_bias"] = json!(true);
+        let c = Config::from_json(&l).unwrap();
+        assert!(c.qkv_bias() && c.o_bias());
+        assert_eq!(Config::from_json(&c.to_json()).unwrap(), c);
+        let plain = Config::preset("tiny").unwrap();
+        assert!(!plain.qkv_bias() && !plain.o_bias());
     }
 
     #[test]
@@ -532,18 +556,13 @@ mod tests {
         };
         refused(
             "model_type",
-            json!("qwen2"),
-            "model_type 'qwen2' is not implemented (its q/k/v",
-        );
-        refused(
-            "model_type",
             json!("gemma"),
             "model_type 'gemma' is not implemented",
         );
         refused(
             "sliding_window",
             json!(16),
-            "sliding_window 16 is not in training yet",
+            "sliding_window 16 is not a LLaMA setting",
         );
         refused(
             "attention_dropout",
@@ -557,13 +576,13 @@ mod tests {
         );
         refused(
             "rope_scaling",
-            json!({"rope_type": "yarn", "factor": 4.0}),
-            "'yarn' is not implemented yet",
+            json!({"rope_type": "longrope", "factor": 4.0}),
+            "'longrope' is not implemented yet",
         );
         refused(
             "rope_scaling",
             json!({"rope_type": "dynamic", "factor": 2.0}),
-            "'dynamic' is not implemented yet",
+            "needs max_position_embeddings",
         );
         refused(
             "rope_scaling",
@@ -579,5 +598,49 @@ mod tests {
         mistral["model_type"] = json!("mistral");
         mistral["sliding_window"] = Value::Null;
         assert!(Config::from_json(&mistral).is_ok());
+        mistral["attention_bias"] = json!(true);
+        let e = Config::from_json(&mistral).unwrap_err().to_string();
+        assert!(e.contains("'attention_bias: true' is not read"), "{e}");
+        let mut qwen = base.clone();
+        qwen["model_type"] = json!("qwen2");
+        qwen["attention_bias"] = Value::Null;
+        qwen["sliding_window"] = json!(64);
+        qwen["use_sliding_window"] = json!(true);
+        let e = Config::from_json(&qwen).unwrap_err().to_string();
+        assert!(
+            e.contains("Qwen2's sliding window (sliding_window 64"),
+            "{e}"
+        );
+        qwen["use_sliding_window"] = json!(false);
+        assert!(Config::from_json(&qwen).is_ok());
+        qwen["layer_types"] = json!(["full_attention", "sliding_attention"]);
+        let e = Config::from_json(&qwen).unwrap_err().to_string();
+        assert!(
+            e.contains("layer_types lists a 'sliding_attention' layer"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn mistral_reads_its_window_whose_mask_hides_keys_only_past_it() {
+        let mut v = Config::preset("tiny").unwrap().to_json();
+        v["model_type"] = json!("mistral");
+        v.as_object_mut().unwrap().remove("attention_bias");
+        v["sliding_window"] = json!(16);
+        let c = Config::from_json(&v).unwrap();
+        assert_eq!(c.sliding_window, Some(16));
+        assert_eq!(Config::from_json(&c.to_json()).unwrap(), c);
+        assert!(c.mask(16).unwrap().is_causal());
+        let m = c.mask(40).unwrap();
+        assert_eq!(m.window(), Some(16));
+        v["layer_types"] = json!(["sliding_attention", "sliding_attention"]);
+        assert!(Config::from_json(&v).is_ok());
+        v["layer_types"] = json!(["sliding_attention", "full_attention"]);
+        let e = Config::from_json(&v).unwrap_err().to_string();
+        assert!(e.contains("make every entry 'sliding_attention'"), "{e}");
+        v["layer_types"] = Value::Null;
+        v["sliding_window"] = json!(0);
+        let e = Config::from_json(&v).unwrap_err().to_string();
+        assert!(e.contains("sliding_window 0 must be a whole number"), "{e}");
     }
 }

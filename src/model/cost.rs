@@ -106,9 +106,12 @@ impl StepMemory {
         if weight_shards > 1 {
             let specs = super::weights::specs(c);
             let sizes: Vec<f64> = specs.iter().map(|s| s.elements() as f64).collect();
-            // `specs` order: the embedding, 9 tensors a layer, the final norm, the output
-            // projection (absent when tied to the embedding, which then is it).
-            let (layer, n) = (&sizes[1..10], sizes.len());
+            // `specs` order: the embedding, each layer's tensors (9, or more with biases), the
+            // final norm, the output projection (absent when tied to the embedding, which then
+            // is it).
+            let per_layer = (sizes.len() - 2 - usize::from(!c.tie_word_embeddings))
+                / c.num_hidden_layers.max(1);
+            let (layer, n) = (&sizes[1..1 + per_layer], sizes.len());
             let head = match c.tie_word_embeddings {
                 true => [sizes[n - 1], sizes[0]],
                 false => [sizes[n - 2], sizes[n - 1]],

@@ -5,6 +5,7 @@
 use super::float::Float;
 use super::init;
 use super::ops::{AdamW, LossOut, Ops, check_rows, row_positions};
+use super::rope::Rotary;
 use crate::shape::Span;
 use anyhow::{Result, bail};
 use ndarray::linalg::general_mat_mul;
@@ -227,6 +228,27 @@ impl<F: Float> Ops for Cpu<F> {
         Ok(())
     }
 
+    fn bias_add(&self, y: &mut Vec<F>, b: &Vec<F>, rows: usize, width: usize) -> Result<()> {
+        check_len("a biased projection", y, rows * width)?;
+        check_len("a bias", b, width)?;
+        y.par_chunks_mut(width.max(1))
+            .for_each(|r| r.iter_mut().zip(b).for_each(|(v, &c)| *v += c));
+        Ok(())
+    }
+
+    fn bias_backward(&self, dy: &Vec<F>, rows: usize, width: usize, db: &mut Vec<F>) -> Result<()> {
+        check_len("a biased projection's gradient", dy, rows * width)?;
+        check_len("a bias gradient", db, width)?;
+        // Summed in f64 whatever F is: at long sequences an f32 running sum over rows loses
+        // digits.
+        let mut sum = vec![0.0f64; width];
+        for r in dy.chunks(width.max(1)) {
+            sum.iter_mut().zip(r).for_each(|(s, v)| *s += v.f64());
+        }
+        db.iter_mut().zip(sum).for_each(|(d, s)| *d += F::of(s));
+        Ok(())
+    }
+
     fn rmsnorm(
         &self,
         x: &Vec<F>,
@@ -291,7 +313,7 @@ impl<F: Float> Ops for Cpu<F> {
         heads: usize,
         head_dim: usize,
         positions: &[Span],
-        inv_freq: &[f32],
+        rotary: &Rotary,
         inverse: bool,
     ) -> Result<()> {
         check_len("a rotary input", x, rows * heads * head_dim)?;
@@ -300,17 +322,19 @@ impl<F: Float> Ops for Cpu<F> {
             bail!("rotary embeddings need an even head dim, not {head_dim}");
         }
         let half = head_dim / 2;
-        check_len("the rotary frequencies", inv_freq, half)?;
+        check_len("the rotary frequencies", &rotary.inv_freq, half)?;
         let sign = if inverse { -1.0 } else { 1.0 };
+        let scale = F::of(rotary.scale as f64);
         x.par_chunks_mut(heads * head_dim)
             .enumerate()
             .for_each(|(r, row)| {
                 let pos = positions[r] as f32;
-                let (cos, sin): (Vec<F>, Vec<F>) = inv_freq
+                let (cos, sin): (Vec<F>, Vec<F>) = rotary
+                    .inv_freq
                     .iter()
                     .map(|&f| {
                         let a = (pos * f) as f64;
-                        (F::of(a.cos()), F::of(sign * a.sin()))
+                        (F::of(a.cos()) * scale, F::of(sign * a.sin()) * scale)
                     })
                     .unzip();
                 for h in row.chunks_mut(head_dim) {

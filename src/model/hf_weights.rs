@@ -66,8 +66,9 @@ impl HfWeights {
         unused.sort();
         if let Some(first) = unused.first() {
             bail!(
-                "{source} holds {} tensor(s) a LLaMA model of this config does not use, first '{first}': the checkpoint is of another architecture (or its config.json does not describe it); refusing rather than dropping them",
-                unused.len()
+                "{source} holds {} tensor(s) a {} model of this config does not use, first '{first}': the checkpoint is of another architecture (or its config.json does not describe it); refusing rather than dropping them",
+                unused.len(),
+                c.model_type.name()
             );
         }
         let mut home = HashMap::new();
@@ -275,6 +276,16 @@ mod tests {
         tensors.pop();
         tensors.push(bias("model.layers.0.self_attn.rotary_emb.inv_freq"));
         assert_eq!(err(&tensors), None);
+        // The same tensors read as a Qwen2 lack its q/k/v biases.
+        let qwen = Config {
+            model_type: crate::model::config::ModelType::Qwen2,
+            ..c.clone()
+        };
+        let e = HfWeights::open(&dir, &qwen).err().unwrap().to_string();
+        assert!(
+            e.contains("has no tensor 'model.layers.0.self_attn.q_proj.bias'"),
+            "{e}"
+        );
         tensors.retain(|t| t.0 != "lm_head.weight");
         let e = err(&tensors).unwrap();
         assert!(e.contains("has no tensor 'lm_head.weight'"), "{e}");

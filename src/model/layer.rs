@@ -2,9 +2,9 @@
 //! keeps between them.
 //!
 //! Forward, for the rows of this worker (x `[rows, d]`):
-//!   h1 = rmsnorm(x)·g1;  q, k, v = h1 Wqᵀ, h1 Wkᵀ, h1 Wvᵀ;  q, k = rope(q, k)
+//!   h1 = rmsnorm(x)·g1;  q, k, v = h1 Wqᵀ (+ bq), h1 Wkᵀ (+ bk), h1 Wvᵀ (+ bv);  q, k = rope(q, k)
 //!   o, lse = attention(q, k, v)                       (distributed: communication)
-//!   x2 = x + o Woᵀ;  h2 = rmsnorm(x2)·g2;  g, u = h2 Wgᵀ, h2 Wuᵀ;  m = silu(g)∘u
+//!   x2 = x + o Woᵀ (+ bo);  h2 = rmsnorm(x2)·g2;  g, u = h2 Wgᵀ, h2 Wuᵀ;  m = silu(g)∘u
 //!   out = x2 + m Wdᵀ
 //! Backward runs the same lines upwards. It reads every activation above except `out`; the
 //! policy decides which it finds saved and which it recomputes (DESIGN.md, "Checkpointing"):
@@ -22,6 +22,7 @@ use super::Meter;
 use super::attention::Attention;
 use super::config::Config;
 use super::ops::Ops;
+use super::rope::Rotary;
 use super::weights::LayerWeights;
 use crate::shape::Span;
 use anyhow::Result;
@@ -161,12 +162,14 @@ pub fn mlp_block_rows(c: &Config) -> usize {
 }
 
 /// A layer's setting: the device, the shape, and this worker's rows (`positions`: where they sit
-/// in the sequence, for rotary embeddings; `mlp_rows`: the MLP's block, `mlp_block_rows`).
+/// in the sequence, for rotary embeddings, `rotary` the run's table; `mlp_rows`: the MLP's block,
+/// `mlp_block_rows`).
 pub struct Layer<'a, O> {
     pub ops: &'a O,
     pub cfg: &'a Config,
     pub rows: usize,
     pub positions: &'a [Span],
+    pub rotary: &'a Rotary,
     pub mlp_rows: usize,
 }
 
@@ -208,13 +211,12 @@ impl<O: Ops> Layer<'_, O> {
         let (ops, c, n) = (self.ops, self.cfg, self.rows);
         let (d, hd) = (c.hidden_size, c.head_dim);
         let (h1, rstd1) = ops.rmsnorm(&x, &w.attn_norm, n, d, c.rms_norm_eps)?;
-        let mut q = ops.linear(&h1, &w.wq, n, d, c.q_width())?;
-        let mut k = ops.linear(&h1, &w.wk, n, d, c.kv_width())?;
-        let v = ops.linear(&h1, &w.wv, n, d, c.kv_width())?;
+        let mut q = self.projection(&h1, &w.wq, w.bq.as_ref(), d, c.q_width())?;
+        let mut k = self.projection(&h1, &w.wk, w.bk.as_ref(), d, c.kv_width())?;
+        let v = self.projection(&h1, &w.wv, w.bv.as_ref(), d, c.kv_width())?;
         let (heads, kv_heads) = (c.num_attention_heads, c.num_key_value_heads);
-        let inv_freq = c.rope_inv_freq();
-        ops.rope(&mut q, n, heads, hd, self.positions, &inv_freq, false)?;
-        ops.rope(&mut k, n, kv_heads, hd, self.positions, &inv_freq, false)?;
+        ops.rope(&mut q, n, heads, hd, self.positions, self.rotary, false)?;
+        ops.rope(&mut k, n, kv_heads, hd, self.positions, self.rotary, false)?;
         let (o, lse) = match saved_attention {
             Some(saved) => saved,
             None => {
@@ -222,7 +224,7 @@ impl<O: Ops> Layer<'_, O> {
                 attn.forward(&q, &k, &v)?
             }
         };
-        let mut x2 = ops.linear(&o, &w.wo, n, c.q_width(), d)?;
+        let mut x2 = self.projection(&o, &w.wo, w.bo.as_ref(), c.q_width(), d)?;
         ops.add_assign(&mut x2, &x)?;
         let (h2, rstd2) = ops.rmsnorm(&x2, &w.mlp_norm, n, d, c.rms_norm_eps)?;
         Ok(Acts {
@@ -238,6 +240,30 @@ impl<O: Ops> Layer<'_, O> {
             h2,
             rstd2,
         })
+    }
+
+    /// y = x Wᵀ + b (the bias where the layer has one) for this worker's rows.
+    fn projection(
+        &self,
+        x: &O::T,
+        w: &O::T,
+        b: Option<&O::T>,
+        inp: usize,
+        out: usize,
+    ) -> Result<O::T> {
+        let mut y = self.ops.linear(x, w, self.rows, inp, out)?;
+        if let Some(b) = b {
+            self.ops.bias_add(&mut y, b, self.rows, out)?;
+        }
+        Ok(y)
+    }
+
+    /// db += Σ_rows dy where the layer has the bias (its gradient accumulator is then there).
+    fn bias_grad(&self, dy: &O::T, width: usize, db: Option<&mut O::T>) -> Result<()> {
+        match db {
+            Some(db) => self.ops.bias_backward(dy, self.rows, width, db),
+            None => Ok(()),
+        }
     }
 
     /// The blocks of rows the MLP runs over: (first row, rows).
@@ -428,20 +454,21 @@ impl<O: Ops> Layer<'_, O> {
             &mut grads.mlp_norm,
         )?;
 
-        // x2 = x + o Woᵀ;  o = attention(q, k, v), backward from the saved o and lse
+        // x2 = x + o Woᵀ + bo;  o = attention(q, k, v), backward from the saved o and lse
+        self.bias_grad(&dx2, d, grads.bo.as_mut())?;
         let mut dout_attn = ops.zeros(n * qw)?;
         ops.linear_backward(&dx2, &a.o, &w.wo, n, qw, d, &mut dout_attn, &mut grads.wo)?;
         let (mut dq, mut dk, dv) = attn.backward(&a.q, &a.k, &a.v, &a.o, &a.lse, &dout_attn)?;
 
-        // q, k = rope(h1 Wqᵀ, h1 Wkᵀ);  v = h1 Wvᵀ;  h1 = rmsnorm(x)·g1
-        let (hd, inv_freq) = (c.head_dim, c.rope_inv_freq());
+        // q, k = rope(h1 Wqᵀ + bq, h1 Wkᵀ + bk);  v = h1 Wvᵀ + bv;  h1 = rmsnorm(x)·g1
+        let hd = c.head_dim;
         ops.rope(
             &mut dq,
             n,
             c.num_attention_heads,
             hd,
             self.positions,
-            &inv_freq,
+            self.rotary,
             true,
         )?;
         ops.rope(
@@ -450,9 +477,12 @@ impl<O: Ops> Layer<'_, O> {
             c.num_key_value_heads,
             hd,
             self.positions,
-            &inv_freq,
+            self.rotary,
             true,
         )?;
+        self.bias_grad(&dq, qw, grads.bq.as_mut())?;
+        self.bias_grad(&dk, kw, grads.bk.as_mut())?;
+        self.bias_grad(&dv, kw, grads.bv.as_mut())?;
         let mut dh1 = ops.zeros(n * d)?;
         ops.linear_backward(&dq, &a.h1, &w.wq, n, d, qw, &mut dh1, &mut grads.wq)?;
         ops.linear_backward(&dk, &a.h1, &w.wk, n, d, kw, &mut dh1, &mut grads.wk)?;
@@ -495,16 +525,19 @@ mod tests {
             start: 0,
             len: rows,
         }];
+        let rotary = cfg.rotary(rows);
         let layer = Layer {
             ops: &ops,
             cfg: &cfg,
             rows,
             positions: &positions,
+            rotary: &rotary,
             mlp_rows,
         };
         let mut attn = Dense {
             dims: cfg.dims(),
             rows,
+            window: None,
         };
         let x: Vec<f64> = (0..rows * cfg.hidden_size)
             .map(|i| ((i * 37 % 101) as f64 / 50.0) - 1.0)

@@ -19,6 +19,7 @@ mod layer;
 pub mod offload;
 pub mod ops;
 pub mod profile;
+pub mod rope;
 pub mod weights;
 
 pub use layer::{Checkpoint, Kept, Layer, mlp_block_rows};
@@ -49,14 +50,16 @@ impl Meter {
     }
 }
 
-/// This worker's rows of one sequence: input tokens, next-token targets, and where the rows
-/// sit in the whole sequence (runs of positions in row order: one for a contiguous chunk, two
-/// for a zigzag worker's head and tail).
+/// This worker's rows of one sequence: input tokens, next-token targets, where the rows sit in
+/// the whole sequence (runs of positions in row order: one for a contiguous chunk, two for a
+/// zigzag worker's head and tail), and the whole sequence's length (dynamic NTK's rotary
+/// frequencies depend on it).
 #[derive(Clone, Copy, Debug)]
 pub struct Chunk<'a> {
     pub tokens: &'a [u32],
     pub targets: &'a [u32],
     pub positions: &'a [Span],
+    pub sequence: usize,
 }
 
 /// What one forward-backward reports.
@@ -205,11 +208,13 @@ pub fn forward_backward_with<O: Ops, A: Attention<O::T>>(
         );
     }
     let d = cfg.hidden_size;
+    let rotary = cfg.rotary(chunk.sequence);
     let layer = Layer {
         ops,
         cfg,
         rows,
         positions: chunk.positions,
+        rotary: &rotary,
         mlp_rows: layer::mlp_block_rows(cfg),
     };
     let mut forwards = vec![0u32; cfg.num_hidden_layers];

@@ -5,6 +5,7 @@
 //! Matrices are row-major. Activations are `[rows, features]` with one row per token of the
 //! worker's chunk; a linear layer's weight is `[out, in]` as Hugging Face stores it.
 
+use super::rope::Rotary;
 use crate::shape::Span;
 use anyhow::{Result, bail};
 
@@ -118,6 +119,18 @@ pub trait Ops: Sync {
         dw: &mut Self::T,
     ) -> Result<()>;
 
+    /// y[r] += b for every row r of y `[rows, width]`: a projection's bias, added in place after
+    /// its `linear` (y keeps its precision).
+    fn bias_add(&self, y: &mut Self::T, b: &Self::T, rows: usize, width: usize) -> Result<()>;
+    /// db += Σ_r dy[r] over the rows of dy `[rows, width]`: the bias's gradient, accumulated.
+    fn bias_backward(
+        &self,
+        dy: &Self::T,
+        rows: usize,
+        width: usize,
+        db: &mut Self::T,
+    ) -> Result<()>;
+
     /// y = x · rstd · w with rstd = 1/√(mean(x²) + eps) per row; returns (y, rstd).
     fn rmsnorm(
         &self,
@@ -144,9 +157,9 @@ pub trait Ops: Sync {
     /// Rotary embedding in place on `[rows, heads, head_dim]`, Hugging Face's rotate-half
     /// pairing (i, i + head_dim/2). The rows sit at the positions of `positions`, runs of the
     /// sequence in row order (one run for a contiguous chunk, two for a zigzag worker's head and
-    /// tail; see [`row_positions`]). `inv_freq` holds the head's `head_dim / 2` inverse
-    /// frequencies (`Config::rope_inv_freq`). The backward is the rotation by the opposite angle
-    /// (`inverse`).
+    /// tail; see [`row_positions`]). `rotary` holds the head's `head_dim / 2` inverse
+    /// frequencies and the factor cos and sin are multiplied by (`Config::rotary`). The backward
+    /// (`inverse`) is the rotation by the opposite angle, times the same factor (the transpose).
     #[allow(clippy::too_many_arguments)]
     fn rope(
         &self,
@@ -155,7 +168,7 @@ pub trait Ops: Sync {
         heads: usize,
         head_dim: usize,
         positions: &[Span],
-        inv_freq: &[f32],
+        rotary: &Rotary,
         inverse: bool,
     ) -> Result<()>;
 

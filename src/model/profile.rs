@@ -6,6 +6,7 @@
 
 use super::attention::Attention;
 use super::ops::{AdamW, LossOut, Ops};
+use super::rope::Rotary;
 use crate::shape::Span;
 use anyhow::Result;
 use serde::Serialize;
@@ -196,6 +197,17 @@ impl<O: Ops> Ops for Profiled<'_, O> {
         })
     }
 
+    fn bias_add(&self, y: &mut O::T, b: &O::T, rows: usize, width: usize) -> Result<()> {
+        self.profile
+            .time("bias_add", || self.inner.bias_add(y, b, rows, width))
+    }
+
+    fn bias_backward(&self, dy: &O::T, rows: usize, width: usize, db: &mut O::T) -> Result<()> {
+        self.profile.time("bias_backward", || {
+            self.inner.bias_backward(dy, rows, width, db)
+        })
+    }
+
     fn rmsnorm(
         &self,
         x: &O::T,
@@ -232,13 +244,13 @@ impl<O: Ops> Ops for Profiled<'_, O> {
         heads: usize,
         head_dim: usize,
         positions: &[Span],
-        inv_freq: &[f32],
+        rotary: &Rotary,
         inverse: bool,
     ) -> Result<()> {
         let op = if inverse { "rope_backward" } else { "rope" };
         self.profile.time(op, || {
             self.inner
-                .rope(x, rows, heads, head_dim, positions, inv_freq, inverse)
+                .rope(x, rows, heads, head_dim, positions, rotary, inverse)
         })
     }
 

@@ -1,4 +1,4 @@
-//! The parameters of a LLaMA model, named and shaped as Hugging Face names them, so weights load
+//! The parameters of a LLaMA-family model, named and shaped as Hugging Face names them, so weights load
 //! from and save to `model.safetensors` files that `transformers` reads. The same struct holds
 //! gradients and optimizer moments.
 
@@ -7,17 +7,22 @@ use super::hf_weights::HfWeights;
 use super::init;
 use super::ops::Ops;
 use crate::shape::Span;
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 use std::path::Path;
 
-/// One decoder layer's weights (linear weights `[out, in]`).
+/// One decoder layer's weights (linear weights `[out, in]`); the projections' biases exist
+/// where the config has them (`Config::qkv_bias`, `Config::o_bias`).
 #[derive(Clone, Debug)]
 pub struct LayerWeights<T> {
     pub attn_norm: T,
     pub wq: T,
+    pub bq: Option<T>,
     pub wk: T,
+    pub bk: Option<T>,
     pub wv: T,
+    pub bv: Option<T>,
     pub wo: T,
+    pub bo: Option<T>,
     pub mlp_norm: T,
     pub w_gate: T,
     pub w_up: T,
@@ -26,37 +31,54 @@ pub struct LayerWeights<T> {
 
 impl<T> LayerWeights<T> {
     /// Every tensor, in `specs` order.
-    pub fn tensors(&self) -> [&T; 9] {
-        [
-            &self.attn_norm,
-            &self.wq,
-            &self.wk,
-            &self.wv,
-            &self.wo,
-            &self.mlp_norm,
-            &self.w_gate,
-            &self.w_up,
-            &self.w_down,
-        ]
+    pub fn tensors(&self) -> Vec<&T> {
+        let mut out = vec![&self.attn_norm, &self.wq];
+        out.extend(&self.bq);
+        out.push(&self.wk);
+        out.extend(&self.bk);
+        out.push(&self.wv);
+        out.extend(&self.bv);
+        out.push(&self.wo);
+        out.extend(&self.bo);
+        out.extend([&self.mlp_norm, &self.w_gate, &self.w_up, &self.w_down]);
+        out
     }
 
     /// Every tensor, mutably, in `specs` order.
-    pub fn tensors_mut(&mut self) -> [&mut T; 9] {
-        [
-            &mut self.attn_norm,
-            &mut self.wq,
-            &mut self.wk,
-            &mut self.wv,
-            &mut self.wo,
+    pub fn tensors_mut(&mut self) -> Vec<&mut T> {
+        let mut out = vec![&mut self.attn_norm, &mut self.wq];
+        out.extend(&mut self.bq);
+        out.push(&mut self.wk);
+        out.extend(&mut self.bk);
+        out.push(&mut self.wv);
+        out.extend(&mut self.bv);
+        out.push(&mut self.wo);
+        out.extend(&mut self.bo);
+        out.extend([
             &mut self.mlp_norm,
             &mut self.w_gate,
             &mut self.w_up,
             &mut self.w_down,
-        ]
+        ]);
+        out
+    }
+
+    /// Every tensor by value, in `specs` order.
+    fn into_tensors(self) -> Vec<T> {
+        let mut out = vec![self.attn_norm, self.wq];
+        out.extend(self.bq);
+        out.push(self.wk);
+        out.extend(self.bk);
+        out.push(self.wv);
+        out.extend(self.bv);
+        out.push(self.wo);
+        out.extend(self.bo);
+        out.extend([self.mlp_norm, self.w_gate, self.w_up, self.w_down]);
+        out
     }
 
     /// A layer of `f` of each tensor and its companion in `other` (a shard and its whole
-    /// length, say), in `specs` order.
+    /// length, say), in `specs` order. Both have the biases of one config.
     pub fn try_map_with<V, U>(
         &self,
         other: &LayerWeights<V>,
@@ -66,14 +88,31 @@ impl<T> LayerWeights<T> {
         Ok(LayerWeights {
             attn_norm: f(&self.attn_norm, &o.attn_norm)?,
             wq: f(&self.wq, &o.wq)?,
+            bq: bias(&mut f, &self.bq, &o.bq)?,
             wk: f(&self.wk, &o.wk)?,
+            bk: bias(&mut f, &self.bk, &o.bk)?,
             wv: f(&self.wv, &o.wv)?,
+            bv: bias(&mut f, &self.bv, &o.bv)?,
             wo: f(&self.wo, &o.wo)?,
+            bo: bias(&mut f, &self.bo, &o.bo)?,
             mlp_norm: f(&self.mlp_norm, &o.mlp_norm)?,
             w_gate: f(&self.w_gate, &o.w_gate)?,
             w_up: f(&self.w_up, &o.w_up)?,
             w_down: f(&self.w_down, &o.w_down)?,
         })
+    }
+}
+
+/// `f` of a bias and its companion, where the layer has it.
+fn bias<T, V, U>(
+    f: &mut impl FnMut(&T, &V) -> Result<U>,
+    a: &Option<T>,
+    b: &Option<V>,
+) -> Result<Option<U>> {
+    match (a, b) {
+        (Some(a), Some(b)) => f(a, b).map(Some),
+        (None, None) => Ok(None),
+        _ => bail!("two layers of one config differ in their biases"),
     }
 }
 
@@ -104,9 +143,14 @@ impl Spec {
         self.shape.iter().product()
     }
 
-    /// Whether weight decay applies: matrices yes, norm gains (vectors) no.
+    /// Whether weight decay applies: matrices yes, norm gains and biases (vectors) no.
     pub fn decays(&self) -> bool {
         self.shape.len() > 1
+    }
+
+    /// Whether this is a projection's bias (initialized to zero, as Hugging Face does).
+    pub fn is_bias(&self) -> bool {
+        self.name.ends_with(".bias")
     }
 }
 
@@ -120,12 +164,22 @@ pub fn specs(c: &Config) -> Vec<Spec> {
     let mut out = vec![spec("model.embed_tokens.weight".into(), &[c.vocab_size, d])];
     for l in 0..c.num_hidden_layers {
         let p = format!("model.layers.{l}");
+        out.push(spec(format!("{p}.input_layernorm.weight"), &[d]));
+        for (proj, width, inp, bias) in [
+            ("q", c.q_width(), d, c.qkv_bias()),
+            ("k", c.kv_width(), d, c.qkv_bias()),
+            ("v", c.kv_width(), d, c.qkv_bias()),
+            ("o", d, c.q_width(), c.o_bias()),
+        ] {
+            out.push(spec(
+                format!("{p}.self_attn.{proj}_proj.weight"),
+                &[width, inp],
+            ));
+            if bias {
+                out.push(spec(format!("{p}.self_attn.{proj}_proj.bias"), &[width]));
+            }
+        }
         out.extend([
-            spec(format!("{p}.input_layernorm.weight"), &[d]),
-            spec(format!("{p}.self_attn.q_proj.weight"), &[c.q_width(), d]),
-            spec(format!("{p}.self_attn.k_proj.weight"), &[c.kv_width(), d]),
-            spec(format!("{p}.self_attn.v_proj.weight"), &[c.kv_width(), d]),
-            spec(format!("{p}.self_attn.o_proj.weight"), &[d, c.q_width()]),
             spec(format!("{p}.post_attention_layernorm.weight"), &[d]),
             spec(format!("{p}.mlp.gate_proj.weight"), &[i, d]),
             spec(format!("{p}.mlp.up_proj.weight"), &[i, d]),
@@ -146,14 +200,19 @@ impl<T> Weights<T> {
         let mut it = specs.iter();
         let mut next = || make(it.next().expect("specs cover every tensor"));
         let embed = next()?;
+        let (qkv, o) = (c.qkv_bias(), c.o_bias());
         let layers = (0..c.num_hidden_layers)
             .map(|_| {
                 Ok(LayerWeights {
                     attn_norm: next()?,
                     wq: next()?,
+                    bq: if qkv { Some(next()?) } else { None },
                     wk: next()?,
+                    bk: if qkv { Some(next()?) } else { None },
                     wv: next()?,
+                    bv: if qkv { Some(next()?) } else { None },
                     wo: next()?,
+                    bo: if o { Some(next()?) } else { None },
                     mlp_norm: next()?,
                     w_gate: next()?,
                     w_up: next()?,
@@ -202,17 +261,7 @@ impl<T> Weights<T> {
     pub fn into_tensors(self) -> Vec<T> {
         let mut out = vec![self.embed];
         for l in self.layers {
-            out.extend([
-                l.attn_norm,
-                l.wq,
-                l.wk,
-                l.wv,
-                l.wo,
-                l.mlp_norm,
-                l.w_gate,
-                l.w_up,
-                l.w_down,
-            ]);
+            out.extend(l.into_tensors());
         }
         out.push(self.norm);
         out.extend(self.lm_head);
@@ -241,7 +290,7 @@ pub fn whole_spans(c: &Config) -> Vec<Span> {
         .collect()
 }
 
-/// Random weights from a seed: norm gains 1, matrices uniform with standard deviation
+/// Random weights from a seed: norm gains 1, biases 0, matrices uniform with standard deviation
 /// [`init::INIT_STD`] (Hugging Face's `initializer_range`).
 pub fn random<O: Ops>(ops: &O, c: &Config, seed: u64) -> Result<Weights<O::T>> {
     random_pieces(ops, c, seed, &whole_spans(c))
@@ -264,6 +313,8 @@ pub fn random_pieces<O: Ops>(
         if s.decays() {
             let key = init::tensor_key(seed, k);
             ops.random_uniform(span.len, key, span.start as u64, init::init_amp())
+        } else if s.is_bias() {
+            ops.upload(&vec![0.0; span.len])
         } else {
             ops.upload(&vec![1.0; span.len])
         }
@@ -309,5 +360,36 @@ mod tests {
                 assert_eq!(&joined, want, "tensor {k} cut in {pieces}");
             }
         }
+    }
+
+    #[test]
+    fn biases_sit_after_their_projections_start_at_zero_and_do_not_decay() {
+        let c = Config {
+            model_type: crate::model::config::ModelType::Qwen2,
+            ..Config::preset("tiny").unwrap()
+        };
+        let s = specs(&c);
+        let names: Vec<&str> = s[1..6].iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "model.layers.0.input_layernorm.weight",
+                "model.layers.0.self_attn.q_proj.weight",
+                "model.layers.0.self_attn.q_proj.bias",
+                "model.layers.0.self_attn.k_proj.weight",
+                "model.layers.0.self_attn.k_proj.bias",
+            ]
+        );
+        assert_eq!(s[3].shape, [c.q_width()]);
+        assert!(!s[3].decays() && s[3].is_bias());
+        assert_eq!(
+            parameters(&c),
+            parameters(&Config::preset("tiny").unwrap()) + 2 * 128
+        );
+        let ops = Cpu::<f32>::new();
+        let w = random(&ops, &c, 0).unwrap();
+        assert_eq!(w.tensors().len(), s.len());
+        assert!(w.layers[1].bv.as_ref().unwrap().iter().all(|&b| b == 0.0));
+        assert!(w.layers[1].bo.is_none());
     }
 }

@@ -128,7 +128,7 @@ pub fn time_steps(
     if runs.profile && runtime.workers() > 1 {
         bail!("--profile times the ops of one device: run it without a launcher or more workers");
     }
-    let partition = Partition::new(shape.seq, runtime.workers(), shape.schedule)?;
+    let partition = super::model_partition(cfg, shape.seq, shape.schedule, runtime)?;
     let opened = runtime.open()?;
     memory.check(runtime, opened.gpu())?;
     let job = StepBench {

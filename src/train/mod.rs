@@ -24,7 +24,7 @@ use crate::model::ops::{AdamW, Ops};
 use crate::model::weights::{self, Weights};
 use crate::model::{Checkpoint, Chunk, Keep, Offload, Params, Whole, forward_backward_with};
 use crate::plan::{Partition, Schedule};
-use crate::runtime::{Job, ModelDevice, Runtime};
+use crate::runtime::{Device, Job, ModelDevice, Runtime};
 use crate::shape::Span;
 use anyhow::{Context, Result, bail};
 use attention::ModelAttention;
@@ -228,6 +228,7 @@ fn accumulate<O: Ops, A: Attention<O::T>>(
         tokens: &tokens,
         targets: &targets,
         positions: mine,
+        sequence: sample.tokens.len() - 1,
     };
     let out = forward_backward_with(ops, cfg, params, attn, chunk, keep, scale)?;
     tally.loss_sum += out.loss_sum;
@@ -398,6 +399,27 @@ pub struct Gradients {
     pub peak_activation_bytes: usize,
 }
 
+/// The chunks and plans of sequences of `seq` tokens on `runtime`'s workers, under the model's
+/// attention mask (Mistral's sliding window: the executor applies it to every block on the CPU).
+/// The GPU's kernels take no mask yet, so a window that hides keys is refused there with a
+/// sentence rather than trained as full causal attention.
+fn model_partition(
+    cfg: &Config,
+    seq: usize,
+    schedule: Schedule,
+    runtime: &Runtime,
+) -> Result<Partition> {
+    let mask = cfg.mask(seq)?;
+    if let Some(w) = mask.window()
+        && runtime.device == Device::Cuda
+    {
+        bail!(
+            "the config's sliding_window {w} hides keys in sequences of {seq} tokens, and the CUDA kernels do not take masks yet: use --device cpu (or sequences of at most {w} tokens, where the window hides nothing)"
+        );
+    }
+    Partition::masked(seq, runtime.workers(), schedule, &mask)
+}
+
 /// Loss and gradients of `weights` (host, `specs` order) on `tokens` (inputs and, shifted by
 /// one, targets), the sequence split across `runtime`'s workers by `schedule`, the gradients
 /// reduce-scattered (and gathered back whole) under `Shard::Grads`: on the reporter (`None` on
@@ -413,7 +435,7 @@ pub fn gradients(
     if tokens.len() < 2 {
         bail!("gradients need at least 2 tokens (one input and its target)");
     }
-    let partition = Partition::new(tokens.len() - 1, runtime.workers(), schedule)?;
+    let partition = model_partition(cfg, tokens.len() - 1, schedule, runtime)?;
     let opened = runtime.open()?;
     memory.check(runtime, opened.gpu())?;
     let job = GradientsJob {
@@ -481,7 +503,7 @@ pub fn train(
     runtime: &Runtime,
     on_step: impl Fn(&StepReport) + Sync,
 ) -> Result<Option<Vec<Vec<f32>>>> {
-    let partition = Partition::new(o.seq_len, runtime.workers(), o.schedule)?;
+    let partition = model_partition(&o.config, o.seq_len, o.schedule, runtime)?;
     if let Some(e) = &o.eval {
         e.data.check(o.seq_len, o.config.vocab_size)?;
         if e.sequences == 0 {

@@ -24,6 +24,8 @@ pub(crate) enum Kernel {
     Rmsnorm,
     RmsnormBackward,
     RmsnormDw,
+    BiasAdd,
+    BiasDw,
     Rope,
     XentRows,
     Uniform,
@@ -31,7 +33,7 @@ pub(crate) enum Kernel {
 
 impl Kernel {
     /// Every kernel, in declaration order (so `k as usize` indexes this array).
-    pub(crate) const ALL: [Kernel; 15] = [
+    pub(crate) const ALL: [Kernel; 17] = [
         Kernel::CastToHalf,
         Kernel::AddAssign,
         Kernel::Scale,
@@ -44,6 +46,8 @@ impl Kernel {
         Kernel::Rmsnorm,
         Kernel::RmsnormBackward,
         Kernel::RmsnormDw,
+        Kernel::BiasAdd,
+        Kernel::BiasDw,
         Kernel::Rope,
         Kernel::XentRows,
         Kernel::Uniform,
@@ -64,6 +68,8 @@ impl Kernel {
             Kernel::Rmsnorm => "rmsnorm",
             Kernel::RmsnormBackward => "rmsnorm_backward",
             Kernel::RmsnormDw => "rmsnorm_dw",
+            Kernel::BiasAdd => "bias_add",
+            Kernel::BiasDw => "bias_dw",
             Kernel::Rope => "rope",
             Kernel::XentRows => "xent_rows",
             Kernel::Uniform => "uniform",

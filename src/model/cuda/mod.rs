@@ -33,6 +33,7 @@ pub(crate) mod shapes;
 use super::cost::{loss_chunk_rows, loss_chunks};
 use super::init;
 use super::ops::{AdamW, LossOut, Ops, check_positions, check_rows};
+use super::rope::Rotary;
 use crate::backend::Backend;
 use crate::backend::cuda::{CudaBackend, InputDtype, Tensor, elementwise_config, rows_config};
 use crate::shape::Span;
@@ -451,6 +452,35 @@ impl Ops for CudaOps {
             .run(Kernel::RmsnormDw, b, shapes::column_sums(dim, rows)?)
     }
 
+    fn bias_add(&self, y: &mut Tensor, b: &Tensor, rows: usize, width: usize) -> Result<()> {
+        let len = rows * width;
+        check(y, self.dtype(), len, "a biased projection")?;
+        check(b, self.dtype(), width, "a bias")?;
+        let (n, w) = (rows as i64, int(width, "a width")?);
+        let mut args = self.kernels.builder(Kernel::BiasAdd);
+        push_mut(&mut args, y);
+        push(&mut args, b);
+        args.arg(&n).arg(&w);
+        self.kernels
+            .run(Kernel::BiasAdd, args, elementwise_config(len))
+    }
+
+    fn bias_backward(&self, dy: &Tensor, rows: usize, width: usize, db: &mut Tensor) -> Result<()> {
+        check(
+            dy,
+            self.dtype(),
+            rows * width,
+            "a biased projection's gradient",
+        )?;
+        let db = f32_mut(db, width, "a bias gradient")?;
+        let (n, w) = (rows as i64, int(width, "a width")?);
+        let mut args = self.kernels.builder(Kernel::BiasDw);
+        push(&mut args, dy);
+        args.arg(db).arg(&n).arg(&w);
+        self.kernels
+            .run(Kernel::BiasDw, args, shapes::column_sums(width, rows)?)
+    }
+
     fn rope(
         &self,
         x: &mut Tensor,
@@ -458,7 +488,7 @@ impl Ops for CudaOps {
         heads: usize,
         head_dim: usize,
         positions: &[Span],
-        inv_freq: &[f32],
+        rotary: &Rotary,
         inverse: bool,
     ) -> Result<()> {
         check(x, self.dtype(), rows * heads * head_dim, "a rotary input")?;
@@ -474,6 +504,7 @@ impl Ops for CudaOps {
                 more.len()
             ),
         };
+        let inv_freq = &rotary.inv_freq;
         if !head_dim.is_multiple_of(2) || inv_freq.len() != head_dim / 2 {
             bail!(
                 "rotary embeddings need an even head dim and one frequency per pair, not head dim {head_dim} with {} frequencies",
@@ -487,7 +518,7 @@ impl Ops for CudaOps {
             int(head_dim, "a head dim")?,
         );
         let (split, start0, start1) = (split as i64, start0 as i64, start1 as i64);
-        let sign = if inverse { -1.0f32 } else { 1.0 };
+        let (sign, scale) = (if inverse { -1.0f32 } else { 1.0 }, rotary.scale);
         let mut b = self.kernels.builder(Kernel::Rope);
         push_mut(&mut b, x);
         b.arg(inv_freq.as_ref())
@@ -497,7 +528,8 @@ impl Ops for CudaOps {
             .arg(&split)
             .arg(&start0)
             .arg(&start1)
-            .arg(&sign);
+            .arg(&sign)
+            .arg(&scale);
         let cfg = elementwise_config(rows * head_dim / 2);
         self.kernels.run(Kernel::Rope, b, cfg)
     }
