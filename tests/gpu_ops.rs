@@ -608,12 +608,11 @@ impl Checker {
     /// A 5-layer model's forward and backward on the GPU, attention on its own kernels and
     /// nothing waited for by the host, with each layer's checkpoint offloaded to pinned host
     /// memory (stashed on the copy stream as the forward goes, fetched one layer ahead of the
-    /// backward), against the same step without offload. The copies are exact, so the results
-    /// must be the same bits wherever the device itself repeats its bits: each comparison's
-    /// bound is the largest difference between two runs without offload (0 when the device is
-    /// deterministic; float atomics in the norm gains' and the embedding's gradients may make
-    /// it more). A copy read before it landed, or a buffer freed or reused while a copy still
-    /// used it, gives errors of the size of the values.
+    /// backward), against the same step without offload. The copies are exact, so the loss
+    /// (no atomics) must be the same bits, and each gradient may differ only as two runs without
+    /// offload differ (float atomics in the norm gains' and the embedding's gradients): within
+    /// four times that spread, or 1e-3 of its largest value. A copy read before it landed, or a
+    /// buffer freed or reused while a copy still used it, errs by the size of the values.
     fn offload(&mut self) -> Result<()> {
         let cfg = Config {
             vocab_size: 512,
@@ -692,7 +691,13 @@ impl Checker {
             for (s, (off, (p, a))) in names.iter().zip(runs) {
                 let err = max_diff(off, p);
                 let err = if err.is_nan() { f64::INFINITY } else { err };
-                checks.push((format!("{what}: d {}", s.name), err, max_diff(a, p)));
+                // The float atomics of a gradient reorder its sums run to run (measured on an
+                // H200: up to 1.7 times one repeat's spread, 1e-5 of the largest value), while a
+                // copy read early or overwritten errs by the size of the values: a bound of four
+                // spreads, and at least 1e-3 of the gradient's largest value, tells them apart.
+                let largest = p.iter().fold(0.0f64, |m, &x| m.max((x as f64).abs()));
+                let bound = (4.0 * max_diff(a, p)).max(1e-3 * largest);
+                checks.push((format!("{what}: d {}", s.name), err, bound));
             }
             // Two layers' checkpoints on the device at most, instead of five.
             let share = offloaded.1 as f64 / plain.1 as f64;

@@ -15,15 +15,19 @@
 set -u
 BIN_DIR=${BIN_DIR:-.dev}
 PEERS=$(dirname "$0")
+PY=python3; [ -x /opt/torch/.venv/bin/python3 ] && PY=/opt/torch/.venv/bin/python3
 export DISTFLASH_CACHE_DIR=${DISTFLASH_CACHE_DIR:-/tmp/distflash-cache} PYTHONUNBUFFERED=1
+# CASES="qwen2:cpu yarn:cuda ..." runs only those (name:device, names as below).
+CASES=${CASES:-}
 status=0
-BIN_DIR=$BIN_DIR TESTS="gpu_ops" bash "$PEERS/gpu_tests.sh" || status=1
+[ -z "$CASES" ] && { BIN_DIR=$BIN_DIR TESTS="gpu_ops" bash "$PEERS/gpu_tests.sh" || status=1; }
 run() {  # name, device, hf_parity arguments
   local name=$1 device=$2
   shift 2
+  [ -n "$CASES" ] && [[ " $CASES " != *" $name:$device "* ]] && return
   local dir
   dir=$(mktemp -d)
-  if python3 "$PEERS/hf_parity.py" --bin "$BIN_DIR/distflash" --out "$dir" --device "$device" "$@" \
+  if timeout "${CASE_TIMEOUT:-120}" $PY "$PEERS/hf_parity.py" --bin "$BIN_DIR/distflash" --out "$dir" --device "$device" "$@" \
     > "$OUT/parity_${name}_$device.log" 2>&1; then
     echo "$name ($device) passed"
   else

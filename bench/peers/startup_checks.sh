@@ -68,10 +68,10 @@ done
 fi
 
 if wanted bench; then
-BENCH="bench train --device cuda --preset llama2-7b --seq-len 16384 --checkpoint remat --json"
-for run in "1 none" "2 none" "2 full" "1 none"; do
-  set -- $run
-  timed timeout 300 "$BIN" $BENCH --workers "$1" --shard "$2" >> "$LOG" 2>&1
+BENCH="bench train --device cuda --preset llama2-7b --seq-len 16384 --checkpoint remat --json ${BENCH_ARGS:-}"
+for run in ${BENCH_RUNS:-"1:none" "2:none" "2:full" "1:none"}; do
+  set -- ${run/:/ }
+  timed timeout "${BENCH_TIMEOUT:-300}" "$BIN" $BENCH --workers "$1" --shard "$2" >> "$LOG" 2>&1
 done
 fi
 
@@ -90,7 +90,7 @@ ls -la "$WORK/llama3-8b" >> "$LOG"
 for run in "1 none" "2 full"; do
   set -- $run
   echo "=== init-from, workers $1, shard $2" >> "$LOG"
-  timed timeout 300 "$BIN" train --device cuda --init-from "$WORK/llama3-8b" --seq-len 16384 \
+  timed timeout "${INIT_TIMEOUT:-300}" "$BIN" train --device cuda --init-from "$WORK/llama3-8b" --seq-len 16384 \
     --batch 1 --steps 2 --lr 1e-5 --workers "$1" --shard "$2" --json >> "$LOG" 2>&1
 done
 rm -rf "$WORK/llama3-8b"
