@@ -145,6 +145,13 @@ struct Checker {
 type Pair = (Tensor, Vec<f64>);
 
 impl Checker {
+    /// `seq + 1` random tokens: one sequence's inputs and, shifted by one, its targets.
+    fn random_tokens(&mut self, vocab: usize, seq: usize) -> Vec<u32> {
+        (0..=seq)
+            .map(|_| self.rng.random_range(0..vocab as u32))
+            .collect()
+    }
+
     fn random(&mut self, len: usize, lo: f32, hi: f32) -> Vec<f32> {
         (0..len).map(|_| self.rng.random_range(lo..hi)).collect()
     }
@@ -522,15 +529,9 @@ impl Checker {
 
     fn model_of(&mut self, cfg: &Config) -> Result<()> {
         let seq = 96;
-        let tokens: Vec<u32> = (0..=seq)
-            .map(|_| self.rng.random_range(0..cfg.vocab_size as u32))
-            .collect();
-        let chunk = Chunk {
-            tokens: &tokens[..seq],
-            targets: &tokens[1..],
-            positions: &[Span { start: 0, len: seq }],
-            sequence: seq,
-        };
+        let tokens = self.random_tokens(cfg.vocab_size, seq);
+        let whole = [Span { start: 0, len: seq }];
+        let chunk = whole_chunk(&tokens, &whole);
         // Random weights, the biases (zero at initialization) random too so they matter: of
         // 0.05, larger than a projection's output (about 0.02·√d). Biases of 0.5 (measured on an
         // H200) make every token's normalized input of the next layer nearly the same vector,
@@ -634,15 +635,9 @@ impl Checker {
             ..Config::preset("tiny")?
         };
         let seq = 4096;
-        let tokens: Vec<u32> = (0..=seq)
-            .map(|_| self.rng.random_range(0..cfg.vocab_size as u32))
-            .collect();
-        let chunk = Chunk {
-            tokens: &tokens[..seq],
-            targets: &tokens[1..],
-            positions: &[Span { start: 0, len: seq }],
-            sequence: seq,
-        };
+        let tokens = self.random_tokens(cfg.vocab_size, seq);
+        let whole = [Span { start: 0, len: seq }];
+        let chunk = whole_chunk(&tokens, &whole);
         let w = weights::random(&self.gpu, &cfg, 5)?;
         let gpu = &self.gpu;
         let run = |keep: Keep| -> Result<(f64, usize, Vec<Vec<f32>>)> {
@@ -718,6 +713,18 @@ impl Checker {
             self.verdict(&name, err, bound);
         }
         Ok(())
+    }
+}
+
+/// The chunk of a whole sequence held by one worker: `tokens` (`seq + 1` of them) as inputs
+/// and targets at the positions `whole` (one run over the sequence).
+fn whole_chunk<'a>(tokens: &'a [u32], whole: &'a [Span]) -> Chunk<'a> {
+    let seq = tokens.len() - 1;
+    Chunk {
+        tokens: &tokens[..seq],
+        targets: &tokens[1..],
+        positions: whole,
+        sequence: seq,
     }
 }
 
