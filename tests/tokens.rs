@@ -1,12 +1,18 @@
 //! Training on real text: a tokenizer built here with the `tokenizers` crate's trainer on the
-//! repository's own README, a JSON-lines corpus of its paragraphs, tokenized once into a token
+//! repository's own README, a JSON-lines (or Parquet) corpus of its paragraphs, tokenized once into a token
 //! file that later runs reuse; the loss falls, and a resumed run continues the same stream.
 
 mod common;
 
 use common::{distflash, temp_dir};
+use parquet::basic::Compression;
+use parquet::data_type::{ByteArray, ByteArrayType};
+use parquet::file::properties::WriterProperties;
+use parquet::file::writer::SerializedFileWriter;
+use parquet::schema::parser::parse_message_type;
 use std::path::{Path, PathBuf};
 use std::process::Output;
+use std::sync::Arc;
 use tokenizers::models::TrainerWrapper;
 use tokenizers::models::bpe::{BPE, BpeTrainerBuilder};
 use tokenizers::pre_tokenizers::whitespace::Whitespace;
@@ -221,5 +227,89 @@ fn the_token_file_keeps_every_document_and_its_end() {
     // Opened again, the same file: the tokens are not recomputed.
     let again = TokenFile::open(&data, &tk, Some("</s>")).unwrap();
     assert_eq!((again.key(), again.len()), (file.key(), file.len()));
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// Writes `rows` as a Parquet file of the one-column schema `message`, two rows a row group (so
+/// a reader must go past the first), pages compressed with `codec`.
+fn write_parquet(path: &Path, message: &str, rows: &[&str], codec: Compression) {
+    let schema = Arc::new(parse_message_type(message).unwrap());
+    let props = Arc::new(WriterProperties::builder().set_compression(codec).build());
+    let file = std::fs::File::create(path).unwrap();
+    let mut writer = SerializedFileWriter::new(file, schema, props).unwrap();
+    for group in rows.chunks(2) {
+        let mut rg = writer.next_row_group().unwrap();
+        let mut col = rg.next_column().unwrap().unwrap();
+        let values: Vec<ByteArray> = group.iter().map(|s| ByteArray::from(*s)).collect();
+        col.typed::<ByteArrayType>()
+            .write_batch(&values, None, None)
+            .unwrap();
+        col.close().unwrap();
+        rg.close().unwrap();
+    }
+    writer.close().unwrap();
+}
+
+/// A Parquet corpus (its `text` column, Snappy-compressed or not) gives the tokens of the same
+/// documents as JSON lines: the same documents, in order, each with its end.
+#[test]
+fn a_parquet_corpus_gives_the_tokens_of_the_same_json_lines() {
+    use distflash::train::tokens::TokenFile;
+    let dir = temp_dir("tokens", "parquet");
+    let (tk, data) = (tokenizer(&dir), corpus(&dir));
+    let want = TokenFile::open(&data, &tk, None).unwrap();
+    let text = std::fs::read_to_string(&data).unwrap();
+    let docs: Vec<String> = text
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["text"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    let docs: Vec<&str> = docs.iter().map(String::as_str).collect();
+    for (name, codec) in [
+        ("snappy", Compression::SNAPPY),
+        ("plain", Compression::UNCOMPRESSED),
+    ] {
+        let path = dir.join(format!("corpus-{name}.parquet"));
+        write_parquet(
+            &path,
+            "message schema { REQUIRED BYTE_ARRAY text (UTF8); }",
+            &docs,
+            codec,
+        );
+        let got = TokenFile::open(&path, &tk, None).unwrap();
+        assert_eq!(got.document_ends(), want.document_ends(), "{name}");
+        assert_eq!(
+            got.tokens(0, got.len()),
+            want.tokens(0, want.len()),
+            "{name}"
+        );
+    }
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn a_parquet_file_without_a_text_column_of_strings_is_named() {
+    use distflash::train::tokens::TokenFile;
+    let dir = temp_dir("tokens", "parquet-bad");
+    let tk = tokenizer(&dir);
+    let path = dir.join("corpus.parquet");
+    let err = |message: &str| {
+        write_parquet(&path, message, &["a", "b", "c"], Compression::SNAPPY);
+        TokenFile::open(&path, &tk, None).err().unwrap().to_string()
+    };
+    let e = err("message schema { REQUIRED BYTE_ARRAY content (UTF8); }");
+    assert!(
+        e.contains("has no column 'text' (its columns: content)"),
+        "{e}"
+    );
+    let e = err("message schema { REQUIRED BYTE_ARRAY text; }");
+    assert!(e.contains("column 'text' does not hold strings"), "{e}");
+    std::fs::write(&path, b"{\"text\": \"json lines, not parquet\"}\n").unwrap();
+    let e = TokenFile::open(&path, &tk, None).err().unwrap().to_string();
+    assert!(e.contains("is not a readable Parquet file"), "{e}");
     std::fs::remove_dir_all(dir).unwrap();
 }

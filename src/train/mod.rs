@@ -10,6 +10,7 @@ pub mod bench;
 pub mod data;
 pub mod lr;
 pub mod memory;
+mod parquet_docs;
 pub mod shard;
 pub mod state;
 pub mod svg;

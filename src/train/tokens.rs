@@ -9,6 +9,7 @@
 //! id, the token and document counts), then the tokens as `u32`, then each document's end (the
 //! index after its end-of-document token) as `u64`.
 
+use super::parquet_docs;
 use anyhow::{Context, Result, anyhow, bail};
 use indicatif::{ProgressBar, ProgressStyle};
 use memmap2::Mmap;
@@ -226,8 +227,12 @@ fn cache_path(corpus: &Path, id: Identity) -> PathBuf {
     corpus.with_file_name(format!("{name}.{:016x}.tokens", id.tokenizer))
 }
 
-/// The documents of a corpus: one per line of JSON lines (its `text`), else the whole file.
+/// The documents of a corpus: one per row of a Parquet file or per line of JSON lines (their
+/// `text`), else the whole file.
 fn documents(corpus: &Path, text: &[u8]) -> Result<Vec<String>> {
+    if corpus.extension().is_some_and(|e| e == "parquet") {
+        return parquet_docs::documents(corpus);
+    }
     let text = std::str::from_utf8(text)
         .map_err(|e| anyhow!("{} is not UTF-8 text: {e}", corpus.display()))?;
     let jsonl = corpus
