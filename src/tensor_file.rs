@@ -2,8 +2,10 @@
 //! tools read, so anyone can check our results with their own code.
 
 use anyhow::{Context, Result, bail};
-use safetensors::{Dtype, SafeTensors, tensor::TensorView};
+use safetensors::{Dtype, SafeTensors, View};
+use std::borrow::Cow;
 use std::collections::HashMap;
+use std::fs::File;
 use std::path::Path;
 
 /// A named tensor to write: shape and row-major f32 data.
@@ -13,15 +15,11 @@ pub struct Named<'a> {
     pub data: &'a [f32],
 }
 
-/// Writes `tensors` and string `metadata` to `path` (through a temporary file and a rename, so a
-/// reader never sees a half-written file).
+/// Writes `tensors` and string `metadata` to `path` (through a temporary file, synced, and a
+/// rename, so a reader or a crash never leaves a half-written file there). Each tensor becomes
+/// bytes only as it is written: a 7B model's file needs no second copy of it in memory.
 pub fn write(path: &Path, tensors: &[Named<'_>], metadata: &[(&str, &str)]) -> Result<()> {
-    let bytes: Vec<Vec<u8>> = tensors
-        .iter()
-        .map(|t| t.data.iter().flat_map(|x| x.to_le_bytes()).collect())
-        .collect();
-    let mut views = Vec::with_capacity(tensors.len());
-    for (t, b) in tensors.iter().zip(&bytes) {
+    for t in tensors {
         if t.shape.iter().product::<usize>() != t.data.len() {
             bail!(
                 "tensor '{}' has {} elements but shape {:?}",
@@ -30,17 +28,41 @@ pub fn write(path: &Path, tensors: &[Named<'_>], metadata: &[(&str, &str)]) -> R
                 t.shape
             );
         }
-        views.push((t.name, TensorView::new(Dtype::F32, t.shape.clone(), b)?));
     }
+    let views = tensors.iter().map(|t| (t.name, F32Bytes(t)));
     let meta: HashMap<String, String> = metadata
         .iter()
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect();
-    let buffer = safetensors::serialize(views, (!meta.is_empty()).then_some(meta))?;
     let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, buffer).with_context(|| format!("cannot write {}", tmp.display()))?;
+    safetensors::serialize_to_file(views, (!meta.is_empty()).then_some(meta), &tmp)
+        .with_context(|| format!("cannot write {}", tmp.display()))?;
+    File::open(&tmp)
+        .and_then(|f| f.sync_all())
+        .with_context(|| format!("cannot write {} to disk", tmp.display()))?;
     std::fs::rename(&tmp, path)
         .with_context(|| format!("cannot move {} to {}", tmp.display(), path.display()))
+}
+
+/// A tensor as safetensors writes it: its f32 values made little-endian bytes when written.
+struct F32Bytes<'a>(&'a Named<'a>);
+
+impl View for F32Bytes<'_> {
+    fn dtype(&self) -> Dtype {
+        Dtype::F32
+    }
+
+    fn shape(&self) -> &[usize] {
+        &self.0.shape
+    }
+
+    fn data(&self) -> Cow<'_, [u8]> {
+        Cow::Owned(self.0.data.iter().flat_map(|x| x.to_le_bytes()).collect())
+    }
+
+    fn data_len(&self) -> usize {
+        4 * self.0.data.len()
+    }
 }
 
 /// Tensors read from a file: name → (shape, row-major data).

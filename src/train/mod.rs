@@ -34,7 +34,7 @@ use lr::{Decay, LrSchedule};
 use memory::MemoryCheck;
 use serde::Serialize;
 use shard::{Held, Optimizer, Shard};
-use state::{RunKey, State};
+use state::{Part, RunKey, Saved, State};
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -148,8 +148,8 @@ pub fn initial_weights(c: &Config, init: &Init) -> Result<Vec<Vec<f32>>> {
 enum Start {
     /// Step 0: weights made where each worker keeps them, zero moments allocated there.
     Fresh(Source),
-    /// A checkpoint's whole host state, each worker taking its pieces (re-sharded on load).
-    Resumed(State),
+    /// A checkpoint, mapped: each worker reads its pieces (re-sharded on load).
+    Resumed(Saved),
 }
 
 /// The weights of a fresh run, opened (and checked) once before any worker starts.
@@ -603,9 +603,19 @@ fn run_steps<D: ModelDevice, C: Communicator<D::Tensor>>(
             Held::drawn(cfg, o.shard, ranks, |spans| source.draw(ops, cfg, spans))?,
             Optimizer::zeroed(ops, cfg, o.shard, ranks)?,
         ),
-        Start::Resumed(s) => (
-            Held::from_host(ops, cfg, &s.weights, o.shard, ranks)?,
-            Optimizer::new(ops, cfg, o.shard, ranks, &s.m, &s.v)?,
+        Start::Resumed(saved) => (
+            Held::drawn(cfg, o.shard, ranks, |spans| {
+                let mut pieces = spans.iter().enumerate();
+                Weights::build(cfg, |s| {
+                    let (k, span) = pieces
+                        .next()
+                        .with_context(|| format!("no piece to read for '{}'", s.name))?;
+                    ops.upload(&saved.piece(Part::Weights, k, *span)?)
+                })
+            })?,
+            Optimizer::read(ops, cfg, o.shard, ranks, |part, k, span| {
+                saved.piece(part, k, span)
+            })?,
         ),
     };
     let mut solo = Solo;

@@ -14,6 +14,7 @@
 //! of a batch's sequences are reduced one contribution at a time, so they round differently.
 
 use super::attention::ModelAttention;
+use super::state::Part;
 use super::{Tally, all_reduce, all_reduce_tally, collectives};
 use crate::comm::{Buffer, Communicator, Solo, shard_span, shard_spans};
 use crate::model::config::Config;
@@ -476,35 +477,30 @@ pub(super) struct Optimizer<T> {
 }
 
 impl<T: Buffer + Clone> Optimizer<T> {
-    /// Worker `rank` of `world`'s pieces of the whole host moments `m` and `v` (`specs` order) on
-    /// the device: a run resumed with another worker count re-shards them here. One worker
-    /// holds everything whatever `shard` says.
-    pub fn new<O: Ops<T = T>>(
+    /// Worker `rank` of `world`'s moments on the device, each piece it keeps (tensor `k`'s span;
+    /// whole tensors unless sharded) read from the host by `read` one at a time: a resumed run,
+    /// which re-shards a checkpoint of any worker count here. One worker holds everything
+    /// whatever `shard` says.
+    pub fn read<O: Ops<T = T>>(
         ops: &O,
         c: &Config,
         shard: Shard,
         (rank, world): (usize, usize),
-        m: &[Vec<f32>],
-        v: &[Vec<f32>],
+        read: impl Fn(Part, usize, Span) -> Result<Vec<f32>>,
     ) -> Result<Self> {
         let shard = shard.over(world);
-        let specs = specs(c);
-        if m.len() != specs.len() || v.len() != specs.len() {
-            bail!(
-                "the optimizer state holds {} and {} moments for a model of {} tensors",
-                m.len(),
-                v.len(),
-                specs.len()
-            );
-        }
         let spans = own_spans(c, shard.optimizer_shards(world), rank);
-        let upload = |host: &[Vec<f32>]| {
-            upload_spans(c, host, &spans, |t| ops.upload_state(t)).map(Weights::into_tensors)
+        let upload = |part| -> Result<Vec<T>> {
+            spans
+                .iter()
+                .enumerate()
+                .map(|(k, span)| ops.upload_state(&read(part, k, *span)?))
+                .collect()
         };
         Ok(Optimizer {
-            m: upload(m)?,
-            v: upload(v)?,
-            ..Self::empty(c, shard, spans.clone())
+            m: upload(Part::FirstMoment)?,
+            v: upload(Part::SecondMoment)?,
+            ..Self::empty(c, shard, spans)
         })
     }
 

@@ -4,12 +4,15 @@
 //! metadata make a corrupt, truncated or mismatched file refused with a sentence.
 
 use crate::model::config::Config;
-use crate::model::weights::specs;
+use crate::model::weights::{specs, whole_spans};
+use crate::shape::Span;
+use crate::tensor_file::{self, Named};
 use anyhow::{Context, Result, bail};
-use safetensors::tensor::TensorView;
+use memmap2::Mmap;
+use rayon::prelude::*;
 use safetensors::{Dtype, SafeTensors};
-use std::collections::HashMap;
-use std::io::Write;
+use std::borrow::Cow;
+use std::fs::File;
 use std::path::{Path, PathBuf};
 
 const FORMAT: &str = "distflash-train-state/1";
@@ -34,17 +37,21 @@ pub struct State {
     pub v: Vec<Vec<f32>>,
 }
 
-/// FNV-1a over every byte, the integrity check stored with the file.
-fn checksum<'a>(parts: impl Iterator<Item = &'a [f32]>) -> String {
+/// FNV-1a over every byte (of the f32 values, little-endian, in file order), the integrity check
+/// stored with the file.
+fn checksum<'a>(parts: impl Iterator<Item = Cow<'a, [u8]>>) -> String {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for p in parts {
-        for x in p {
-            for b in x.to_le_bytes() {
-                h = (h ^ b as u64).wrapping_mul(0x100_0000_01b3);
-            }
+        for &b in p.iter() {
+            h = (h ^ b as u64).wrapping_mul(0x100_0000_01b3);
         }
     }
     format!("{h:016x}")
+}
+
+/// The little-endian bytes of `values`, as the file holds them.
+fn bytes_of(values: &[f32]) -> Cow<'static, [u8]> {
+    Cow::Owned(values.iter().flat_map(|x| x.to_le_bytes()).collect())
 }
 
 /// The file a checkpoint directory holds.
@@ -52,11 +59,11 @@ pub fn path_in(dir: &Path) -> PathBuf {
     dir.join("state.safetensors")
 }
 
-/// Writes `state` to `path` atomically.
+/// Writes `state` to `path` atomically (`tensor_file::write`).
 pub fn save(path: &Path, key: &RunKey, state: &State) -> Result<()> {
     let specs = specs(&key.config);
     let mut names = Vec::new();
-    let mut data: Vec<&Vec<f32>> = Vec::new();
+    let mut data: Vec<&[f32]> = Vec::new();
     for (prefix, list) in [
         ("", &state.weights),
         ("adamw.m.", &state.m),
@@ -67,16 +74,16 @@ pub fn save(path: &Path, key: &RunKey, state: &State) -> Result<()> {
             data.push(t);
         }
     }
-    let bytes: Vec<Vec<u8>> = data
+    let named: Vec<Named<'_>> = names
         .iter()
-        .map(|t| t.iter().flat_map(|x| x.to_le_bytes()).collect())
+        .zip(&data)
+        .map(|((name, shape), data)| Named {
+            name,
+            shape: shape.clone(),
+            data,
+        })
         .collect();
-    let views = names
-        .iter()
-        .zip(&bytes)
-        .map(|((n, shape), b)| Ok((n.as_str(), TensorView::new(Dtype::F32, shape.clone(), b)?)))
-        .collect::<Result<Vec<_>>>()?;
-    let meta: HashMap<String, String> = [
+    let meta = [
         ("format", FORMAT.to_string()),
         ("step", state.step.to_string()),
         ("samples", state.samples.to_string()),
@@ -84,21 +91,10 @@ pub fn save(path: &Path, key: &RunKey, state: &State) -> Result<()> {
         ("data", key.data.clone()),
         ("seq_len", key.seq_len.to_string()),
         ("batch", key.batch.to_string()),
-        ("checksum", checksum(data.iter().map(|t| t.as_slice()))),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_string(), v))
-    .collect();
-    let buffer = safetensors::serialize(views, Some(meta))?;
-    let tmp = path.with_extension("tmp");
-    let write = || -> std::io::Result<()> {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(&buffer)?;
-        f.sync_all()
-    };
-    write().with_context(|| format!("cannot write {}", tmp.display()))?;
-    std::fs::rename(&tmp, path)
-        .with_context(|| format!("cannot move {} to {}", tmp.display(), path.display()))
+        ("checksum", checksum(data.iter().map(|t| bytes_of(t)))),
+    ];
+    let meta: Vec<(&str, &str)> = meta.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    tensor_file::write(path, &named, &meta)
 }
 
 /// "hidden_size 64 saved, 128 now; ...": the config fields two models differ in, for the
@@ -125,13 +121,90 @@ fn config_differences(saved: &Config, now: &Config) -> String {
     differences
 }
 
-/// Reads a checkpoint for a run with `key`, refusing one that is damaged or from another run.
-pub fn load(path: &Path, key: &RunKey) -> Result<State> {
+/// A checkpoint opened to resume from: its run, every tensor's shape and its checksum checked,
+/// the file memory-mapped so that each worker reads only its pieces of the tensors (a 7B run's
+/// checkpoint is 80 GB of f32 weights and moments).
+pub struct Saved {
+    /// Optimizer steps taken.
+    pub step: u64,
+    /// Sequences consumed: the data position.
+    pub samples: u64,
+    path: PathBuf,
+    map: Mmap,
+    config: Config,
+    /// The parameters' names, `specs` order.
+    names: Vec<String>,
+}
+
+/// Which tensors of a checkpoint: the weights or one of AdamW's moments.
+#[derive(Clone, Copy, Debug)]
+pub enum Part {
+    Weights,
+    FirstMoment,
+    SecondMoment,
+}
+
+impl Part {
+    fn prefix(self) -> &'static str {
+        match self {
+            Part::Weights => "",
+            Part::FirstMoment => "adamw.m.",
+            Part::SecondMoment => "adamw.v.",
+        }
+    }
+}
+
+impl Saved {
+    /// Elements `span` of tensor `k` (`specs` order) of `part`, as f32: one tensor's piece at a
+    /// time, so the host never holds more than one.
+    pub fn piece(&self, part: Part, k: usize, span: Span) -> Result<Vec<f32>> {
+        let name = format!("{}{}", part.prefix(), self.names[k]);
+        let file = self.tensors()?;
+        let view = file
+            .tensor(&name)
+            .with_context(|| format!("{} changed while it was being read", self.path.display()))?;
+        let bytes = view
+            .data()
+            .get(4 * span.start..4 * span.end())
+            .with_context(|| {
+                format!("{name} in {} has no elements {span:?}", self.path.display())
+            })?;
+        Ok(bytes
+            .par_chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect())
+    }
+
+    /// Every tensor of `part` whole (`specs` order).
+    pub fn whole(&self, part: Part) -> Result<Vec<Vec<f32>>> {
+        whole_spans(&self.config)
+            .into_iter()
+            .enumerate()
+            .map(|(k, span)| self.piece(part, k, span))
+            .collect()
+    }
+
+    fn tensors(&self) -> Result<SafeTensors<'_>> {
+        SafeTensors::deserialize(&self.map).with_context(|| {
+            format!(
+                "{} is not a readable checkpoint (truncated or corrupt)",
+                self.path.display()
+            )
+        })
+    }
+}
+
+/// Opens a checkpoint for a run with `key`, refusing one that is damaged or from another run.
+pub fn load(path: &Path, key: &RunKey) -> Result<Saved> {
     let shown = path.display();
-    let bytes = std::fs::read(path).with_context(|| format!("cannot read checkpoint {shown}"))?;
-    let (_, header) = SafeTensors::read_metadata(&bytes)
+    let file = File::open(path).with_context(|| format!("cannot read checkpoint {shown}"))?;
+    // SAFETY: the map is read-only, and a run replaces its checkpoint by renaming a new file
+    // over it, which leaves this mapping's file as it was.
+    let map =
+        unsafe { Mmap::map(&file) }.with_context(|| format!("cannot map checkpoint {shown}"))?;
+    let (_, header) = SafeTensors::read_metadata(&map)
         .with_context(|| format!("{shown} is not a readable checkpoint (truncated or corrupt)"))?;
-    let file = SafeTensors::deserialize(&bytes)
+    let tensors = SafeTensors::deserialize(&map)
         .with_context(|| format!("{shown} is not a readable checkpoint (truncated or corrupt)"))?;
     let meta = header.metadata().clone().unwrap_or_default();
     let get = |k: &str| {
@@ -166,47 +239,37 @@ pub fn load(path: &Path, key: &RunKey) -> Result<State> {
             .parse()
             .with_context(|| format!("{shown} has an unreadable '{k}'"))
     };
-    let mut host: HashMap<String, (Vec<usize>, Vec<f32>)> = HashMap::new();
-    for (name, view) in file.tensors() {
-        if view.dtype() != Dtype::F32 {
-            bail!("tensor '{name}' in {shown} is not F32");
+    // Every tensor present, f32, of its shape; the checksum over them in file order.
+    let mut in_order = Vec::new();
+    for part in [Part::Weights, Part::FirstMoment, Part::SecondMoment] {
+        for s in specs(&key.config) {
+            let name = format!("{}{}", part.prefix(), s.name);
+            let view = tensors
+                .tensor(&name)
+                .with_context(|| format!("{shown} lacks tensor '{name}'"))?;
+            if view.dtype() != Dtype::F32 {
+                bail!("tensor '{name}' in {shown} is not F32");
+            }
+            if view.shape() != s.shape {
+                bail!(
+                    "tensor '{name}' in {shown} has shape {:?}, expected {:?}",
+                    view.shape(),
+                    s.shape
+                );
+            }
+            in_order.push(view.data());
         }
-        let data = view
-            .data()
-            .chunks_exact(4)
-            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-            .collect();
-        host.insert(name, (view.shape().to_vec(), data));
     }
-    let specs = specs(&key.config);
-    let mut take = |prefix: &str| -> Result<Vec<Vec<f32>>> {
-        specs
-            .iter()
-            .map(|s| {
-                let name = format!("{prefix}{}", s.name);
-                let (shape, data) = host
-                    .remove(&name)
-                    .with_context(|| format!("{shown} lacks tensor '{name}'"))?;
-                if shape != s.shape {
-                    bail!(
-                        "tensor '{name}' in {shown} has shape {shape:?}, expected {:?}",
-                        s.shape
-                    );
-                }
-                Ok(data)
-            })
-            .collect()
-    };
-    let state = State {
-        step: number("step")?,
-        samples: number("samples")?,
-        weights: take("")?,
-        m: take("adamw.m.")?,
-        v: take("adamw.v.")?,
-    };
-    let all = state.weights.iter().chain(&state.m).chain(&state.v);
-    if checksum(all.map(|t| t.as_slice())) != get("checksum")? {
+    if checksum(in_order.into_iter().map(Cow::Borrowed)) != get("checksum")? {
         bail!("{shown} is corrupt: its tensors do not match the checksum saved with them");
     }
-    Ok(state)
+    drop(tensors);
+    Ok(Saved {
+        step: number("step")?,
+        samples: number("samples")?,
+        path: path.to_path_buf(),
+        map,
+        config: key.config.clone(),
+        names: specs(&key.config).into_iter().map(|s| s.name).collect(),
+    })
 }
