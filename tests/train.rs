@@ -347,6 +347,8 @@ fn separate_documents_are_refused_on_the_gpu_and_where_there_are_none() {
         report["loss"].as_f64().unwrap()
     };
     let (masked, whole) = (loss(&separate), loss(&[]));
+    let unnamed: Vec<&str> = [&grads[..5], &separate].concat();
+    fails_with(&unnamed, "name their id with --eos-token");
     assert!((masked - whole).abs() > 1e-4 * whole, "{masked} {whole}");
     fails_with(
         &[&train[..], &["--positions", "restart"]].concat(),

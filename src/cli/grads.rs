@@ -9,6 +9,7 @@ use distflash::model::{Checkpoint, Keep, Offload};
 use distflash::plan::Schedule;
 use distflash::tensor_file::{self, Named};
 use distflash::train;
+use distflash::train::documents::Documents;
 use distflash::train::memory::MemoryCheck;
 use distflash::train::shard::Shard;
 use std::path::PathBuf;
@@ -38,8 +39,8 @@ pub struct Args {
     shard: Option<Shard>,
     #[command(flatten)]
     packing: super::train::PackingArgs,
-    /// The id that ends each document of --tokens under --documents separate (without it the
-    /// sequence is one document).
+    /// The id that ends each document of --tokens (and belongs to it), for --documents
+    /// separate.
     #[arg(long)]
     eos_token: Option<u32>,
     /// With --device cuda, several workers are virtual workers sharing the GPU.
@@ -81,9 +82,15 @@ pub fn run(args: Args) -> Result<()> {
     };
     let host = train::initial_weights(&config, &init)?;
     let how = (args.schedule, Keep::on_device(args.checkpoint), shard);
+    let packing = args.packing.packing();
+    if packing.documents == Documents::Separate && args.eos_token.is_none() {
+        bail!(
+            "--documents separate masks attention at the end-of-document tokens: name their id with --eos-token"
+        );
+    }
     let documents = train::SequenceDocuments {
         eos: args.eos_token,
-        packing: args.packing.packing(),
+        packing,
     };
     let Some(g) = train::gradients(&config, &host, &tokens, how, &documents, &memory, &rt)? else {
         return Ok(()); // a rank other than 0: rank 0 writes the gradients
