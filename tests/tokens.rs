@@ -243,8 +243,22 @@ fn separate_documents_train_on_text_and_resume() {
         train_text((tk, data), steps, &[&workers[..], extra].concat())
     };
     let separate = ["--documents", "separate", "--positions", "restart"];
-    let whole = losses(&run("30", &separate));
+    let held = dir.join("held.jsonl");
+    let eval = ["--eval-data", held.to_str().unwrap(), "--eval-every", "30"];
+    let out = run(
+        "30",
+        &[&separate[..], &eval, &["--eval-sequences", "2"]].concat(),
+    );
+    let whole = losses(&out);
     assert_eq!(whole.len(), 30);
+    let evals = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.contains("\"eval_loss\""))
+        .count();
+    assert_eq!(
+        evals, 1,
+        "the held-out documents are evaluated, masked alike"
+    );
     let mean = |l: &[f64]| l.iter().sum::<f64>() / l.len() as f64;
     let (first, last) = (mean(&whole[..5]), mean(&whole[25..]));
     assert!(last < first - 0.4, "the loss should fall: {whole:?}");

@@ -7,6 +7,7 @@ mod common;
 use common::{distflash, temp_dir, tiny_options as options, train_on_threads};
 use distflash::model::config::Config;
 use distflash::plan::Schedule;
+use distflash::train::documents::{Packing, Positions};
 use distflash::train::{Options, StepReport, state};
 use std::sync::Mutex;
 
@@ -304,6 +305,17 @@ fn a_mistral_window_trains_on_the_cpu_and_is_refused_on_the_gpu() {
         String::from_utf8_lossy(&out.stderr)
     );
     std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// A synthetic sequence is one document: separate documents train it as packed ones do, bit for
+/// bit (the mask is plain causal attention, the plans the same).
+#[test]
+fn synthetic_sequences_are_one_document() {
+    let separate = Options {
+        packing: Packing::separate(Positions::Restart),
+        ..options(3, None, None)
+    };
+    assert_eq!(run(&separate), run(&options(3, None, None)));
 }
 
 /// `--documents separate` is refused on the GPU, whose kernels take no mask yet, before any
