@@ -561,7 +561,7 @@ impl Checker {
         let dense = || Dense {
             dims: cfg.dims(),
             rows: seq,
-            window: None,
+            mask: distflash::shape::Mask::causal(),
         };
         let scale = 1.0 / seq as f64;
         for policy in [Checkpoint::None, Checkpoint::Layer, Checkpoint::Remat] {

@@ -10,14 +10,16 @@ use distflash::model::weights::{Weights, specs};
 use distflash::model::{Checkpoint, Chunk, Keep, Offload, forward_backward};
 use distflash::plan::Schedule;
 use distflash::runtime::Runtime;
-use distflash::train::Gradients;
+use distflash::shape::Span;
+use distflash::train::documents::{Packing, Positions, restarted};
 use distflash::train::memory::MemoryCheck;
 use distflash::train::shard::Shard;
+use distflash::train::{Gradients, SequenceDocuments};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use std::time::Duration;
 
-/// `train::gradients` with `workers` CPU worker threads.
+/// `train::gradients` with `workers` CPU worker threads, the sequence one document.
 fn gradients(
     c: &Config,
     weights: &[Vec<f32>],
@@ -25,6 +27,20 @@ fn gradients(
     workers: usize,
     schedule: Schedule,
     keep: Keep,
+    timeout: Duration,
+) -> anyhow::Result<Gradients> {
+    let documents = SequenceDocuments::default();
+    let how = (schedule, keep, &documents);
+    gradients_of(c, weights, tokens, workers, how, timeout)
+}
+
+/// [`gradients`] of a sequence whose documents `documents` says how to find and treat.
+fn gradients_of(
+    c: &Config,
+    weights: &[Vec<f32>],
+    tokens: &[u32],
+    workers: usize,
+    (schedule, keep, documents): (Schedule, Keep, &SequenceDocuments),
     timeout: Duration,
 ) -> anyhow::Result<Gradients> {
     let memory = MemoryCheck {
@@ -40,7 +56,7 @@ fn gradients(
     };
     let rt = Runtime::cpu_threads(workers, timeout);
     let how = (schedule, keep, Shard::None);
-    let g = distflash::train::gradients(c, weights, tokens, how, &memory, &rt)?;
+    let g = distflash::train::gradients(c, weights, tokens, how, documents, &memory, &rt)?;
     Ok(g.expect("worker threads report"))
 }
 
@@ -132,12 +148,25 @@ fn tokens(c: &Config, n: usize, seed: u64) -> Vec<u32> {
         .collect()
 }
 
-/// Mean loss and gradients of the f64 model with dense attention (one chunk).
+/// Mean loss and gradients of the f64 model with dense attention (one chunk), the sequence one
+/// document.
 fn f64_model(
     c: &Config,
     host: &[Vec<f64>],
     toks: &[u32],
     policy: Checkpoint,
+) -> (f64, Vec<Vec<f64>>) {
+    f64_model_of(c, host, toks, policy, (&[], Positions::Continue))
+}
+
+/// [`f64_model`] of a sequence packed from documents of `doc_lens` tokens (empty: one), each
+/// seeing only itself, its rotary positions as `positions` says.
+fn f64_model_of(
+    c: &Config,
+    host: &[Vec<f64>],
+    toks: &[u32],
+    policy: Checkpoint,
+    (doc_lens, positions): (&[usize], Positions),
 ) -> (f64, Vec<Vec<f64>>) {
     let ops = Cpu::<f64>::new();
     let mut it = host.iter();
@@ -147,12 +176,17 @@ fn f64_model(
     let mut attn = Dense {
         dims: c.dims(),
         rows: n,
-        window: c.sliding_window,
+        mask: c.mask(n, doc_lens).unwrap(),
+    };
+    let whole = [Span { start: 0, len: n }];
+    let runs = match positions {
+        Positions::Continue => whole.to_vec(),
+        Positions::Restart => restarted(&whole, doc_lens),
     };
     let chunk = Chunk {
         tokens: &toks[..n],
         targets: &toks[1..],
-        positions: &[distflash::shape::Span { start: 0, len: n }],
+        positions: &runs,
         sequence: n,
     };
     let out = forward_backward(
@@ -444,4 +478,230 @@ fn the_sliding_window_is_applied_in_training() {
     )
     .unwrap();
     assert!((two.loss - windowed64).abs() < 1e-5 * windowed64);
+}
+
+/// The end-of-document id of the packed-document tests (random tokens avoid it).
+const EOS: u32 = 3;
+
+/// `n + 1` random tokens (inputs and the last target) holding `EOS` exactly at the last token of
+/// each document of `doc_lens` but the last, whose end is the sequence's.
+fn packed_tokens(c: &Config, doc_lens: &[usize], seed: u64) -> Vec<u32> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let n: usize = doc_lens.iter().sum();
+    let mut toks: Vec<u32> = (0..=n)
+        .map(|_| {
+            loop {
+                let t = rng.random_range(0..c.vocab_size as u32);
+                if t != EOS {
+                    break t;
+                }
+            }
+        })
+        .collect();
+    let mut end = 0;
+    for &l in &doc_lens[..doc_lens.len() - 1] {
+        end += l;
+        toks[end - 1] = EOS;
+    }
+    toks
+}
+
+/// Whether some chunk boundary of `workers` workers under `schedule` falls exactly at a document
+/// end, and some document crosses one.
+fn boundaries(seq: usize, workers: usize, schedule: Schedule, doc_lens: &[usize]) -> (bool, bool) {
+    let part = distflash::plan::Partition::new(seq, workers, schedule).unwrap();
+    let cuts: Vec<usize> = part
+        .spans()
+        .iter()
+        .map(|s| s.start)
+        .filter(|&s| s > 0)
+        .collect();
+    let ends: Vec<usize> = doc_lens
+        .iter()
+        .scan(0, |e, &l| {
+            *e += l;
+            Some(*e)
+        })
+        .collect();
+    let starts: Vec<usize> = ends.iter().zip(doc_lens).map(|(e, l)| e - l).collect();
+    let at_end = cuts.iter().any(|c| ends.contains(c));
+    let crossed = cuts
+        .iter()
+        .any(|&c| starts.iter().zip(&ends).any(|(&s, &e)| s < c && c < e));
+    (at_end, crossed)
+}
+
+/// Under `--documents separate` the loss and every gradient on 1 to 4 workers and every schedule
+/// are the f64 model's with each document masked off from the others (with and without
+/// restarted positions; with the model's sliding window too): documents of one token, documents
+/// crossing chunk boundaries and ending exactly at one. The mask changes the loss, so the check
+/// could fail.
+#[test]
+fn separate_documents_equal_the_f64_model_on_every_worker_count_and_schedule() {
+    let docs = [1, 5, 1, 9, 7];
+    let (mut ended_at_cut, mut crossed) = (false, false);
+    for c in [small(false), windowed()] {
+        let host = host_weights(&c, 11);
+        let toks = packed_tokens(&c, &docs, 12);
+        let (packed64, _) = f64_model(&c, &widen(&host), &toks, Checkpoint::None);
+        for positions in [Positions::Continue, Positions::Restart] {
+            let (loss64, grads64) = f64_model_of(
+                &c,
+                &widen(&host),
+                &toks,
+                Checkpoint::None,
+                (&docs, positions),
+            );
+            assert!(
+                (loss64 - packed64).abs() > 1e-3 * packed64,
+                "the mask changes the loss: {loss64} {packed64}"
+            );
+            let documents = SequenceDocuments {
+                eos: Some(EOS),
+                packing: Packing::separate(positions),
+            };
+            for workers in 1..=4 {
+                for schedule in [
+                    Schedule::Balanced,
+                    Schedule::Unbalanced,
+                    Schedule::Zigzag,
+                    Schedule::Greedy,
+                ] {
+                    let (at, across) = boundaries(23, workers, schedule, &docs);
+                    ended_at_cut |= at;
+                    crossed |= across;
+                    let keep = Keep::on_device(Checkpoint::Remat);
+                    let g = gradients_of(
+                        &c,
+                        &host,
+                        &toks,
+                        workers,
+                        (schedule, keep, &documents),
+                        Duration::from_secs(60),
+                    )
+                    .unwrap();
+                    let what = format!(
+                        "{:?} {positions:?} {workers} workers {schedule}",
+                        c.model_type
+                    );
+                    assert!(
+                        (g.loss - loss64).abs() < 1e-5 * loss64,
+                        "{what}: f32 loss {} vs f64 {loss64}",
+                        g.loss
+                    );
+                    for (s, (g, want)) in specs(&c).iter().zip(g.grads.iter().zip(&grads64)) {
+                        assert!(
+                            rel(g, want) < 1e-4,
+                            "{what}: {} relative error {:e} against f64",
+                            s.name,
+                            rel(g, want)
+                        );
+                    }
+                }
+            }
+        }
+    }
+    assert!(ended_at_cut && crossed, "the cases cover both boundaries");
+}
+
+/// The independent check: with positions restarted, a sequence packed from documents A, B, C
+/// (one of a single token) gives the summed loss and gradients of A, B and C each run alone as
+/// its own sequence (its last input's target the next document's first token), up to f32
+/// rounding; documents that see each other do not.
+#[test]
+fn separate_documents_train_as_the_documents_alone() {
+    let c = small(false);
+    let docs = [9, 1, 13];
+    let host = host_weights(&c, 13);
+    let toks = packed_tokens(&c, &docs, 14);
+    let n = toks.len() - 1;
+    let keep = Keep::on_device(Checkpoint::Remat);
+    let timeout = Duration::from_secs(60);
+    let mut want_loss = 0.0;
+    let mut want: Vec<Vec<f64>> = specs(&c).iter().map(|s| vec![0.0; s.elements()]).collect();
+    let mut start = 0;
+    for &l in &docs {
+        let alone = gradients(
+            &c,
+            &host,
+            &toks[start..=start + l],
+            1,
+            Schedule::Balanced,
+            keep,
+            timeout,
+        )
+        .unwrap();
+        want_loss += alone.loss * l as f64;
+        for (w, g) in want.iter_mut().zip(&alone.grads) {
+            for (w, &g) in w.iter_mut().zip(g) {
+                *w += g as f64 * l as f64;
+            }
+        }
+        start += l;
+    }
+    let run = |packing| {
+        let documents = SequenceDocuments {
+            eos: Some(EOS),
+            packing,
+        };
+        gradients_of(
+            &c,
+            &host,
+            &toks,
+            3,
+            (Schedule::Zigzag, keep, &documents),
+            timeout,
+        )
+        .unwrap()
+    };
+    let packed = run(Packing::separate(Positions::Restart));
+    assert!(
+        (packed.loss * n as f64 - want_loss).abs() < 1e-5 * want_loss,
+        "packed {} vs the documents alone {want_loss}",
+        packed.loss * n as f64
+    );
+    for (s, (g, w)) in specs(&c).iter().zip(packed.grads.iter().zip(&want)) {
+        let summed: Vec<f32> = g.iter().map(|&x| x * n as f32).collect();
+        assert!(
+            rel(&summed, w) < 1e-5,
+            "{}: relative error {:e} against the documents alone",
+            s.name,
+            rel(&summed, w)
+        );
+    }
+    let seeing = run(Packing::packed());
+    assert!((seeing.loss * n as f64 - want_loss).abs() > 1e-3 * want_loss);
+}
+
+/// Short documents hide most blocks, which the plans neither compute nor fetch: the bytes a
+/// worker sends in a step's forward and backward fall below the unmasked run's on 4 workers.
+#[test]
+fn short_documents_move_fewer_bytes() {
+    let c = small(false);
+    let docs = [4; 16];
+    let host = host_weights(&c, 15);
+    let toks = packed_tokens(&c, &docs, 16);
+    let run = |packing| {
+        let documents = SequenceDocuments {
+            eos: Some(EOS),
+            packing,
+        };
+        let how = (
+            Schedule::Balanced,
+            Keep::on_device(Checkpoint::Remat),
+            &documents,
+        );
+        gradients_of(&c, &host, &toks, 4, how, Duration::from_secs(60))
+            .unwrap()
+            .pass_bytes_sent
+    };
+    let (separate, packed) = (
+        run(Packing::separate(Positions::Continue)),
+        run(Packing::packed()),
+    );
+    assert!(packed > 0);
+    assert!(
+        separate < packed,
+        "separate {separate} vs packed {packed} bytes"
+    );
 }

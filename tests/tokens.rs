@@ -77,6 +77,31 @@ fn losses(out: &Output) -> Vec<f64> {
         .collect()
 }
 
+/// `train --json` of `steps` steps on `data` under the tokenizer `tk`: sequences of 64 tokens, 4
+/// a step, a peak rate of 1e-2 after 5 warm-up steps, and `extra`.
+fn train_text((tk, data): (&str, &str), steps: &str, extra: &[&str]) -> Output {
+    let mut args = vec![
+        "train",
+        "--tokenizer",
+        tk,
+        "--data",
+        data,
+        "--seq-len",
+        "64",
+        "--batch",
+        "4",
+        "--lr",
+        "1e-2",
+        "--warmup",
+        "5",
+        "--json",
+        "--steps",
+        steps,
+    ];
+    args.extend_from_slice(extra);
+    distflash(&args)
+}
+
 #[test]
 fn trains_on_tokenized_text_and_resumes_the_same_stream() {
     let dir = temp_dir("tokens", "train");
@@ -84,28 +109,7 @@ fn trains_on_tokenized_text_and_resumes_the_same_stream() {
     let (tk, data) = (tk.to_str().unwrap(), data.to_str().unwrap());
     let save = dir.join("run");
     let run = |steps: &str, extra: &[&str]| {
-        let mut args = vec![
-            "train",
-            "--tokenizer",
-            tk,
-            "--data",
-            data,
-            "--seq-len",
-            "64",
-            "--batch",
-            "4",
-            "--workers",
-            "2",
-            "--lr",
-            "1e-2",
-            "--warmup",
-            "5",
-            "--json",
-            "--steps",
-            steps,
-        ];
-        args.extend_from_slice(extra);
-        distflash(&args)
+        train_text((tk, data), steps, &[&["--workers", "2"], extra].concat())
     };
     let held = dir.join("held.jsonl");
     let eval = ["--eval-data", held.to_str().unwrap(), "--eval-every", "10"];
@@ -314,5 +318,52 @@ fn a_parquet_file_without_a_text_column_of_strings_is_named() {
     std::fs::write(&path, b"{\"text\": \"json lines, not parquet\"}\n").unwrap();
     let e = TokenFile::open(&path, &tk, None).err().unwrap().to_string();
     assert!(e.contains("is not a readable Parquet file"), "{e}");
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// With `--documents separate` (positions restarted) a model learns the text, its documents
+/// masked off from each other at the `</s>` tokens, and a resumed run continues the same
+/// trajectory; the masks change it (the README's paragraphs are shorter than a sequence, so
+/// most sequences hold several documents).
+#[test]
+fn separate_documents_train_on_text_and_resume() {
+    let dir = temp_dir("tokens", "documents");
+    let (tk, data) = (tokenizer(&dir), corpus(&dir));
+    let (tk, data) = (tk.to_str().unwrap(), data.to_str().unwrap());
+    let save = dir.join("run");
+    let run = |steps: &str, extra: &[&str]| {
+        let workers = ["--workers", "3", "--schedule", "zigzag"];
+        train_text((tk, data), steps, &[&workers[..], extra].concat())
+    };
+    let separate = ["--documents", "separate", "--positions", "restart"];
+    let held = dir.join("held.jsonl");
+    let eval = ["--eval-data", held.to_str().unwrap(), "--eval-every", "30"];
+    let out = run(
+        "30",
+        &[&separate[..], &eval, &["--eval-sequences", "2"]].concat(),
+    );
+    let whole = losses(&out);
+    assert_eq!(whole.len(), 30);
+    let evals = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.contains("\"eval_loss\""))
+        .count();
+    assert_eq!(
+        evals, 1,
+        "the held-out documents are evaluated, masked alike"
+    );
+    let mean = |l: &[f64]| l.iter().sum::<f64>() / l.len() as f64;
+    let (first, last) = (mean(&whole[..5]), mean(&whole[25..]));
+    assert!(last < first - 0.4, "the loss should fall: {whole:?}");
+    let s = save.to_str().unwrap();
+    let part = losses(&run("3", &[&separate[..], &["--save-dir", s]].concat()));
+    let rest = losses(&run("6", &[&separate[..], &["--resume", s]].concat()));
+    assert_eq!(
+        [part, rest].concat(),
+        whole[..6],
+        "resume continues the same trajectory"
+    );
+    let packed = losses(&run("6", &[]));
+    assert_ne!(packed, whole[..6], "the masks change the trajectory");
     std::fs::remove_dir_all(dir).unwrap();
 }

@@ -7,6 +7,7 @@ mod common;
 use common::{distflash, temp_dir, tiny_options as options, train_on_threads};
 use distflash::model::config::Config;
 use distflash::plan::Schedule;
+use distflash::train::documents::{Packing, Positions};
 use distflash::train::{Options, StepReport, state};
 use std::sync::Mutex;
 
@@ -302,6 +303,73 @@ fn a_mistral_window_trains_on_the_cpu_and_is_refused_on_the_gpu() {
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
+    );
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// A synthetic sequence is one document: separate documents train it as packed ones do, bit for
+/// bit (the mask is plain causal attention, the plans the same).
+#[test]
+fn synthetic_sequences_are_one_document() {
+    let separate = Options {
+        packing: Packing::separate(Positions::Restart),
+        ..options(3, None, None)
+    };
+    assert_eq!(run(&separate), run(&options(3, None, None)));
+}
+
+/// `--documents separate` is refused on the GPU, whose kernels take no mask yet, before any
+/// device is opened (so this runs without one), by `train` and `grads` alike; restarted
+/// positions need separate documents, and byte data has no documents to separate.
+#[test]
+fn separate_documents_are_refused_on_the_gpu_and_where_there_are_none() {
+    let dir = temp_dir("train", "documents");
+    let gpu = "--documents separate masks attention at document boundaries, and the CUDA kernels do not take masks yet: use --device cpu";
+    let train = ["train", "--seq-len", "32", "--steps", "1"];
+    let separate = ["--documents", "separate"];
+    fails_with(
+        &[&train[..], &separate, &["--device", "cuda"]].concat(),
+        gpu,
+    );
+    let tokens = dir.join("tokens.json");
+    std::fs::write(&tokens, "[1, 20, 3, 71, 72, 3, 20]").unwrap();
+    let out = dir.join("grads.safetensors");
+    let grads = [
+        "grads",
+        "--tokens",
+        tokens.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "--eos-token",
+        "3",
+    ];
+    fails_with(
+        &[&grads[..], &separate, &["--device", "cuda"]].concat(),
+        gpu,
+    );
+    // On the CPU, the end-of-document id of `grads` masks the sequence: another loss.
+    let loss = |extra: &[&str]| {
+        let out = distflash(&[&grads[..], &["--workers", "2"], extra].concat());
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        report["loss"].as_f64().unwrap()
+    };
+    let (masked, whole) = (loss(&separate), loss(&[]));
+    let unnamed: Vec<&str> = [&grads[..5], &separate].concat();
+    fails_with(&unnamed, "name their id with --eos-token");
+    assert!((masked - whole).abs() > 1e-4 * whole, "{masked} {whole}");
+    fails_with(
+        &[&train[..], &["--positions", "restart"]].concat(),
+        "--documents packed lets documents see each other: add --documents separate",
+    );
+    let readme = concat!(env!("CARGO_MANIFEST_DIR"), "/README.md");
+    fails_with(
+        &[&train[..], &separate, &["--data", readme]].concat(),
+        "byte data (--data without --tokenizer) has none: give --tokenizer",
     );
     std::fs::remove_dir_all(dir).unwrap();
 }

@@ -9,6 +9,7 @@ use distflash::model::{Checkpoint, Keep, Offload};
 use distflash::plan::Schedule;
 use distflash::tensor_file::{self, Named};
 use distflash::train;
+use distflash::train::documents::Documents;
 use distflash::train::memory::MemoryCheck;
 use distflash::train::shard::Shard;
 use std::path::PathBuf;
@@ -36,6 +37,12 @@ pub struct Args {
     /// workers, none with one].
     #[arg(long)]
     shard: Option<Shard>,
+    #[command(flatten)]
+    packing: super::train::PackingArgs,
+    /// The id that ends each document of --tokens (and belongs to it), for --documents
+    /// separate.
+    #[arg(long)]
+    eos_token: Option<u32>,
     /// With --device cuda, several workers are virtual workers sharing the GPU.
     #[command(flatten)]
     place: super::DeviceArgs,
@@ -75,7 +82,17 @@ pub fn run(args: Args) -> Result<()> {
     };
     let host = train::initial_weights(&config, &init)?;
     let how = (args.schedule, Keep::on_device(args.checkpoint), shard);
-    let Some(g) = train::gradients(&config, &host, &tokens, how, &memory, &rt)? else {
+    let packing = args.packing.packing();
+    if packing.documents == Documents::Separate && args.eos_token.is_none() {
+        bail!(
+            "--documents separate masks attention at the end-of-document tokens: name their id with --eos-token"
+        );
+    }
+    let documents = train::SequenceDocuments {
+        eos: args.eos_token,
+        packing,
+    };
+    let Some(g) = train::gradients(&config, &host, &tokens, how, &documents, &memory, &rt)? else {
         return Ok(()); // a rank other than 0: rank 0 writes the gradients
     };
     let specs = specs(&config);
@@ -99,6 +116,7 @@ pub fn run(args: Args) -> Result<()> {
             "checkpoint": args.checkpoint,
             "attention_forwards_per_layer": g.attention_forwards_per_layer,
             "peak_activation_bytes": g.peak_activation_bytes,
+            "pass_bytes_sent": g.pass_bytes_sent,
         })
     );
     Ok(())

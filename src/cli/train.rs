@@ -14,6 +14,7 @@ use distflash::plan::Schedule;
 use distflash::runtime::Device;
 use distflash::tensor_file::{self, Named};
 use distflash::train::data::Data;
+use distflash::train::documents::{Documents, Packing, Positions};
 use distflash::train::lr::Decay;
 use distflash::train::memory::MemoryCheck;
 use distflash::train::shard::Shard;
@@ -102,6 +103,8 @@ pub struct Args {
     /// tokenizer's `</s>`, `<|end_of_text|>`, `<|endoftext|>`, `<eos>` or `<|im_end|>`].
     #[arg(long)]
     eos_token: Option<String>,
+    #[command(flatten)]
+    packing: PackingArgs,
     /// Seed of the data (synthetic sequences, window offsets of bytes, the order of token
     /// windows).
     #[arg(long, default_value_t = 0)]
@@ -177,6 +180,31 @@ pub struct Args {
     /// allocation).
     #[arg(long)]
     ignore_memory_estimate: bool,
+}
+
+/// How the documents packed into a sequence are treated (shared with `grads`).
+#[derive(clap::Args)]
+pub struct PackingArgs {
+    /// packed: full causal attention across the documents packed into a sequence; separate:
+    /// each token attends only within its own document, the documents ended by the
+    /// end-of-document token (which belongs to the document it ends; a synthetic sequence is
+    /// one document). CPU only for now.
+    #[arg(long, value_enum, default_value = "packed")]
+    documents: Documents,
+    /// continue: rotary positions count along the sequence; restart: from 0 at every
+    /// document's first token, as if each document were its own sequence (needs --documents
+    /// separate).
+    #[arg(long, value_enum, default_value = "continue")]
+    positions: Positions,
+}
+
+impl PackingArgs {
+    pub fn packing(&self) -> Packing {
+        Packing {
+            documents: self.documents,
+            positions: self.positions,
+        }
+    }
 }
 
 /// A hyper-parameter that must be a finite number, 0 or more (learning rate, weight decay,
@@ -334,6 +362,7 @@ pub fn run(args: Args) -> Result<()> {
         save_every: args.save_every,
         resume: args.resume.clone(),
         eval,
+        packing: args.packing.packing(),
     };
     let metrics = match &args.save_dir {
         Some(dir) if reporter => Some(Metrics::open(dir, args.resume.is_some())?),

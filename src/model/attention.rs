@@ -1,13 +1,13 @@
 //! How a layer's attention is computed, behind one trait, so the model knows nothing of how
 //! attention is distributed: `train::attention::Distributed` runs distflash across workers;
-//! `Dense` here is a plain single-chunk causal attention in any precision, the reference for the
-//! f64 gradient check.
+//! `Dense` here is a plain single-chunk attention under any mask in any precision, the reference
+//! for the f64 gradient check.
 //!
 //! Tensors cross this interface sequence-major (`[rows, heads, head_dim]`, a linear layer's
 //! output as is); LSE is opaque to the model, which only keeps it for the backward.
 
 use super::float::Float;
-use crate::shape::Dims;
+use crate::shape::{Dims, Mask, Span};
 use anyhow::Result;
 
 /// Causal attention of this worker's rows over the whole sequence so far.
@@ -18,19 +18,21 @@ pub trait Attention<T> {
     fn backward(&mut self, q: &T, k: &T, v: &T, o: &T, lse: &T, dout: &T) -> Result<(T, T, T)>;
 }
 
-/// Causal attention of one chunk holding the whole sequence, written plainly in precision `F`:
-/// the reference the gradient check differentiates through. With a `window` of W, query i sees
-/// keys i − W < j ≤ i only (Mistral's sliding window).
+/// Attention of one chunk holding the whole sequence under `mask` (causal; packed documents,
+/// Mistral's sliding window), written plainly in precision `F`, key by key as the mask's
+/// definition says: the reference the gradient check differentiates through.
 pub struct Dense {
     pub dims: Dims,
     pub rows: usize,
-    pub window: Option<usize>,
+    pub mask: Mask,
 }
 
 impl Dense {
-    /// The first key query `i` sees.
-    fn first_key(&self, i: usize) -> usize {
-        self.window.map_or(0, |w| (i + 1).saturating_sub(w))
+    /// The keys query `i` sees, in order.
+    fn keys(&self, i: usize) -> impl Iterator<Item = usize> {
+        let v = self.mask.visible(i);
+        let run = |s: Span| s.start..s.end();
+        run(v.global).chain(run(v.local))
     }
 
     /// Offset of row i, head h in a `[rows, heads, head_dim]` tensor.
@@ -55,13 +57,13 @@ impl<F: Float> Attention<Vec<F>> for Dense {
         let mut lse = vec![F::zero(); d.heads * self.rows];
         for h in 0..d.heads {
             for i in 0..self.rows {
-                let first = self.first_key(i);
-                let s: Vec<F> = (first..=i).map(|j| self.score(q, k, i, j, h)).collect();
+                let keys: Vec<usize> = self.keys(i).collect();
+                let s: Vec<F> = keys.iter().map(|&j| self.score(q, k, i, j, h)).collect();
                 let max = s.iter().copied().fold(F::neg_infinity(), F::max);
                 let l = max + s.iter().fold(F::zero(), |a, &x| a + (x - max).exp()).ln();
                 lse[h * self.rows + i] = l;
                 let oi = self.at(i, h, d.heads);
-                for (j, &sj) in (first..).zip(&s) {
+                for (&j, &sj) in keys.iter().zip(&s) {
                     let p = (sj - l).exp();
                     let vj = self.at(j, h / d.group(), d.kv_heads);
                     for c in 0..d.head_dim {
@@ -93,7 +95,7 @@ impl<F: Float> Attention<Vec<F>> for Dense {
             for i in 0..self.rows {
                 let qi = self.at(i, h, d.heads);
                 let delta = (0..d.head_dim).fold(F::zero(), |a, c| a + dout[qi + c] * o[qi + c]);
-                for j in self.first_key(i)..=i {
+                for j in self.keys(i) {
                     let kj = self.at(j, h / d.group(), d.kv_heads);
                     let p = (self.score(q, k, i, j, h) - lse[h * self.rows + i]).exp();
                     let dp = (0..d.head_dim).fold(F::zero(), |a, c| a + dout[qi + c] * v[kj + c]);

@@ -219,12 +219,13 @@ impl Config {
         Ok(config)
     }
 
-    /// The attention mask of a sequence of `seq` tokens: causal, within the sliding window
-    /// where the config has one. A window of at least `seq` tokens hides nothing, so it is plain
-    /// causal attention (which the GPU kernels compute).
-    pub fn mask(&self, seq: usize) -> Result<Mask> {
+    /// The attention mask of a sequence of `seq` tokens packed from documents of `doc_lens`
+    /// tokens (empty: one document): causal, within each document, within the sliding window
+    /// where the config has one. A window of at least `seq` tokens hides nothing, so one
+    /// document under it is plain causal attention (which the GPU kernels compute).
+    pub fn mask(&self, seq: usize, doc_lens: &[usize]) -> Result<Mask> {
         let window = self.sliding_window.filter(|&w| w < seq);
-        Mask::new(seq, &[], window, 0)
+        Mask::new(seq, doc_lens, window, 0)
     }
 
     /// Whether the q, k and v projections have biases: Qwen2's always do, LLaMA's with
@@ -630,8 +631,8 @@ mod tests {
         let c = Config::from_json(&v).unwrap();
         assert_eq!(c.sliding_window, Some(16));
         assert_eq!(Config::from_json(&c.to_json()).unwrap(), c);
-        assert!(c.mask(16).unwrap().is_causal());
-        let m = c.mask(40).unwrap();
+        assert!(c.mask(16, &[]).unwrap().is_causal());
+        let m = c.mask(40, &[]).unwrap();
         assert_eq!(m.window(), Some(16));
         v["layer_types"] = json!(["sliding_attention", "sliding_attention"]);
         assert!(Config::from_json(&v).is_ok());

@@ -537,7 +537,7 @@ mod tests {
         let mut attn = Dense {
             dims: cfg.dims(),
             rows,
-            window: None,
+            mask: crate::shape::Mask::causal(),
         };
         let x: Vec<f64> = (0..rows * cfg.hidden_size)
             .map(|i| ((i * 37 % 101) as f64 / 50.0) - 1.0)

@@ -11,18 +11,20 @@ use crate::exec::{OwnChunk, Saved, Worker};
 use crate::model::attention::Attention;
 use crate::plan::{Partition, Pass};
 use crate::runtime::ModelDevice;
-use crate::shape::{Dims, Span};
+use crate::shape::{Dims, Mask, Span};
 use anyhow::{Result, bail};
 use std::time::Duration;
 
 /// distflash on `backend` over `comm`: `partition` cuts the sequence into chunks (one per
 /// worker for `balanced` and `unbalanced`, two for `zigzag`); the model's tensors hold this
-/// worker's chunks one after another, in sequence order.
+/// worker's chunks one after another, in sequence order. Its plans (the mask's) may change
+/// between sequences ([`Distributed::set_partition`]); its chunks may not.
 pub struct Distributed<'c, B = CpuBackend, C = LocalComm> {
     pub backend: &'c B,
     pub comm: &'c mut C,
     pub dims: Dims,
-    partition: &'c Partition,
+    /// Boxed: a plan is large beside the whole-sequence path (`ModelAttention`'s other arm).
+    partition: Box<Partition>,
 }
 
 impl<'c, B: ModelEdge, C: Communicator<B::Tensor>> Distributed<'c, B, C>
@@ -46,8 +48,19 @@ where
             backend,
             comm,
             dims,
-            partition,
+            partition: Box::new(partition.clone()),
         })
+    }
+
+    /// Plans the next sequences' attention under `mask` (their documents, the model's window),
+    /// on the same communicator and over the same chunks, so the model's rows stay this
+    /// worker's. Sequences of one mask share their plans: an unchanged mask plans nothing.
+    pub fn set_mask(&mut self, mask: &Mask) -> Result<()> {
+        let p = &self.partition;
+        if p.mask() != mask {
+            *self.partition = Partition::masked(p.seq(), p.workers(), p.schedule(), mask)?;
+        }
+        Ok(())
     }
 
     /// Rows of each chunk this worker owns, in sequence order (one chunk; a zigzag worker's
@@ -241,6 +254,19 @@ impl<'a, D: ModelDevice, C: Communicator<D::Tensor>> ModelAttention<'a, D, C> {
         }
         let distributed = Distributed::new(device.backend(), comm, dims, partition)?;
         Ok(ModelAttention::Distributed(distributed))
+    }
+
+    /// Attention of the next sequences under `mask` (`Distributed::set_mask`), without
+    /// re-creating the communicator. The whole-sequence path computes full causal attention
+    /// only, so it refuses any other mask.
+    pub fn set_mask(&mut self, mask: &Mask) -> Result<()> {
+        match self {
+            ModelAttention::Distributed(d) => d.set_mask(mask),
+            ModelAttention::Whole(_) if mask.is_causal() => Ok(()),
+            ModelAttention::Whole(_) => bail!(
+                "the device's whole-sequence attention computes full causal attention, not {mask}: use --device cpu"
+            ),
+        }
     }
 
     /// The communicator joining the workers (`None` for the whole sequence on one worker).

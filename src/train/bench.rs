@@ -5,6 +5,7 @@
 
 use super::attention::ModelAttention;
 use super::data::Sample;
+use super::documents::{Documents, Packing};
 use super::memory::MemoryCheck;
 use super::shard::{Held, Shard};
 use crate::backend::Backend;
@@ -128,7 +129,8 @@ pub fn time_steps(
     if runs.profile && runtime.workers() > 1 {
         bail!("--profile times the ops of one device: run it without a launcher or more workers");
     }
-    let partition = super::model_partition(cfg, shape.seq, shape.schedule, runtime)?;
+    let partition =
+        super::model_partition(cfg, shape.seq, (shape.schedule, Documents::Packed), runtime)?;
     let opened = runtime.open()?;
     memory.check(runtime, opened.gpu())?;
     let job = StepBench {
@@ -168,6 +170,7 @@ impl Job for StepBench<'_> {
         let sample = Sample {
             tokens,
             probe: None,
+            eos: None,
         };
         let mine = self.partition.own_spans(comm.rank());
         let sync = || device.backend().synchronize();
@@ -176,8 +179,9 @@ impl Job for StepBench<'_> {
         // Fresh gradients each step, as in training (summed ones would double every step),
         // dropped within the step: kept to the next, they would double the gradients' memory.
         let (all_secs, (out, tally)) = timed(self.runs, &sync, || {
-            super::reduced_sequence(ops, cfg, &held, &mut attn, &mine, &sample, self.keep)
-                .map(|(out, tally, _grads)| (out, tally))
+            let rows = (&mine[..], Packing::packed());
+            super::reduced_sequence(ops, cfg, &held, &mut attn, rows, &sample, self.keep)
+                .map(|(out, tally, _grads, _sent)| (out, tally))
         })?;
         let profile = if self.runs.profile {
             let mut grads = weights::zeros(ops, cfg)?;
@@ -238,7 +242,7 @@ fn profile_step<O: Ops>(
         step.cfg,
         &mut Whole { w: step.w, grads },
         &mut timed_attn,
-        step.mine,
+        (step.mine, step.mine),
         step.sample,
         step.keep,
         scale,

@@ -47,11 +47,13 @@ pub enum Data {
     },
 }
 
-/// One sequence of `seq_len + 1` tokens (inputs are the first `seq_len`, targets the last), and
-/// the input position whose target is a recall probe, if the task has one.
+/// One sequence of `seq_len + 1` tokens (inputs are the first `seq_len`, targets the last), the
+/// input position whose target is a recall probe, if the task has one, and the token that ends
+/// each document packed into it (`None`: no documents, the sequence is one).
 pub struct Sample {
     pub tokens: Vec<u32>,
     pub probe: Option<usize>,
+    pub eos: Option<u32>,
 }
 
 fn rng_for(seed: u64, index: u64) -> StdRng {
@@ -152,6 +154,7 @@ impl Data {
                 Sample {
                     tokens,
                     probe: asks.iter().min().copied(),
+                    eos: None,
                 }
             }
             Data::Bytes { bytes, seed, .. } => {
@@ -160,6 +163,7 @@ impl Data {
                 Sample {
                     tokens: bytes[at..=at + seq_len].iter().map(|&b| b as u32).collect(),
                     probe: None,
+                    eos: None,
                 }
             }
             Data::Tokens { file, seed } => {
@@ -167,6 +171,7 @@ impl Data {
                 Sample {
                     tokens: file.tokens(window * seq_len, seq_len + 1),
                     probe: None,
+                    eos: Some(file.eos()),
                 }
             }
         }

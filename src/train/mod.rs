@@ -8,6 +8,7 @@
 pub mod attention;
 pub mod bench;
 pub mod data;
+pub mod documents;
 pub mod lr;
 pub mod memory;
 mod parquet_docs;
@@ -30,6 +31,7 @@ use crate::shape::Span;
 use anyhow::{Context, Result, bail};
 use attention::ModelAttention;
 use data::{Data, Sample};
+use documents::{Documents, Packing, Positions};
 use lr::{Decay, LrSchedule};
 use memory::MemoryCheck;
 use serde::Serialize;
@@ -81,6 +83,9 @@ pub struct Options {
     pub resume: Option<PathBuf>,
     /// Held-out sequences whose loss is reported every few steps.
     pub eval: Option<Eval>,
+    /// Whether the documents packed into a sequence see each other, and where their rotary
+    /// positions count from (`documents`).
+    pub packing: Packing,
 }
 
 /// Held-out data (`--eval-data`): the mean loss of its first `sequences` sequences, every
@@ -212,7 +217,7 @@ fn accumulate<O: Ops, A: Attention<O::T>>(
     cfg: &Config,
     params: &mut impl Params<O::T, A>,
     attn: &mut A,
-    mine: &[Span],
+    (mine, positions): (&[Span], &[Span]),
     sample: &Sample,
     keep: Keep,
     scale: f64,
@@ -228,7 +233,7 @@ fn accumulate<O: Ops, A: Attention<O::T>>(
     let chunk = Chunk {
         tokens: &tokens,
         targets: &targets,
-        positions: mine,
+        positions,
         sequence: sample.tokens.len() - 1,
     };
     let out = forward_backward_with(ops, cfg, params, attn, chunk, keep, scale)?;
@@ -243,9 +248,31 @@ fn accumulate<O: Ops, A: Attention<O::T>>(
     Ok(out)
 }
 
+/// The rotary positions of this worker's rows `mine` of `sample`, and its attention planned for
+/// the sample's documents under `--documents separate` (each worker derives the same mask from
+/// the same sample).
+fn plan_documents<D: ModelDevice, C: Communicator<D::Tensor>>(
+    cfg: &Config,
+    packing: Packing,
+    attn: &mut ModelAttention<'_, D, C>,
+    mine: &[Span],
+    sample: &Sample,
+) -> Result<Vec<Span>> {
+    if packing.documents == Documents::Packed {
+        return Ok(mine.to_vec());
+    }
+    let seq = sample.tokens.len() - 1;
+    let lens = documents::doc_lens(&sample.tokens[..seq], sample.eos);
+    attn.set_mask(&cfg.mask(seq, &lens)?)?;
+    Ok(match packing.positions {
+        Positions::Continue => mine.to_vec(),
+        Positions::Restart => documents::restarted(mine, &lens),
+    })
+}
+
 /// This worker's weights as `held` (whole, or its pieces under `full`, each part gathered for its
-/// use) in the forward and backward of `sample`, the gradients (alike: whole, or the pieces,
-/// reduced as the backward goes) into `grads`.
+/// use) in the forward and backward of `sample` (its documents as `packing` says), the gradients
+/// (alike: whole, or the pieces, reduced as the backward goes) into `grads`.
 #[allow(clippy::too_many_arguments)]
 fn accumulate_held<D: ModelDevice, C: Communicator<D::Tensor>>(
     ops: &D::Ops,
@@ -253,12 +280,14 @@ fn accumulate_held<D: ModelDevice, C: Communicator<D::Tensor>>(
     held: &Held<D::Tensor>,
     grads: &mut Weights<D::Tensor>,
     attn: &mut ModelAttention<'_, D, C>,
-    mine: &[Span],
+    (mine, packing): (&[Span], Packing),
     sample: &Sample,
     keep: Keep,
     scale: f64,
     tally: &mut Tally,
 ) -> Result<crate::model::Outcome> {
+    let positions = plan_documents(cfg, packing, attn, mine, sample)?;
+    let rows = (mine, &positions[..]);
     let w = &held.w;
     if held.shard == Shard::Full {
         let lens = &held.lens;
@@ -273,7 +302,7 @@ fn accumulate_held<D: ModelDevice, C: Communicator<D::Tensor>>(
             cfg,
             &mut params,
             attn,
-            mine,
+            rows,
             sample,
             keep,
             scale,
@@ -286,13 +315,17 @@ fn accumulate_held<D: ModelDevice, C: Communicator<D::Tensor>>(
         cfg,
         &mut params,
         attn,
-        mine,
+        rows,
         sample,
         keep,
         scale,
         tally,
     )
 }
+
+/// What [`reduced_sequence`] gives: the pass's outcome, the summed tally and gradients, and the
+/// bytes this worker sent during the forward and backward, before the gradients were summed.
+type Reduced<T> = (crate::model::Outcome, Tally, Vec<T>, u64);
 
 /// One sequence's forward and backward on this worker's rows `mine` (gradients of its mean
 /// loss), then the gradients (whole, or this worker's pieces under `--shard grads` and `full`)
@@ -303,18 +336,21 @@ fn reduced_sequence<D: ModelDevice, C: Communicator<D::Tensor>>(
     cfg: &Config,
     held: &Held<D::Tensor>,
     attn: &mut ModelAttention<'_, D, C>,
-    mine: &[Span],
+    rows: (&[Span], Packing),
     sample: &Sample,
     keep: Keep,
-) -> Result<(crate::model::Outcome, Tally, Vec<D::Tensor>)> {
+) -> Result<Reduced<D::Tensor>> {
     let scale = 1.0 / (sample.tokens.len() - 1) as f64;
     let mut tally = Tally::default();
     let mut grads = held.zero_grads(ops, cfg)?;
+    let sent = |attn: &mut ModelAttention<'_, D, C>| attn.comm().map_or(0, |c| c.bytes_sent());
+    let before = sent(attn);
     let out = accumulate_held(
-        ops, cfg, held, &mut grads, attn, mine, sample, keep, scale, &mut tally,
+        ops, cfg, held, &mut grads, attn, rows, sample, keep, scale, &mut tally,
     )?;
+    let pass_bytes = sent(attn) - before;
     let reduced = reduce_step(ops, attn, held.shard, grads, &mut tally)?;
-    Ok((out, tally, reduced))
+    Ok((out, tally, reduced, pass_bytes))
 }
 
 /// The gradients and the tally summed over the workers: reduce-scattered to this worker's pieces
@@ -398,19 +434,30 @@ pub struct Gradients {
     pub grads: Vec<Vec<f32>>,
     pub attention_forwards_per_layer: Vec<u32>,
     pub peak_activation_bytes: usize,
+    /// Bytes the reporter sent during the forward and backward, before the gradients are
+    /// summed: attention's keys, values and their gradients (and, under `--shard full`, the
+    /// layers' weight gathers and gradient reduce-scatters). Masked-out blocks move nothing.
+    pub pass_bytes_sent: u64,
 }
 
 /// The chunks and plans of sequences of `seq` tokens on `runtime`'s workers, under the model's
-/// attention mask (Mistral's sliding window: the executor applies it to every block on the CPU).
-/// The GPU's kernels take no mask yet, so a window that hides keys is refused there with a
-/// sentence rather than trained as full causal attention.
+/// attention mask (Mistral's sliding window: the executor applies it to every block on the CPU;
+/// under `--documents separate` each sequence's documents replace the plans, `plan_documents`).
+/// The GPU's kernels take no mask yet, so a window that hides keys, or documents masked at
+/// their boundaries, are refused there with a sentence rather than trained as full causal
+/// attention.
 fn model_partition(
     cfg: &Config,
     seq: usize,
-    schedule: Schedule,
+    (schedule, documents): (Schedule, Documents),
     runtime: &Runtime,
 ) -> Result<Partition> {
-    let mask = cfg.mask(seq)?;
+    let mask = cfg.mask(seq, &[])?;
+    if documents == Documents::Separate && runtime.device == Device::Cuda {
+        bail!(
+            "--documents separate masks attention at document boundaries, and the CUDA kernels do not take masks yet: use --device cpu (or --documents packed)"
+        );
+    }
     if let Some(w) = mask.window()
         && runtime.device == Device::Cuda
     {
@@ -424,19 +471,23 @@ fn model_partition(
 /// Loss and gradients of `weights` (host, `specs` order) on `tokens` (inputs and, shifted by
 /// one, targets), the sequence split across `runtime`'s workers by `schedule`, the gradients
 /// reduce-scattered (and gathered back whole) under `Shard::Grads`: on the reporter (`None` on
-/// the other ranks of a launched job).
+/// the other ranks of a launched job). Its documents are ended by `documents.eos` and treated as
+/// `documents.packing` says.
 pub fn gradients(
     cfg: &Config,
     weights: &[Vec<f32>],
     tokens: &[u32],
     (schedule, keep, shard): (Schedule, Keep, Shard),
+    documents: &SequenceDocuments,
     memory: &MemoryCheck,
     runtime: &Runtime,
 ) -> Result<Option<Gradients>> {
     if tokens.len() < 2 {
         bail!("gradients need at least 2 tokens (one input and its target)");
     }
-    let partition = model_partition(cfg, tokens.len() - 1, schedule, runtime)?;
+    documents.packing.check()?;
+    let split = (schedule, documents.packing.documents);
+    let partition = model_partition(cfg, tokens.len() - 1, split, runtime)?;
     let opened = runtime.open()?;
     memory.check(runtime, opened.gpu())?;
     let job = GradientsJob {
@@ -446,8 +497,17 @@ pub fn gradients(
         partition,
         keep,
         shard,
+        documents,
     };
     opened.run_reporter(&job)
+}
+
+/// How [`gradients`] finds and treats the documents of its one sequence: the token that ends
+/// each (`None`: the sequence is one document) and the packing.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SequenceDocuments {
+    pub eos: Option<u32>,
+    pub packing: Packing,
 }
 
 /// One worker's part of [`gradients`].
@@ -458,6 +518,7 @@ struct GradientsJob<'a> {
     partition: Partition,
     keep: Keep,
     shard: Shard,
+    documents: &'a SequenceDocuments,
 }
 
 impl Job for GradientsJob<'_> {
@@ -474,12 +535,14 @@ impl Job for GradientsJob<'_> {
         let sample = Sample {
             tokens: self.tokens.to_vec(),
             probe: None,
+            eos: self.documents.eos,
         };
         let mine = self.partition.own_spans(comm.rank());
         let mut attn = ModelAttention::new(device, comm, cfg.dims(), &self.partition)?;
         let seq = self.partition.seq();
-        let (out, tally, reduced) =
-            reduced_sequence(ops, cfg, &held, &mut attn, &mine, &sample, self.keep)?;
+        let rows = (&mine[..], self.documents.packing);
+        let (out, tally, reduced, pass_bytes_sent) =
+            reduced_sequence(ops, cfg, &held, &mut attn, rows, &sample, self.keep)?;
         let pieces = matches!(held.shard, Shard::Grads | Shard::Full);
         let reduced: Vec<_> = reduced.iter().collect();
         let reporter = ranks.0 == 0;
@@ -491,6 +554,7 @@ impl Job for GradientsJob<'_> {
             grads,
             attention_forwards_per_layer: out.attention_forwards,
             peak_activation_bytes: out.peak_activation_bytes,
+            pass_bytes_sent,
         })
     }
 }
@@ -504,7 +568,8 @@ pub fn train(
     runtime: &Runtime,
     on_step: impl Fn(&StepReport) + Sync,
 ) -> Result<Option<Vec<Vec<f32>>>> {
-    let partition = model_partition(&o.config, o.seq_len, o.schedule, runtime)?;
+    let split = (o.schedule, o.packing.documents);
+    let partition = model_partition(&o.config, o.seq_len, split, runtime)?;
     if let Some(e) = &o.eval {
         e.data.check(o.seq_len, o.config.vocab_size)?;
         if e.sequences == 0 {
@@ -565,6 +630,12 @@ impl<F: Fn(&StepReport) + Sync> Job for TrainJob<'_, F> {
 fn prepare(o: &Options) -> Result<(Start, RunKey)> {
     if o.batch == 0 {
         bail!("--batch must be at least 1");
+    }
+    o.packing.check()?;
+    if o.packing.documents == Documents::Separate && matches!(o.data, Data::Bytes { .. }) {
+        bail!(
+            "--documents separate masks attention at the end-of-document tokens, and byte data (--data without --tokenizer) has none: give --tokenizer, or --documents packed"
+        );
     }
     o.data.check(o.seq_len, o.config.vocab_size)?;
     if let Some(dir) = &o.save_dir {
@@ -637,7 +708,7 @@ fn run_steps<D: ModelDevice, C: Communicator<D::Tensor>>(
                 &held,
                 &mut grads,
                 attn,
-                mine,
+                (mine, o.packing),
                 &sample,
                 keep(o),
                 scale,
@@ -763,7 +834,7 @@ fn evaluate<D: ModelDevice, C: Communicator<D::Tensor>>(
             held,
             &mut scratch,
             attn,
-            mine,
+            (mine, o.packing),
             &sample,
             keep(o),
             1.0,
@@ -833,10 +904,18 @@ mod tests {
             shard: Shard::None,
             ignore_estimate: false,
         };
-        let err = gradients(&cfg, &w[..3], &tokens, how, &memory, &rt)
-            .err()
-            .unwrap()
-            .to_string();
+        let err = gradients(
+            &cfg,
+            &w[..3],
+            &tokens,
+            how,
+            &SequenceDocuments::default(),
+            &memory,
+            &rt,
+        )
+        .err()
+        .unwrap()
+        .to_string();
         assert!(err.starts_with("no weights given for"), "{err}");
     }
 }

@@ -8,6 +8,7 @@ use distflash::model::{Checkpoint, Offload};
 use distflash::plan::Schedule;
 use distflash::runtime::Runtime;
 use distflash::train::data::Data;
+use distflash::train::documents::Packing;
 use distflash::train::lr::Decay;
 use distflash::train::memory::MemoryCheck;
 use distflash::train::shard::Shard;
@@ -80,6 +81,7 @@ pub fn tiny_options(steps: u64, save_dir: Option<&Path>, resume: Option<&Path>) 
         save_every: 2,
         resume: resume.map(Path::to_path_buf),
         eval: None,
+        packing: Packing::packed(),
     }
 }
 
