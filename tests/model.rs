@@ -12,7 +12,7 @@ use distflash::plan::Schedule;
 use distflash::runtime::Runtime;
 use distflash::shape::Span;
 use distflash::train::documents::{Packing, Positions, restarted};
-use distflash::train::memory::MemoryCheck;
+use distflash::train::memory::{HostState, MemoryCheck};
 use distflash::train::shard::Shard;
 use distflash::train::{Gradients, SequenceDocuments};
 use rand::rngs::StdRng;
@@ -52,6 +52,7 @@ fn gradients_of(
         offload: keep.offload,
         optimizer: false,
         shard: Shard::None,
+        host_state: HostState::Weights,
         ignore_estimate: false,
     };
     let rt = Runtime::cpu_threads(workers, timeout);

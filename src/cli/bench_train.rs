@@ -11,7 +11,7 @@ use distflash::model::{Checkpoint, Offload};
 use distflash::plan::Schedule;
 use distflash::runtime::Device;
 use distflash::train::bench::{Runs, StepShape, time_steps};
-use distflash::train::memory::MemoryCheck;
+use distflash::train::memory::{HostState, MemoryCheck};
 use distflash::train::shard::Shard;
 use serde::Serialize;
 use serde_json::Value;
@@ -190,6 +190,7 @@ pub fn run(args: Args) -> Result<()> {
         offload: args.offload,
         optimizer: false,
         shard: args.shard,
+        host_state: HostState::None,
         ignore_estimate: args.ignore_memory_estimate,
     };
     let shape = StepShape {

@@ -10,7 +10,7 @@ use distflash::plan::Schedule;
 use distflash::tensor_file::{self, Named};
 use distflash::train;
 use distflash::train::documents::Documents;
-use distflash::train::memory::MemoryCheck;
+use distflash::train::memory::{HostState, MemoryCheck};
 use distflash::train::shard::Shard;
 use std::path::PathBuf;
 
@@ -78,6 +78,7 @@ pub fn run(args: Args) -> Result<()> {
         offload: Offload::None,
         optimizer: false,
         shard,
+        host_state: HostState::Weights,
         ignore_estimate: args.ignore_memory_estimate,
     };
     let host = train::initial_weights(&config, &init)?;

@@ -16,7 +16,7 @@ use distflash::tensor_file::{self, Named};
 use distflash::train::data::Data;
 use distflash::train::documents::{Documents, Packing, Positions};
 use distflash::train::lr::Decay;
-use distflash::train::memory::MemoryCheck;
+use distflash::train::memory::{HostState, MemoryCheck};
 use distflash::train::shard::Shard;
 use distflash::train::tokens::TokenFile;
 use distflash::train::{self, Eval, Init, Options, StepReport, svg};
@@ -334,6 +334,10 @@ pub fn run(args: Args) -> Result<()> {
         offload: args.offload,
         optimizer: true,
         shard,
+        host_state: match args.save_dir {
+            Some(_) => HostState::WeightsAndMoments,
+            None => HostState::Weights,
+        },
         ignore_estimate: args.ignore_memory_estimate,
     };
     let opts = Options {

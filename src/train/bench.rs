@@ -294,6 +294,7 @@ mod tests {
             offload: Offload::None,
             optimizer: false,
             shard: Shard::None,
+            host_state: crate::train::memory::HostState::None,
             ignore_estimate: false,
         };
         let rt = Runtime::cpu_threads(1, std::time::Duration::from_secs(60));

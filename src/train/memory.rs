@@ -7,6 +7,7 @@
 use super::shard::Shard;
 use crate::model::config::Config;
 use crate::model::cost;
+use crate::model::weights::parameters;
 use crate::model::{Checkpoint, Offload};
 use crate::plan::Schedule;
 use crate::resources::{self, CpuTraining};
@@ -33,10 +34,37 @@ pub struct MemoryCheck {
     /// `optimizer` and `grads` (the gradients are whole until the backward ends, so their peak
     /// stays).
     pub shard: Shard,
+    /// The f32 copies of the model's state the reporter brings to the host beside a GPU's
+    /// tensors (and the pinned checkpoints): counted against this machine's memory so that a
+    /// save cannot be killed for memory halfway through a run.
+    pub host_state: HostState,
     /// Start even when the estimate exceeds the free GPU memory (`--ignore-memory-estimate`):
     /// the estimate is the step's tensors plus a 1.5 GiB allowance for cuBLAS, kernel modules and
     /// fragmentation, and a run that needs less of that allowance may still fit.
     pub ignore_estimate: bool,
+}
+
+/// What a job's reporter gathers on the host in f32, one copy of every parameter each.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HostState {
+    /// Nothing (a benchmark's step).
+    None,
+    /// The final weights, or the gradients (`train`, `grads`).
+    Weights,
+    /// The weights and AdamW's two moments, which a checkpoint holds (`train --save-dir`).
+    WeightsAndMoments,
+}
+
+impl HostState {
+    /// Bytes of the f32 copies for a model of `params` parameters.
+    pub fn bytes(self, params: usize) -> f64 {
+        let copies = match self {
+            HostState::None => 0.0,
+            HostState::Weights => 1.0,
+            HostState::WeightsAndMoments => 3.0,
+        };
+        copies * 4.0 * params as f64
+    }
 }
 
 impl MemoryCheck {
@@ -138,11 +166,30 @@ impl MemoryCheck {
                 "{e:#} (the estimate is the step's tensors plus 1.5 GiB for cuBLAS, kernel modules and fragmentation: --ignore-memory-estimate starts anyway)"
             ),
         }
-        if need.pinned_host > 0.0 {
+        let state = self.host_state.bytes(parameters(&self.config));
+        if need.pinned_host + state > 0.0 {
+            let (holding, fix) = match (need.pinned_host > 0.0, self.host_state) {
+                (true, HostState::WeightsAndMoments) => (
+                    "pinning the offloaded checkpoints and gathering the f32 weights and moments a checkpoint saves",
+                    "run without --offload, with a shorter sequence, or without --save-dir",
+                ),
+                (true, _) => (
+                    "pinning the offloaded checkpoints and bringing the f32 weights back",
+                    "run without --offload, or with a shorter sequence",
+                ),
+                (false, HostState::WeightsAndMoments) => (
+                    "gathering the f32 weights and moments a checkpoint saves",
+                    "run without --save-dir, or on a machine with more memory",
+                ),
+                (false, _) => (
+                    "bringing the f32 weights back",
+                    "run on a machine with more memory",
+                ),
+            };
             resources::ensure_fits(
-                need.pinned_host,
-                &format!("pinning the offloaded checkpoints of {what}"),
-                "run without --offload, or with a shorter sequence",
+                need.pinned_host + state,
+                &format!("{holding} for {what}"),
+                fix,
             )?;
         }
         if let Topology::Threads(n @ 2..) = runtime.topology {
@@ -151,5 +198,73 @@ impl MemoryCheck {
             );
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    /// A GPU run whose host copies of the state cannot fit this machine's memory is refused
+    /// before it starts, naming the save; without the save only the final weights count.
+    #[test]
+    fn the_host_copies_of_a_save_are_checked_before_the_run() {
+        // About 300B parameters: 3.6 TB of f32 weights and moments, more than any machine
+        // running this test has, 1.2 TB for the weights alone.
+        let config = Config {
+            num_hidden_layers: 400,
+            ..Config::preset("llama2-7b").unwrap()
+        };
+        let gpu = OpenedGpu {
+            ordinal: 0,
+            free_bytes: usize::MAX / 4,
+            head_dims: &[128],
+        };
+        let runtime = Runtime {
+            device: Device::Cuda,
+            ..Runtime::cpu_threads(1, Duration::from_secs(1))
+        };
+        let check = |host_state| MemoryCheck {
+            config: config.clone(),
+            model: "big".into(),
+            seq: 1024,
+            schedule: Schedule::Balanced,
+            checkpoint: Checkpoint::Remat,
+            offload: Offload::None,
+            optimizer: true,
+            shard: Shard::None,
+            host_state,
+            ignore_estimate: false,
+        };
+        if resources::available().is_none() {
+            return; // no /proc/meminfo: nothing to check against
+        }
+        let e = check(HostState::WeightsAndMoments)
+            .check(&runtime, Some(&gpu))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("gathering the f32 weights and moments a checkpoint saves for big"),
+            "{e}"
+        );
+        assert!(
+            e.ends_with("run without --save-dir, or on a machine with more memory"),
+            "{e}"
+        );
+        let e = check(HostState::Weights)
+            .check(&runtime, Some(&gpu))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("bringing the f32 weights back for big"),
+            "{e}"
+        );
+        assert!(check(HostState::None).check(&runtime, Some(&gpu)).is_ok());
+        let params = parameters(&config);
+        assert_eq!(
+            HostState::WeightsAndMoments.bytes(params),
+            12.0 * params as f64
+        );
     }
 }

@@ -902,6 +902,7 @@ mod tests {
             offload: Offload::None,
             optimizer: false,
             shard: Shard::None,
+            host_state: memory::HostState::Weights,
             ignore_estimate: false,
         };
         let err = gradients(

@@ -10,7 +10,7 @@ use distflash::runtime::Runtime;
 use distflash::train::data::Data;
 use distflash::train::documents::Packing;
 use distflash::train::lr::Decay;
-use distflash::train::memory::MemoryCheck;
+use distflash::train::memory::{HostState, MemoryCheck};
 use distflash::train::shard::Shard;
 use distflash::train::{Init, Options, StepReport};
 use std::path::{Path, PathBuf};
@@ -101,6 +101,7 @@ pub fn train_on_threads(
         offload: o.offload,
         optimizer: true,
         shard: o.shard,
+        host_state: HostState::Weights,
         ignore_estimate: false,
     };
     let rt = Runtime::cpu_threads(workers, Duration::from_secs(60));
