@@ -1,6 +1,6 @@
-//! Host memory a run needs, checked before anything is allocated: a request too large for this
-//! machine is refused with the figure and a fix, instead of an allocation abort or the system's
-//! out-of-memory kill. The estimates count the tensors the code allocates (f32 on the host) and
+//! Host memory (and the disk space of its saves) a run needs, checked before anything is
+//! allocated: a request too large for this machine is refused with the figure and a fix, instead
+//! of an allocation abort, the system's out-of-memory kill or a save failing hours in. The estimates count the tensors the code allocates (f32 on the host) and
 //! err on the side of more, never less; the GPU's own memory is `model::cost`'s to estimate.
 
 use crate::model::config::Config;
@@ -8,6 +8,10 @@ use crate::model::weights::parameters;
 use crate::model::{Checkpoint, Offload};
 use crate::shape::Dims;
 use anyhow::{Result, bail};
+use std::ffi::CString;
+use std::mem::MaybeUninit;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
 
 const F32: f64 = 4.0;
 const F64: f64 = 8.0;
@@ -24,6 +28,30 @@ const GIB: f64 = (1u64 << 30) as f64;
 pub fn available() -> Option<f64> {
     let info = std::fs::read_to_string("/proc/meminfo").ok()?;
     parse_available(&info)
+}
+
+/// Free bytes of the file system that holds `dir` (`statvfs`: the blocks an unprivileged
+/// process may still write). `None` where it cannot be read, and then nothing is refused.
+pub fn disk_free(dir: &Path) -> Option<f64> {
+    let path = CString::new(dir.as_os_str().as_bytes()).ok()?;
+    let mut st = MaybeUninit::<libc::statvfs>::uninit();
+    // SAFETY: `path` is a NUL-terminated string and `st` points to writable memory the size of
+    // a statvfs; the call only fills it, and it is read only when the call succeeded.
+    let st = unsafe {
+        if libc::statvfs(path.as_ptr(), st.as_mut_ptr()) != 0 {
+            return None;
+        }
+        st.assume_init()
+    };
+    Some(st.f_bavail as f64 * st.f_frsize as f64)
+}
+
+/// Refuses `what` when it would write more than the disk under `dir` has free.
+pub fn ensure_disk(dir: &Path, need: f64, what: &str, fix: &str) -> Result<()> {
+    match disk_free(dir) {
+        Some(free) => refuse_above(need, free, what, fix),
+        None => Ok(()),
+    }
 }
 
 /// `MemAvailable`, in bytes, from the text of /proc/meminfo.
@@ -287,6 +315,19 @@ impl<'a> CpuTraining<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_write_larger_than_the_free_disk_is_refused_with_the_figures() {
+        let free = disk_free(Path::new(".")).expect("statvfs works on Linux");
+        assert!(free > 0.0);
+        assert!(ensure_disk(Path::new("."), 1.0, "saving", "fix").is_ok());
+        let e = ensure_disk(Path::new("."), 1e30, "saving", "free some space")
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("saving needs "), "{e}");
+        assert!(e.ends_with("GiB available: free some space"), "{e}");
+        assert_eq!(disk_free(Path::new("/no/such/dir")), None);
+    }
 
     fn dims() -> Dims {
         Dims {

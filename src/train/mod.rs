@@ -23,9 +23,10 @@ use crate::model::config::Config;
 use crate::model::cpu::Cpu;
 use crate::model::hf_weights::HfWeights;
 use crate::model::ops::{AdamW, Ops};
-use crate::model::weights::{self, Weights};
+use crate::model::weights::{self, Weights, parameters};
 use crate::model::{Checkpoint, Chunk, Keep, Offload, Params, Whole, forward_backward_with};
 use crate::plan::{Partition, Schedule};
+use crate::resources;
 use crate::runtime::{Device, Job, ModelDevice, Runtime};
 use crate::shape::Span;
 use anyhow::{Context, Result, bail};
@@ -650,7 +651,38 @@ fn prepare(o: &Options) -> Result<(Start, RunKey)> {
             o.steps
         );
     }
+    if let Some(dir) = &o.save_dir {
+        let existing = std::fs::metadata(state::path_in(dir)).map_or(0, |m| m.len());
+        let saves = (taken + 1..=o.steps)
+            .filter(|s| s.is_multiple_of(o.save_every.max(1)) || *s == o.steps)
+            .count();
+        let need = save_disk_bytes(parameters(&o.config), saves, existing);
+        resources::ensure_disk(
+            dir,
+            need,
+            &format!(
+                "saving this run's checkpoints and model in {}",
+                dir.display()
+            ),
+            "give a --save-dir on a disk with more room, or save less often (--save-every) after freeing space",
+        )?;
+    }
     Ok((start, run_key(o)))
+}
+
+/// Disk bytes a run's saves take beyond what its save directory holds now, for a model of
+/// `params` parameters saving `saves` checkpoints over a checkpoint of `existing` bytes (0 for
+/// none): a checkpoint (f32 weights and both AdamW moments, 12 bytes a parameter) is written
+/// whole beside the previous one before it replaces it, and the final `model.safetensors`
+/// (f32 weights, 4 bytes a parameter) beside the last.
+pub fn save_disk_bytes(params: usize, saves: usize, existing: u64) -> f64 {
+    let (state, model, existing) = (12.0 * params as f64, 4.0 * params as f64, existing as f64);
+    let (peak, last) = match saves {
+        0 => (existing, existing),
+        1 => (existing + state, state),
+        _ => (2.0 * state, state),
+    };
+    peak.max(last + model) - existing
 }
 
 /// The steps of a run on any device: this worker (`rank` of `world`)'s rows `mine` of every
@@ -881,6 +913,18 @@ fn short(x: f64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn saves_need_a_checkpoint_beside_the_previous_and_the_model_beside_the_last() {
+        // One parameter: a checkpoint is 12 bytes, the model 4.
+        assert_eq!(save_disk_bytes(1, 0, 0), 4.0);
+        assert_eq!(save_disk_bytes(1, 1, 0), 16.0);
+        // Resumed over a checkpoint on disk: the new one is written beside it, then replaces it.
+        assert_eq!(save_disk_bytes(1, 1, 12), 12.0);
+        assert_eq!(save_disk_bytes(1, 3, 0), 24.0);
+        assert_eq!(save_disk_bytes(1, 3, 12), 12.0);
+        assert_eq!(save_disk_bytes(1_000, 2, 0), 24_000.0);
+    }
 
     #[test]
     fn weights_that_do_not_match_the_model_are_refused() {
