@@ -98,16 +98,12 @@ impl HfWeights {
     /// The pieces `spans` (one per tensor, `specs` order) of every parameter on `ops`'s device,
     /// converted to f32 a piece at a time.
     pub fn pieces<O: Ops>(&self, ops: &O, c: &Config, spans: &[Span]) -> Result<Weights<O::T>> {
-        let mut spans = spans.iter();
-        Weights::build(c, |s| {
-            let span = spans
-                .next()
-                .with_context(|| format!("no piece given for '{}'", s.name))?;
+        Weights::build_pieces(c, spans, |_, s, span| {
             let (path, map) = &self.files[self.home[&s.name]];
             let view = parse(path, map)?
                 .tensor(&s.name)
                 .with_context(|| format!("{} changed while it was being read", self.source))?;
-            ops.upload(&to_f32(view.dtype(), view.data(), *span))
+            ops.upload(&to_f32(view.dtype(), view.data(), span))
         })
     }
 }

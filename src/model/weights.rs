@@ -194,6 +194,22 @@ pub fn specs(c: &Config) -> Vec<Spec> {
 }
 
 impl<T> Weights<T> {
+    /// Builds the weights from pieces: `make` gets each tensor's index (`specs` order), spec and
+    /// piece of `spans` (one per tensor), as a worker makes the pieces of the model it keeps.
+    pub fn build_pieces(
+        c: &Config,
+        spans: &[Span],
+        mut make: impl FnMut(usize, &Spec, Span) -> Result<T>,
+    ) -> Result<Weights<T>> {
+        let mut pieces = spans.iter().enumerate();
+        Weights::build(c, |s| {
+            let (k, span) = pieces
+                .next()
+                .with_context(|| format!("no piece given for '{}'", s.name))?;
+            make(k, s, *span)
+        })
+    }
+
     /// Builds the weights tensor by tensor, in `specs` order.
     pub fn build(c: &Config, mut make: impl FnMut(&Spec) -> Result<T>) -> Result<Weights<T>> {
         let specs = specs(c);
@@ -305,11 +321,7 @@ pub fn random_pieces<O: Ops>(
     seed: u64,
     spans: &[Span],
 ) -> Result<Weights<O::T>> {
-    let mut pieces = spans.iter().enumerate();
-    Weights::build(c, |s| {
-        let (k, span) = pieces
-            .next()
-            .with_context(|| format!("no piece given for '{}'", s.name))?;
+    Weights::build_pieces(c, spans, |k, s, span| {
         if s.decays() {
             let key = init::tensor_key(seed, k);
             ops.random_uniform(span.len, key, span.start as u64, init::init_amp())

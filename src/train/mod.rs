@@ -704,20 +704,16 @@ fn run_steps<D: ModelDevice, C: Communicator<D::Tensor>>(
     let (mut held, mut opt) = match start {
         Start::Fresh(source) => (
             Held::drawn(cfg, o.shard, ranks, |spans| source.draw(ops, cfg, spans))?,
-            Optimizer::zeroed(ops, cfg, o.shard, ranks)?,
+            Optimizer::made(cfg, o.shard, ranks, |_, _, span| ops.zeros(span.len))?,
         ),
         Start::Resumed(saved) => (
             Held::drawn(cfg, o.shard, ranks, |spans| {
-                let mut pieces = spans.iter().enumerate();
-                Weights::build(cfg, |s| {
-                    let (k, span) = pieces
-                        .next()
-                        .with_context(|| format!("no piece to read for '{}'", s.name))?;
-                    ops.upload(&saved.piece(Part::Weights, k, *span)?)
+                Weights::build_pieces(cfg, spans, |k, _, span| {
+                    ops.upload(&saved.piece(Part::Weights, k, span)?)
                 })
             })?,
-            Optimizer::read(ops, cfg, o.shard, ranks, |part, k, span| {
-                saved.piece(part, k, span)
+            Optimizer::made(cfg, o.shard, ranks, |part, k, span| {
+                ops.upload_state(&saved.piece(part, k, span)?)
             })?,
         ),
     };

@@ -228,10 +228,9 @@ fn upload_spans<T>(
     spans: &[Span],
     mut upload: impl FnMut(&[f32]) -> Result<T>,
 ) -> Result<Weights<T>> {
-    let mut it = host.iter().zip(spans);
-    Weights::build(c, |s| {
-        let (t, span) = it
-            .next()
+    Weights::build_pieces(c, spans, |k, s, span| {
+        let t = host
+            .get(k)
             .with_context(|| format!("no weights given for '{}'", s.name))?;
         if t.len() != s.elements() {
             bail!(
@@ -477,66 +476,34 @@ pub(super) struct Optimizer<T> {
 }
 
 impl<T: Buffer + Clone> Optimizer<T> {
-    /// Worker `rank` of `world`'s moments on the device, each piece it keeps (tensor `k`'s span;
-    /// whole tensors unless sharded) read from the host by `read` one at a time: a resumed run,
-    /// which re-shards a checkpoint of any worker count here. One worker holds everything
-    /// whatever `shard` says.
-    pub fn read<O: Ops<T = T>>(
-        ops: &O,
+    /// Worker `rank` of `world`'s moments, each piece it keeps (tensor `k`'s span; whole tensors
+    /// unless sharded) of each moment made on the device by `make`: zeroed there for a fresh run,
+    /// read from a checkpoint of any worker count (so re-sharded) for a resumed one. One worker
+    /// holds everything whatever `shard` says.
+    pub fn made(
         c: &Config,
         shard: Shard,
         (rank, world): (usize, usize),
-        read: impl Fn(Part, usize, Span) -> Result<Vec<f32>>,
+        make: impl Fn(Part, usize, Span) -> Result<T>,
     ) -> Result<Self> {
         let shard = shard.over(world);
         let spans = own_spans(c, shard.optimizer_shards(world), rank);
-        let upload = |part| -> Result<Vec<T>> {
+        let moment = |part| -> Result<Vec<T>> {
             spans
                 .iter()
                 .enumerate()
-                .map(|(k, span)| ops.upload_state(&read(part, k, *span)?))
+                .map(|(k, span)| make(part, k, *span))
                 .collect()
         };
-        Ok(Optimizer {
-            m: upload(Part::FirstMoment)?,
-            v: upload(Part::SecondMoment)?,
-            ..Self::empty(c, shard, spans)
-        })
-    }
-
-    /// Worker `rank` of `world`'s zero moments, allocated zeroed on the device: a fresh run's.
-    pub fn zeroed<O: Ops<T = T>>(
-        ops: &O,
-        c: &Config,
-        shard: Shard,
-        (rank, world): (usize, usize),
-    ) -> Result<Self> {
-        let shard = shard.over(world);
-        let spans = own_spans(c, shard.optimizer_shards(world), rank);
-        let zeros = || {
-            spans
-                .iter()
-                .map(|s| ops.zeros(s.len))
-                .collect::<Result<Vec<_>>>()
-        };
-        Ok(Optimizer {
-            m: zeros()?,
-            v: zeros()?,
-            ..Self::empty(c, shard, spans)
-        })
-    }
-
-    /// The optimizer of `spans` without moments, which the constructors fill.
-    fn empty(c: &Config, shard: Shard, spans: Vec<Span>) -> Self {
         let specs = specs(c);
-        Optimizer {
+        Ok(Optimizer {
             shard,
             decays: specs.iter().map(|s| s.decays()).collect(),
             lens: specs.iter().map(|s| s.elements()).collect(),
+            m: moment(Part::FirstMoment)?,
+            v: moment(Part::SecondMoment)?,
             spans,
-            m: Vec::new(),
-            v: Vec::new(),
-        }
+        })
     }
 
     /// The gradients this worker updates from: `reduce_grads`'s whole tensors cut to its pieces.
