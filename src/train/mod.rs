@@ -131,6 +131,14 @@ fn keep(o: &Options) -> Keep {
     }
 }
 
+impl Options {
+    /// Whether step `step` ends with a checkpoint (given a save directory): every
+    /// `save_every`, and the last.
+    fn saves_at(&self, step: u64) -> bool {
+        step.is_multiple_of(self.save_every.max(1)) || step == self.steps
+    }
+}
+
 fn run_key(o: &Options) -> RunKey {
     RunKey {
         config: o.config.clone(),
@@ -653,9 +661,7 @@ fn prepare(o: &Options) -> Result<(Start, RunKey)> {
     }
     if let Some(dir) = &o.save_dir {
         let existing = std::fs::metadata(state::path_in(dir)).map_or(0, |m| m.len());
-        let saves = (taken + 1..=o.steps)
-            .filter(|s| s.is_multiple_of(o.save_every.max(1)) || *s == o.steps)
-            .count();
+        let saves = (taken + 1..=o.steps).filter(|&s| o.saves_at(s)).count();
         let need = save_disk_bytes(parameters(&o.config), saves, existing);
         resources::ensure_disk(
             dir,
@@ -787,10 +793,7 @@ fn run_steps<D: ModelDevice, C: Communicator<D::Tensor>>(
         let hp = AdamW { lr, ..o.adamw };
         opt.update(ops, comm, &mut held.w, &grads, &hp, step)?;
         drop(grads);
-        let save = o
-            .save_dir
-            .as_ref()
-            .filter(|_| step.is_multiple_of(o.save_every.max(1)) || step == o.steps);
+        let save = o.save_dir.as_ref().filter(|_| o.saves_at(step));
         let gathered = match save {
             Some(_) => Some((
                 held.host_weights(ops, comm, reporter)?,
