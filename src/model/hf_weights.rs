@@ -14,13 +14,23 @@ use rayon::prelude::*;
 use safetensors::{Dtype, SafeTensors};
 use std::collections::HashMap;
 use std::fs::File;
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 
-/// The mapped files of a model folder and, per tensor the model uses, the file that holds it.
+/// The mapped files of a model folder and, per tensor the model uses, where its bytes lie.
 pub struct HfWeights {
-    source: String,
-    files: Vec<(PathBuf, Mmap)>,
-    home: HashMap<String, usize>,
+    maps: Vec<Mmap>,
+    home: HashMap<String, Located>,
+}
+
+/// A tensor's bytes in a mapped file: which file, their format and their range (read from the
+/// header once, on open).
+#[derive(Clone, Debug)]
+struct Located {
+    file: usize,
+    dtype: Dtype,
+    bytes: Range<usize>,
+    shape: Vec<usize>,
 }
 
 impl HfWeights {
@@ -41,18 +51,30 @@ impl HfWeights {
                 Ok((path, map))
             })
             .collect::<Result<Vec<_>>>()?;
-        let mut found: HashMap<String, (usize, Vec<usize>)> = HashMap::new();
+        let mut found: HashMap<String, Located> = HashMap::new();
         for (i, (path, map)) in files.iter().enumerate() {
-            let st = parse(path, map)?;
-            for (name, view) in st.tensors() {
-                if !matches!(view.dtype(), Dtype::F32 | Dtype::BF16 | Dtype::F16) {
+            let invalid = || format!("{} is not a valid safetensors file", path.display());
+            // Deserializing checks the header against the file (offsets, lengths).
+            SafeTensors::deserialize(map).with_context(invalid)?;
+            let (header, meta) = SafeTensors::read_metadata(map).with_context(invalid)?;
+            // The data follow the header's 8-byte length and the header itself.
+            let data = size_of::<u64>() + header;
+            for (name, info) in meta.tensors() {
+                if !matches!(info.dtype, Dtype::F32 | Dtype::BF16 | Dtype::F16) {
                     bail!(
                         "tensor '{name}' in {} is {:?}; only F32, BF16 and F16 weights load",
                         path.display(),
-                        view.dtype()
+                        info.dtype
                     );
                 }
-                found.insert(name, (i, view.shape().to_vec()));
+                let (start, end) = info.data_offsets;
+                let at = Located {
+                    file: i,
+                    dtype: info.dtype,
+                    bytes: data + start..data + end,
+                    shape: info.shape.clone(),
+                };
+                found.insert(name, at);
             }
         }
         let specs = specs(c);
@@ -73,24 +95,24 @@ impl HfWeights {
         }
         let mut home = HashMap::new();
         for s in &specs {
-            let (file, shape) = found.get(&s.name).with_context(|| {
+            let at = found.get(&s.name).with_context(|| {
                 format!(
                     "{source} has no tensor '{}', which a model of this config needs",
                     s.name
                 )
             })?;
-            if *shape != s.shape {
+            if at.shape != s.shape {
                 bail!(
-                    "tensor '{}' in {source} has shape {shape:?}, but the config needs {:?}",
+                    "tensor '{}' in {source} has shape {:?}, but the config needs {:?}",
                     s.name,
+                    at.shape,
                     s.shape
                 );
             }
-            home.insert(s.name.clone(), *file);
+            home.insert(s.name.clone(), at.clone());
         }
         Ok(HfWeights {
-            source,
-            files,
+            maps: files.into_iter().map(|(_, map)| map).collect(),
             home,
         })
     }
@@ -99,11 +121,12 @@ impl HfWeights {
     /// converted to f32 a piece at a time.
     pub fn pieces<O: Ops>(&self, ops: &O, c: &Config, spans: &[Span]) -> Result<Weights<O::T>> {
         Weights::build_pieces(c, spans, |_, s, span| {
-            let (path, map) = &self.files[self.home[&s.name]];
-            let view = parse(path, map)?
-                .tensor(&s.name)
-                .with_context(|| format!("{} changed while it was being read", self.source))?;
-            ops.upload(&to_f32(view.dtype(), view.data(), span))
+            let at = &self.home[&s.name];
+            ops.upload(&to_f32(
+                at.dtype,
+                &self.maps[at.file][at.bytes.clone()],
+                span,
+            ))
         })
     }
 }
@@ -136,14 +159,9 @@ fn weight_files(dir: &Path) -> Result<Vec<PathBuf>> {
     Ok(files.into_iter().map(|f| dir.join(f)).collect())
 }
 
-fn parse<'a>(path: &Path, map: &'a Mmap) -> Result<SafeTensors<'a>> {
-    SafeTensors::deserialize(map)
-        .with_context(|| format!("{} is not a valid safetensors file", path.display()))
-}
-
 /// Elements `span` of little-endian `bytes` of format `dtype` (checked on open), as f32, on all
 /// cores (reading the mapped pages is most of a 7B model's start-up).
-fn to_f32(dtype: Dtype, bytes: &[u8], span: Span) -> Vec<f32> {
+pub fn to_f32(dtype: Dtype, bytes: &[u8], span: Span) -> Vec<f32> {
     let width = if dtype == Dtype::F32 { 4 } else { 2 };
     let piece = &bytes[span.start * width..span.end() * width];
     let values = piece.par_chunks_exact(width);

@@ -4,15 +4,15 @@
 //! metadata make a corrupt, truncated or mismatched file refused with a sentence.
 
 use crate::model::config::Config;
+use crate::model::hf_weights::to_f32;
 use crate::model::weights::{specs, whole_spans};
 use crate::shape::Span;
 use crate::tensor_file::{self, Named};
 use anyhow::{Context, Result, bail};
 use memmap2::Mmap;
-use rayon::prelude::*;
 use safetensors::{Dtype, SafeTensors};
-use std::borrow::Cow;
 use std::fs::File;
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 
 const FORMAT: &str = "distflash-train-state/1";
@@ -37,21 +37,13 @@ pub struct State {
     pub v: Vec<Vec<f32>>,
 }
 
-/// FNV-1a over every byte (of the f32 values, little-endian, in file order), the integrity check
-/// stored with the file.
-fn checksum<'a>(parts: impl Iterator<Item = Cow<'a, [u8]>>) -> String {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for p in parts {
-        for &b in p.iter() {
-            h = (h ^ b as u64).wrapping_mul(0x100_0000_01b3);
-        }
-    }
+/// FNV-1a over every byte of the tensors (their f32 values little-endian, in file order), the
+/// integrity check stored with the file.
+fn checksum(bytes: impl Iterator<Item = u8>) -> String {
+    let h = bytes.fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
+    });
     format!("{h:016x}")
-}
-
-/// The little-endian bytes of `values`, as the file holds them.
-fn bytes_of(values: &[f32]) -> Cow<'static, [u8]> {
-    Cow::Owned(values.iter().flat_map(|x| x.to_le_bytes()).collect())
 }
 
 /// The file a checkpoint directory holds.
@@ -91,7 +83,13 @@ pub fn save(path: &Path, key: &RunKey, state: &State) -> Result<()> {
         ("data", key.data.clone()),
         ("seq_len", key.seq_len.to_string()),
         ("batch", key.batch.to_string()),
-        ("checksum", checksum(data.iter().map(|t| bytes_of(t)))),
+        (
+            "checksum",
+            checksum(
+                data.iter()
+                    .flat_map(|t| t.iter().flat_map(|x| x.to_le_bytes())),
+            ),
+        ),
     ];
     let meta: Vec<(&str, &str)> = meta.iter().map(|(k, v)| (*k, v.as_str())).collect();
     tensor_file::write(path, &named, &meta)
@@ -132,8 +130,9 @@ pub struct Saved {
     path: PathBuf,
     map: Mmap,
     config: Config,
-    /// The parameters' names, `specs` order.
-    names: Vec<String>,
+    /// Where each tensor's bytes lie in the map: the weights', then each moment's, `specs`
+    /// order (read from the header once, on load).
+    bytes: Vec<Range<usize>>,
 }
 
 /// Which tensors of a checkpoint: the weights or one of AdamW's moments.
@@ -145,6 +144,9 @@ pub enum Part {
 }
 
 impl Part {
+    /// Every part, in declaration order (so `part as usize` indexes it) and file order.
+    const ALL: [Part; 3] = [Part::Weights, Part::FirstMoment, Part::SecondMoment];
+
     fn prefix(self) -> &'static str {
         match self {
             Part::Weights => "",
@@ -158,21 +160,16 @@ impl Saved {
     /// Elements `span` of tensor `k` (`specs` order) of `part`, as f32: one tensor's piece at a
     /// time, so the host never holds more than one.
     pub fn piece(&self, part: Part, k: usize, span: Span) -> Result<Vec<f32>> {
-        let name = format!("{}{}", part.prefix(), self.names[k]);
-        let file = self.tensors()?;
-        let view = file
-            .tensor(&name)
-            .with_context(|| format!("{} changed while it was being read", self.path.display()))?;
-        let bytes = view
-            .data()
-            .get(4 * span.start..4 * span.end())
-            .with_context(|| {
-                format!("{name} in {} has no elements {span:?}", self.path.display())
-            })?;
-        Ok(bytes
-            .par_chunks_exact(4)
-            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-            .collect())
+        let tensors = self.bytes.len() / Part::ALL.len();
+        let bytes = &self.map[self.bytes[part as usize * tensors + k].clone()];
+        if 4 * span.end() > bytes.len() {
+            bail!(
+                "tensor {k} of {}{} has no elements {span:?}",
+                self.path.display(),
+                part.prefix()
+            );
+        }
+        Ok(to_f32(Dtype::F32, bytes, span))
     }
 
     /// Every tensor of `part` whole (`specs` order).
@@ -182,15 +179,6 @@ impl Saved {
             .enumerate()
             .map(|(k, span)| self.piece(part, k, span))
             .collect()
-    }
-
-    fn tensors(&self) -> Result<SafeTensors<'_>> {
-        SafeTensors::deserialize(&self.map).with_context(|| {
-            format!(
-                "{} is not a readable checkpoint (truncated or corrupt)",
-                self.path.display()
-            )
-        })
     }
 }
 
@@ -202,9 +190,10 @@ pub fn load(path: &Path, key: &RunKey) -> Result<Saved> {
     // over it, which leaves this mapping's file as it was.
     let map =
         unsafe { Mmap::map(&file) }.with_context(|| format!("cannot map checkpoint {shown}"))?;
-    let (_, header) = SafeTensors::read_metadata(&map)
+    let (header_len, header) = SafeTensors::read_metadata(&map)
         .with_context(|| format!("{shown} is not a readable checkpoint (truncated or corrupt)"))?;
-    let tensors = SafeTensors::deserialize(&map)
+    // Deserializing checks the header against the file (offsets, lengths).
+    SafeTensors::deserialize(&map)
         .with_context(|| format!("{shown} is not a readable checkpoint (truncated or corrupt)"))?;
     let meta = header.metadata().clone().unwrap_or_default();
     let get = |k: &str| {
@@ -239,37 +228,41 @@ pub fn load(path: &Path, key: &RunKey) -> Result<Saved> {
             .parse()
             .with_context(|| format!("{shown} has an unreadable '{k}'"))
     };
-    // Every tensor present, f32, of its shape; the checksum over them in file order.
-    let mut in_order = Vec::new();
-    for part in [Part::Weights, Part::FirstMoment, Part::SecondMoment] {
+    // Every tensor present, f32, of its shape; the checksum over them in file order. The data
+    // follow the header's 8-byte length and the header itself.
+    let data = size_of::<u64>() + header_len;
+    let infos = header.tensors();
+    let mut bytes = Vec::new();
+    for part in Part::ALL {
         for s in specs(&key.config) {
             let name = format!("{}{}", part.prefix(), s.name);
-            let view = tensors
-                .tensor(&name)
+            let info = infos
+                .get(&name)
                 .with_context(|| format!("{shown} lacks tensor '{name}'"))?;
-            if view.dtype() != Dtype::F32 {
+            if info.dtype != Dtype::F32 {
                 bail!("tensor '{name}' in {shown} is not F32");
             }
-            if view.shape() != s.shape {
+            if info.shape != s.shape {
                 bail!(
                     "tensor '{name}' in {shown} has shape {:?}, expected {:?}",
-                    view.shape(),
+                    info.shape,
                     s.shape
                 );
             }
-            in_order.push(view.data());
+            let (start, end) = info.data_offsets;
+            bytes.push(data + start..data + end);
         }
     }
-    if checksum(in_order.into_iter().map(Cow::Borrowed)) != get("checksum")? {
+    let in_order = bytes.iter().flat_map(|r| map[r.clone()].iter().copied());
+    if checksum(in_order) != get("checksum")? {
         bail!("{shown} is corrupt: its tensors do not match the checksum saved with them");
     }
-    drop(tensors);
     Ok(Saved {
         step: number("step")?,
         samples: number("samples")?,
         path: path.to_path_buf(),
         map,
         config: key.config.clone(),
-        names: specs(&key.config).into_iter().map(|s| s.name).collect(),
+        bytes,
     })
 }
