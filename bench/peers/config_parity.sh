@@ -40,6 +40,8 @@ for device in cpu cuda; do
   run qwen2 "$device" --model-type qwen2
   run llama_bias "$device" --model-type llama --attention-bias
   run yarn "$device" --rope-scaling yarn
+  run llama3 "$device" --rope-scaling llama3
+  run linear "$device" --rope-scaling linear
   run dynamic "$device" --rope-scaling dynamic
   run qwen2_yarn "$device" --model-type qwen2 --rope-scaling yarn
   run mistral "$device" --model-type mistral
