@@ -357,6 +357,41 @@ fn resume_refuses_a_second_source_of_weights_and_names_a_different_model() {
     std::fs::remove_dir_all(dir).unwrap();
 }
 
+/// A checkpoint holds its model: resuming without naming one continues with it (a fine-tuned
+/// `--init-from` model, say), where falling back to `tiny` would refuse the checkpoint.
+#[test]
+fn resume_without_a_model_continues_the_checkpoints() {
+    let dir = temp_dir("resume-own-model");
+    assert!(train(&dir, "1", None).status.success());
+    let mut config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+    config["num_hidden_layers"] = 1.into();
+    let one_layer = dir.join("one-layer.json");
+    std::fs::write(&one_layer, config.to_string()).unwrap();
+    let other = dir.join("one-layer");
+    let run = |steps: &str, model: &[&str], resume: bool| {
+        let mut cmd = Command::new(BIN);
+        cmd.args(&TINY[..7])
+            .args(["--steps", steps, "--save-dir"])
+            .arg(&other)
+            .args(model);
+        if resume {
+            cmd.arg("--resume").arg(&other);
+        }
+        cmd.output().unwrap()
+    };
+    let first = run("1", &["--config", one_layer.to_str().unwrap()], false);
+    assert!(first.status.success(), "{}", stderr(&first));
+    let resumed = run("2", &[], true);
+    assert!(resumed.status.success(), "{}", stderr(&resumed));
+    assert!(
+        stdout(&resumed).starts_with("trained 1 steps (resumed at step 1, now at step 2) in"),
+        "{}",
+        stdout(&resumed)
+    );
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
 #[test]
 fn launch_variables_and_addresses_are_named() {
     let out = Command::new(BIN)

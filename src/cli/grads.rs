@@ -55,7 +55,7 @@ pub struct Args {
 
 pub fn run(args: Args) -> Result<()> {
     let rt = args.place.runtime(Some(args.workers), |_| 4)?;
-    let (config, init) = args.model.resolve()?;
+    let (config, init) = args.model.resolve(None)?;
     let shard = args
         .shard
         .unwrap_or(Shard::default_for(rt.workers(), &config));
@@ -71,7 +71,7 @@ pub fn run(args: Args) -> Result<()> {
     }
     let memory = MemoryCheck {
         config: config.clone(),
-        model: args.model.name(),
+        model: args.model.name(None),
         seq: tokens.len().saturating_sub(1),
         schedule: args.schedule,
         checkpoint: args.checkpoint,

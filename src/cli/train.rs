@@ -19,7 +19,7 @@ use distflash::train::lr::Decay;
 use distflash::train::memory::{HostState, MemoryCheck};
 use distflash::train::shard::Shard;
 use distflash::train::tokens::TokenFile;
-use distflash::train::{self, Eval, Init, Options, StepReport, svg};
+use distflash::train::{self, Eval, Init, Options, StepReport, state, svg};
 use metrics::Metrics;
 use progress::Progress;
 use serde::Serialize;
@@ -45,8 +45,9 @@ pub struct ModelArgs {
 }
 
 impl ModelArgs {
-    /// The config and where weights come from; `tiny` when nothing is named.
-    pub fn resolve(&self) -> Result<(Config, Init)> {
+    /// The config and where weights come from: the named model; when none is named, the one the
+    /// checkpoint being resumed (`resume`) was saved with, else `tiny`.
+    pub fn resolve(&self, resume: Option<&Path>) -> Result<(Config, Init)> {
         let named = [
             self.preset.is_some(),
             self.config.is_some(),
@@ -59,18 +60,21 @@ impl ModelArgs {
             let config = Config::from_file(&dir.join("config.json"))?;
             return Ok((config, Init::HuggingFace(dir.clone())));
         }
-        let config = match &self.config {
-            Some(path) => Config::from_file(path)?,
-            None => Config::preset(self.preset.as_deref().unwrap_or("tiny"))?,
+        let config = match (&self.config, &self.preset, resume) {
+            (Some(path), _, _) => Config::from_file(path)?,
+            (None, None, Some(checkpoint)) => state::saved_config(&state::file_at(checkpoint))?,
+            (None, preset, _) => Config::preset(preset.as_deref().unwrap_or("tiny"))?,
         };
         Ok((config, Init::Random { seed: self.seed }))
     }
 
-    /// How messages name the model: the preset, or the file or directory it came from.
-    pub fn name(&self) -> String {
-        match (&self.preset, &self.config, &self.init_from) {
-            (Some(p), _, _) => p.clone(),
-            (_, Some(path), _) | (_, _, Some(path)) => path.display().to_string(),
+    /// How messages name the model: the preset, or the file or directory it came from (the
+    /// resumed checkpoint's, when none is named).
+    pub fn name(&self, resume: Option<&Path>) -> String {
+        match (&self.preset, &self.config, &self.init_from, resume) {
+            (Some(p), _, _, _) => p.clone(),
+            (_, Some(path), _, _) | (_, _, Some(path), _) => path.display().to_string(),
+            (_, _, _, Some(checkpoint)) => format!("the model of {}", checkpoint.display()),
             _ => "tiny".into(),
         }
     }
@@ -169,7 +173,7 @@ pub struct Args {
     save_dir: Option<PathBuf>,
     #[arg(long, default_value_t = 50, value_parser = at_least_one)]
     save_every: u64,
-    /// Continue from a checkpoint file or a save directory.
+    /// Continue from a checkpoint file or a save directory, with the model it was saved with (when no --preset or --config names one).
     #[arg(long)]
     resume: Option<PathBuf>,
     /// Print one JSON line per step and a JSON summary instead of the progress bar.
@@ -300,9 +304,9 @@ pub fn run(args: Args) -> Result<()> {
     }
     // Under a launcher rank 0 reports and writes files; the others only train.
     let reporter = rt.is_reporter();
-    let (config, init) = args.model.resolve()?;
+    let (config, init) = args.model.resolve(args.resume.as_deref())?;
     let shard = args.shard.unwrap_or(Shard::default_for(workers, &config));
-    let lr = peak_lr(args.lr, &config, &args.model.name())?;
+    let lr = peak_lr(args.lr, &config, &args.model.name(args.resume.as_deref()))?;
     let text = |path: &PathBuf| match &args.tokenizer {
         Some(tokenizer) => Ok(Data::Tokens {
             file: TokenFile::open(path, tokenizer, args.eos_token.as_deref())?,
@@ -327,7 +331,7 @@ pub fn run(args: Args) -> Result<()> {
     };
     let memory = MemoryCheck {
         config: config.clone(),
-        model: args.model.name(),
+        model: args.model.name(args.resume.as_deref()),
         seq: args.seq_len,
         schedule: args.schedule,
         checkpoint: args.checkpoint,

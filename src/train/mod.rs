@@ -197,12 +197,7 @@ impl Start {
 /// The state a run starts from: a resumed checkpoint, or fresh weights and zero moments.
 fn initial_state(o: &Options) -> Result<Start> {
     if let Some(path) = &o.resume {
-        let file = if path.is_dir() {
-            state::path_in(path)
-        } else {
-            path.clone()
-        };
-        return state::load(&file, &run_key(o)).map(Start::Resumed);
+        return state::load(&state::file_at(path), &run_key(o)).map(Start::Resumed);
     }
     Ok(Start::Fresh(match &o.init {
         Init::Random { seed } => Source::Random { seed: *seed },

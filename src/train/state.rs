@@ -182,30 +182,78 @@ impl Saved {
     }
 }
 
+/// The checkpoint file `path` names: the file itself, or the one a save directory holds.
+pub fn file_at(path: &Path) -> PathBuf {
+    if path.is_dir() {
+        path_in(path)
+    } else {
+        path.to_path_buf()
+    }
+}
+
+/// A checkpoint file memory-mapped, with its header and its metadata (the run's settings).
+struct Mapped {
+    map: Mmap,
+    header_len: usize,
+    header: safetensors::tensor::Metadata,
+    meta: std::collections::HashMap<String, String>,
+}
+
+impl Mapped {
+    fn open(path: &Path) -> Result<Mapped> {
+        let shown = path.display();
+        let file = File::open(path).with_context(|| format!("cannot read checkpoint {shown}"))?;
+        // SAFETY: the map is read-only, and a run replaces its checkpoint by renaming a new
+        // file over it, which leaves this mapping's file as it was.
+        let map = unsafe { Mmap::map(&file) }
+            .with_context(|| format!("cannot map checkpoint {shown}"))?;
+        let (header_len, header) = SafeTensors::read_metadata(&map).with_context(|| {
+            format!("{shown} is not a readable checkpoint (truncated or corrupt)")
+        })?;
+        let meta = header.metadata().clone().unwrap_or_default();
+        let mapped = Mapped {
+            map,
+            header_len,
+            header,
+            meta,
+        };
+        if mapped.get("format", path)? != FORMAT {
+            bail!("{shown} is not a distflash training checkpoint of format {FORMAT}");
+        }
+        Ok(mapped)
+    }
+
+    fn get(&self, k: &str, path: &Path) -> Result<String> {
+        self.meta.get(k).cloned().with_context(|| {
+            format!(
+                "{} is not a distflash training checkpoint (no '{k}')",
+                path.display()
+            )
+        })
+    }
+
+    /// The model the checkpoint was saved with.
+    fn config(&self, path: &Path) -> Result<Config> {
+        Config::from_json(&serde_json::from_str(&self.get("config", path)?)?)
+            .with_context(|| format!("the model config in {} is unreadable", path.display()))
+    }
+}
+
+/// The model a checkpoint was saved with, from its header alone: a resumed run that names no
+/// model (`--preset`, `--config`) continues with this one.
+pub fn saved_config(path: &Path) -> Result<Config> {
+    Mapped::open(path)?.config(path)
+}
+
 /// Opens a checkpoint for a run with `key`, refusing one that is damaged or from another run.
 pub fn load(path: &Path, key: &RunKey) -> Result<Saved> {
     let shown = path.display();
-    let file = File::open(path).with_context(|| format!("cannot read checkpoint {shown}"))?;
-    // SAFETY: the map is read-only, and a run replaces its checkpoint by renaming a new file
-    // over it, which leaves this mapping's file as it was.
-    let map =
-        unsafe { Mmap::map(&file) }.with_context(|| format!("cannot map checkpoint {shown}"))?;
-    let (header_len, header) = SafeTensors::read_metadata(&map)
-        .with_context(|| format!("{shown} is not a readable checkpoint (truncated or corrupt)"))?;
+    let mapped = Mapped::open(path)?;
     // Deserializing checks the header against the file (offsets, lengths).
-    SafeTensors::deserialize(&map)
+    SafeTensors::deserialize(&mapped.map)
         .with_context(|| format!("{shown} is not a readable checkpoint (truncated or corrupt)"))?;
-    let meta = header.metadata().clone().unwrap_or_default();
-    let get = |k: &str| {
-        meta.get(k)
-            .cloned()
-            .with_context(|| format!("{shown} is not a distflash training checkpoint (no '{k}')"))
-    };
-    if get("format")? != FORMAT {
-        bail!("{shown} is not a distflash training checkpoint of format {FORMAT}");
-    }
-    let saved_config = Config::from_json(&serde_json::from_str(&get("config")?)?)
-        .with_context(|| format!("the model config in {shown} is unreadable"))?;
+    let get = |k: &str| mapped.get(k, path);
+    let saved_config = mapped.config(path)?;
     if saved_config != key.config {
         bail!(
             "{shown} holds a different model than this run's ({}): resume with the model it was saved with (the same --preset, --config or --init-from), or give a new --save-dir to start afresh",
@@ -230,8 +278,8 @@ pub fn load(path: &Path, key: &RunKey) -> Result<Saved> {
     };
     // Every tensor present, f32, of its shape; the checksum over them in file order. The data
     // follow the header's 8-byte length and the header itself.
-    let data = size_of::<u64>() + header_len;
-    let infos = header.tensors();
+    let data = size_of::<u64>() + mapped.header_len;
+    let infos = mapped.header.tensors();
     let mut bytes = Vec::new();
     for part in Part::ALL {
         for s in specs(&key.config) {
@@ -253,15 +301,18 @@ pub fn load(path: &Path, key: &RunKey) -> Result<Saved> {
             bytes.push(data + start..data + end);
         }
     }
-    let in_order = bytes.iter().flat_map(|r| map[r.clone()].iter().copied());
+    let in_order = bytes
+        .iter()
+        .flat_map(|r| mapped.map[r.clone()].iter().copied());
     if checksum(in_order) != get("checksum")? {
         bail!("{shown} is corrupt: its tensors do not match the checksum saved with them");
     }
+    let (step, samples) = (number("step")?, number("samples")?);
     Ok(Saved {
-        step: number("step")?,
-        samples: number("samples")?,
+        step,
+        samples,
         path: path.to_path_buf(),
-        map,
+        map: mapped.map,
         config: key.config.clone(),
         bytes,
     })
