@@ -1,6 +1,7 @@
 //! Training on real text: a tokenizer built here with the `tokenizers` crate's trainer on a
 //! snapshot of the repository's own README, a JSON-lines (or Parquet) corpus of its paragraphs,
-//! tokenized once into a token file that later runs reuse; the loss falls, and a resumed run
+//! tokenized once into a token file that later runs reuse; a model folder fine-tuned on it
+//! (`--init-from`) lowers the training and held-out loss, and a resumed run
 //! continues the same stream.
 
 mod common;
@@ -103,13 +104,30 @@ fn train_text((tk, data): (&str, &str), steps: &str, extra: &[&str]) -> Output {
 }
 
 #[test]
-fn trains_on_tokenized_text_and_resumes_the_same_stream() {
+fn fine_tunes_a_model_folder_on_tokenized_text_and_resumes_the_same_stream() {
     let dir = temp_dir("tokens", "train");
     let (tk, data) = (tokenizer(&dir), corpus(&dir));
     let (tk, data) = (tk.to_str().unwrap(), data.to_str().unwrap());
     let save = dir.join("run");
+    // The model folder a fine-tune starts from (config.json, model.safetensors and the
+    // tokenizer beside them, as a Hugging Face folder holds them): one step of `tiny`, saved.
+    let base = dir.join("base");
+    let b = base.to_str().unwrap();
+    let made = train_text((tk, data), "1", &["--workers", "2", "--save-dir", b]);
+    assert!(
+        made.status.success(),
+        "{}",
+        String::from_utf8_lossy(&made.stderr)
+    );
+    std::fs::copy(tk, base.join("tokenizer.json")).unwrap();
+    let tk = base.join("tokenizer.json");
+    let tk = tk.to_str().unwrap();
     let run = |steps: &str, extra: &[&str]| {
-        train_text((tk, data), steps, &[&["--workers", "2"], extra].concat())
+        train_text(
+            (tk, data),
+            steps,
+            &[&["--workers", "2", "--init-from", b], extra].concat(),
+        )
     };
     let held = dir.join("held.jsonl");
     let eval = ["--eval-data", held.to_str().unwrap(), "--eval-every", "10"];
@@ -144,7 +162,12 @@ fn trains_on_tokenized_text_and_resumes_the_same_stream() {
 
     let s = save.to_str().unwrap();
     let part = losses(&run("3", &["--save-dir", s, "--save-every", "3"]));
-    let rest = losses(&run("6", &["--resume", s]));
+    // The checkpoint holds the weights and names the model: no --init-from.
+    let rest = losses(&train_text(
+        (tk, data),
+        "6",
+        &["--workers", "2", "--resume", s],
+    ));
     let straight = losses(&run("6", &[]));
     assert_eq!(
         [part, rest].concat(),
