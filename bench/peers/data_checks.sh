@@ -15,19 +15,12 @@ export DISTFLASH_CACHE_DIR=${DISTFLASH_CACHE_DIR:-/tmp/distflash-cache} PYTHONUN
 WORK=$(mktemp -d)
 LOG=$OUT/data_checks.log
 $PY - "$WORK" <<'PY' >> "$LOG" 2>&1
-import json, sys
+import sys
 from pathlib import Path
-from tokenizers import Tokenizer, models, pre_tokenizers, trainers
-work = Path(sys.argv[1])
-text = Path("README.md").read_text()
-tok = Tokenizer(models.BPE())
-tok.pre_tokenizer = pre_tokenizers.Whitespace()
-tok.train_from_iterator([text], trainers.BpeTrainer(vocab_size=256, special_tokens=["</s>"]))
-tok.save(str(work / "tokenizer.json"))
-paras = [json.dumps({"text": p}) for p in text.split("\n\n") if len(p.strip()) > 20]
-(work / "held.jsonl").write_text("\n".join(p for i, p in enumerate(paras) if i % 5 == 4))
-(work / "corpus.jsonl").write_text("\n".join(p for i, p in enumerate(paras) if i % 5 != 4))
-print("tokenizer vocabulary", tok.get_vocab_size(), "documents", len(paras))
+sys.path.insert(0, "bench/peers")
+from finetune_check import tokenizer_and_data
+vocab, docs = tokenizer_and_data(Path(sys.argv[1]), Path("README.md").read_text(), 256)
+print("tokenizer vocabulary", vocab, "documents", docs)
 PY
 cat > "$WORK/config.json" <<'JSON'
 {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 256,

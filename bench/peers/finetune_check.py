@@ -33,16 +33,23 @@ from pathlib import Path
 RESUME_TOLERANCE = 2e-2
 
 
-def tokenizer_and_data(work):
+def repository_markdown():
+    """The repository's own Markdown (about 200 KB, 50K tokens at a vocabulary of 512): enough
+    for held-out sequences of the 8B run's 4096 tokens."""
+    return "\n\n".join(f.read_text() for f in sorted(Path(".").glob("**/*.md"))
+                       if "target" not in f.parts and not any(x.startswith(".") for x in f.parts))
+
+
+def tokenizer_and_data(work, text, vocab):
+    """A BPE tokenizer of `vocab` tokens (`</s>` among them) trained on `text`, saved as
+    work/tokenizer.json, and the text's paragraphs as JSON lines: every fifth in
+    work/held.jsonl, the rest in work/corpus.jsonl. Returns the vocabulary and paragraph count.
+    (bench/peers/data_checks.sh calls it too.)"""
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
-    # The repository's own Markdown (about 200 KB, 50K tokens at this vocabulary): enough for
-    # held-out sequences of the 8B run's 4096 tokens.
-    text = "\n\n".join(f.read_text() for f in sorted(Path(".").glob("**/*.md"))
-                       if "target" not in f.parts and not any(x.startswith(".") for x in f.parts))
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.train_from_iterator([text], trainers.BpeTrainer(vocab_size=512, special_tokens=["</s>"]))
+    tok.train_from_iterator([text], trainers.BpeTrainer(vocab_size=vocab, special_tokens=["</s>"]))
     tok.save(str(work / "tokenizer.json"))
     paras = [json.dumps({"text": p}) for p in text.split("\n\n") if len(p.strip()) > 20]
     (work / "held.jsonl").write_text("\n".join(p for i, p in enumerate(paras) if i % 5 == 4))
@@ -120,7 +127,7 @@ def main():
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp())
-    vocab, docs = tokenizer_and_data(work)
+    vocab, docs = tokenizer_and_data(work, repository_markdown(), 512)
     print(f"tokenizer vocabulary {vocab}, {docs} documents", flush=True)
     verdicts = {}
 
