@@ -27,7 +27,7 @@ use distflash::model::cuda::attention::CudaAttention;
 use distflash::plan::Partition;
 use distflash::plan::Schedule;
 use distflash::runtime::{collect_results, run_workers};
-use distflash::shape::Dims;
+use distflash::shape::{Dims, Mask};
 use distflash::train::attention::Distributed;
 use std::time::Duration;
 
@@ -131,8 +131,8 @@ impl<'a> Case<'a> {
             be.upload(&x.v)?,
             be.upload(&x.dout)?,
         );
-        let fwd = be.causal_forward(&x.dims, x.seq, &q, &k, &v)?;
-        let grads = be.causal_backward(&x.dims, x.seq, &q, &k, &v, &fwd, &g)?;
+        let fwd = be.causal_forward(&x.dims, x.seq, &Mask::causal(), &q, &k, &v)?;
+        let grads = be.causal_backward(&x.dims, x.seq, &Mask::causal(), &q, &k, &v, &fwd, &g)?;
         be.synchronize()?;
         Ok([
             be.download(&fwd.out)?,
