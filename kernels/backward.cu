@@ -31,7 +31,8 @@ extern "C" __global__ void __launch_bounds__(BWD_THREADS, 8 / BWD_WARPS)
               const u16* __restrict__ dO, const float* __restrict__ LSE,
               const float* __restrict__ Dl, float* __restrict__ dQ, float* __restrict__ dK,
               float* __restrict__ dV, int heads, int kv_heads, int q_len, int kv_len, int q_start,
-              int kv_start, const int* __restrict__ row_start, int global, float scale) {
+              int kv_start, const int* __restrict__ row_start, const int* __restrict__ row_end,
+              int global, float scale) {
     constexpr int D = HEAD_DIM;
     constexpr int HALF = D / 2;                      // phase 2: head-dim columns per warp
     constexpr int QCOLS = 2 * D / BWD_WARPS;         // phase 3: dQ columns per warp
@@ -43,7 +44,7 @@ extern "C" __global__ void __launch_bounds__(BWD_THREADS, 8 / BWD_WARPS)
 
     // The query tiles that see these keys (all from the first on, without a mask).
     const int2 seen = seeing_query_tiles<BWD_BQ>(c0, min(c0 + BWD_BKV, kv_len), q_len, q_start,
-                                                kv_start, row_start, global);
+                                                kv_start, row_start, row_end, global);
     const int t_begin = seen.x, n_qt = seen.y;
     if (t_begin >= n_qt) return;
 

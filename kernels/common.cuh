@@ -149,9 +149,11 @@ __device__ __forceinline__ HeadRows head_rows(int heads, int kv_heads, int q_len
 // prefix tokens) as `row_start`, one int per absolute query position of the sequence, and
 // `global`: key k is visible to query q iff k <= q && (k >= row_start[q] || k < global), all
 // positions absolute. row_start[q] never decreases with q (src/shape/mask.rs), so the first row
-// of a query tile has its smallest start and the last row its largest. A null row_start is plain
-// causal attention (every row starts at 0, no global tokens): the tile ranges below are then
-// exactly the causal ones and no tile is masked for the mask's sake.
+// of a query tile has its smallest start and the last row its largest. The backward also gets
+// row_end[k], one past the last query whose row starts at or before key k (so the queries from
+// k to row_end[k] - 1 see key k locally). A null row_start is plain causal attention (every row
+// starts at 0, no global tokens): the tile ranges below are then exactly the causal ones and no
+// tile is masked for the mask's sake.
 
 // Where query position `pos` starts seeing local keys (0 without a mask).
 __device__ __forceinline__ int row_start_at(const int* row_start, int pos) {
@@ -215,25 +217,15 @@ __device__ __forceinline__ BwdHead bwd_head(const u16* Q, const u16* K, const u1
 
 // Backward: the query tiles [begin, end) of Q_ROWS rows that see some of the CTA's keys
 // [c0, c1) of the block: from the tile of the first query at or after key c0 (causality) to the
-// tile of the last query whose row starts at or before key c1 - 1 (binary search on the
-// non-decreasing row_start), or to the end when a key is global (every later query sees it).
-// begin >= end when no query sees the keys.
+// tile of the last query whose row starts at or before key c1 - 1 (row_end), or to the end when
+// a key is global (every later query sees it). begin >= end when no query sees the keys.
 template <int Q_ROWS>
 __device__ __forceinline__ int2 seeing_query_tiles(int c0, int c1, int q_len, int q_start,
                                                    int kv_start, const int* row_start,
-                                                   int global) {
-    const int first = max(kv_start + c0 - q_start, 0);  // the first query at or after key c0
-    const int begin = first / Q_ROWS;
+                                                   const int* row_end, int global) {
+    const int begin = max(kv_start + c0 - q_start, 0) / Q_ROWS;
     const int n_qt = (q_len + Q_ROWS - 1) / Q_ROWS;
     if (!row_start || kv_start + c0 < global) return make_int2(begin, n_qt);
-    const int k_last = kv_start + c1 - 1;
-    int lo = min(first, q_len), hi = q_len;  // the first row in [lo, hi) starting after k_last
-    while (lo < hi) {
-        const int mid = (lo + hi) / 2;
-        if (__ldg(row_start + q_start + mid) <= k_last)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    return make_int2(begin, min((lo + Q_ROWS - 1) / Q_ROWS, n_qt));
+    const int rows = min(max(__ldg(row_end + kv_start + c1 - 1) - q_start, 0), q_len);
+    return make_int2(begin, (rows + Q_ROWS - 1) / Q_ROWS);
 }

@@ -92,7 +92,7 @@ impl CudaBackend {
         let lse = f32_mut(&mut out.lse, dims.stat_len(qn), "LSE")?;
         let tuning = self.tuning(dims.head_dim);
         let cfg = launch::forward_config(dims, qn, &tuning)?;
-        let geometry = ForwardGeometry::new(dims, block, self.mask_args(mask, block.q.end())?)?;
+        let geometry = ForwardGeometry::new(dims, block, self.mask_args(mask, block)?)?;
         let maps = self.forward_maps(dims, block, [q, k, v], &tuning)?;
         let mut b = self.stream.launch_builder(&kern.fwd_final);
         b.arg(q).arg(k).arg(v).arg(o).arg(lse);
@@ -123,7 +123,7 @@ impl ForwardGeometry {
         for i in &self.ints {
             b.arg(i);
         }
-        self.mask.push(b);
+        self.mask.push_forward(b);
         b.arg(&self.scale_log2);
     }
 }
@@ -239,7 +239,7 @@ impl Backend for CudaBackend {
         let acc = f32_mut(&mut state.acc, dims.q_len(qn), "the accumulator")?;
         let tuning = self.tuning(dims.head_dim);
         let cfg = launch::forward_config(dims, qn, &tuning)?;
-        let geometry = ForwardGeometry::new(dims, block, self.mask_args(mask, block.q.end())?)?;
+        let geometry = ForwardGeometry::new(dims, block, self.mask_args(mask, block)?)?;
         let maps = self.forward_maps(dims, block, [q, k, v], &tuning)?;
         let mut b = self.stream.launch_builder(&kern.fwd_state);
         b.arg(q).arg(k).arg(v).arg(m).arg(l).arg(acc);
@@ -345,7 +345,7 @@ impl Backend for CudaBackend {
         let dv = f32_mut(grads.dv, dims.kv_len(kvn), "dV")?;
         let cfg = launch::backward_config(dims, kvn, &self.tuning(dims.head_dim))?;
         let ints = block_ints(dims, block)?;
-        let mask = self.mask_args(mask, block.q.end())?;
+        let mask = self.mask_args(mask, block)?;
         let scale = dims.scale();
         let mut b = self.stream.launch_builder(&kern.bwd_block);
         b.arg(q).arg(k).arg(v).arg(dout).arg(lse).arg(delta);
@@ -353,7 +353,7 @@ impl Backend for CudaBackend {
         for i in &ints {
             b.arg(i);
         }
-        mask.push(&mut b);
+        mask.push_backward(&mut b);
         b.arg(&scale);
         self.launch("the attention block backward", b, cfg)
     }
