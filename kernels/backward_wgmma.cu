@@ -1,8 +1,8 @@
 // FlashAttention backward over one (query span, key span) block on Hopper's warpgroup MMA
 // (`wgmma`, sm_90a), causal by absolute position and under the optional mask of common.cuh
-// (query tiles that see none of a CTA's keys skipped, partly hidden ones masked). Same contract as the mma.sync kernel in
-// backward.cu (all three gradients accumulate in f32; dQ and dK carry the softmax scale), which
-// stays the kernel for other GPUs. Head dim 64 or 128.
+// (query tiles that see none of a CTA's keys skipped, partly hidden ones masked). Same contract
+// as the mma.sync kernel in backward.cu (all three gradients accumulate in f32; dQ and dK carry
+// the softmax scale), which stays the kernel for other GPUs. Head dim 64 or 128.
 //
 // One CTA = 128 key rows of one (batch, query head) and two warpgroups; warpgroup w owns keys
 // 64w..64w+63. The CTA walks the 64-row query tiles that can see its keys; Q, dO, LSE and D stream

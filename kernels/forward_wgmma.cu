@@ -1,9 +1,9 @@
 // FlashAttention forward over one (query span, key span) block on Hopper's warpgroup MMA
 // (`wgmma`, sm_90a), causal by absolute position and under the optional mask of common.cuh
 // (row_start, global: wholly hidden key tiles skipped, partly hidden ones masked element by
-// element). Same entry points and contract as forward.cu
-// (fwd_final: fresh state, writes O and LSE; fwd_state: folds the block into a running state),
-// which stays the kernel for other GPUs. Head dim 64 or 128.
+// element). Same entry points and contract as forward.cu (fwd_final: fresh state, writes O and
+// LSE; fwd_state: folds the block into a running state), which stays the kernel for other GPUs.
+// Head dim 64 or 128.
 //
 // One CTA = 128 query rows of one (batch, head): two warpgroups that compute (warpgroup w owns
 // rows 64w..64w+63) and a third that only loads (one thread of it; the warpgroup gives its
