@@ -13,8 +13,7 @@ use anyhow::Result;
 impl CudaBackend {
     /// Whole-sequence causal attention forward under `mask`: Q `[b, h, seq, d]`, K and V
     /// `[b, kv_h, seq, d]` in the input dtype. Returns O (input dtype, head-major) and LSE (f32,
-    /// natural log); a row that sees no key (none does under a mask: each sees itself) would get
-    /// O = 0 and LSE = −∞.
+    /// natural log). Every row sees at least itself, under any mask.
     pub fn causal_forward(
         &self,
         dims: &Dims,
