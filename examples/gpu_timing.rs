@@ -26,7 +26,7 @@ use distflash::model::attention::Attention;
 use distflash::model::cuda::CudaOps;
 use distflash::model::cuda::attention::CudaAttention;
 use distflash::model::ops::Ops;
-use distflash::shape::Dims;
+use distflash::shape::{Dims, Mask};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use serde_json::json;
@@ -101,7 +101,7 @@ fn attention(
                 head_dim,
             };
             dims.validate()?;
-            let t = time_attention(be, dims, seq)?;
+            let t = time_attention(be, dims, seq, &Mask::causal())?;
             let (f, b) = (
                 attn::causal_forward_flops(&dims, seq),
                 attn::causal_backward_flops(&dims, seq),
@@ -157,8 +157,8 @@ fn layout_cost(be: &CudaBackend, seq: usize) -> Result<()> {
     adapter()?;
     let ours = median_ms(be, 10, &mut adapter)?;
     let mut fast = || -> Result<()> {
-        let fwd = be.causal_forward(&dims, seq, &qh, &kh, &vh)?;
-        be.causal_backward(&dims, seq, &qh, &kh, &vh, &fwd, &gh)?;
+        let fwd = be.causal_forward(&dims, seq, &Mask::causal(), &qh, &kh, &vh)?;
+        be.causal_backward(&dims, seq, &Mask::causal(), &qh, &kh, &vh, &fwd, &gh)?;
         Ok(())
     };
     fast()?;

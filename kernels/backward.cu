@@ -1,4 +1,6 @@
-// FlashAttention-2 backward over one (query span, key span) block, causal by absolute position.
+// FlashAttention-2 backward over one (query span, key span) block, causal by absolute position
+// and under the optional mask of common.cuh (row_start, global): query tiles that see none of a
+// CTA's keys are skipped, partly hidden tiles masked element by element.
 //
 // One CTA = BWD_BKV key rows of one (batch, query head), BWD_WARPS warps. The CTA walks the
 // query tiles (BWD_BQ rows) that can see its keys, streaming Q, dO, LSE and D through a
@@ -29,7 +31,8 @@ extern "C" __global__ void __launch_bounds__(BWD_THREADS, 8 / BWD_WARPS)
               const u16* __restrict__ dO, const float* __restrict__ LSE,
               const float* __restrict__ Dl, float* __restrict__ dQ, float* __restrict__ dK,
               float* __restrict__ dV, int heads, int kv_heads, int q_len, int kv_len, int q_start,
-              int kv_start, float scale) {
+              int kv_start, const int* __restrict__ row_start, const int* __restrict__ row_end,
+              int global, float scale) {
     constexpr int D = HEAD_DIM;
     constexpr int HALF = D / 2;                      // phase 2: head-dim columns per warp
     constexpr int QCOLS = 2 * D / BWD_WARPS;         // phase 3: dQ columns per warp
@@ -39,8 +42,10 @@ extern "C" __global__ void __launch_bounds__(BWD_THREADS, 8 / BWD_WARPS)
 
     const int c0 = blockIdx.y * BWD_BKV;
 
-    const int t_begin = first_seeing_tile<BWD_BQ>(c0, q_start, kv_start);
-    const int n_qt = (q_len + BWD_BQ - 1) / BWD_BQ;
+    // The query tiles that see these keys (all from the first on, without a mask).
+    const int2 seen = seeing_query_tiles<BWD_BQ>(c0, min(c0 + BWD_BKV, kv_len), q_len, q_start,
+                                                kv_start, row_start, row_end, global);
+    const int t_begin = seen.x, n_qt = seen.y;
     if (t_begin >= n_qt) return;
 
     const BwdHead op = bwd_head(Q, K, V, dO, LSE, Dl, dQ, dK, dV, heads, kv_heads, q_len, kv_len);
@@ -137,18 +142,23 @@ extern "C" __global__ void __launch_bounds__(BWD_THREADS, 8 / BWD_WARPS)
         }
 
         // Pᵀ from the final LSE (masked pairs exactly 0), dSᵀ = Pᵀ∘(dPᵀ − D); both to smem.
-        const bool need_mask = (q_start + r0 < kv_start + c0 + BWD_BKV - 1) ||
-                               (r0 + BWD_BQ > q_len) || (c0 + BWD_BKV > kv_len);
+        const int rs_last = row_start_at(row_start, q_start + min(r0 + BWD_BQ, q_len) - 1);
+        const bool need_mask = (r0 + BWD_BQ > q_len) || (c0 + BWD_BKV > kv_len) ||
+                               tile_partly_hidden<BWD_BKV>(kv_start + c0, q_start + r0, rs_last,
+                                                         global);
 #pragma unroll
         for (int nt = 0; nt < 4; ++nt) {
             const int qc = qc0 + nt * 8 + 2 * t;
             float lse2[2], dd[2];
+            int rq[2];  // where the mask starts the two query rows
 #pragma unroll
             for (int c = 0; c < 2; ++c) {
                 const float lse = cL[qc + c];
                 // A row with no visible key anywhere (LSE = −∞) has P = 0.
                 lse2[c] = lse == NEG_INF ? POS_INF : lse * LOG2E;
                 dd[c] = cD[qc + c];
+                rq[c] = need_mask ? row_start_at(row_start, q_start + min(r0 + qc + c, q_len - 1))
+                                  : 0;
             }
 #pragma unroll
             for (int mt = 0; mt < 2; ++mt) {
@@ -158,7 +168,9 @@ extern "C" __global__ void __launch_bounds__(BWD_THREADS, 8 / BWD_WARPS)
                     if (need_mask) {
                         const int kr = c0 + kr0 + mt * 16 + g + (e >= 2 ? 8 : 0);
                         const int qr = r0 + qc + (e & 1);
-                        if (qr >= q_len || kr >= kv_len || kv_start + kr > q_start + qr) p = 0.f;
+                        if (qr >= q_len || kr >= kv_len ||
+                            key_hidden(kv_start + kr, q_start + qr, rq[e & 1], global))
+                            p = 0.f;
                     }
                     s[mt][nt][e] = p;
                     dp[mt][nt][e] = p * (dp[mt][nt][e] - dd[e & 1]);

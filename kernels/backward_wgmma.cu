@@ -1,7 +1,8 @@
 // FlashAttention backward over one (query span, key span) block on Hopper's warpgroup MMA
-// (`wgmma`, sm_90a), causal by absolute position. Same contract as the mma.sync kernel in
-// backward.cu (all three gradients accumulate in f32; dQ and dK carry the softmax scale), which
-// stays the kernel for other GPUs. Head dim 64 or 128.
+// (`wgmma`, sm_90a), causal by absolute position and under the optional mask of common.cuh
+// (query tiles that see none of a CTA's keys skipped, partly hidden ones masked). Same contract
+// as the mma.sync kernel in backward.cu (all three gradients accumulate in f32; dQ and dK carry
+// the softmax scale), which stays the kernel for other GPUs. Head dim 64 or 128.
 //
 // One CTA = 128 key rows of one (batch, query head) and two warpgroups; warpgroup w owns keys
 // 64w..64w+63. The CTA walks the 64-row query tiles that can see its keys; Q, dO, LSE and D stream
@@ -48,7 +49,8 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
               const u16* __restrict__ dO, const float* __restrict__ LSE,
               const float* __restrict__ Dl, float* __restrict__ dQ, float* __restrict__ dK,
               float* __restrict__ dV, int heads, int kv_heads, int q_len, int kv_len, int q_start,
-              int kv_start, float scale) {
+              int kv_start, const int* __restrict__ row_start, const int* __restrict__ row_end,
+              int global, float scale) {
     constexpr int D = HEAD_DIM;
     constexpr int DH = D / 64;                  // column atoms of a row
     const int wg = threadIdx.x / 128;           // warpgroup: keys 64·wg.., dQ columns 64·wg..
@@ -59,8 +61,10 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
 
     const int c0 = blockIdx.y * WG_BKV;
 
-    const int t_begin = first_seeing_tile<WG_BQ>(c0, q_start, kv_start);
-    const int n_qt = (q_len + WG_BQ - 1) / WG_BQ;
+    // The query tiles that see these keys (all from the first on, without a mask).
+    const int2 seen = seeing_query_tiles<WG_BQ>(c0, min(c0 + WG_BKV, kv_len), q_len, q_start,
+                                                kv_start, row_start, row_end, global);
+    const int t_begin = seen.x, n_qt = seen.y;
     if (t_begin >= n_qt) return;
 
     const BwdHead op = bwd_head(Q, K, V, dO, LSE, Dl, dQ, dK, dV, heads, kv_heads, q_len, kv_len);
@@ -134,18 +138,23 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
         fence_regs<32>(dp);
 
         // ---- 2. Pᵀ (masked pairs exactly 0) and dSᵀ, packed as A fragments.
-        const bool need_mask = (q_start + r0 < kv_start + c0 + WG_BKV - 1) ||
-                               (r0 + WG_BQ > q_len) || (c0 + WG_BKV > kv_len);
+        const int rs_last = row_start_at(row_start, q_start + min(r0 + WG_BQ, q_len) - 1);
+        const bool need_mask = (r0 + WG_BQ > q_len) || (c0 + WG_BKV > kv_len) ||
+                               tile_partly_hidden<WG_BKV>(kv_start + c0, q_start + r0, rs_last,
+                                                         global);
         const int kl = wg * 64 + wi * 16 + g;  // this thread's key rows kl, kl + 8
 #pragma unroll
         for (int nt = 0; nt < 8; ++nt) {
             const int qc = nt * 8 + 2 * t;
             float lse2[2], dd[2];
+            int rq[2];  // where the mask starts the two query rows
 #pragma unroll
             for (int c = 0; c < 2; ++c) {
                 const float lse = cL[qc + c];
                 lse2[c] = lse == NEG_INF ? POS_INF : lse * LOG2E;
                 dd[c] = cD[qc + c];
+                rq[c] = need_mask ? row_start_at(row_start, q_start + min(r0 + qc + c, q_len - 1))
+                                  : 0;
             }
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
@@ -153,7 +162,9 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
                 if (need_mask) {
                     const int kr = c0 + kl + (e >= 2 ? 8 : 0);
                     const int qr = r0 + qc + (e & 1);
-                    if (qr >= q_len || kr >= kv_len || kv_start + kr > q_start + qr) p = 0.f;
+                    if (qr >= q_len || kr >= kv_len ||
+                        key_hidden(kv_start + kr, q_start + qr, rq[e & 1], global))
+                        p = 0.f;
                 }
                 s[nt * 4 + e] = p;
                 dp[nt * 4 + e] = p * (dp[nt * 4 + e] - dd[e & 1]);

@@ -145,14 +145,59 @@ __device__ __forceinline__ HeadRows head_rows(int heads, int kv_heads, int q_len
     return {(size_t)bh * q_len * HEAD_DIM, (size_t)kvh * kv_len * HEAD_DIM, (size_t)bh * q_len};
 }
 
-// Forward: how many KV tiles of KV_ROWS the query rows [r0, r0 + Q_ROWS) see (causal by
-// absolute position); 0 when the block adds nothing to them.
+// Masks. Beyond causality a kernel may get a mask (packed documents, a sliding window, global
+// prefix tokens) as `row_start`, one int per absolute query position of the sequence, and
+// `global`: key k is visible to query q iff k <= q && (k >= row_start[q] || k < global), all
+// positions absolute. row_start[q] never decreases with q (src/shape/mask.rs), so the first row
+// of a query tile has its smallest start and the last row its largest. The backward also gets
+// row_end[k], one past the last query whose row starts at or before key k (so the queries from
+// k to row_end[k] - 1 see key k locally). A null row_start is plain causal attention (every row
+// starts at 0, no global tokens): the tile ranges below are then exactly the causal ones and no
+// tile is masked for the mask's sake.
+
+// Where query position `pos` starts seeing local keys (0 without a mask).
+__device__ __forceinline__ int row_start_at(const int* row_start, int pos) {
+    return row_start ? __ldg(row_start + pos) : 0;
+}
+
+// The element predicate: key k hidden from query q (absolute positions; rs = row_start[q]).
+__device__ __forceinline__ bool key_hidden(int k, int q, int rs, int global) {
+    return k > q || (k < rs && k >= global);
+}
+
+// Whether the tile of KV_ROWS keys from absolute position k0 holds a hidden pair for some query
+// from q_first on, up to one whose row starts at rs_last (the last query row's start): then
+// its scores go through key_hidden; otherwise every pair is visible and it takes the fast path.
+template <int KV_ROWS>
+__device__ __forceinline__ bool tile_partly_hidden(int k0, int q_first, int rs_last, int global) {
+    return k0 + KV_ROWS - 1 > q_first || (k0 < rs_last && k0 + KV_ROWS > global);
+}
+
+// Forward: the KV tiles of KV_ROWS a CTA's query rows visit, in order: the global prefix's
+// tiles 0..n_glob-1, then n - n_glob local tiles from first_local on (tiles wholly hidden in
+// between are skipped, never loaded). n = 0 when the block adds nothing to these rows.
+struct KvTiles {
+    int n, n_glob, first_local;
+    // The i-th tile visited.
+    __device__ __forceinline__ int at(int i) const {
+        return i < n_glob ? i : first_local + (i - n_glob);
+    }
+};
+// The tiles the query rows [r0, r0 + Q_ROWS) of the block see: keys from the first row's start
+// to the last row (and the global prefix), clipped to the block's keys.
 template <int Q_ROWS, int KV_ROWS>
-__device__ __forceinline__ int visible_kv_tiles(int r0, int q_len, int kv_len, int q_start,
-                                                int kv_start) {
+__device__ __forceinline__ KvTiles visible_kv_tiles(int r0, int q_len, int kv_len, int q_start,
+                                                    int kv_start, const int* row_start,
+                                                    int global) {
     const int last_row = min(r0 + Q_ROWS, q_len) - 1;
-    const int n_kv = min(kv_len, q_start + last_row + 1 - kv_start);
-    return n_kv > 0 ? (n_kv + KV_ROWS - 1) / KV_ROWS : 0;
+    const int hi = min(kv_len, q_start + last_row + 1 - kv_start);  // keys [lo, hi) local
+    const int lo = max(row_start_at(row_start, q_start + r0) - kv_start, 0);
+    const int first = lo / KV_ROWS;
+    const int local = hi > lo ? (hi + KV_ROWS - 1) / KV_ROWS - first : 0;
+    const int g_hi = min(global - kv_start, hi);  // global keys [0, g_hi)
+    int n_glob = g_hi > 0 ? (g_hi + KV_ROWS - 1) / KV_ROWS : 0;
+    if (local > 0) n_glob = min(n_glob, first);  // a tile both global and local: visit it once
+    return {n_glob + local, n_glob, first};
 }
 
 // Backward: every operand of the CTA's (batch, query head), offset to its rows (HeadRows).
@@ -170,9 +215,17 @@ __device__ __forceinline__ BwdHead bwd_head(const u16* Q, const u16* K, const u1
             Dl + hr.stat, dQ + hr.q, dK + hr.kv, dV + hr.kv};
 }
 
-// Backward: the first query tile of Q_ROWS rows that sees key c0 (the tiles before it see none
-// of the CTA's keys).
+// Backward: the query tiles [begin, end) of Q_ROWS rows that see some of the CTA's keys
+// [c0, c1) of the block: from the tile of the first query at or after key c0 (causality) to the
+// tile of the last query whose row starts at or before key c1 - 1 (row_end), or to the end when
+// a key is global (every later query sees it). begin >= end when no query sees the keys.
 template <int Q_ROWS>
-__device__ __forceinline__ int first_seeing_tile(int c0, int q_start, int kv_start) {
-    return max(kv_start + c0 - q_start, 0) / Q_ROWS;
+__device__ __forceinline__ int2 seeing_query_tiles(int c0, int c1, int q_len, int q_start,
+                                                   int kv_start, const int* row_start,
+                                                   const int* row_end, int global) {
+    const int begin = max(kv_start + c0 - q_start, 0) / Q_ROWS;
+    const int n_qt = (q_len + Q_ROWS - 1) / Q_ROWS;
+    if (!row_start || kv_start + c0 < global) return make_int2(begin, n_qt);
+    const int rows = min(max(__ldg(row_end + kv_start + c1 - 1) - q_start, 0), q_len);
+    return make_int2(begin, (rows + Q_ROWS - 1) / Q_ROWS);
 }

@@ -1,5 +1,7 @@
 // FlashAttention-2 forward over one (query span, key span) block with the causal mask by
-// absolute position (key position <= query position).
+// absolute position (key position <= query position) and, when row_start is given, the
+// document / window / global-token mask of common.cuh: wholly hidden key tiles are skipped,
+// partly hidden ones masked element by element, the rest take the unmasked path.
 //
 // One CTA = FWD_BQ query rows of one (batch, head); FWD_WARPS warps own 16·FWD_MT rows each
 // (FWD_MT m16 tiles: more rows per warp reuse each K/V fragment more, at the price of registers).
@@ -29,14 +31,18 @@ __device__ __forceinline__ void fwd_body(const u16* __restrict__ Q, const u16* _
                                          float* __restrict__ LSE, float* __restrict__ Mst,
                                          float* __restrict__ Lst, float* __restrict__ ACC,
                                          int heads, int kv_heads, int q_len, int kv_len,
-                                         int q_start, int kv_start, float scale_log2) {
+                                         int q_start, int kv_start,
+                                         const int* __restrict__ row_start, int global,
+                                         float scale_log2) {
     constexpr int D = HEAD_DIM;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int g = lane / 4, t = lane % 4;
 
     // Heaviest query tiles (most visible keys) first, so the tail of the grid is short.
     const int r0 = (gridDim.y - 1 - blockIdx.y) * FWD_BQ;
-    const int n_tiles = visible_kv_tiles<FWD_BQ, FWD_BKV>(r0, q_len, kv_len, q_start, kv_start);
+    const KvTiles tiles = visible_kv_tiles<FWD_BQ, FWD_BKV>(r0, q_len, kv_len, q_start, kv_start,
+                                                            row_start, global);
+    const int n_tiles = tiles.n;
     if (STATE && n_tiles == 0) return;  // the block adds nothing to these rows
 
     const HeadRows hr = head_rows(heads, kv_heads, q_len, kv_len);
@@ -52,14 +58,23 @@ __device__ __forceinline__ void fwd_body(const u16* __restrict__ Q, const u16* _
     load_tile<FWD_BQ, FWD_THREADS>(sQ, Qh, r0, q_len);
     cp_commit();
     if (n_tiles > 0) {
-        load_tile<FWD_BKV, FWD_THREADS>(sK, Kh, 0, kv_len);
-        load_tile<FWD_BKV, FWD_THREADS>(sV, Vh, 0, kv_len);
+        load_tile<FWD_BKV, FWD_THREADS>(sK, Kh, tiles.at(0) * FWD_BKV, kv_len);
+        load_tile<FWD_BKV, FWD_THREADS>(sV, Vh, tiles.at(0) * FWD_BKV, kv_len);
     }
     cp_commit();
     cp_wait<1>();
     __syncthreads();
 
     const int wrow = warp * 16 * FWD_MT;  // first row of this warp within the tile
+    // Where the mask starts this thread's rows (rs) and the warp's last row (rs_warp).
+    int rs[FWD_MT][2];
+#pragma unroll
+    for (int mt = 0; mt < FWD_MT; ++mt)
+#pragma unroll
+        for (int i = 0; i < 2; ++i)
+            rs[mt][i] = row_start_at(row_start,
+                                     q_start + min(r0 + wrow + mt * 16 + g + 8 * i, q_len - 1));
+    const int rs_warp = row_start_at(row_start, q_start + min(r0 + wrow + 16 * FWD_MT, q_len) - 1);
 #if FWD_QREG
     u32 qf[FWD_MT][D / 16][4];
 #pragma unroll
@@ -100,8 +115,9 @@ __device__ __forceinline__ void fwd_body(const u16* __restrict__ Q, const u16* _
         __syncthreads();  // tile j landed; everyone is done with tile j-1's stage
         if (j + 1 < n_tiles) {
             const u32 st = ((j + 1) & 1) * KV_STAGE;
-            load_tile<FWD_BKV, FWD_THREADS>(sK + st, Kh, (j + 1) * FWD_BKV, kv_len);
-            load_tile<FWD_BKV, FWD_THREADS>(sV + st, Vh, (j + 1) * FWD_BKV, kv_len);
+            const int next = tiles.at(j + 1) * FWD_BKV;
+            load_tile<FWD_BKV, FWD_THREADS>(sK + st, Kh, next, kv_len);
+            load_tile<FWD_BKV, FWD_THREADS>(sV + st, Vh, next, kv_len);
         }
         cp_commit();
         const u32 cK = sK + (j & 1) * KV_STAGE, cV = sV + (j & 1) * KV_STAGE;
@@ -137,9 +153,10 @@ __device__ __forceinline__ void fwd_body(const u16* __restrict__ Q, const u16* _
             }
         }
 
-        const int c0 = j * FWD_BKV;
+        const int c0 = tiles.at(j) * FWD_BKV;
         const bool need_mask = (c0 + FWD_BKV > kv_len) ||
-                               (kv_start + c0 + FWD_BKV - 1 > q_start + r0 + wrow);
+                               tile_partly_hidden<FWD_BKV>(kv_start + c0, q_start + r0 + wrow,
+                                                           rs_warp, global);
         if (need_mask) {
 #pragma unroll
             for (int mt = 0; mt < FWD_MT; ++mt)
@@ -149,7 +166,9 @@ __device__ __forceinline__ void fwd_body(const u16* __restrict__ Q, const u16* _
                     for (int e = 0; e < 4; ++e) {
                         const int row = r0 + wrow + mt * 16 + g + (e >= 2 ? 8 : 0);
                         const int c = c0 + nt * 8 + 2 * t + (e & 1);
-                        if (c >= kv_len || kv_start + c > q_start + row) s[mt][nt][e] = NEG_INF;
+                        if (c >= kv_len || key_hidden(kv_start + c, q_start + row,
+                                                      rs[mt][e >= 2 ? 1 : 0], global))
+                            s[mt][nt][e] = NEG_INF;
                     }
         }
 
@@ -239,15 +258,17 @@ __device__ __forceinline__ void fwd_body(const u16* __restrict__ Q, const u16* _
 
 extern "C" __global__ void __launch_bounds__(FWD_THREADS, FWD_MIN_BLOCKS)
     fwd_final(const u16* Q, const u16* K, const u16* V, u16* O, float* LSE, int heads,
-              int kv_heads, int q_len, int kv_len, int q_start, int kv_start, float scale_log2) {
+              int kv_heads, int q_len, int kv_len, int q_start, int kv_start,
+              const int* row_start, int global, float scale_log2) {
     fwd_body<false>(Q, K, V, O, LSE, nullptr, nullptr, nullptr, heads, kv_heads, q_len, kv_len,
-                    q_start, kv_start, scale_log2);
+                    q_start, kv_start, row_start, global, scale_log2);
 }
 
 extern "C" __global__ void __launch_bounds__(FWD_THREADS, FWD_MIN_BLOCKS)
     fwd_state(const u16* Q, const u16* K, const u16* V, float* M, float* L, float* ACC, int heads,
-              int kv_heads, int q_len, int kv_len, int q_start, int kv_start, float scale_log2) {
+              int kv_heads, int q_len, int kv_len, int q_start, int kv_start,
+              const int* row_start, int global, float scale_log2) {
     fwd_body<true>(Q, K, V, nullptr, nullptr, M, L, ACC, heads, kv_heads, q_len, kv_len, q_start,
-                   kv_start, scale_log2);
+                   kv_start, row_start, global, scale_log2);
 }
 #endif  // !FWD_WGMMA

@@ -1,7 +1,9 @@
 // FlashAttention forward over one (query span, key span) block on Hopper's warpgroup MMA
-// (`wgmma`, sm_90a), causal by absolute position. Same entry points and contract as forward.cu
-// (fwd_final: fresh state, writes O and LSE; fwd_state: folds the block into a running state),
-// which stays the kernel for other GPUs. Head dim 64 or 128.
+// (`wgmma`, sm_90a), causal by absolute position and under the optional mask of common.cuh
+// (row_start, global: wholly hidden key tiles skipped, partly hidden ones masked element by
+// element). Same entry points and contract as forward.cu (fwd_final: fresh state, writes O and
+// LSE; fwd_state: folds the block into a running state), which stays the kernel for other GPUs.
+// Head dim 64 or 128.
 //
 // One CTA = 128 query rows of one (batch, head): two warpgroups that compute (warpgroup w owns
 // rows 64w..64w+63) and a third that only loads (one thread of it; the warpgroup gives its
@@ -45,7 +47,9 @@ __device__ __forceinline__ void fwd_wg_body(const TensorMap* tmQ, const TensorMa
                                             float* __restrict__ LSE, float* __restrict__ Mst,
                                             float* __restrict__ Lst, float* __restrict__ ACC,
                                             int heads, int kv_heads, int q_len, int kv_len,
-                                            int q_start, int kv_start, float scale_log2) {
+                                            int q_start, int kv_start,
+                                            const int* __restrict__ row_start, int global,
+                                            float scale_log2) {
     constexpr int D = HEAD_DIM;
     constexpr int DH = D / 64;                  // column atoms of a Q, K or V row
     constexpr u32 ATOM = WF_BKV * 128;          // one column atom of a 128-row tile, bytes
@@ -55,7 +59,9 @@ __device__ __forceinline__ void fwd_wg_body(const TensorMap* tmQ, const TensorMa
 
     // Heaviest query tiles (most visible keys) first, so the tail of the grid is short.
     const int r0 = (gridDim.y - 1 - blockIdx.y) * WF_BQ;
-    const int n_tiles = visible_kv_tiles<WF_BQ, WF_BKV>(r0, q_len, kv_len, q_start, kv_start);
+    const KvTiles tiles = visible_kv_tiles<WF_BQ, WF_BKV>(r0, q_len, kv_len, q_start, kv_start,
+                                                          row_start, global);
+    const int n_tiles = tiles.n;
     if (STATE && n_tiles == 0) return;  // the block adds nothing to these rows
 
     const HeadRows hr = head_rows(heads, kv_heads, q_len, kv_len);
@@ -83,9 +89,10 @@ __device__ __forceinline__ void fwd_wg_body(const TensorMap* tmQ, const TensorMa
             tma_tile<WF_BQ>(sQ, tmQ, r0, blockIdx.x, barQ);
             for (int n = 0; n < n_tiles; ++n) {
                 if (n >= 2) stage_wait<2>(freeK, n - 2);  // tile n−2 is done with the stage
-                tma_tile<WF_BKV>(sK + (n & 1) * TILE, tmK, n * WF_BKV, kvh, stage_bar<2>(barK, n));
+                const int row = tiles.at(n) * WF_BKV;
+                tma_tile<WF_BKV>(sK + (n & 1) * TILE, tmK, row, kvh, stage_bar<2>(barK, n));
                 if (n >= 3) stage_wait<3>(freeV, n - 3);  // tile n−3 is done with the stage
-                tma_tile<WF_BKV>(sV + (n % 3) * TILE, tmV, n * WF_BKV, kvh, stage_bar<3>(barV, n));
+                tma_tile<WF_BKV>(sV + (n % 3) * TILE, tmV, row, kvh, stage_bar<3>(barV, n));
             }
         }
         return;
@@ -96,6 +103,12 @@ __device__ __forceinline__ void fwd_wg_body(const TensorMap* tmQ, const TensorMa
     // This thread's rows: wrow + g and wrow + g + 8; accumulator element [half][4·nt + e] is
     // row + 8·(e ≥ 2), column 64·half + 8·nt + 2t + (e & 1).
     const int wrow = wg * 64 + wi * 16;
+    // Where the mask starts this thread's rows (rs) and the warp's last row (rs_warp).
+    int rs[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+        rs[i] = row_start_at(row_start, q_start + min(r0 + wrow + g + 8 * i, q_len - 1));
+    const int rs_warp = row_start_at(row_start, q_start + min(r0 + wrow + 16, q_len) - 1);
     float o[DH][32];  // head-dim halves (column atoms)
     float m[2], l[2];
 #pragma unroll
@@ -153,17 +166,20 @@ __device__ __forceinline__ void fwd_wg_body(const TensorMap* tmQ, const TensorMa
         fence_regs<32>(s[1]);
         if (releaser) mbar_arrive(stage_bar<2>(freeK, j));
 
-        const int c0 = j * WF_BKV;
+        const int c0 = tiles.at(j) * WF_BKV;
         const bool need_mask = (c0 + WF_BKV > kv_len) ||
-                               (kv_start + c0 + WF_BKV - 1 > q_start + r0 + wrow);
+                               tile_partly_hidden<WF_BKV>(kv_start + c0, q_start + r0 + wrow,
+                                                          rs_warp, global);
         if (need_mask) {
 #pragma unroll
             for (int hf = 0; hf < 2; ++hf)
 #pragma unroll
                 for (int e = 0; e < 32; ++e) {
-                    const int row = r0 + wrow + g + ((e % 4) >= 2 ? 8 : 0);
+                    const int hi = (e % 4) >= 2 ? 1 : 0;
+                    const int row = r0 + wrow + g + 8 * hi;
                     const int c = c0 + hf * 64 + (e / 4) * 8 + 2 * t + (e & 1);
-                    if (c >= kv_len || kv_start + c > q_start + row) s[hf][e] = NEG_INF;
+                    if (c >= kv_len || key_hidden(kv_start + c, q_start + row, rs[hi], global))
+                        s[hf][e] = NEG_INF;
                 }
         }
 
@@ -262,19 +278,20 @@ __device__ __forceinline__ void fwd_wg_body(const TensorMap* tmQ, const TensorMa
 // either kernel the same way), then the tensor maps the TMA loads read Q, K and V through.
 extern "C" __global__ void __launch_bounds__(WF_THREADS, 1)
     fwd_final(const u16*, const u16*, const u16*, u16* O, float* LSE, int heads, int kv_heads,
-              int q_len, int kv_len, int q_start, int kv_start, float scale_log2,
-              const __grid_constant__ TensorMap tmQ, const __grid_constant__ TensorMap tmK,
-              const __grid_constant__ TensorMap tmV) {
+              int q_len, int kv_len, int q_start, int kv_start, const int* row_start, int global,
+              float scale_log2, const __grid_constant__ TensorMap tmQ,
+              const __grid_constant__ TensorMap tmK, const __grid_constant__ TensorMap tmV) {
     fwd_wg_body<false>(&tmQ, &tmK, &tmV, O, LSE, nullptr, nullptr, nullptr, heads, kv_heads,
-                       q_len, kv_len, q_start, kv_start, scale_log2);
+                       q_len, kv_len, q_start, kv_start, row_start, global, scale_log2);
 }
 
 extern "C" __global__ void __launch_bounds__(WF_THREADS, 1)
     fwd_state(const u16*, const u16*, const u16*, float* M, float* L, float* ACC, int heads,
-              int kv_heads, int q_len, int kv_len, int q_start, int kv_start, float scale_log2,
+              int kv_heads, int q_len, int kv_len, int q_start, int kv_start,
+              const int* row_start, int global, float scale_log2,
               const __grid_constant__ TensorMap tmQ, const __grid_constant__ TensorMap tmK,
               const __grid_constant__ TensorMap tmV) {
     fwd_wg_body<true>(&tmQ, &tmK, &tmV, nullptr, nullptr, M, L, ACC, heads, kv_heads, q_len,
-                      kv_len, q_start, kv_start, scale_log2);
+                      kv_len, q_start, kv_start, row_start, global, scale_log2);
 }
 #endif  // FWD_WGMMA

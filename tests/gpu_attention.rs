@@ -1,7 +1,9 @@
 //! The CUDA attention kernels against the f64 oracle on small shapes (MHA, GQA, MQA; bf16 and
 //! fp16; head dims 64 and 128; lengths off the tile sizes): the whole-sequence fast path a
 //! training step uses, and the block API distflash composes (uneven chunks, a merge, gradients
-//! added in from separate accumulators). Runs with `DISTFLASH_GPU_TESTS=1` on a GPU machine
+//! added in from separate accumulators); both also under masks (packed documents of random
+//! lengths with one-token documents and documents across tiles and chunks, windows narrower and
+//! wider than a tile and a chunk, global tokens), against the oracle under the same mask. Runs with `DISTFLASH_GPU_TESTS=1` on a GPU machine
 //! (`bench/peers/gpu_tests.sh`); elsewhere each GPU test prints why it is skipped. A kernel
 //! variant can be named in `DISTFLASH_TUNING` (see `gpu_common/tuning.rs`).
 //!
@@ -22,13 +24,61 @@ use distflash::shape::{Dims, Mask, Span};
 const TOLERANCE: f64 = 2e-2;
 
 /// (dtype, batch, heads, kv heads, head dim, rows).
-const CASES: [(InputDtype, usize, usize, usize, usize, usize); 5] = [
+type Shape = (InputDtype, usize, usize, usize, usize, usize);
+
+/// Causal cases.
+const CASES: [Shape; 5] = [
     (InputDtype::Bf16, 1, 4, 4, 128, 300),
     (InputDtype::F16, 2, 8, 2, 64, 257),
     (InputDtype::Bf16, 1, 4, 1, 128, 200),
     (InputDtype::Bf16, 1, 2, 1, 64, 129),
     (InputDtype::F16, 1, 2, 2, 128, 77),
 ];
+
+/// Masked cases: a shape, then the mask's document lengths (empty: one document), window and
+/// global tokens. Forward tiles are 128 (wgmma) or 256 query rows × 64 or 128 keys, backward
+/// tiles 64 queries × 64 or 128 keys; the block test's chunks are about a quarter, a third and
+/// the rest of the sequence.
+#[allow(clippy::type_complexity)]
+const MASKED: [(Shape, &[usize], Option<usize>, usize); 6] = [
+    // Documents across tiles and chunks, two of one token: GQA, d128.
+    (
+        (InputDtype::Bf16, 1, 4, 2, 128, 777),
+        &[300, 1, 1, 130, 200, 145],
+        None,
+        0,
+    ),
+    // A window narrower than a tile and a chunk: fp16, d64.
+    ((InputDtype::F16, 1, 2, 2, 64, 700), &[], Some(100), 0),
+    // A window wider than a tile and a chunk, with global tokens: MQA, batch 2.
+    ((InputDtype::Bf16, 2, 4, 1, 64, 650), &[], Some(300), 5),
+    // Documents, a window and global tokens together, a one-token first document: fp16, d128.
+    (
+        (InputDtype::F16, 1, 4, 4, 128, 1001),
+        &[1, 500, 250, 250],
+        Some(37),
+        3,
+    ),
+    // A one-token window beside global tokens across a tile boundary.
+    ((InputDtype::Bf16, 1, 2, 1, 128, 400), &[], Some(1), 130),
+    // Random document lengths (the CLI's --docs random:12), fp16, d64, GQA.
+    ((InputDtype::F16, 1, 4, 2, 64, 901), &[], None, 0),
+];
+
+/// Every case: the causal ones, then the masked ones (the last with random documents).
+fn all_cases() -> Result<Vec<(Shape, Mask)>> {
+    let mut cases: Vec<(Shape, Mask)> = CASES.iter().map(|&s| (s, Mask::causal())).collect();
+    for (i, &(shape, docs, window, global)) in MASKED.iter().enumerate() {
+        let seq = shape.5;
+        let docs = if i + 1 == MASKED.len() {
+            distflash::inputs::random_doc_lens(seq, 12, 5)?
+        } else {
+            docs.to_vec()
+        };
+        cases.push((shape, Mask::new(seq, &docs, window, global)?));
+    }
+    Ok(cases)
+}
 
 /// One case on the device, with the f64 oracle's answer for the inputs as the device holds
 /// them (rounded to the input dtype).
@@ -46,8 +96,8 @@ struct Case {
 }
 
 impl Case {
-    fn new(gpu: &gpu_common::Gpu, i: usize) -> Result<Case> {
-        let (dtype, batch, heads, kv_heads, head_dim, seq) = CASES[i];
+    fn new(gpu: &gpu_common::Gpu, i: usize, shape: Shape, mask: Mask) -> Result<Case> {
+        let (dtype, batch, heads, kv_heads, head_dim, seq) = shape;
         let be = gpu.open(dtype)?;
         let dims = Dims {
             batch,
@@ -65,7 +115,7 @@ impl Case {
         let x = Inputs {
             dims,
             seq,
-            mask: Mask::causal(),
+            mask,
             q: be.download(&q)?,
             k: be.download(&k)?,
             v: be.download(&v)?,
@@ -93,7 +143,7 @@ impl Case {
         let e: [f64; 5] = std::array::from_fn(|i| rel_err(got[i], &self.want[i]));
         let d = self.dims;
         println!(
-            "{path} {} b={} h={} kvh={} d={} seq={}: rel err out/lse/dq/dk/dv \
+            "{path} {} b={} h={} kvh={} d={} seq={} {}: rel err out/lse/dq/dk/dv \
              {:.2e} {:.2e} {:.2e} {:.2e} {:.2e}",
             self.be.dtype().name(),
             d.batch,
@@ -101,6 +151,7 @@ impl Case {
             d.kv_heads,
             d.head_dim,
             self.seq,
+            self.x.mask,
             e[0],
             e[1],
             e[2],
@@ -117,8 +168,8 @@ fn check_all(path: &str, run: impl Fn(&Case) -> Result<[Vec<f32>; 5]>) -> Result
         return Ok(());
     };
     let mut worst = 0.0f64;
-    for i in 0..CASES.len() {
-        let case = Case::new(&gpu, i)?;
+    for (i, (shape, mask)) in all_cases()?.into_iter().enumerate() {
+        let case = Case::new(&gpu, i, shape, mask)?;
         let got = run(&case)?;
         let errs = case.errors(path, [&got[0], &got[1], &got[2], &got[3], &got[4]]);
         for (name, e) in ["out", "lse", "dq", "dk", "dv"].iter().zip(errs) {
@@ -143,8 +194,9 @@ fn fast_path_matches_the_f64_oracle() -> Result<()> {
             out: be.upload(&vec![f32::NAN; dims.q_len(seq)])?,
             lse: be.upload_f32(&vec![f32::NAN; dims.stat_len(seq)])?,
         };
-        be.causal_forward_into(&dims, seq, &c.q, &c.k, &c.v, &mut fwd)?;
-        let g = be.causal_backward(&dims, seq, &c.q, &c.k, &c.v, &fwd, &c.dout)?;
+        let mask = &c.x.mask;
+        be.causal_forward_into(&dims, seq, mask, &c.q, &c.k, &c.v, &mut fwd)?;
+        let g = be.causal_backward(&dims, seq, mask, &c.q, &c.k, &c.v, &fwd, &c.dout)?;
         be.synchronize()?;
         Ok([
             be.download(&fwd.out)?,
@@ -214,15 +266,7 @@ fn blocks(c: &Case) -> Result<[Vec<f32>; 5]> {
                 q: qs_span,
                 kv: spans[j],
             };
-            be.forward_block(
-                &dims,
-                block,
-                &Mask::causal(),
-                &qs[i],
-                &ks[j],
-                &vs[j],
-                &mut state,
-            )?;
+            be.forward_block(&dims, block, &c.x.mask, &qs[i], &ks[j], &vs[j], &mut state)?;
         }
         let mut part = be.finalize(&dims, qs_span.len, state)?;
         if last {
@@ -231,15 +275,7 @@ fn blocks(c: &Case) -> Result<[Vec<f32>; 5]> {
                 q: qs_span,
                 kv: qs_span,
             };
-            be.forward_block(
-                &dims,
-                block,
-                &Mask::causal(),
-                &qs[i],
-                &ks[i],
-                &vs[i],
-                &mut diag,
-            )?;
+            be.forward_block(&dims, block, &c.x.mask, &qs[i], &ks[i], &vs[i], &mut diag)?;
             let diag = be.finalize(&dims, qs_span.len, diag)?;
             be.merge(&dims, qs_span.len, &mut part, &diag)?;
         }
@@ -283,7 +319,7 @@ fn blocks(c: &Case) -> Result<[Vec<f32>; 5]> {
                 dk: &mut blk.dk,
                 dv: &mut blk.dv,
             };
-            be.backward_block(&dims, block, &Mask::causal(), query, &ks[j], &vs[j], g)?;
+            be.backward_block(&dims, block, &c.x.mask, query, &ks[j], &vs[j], g)?;
             be.add_assign(&mut dqs[i], &blk.dq)?;
             be.add_assign(&mut dks[j], &blk.dk)?;
             be.add_assign(&mut dvs[j], &blk.dv)?;

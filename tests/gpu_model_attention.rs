@@ -5,6 +5,7 @@
 //!   to within one rounding, the backward's f32 atomics summing in a varying order),
 //! - itself with dO given in f32 instead of 16-bit (the same gradients to within one rounding),
 //! - the f64 oracle (its error may exceed the fast path's by one rounding of the output),
+//!   causal and under masks (documents, a window, global tokens),
 //! - distflash over several virtual workers sharing the GPU (`train::attention::Distributed` on
 //!   the CUDA backend, the path of a rank of a multi-GPU job): each worker's rows, joined, must
 //!   be within one rounding of the fast path's error against the oracle too,
@@ -22,25 +23,49 @@ use distflash::backend::Backend;
 use distflash::backend::cuda::{CudaBackend, InputDtype, Tensor};
 use distflash::comm::LocalComm;
 use distflash::inputs::Inputs;
-use distflash::model::attention::Attention;
+use distflash::model::attention::{Attention, WholeSequence};
 use distflash::model::cuda::attention::CudaAttention;
 use distflash::plan::Partition;
 use distflash::plan::Schedule;
 use distflash::runtime::{collect_results, run_workers};
-use distflash::shape::Dims;
+use distflash::shape::{Dims, Mask};
 use distflash::train::attention::Distributed;
 use std::time::Duration;
 
-/// dtype, heads, kv heads, head dim, rows, virtual workers.
-type Spec = (InputDtype, usize, usize, usize, usize, usize);
+/// dtype, heads, kv heads, head dim, rows, virtual workers; the mask's document lengths (empty:
+/// one document), window and global tokens.
+type Spec = (
+    InputDtype,
+    usize,
+    usize,
+    usize,
+    usize,
+    usize,
+    &'static [usize],
+    Option<usize>,
+    usize,
+);
 
-/// MHA, GQA and MQA; lengths off the tile sizes and uneven chunks.
-const CASES: [Spec; 5] = [
-    (InputDtype::Bf16, 8, 2, 128, 777, 3),
-    (InputDtype::F16, 4, 4, 64, 300, 2),
-    (InputDtype::Bf16, 4, 1, 64, 129, 4),
-    (InputDtype::F16, 8, 2, 128, 1000, 5),
-    (InputDtype::Bf16, 32, 8, 128, 1024, 8),
+/// MHA, GQA and MQA; lengths off the tile sizes and uneven chunks; causal, then under masks
+/// (documents across chunks with one-token ones; a window with global tokens).
+const CASES: [Spec; 7] = [
+    (InputDtype::Bf16, 8, 2, 128, 777, 3, &[], None, 0),
+    (InputDtype::F16, 4, 4, 64, 300, 2, &[], None, 0),
+    (InputDtype::Bf16, 4, 1, 64, 129, 4, &[], None, 0),
+    (InputDtype::F16, 8, 2, 128, 1000, 5, &[], None, 0),
+    (InputDtype::Bf16, 32, 8, 128, 1024, 8, &[], None, 0),
+    (
+        InputDtype::Bf16,
+        8,
+        2,
+        128,
+        777,
+        3,
+        &[300, 1, 1, 130, 200, 145],
+        None,
+        0,
+    ),
+    (InputDtype::F16, 4, 4, 64, 1000, 4, &[], Some(200), 4),
 ];
 
 /// One case's inputs: head-major on the host (rounded to the dtype, as the device holds them)
@@ -63,14 +88,15 @@ struct Case<'a> {
 
 impl<'a> Case<'a> {
     fn new(be: &'a CudaBackend, spec: Spec, seed: u64) -> Result<Case<'a>> {
-        let (dtype, heads, kv_heads, head_dim, seq, workers) = spec;
+        let (dtype, heads, kv_heads, head_dim, seq, workers, docs, window, global) = spec;
         let dims = Dims {
             batch: 1,
             heads,
             kv_heads,
             head_dim,
         };
-        let mut x = Inputs::random(dims, seq, seed);
+        let mask = Mask::new(seq, docs, window, global)?;
+        let mut x = Inputs::random(dims, seq, seed).with_mask(mask)?;
         for t in [&mut x.q, &mut x.k, &mut x.v, &mut x.dout] {
             t.iter_mut().for_each(|v| *v = dtype.round(*v));
         }
@@ -82,6 +108,7 @@ impl<'a> Case<'a> {
             up(&x.dout, heads)?,
         );
         let mut attn = CudaAttention::new(be, dims, seq)?;
+        attn.set_mask(&x.mask)?;
         let (o, lse) = attn.forward(&q, &k, &v)?;
         let (dq, dk, dv) = attn.backward(&q, &k, &v, &o, &lse, &dout)?;
         let mut case = Case {
@@ -131,8 +158,8 @@ impl<'a> Case<'a> {
             be.upload(&x.v)?,
             be.upload(&x.dout)?,
         );
-        let fwd = be.causal_forward(&x.dims, x.seq, &q, &k, &v)?;
-        let grads = be.causal_backward(&x.dims, x.seq, &q, &k, &v, &fwd, &g)?;
+        let fwd = be.causal_forward(&x.dims, x.seq, &x.mask, &q, &k, &v)?;
+        let grads = be.causal_backward(&x.dims, x.seq, &x.mask, &q, &k, &v, &fwd, &g)?;
         be.synchronize()?;
         Ok([
             be.download(&fwd.out)?,
@@ -154,12 +181,13 @@ impl<'a> Case<'a> {
     fn name(&self) -> String {
         let d = self.x.dims;
         format!(
-            "{} heads {}/{} d {} rows {}",
+            "{} heads {}/{} d {} rows {} {}",
             self.be.dtype().name(),
             d.heads,
             d.kv_heads,
             d.head_dim,
-            self.x.seq
+            self.x.seq,
+            self.x.mask
         )
     }
 }
@@ -299,7 +327,7 @@ fn adapter_refuses_a_tensor_of_the_other_dtype_or_a_wrong_length() -> Result<()>
 fn distributed(c: &Case) -> Result<[Vec<f32>; 5]> {
     let (be, dims, seq, d) = (c.be, c.x.dims, c.x.seq, c.x.dims.head_dim);
     let schedule = Schedule::Balanced;
-    let partition = Partition::new(seq, c.workers, schedule)?;
+    let partition = Partition::masked(seq, c.workers, schedule, &c.x.mask)?;
     let spans = partition.spans();
     let seq_major = |t: &[f32], heads| layout::to_seq_major(t, 1, seq, heads, d);
     let (h, kv) = (dims.heads, dims.kv_heads);

@@ -249,10 +249,6 @@ fn bad_masks_are_refused_with_one_sentence() {
         (&["--global", "151"][..], "--global 150 or fewer"),
         (&["--docs", "many"][..], "--docs takes random:N"),
         (&["--docs", "random:151"][..], "use 1 to 150 documents"),
-        (
-            &["--window", "4", "--device", "cuda"][..],
-            "not in the CUDA kernels yet: use --device cpu",
-        ),
     ] {
         let out = distflash(
             &[

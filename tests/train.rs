@@ -280,11 +280,10 @@ fn a_qwen2_model_trains_sharded_and_saves_and_reloads_its_biases() {
 }
 
 /// A Mistral config's sliding window trains on the CPU (its mask in every block the workers
-/// compute; `tests/model.rs` checks the numbers) and is refused on the GPU, whose kernels take no
-/// mask yet, before any device is opened; a window longer than the sequence hides nothing and
-/// is plain causal attention, which the GPU would run.
+/// compute; `tests/model.rs` checks the numbers). On the GPU the kernels take the same mask
+/// (`tests/gpu_attention.rs` checks them under windows).
 #[test]
-fn a_mistral_window_trains_on_the_cpu_and_is_refused_on_the_gpu() {
+fn a_mistral_window_trains_on_the_cpu() {
     let dir = temp_dir("train", "mistral");
     let mut config = Config::preset("tiny").unwrap().to_json();
     config["model_type"] = serde_json::json!("mistral");
@@ -294,10 +293,6 @@ fn a_mistral_window_trains_on_the_cpu_and_is_refused_on_the_gpu() {
     std::fs::write(&path, config.to_string()).unwrap();
     let p = path.to_str().unwrap();
     let run = ["train", "--config", p, "--seq-len", "32", "--steps", "2"];
-    fails_with(
-        &[&run[..], &["--device", "cuda"]].concat(),
-        "sliding_window 16 hides keys in sequences of 32 tokens, and the CUDA kernels do not take masks yet: use --device cpu",
-    );
     let out = distflash(&[&run[..], &["--workers", "2", "--schedule", "zigzag"]].concat());
     assert!(
         out.status.success(),
@@ -318,19 +313,13 @@ fn synthetic_sequences_are_one_document() {
     assert_eq!(run(&separate), run(&options(3, None, None)));
 }
 
-/// `--documents separate` is refused on the GPU, whose kernels take no mask yet, before any
-/// device is opened (so this runs without one), by `train` and `grads` alike; restarted
-/// positions need separate documents, and byte data has no documents to separate.
+/// `--documents separate` masks the sequence at its documents (`grads` gives another loss);
+/// restarted positions need separate documents, and byte data has no documents to separate.
 #[test]
-fn separate_documents_are_refused_on_the_gpu_and_where_there_are_none() {
+fn separate_documents_mask_and_are_refused_where_there_are_none() {
     let dir = temp_dir("train", "documents");
-    let gpu = "--documents separate masks attention at document boundaries, and the CUDA kernels do not take masks yet: use --device cpu";
     let train = ["train", "--seq-len", "32", "--steps", "1"];
     let separate = ["--documents", "separate"];
-    fails_with(
-        &[&train[..], &separate, &["--device", "cuda"]].concat(),
-        gpu,
-    );
     let tokens = dir.join("tokens.json");
     std::fs::write(&tokens, "[1, 20, 3, 71, 72, 3, 20]").unwrap();
     let out = dir.join("grads.safetensors");
@@ -343,11 +332,7 @@ fn separate_documents_are_refused_on_the_gpu_and_where_there_are_none() {
         "--eos-token",
         "3",
     ];
-    fails_with(
-        &[&grads[..], &separate, &["--device", "cuda"]].concat(),
-        gpu,
-    );
-    // On the CPU, the end-of-document id of `grads` masks the sequence: another loss.
+    // The end-of-document id of `grads` masks the sequence: another loss.
     let loss = |extra: &[&str]| {
         let out = distflash(&[&grads[..], &["--workers", "2"], extra].concat());
         assert!(

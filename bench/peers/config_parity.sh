@@ -7,8 +7,8 @@
 #   parity_<case>.log, hf_parity*.json
 #                       bench/peers/hf_parity.py for every case below, on the CPU in f32 against
 #                       transformers' float64 (within 1e-4) and, where the GPU runs the case, in
-#                       bf16 (within 2x transformers' own bf16 error). Mistral's window runs on
-#                       the CPU only: the CUDA kernels take no mask yet, and distflash refuses it.
+#                       bf16 (within 2x transformers' own bf16 error); Mistral's window on both
+#                       (the CUDA kernels take its mask).
 # Run from the repository root with the binaries built here by build_gpu_tests.sh:
 #   bash bench/peers/build_gpu_tests.sh
 #   BIN_DIR=.dev bash bench/peers/config_parity.sh          (device call, carry [".dev"])
@@ -46,6 +46,8 @@ for device in cpu cuda; do
   run qwen2_yarn "$device" --model-type qwen2 --rope-scaling yarn
   run mistral "$device" --model-type mistral
 done
-run mistral_window16 cpu --model-type mistral --sliding-window 16
+for device in cpu cuda; do
+  run mistral_window16 "$device" --model-type mistral --sliding-window 16
+done
 tail -n 2 "$OUT"/parity_*.log
 exit $status

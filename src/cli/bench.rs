@@ -30,8 +30,9 @@ pub enum Target {
         #[arg(long)]
         json: bool,
     },
-    /// Causal attention forward and backward on one GPU: TFLOP/s per shape (CUDA events,
-    /// median of repeats after warm-up), one JSON line per shape.
+    /// Causal attention forward and backward on one GPU, optionally under a mask (documents, a
+    /// window, global tokens; rates then count the visible pairs): TFLOP/s per shape (CUDA
+    /// events, median of repeats after warm-up), one JSON line per shape.
     Attention {
         /// Only `cuda` is timed here; the CPU rate is `bench cpu`.
         #[arg(long, default_value = "cuda")]
@@ -44,6 +45,8 @@ pub enum Target {
         heads: usize,
         #[command(flatten)]
         dtype: super::DtypeArg,
+        #[command(flatten)]
+        mask: super::attention::MaskArgs,
         /// Also write the JSON lines here.
         #[arg(long)]
         json: Option<PathBuf>,
@@ -80,6 +83,7 @@ pub fn run(target: Target) -> Result<()> {
             head_dims,
             heads,
             dtype,
+            mask,
             json,
         } => {
             if device != "cuda" {
@@ -87,7 +91,7 @@ pub fn run(target: Target) -> Result<()> {
                     "bench attention times a GPU (--device cuda); for the CPU use `distflash bench cpu`"
                 );
             }
-            attention(&seqs, &head_dims, heads, dtype.gpu(), json)
+            attention(&seqs, &head_dims, heads, dtype.gpu(), &mask, json)
         }
         Target::Train(args) => super::bench_train::run(args),
         Target::Report { results, out } => report(&results, out),
@@ -149,6 +153,7 @@ fn attention(
     head_dims: &[usize],
     heads: usize,
     dtype: InputDtype,
+    mask_args: &super::attention::MaskArgs,
     json: Option<PathBuf>,
 ) -> Result<()> {
     let mut file = json.as_deref().map(super::create_output).transpose()?;
@@ -157,10 +162,11 @@ fn attention(
     for &head_dim in head_dims {
         for &seq in seqs {
             let dims = mha(heads, head_dim)?;
-            let t = time_attention(&be, dims, seq)?;
+            let mask = mask_args.mask(seq, 0)?;
+            let t = time_attention(&be, dims, seq, &mask)?;
             let (f, b) = (
-                attn::causal_forward_flops(&dims, seq),
-                attn::causal_backward_flops(&dims, seq),
+                attn::masked_forward_flops(&dims, &mask, seq),
+                attn::masked_backward_flops(&dims, &mask, seq),
             );
             let tflops = |flops: f64, ms: f64| flops / (ms * 1e-3) / 1e12;
             let line = json!({
@@ -168,7 +174,8 @@ fn attention(
                 "head_dim": head_dim, "fwd_ms": t.forward_ms, "bwd_ms": t.backward_ms,
                 "fwd_tflops": tflops(f, t.forward_ms), "bwd_tflops": tflops(b, t.backward_ms),
                 "fwdbwd_tflops": tflops(f + b, t.forward_ms + t.backward_ms),
-                "reps": t.repeats, "command": command,
+                "reps": t.repeats, "command": command, "mask": mask.to_string(),
+                "visible_fraction": f / attn::causal_forward_flops(&dims, seq),
             });
             println!("{line}");
             if let Some(f) = file.as_mut() {

@@ -192,7 +192,7 @@ pub struct PackingArgs {
     /// packed: full causal attention across the documents packed into a sequence; separate:
     /// each token attends only within its own document, the documents ended by the
     /// end-of-document token (which belongs to the document it ends; a synthetic sequence is
-    /// one document). CPU only for now.
+    /// one document). On the CPU and on GPUs alike.
     #[arg(long, value_enum, default_value = "packed")]
     documents: Documents,
     /// continue: rotary positions count along the sequence; restart: from 0 at every

@@ -18,6 +18,13 @@ pub trait Attention<T> {
     fn backward(&mut self, q: &T, k: &T, v: &T, o: &T, lse: &T, dout: &T) -> Result<(T, T, T)>;
 }
 
+/// A device's whole-sequence attention (`runtime::Device::whole_sequence`): [`Attention`] under
+/// a mask that may change between sequences (their documents under `--documents separate`).
+pub trait WholeSequence<T>: Attention<T> {
+    /// Attention of the next sequences under `mask`.
+    fn set_mask(&mut self, mask: &Mask) -> Result<()>;
+}
+
 /// Attention of one chunk holding the whole sequence under `mask` (causal; packed documents,
 /// Mistral's sliding window), written plainly in precision `F`, key by key as the mask's
 /// definition says: the reference the gradient check differentiates through.

@@ -7,12 +7,12 @@ use crate::backend::ModelEdge;
 use crate::backend::cpu::CpuBackend;
 use crate::backend::cuda::{CudaBackend, Tensor};
 use crate::comm::Buffer;
-use crate::model::attention::Attention;
+use crate::model::attention::{Attention, WholeSequence};
 use crate::model::cpu::Cpu;
 use crate::model::cuda::CudaOps;
 use crate::model::cuda::attention::CudaAttention;
 use crate::model::ops::Ops;
-use crate::shape::Dims;
+use crate::shape::{Dims, Mask};
 use anyhow::Result;
 
 /// A device: this machine's cores (f32) or one GPU.
@@ -21,7 +21,7 @@ pub trait Device: Sync {
     type Ops: Ops<T = Self::Tensor>;
     type Backend: ModelEdge<Tensor = Self::Tensor>;
     /// The whole-sequence attention of [`Device::whole_sequence`].
-    type Whole<'a>: Attention<Self::Tensor>
+    type Whole<'a>: WholeSequence<Self::Tensor>
     where
         Self: 'a;
 
@@ -47,6 +47,12 @@ pub trait Device: Sync {
 
 /// The attention of a device without a whole-sequence fast path: no value exists.
 pub enum NoFastPath {}
+
+impl<T> WholeSequence<T> for NoFastPath {
+    fn set_mask(&mut self, _: &Mask) -> Result<()> {
+        match *self {}
+    }
+}
 
 impl<T> Attention<T> for NoFastPath {
     fn forward(&mut self, _: &T, _: &T, _: &T) -> Result<(T, T)> {

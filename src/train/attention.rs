@@ -8,7 +8,7 @@ use crate::backend::cpu::CpuBackend;
 use crate::backend::{Backend, ModelEdge, Order};
 use crate::comm::{Buffer, Communicator, LocalComm, Wire};
 use crate::exec::{OwnChunk, Saved, Worker};
-use crate::model::attention::Attention;
+use crate::model::attention::{Attention, WholeSequence};
 use crate::plan::{Partition, Pass};
 use crate::runtime::ModelDevice;
 use crate::shape::{Dims, Mask, Span};
@@ -248,8 +248,9 @@ impl<'a, D: ModelDevice, C: Communicator<D::Tensor>> ModelAttention<'a, D, C> {
         partition: &'a Partition,
     ) -> Result<Self> {
         if comm.world() == 1
-            && let Some(whole) = device.whole_sequence(dims, partition.seq())?
+            && let Some(mut whole) = device.whole_sequence(dims, partition.seq())?
         {
+            whole.set_mask(partition.mask())?;
             return Ok(ModelAttention::Whole(whole));
         }
         let distributed = Distributed::new(device.backend(), comm, dims, partition)?;
@@ -257,15 +258,11 @@ impl<'a, D: ModelDevice, C: Communicator<D::Tensor>> ModelAttention<'a, D, C> {
     }
 
     /// Attention of the next sequences under `mask` (`Distributed::set_mask`), without
-    /// re-creating the communicator. The whole-sequence path computes full causal attention
-    /// only, so it refuses any other mask.
+    /// re-creating the communicator.
     pub fn set_mask(&mut self, mask: &Mask) -> Result<()> {
         match self {
             ModelAttention::Distributed(d) => d.set_mask(mask),
-            ModelAttention::Whole(_) if mask.is_causal() => Ok(()),
-            ModelAttention::Whole(_) => bail!(
-                "the device's whole-sequence attention computes full causal attention, not {mask}: use --device cpu"
-            ),
+            ModelAttention::Whole(w) => w.set_mask(mask),
         }
     }
 

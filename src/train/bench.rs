@@ -5,7 +5,7 @@
 
 use super::attention::ModelAttention;
 use super::data::Sample;
-use super::documents::{Documents, Packing};
+use super::documents::Packing;
 use super::memory::MemoryCheck;
 use super::shard::{Held, Shard};
 use crate::backend::Backend;
@@ -129,8 +129,7 @@ pub fn time_steps(
     if runs.profile && runtime.workers() > 1 {
         bail!("--profile times the ops of one device: run it without a launcher or more workers");
     }
-    let partition =
-        super::model_partition(cfg, shape.seq, (shape.schedule, Documents::Packed), runtime)?;
+    let partition = super::model_partition(cfg, shape.seq, shape.schedule, runtime)?;
     let opened = runtime.open()?;
     memory.check(runtime, opened.gpu())?;
     let job = StepBench {

@@ -27,7 +27,7 @@ use crate::model::weights::{self, Weights, parameters};
 use crate::model::{Checkpoint, Chunk, Keep, Offload, Params, Whole, forward_backward_with};
 use crate::plan::{Partition, Schedule};
 use crate::resources;
-use crate::runtime::{Device, Job, ModelDevice, Runtime};
+use crate::runtime::{Job, ModelDevice, Runtime};
 use crate::shape::Span;
 use anyhow::{Context, Result, bail};
 use attention::ModelAttention;
@@ -445,30 +445,16 @@ pub struct Gradients {
 }
 
 /// The chunks and plans of sequences of `seq` tokens on `runtime`'s workers, under the model's
-/// attention mask (Mistral's sliding window: the executor applies it to every block on the CPU;
-/// under `--documents separate` each sequence's documents replace the plans, `plan_documents`).
-/// The GPU's kernels take no mask yet, so a window that hides keys, or documents masked at
-/// their boundaries, are refused there with a sentence rather than trained as full causal
-/// attention.
+/// attention mask (Mistral's sliding window: the executor, or the GPU's whole-sequence kernels,
+/// apply it to every block; under `--documents separate` each sequence's documents replace the
+/// plans, `plan_documents`).
 fn model_partition(
     cfg: &Config,
     seq: usize,
-    (schedule, documents): (Schedule, Documents),
+    schedule: Schedule,
     runtime: &Runtime,
 ) -> Result<Partition> {
     let mask = cfg.mask(seq, &[])?;
-    if documents == Documents::Separate && runtime.device == Device::Cuda {
-        bail!(
-            "--documents separate masks attention at document boundaries, and the CUDA kernels do not take masks yet: use --device cpu (or --documents packed)"
-        );
-    }
-    if let Some(w) = mask.window()
-        && runtime.device == Device::Cuda
-    {
-        bail!(
-            "the config's sliding_window {w} hides keys in sequences of {seq} tokens, and the CUDA kernels do not take masks yet: use --device cpu (or sequences of at most {w} tokens, where the window hides nothing)"
-        );
-    }
     Partition::masked(seq, runtime.workers(), schedule, &mask)
 }
 
@@ -490,8 +476,7 @@ pub fn gradients(
         bail!("gradients need at least 2 tokens (one input and its target)");
     }
     documents.packing.check()?;
-    let split = (schedule, documents.packing.documents);
-    let partition = model_partition(cfg, tokens.len() - 1, split, runtime)?;
+    let partition = model_partition(cfg, tokens.len() - 1, schedule, runtime)?;
     let opened = runtime.open()?;
     memory.check(runtime, opened.gpu())?;
     let job = GradientsJob {
@@ -572,8 +557,7 @@ pub fn train(
     runtime: &Runtime,
     on_step: impl Fn(&StepReport) + Sync,
 ) -> Result<Option<Vec<Vec<f32>>>> {
-    let split = (o.schedule, o.packing.documents);
-    let partition = model_partition(&o.config, o.seq_len, split, runtime)?;
+    let partition = model_partition(&o.config, o.seq_len, o.schedule, runtime)?;
     if let Some(e) = &o.eval {
         e.data.check(o.seq_len, o.config.vocab_size)?;
         if e.sequences == 0 {

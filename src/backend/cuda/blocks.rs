@@ -3,6 +3,7 @@
 //! and a block's backward accumulating f32 gradients; with the launch arguments every attention
 //! kernel shares (block geometry, tensor maps).
 
+use super::mask::MaskArgs;
 use super::tensor::{f32_mut, f32_ref, half};
 use super::{CudaBackend, InputDtype, Kernels, Tensor, Tuning, launch, tma};
 use crate::attn::{Block, GradsMut, Partial, QuerySide, RunningState};
@@ -67,12 +68,14 @@ impl CudaBackend {
         self.launch("fill_f32", b, launch::elementwise_config(n as usize))
     }
 
-    /// Forward of `block` writing a finished (O in the input dtype, LSE f32) result directly:
-    /// the running state never leaves registers.
+    /// Forward of `block` under `mask` writing a finished (O in the input dtype, LSE f32)
+    /// result directly: the running state never leaves registers.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn forward_final(
         &self,
         dims: &Dims,
         block: Block,
+        mask: &Mask,
         q: &Tensor,
         k: &Tensor,
         v: &Tensor,
@@ -89,7 +92,7 @@ impl CudaBackend {
         let lse = f32_mut(&mut out.lse, dims.stat_len(qn), "LSE")?;
         let tuning = self.tuning(dims.head_dim);
         let cfg = launch::forward_config(dims, qn, &tuning)?;
-        let geometry = ForwardGeometry::new(dims, block)?;
+        let geometry = ForwardGeometry::new(dims, block, self.mask_args(mask, block)?)?;
         let maps = self.forward_maps(dims, block, [q, k, v], &tuning)?;
         let mut b = self.stream.launch_builder(&kern.fwd_final);
         b.arg(q).arg(k).arg(v).arg(o).arg(lse);
@@ -99,17 +102,19 @@ impl CudaBackend {
     }
 }
 
-/// What both forward kernels take after their tensors: the block's geometry and the softmax
-/// scale in base 2 (the kernels use exp2).
+/// What both forward kernels take after their tensors: the block's geometry, the mask and the
+/// softmax scale in base 2 (the kernels use exp2).
 struct ForwardGeometry {
     ints: [i32; 6],
+    mask: MaskArgs,
     scale_log2: f32,
 }
 
 impl ForwardGeometry {
-    fn new(dims: &Dims, block: Block) -> Result<Self> {
+    fn new(dims: &Dims, block: Block, mask: MaskArgs) -> Result<Self> {
         Ok(ForwardGeometry {
             ints: block_ints(dims, block)?,
+            mask,
             scale_log2: dims.scale() * std::f32::consts::LOG2_E,
         })
     }
@@ -118,6 +123,7 @@ impl ForwardGeometry {
         for i in &self.ints {
             b.arg(i);
         }
+        self.mask.push_forward(b);
         b.arg(&self.scale_log2);
     }
 }
@@ -149,15 +155,6 @@ fn block_ints(dims: &Dims, block: Block) -> Result<[i32; 6]> {
         bail!("sequence positions beyond 2^31 are not supported by the CUDA kernels");
     }
     Ok(out)
-}
-
-/// The kernels compute full causal attention only: a document, window or global-token mask is
-/// refused in one sentence rather than silently ignored.
-fn refuse_masks(mask: &Mask) -> Result<()> {
-    if !mask.is_causal() {
-        bail!("masks ({mask}) are not in the CUDA kernels yet: use --device cpu");
-    }
-    Ok(())
 }
 
 impl Backend for CudaBackend {
@@ -230,7 +227,6 @@ impl Backend for CudaBackend {
         v: &Tensor,
         state: &mut RunningState<Tensor>,
     ) -> Result<()> {
-        refuse_masks(mask)?;
         launch::check_dims(dims)?;
         let kern = self.kernels(dims.head_dim)?;
         let (qn, kvn) = (block.q.len, block.kv.len);
@@ -243,7 +239,7 @@ impl Backend for CudaBackend {
         let acc = f32_mut(&mut state.acc, dims.q_len(qn), "the accumulator")?;
         let tuning = self.tuning(dims.head_dim);
         let cfg = launch::forward_config(dims, qn, &tuning)?;
-        let geometry = ForwardGeometry::new(dims, block)?;
+        let geometry = ForwardGeometry::new(dims, block, self.mask_args(mask, block)?)?;
         let maps = self.forward_maps(dims, block, [q, k, v], &tuning)?;
         let mut b = self.stream.launch_builder(&kern.fwd_state);
         b.arg(q).arg(k).arg(v).arg(m).arg(l).arg(acc);
@@ -332,7 +328,6 @@ impl Backend for CudaBackend {
         v: &Tensor,
         grads: GradsMut<'_, Tensor>,
     ) -> Result<()> {
-        refuse_masks(mask)?;
         launch::check_dims(dims)?;
         let kern = self.kernels(dims.head_dim)?;
         let (dt, qn, kvn) = (self.dtype, block.q.len, block.kv.len);
@@ -350,6 +345,7 @@ impl Backend for CudaBackend {
         let dv = f32_mut(grads.dv, dims.kv_len(kvn), "dV")?;
         let cfg = launch::backward_config(dims, kvn, &self.tuning(dims.head_dim))?;
         let ints = block_ints(dims, block)?;
+        let mask = self.mask_args(mask, block)?;
         let scale = dims.scale();
         let mut b = self.stream.launch_builder(&kern.bwd_block);
         b.arg(q).arg(k).arg(v).arg(dout).arg(lse).arg(delta);
@@ -357,6 +353,7 @@ impl Backend for CudaBackend {
         for i in &ints {
             b.arg(i);
         }
+        mask.push_backward(&mut b);
         b.arg(&scale);
         self.launch("the attention block backward", b, cfg)
     }
@@ -392,16 +389,5 @@ mod tests {
             kv: block.kv,
         };
         assert!(block_ints(&dims, huge).is_err());
-    }
-
-    #[test]
-    fn masks_are_refused_until_the_kernels_have_them() {
-        assert!(refuse_masks(&Mask::causal()).is_ok());
-        let window = Mask::new(100, &[], Some(10), 0).unwrap();
-        let err = refuse_masks(&window).unwrap_err().to_string();
-        assert!(
-            err.contains("not in the CUDA kernels yet: use --device cpu"),
-            "{err}"
-        );
     }
 }

@@ -2,6 +2,7 @@
 //! its context and the one stream every kernel runs on, host-device copies, allocation and the
 //! single place kernels are launched.
 
+use super::mask::DeviceMask;
 use super::{InputDtype, Kernels, Tensor, Tuning};
 use anyhow::{Result, bail};
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, LaunchArgs, LaunchConfig};
@@ -28,6 +29,8 @@ pub struct CudaBackend {
     pub(super) ctx: Arc<CudaContext>,
     pub(super) stream: Arc<CudaStream>,
     pub(super) kernels: Mutex<HashMap<usize, Arc<Kernels>>>,
+    /// The last mask's `row_start` on the device (`mask`), reused while the mask stays.
+    pub(super) mask_rows: Mutex<Option<DeviceMask>>,
 }
 
 impl CudaBackend {
@@ -64,6 +67,7 @@ impl CudaBackend {
             ctx,
             stream,
             kernels: Mutex::new(HashMap::new()),
+            mask_rows: Mutex::new(None),
         };
         backend.keep_freed_memory()?;
         Ok(backend)

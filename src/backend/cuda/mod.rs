@@ -20,17 +20,26 @@
 //!   place, `backward_block` accumulates f32 gradients with atomics or bulk reductions), which
 //!   `exec` drives for distributed schedules;
 //! - [`CudaBackend::causal_forward`] / [`CudaBackend::causal_backward`]: a whole causal sequence
-//!   in one forward launch (state in registers, O and LSE written once) and one backward launch
-//!   (plus the D = rowsum(dO∘O) pre-pass), for single-GPU training and benchmarks.
+//!   (under a mask) in one forward launch (state in registers, O and LSE written once) and one
+//!   backward launch (plus the D = rowsum(dO∘O) pre-pass), for single-GPU training and
+//!   benchmarks.
 //!
 //! Shapes: head dim 64 or 128 (others are refused with a sentence), bf16 or fp16, any batch,
-//! MHA/GQA/MQA, any lengths (tiles past the end are zero-filled and masked). Kernel tile shapes
+//! MHA/GQA/MQA, any lengths (tiles past the end are zero-filled and masked).
+//!
+//! Masks: both ways in take a [`Mask`](crate::shape::Mask) (packed documents, a sliding window,
+//! global tokens), which the kernels read as one int per position (`mask`: where each query's
+//! local keys start) and the global token count. Key tiles the mask hides wholly are skipped
+//! (the forward visits only the global prefix's tiles and those from its first row's start; the
+//! backward only the query tiles that see its keys), partly hidden tiles are masked element by
+//! element, and plain causal attention passes no array and runs as before. Kernel tile shapes
 //! are a [`Tuning`], by default the fastest measured on an H200 for the head dim; numbers and
 //! history in `bench/notes/kernel-notes.md`.
 //!
 //! Files, by what each owns: `device` (opening the GPU, its stream, allocation, launching),
 //! `tensor` (input dtypes, [`Tensor`], argument checks), `compile` (NVRTC and its cache),
 //! `kernels` (loading a compiled module per head dim), `launch` (launch shapes and [`Tuning`]),
+//! `mask` (the mask's per-position array on the device, cached per mask),
 //! `tma` (the wgmma forward's tensor maps), `blocks` (the [`Backend`] block API), `sequence` (the
 //! whole-sequence fast path), `layout` (sequence-major ↔ head-major relayouts), `memory` (free
 //! memory and the pool's peak) and `timing` (event-timed medians).
@@ -43,6 +52,7 @@ mod device;
 mod kernels;
 mod launch;
 mod layout;
+mod mask;
 mod memory;
 mod sequence;
 mod tensor;

@@ -1,7 +1,7 @@
-//! The whole-sequence fast path for single-GPU training and benchmarks: a causal sequence in one
-//! forward launch (state in registers, O in the input dtype and LSE written once) and one
-//! backward launch after the D = rowsum(dO∘O) pre-pass, through the same kernels as the block
-//! API.
+//! The whole-sequence fast path for single-GPU training and benchmarks: a causal sequence, under
+//! any [`Mask`] (packed documents, a sliding window, global tokens), in one forward launch (state
+//! in registers, O in the input dtype and LSE written once) and one backward launch after the
+//! D = rowsum(dO∘O) pre-pass, through the same kernels as the block API.
 
 use super::tensor::f32_mut;
 use super::{CudaBackend, Tensor, launch};
@@ -11,12 +11,14 @@ use crate::shape::{Dims, Mask, Span};
 use anyhow::Result;
 
 impl CudaBackend {
-    /// Whole-sequence causal attention forward: Q `[b, h, seq, d]`, K and V `[b, kv_h, seq, d]`
-    /// in the input dtype. Returns O (input dtype, head-major) and LSE (f32, natural log).
+    /// Whole-sequence causal attention forward under `mask`: Q `[b, h, seq, d]`, K and V
+    /// `[b, kv_h, seq, d]` in the input dtype. Returns O (input dtype, head-major) and LSE (f32,
+    /// natural log). Every row sees at least itself, under any mask.
     pub fn causal_forward(
         &self,
         dims: &Dims,
         seq: usize,
+        mask: &Mask,
         q: &Tensor,
         k: &Tensor,
         v: &Tensor,
@@ -25,21 +27,24 @@ impl CudaBackend {
             out: self.alloc_half(dims.q_len(seq))?,
             lse: Tensor::F32(self.alloc_f32(dims.stat_len(seq))?),
         };
-        self.causal_forward_into(dims, seq, q, k, v, &mut out)?;
+        self.causal_forward_into(dims, seq, mask, q, k, v, &mut out)?;
         Ok(out)
     }
 
     /// [`Self::causal_forward`] into caller-owned buffers (no allocation: for training loops
     /// and timing). Every element of `out` is overwritten.
+    #[allow(clippy::too_many_arguments)]
     pub fn causal_forward_into(
         &self,
         dims: &Dims,
         seq: usize,
+        mask: &Mask,
         q: &Tensor,
         k: &Tensor,
         v: &Tensor,
         out: &mut Partial<Tensor>,
     ) -> Result<()> {
+        mask.check_seq(seq)?;
         let whole = Span { start: 0, len: seq };
         self.forward_final(
             dims,
@@ -47,6 +52,7 @@ impl CudaBackend {
                 q: whole,
                 kv: whole,
             },
+            mask,
             q,
             k,
             v,
@@ -54,13 +60,15 @@ impl CudaBackend {
         )
     }
 
-    /// Whole-sequence causal attention backward from the forward's O and LSE. Returns dQ, dK,
-    /// dV in f32 (head-major; dK, dV summed over each KV head's query group).
+    /// Whole-sequence causal attention backward under `mask` (the forward's) from the forward's
+    /// O and LSE. Returns dQ, dK, dV in f32 (head-major; dK, dV summed over each KV head's query
+    /// group).
     #[allow(clippy::too_many_arguments)]
     pub fn causal_backward(
         &self,
         dims: &Dims,
         seq: usize,
+        mask: &Mask,
         q: &Tensor,
         k: &Tensor,
         v: &Tensor,
@@ -72,7 +80,7 @@ impl CudaBackend {
             dk: Tensor::F32(self.alloc_f32(dims.kv_len(seq))?),
             dv: Tensor::F32(self.alloc_f32(dims.kv_len(seq))?),
         };
-        self.causal_backward_into(dims, seq, q, k, v, fwd, dout, &mut grads)?;
+        self.causal_backward_into(dims, seq, mask, q, k, v, fwd, dout, &mut grads)?;
         Ok(grads)
     }
 
@@ -83,6 +91,7 @@ impl CudaBackend {
         &self,
         dims: &Dims,
         seq: usize,
+        mask: &Mask,
         q: &Tensor,
         k: &Tensor,
         v: &Tensor,
@@ -91,6 +100,7 @@ impl CudaBackend {
         grads: &mut Grads<Tensor>,
     ) -> Result<()> {
         launch::check_dims(dims)?;
+        mask.check_seq(seq)?;
         let delta = self.delta(dims, seq, &fwd.out, dout)?;
         for (t, len, what) in [
             (&mut grads.dq, dims.q_len(seq), "dQ"),
@@ -115,7 +125,7 @@ impl CudaBackend {
                 q: whole,
                 kv: whole,
             },
-            &Mask::causal(),
+            mask,
             query,
             k,
             v,

@@ -4,7 +4,7 @@
 use super::CudaBackend;
 use crate::backend::Backend;
 use crate::inputs::Inputs;
-use crate::shape::Dims;
+use crate::shape::{Dims, Mask};
 use anyhow::{Result, anyhow};
 use cudarc::driver::sys::CUevent_flags;
 use serde::Serialize;
@@ -42,9 +42,15 @@ pub fn median_ms(
     Ok(times[times.len() / 2])
 }
 
-/// Times causal forward and backward of the whole sequence (the fast path a training step
-/// uses) on random inputs; repeats are chosen so each measurement takes about a second.
-pub fn time_attention(be: &CudaBackend, dims: Dims, seq: usize) -> Result<AttentionTiming> {
+/// Times causal forward and backward of the whole sequence under `mask` (the fast path a
+/// training step uses) on random inputs; repeats are chosen so each measurement takes about a
+/// second.
+pub fn time_attention(
+    be: &CudaBackend,
+    dims: Dims,
+    seq: usize,
+    mask: &Mask,
+) -> Result<AttentionTiming> {
     let x = Inputs::random(dims, seq, 7);
     let (q, k, v, dout) = (
         be.upload(&x.q)?,
@@ -53,15 +59,16 @@ pub fn time_attention(be: &CudaBackend, dims: Dims, seq: usize) -> Result<Attent
         be.upload(&x.dout)?,
     );
     drop(x);
-    let mut fwd = be.causal_forward(&dims, seq, &q, &k, &v)?;
-    let mut grads = be.causal_backward(&dims, seq, &q, &k, &v, &fwd, &dout)?;
+    let mut fwd = be.causal_forward(&dims, seq, mask, &q, &k, &v)?;
+    let mut grads = be.causal_backward(&dims, seq, mask, &q, &k, &v, &fwd, &dout)?;
     be.synchronize()?;
-    let mut forward = || be.causal_forward_into(&dims, seq, &q, &k, &v, &mut fwd);
+    let mut forward = || be.causal_forward_into(&dims, seq, mask, &q, &k, &v, &mut fwd);
     let first = median_ms(be, 1, &mut forward)?;
     let repeats = ((1000.0 / first.max(1e-3)) as usize).clamp(3, 30);
     let forward_ms = median_ms(be, repeats, &mut forward)?;
     let fwd = fwd; // the backward reads the last forward's O and LSE
-    let mut backward = || be.causal_backward_into(&dims, seq, &q, &k, &v, &fwd, &dout, &mut grads);
+    let mut backward =
+        || be.causal_backward_into(&dims, seq, mask, &q, &k, &v, &fwd, &dout, &mut grads);
     let backward_ms = median_ms(be, repeats, &mut backward)?;
     be.synchronize()?;
     Ok(AttentionTiming {

@@ -1,5 +1,6 @@
 //! The model's attention on one GPU: the whole-sequence fast path of the CUDA backend
-//! (`CudaBackend::causal_forward` / `causal_backward`) behind `model::attention::Attention`.
+//! (`CudaBackend::causal_forward` / `causal_backward`, under the sequence's mask: its documents,
+//! the model's sliding window) behind `model::attention::Attention`.
 //!
 //! The model hands over sequence-major 16-bit tensors (`[rows, heads, head_dim]`, a linear
 //! layer's output as is); the kernels want head-major ones. The layout changes run on the GPU
@@ -16,20 +17,21 @@ use crate::attn::Partial;
 
 use crate::backend::Order;
 use crate::backend::cuda::{CudaBackend, Tensor};
-use crate::model::attention::Attention;
-use crate::shape::Dims;
+use crate::model::attention::{Attention, WholeSequence};
+use crate::shape::{Dims, Mask};
 use anyhow::{Result, bail};
 
-/// Causal attention of one whole sequence of `rows` tokens on one GPU.
+/// Causal attention of one whole sequence of `rows` tokens on one GPU, under a mask.
 pub struct CudaAttention<'b> {
     backend: &'b CudaBackend,
     dims: Dims,
     rows: usize,
+    mask: Mask,
 }
 
 impl<'b> CudaAttention<'b> {
-    /// Attention of `rows` tokens with the heads of `dims` (batch 1: one sequence per call, as
-    /// the model runs it).
+    /// Full causal attention of `rows` tokens with the heads of `dims` (batch 1: one sequence
+    /// per call, as the model runs it); [`WholeSequence::set_mask`] restricts it.
     pub fn new(backend: &'b CudaBackend, dims: Dims, rows: usize) -> Result<Self> {
         dims.validate()?;
         if dims.batch != 1 {
@@ -42,6 +44,7 @@ impl<'b> CudaAttention<'b> {
             backend,
             dims,
             rows,
+            mask: Mask::causal(),
         })
     }
 
@@ -67,7 +70,7 @@ impl Attention<Tensor> for CudaAttention<'_> {
         let [q, k, v] = self.head_major(q, k, v)?;
         let p = self
             .backend
-            .causal_forward(&self.dims, self.rows, &q, &k, &v)?;
+            .causal_forward(&self.dims, self.rows, &self.mask, &q, &k, &v)?;
         let o = self.relayout(&p.out, self.dims.heads, Order::ToSeqMajor, "O")?;
         Ok((o, p.lse))
     }
@@ -91,11 +94,19 @@ impl Attention<Tensor> for CudaAttention<'_> {
         let dout = self.relayout(dout, h, Order::ToHeadMajor, "dO")?;
         let g = self
             .backend
-            .causal_backward(&self.dims, self.rows, &q, &k, &v, &fwd, &dout)?;
+            .causal_backward(&self.dims, self.rows, &self.mask, &q, &k, &v, &fwd, &dout)?;
         Ok((
             self.relayout(&g.dq, h, Order::ToSeqMajor, "dQ")?,
             self.relayout(&g.dk, kv, Order::ToSeqMajor, "dK")?,
             self.relayout(&g.dv, kv, Order::ToSeqMajor, "dV")?,
         ))
+    }
+}
+
+impl WholeSequence<Tensor> for CudaAttention<'_> {
+    fn set_mask(&mut self, mask: &Mask) -> Result<()> {
+        mask.check_seq(self.rows)?;
+        self.mask = mask.clone();
+        Ok(())
     }
 }
