@@ -14,6 +14,7 @@ set -u
 BIN=${BIN:-.dev/distflash}
 SEQ=${MASK_SEQ:-131072}
 PART=${MASK_PART:-all}
+PY=python3; [ -x /opt/torch/.venv/bin/python3 ] && PY=/opt/torch/.venv/bin/python3
 export DISTFLASH_CACHE_DIR=${DISTFLASH_CACHE_DIR:-/tmp/distflash-cache}
 export PYTHONUNBUFFERED=1
 step() { echo "=== $*"; }
@@ -47,7 +48,7 @@ for spec in "1024 0 0" "0 1024 0" "2048 512 16"; do
   f=/tmp/mask_$1_$2_$3.safetensors
   timeout 300 "$BIN" attention --device cuda --seq-len 8192 --heads 8 --kv-heads 8 --head-dim 128 \
     --dtype bf16 $flags --save "$f" --json > /tmp/acc.json 2>&1 || { status=1; tail -3 /tmp/acc.json; }
-  timeout 400 python3 bench/peers/mask_bench.py check "$f" --doc-len "$1" --window "$2" \
+  timeout 400 $PY bench/peers/mask_bench.py check "$f" --doc-len "$1" --window "$2" \
     --global "$3" --json "$OUT/torch_checks.jsonl" || status=1
 done
 fi
@@ -62,11 +63,11 @@ timeout 500 "$BIN" bench attention --device cuda --seqs "$SEQ" --head-dims 128 -
 timeout 500 "$BIN" bench attention --device cuda --seqs "$SEQ" --head-dims 128 --heads 32 \
   --window 4096 --json "$OUT/ours.jsonl" 2>&1 | tail -n 2
 step "flex_attention"
-timeout 500 python3 bench/peers/mask_bench.py time --seq "$SEQ" --doc-len 8192 --json "$OUT/flex.jsonl" || status=1
-timeout 500 python3 bench/peers/mask_bench.py time --seq "$SEQ" --window 4096 --json "$OUT/flex.jsonl" || status=1
+timeout 500 $PY bench/peers/mask_bench.py time --seq "$SEQ" --doc-len 8192 --json "$OUT/flex.jsonl" || status=1
+timeout 500 $PY bench/peers/mask_bench.py time --seq "$SEQ" --window 4096 --json "$OUT/flex.jsonl" || status=1
 step "summary"
 checks=()
 [ -s "$OUT/torch_checks.jsonl" ] && checks=(--checks "$OUT/torch_checks.jsonl")
-python3 bench/peers/mask_bench.py summary --ours "$OUT/ours.jsonl" --flex "$OUT/flex.jsonl" \
+$PY bench/peers/mask_bench.py summary --ours "$OUT/ours.jsonl" --flex "$OUT/flex.jsonl" \
   "${checks[@]}" --json "$OUT/mask_bench.json" || status=1
 exit $status
