@@ -681,7 +681,7 @@ impl Checker {
             let again = run(Keep::on_device(checkpoint))?;
             let offloaded = run(Keep {
                 checkpoint,
-                offload: Offload::Activations,
+                offload: Offload::ACTIVATIONS,
             })?;
             let what = format!("5 layers, {checkpoint}, offloaded");
             let spread = (again.0 - plain.0).abs();

@@ -93,12 +93,17 @@ impl MemoryCheck {
             &self.config,
             self.shard.optimizer_shards(runtime.workers()),
             self.shard.weight_shards(runtime.workers()),
-        )
-        .offloaded(&self.config, self.offload);
+        );
         let copies = runtime.workers_per_device() as f64;
         need.weights *= copies;
         need.grads *= copies;
         need.optimizer *= copies;
+        let mut need = need.offloaded(
+            &self.config,
+            self.offload,
+            self.shard.optimizer_shards(runtime.workers()),
+        );
+        need.staging *= copies;
         Ok(need)
     }
 
@@ -143,8 +148,8 @@ impl MemoryCheck {
             self.seq,
             self.checkpoint,
             match self.offload {
-                Offload::None => "",
-                Offload::Activations => " offloaded",
+                Offload::NONE => String::new(),
+                o => format!(" (--offload {o})"),
             },
             match (self.optimizer, self.shard) {
                 (false, _) => String::new(),
@@ -167,14 +172,14 @@ impl MemoryCheck {
             ),
         }
         let state = self.host_state.bytes(parameters(&self.config));
-        if need.pinned_host + state > 0.0 {
-            let (holding, fix) = match (need.pinned_host > 0.0, self.host_state) {
+        if need.pinned() + state > 0.0 {
+            let (holding, fix) = match (need.pinned() > 0.0, self.host_state) {
                 (true, HostState::WeightsAndMoments) => (
-                    "pinning the offloaded checkpoints and gathering the f32 weights and moments a checkpoint saves",
+                    "pinning what --offload moves to the host and gathering the f32 weights and moments a checkpoint saves",
                     "run without --offload, with a shorter sequence, or without --save-dir",
                 ),
                 (true, _) => (
-                    "pinning the offloaded checkpoints and bringing the f32 weights back",
+                    "pinning what --offload moves to the host and bringing the f32 weights back",
                     "run without --offload, or with a shorter sequence",
                 ),
                 (false, HostState::WeightsAndMoments) => (
@@ -186,11 +191,7 @@ impl MemoryCheck {
                     "run on a machine with more memory",
                 ),
             };
-            resources::ensure_fits(
-                need.pinned_host + state,
-                &format!("{holding} for {what}"),
-                fix,
-            )?;
+            resources::ensure_fits(need.pinned() + state, &format!("{holding} for {what}"), fix)?;
         }
         if let Topology::Threads(n @ 2..) = runtime.topology {
             eprintln!(
@@ -231,7 +232,7 @@ mod tests {
             seq: 1024,
             schedule: Schedule::Balanced,
             checkpoint: Checkpoint::Remat,
-            offload: Offload::None,
+            offload: Offload::NONE,
             optimizer: true,
             shard: Shard::None,
             host_state,
