@@ -45,7 +45,8 @@ pub trait Ops: Sync {
     fn download(&self, t: &Self::T) -> Result<Vec<f32>>;
 
     /// A tensor's exact copy in host memory, apart from the device's working tensors: where an
-    /// offloaded checkpoint waits for the backward (`offload`).
+    /// offloaded checkpoint waits for the backward (`offload`), and offloaded AdamW moments wait
+    /// between updates (`train::moments`).
     type Host: Send + Sync;
     /// Starts copying `t` to host memory; `t` may be dropped as soon as this returns (a device
     /// orders the copy before the buffer's reuse).

@@ -26,7 +26,8 @@ pub struct MemoryCheck {
     pub schedule: Schedule,
     pub checkpoint: Checkpoint,
     /// What waits in host memory: offloaded checkpoints leave two layers' on the GPU and need
-    /// pinned host memory for all of them.
+    /// pinned host memory for all of them; offloaded moments leave two tensors' on the GPU
+    /// during the update and need pinned host memory for all of this worker's.
     pub offload: Offload,
     /// Whether AdamW's state must fit too (training) or not (gradients, benchmarks).
     pub optimizer: bool,
@@ -262,6 +263,45 @@ mod tests {
             "{e}"
         );
         assert!(check(HostState::None).check(&runtime, Some(&gpu)).is_ok());
+        // Offloaded, the moments are pinned host memory, checked before the run too.
+        let offloaded = |shard| MemoryCheck {
+            offload: Offload::OPTIMIZER,
+            shard,
+            ..check(HostState::None)
+        };
+        let e = offloaded(Shard::None)
+            .check(&runtime, Some(&gpu))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("pinning what --offload moves to the host"),
+            "{e}"
+        );
+        assert!(
+            e.ends_with("run without --offload, or with a shorter sequence"),
+            "{e}"
+        );
+        let moments = 8.0 * parameters(&config) as f64;
+        let need = offloaded(Shard::None).gpu_estimate(&runtime).unwrap();
+        assert_eq!((need.optimizer, need.pinned_optimizer), (0.0, moments));
+        let staged = need.staging;
+        assert!(staged > 0.0);
+        // Two virtual workers on the GPU: each pins its own moments (its shard, if sharded) and
+        // stages its own.
+        let two = Runtime {
+            device: Device::Cuda,
+            ..Runtime::cpu_threads(2, Duration::from_secs(1))
+        };
+        let whole = offloaded(Shard::None).gpu_estimate(&two).unwrap();
+        assert_eq!(whole.pinned_optimizer, 2.0 * moments);
+        assert_eq!(whole.staging, 2.0 * staged);
+        let halves = offloaded(Shard::Optimizer).gpu_estimate(&two).unwrap();
+        assert_eq!(halves.pinned_optimizer, moments);
+        assert!(
+            halves.staging < 1.01 * staged,
+            "{} {staged}",
+            halves.staging
+        );
         let params = parameters(&config);
         assert_eq!(
             HostState::WeightsAndMoments.bytes(params),

@@ -11,7 +11,7 @@ pub mod data;
 pub mod documents;
 pub mod lr;
 pub mod memory;
-mod moments;
+pub mod moments;
 mod parquet_docs;
 pub mod shard;
 pub mod state;

@@ -24,7 +24,7 @@ type Pair<T> = (T, T);
 
 /// Every parameter tensor's moments (`specs` order; a worker's pieces when sharded), on the
 /// device or in host memory.
-pub(super) enum Moments<O: Ops> {
+pub enum Moments<O: Ops> {
     Device(Vec<Pair<O::T>>),
     Host(Vec<Pair<O::Host>>),
 }

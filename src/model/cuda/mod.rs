@@ -53,7 +53,7 @@ pub struct CudaOps {
     /// Rotary inverse frequencies on the device by their bits: uploaded once, since a copy from
     /// pageable host memory would wait for the stream at every rotary call.
     rope_tables: Mutex<HashMap<Vec<u32>, RopeTable>>,
-    /// Pinned host buffers of offloaded checkpoints (`--offload activations`), reused by step.
+    /// Pinned host buffers of offloaded checkpoints and moments (`--offload`), reused by step.
     host: offload::HostPool,
     /// The stream the offload's copies run on beside the compute stream, made at the first
     /// stash (a second stream turns on cudarc's cross-stream event tracking, which runs without

@@ -1,5 +1,5 @@
-//! The GPU's side of `--offload activations`: a checkpoint's tensors copied into pinned host
-//! memory and back. Pinned (page-locked) buffers are what a copy engine reads and writes
+//! The GPU's side of `--offload`: a checkpoint's tensors (`activations`), or AdamW's moments
+//! (`optimizer`, `train::moments`), copied into pinned host memory and back. Pinned (page-locked) buffers are what a copy engine reads and writes
 //! without the driver staging them, so the copies run asynchronously at the link's speed;
 //! allocating them is slow (the driver locks the pages), so a buffer goes back to a shelf when
 //! its checkpoint has been fetched and the next step's stash of the same size takes it again.
@@ -32,7 +32,7 @@ impl<T: DeviceRepr> Shelf<T> {
         // (not write-combined, which the device's writes into it would not gain from).
         unsafe { ctx.alloc_pinned_with_flags::<T>(len, 0) }.map_err(|e| {
             anyhow!(
-                "could not pin {:.2} GiB of host memory for an offloaded checkpoint: {e:?}; run without --offload or free host memory",
+                "could not pin {:.2} GiB of host memory for an offloaded tensor (a checkpoint, or AdamW's moments): {e:?}; run without --offload or free host memory",
                 (len * size_of::<T>()) as f64 / (1u64 << 30) as f64
             )
         })
@@ -45,8 +45,8 @@ impl<T: DeviceRepr> Shelf<T> {
     }
 }
 
-/// The pinned buffers of one device's offloaded checkpoints: 16-bit activations and f32
-/// statistics.
+/// The pinned buffers of one device's offloaded tensors: 16-bit activations, and f32
+/// statistics and moments.
 #[derive(Clone)]
 pub struct HostPool(Arc<Shelves>);
 
@@ -105,7 +105,7 @@ pub enum HostTensor {
 }
 
 fn copy_err(what: &'static str) -> impl Fn(cudarc::driver::DriverError) -> anyhow::Error {
-    move |e| anyhow!("the {what} copy of an offloaded checkpoint failed: {e:?}")
+    move |e| anyhow!("the {what} copy of an offloaded tensor failed: {e:?}")
 }
 
 /// Makes work queued on `later` from now on wait for everything queued on `earlier` so far.
@@ -167,8 +167,9 @@ impl Streams<'_> {
         let src = data.buffer.as_ref().expect("shelved only when dropped");
         // SAFETY: every element is written by the copy below before any op reads the tensor
         // (ops on `compute` wait for `copies` first: `landed`).
-        let mut out = unsafe { self.compute.alloc::<T>(src.len()) }
-            .map_err(|e| anyhow!("could not allocate a fetched checkpoint on the GPU: {e:?}"))?;
+        let mut out = unsafe { self.compute.alloc::<T>(src.len()) }.map_err(|e| {
+            anyhow!("could not allocate a fetched offloaded tensor on the GPU: {e:?}")
+        })?;
         order(self.compute, &self.copies)?;
         self.copies
             .memcpy_htod(src, &mut out)
