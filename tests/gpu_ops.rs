@@ -39,6 +39,14 @@ use rand::{RngExt, SeedableRng};
 const HALF_TOL: f64 = 1e-2;
 const F32_TOL: f64 = 2e-3;
 const MODEL_TOL: f64 = 3e-2;
+/// The AdamW step the optimizer tests take: a large rate, so a wrong term shows.
+const ADAMW: AdamW = AdamW {
+    lr: 1e-2,
+    beta1: 0.9,
+    beta2: 0.95,
+    eps: 1e-8,
+    weight_decay: 0.1,
+};
 
 /// Runs one group of comparisons in bf16 and in fp16, each on its own `CudaOps` and a fresh
 /// random stream, and fails naming every comparison that exceeded its bound.
@@ -474,13 +482,7 @@ impl Checker {
 
     fn adamw(&mut self) -> Result<()> {
         let n = 10_007;
-        let hp = AdamW {
-            lr: 1e-2,
-            beta1: 0.9,
-            beta2: 0.95,
-            eps: 1e-8,
-            weight_decay: 0.1,
-        };
+        let hp = ADAMW;
         for h in [false, true] {
             let (mut p, mut cp) = self.either(h, n)?;
             let before = self.gpu.download(&p)?;
@@ -626,20 +628,7 @@ impl Checker {
     /// four times that spread, or 2^-6 of its largest value. A copy read before it landed, or a
     /// buffer freed or reused while a copy still used it, errs by the size of the values.
     fn offload(&mut self) -> Result<()> {
-        let cfg = Config {
-            vocab_size: 512,
-            hidden_size: 256,
-            intermediate_size: 688,
-            num_hidden_layers: 5,
-            num_attention_heads: 4,
-            num_key_value_heads: 2,
-            head_dim: 64,
-            rms_norm_eps: 1e-5,
-            rope_theta: 10000.0,
-            rope_scaling: RopeScaling::None,
-            tie_word_embeddings: false,
-            ..Config::preset("tiny")?
-        };
+        let cfg = offload_config(5)?;
         let seq = 4096;
         let tokens = self.random_tokens(cfg.vocab_size, seq);
         let whole = [Span { start: 0, len: seq }];
@@ -733,25 +722,9 @@ impl Checker {
     /// bits differ, bound 0. A fetch read before it landed, or a buffer reused while a copy
     /// still read it, changes whole tensors.
     fn moments(&mut self) -> Result<()> {
-        let cfg = Config {
-            vocab_size: 512,
-            hidden_size: 256,
-            intermediate_size: 688,
-            num_hidden_layers: 3,
-            num_attention_heads: 4,
-            num_key_value_heads: 2,
-            head_dim: 64,
-            tie_word_embeddings: false,
-            ..Config::preset("tiny")?
-        };
+        let cfg = offload_config(3)?;
         let specs = weights::specs(&cfg);
-        let hp = AdamW {
-            lr: 1e-2,
-            beta1: 0.9,
-            beta2: 0.95,
-            eps: 1e-8,
-            weight_decay: 0.1,
-        };
+        let hp = ADAMW;
         let steps: Vec<Vec<Vec<f32>>> = (0..3)
             .map(|_| {
                 let sizes = specs.iter().map(|s| s.elements());
@@ -810,6 +783,25 @@ impl Checker {
         );
         Ok(())
     }
+}
+
+/// The model shape of the offload tests: `layers` layers of width 256 (GQA, head dim 64, the
+/// kernels' smallest) over a 512-token vocabulary, untied.
+fn offload_config(layers: usize) -> Result<Config> {
+    Ok(Config {
+        vocab_size: 512,
+        hidden_size: 256,
+        intermediate_size: 688,
+        num_hidden_layers: layers,
+        num_attention_heads: 4,
+        num_key_value_heads: 2,
+        head_dim: 64,
+        rms_norm_eps: 1e-5,
+        rope_theta: 10000.0,
+        rope_scaling: RopeScaling::None,
+        tie_word_embeddings: false,
+        ..Config::preset("tiny")?
+    })
 }
 
 /// The chunk of a whole sequence held by one worker: `tokens` (`seq + 1` of them) as inputs
