@@ -414,6 +414,17 @@ mod tests {
             (extra - 2.0 * per_layer).abs() < 1.0,
             "{extra} vs {per_layer}"
         );
+        // Offloaded moments sit in their host store (the same bytes) and each worker stages
+        // two consecutive tensors' of them (both moments): for tiny, a layer's MLP gate and up
+        // projections (176 x 64 each), larger than the embedding (256 x 64) and a norm.
+        let moments = CpuTraining {
+            offload: Offload::OPTIMIZER,
+            ..four
+        };
+        let staged = 4.0 * 2.0 * F32 * (2.0 * 176.0 * 64.0);
+        assert_eq!((c.intermediate_size, c.hidden_size), (176, 64));
+        assert_eq!(moments.state_bytes() - four.state_bytes(), staged);
+        assert_eq!(moments.activation_bytes(), four.activation_bytes());
         // Gradients alone hold no moments.
         let grads = CpuTraining::gradients(&c, 1024, 4, 4, Checkpoint::Remat);
         assert!(grads.state_bytes() < four.state_bytes());

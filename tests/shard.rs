@@ -295,11 +295,12 @@ fn stderr(o: &Output) -> String {
 
 /// Three processes under `distflash launch` (TCP between ranks): each sharding follows the
 /// unsharded processes' trajectory for 10 steps and saves the same final model (the tolerance
-/// of the threaded test, for the same reason).
+/// of the threaded test, for the same reason); under `full` with `--offload all` (each rank's
+/// moments in its own host store, and its checkpoints) the same bits as without.
 #[test]
 fn sharded_training_as_processes_follows_the_unsharded_trajectory() {
-    let train = |shard: Shard| {
-        let dir = temp_dir(&format!("launch-{}", shard.name()));
+    let train = |shard: Shard, offload: &str| {
+        let dir = temp_dir(&format!("launch-{}-{offload}", shard.name()));
         let out = Command::new(BIN)
             .args(["launch", "--nproc-per-node", "3", "--"])
             .args([
@@ -313,6 +314,7 @@ fn sharded_training_as_processes_follows_the_unsharded_trajectory() {
                 "2",
             ])
             .args(["--shard", shard.name(), "--save-dir", dir.to_str().unwrap()])
+            .args(["--offload", offload])
             .output()
             .unwrap();
         assert!(out.status.success(), "{}", stderr(&out));
@@ -323,15 +325,19 @@ fn sharded_training_as_processes_follows_the_unsharded_trajectory() {
         let weights = names.iter().map(|n| model[n].1.clone()).collect::<Vec<_>>();
         (trajectory(&out), weights)
     };
-    let none = train(Shard::None);
+    let none = train(Shard::None, "none");
     assert_eq!(none.0.len(), 10);
     for shard in [Shard::Optimizer, Shard::Grads, Shard::Full] {
-        assert_close(
-            &format!("3 processes, --shard {}", shard.name()),
-            &train(shard),
-            &none,
-            1e-5,
-        );
+        let got = train(shard, "none");
+        let what = format!("3 processes, --shard {}", shard.name());
+        assert_close(&what, &got, &none, 1e-5);
+        if shard == Shard::Full {
+            assert_eq!(
+                train(shard, "all"),
+                got,
+                "{what} --offload all: the same bits"
+            );
+        }
     }
 }
 
