@@ -223,6 +223,10 @@ impl Ops for CudaOps {
         self.streams()?.stash(&self.host, t)
     }
 
+    fn stash_into(&self, t: &Tensor, h: &mut offload::HostTensor) -> Result<()> {
+        self.streams()?.stash_into(t, h)
+    }
+
     fn fetch(&self, h: &offload::HostTensor) -> Result<Tensor> {
         self.streams()?.fetch(h)
     }

@@ -150,6 +150,40 @@ impl Streams<'_> {
         })
     }
 
+    /// Issues the copy of `t` over `h` (the stash of a tensor of its precision and length) on
+    /// `copies`, after everything `compute` has queued: an offloaded value written back where
+    /// it lives (`train::moments`). The pinned buffer's own event (cudarc's, which every copy
+    /// of it waits for and records) orders the copy after the fetch that read it. `t` may be
+    /// freed as [`Streams::stash`] says.
+    pub fn stash_into(&self, t: &Tensor, h: &mut HostTensor) -> Result<()> {
+        order(self.compute, &self.copies)?;
+        match (t, h) {
+            (
+                Tensor::Half { dtype, data },
+                HostTensor::Half {
+                    dtype: into,
+                    data: buffer,
+                },
+            ) if dtype == into => self.stash_over(data, buffer),
+            (Tensor::F32(data), HostTensor::F32(buffer)) => self.stash_over(data, buffer),
+            _ => bail!("a tensor can be stashed only over the stash of one of its precision"),
+        }
+    }
+
+    fn stash_over<T: Shelved>(&self, data: &CudaSlice<T>, into: &mut Pinned<T>) -> Result<()> {
+        let buffer = into.buffer.as_mut().expect("shelved only when dropped");
+        if buffer.len() != data.len() {
+            bail!(
+                "a tensor of {} elements cannot be stashed over the stash of one of {}",
+                data.len(),
+                buffer.len()
+            );
+        }
+        self.copies
+            .memcpy_dtoh(data, buffer)
+            .map_err(copy_err("device-to-host"))
+    }
+
     /// Issues the copy of `h` into a new tensor allocated on `compute`, on `copies` once the
     /// allocation is made. Ops on `compute` may read the tensor only after
     /// [`Streams::landed`].
