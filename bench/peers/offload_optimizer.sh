@@ -64,6 +64,13 @@ fi
 if wanted 64k; then
   train_run 65536 none 2
   train_run 65536 optimizer 2
+  # Step 1's loss comes before any update: the same bits with the moments offloaded or not.
+  first() { grep -o '"loss":[0-9.e+-]*' "$OUT/train_65536_$1.json" | head -n 1; }
+  if [ -n "$(first none)" ] && [ "$(first none)" = "$(first optimizer)" ]; then
+    echo "step 1 loss, offloaded moments against not: the same bits PASS" >> "$LOG"
+  else
+    echo "step 1 loss, offloaded moments against not: $(first none) vs $(first optimizer) FAIL" >> "$LOG"
+  fi
 fi
 if wanted 256k; then
   train_run 262144 activations,optimizer "${STEPS256:-1}"
