@@ -2,7 +2,8 @@
 //! (`--offload optimizer`) in host memory, streamed through the device a tensor at a time by
 //! the update. Offloaded, tensor k + 1's moments are fetched ([`Ops::fetch`], on a GPU the copy
 //! stream) while tensor k's are updated by the device's one `adamw`, and tensor k's go back
-//! into their own host buffers ([`Ops::stash_into`]: the host memory is the moments', once) as
+//! into their own host buffers ([`Ops::stash_into`], on a GPU a second copy stream, so the
+//! link carries k's down while k + 1's come up; the host memory is the moments', once) as
 //! soon as its update is issued, so the device holds two tensors' moments
 //! at once instead of all of them: for llama2-7b that is 1 GiB of staging for 50.2 GiB of
 //! moments (`model::cost::moment_staging_elements`).
@@ -10,8 +11,9 @@
 //! Why stream through the device rather than update on the host: one AdamW implementation (the
 //! device's, so an offloaded run computes the same bits as one that is not), for about the same
 //! time. For llama2-7b the moments are 2 × 25.1 GiB of f32; streamed, each update moves them up
-//! and back, 100 GiB over PCIe at about 50 GB/s: about 2 s a step, beside the ~250 s of a
-//! 256K-token step (under 1%). On the host, the f32 gradients (25.1 GiB) would come down and
+//! and back, 50 GiB each way over PCIe at about 50 GB/s a direction: 1 s a step with both
+//! directions at once, 2 s if they took turns, beside the ~250 s of a 256K-token step (under
+//! 1%) or the ~15 s of a 64K one. On the host, the f32 gradients (25.1 GiB) would come down and
 //! the 16-bit weights (12.6 GiB) go back up, 0.8 s of link, and the moments be read and written
 //! in host memory (100 GiB at ~100 GB/s with all cores, 1 s): 1-2 s, no gain worth a second
 //! AdamW that must round as the kernel does, run on cores the step's data loading shares.

@@ -55,10 +55,11 @@ pub struct CudaOps {
     rope_tables: Mutex<HashMap<Vec<u32>, RopeTable>>,
     /// Pinned host buffers of offloaded checkpoints and moments (`--offload`), reused by step.
     host: offload::HostPool,
-    /// The stream the offload's copies run on beside the compute stream, made at the first
+    /// The streams the offload's copies run on beside the compute stream, made at the first
     /// stash (a second stream turns on cudarc's cross-stream event tracking, which runs without
-    /// offload need not pay).
-    copies: Mutex<Option<Arc<CudaStream>>>,
+    /// offload need not pay): the stashes and fetches, and the write-backs of offloaded moments
+    /// ([`offload::Streams`]).
+    copies: Mutex<Option<(Arc<CudaStream>, Arc<CudaStream>)>>,
 }
 
 /// One table of rotary inverse frequencies on the device.
@@ -114,19 +115,22 @@ impl CudaOps {
             .copies
             .lock()
             .map_err(|_| anyhow!("copy stream lock poisoned"))?;
-        let copies = match &*copies {
-            Some(stream) => stream.clone(),
+        let (copies, returns) = match &*copies {
+            Some(streams) => streams.clone(),
             None => {
-                let stream =
-                    self.stream().context().new_stream().map_err(|e| {
-                        anyhow!("could not create the offload's copy stream: {e:?}")
-                    })?;
-                copies.insert(stream).clone()
+                let stream = || {
+                    self.stream()
+                        .context()
+                        .new_stream()
+                        .map_err(|e| anyhow!("could not create the offload's copy streams: {e:?}"))
+                };
+                copies.insert((stream()?, stream()?)).clone()
             }
         };
         Ok(offload::Streams {
             compute: self.stream(),
             copies,
+            returns,
         })
     }
 

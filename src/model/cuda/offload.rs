@@ -114,11 +114,15 @@ fn order(earlier: &Arc<CudaStream>, later: &Arc<CudaStream>) -> Result<()> {
     later.wait(&event).map_err(copy_err("offload"))
 }
 
-/// The GPU's two streams as the offload uses them: `compute` runs the model and owns every
-/// tensor's allocation; `copies` runs the copies to and from host memory beside it.
+/// The GPU's streams as the offload uses them: `compute` runs the model and owns every
+/// tensor's allocation; `copies` runs the stashes and fetches, to and from host memory, beside
+/// it; `returns` runs the write-backs of values that live in host memory ([`Streams::stash_into`]),
+/// so that an offloaded update's tensor k goes down while tensor k + 1 comes up on `copies` (the
+/// link carries both directions at once).
 pub struct Streams<'a> {
     pub compute: &'a Arc<CudaStream>,
     pub copies: Arc<CudaStream>,
+    pub returns: Arc<CudaStream>,
 }
 
 impl Streams<'_> {
@@ -151,12 +155,13 @@ impl Streams<'_> {
     }
 
     /// Issues the copy of `t` over `h` (the stash of a tensor of its precision and length) on
-    /// `copies`, after everything `compute` has queued: an offloaded value written back where
+    /// `returns`, after everything `compute` has queued: an offloaded value written back where
     /// it lives (`train::moments`). The pinned buffer's own event (cudarc's, which every copy
-    /// of it waits for and records) orders the copy after the fetch that read it. `t` may be
-    /// freed as [`Streams::stash`] says.
+    /// of it waits for on its stream and records there) orders the copy after the fetch that
+    /// read it on `copies`, and the next fetch after it. `t` may be freed on `compute` as soon
+    /// as this returns (cudarc makes the free wait for the copy's read of it).
     pub fn stash_into(&self, t: &Tensor, h: &mut HostTensor) -> Result<()> {
-        order(self.compute, &self.copies)?;
+        order(self.compute, &self.returns)?;
         match (t, h) {
             (
                 Tensor::Half { dtype, data },
@@ -179,7 +184,7 @@ impl Streams<'_> {
                 buffer.len()
             );
         }
-        self.copies
+        self.returns
             .memcpy_dtoh(data, buffer)
             .map_err(copy_err("device-to-host"))
     }
