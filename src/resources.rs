@@ -4,6 +4,7 @@
 //! err on the side of more, never less; the GPU's own memory is `model::cost`'s to estimate.
 
 use crate::model::config::Config;
+use crate::model::cost;
 use crate::model::weights::parameters;
 use crate::model::{Checkpoint, Offload};
 use crate::shape::Dims;
@@ -180,7 +181,7 @@ impl<'a> CpuTraining<'a> {
             total_workers,
             workers_here,
             policy,
-            offload: Offload::None,
+            offload: Offload::NONE,
             optimizer: true,
             weight_shards: 1,
             optimizer_shards: 1,
@@ -208,7 +209,9 @@ impl<'a> CpuTraining<'a> {
 
     /// Model state: every worker holds weights and gradients and, training, AdamW's two moments
     /// (all f32; each its piece where sharded), beside the host copies the run starts from and
-    /// returns (weights, and the moments when training).
+    /// returns (weights, and the moments when training). With `--offload optimizer` the moments
+    /// sit in their separate host store and the update stages two tensors' of them as working
+    /// tensors (`train::moments`).
     pub fn state_bytes(&self) -> f64 {
         let params = self.parameters();
         let weights = 2.0 / self.weight_shards.max(1) as f64;
@@ -217,7 +220,11 @@ impl<'a> CpuTraining<'a> {
         } else {
             (weights, 2.0)
         };
-        F32 * params * (per_worker * self.workers_here as f64 + host)
+        let staging = match self.optimizer && self.offload.optimizer() {
+            true => 2.0 * cost::moment_staging_elements(self.config, self.optimizer_shards),
+            false => 0.0,
+        };
+        F32 * (params * per_worker + staging) * self.workers_here as f64 + F32 * params * host
     }
 
     /// One worker's activations at its peak, the last layer's backward (as `model::cost` counts
@@ -260,9 +267,9 @@ impl<'a> CpuTraining<'a> {
         let loss = t * F32 * (3.0 * d + 3.0) + 64f64.min(t) * v * F32;
         let sample = F32 * 3.0 * (self.seq as f64 + 1.0);
         let layers = c.num_hidden_layers as f64;
-        let kept_layers = match self.offload {
-            Offload::None => layers,
-            Offload::Activations => layers + layers.min(2.0),
+        let kept_layers = match self.offload.activations() {
+            false => layers,
+            true => layers + layers.min(2.0),
         };
         kept_layers * kept_per_layer + recomputed + layer_grads + attention.max(mlp) + loss + sample
     }
@@ -397,7 +404,7 @@ mod tests {
         );
         // Offloaded, each layer's checkpoint has a host copy, and two layers' are fetched back.
         let offloaded = CpuTraining {
-            offload: Offload::Activations,
+            offload: Offload::ACTIVATIONS,
             ..four
         };
         let per_layer =
@@ -407,6 +414,17 @@ mod tests {
             (extra - 2.0 * per_layer).abs() < 1.0,
             "{extra} vs {per_layer}"
         );
+        // Offloaded moments sit in their host store (the same bytes) and each worker stages
+        // two consecutive tensors' of them (both moments): for tiny, a layer's MLP gate and up
+        // projections (176 x 64 each), larger than the embedding (256 x 64) and a norm.
+        let moments = CpuTraining {
+            offload: Offload::OPTIMIZER,
+            ..four
+        };
+        let staged = 4.0 * 2.0 * F32 * (2.0 * 176.0 * 64.0);
+        assert_eq!((c.intermediate_size, c.hidden_size), (176, 64));
+        assert_eq!(moments.state_bytes() - four.state_bytes(), staged);
+        assert_eq!(moments.activation_bytes(), four.activation_bytes());
         // Gradients alone hold no moments.
         let grads = CpuTraining::gradients(&c, 1024, 4, 4, Checkpoint::Remat);
         assert!(grads.state_bytes() < four.state_bytes());

@@ -300,14 +300,56 @@ fn memory_estimate_of_one_gpu_of_several() {
     );
 }
 
+/// `--offload optimizer` (alone, `activations,optimizer`, `all`) moves AdamW's moments to pinned
+/// host memory in the estimate and stages two tensors' on the GPU; a misspelt part is refused
+/// naming the spellings, and the step benchmark, which runs no optimizer, refuses it outside
+/// `--estimate --optimizer`.
 #[test]
-fn offload_optimizer_is_refused_until_it_is_built() {
-    let out = distflash(&["train", "--offload", "optimizer", "--steps", "1"]);
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        err.contains("--offload optimizer (AdamW's moments in host memory) is not built yet"),
-        "{err}"
+fn offload_optimizer_moves_the_moments_to_the_host() {
+    let estimate = |extra: &[&str]| -> serde_json::Value {
+        let base = ["bench", "train", "--estimate", "--json", "--optimizer"];
+        let out = distflash(&[&base[..], &["--seq-len", "262144"], extra].concat());
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let bytes = |v: &serde_json::Value, k: &str| v["estimated_bytes"][k].as_f64().unwrap();
+    let plain = estimate(&["--offload", "activations"]);
+    for spelling in ["activations,optimizer", "all", "optimizer,activations"] {
+        let both = estimate(&["--offload", spelling]);
+        assert_eq!(both["offload"], "activations,optimizer", "{spelling}");
+        assert_eq!(bytes(&both, "optimizer"), 0.0);
+        assert_eq!(bytes(&both, "pinned_optimizer"), bytes(&plain, "optimizer"));
+        assert_eq!(bytes(&both, "pinned_host"), bytes(&plain, "pinned_host"));
+        assert!(bytes(&both, "staging") > 0.0);
+        let saved =
+            plain["estimated_gib"].as_f64().unwrap() - both["estimated_gib"].as_f64().unwrap();
+        let moments = bytes(&plain, "optimizer") / (1u64 << 30) as f64;
+        assert!((saved - moments).abs() < 1e-6, "{saved} vs {moments}");
+    }
+    let alone = estimate(&["--offload", "optimizer"]);
+    assert_eq!(alone["offload"], "optimizer");
+    assert_eq!(bytes(&alone, "pinned_host"), 0.0);
+    let refused = |args: &[&str], says: &str| {
+        let out = distflash(args);
+        assert!(!out.status.success(), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(says), "{args:?}: {err}");
+    };
+    refused(
+        &["train", "--offload", "activations,moments", "--steps", "1"],
+        "unknown offload 'moments' in 'activations,moments': use none, activations, optimizer, activations,optimizer or all",
+    );
+    refused(
+        &["train", "--offload", "none,optimizer", "--steps", "1"],
+        "unknown offload 'none'",
+    );
+    refused(
+        &["bench", "train", "--offload", "optimizer"],
+        "--offload optimizer moves AdamW's moments, which bench train counts only with --estimate --optimizer",
     );
 }
 

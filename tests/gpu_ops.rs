@@ -32,12 +32,21 @@ use distflash::model::rope::RopeScaling;
 use distflash::model::weights::{self, Weights};
 use distflash::model::{Checkpoint, Chunk, Keep, Offload, forward_backward};
 use distflash::shape::Span;
+use distflash::train::moments::Moments;
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 
 const HALF_TOL: f64 = 1e-2;
 const F32_TOL: f64 = 2e-3;
 const MODEL_TOL: f64 = 3e-2;
+/// The AdamW step the optimizer tests take: a large rate, so a wrong term shows.
+const ADAMW: AdamW = AdamW {
+    lr: 1e-2,
+    beta1: 0.9,
+    beta2: 0.95,
+    eps: 1e-8,
+    weight_decay: 0.1,
+};
 
 /// Runs one group of comparisons in bf16 and in fp16, each on its own `CudaOps` and a fresh
 /// random stream, and fails naming every comparison that exceeded its bound.
@@ -114,6 +123,11 @@ fn tiny_models_loss_and_gradients_match_the_cpu_under_every_checkpoint_policy() 
 #[test]
 fn offloaded_checkpoints_give_the_same_loss_and_gradients_on_the_gpu() -> Result<()> {
     check(Checker::offload)
+}
+
+#[test]
+fn offloaded_moments_give_the_same_updates_on_the_gpu() -> Result<()> {
+    check(Checker::moments)
 }
 
 /// ‖got − want‖ / ‖want‖; infinite when anything is not finite or the lengths differ.
@@ -468,13 +482,7 @@ impl Checker {
 
     fn adamw(&mut self) -> Result<()> {
         let n = 10_007;
-        let hp = AdamW {
-            lr: 1e-2,
-            beta1: 0.9,
-            beta2: 0.95,
-            eps: 1e-8,
-            weight_decay: 0.1,
-        };
+        let hp = ADAMW;
         for h in [false, true] {
             let (mut p, mut cp) = self.either(h, n)?;
             let before = self.gpu.download(&p)?;
@@ -620,20 +628,7 @@ impl Checker {
     /// four times that spread, or 2^-6 of its largest value. A copy read before it landed, or a
     /// buffer freed or reused while a copy still used it, errs by the size of the values.
     fn offload(&mut self) -> Result<()> {
-        let cfg = Config {
-            vocab_size: 512,
-            hidden_size: 256,
-            intermediate_size: 688,
-            num_hidden_layers: 5,
-            num_attention_heads: 4,
-            num_key_value_heads: 2,
-            head_dim: 64,
-            rms_norm_eps: 1e-5,
-            rope_theta: 10000.0,
-            rope_scaling: RopeScaling::None,
-            tie_word_embeddings: false,
-            ..Config::preset("tiny")?
-        };
+        let cfg = offload_config(5)?;
         let seq = 4096;
         let tokens = self.random_tokens(cfg.vocab_size, seq);
         let whole = [Span { start: 0, len: seq }];
@@ -681,7 +676,7 @@ impl Checker {
             let again = run(Keep::on_device(checkpoint))?;
             let offloaded = run(Keep {
                 checkpoint,
-                offload: Offload::Activations,
+                offload: Offload::ACTIVATIONS,
             })?;
             let what = format!("5 layers, {checkpoint}, offloaded");
             let spread = (again.0 - plain.0).abs();
@@ -714,6 +709,99 @@ impl Checker {
         }
         Ok(())
     }
+}
+
+impl Checker {
+    /// Three AdamW steps of every tensor of a 3-layer model (64 to 131072 elements a tensor)
+    /// with the moments on the GPU, and again with them offloaded to pinned host memory and
+    /// streamed through the GPU (`train::moments`: tensor k + 1's fetched on the copy stream
+    /// while tensor k's update runs, tensor k's stashed back after it, pinned buffers reused
+    /// from the shelf), from the same f32 gradients. AdamW is elementwise with no atomics and
+    /// the copies are exact, so the 16-bit weights and both f32 moments (read back as a
+    /// checkpoint reads them) must be the same bits: the error is the count of elements whose
+    /// bits differ, bound 0. A fetch read before it landed, or a buffer reused while a copy
+    /// still read it, changes whole tensors.
+    fn moments(&mut self) -> Result<()> {
+        let cfg = offload_config(3)?;
+        let specs = weights::specs(&cfg);
+        let hp = ADAMW;
+        let steps: Vec<Vec<Vec<f32>>> = (0..3)
+            .map(|_| {
+                let sizes = specs.iter().map(|s| s.elements());
+                sizes.map(|n| self.random(n, -1.0, 1.0)).collect()
+            })
+            .collect();
+        let gpu = &self.gpu;
+        // The weights and both moments of every tensor after the three steps, on the host.
+        let run = |offload: bool| -> Result<Vec<[Vec<f32>; 3]>> {
+            let mut w = weights::random(gpu, &cfg, 11)?;
+            let mut moments = Moments::made(gpu, specs.len(), offload, |k| {
+                let n = specs[k].elements();
+                Ok((gpu.zeros(n)?, gpu.zeros(n)?))
+            })?;
+            for (step, grads) in steps.iter().enumerate() {
+                let grads = grads
+                    .iter()
+                    .map(|g| gpu.upload_state(g))
+                    .collect::<Result<Vec<_>>>()?;
+                let mut params = w.tensors_mut();
+                moments.update_each(gpu, |k, m, v| {
+                    let decay = specs[k].decays();
+                    gpu.adamw(params[k], &grads[k], m, v, &hp, step as u64 + 1, decay)
+                })?;
+            }
+            let weights = w.tensors().into_iter().map(|t| gpu.download(t));
+            let weights = weights.collect::<Result<Vec<_>>>()?;
+            let mut out = Vec::new();
+            moments.read_each(gpu, |k, m, v| {
+                out.push([weights[k].clone(), gpu.download(m)?, gpu.download(v)?]);
+                Ok(())
+            })?;
+            Ok(out)
+        };
+        let (kept, offloaded) = (run(false)?, run(true)?);
+        let differing = |a: &[f32], b: &[f32]| -> f64 {
+            let same = a.len() == b.len();
+            let n = a
+                .iter()
+                .zip(b)
+                .filter(|(x, y)| x.to_bits() != y.to_bits())
+                .count();
+            if same { n as f64 } else { f64::INFINITY }
+        };
+        for (s, (off, on)) in specs.iter().zip(offloaded.iter().zip(&kept)) {
+            for (part, (a, b)) in ["weight", "m", "v"].iter().zip(off.iter().zip(on)) {
+                let name = format!("offloaded moments, {part} {}", s.name);
+                self.verdict(&name, differing(a, b), 0.0);
+            }
+        }
+        let moved = kept.iter().any(|t| t[1].iter().any(|&x| x != 0.0));
+        self.verdict(
+            "offloaded moments: the moments moved",
+            f64::from(u8::from(!moved)),
+            0.0,
+        );
+        Ok(())
+    }
+}
+
+/// The model shape of the offload tests: `layers` layers of width 256 (GQA, head dim 64, the
+/// kernels' smallest) over a 512-token vocabulary, untied.
+fn offload_config(layers: usize) -> Result<Config> {
+    Ok(Config {
+        vocab_size: 512,
+        hidden_size: 256,
+        intermediate_size: 688,
+        num_hidden_layers: layers,
+        num_attention_heads: 4,
+        num_key_value_heads: 2,
+        head_dim: 64,
+        rms_norm_eps: 1e-5,
+        rope_theta: 10000.0,
+        rope_scaling: RopeScaling::None,
+        tie_word_embeddings: false,
+        ..Config::preset("tiny")?
+    })
 }
 
 /// The chunk of a whole sequence held by one worker: `tokens` (`seq + 1` of them) as inputs

@@ -387,7 +387,7 @@ fn offloaded_checkpoints_give_the_same_bits_and_a_lower_peak() {
                     )
                     .unwrap()
                 };
-                let (kept, offloaded) = (run(Offload::None), run(Offload::Activations));
+                let (kept, offloaded) = (run(Offload::NONE), run(Offload::ACTIVATIONS));
                 let what = format!("{checkpoint}, {workers} workers, {schedule}");
                 assert_eq!(
                     offloaded.loss.to_bits(),
@@ -439,14 +439,14 @@ fn offload_leaves_two_layers_checkpoints_on_the_device() {
         .peak_activation_bytes
     };
     // Without offload each layer adds its checkpoint; with it, the peak stops growing at two.
-    let per_layer = peak(3, Offload::None) - peak(2, Offload::None);
+    let per_layer = peak(3, Offload::NONE) - peak(2, Offload::NONE);
     assert!(per_layer > 0);
     assert_eq!(
-        peak(5, Offload::None) - peak(2, Offload::None),
+        peak(5, Offload::NONE) - peak(2, Offload::NONE),
         3 * per_layer
     );
     for layers in [2, 3, 5] {
-        assert_eq!(peak(layers, Offload::Activations), peak(2, Offload::None));
+        assert_eq!(peak(layers, Offload::ACTIVATIONS), peak(2, Offload::NONE));
     }
 }
 

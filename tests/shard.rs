@@ -295,11 +295,12 @@ fn stderr(o: &Output) -> String {
 
 /// Three processes under `distflash launch` (TCP between ranks): each sharding follows the
 /// unsharded processes' trajectory for 10 steps and saves the same final model (the tolerance
-/// of the threaded test, for the same reason).
+/// of the threaded test, for the same reason); under `full` with `--offload all` (each rank's
+/// moments in its own host store, and its checkpoints) the same bits as without.
 #[test]
 fn sharded_training_as_processes_follows_the_unsharded_trajectory() {
-    let train = |shard: Shard| {
-        let dir = temp_dir(&format!("launch-{}", shard.name()));
+    let train = |shard: Shard, offload: &str| {
+        let dir = temp_dir(&format!("launch-{}-{offload}", shard.name()));
         let out = Command::new(BIN)
             .args(["launch", "--nproc-per-node", "3", "--"])
             .args([
@@ -313,6 +314,7 @@ fn sharded_training_as_processes_follows_the_unsharded_trajectory() {
                 "2",
             ])
             .args(["--shard", shard.name(), "--save-dir", dir.to_str().unwrap()])
+            .args(["--offload", offload])
             .output()
             .unwrap();
         assert!(out.status.success(), "{}", stderr(&out));
@@ -323,15 +325,19 @@ fn sharded_training_as_processes_follows_the_unsharded_trajectory() {
         let weights = names.iter().map(|n| model[n].1.clone()).collect::<Vec<_>>();
         (trajectory(&out), weights)
     };
-    let none = train(Shard::None);
+    let none = train(Shard::None, "none");
     assert_eq!(none.0.len(), 10);
     for shard in [Shard::Optimizer, Shard::Grads, Shard::Full] {
-        assert_close(
-            &format!("3 processes, --shard {}", shard.name()),
-            &train(shard),
-            &none,
-            1e-5,
-        );
+        let got = train(shard, "none");
+        let what = format!("3 processes, --shard {}", shard.name());
+        assert_close(&what, &got, &none, 1e-5);
+        if shard == Shard::Full {
+            assert_eq!(
+                train(shard, "all"),
+                got,
+                "{what} --offload all: the same bits"
+            );
+        }
     }
 }
 
@@ -430,31 +436,102 @@ fn the_estimate_counts_the_sharded_state() {
     assert!(gib(&none) > 190.0, "{}", gib(&none));
 }
 
-/// The training loop with each layer's checkpoint offloaded to host memory takes the same steps
-/// bit for bit (losses, gradient norms, final weights), sharded or not, under each checkpoint
-/// policy: the offload moves tensors and changes no arithmetic.
+/// The training loop with each layer's checkpoint offloaded to host memory, or AdamW's moments
+/// (alone and with the checkpoints), takes the same steps bit for bit (losses, gradient norms,
+/// final weights) as without offload, sharded or not, under each checkpoint policy, on one to
+/// four workers: the offload moves tensors exactly and changes no arithmetic (the moments are
+/// updated by the same `adamw`, in the same order).
 #[test]
 fn offloaded_training_follows_the_same_trajectory_bit_for_bit() {
     use distflash::model::{Checkpoint, Offload};
-    let cases = [
-        (Shard::None, Checkpoint::Remat, 1),
-        (Shard::None, Checkpoint::None, 3),
-        (Shard::Grads, Checkpoint::Remat, 2),
-        (Shard::Full, Checkpoint::Layer, 4),
+    let moments = [Offload::OPTIMIZER, Offload::ALL];
+    let mut cases = vec![
+        (
+            Shard::None,
+            Checkpoint::Remat,
+            1,
+            vec![Offload::ACTIVATIONS],
+        ),
+        (Shard::None, Checkpoint::None, 3, vec![Offload::ACTIVATIONS]),
+        (
+            Shard::Grads,
+            Checkpoint::Remat,
+            2,
+            vec![Offload::ACTIVATIONS],
+        ),
+        (
+            Shard::Full,
+            Checkpoint::Layer,
+            4,
+            vec![Offload::ACTIVATIONS],
+        ),
     ];
-    for (shard, checkpoint, workers) in cases {
+    for workers in 1..=4 {
+        for shard in [Shard::None, Shard::Optimizer, Shard::Full] {
+            cases.push((shard, Checkpoint::Remat, workers, moments.to_vec()));
+        }
+    }
+    for (shard, checkpoint, workers, offloads) in cases {
         let o = |offload| Options {
             checkpoint,
             offload,
             ..options(shard, 3, None, None)
         };
-        let kept = run(&o(Offload::None), workers);
-        let offloaded = run(&o(Offload::Activations), workers);
-        let what = format!(
-            "--shard {} --checkpoint {checkpoint}, {workers} workers",
-            shard.name()
-        );
-        assert_eq!(offloaded.0, kept.0, "{what}: losses and gradient norms");
-        assert_eq!(offloaded.1, kept.1, "{what}: final weights");
+        let kept = run(&o(Offload::NONE), workers);
+        for offload in offloads {
+            let got = run(&o(offload), workers);
+            let what = format!(
+                "--offload {offload} --shard {} --checkpoint {checkpoint}, {workers} workers",
+                shard.name()
+            );
+            assert_eq!(got.0, kept.0, "{what}: losses and gradient norms");
+            assert_eq!(got.1, kept.1, "{what}: final weights");
+        }
+    }
+}
+
+/// A run with its moments offloaded saves the moments a run without offload saves, bit for bit
+/// (one worker, and two sharded), and resumed with them offloaded or not it continues the
+/// uninterrupted run bit for bit.
+#[test]
+fn offloaded_moments_are_saved_and_resumed() {
+    use distflash::model::Offload;
+    let key = state::RunKey {
+        config: options(Shard::None, 0, None, None).config,
+        data: Data::Synthetic { seed: 2 }.describe(),
+        seq_len: 48,
+        batch: 2,
+    };
+    for (workers, shard) in [(1, Shard::None), (2, Shard::Optimizer)] {
+        let o = |offload, steps, save: Option<&Path>, resume: Option<&Path>| Options {
+            offload,
+            ..options(shard, steps, save, resume)
+        };
+        let whole = run(&o(Offload::NONE, 10, None, None), workers);
+        let (plain, offloaded) = (temp_dir("moments-plain"), temp_dir("moments-offloaded"));
+        run(&o(Offload::NONE, 5, Some(&plain), None), workers);
+        let first = run(&o(Offload::OPTIMIZER, 5, Some(&offloaded), None), workers);
+        assert_eq!(first.0, whole.0[..5], "{workers} workers: the first half");
+        let load = |dir: &Path| state::load(&state::path_in(dir), &key).unwrap();
+        let (a, b) = (load(&offloaded), load(&plain));
+        for part in [
+            state::Part::Weights,
+            state::Part::FirstMoment,
+            state::Part::SecondMoment,
+        ] {
+            assert_eq!(
+                a.whole(part).unwrap(),
+                b.whole(part).unwrap(),
+                "{workers} workers: saved {part:?}"
+            );
+        }
+        for offload in [Offload::OPTIMIZER, Offload::NONE, Offload::ALL] {
+            let rest = run(&o(offload, 10, None, Some(&offloaded)), workers);
+            let what = format!("{workers} workers, resumed with --offload {offload}");
+            assert_eq!(rest.0, whole.0[5..], "{what}: losses and gradient norms");
+            assert_eq!(rest.1, whole.1, "{what}: final weights");
+        }
+        std::fs::remove_dir_all(plain).unwrap();
+        std::fs::remove_dir_all(offloaded).unwrap();
     }
 }

@@ -34,8 +34,10 @@ pub struct Args {
     /// none, layer (re-run the layer, attention included) or remat (keep the attention output).
     #[arg(long, default_value = "remat")]
     checkpoint: Checkpoint,
-    /// none, or activations: each layer's checkpoint waits in pinned host memory between its
-    /// forward and its backward (two layers' on the GPU at once).
+    /// none, activations (each layer's checkpoint waits in pinned host memory between its
+    /// forward and its backward, two layers' on the GPU at once), optimizer (with --estimate
+    /// --optimizer: AdamW's moments in pinned host memory, streamed through the GPU by the
+    /// update), or both: activations,optimizer (or all).
     #[arg(long, default_value = "none")]
     offload: Offload,
     /// Untimed steps first.
@@ -119,6 +121,12 @@ pub fn run(args: Args) -> Result<()> {
         cfg.validate()?;
     }
     let (seq, policy) = (args.seq_len, args.checkpoint);
+    if args.offload.optimizer() && !(args.estimate && args.optimizer) {
+        bail!(
+            "--offload {} moves AdamW's moments, which bench train counts only with --estimate --optimizer (it times forward and backward without the optimizer): add both, or time the update with train",
+            args.offload
+        );
+    }
     if args.estimate {
         let ranks = match args.workers {
             0 => bail!("--workers must be at least 1"),
@@ -131,7 +139,11 @@ pub fn run(args: Args) -> Result<()> {
                 args.shard.optimizer_shards(args.workers),
                 args.shard.weight_shards(args.workers),
             )
-            .offloaded(&cfg, args.offload);
+            .offloaded(
+                &cfg,
+                args.offload,
+                args.shard.optimizer_shards(args.workers),
+            );
         let gpus = match ranks {
             Some((n, schedule)) => format!(" over {n} GPUs ({schedule})"),
             None => String::new(),
@@ -148,7 +160,7 @@ pub fn run(args: Args) -> Result<()> {
                 (true, s) => format!(", AdamW with --shard {}", s.name()),
             };
             let offload = match args.offload {
-                Offload::None => String::new(),
+                Offload::NONE => String::new(),
                 o => format!(", offload {o}"),
             };
             println!(

@@ -75,7 +75,7 @@ pub fn run(args: Args) -> Result<()> {
         seq: tokens.len().saturating_sub(1),
         schedule: args.schedule,
         checkpoint: args.checkpoint,
-        offload: Offload::None,
+        offload: Offload::NONE,
         optimizer: false,
         shard,
         host_state: HostState::Weights,

@@ -132,10 +132,12 @@ pub struct Args {
     /// attention output: attention's forward runs once).
     #[arg(long, default_value = "remat")]
     checkpoint: Checkpoint,
-    /// What waits in host memory during a step: none, or activations (each layer's checkpoint
+    /// What waits in host memory during a step: none; activations (each layer's checkpoint
     /// goes to host memory as its forward ends and comes back one layer ahead of its backward,
-    /// so the device holds two layers' instead of all; the same losses and gradients, bit for
-    /// bit).
+    /// so the device holds two layers' instead of all); optimizer (AdamW's two f32 moments live
+    /// in pinned host memory and the update streams them through the device a tensor at a time,
+    /// two tensors' on it at once); or both, activations,optimizer (or all). The same losses,
+    /// gradients and weights, bit for bit.
     #[arg(long, default_value = "none")]
     offload: Offload,
     /// Model state each worker keeps only its 1/workers piece of: none, optimizer (ZeRO-1: the

@@ -85,13 +85,28 @@ pub struct StepMemory {
     /// its f32 gradient accumulators, the attention backward's buffers (or the MLP's, or the
     /// loss's, whichever phase holds most), the loss's tensors that outlive it, and the reserve.
     pub working: f64,
+    /// Under `--offload optimizer`, the moments of the tensors being updated, streamed through
+    /// the device ([`StepMemory::offloaded`]). They exist only during the update, after the
+    /// backward has freed the kept activations and the working set, so the peak holds the
+    /// larger of the two phases.
+    pub staging: f64,
     /// Pinned host memory, not the GPU's: the offloaded checkpoints ([`StepMemory::offloaded`]).
     pub pinned_host: f64,
+    /// Pinned host memory, not the GPU's: AdamW's moments under `--offload optimizer`.
+    pub pinned_optimizer: f64,
 }
 
 impl StepMemory {
+    /// The peak: the state, and the larger of the backward's tensors and the update's staging
+    /// (each phase with the reserve, which the working set holds).
     pub fn total(&self) -> f64 {
-        self.weights + self.grads + self.optimizer + self.kept + self.working
+        let phase = (self.kept + self.working).max(self.staging + RESERVE_BYTES);
+        self.weights + self.grads + self.optimizer + phase
+    }
+
+    /// All pinned host memory the step holds: offloaded checkpoints and moments.
+    pub fn pinned(&self) -> f64 {
+        self.pinned_host + self.pinned_optimizer
     }
 
     /// The same step of a worker holding 1/`optimizer_shards` of AdamW's moments (ZeRO-1 and 2:
@@ -132,11 +147,22 @@ impl StepMemory {
     /// `model::offload`): every layer's in pinned host memory, and on the GPU at most two
     /// layers' at once (in the backward, the layer computing and the one being fetched for the
     /// next; in the forward, the one being stashed and the one being made).
-    pub fn offloaded(mut self, c: &Config, offload: Offload) -> Self {
+    ///
+    /// With the moments offloaded (`--offload optimizer`, `train::moments`), all of them (this
+    /// worker's shard, of `optimizer_shards`) wait in pinned host memory, and the update streams
+    /// them through the device a tensor at a time: tensor i's moments are updated while tensor
+    /// i + 1's are fetched, so the device holds two consecutive tensors' (both f32 moments of
+    /// each) at once ([`moment_staging_elements`]).
+    pub fn offloaded(mut self, c: &Config, offload: Offload, optimizer_shards: usize) -> Self {
         if offload.activations() && c.num_hidden_layers > 0 {
             let layers = c.num_hidden_layers as f64;
             self.pinned_host = self.kept;
             self.kept *= layers.min(2.0) / layers;
+        }
+        if offload.optimizer() && self.optimizer > 0.0 {
+            self.pinned_optimizer = self.optimizer;
+            self.optimizer = 0.0;
+            self.staging = 2.0 * F32 * moment_staging_elements(c, optimizer_shards);
         }
         self
     }
@@ -144,16 +170,18 @@ impl StepMemory {
     /// "about 51.2 GiB (weights 12.6, gradients 25.1, ...)": the total and its parts, for
     /// messages; offloaded, the pinned host memory beside it.
     pub fn describe(&self) -> String {
-        let host = if self.pinned_host > 0.0 {
-            format!(
-                "; plus {:.1} GiB of pinned host memory",
-                gib(self.pinned_host)
-            )
+        let staging = if self.staging > 0.0 {
+            format!(", optimizer staging {:.1}", gib(self.staging))
+        } else {
+            String::new()
+        };
+        let host = if self.pinned() > 0.0 {
+            format!("; plus {:.1} GiB of pinned host memory", gib(self.pinned()))
         } else {
             String::new()
         };
         format!(
-            "about {:.1} GiB (weights {:.1}, gradients {:.1}, optimizer {:.1}, kept activations {:.1}, working set {:.1}{host})",
+            "about {:.1} GiB (weights {:.1}, gradients {:.1}, optimizer {:.1}, kept activations {:.1}, working set {:.1}{staging}{host})",
             gib(self.total()),
             gib(self.weights),
             gib(self.grads),
@@ -162,6 +190,19 @@ impl StepMemory {
             gib(self.working)
         )
     }
+}
+
+/// Elements of the moments an offloaded update holds on the device at once: the most of two
+/// consecutive tensors' pieces (`specs` order, the order the update streams them), each piece a
+/// tensor's share over `optimizer_shards` workers (rounded up: the shard rule's largest).
+/// One moment's worth; there are two.
+pub fn moment_staging_elements(c: &Config, optimizer_shards: usize) -> f64 {
+    let pieces: Vec<f64> = super::weights::specs(c)
+        .iter()
+        .map(|s| s.elements().div_ceil(optimizer_shards.max(1)) as f64)
+        .collect();
+    let pairs = pieces.windows(2).map(|w| w[0] + w[1]);
+    pairs.fold(pieces.first().copied().unwrap_or(0.0), f64::max)
 }
 
 /// The peak GPU memory of one step over `seq` tokens under `policy`, with the optimizer's state
@@ -314,7 +355,9 @@ fn step_memory_with(
         optimizer: if optimizer { 2.0 * F32 * params } else { 0.0 },
         kept: c.num_hidden_layers as f64 * kept_per_layer,
         working: after_loss + backward.max(loss) + rope + RESERVE_BYTES,
+        staging: 0.0,
         pinned_host: 0.0,
+        pinned_optimizer: 0.0,
     }
 }
 
@@ -419,8 +462,8 @@ mod tests {
         let c = llama7b(32);
         for policy in [Checkpoint::None, Checkpoint::Remat, Checkpoint::Layer] {
             let kept = step_memory(&c, 131072, policy, true);
-            assert_eq!(kept.offloaded(&c, Offload::None).total(), kept.total());
-            let off = kept.offloaded(&c, Offload::Activations);
+            assert_eq!(kept.offloaded(&c, Offload::NONE, 1).total(), kept.total());
+            let off = kept.offloaded(&c, Offload::ACTIVATIONS, 1);
             assert_eq!(off.pinned_host, kept.kept);
             assert_eq!(off.kept * 16.0, kept.kept, "{policy}: 2 of 32 layers");
             let others = kept.weights + kept.grads + kept.optimizer + kept.working;
@@ -432,8 +475,11 @@ mod tests {
             assert!(!kept.describe().contains("pinned"));
         }
         // llama2-7b at 128K under remat: 64.5 GiB of checkpoints become 4.0 on the GPU.
-        let off =
-            step_memory(&c, 131072, Checkpoint::Remat, false).offloaded(&c, Offload::Activations);
+        let off = step_memory(&c, 131072, Checkpoint::Remat, false).offloaded(
+            &c,
+            Offload::ACTIVATIONS,
+            1,
+        );
         assert!((gib(off.kept) - 4.03).abs() < 0.01, "{}", gib(off.kept));
         assert!(
             (gib(off.pinned_host) - 64.5).abs() < 0.1,
@@ -443,7 +489,65 @@ mod tests {
         // One layer keeps its one checkpoint: nothing to gain, nothing counted twice.
         let one = llama7b(1);
         let m = step_memory(&one, 4096, Checkpoint::Remat, false);
-        assert_eq!(m.offloaded(&one, Offload::Activations).kept, m.kept);
+        assert_eq!(m.offloaded(&one, Offload::ACTIVATIONS, 1).kept, m.kept);
+    }
+
+    /// `--offload optimizer`: the moments leave the GPU for pinned host memory, and the update
+    /// stages two consecutive tensors' (both moments, f32) on it; that phase comes after the
+    /// backward has freed its tensors, so only the larger of the two counts.
+    #[test]
+    fn offloaded_moments_are_pinned_and_two_tensors_staged() {
+        let c = llama7b(32);
+        let params = super::super::weights::parameters(&c) as f64;
+        let plain = step_memory(&c, 262144, Checkpoint::Remat, true);
+        for offload in [Offload::OPTIMIZER, Offload::ALL] {
+            let off = plain.offloaded(&c, offload, 1);
+            assert_eq!(off.optimizer, 0.0, "{offload}");
+            assert_eq!(off.pinned_optimizer, 2.0 * F32 * params, "{offload}");
+            assert_eq!(off.pinned_optimizer, plain.optimizer, "{offload}");
+            // The largest neighbours: the embedding (32000 x 4096) and layer 0's input norm.
+            let staged = 2.0 * F32 * (32000.0 * 4096.0 + 4096.0);
+            assert_eq!(off.staging, staged, "{offload}");
+            assert!(off.staging < off.kept + off.working);
+            let activations = match offload.activations() {
+                true => Offload::ACTIVATIONS,
+                false => Offload::NONE,
+            };
+            let kept = plain.offloaded(&c, activations, 1);
+            assert_eq!(off.total(), kept.total() - plain.optimizer);
+            assert!(
+                off.describe().contains("optimizer staging 1.0"),
+                "{}",
+                off.describe()
+            );
+            assert!(off.describe().contains("pinned host memory"));
+        }
+        // llama2-7b at 256K with both offloaded: the 50.2 GiB of moments and the 128.9 GiB of
+        // checkpoints leave the GPU; about 62 GiB stays.
+        let both = plain.offloaded(&c, Offload::ALL, 1);
+        assert!((gib(both.pinned_optimizer) - 50.2).abs() < 0.1);
+        assert!((gib(both.pinned()) - gib(both.pinned_host) - 50.2).abs() < 0.1);
+        // Sharded over 4 workers, each stages a quarter of each tensor (rounded up).
+        let four = step_memory(&c, 262144, Checkpoint::Remat, true)
+            .sharded(&c, 4, 1)
+            .offloaded(&c, Offload::OPTIMIZER, 4);
+        assert_eq!(four.pinned_optimizer * 4.0, plain.optimizer);
+        assert_eq!(four.staging, 2.0 * F32 * (32000.0 * 1024.0 + 1024.0));
+        // Without an optimizer step there is nothing to move.
+        let grads = step_memory(&c, 4096, Checkpoint::Remat, false);
+        let moved = grads.offloaded(&c, Offload::OPTIMIZER, 1);
+        assert_eq!((moved.staging, moved.pinned_optimizer), (0.0, 0.0));
+        // At a short sequence the staging can outgrow the backward's tensors: the larger counts.
+        let short = step_memory(&llama7b(1), 16, Checkpoint::Remat, true).offloaded(
+            &llama7b(1),
+            Offload::OPTIMIZER,
+            1,
+        );
+        assert!(short.staging > short.kept + short.working - RESERVE_BYTES);
+        assert_eq!(
+            short.total(),
+            short.weights + short.grads + short.staging + RESERVE_BYTES
+        );
     }
 
     #[test]

@@ -100,6 +100,18 @@ impl<F: Float> Ops for Cpu<F> {
         Ok(t.as_slice().into())
     }
 
+    fn stash_into(&self, t: &Vec<F>, h: &mut Box<[F]>) -> Result<()> {
+        if t.len() != h.len() {
+            bail!(
+                "a tensor of {} elements cannot be stashed over the stash of one of {}",
+                t.len(),
+                h.len()
+            );
+        }
+        h.copy_from_slice(t);
+        Ok(())
+    }
+
     fn fetch(&self, h: &Box<[F]>) -> Result<Vec<F>> {
         Ok(h.to_vec())
     }

@@ -15,47 +15,90 @@ use anyhow::{Result, bail};
 use std::fmt;
 use std::str::FromStr;
 
-/// What goes to host memory during a step. One value today; the optimizer's state
-/// (`optimizer`, issue 17's second item) is to be another, and a set of them combinable.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Offload {
-    /// Everything stays on the device.
-    #[default]
-    None,
-    /// Each layer's checkpoint (what `--checkpoint` keeps) waits in host memory.
-    Activations,
+/// What goes to host memory during a step (`--offload`): each layer's checkpoint
+/// (`activations`, this module), AdamW's moments (`optimizer`, `train::moments`), or both.
+/// Spelled `none`, `activations`, `optimizer`, or a comma-separated set of the two (`all` for
+/// both).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Offload {
+    activations: bool,
+    optimizer: bool,
 }
 
 impl Offload {
+    /// Everything stays on the device.
+    pub const NONE: Offload = Offload {
+        activations: false,
+        optimizer: false,
+    };
+    /// Each layer's checkpoint (what `--checkpoint` keeps) waits in host memory.
+    pub const ACTIVATIONS: Offload = Offload {
+        activations: true,
+        optimizer: false,
+    };
+    /// AdamW's two f32 moments live in host memory between updates.
+    pub const OPTIMIZER: Offload = Offload {
+        activations: false,
+        optimizer: true,
+    };
+    /// Both.
+    pub const ALL: Offload = Offload {
+        activations: true,
+        optimizer: true,
+    };
+
     /// Whether the layers' checkpoints go to host memory.
     pub fn activations(self) -> bool {
-        self == Offload::Activations
+        self.activations
+    }
+
+    /// Whether AdamW's moments live in host memory.
+    pub fn optimizer(self) -> bool {
+        self.optimizer
+    }
+
+    /// Whether anything goes to host memory.
+    pub fn any(self) -> bool {
+        self != Offload::NONE
     }
 }
 
 impl FromStr for Offload {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "none" => Ok(Offload::None),
-            "activations" => Ok(Offload::Activations),
-            "optimizer" => Err(
-                "--offload optimizer (AdamW's moments in host memory) is not built yet: use none or activations".into(),
-            ),
-            other => Err(format!(
-                "unknown offload '{other}': use none or activations"
-            )),
+        let mut out = Offload::NONE;
+        for part in s.split(',').map(str::trim) {
+            match part {
+                "none" if !s.contains(',') => {}
+                "activations" => out.activations = true,
+                "optimizer" => out.optimizer = true,
+                "all" if !s.contains(',') => out = Offload::ALL,
+                other => {
+                    return Err(format!(
+                        "unknown offload '{other}' in '{s}': use none, activations, optimizer, activations,optimizer or all"
+                    ));
+                }
+            }
         }
+        Ok(out)
     }
 }
 
 impl fmt::Display for Offload {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Offload::None => "none",
-            Offload::Activations => "activations",
+        f.write_str(match (self.activations, self.optimizer) {
+            (false, false) => "none",
+            (true, false) => "activations",
+            (false, true) => "optimizer",
+            (true, true) => "activations,optimizer",
         })
+    }
+}
+
+/// Written as `--offload` spells it (`"activations,optimizer"`), in reports and estimates.
+impl serde::Serialize for Offload {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
     }
 }
 
@@ -71,7 +114,7 @@ impl Keep {
     pub fn on_device(checkpoint: Checkpoint) -> Keep {
         Keep {
             checkpoint,
-            offload: Offload::None,
+            offload: Offload::NONE,
         }
     }
 }

@@ -45,11 +45,17 @@ pub trait Ops: Sync {
     fn download(&self, t: &Self::T) -> Result<Vec<f32>>;
 
     /// A tensor's exact copy in host memory, apart from the device's working tensors: where an
-    /// offloaded checkpoint waits for the backward (`offload`).
+    /// offloaded checkpoint waits for the backward (`offload`), and offloaded AdamW moments wait
+    /// between updates (`train::moments`).
     type Host: Send + Sync;
     /// Starts copying `t` to host memory; `t` may be dropped as soon as this returns (a device
     /// orders the copy before the buffer's reuse).
     fn stash(&self, t: &Self::T) -> Result<Self::Host>;
+    /// Starts copying `t` over `h`, the stash of a tensor of `t`'s length and precision, in
+    /// place: a value that lives in host memory written back where it lives (offloaded AdamW
+    /// moments, `train::moments`), so it needs no second buffer. Ordered after the fetches of
+    /// `h` issued before it.
+    fn stash_into(&self, t: &Self::T, h: &mut Self::Host) -> Result<()>;
     /// Starts copying `h` back into a new device tensor, bit for bit what was stashed; a device
     /// may run the copy beside other work until [`Ops::await_fetches`].
     fn fetch(&self, h: &Self::Host) -> Result<Self::T>;

@@ -104,6 +104,10 @@ impl<O: Ops> Ops for Profiled<'_, O> {
         self.profile.time("stash", || self.inner.stash(t))
     }
 
+    fn stash_into(&self, t: &O::T, h: &mut O::Host) -> Result<()> {
+        self.profile.time("stash", || self.inner.stash_into(t, h))
+    }
+
     fn fetch(&self, h: &O::Host) -> Result<O::T> {
         self.profile.time("fetch", || self.inner.fetch(h))
     }

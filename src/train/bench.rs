@@ -281,7 +281,7 @@ mod tests {
             seq,
             schedule: Schedule::Balanced,
             policy,
-            offload: Offload::None,
+            offload: Offload::NONE,
             shard: Shard::None,
         };
         let memory = MemoryCheck {
@@ -290,7 +290,7 @@ mod tests {
             seq,
             schedule: Schedule::Balanced,
             checkpoint: policy,
-            offload: Offload::None,
+            offload: Offload::NONE,
             optimizer: false,
             shard: Shard::None,
             host_state: crate::train::memory::HostState::None,

@@ -26,7 +26,8 @@ pub struct MemoryCheck {
     pub schedule: Schedule,
     pub checkpoint: Checkpoint,
     /// What waits in host memory: offloaded checkpoints leave two layers' on the GPU and need
-    /// pinned host memory for all of them.
+    /// pinned host memory for all of them; offloaded moments leave two tensors' on the GPU
+    /// during the update and need pinned host memory for all of this worker's.
     pub offload: Offload,
     /// Whether AdamW's state must fit too (training) or not (gradients, benchmarks).
     pub optimizer: bool,
@@ -93,12 +94,17 @@ impl MemoryCheck {
             &self.config,
             self.shard.optimizer_shards(runtime.workers()),
             self.shard.weight_shards(runtime.workers()),
-        )
-        .offloaded(&self.config, self.offload);
+        );
         let copies = runtime.workers_per_device() as f64;
         need.weights *= copies;
         need.grads *= copies;
         need.optimizer *= copies;
+        let mut need = need.offloaded(
+            &self.config,
+            self.offload,
+            self.shard.optimizer_shards(runtime.workers()),
+        );
+        need.staging *= copies;
         Ok(need)
     }
 
@@ -143,8 +149,8 @@ impl MemoryCheck {
             self.seq,
             self.checkpoint,
             match self.offload {
-                Offload::None => "",
-                Offload::Activations => " offloaded",
+                Offload::NONE => String::new(),
+                o => format!(" (--offload {o})"),
             },
             match (self.optimizer, self.shard) {
                 (false, _) => String::new(),
@@ -167,14 +173,14 @@ impl MemoryCheck {
             ),
         }
         let state = self.host_state.bytes(parameters(&self.config));
-        if need.pinned_host + state > 0.0 {
-            let (holding, fix) = match (need.pinned_host > 0.0, self.host_state) {
+        if need.pinned() + state > 0.0 {
+            let (holding, fix) = match (need.pinned() > 0.0, self.host_state) {
                 (true, HostState::WeightsAndMoments) => (
-                    "pinning the offloaded checkpoints and gathering the f32 weights and moments a checkpoint saves",
+                    "pinning what --offload moves to the host and gathering the f32 weights and moments a checkpoint saves",
                     "run without --offload, with a shorter sequence, or without --save-dir",
                 ),
                 (true, _) => (
-                    "pinning the offloaded checkpoints and bringing the f32 weights back",
+                    "pinning what --offload moves to the host and bringing the f32 weights back",
                     "run without --offload, or with a shorter sequence",
                 ),
                 (false, HostState::WeightsAndMoments) => (
@@ -186,11 +192,7 @@ impl MemoryCheck {
                     "run on a machine with more memory",
                 ),
             };
-            resources::ensure_fits(
-                need.pinned_host + state,
-                &format!("{holding} for {what}"),
-                fix,
-            )?;
+            resources::ensure_fits(need.pinned() + state, &format!("{holding} for {what}"), fix)?;
         }
         if let Topology::Threads(n @ 2..) = runtime.topology {
             eprintln!(
@@ -231,7 +233,7 @@ mod tests {
             seq: 1024,
             schedule: Schedule::Balanced,
             checkpoint: Checkpoint::Remat,
-            offload: Offload::None,
+            offload: Offload::NONE,
             optimizer: true,
             shard: Shard::None,
             host_state,
@@ -261,6 +263,45 @@ mod tests {
             "{e}"
         );
         assert!(check(HostState::None).check(&runtime, Some(&gpu)).is_ok());
+        // Offloaded, the moments are pinned host memory, checked before the run too.
+        let offloaded = |shard| MemoryCheck {
+            offload: Offload::OPTIMIZER,
+            shard,
+            ..check(HostState::None)
+        };
+        let e = offloaded(Shard::None)
+            .check(&runtime, Some(&gpu))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("pinning what --offload moves to the host"),
+            "{e}"
+        );
+        assert!(
+            e.ends_with("run without --offload, or with a shorter sequence"),
+            "{e}"
+        );
+        let moments = 8.0 * parameters(&config) as f64;
+        let need = offloaded(Shard::None).gpu_estimate(&runtime).unwrap();
+        assert_eq!((need.optimizer, need.pinned_optimizer), (0.0, moments));
+        let staged = need.staging;
+        assert!(staged > 0.0);
+        // Two virtual workers on the GPU: each pins its own moments (its shard, if sharded) and
+        // stages its own.
+        let two = Runtime {
+            device: Device::Cuda,
+            ..Runtime::cpu_threads(2, Duration::from_secs(1))
+        };
+        let whole = offloaded(Shard::None).gpu_estimate(&two).unwrap();
+        assert_eq!(whole.pinned_optimizer, 2.0 * moments);
+        assert_eq!(whole.staging, 2.0 * staged);
+        let halves = offloaded(Shard::Optimizer).gpu_estimate(&two).unwrap();
+        assert_eq!(halves.pinned_optimizer, moments);
+        assert!(
+            halves.staging < 1.01 * staged,
+            "{} {staged}",
+            halves.staging
+        );
         let params = parameters(&config);
         assert_eq!(
             HostState::WeightsAndMoments.bytes(params),

@@ -11,6 +11,7 @@ pub mod data;
 pub mod documents;
 pub mod lr;
 pub mod memory;
+pub mod moments;
 mod parquet_docs;
 pub mod shard;
 pub mod state;
@@ -686,10 +687,11 @@ fn run_steps<D: ModelDevice, C: Communicator<D::Tensor>>(
 ) -> Result<Vec<Vec<f32>>> {
     let cfg = &o.config;
     let reporter = ranks.0 == 0;
+    let optimizer = (o.shard, o.offload.optimizer());
     let (mut held, mut opt) = match start {
         Start::Fresh(source) => (
             Held::drawn(cfg, o.shard, ranks, |spans| source.draw(ops, cfg, spans))?,
-            Optimizer::made(cfg, o.shard, ranks, |_, _, span| ops.zeros(span.len))?,
+            Optimizer::made(ops, cfg, optimizer, ranks, |_, _, span| ops.zeros(span.len))?,
         ),
         Start::Resumed(saved) => (
             Held::drawn(cfg, o.shard, ranks, |spans| {
@@ -697,7 +699,7 @@ fn run_steps<D: ModelDevice, C: Communicator<D::Tensor>>(
                     ops.upload(&saved.piece(Part::Weights, k, span)?)
                 })
             })?,
-            Optimizer::made(cfg, o.shard, ranks, |part, k, span| {
+            Optimizer::made(ops, cfg, optimizer, ranks, |part, k, span| {
                 ops.upload_state(&saved.piece(part, k, span)?)
             })?,
         ),
@@ -921,7 +923,7 @@ mod tests {
             seq: 48,
             schedule: Schedule::Balanced,
             checkpoint: Checkpoint::Remat,
-            offload: Offload::None,
+            offload: Offload::NONE,
             optimizer: false,
             shard: Shard::None,
             host_state: memory::HostState::Weights,

@@ -14,6 +14,7 @@
 //! of a batch's sequences are reduced one contribution at a time, so they round differently.
 
 use super::attention::ModelAttention;
+use super::moments::Moments;
 use super::state::Part;
 use super::{Tally, all_reduce, all_reduce_tally, collectives};
 use crate::comm::{Buffer, Communicator, Solo, shard_span, shard_spans};
@@ -446,24 +447,41 @@ where
 {
     let mut whole = Vec::with_capacity(pieces.len());
     for (&piece, &len) in pieces.iter().zip(lens) {
-        let all = comm.all_gather(piece.clone(), len)?;
-        if reporter {
-            let mut host = Vec::with_capacity(len);
-            for p in &all {
-                host.extend(ops.download(p)?);
-            }
-            whole.push(host);
-        }
+        whole.push(gather_one(ops, comm, piece, len, reporter)?);
     }
-    Ok(reporter.then_some(whole))
+    Ok(reporter.then(|| whole.into_iter().flatten().collect()))
+}
+
+/// One tensor of `len` elements on the host, rebuilt from every worker's piece (`piece` this
+/// worker's): a collective every worker calls; `None` except on the reporter.
+fn gather_one<O: Ops>(
+    ops: &O,
+    comm: &mut dyn Communicator<O::T>,
+    piece: &O::T,
+    len: usize,
+    reporter: bool,
+) -> Result<Option<Vec<f32>>>
+where
+    O::T: Buffer,
+{
+    let all = comm.all_gather(piece.clone(), len)?;
+    if !reporter {
+        return Ok(None);
+    }
+    let mut host = Vec::with_capacity(len);
+    for p in &all {
+        host.extend(ops.download(p)?);
+    }
+    Ok(Some(host))
 }
 
 /// AdamW's whole moments `(m, v)` on the host, `specs` order.
 type HostMoments = (Vec<Vec<f32>>, Vec<Vec<f32>>);
 
-/// This worker's AdamW: the moments of its pieces (whole tensors unsharded) and the update that
-/// leaves every worker with the same whole weights.
-pub(super) struct Optimizer<T> {
+/// This worker's AdamW: the moments of its pieces (whole tensors unsharded), on the device or
+/// offloaded to host memory ([`Moments`]), and the update that leaves every worker with the
+/// same whole weights.
+pub(super) struct Optimizer<O: Ops> {
     shard: Shard,
     /// This worker's piece of each parameter tensor (`specs` order); the whole tensor under
     /// `none`.
@@ -471,43 +489,45 @@ pub(super) struct Optimizer<T> {
     /// Elements of each whole tensor.
     lens: Vec<usize>,
     decays: Vec<bool>,
-    m: Vec<T>,
-    v: Vec<T>,
+    moments: Moments<O>,
 }
 
-impl<T: Buffer + Clone> Optimizer<T> {
+impl<O: Ops> Optimizer<O>
+where
+    O::T: Buffer,
+{
     /// Worker `rank` of `world`'s moments, each piece it keeps (tensor `k`'s span; whole tensors
     /// unless sharded) of each moment made on the device by `make`: zeroed there for a fresh run,
-    /// read from a checkpoint of any worker count (so re-sharded) for a resumed one. One worker
-    /// holds everything whatever `shard` says.
+    /// read from a checkpoint of any worker count (so re-sharded) for a resumed one; kept there,
+    /// or in host memory when `offload` (`--offload optimizer`). One worker holds everything
+    /// whatever `shard` says.
     pub fn made(
+        ops: &O,
         c: &Config,
-        shard: Shard,
+        (shard, offload): (Shard, bool),
         (rank, world): (usize, usize),
-        make: impl Fn(Part, usize, Span) -> Result<T>,
+        make: impl Fn(Part, usize, Span) -> Result<O::T>,
     ) -> Result<Self> {
         let shard = shard.over(world);
         let spans = own_spans(c, shard.optimizer_shards(world), rank);
-        let moment = |part| -> Result<Vec<T>> {
-            spans
-                .iter()
-                .enumerate()
-                .map(|(k, span)| make(part, k, *span))
-                .collect()
-        };
+        let moments = Moments::made(ops, spans.len(), offload, |k| {
+            Ok((
+                make(Part::FirstMoment, k, spans[k])?,
+                make(Part::SecondMoment, k, spans[k])?,
+            ))
+        })?;
         let specs = specs(c);
         Ok(Optimizer {
             shard,
             decays: specs.iter().map(|s| s.decays()).collect(),
             lens: specs.iter().map(|s| s.elements()).collect(),
-            m: moment(Part::FirstMoment)?,
-            v: moment(Part::SecondMoment)?,
+            moments,
             spans,
         })
     }
 
     /// The gradients this worker updates from: `reduce_grads`'s whole tensors cut to its pieces.
-    pub fn own_grads<O: Ops<T = T>>(&self, ops: &O, reduced: Vec<T>) -> Result<Vec<T>> {
+    pub fn own_grads(&self, ops: &O, reduced: Vec<O::T>) -> Result<Vec<O::T>> {
         match self.shard {
             Shard::None | Shard::Grads | Shard::Full => Ok(reduced),
             Shard::Optimizer => reduced
@@ -520,12 +540,7 @@ impl<T: Buffer + Clone> Optimizer<T> {
 
     /// The global gradient norm of `grads` (this worker's pieces, or whole tensors unsharded):
     /// sharded, each worker's sum of squares all-reduced as an f32 scalar.
-    pub fn norm<O: Ops<T = T>>(
-        &self,
-        ops: &O,
-        comm: &mut dyn Communicator<T>,
-        grads: &[T],
-    ) -> Result<f64> {
+    pub fn norm(&self, ops: &O, comm: &mut dyn Communicator<O::T>, grads: &[O::T]) -> Result<f64> {
         let squares = grads
             .iter()
             .map(|g| ops.sum_squares(g))
@@ -541,52 +556,60 @@ impl<T: Buffer + Clone> Optimizer<T> {
     /// AdamW on this worker's pieces of `w` from `grads` (its pieces), then every piece
     /// all-gathered into every worker's whole `w` (under `full`, `w` holds the pieces and is
     /// updated in place).
-    pub fn update<O: Ops<T = T>>(
+    pub fn update(
         &mut self,
         ops: &O,
-        comm: &mut dyn Communicator<T>,
-        w: &mut Weights<T>,
-        grads: &[T],
+        comm: &mut dyn Communicator<O::T>,
+        w: &mut Weights<O::T>,
+        grads: &[O::T],
         hp: &AdamW,
         step: u64,
     ) -> Result<()> {
-        let tensors = w.tensors_mut();
-        let state = self.m.iter_mut().zip(self.v.iter_mut());
-        for (i, (p, (m, v))) in tensors.into_iter().zip(state).enumerate() {
-            let (span, decay, g) = (self.spans[i], self.decays[i], &grads[i]);
-            if matches!(self.shard, Shard::None | Shard::Full) {
-                ops.adamw(p, g, m, v, hp, step, decay)?;
-                continue;
+        let mut tensors = w.tensors_mut();
+        let (shard, spans, decays, lens) = (self.shard, &self.spans, &self.decays, &self.lens);
+        self.moments.update_each(ops, |i, m, v| {
+            let (p, span, decay, g) = (&mut *tensors[i], spans[i], decays[i], &grads[i]);
+            if matches!(shard, Shard::None | Shard::Full) {
+                return ops.adamw(p, g, m, v, hp, step, decay);
             }
             let mut piece = ops.rows(p, 1, span.start, span.len)?;
             ops.adamw(&mut piece, g, m, v, hp, step, decay)?;
             let world = comm.world();
-            let all = comm.all_gather(piece, self.lens[i])?;
-            for (s, part) in shard_spans(self.lens[i], world).iter().zip(&all) {
+            let all = comm.all_gather(piece, lens[i])?;
+            for (s, part) in shard_spans(lens[i], world).iter().zip(&all) {
                 ops.set_rows(p, 1, s.start, part)?;
             }
-        }
-        Ok(())
+            Ok(())
+        })
     }
 
     /// The whole moments `(m, v)` on the host for a checkpoint: a collective every worker calls
     /// when sharded; `None` except on the reporter.
-    pub fn moments<O: Ops<T = T>>(
+    pub fn moments(
         &self,
         ops: &O,
-        comm: &mut dyn Communicator<T>,
+        comm: &mut dyn Communicator<O::T>,
         reporter: bool,
     ) -> Result<Option<HostMoments>> {
-        if self.shard == Shard::None {
-            if !reporter {
-                return Ok(None);
-            }
-            let host = |ts: &[T]| ts.iter().map(|t| ops.download(t)).collect::<Result<_>>();
-            return Ok(Some((host(&self.m)?, host(&self.v)?)));
+        let (mut ms, mut vs) = (Vec::new(), Vec::new());
+        let sharded = self.shard != Shard::None;
+        if !sharded && !reporter {
+            return Ok(None);
         }
-        let (m, v): (Vec<&T>, Vec<&T>) = (self.m.iter().collect(), self.v.iter().collect());
-        let m = gather_host(ops, comm, &m, &self.lens, reporter)?;
-        let v = gather_host(ops, comm, &v, &self.lens, reporter)?;
-        Ok(m.zip(v))
+        self.moments.read_each(ops, |k, m, v| {
+            let (m, v) = if sharded {
+                let len = self.lens[k];
+                (
+                    gather_one(ops, comm, m, len, reporter)?,
+                    gather_one(ops, comm, v, len, reporter)?,
+                )
+            } else {
+                (Some(ops.download(m)?), Some(ops.download(v)?))
+            };
+            ms.extend(m);
+            vs.extend(v);
+            Ok(())
+        })?;
+        Ok(reporter.then_some((ms, vs)))
     }
 }

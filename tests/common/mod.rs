@@ -64,7 +64,7 @@ pub fn tiny_options(steps: u64, save_dir: Option<&Path>, resume: Option<&Path>) 
         schedule: Schedule::Balanced,
         shard: Shard::None,
         checkpoint: Checkpoint::Remat,
-        offload: Offload::None,
+        offload: Offload::NONE,
         steps,
         adamw: AdamW {
             lr: 3e-3,

@@ -53,12 +53,13 @@ pub struct CudaOps {
     /// Rotary inverse frequencies on the device by their bits: uploaded once, since a copy from
     /// pageable host memory would wait for the stream at every rotary call.
     rope_tables: Mutex<HashMap<Vec<u32>, RopeTable>>,
-    /// Pinned host buffers of offloaded checkpoints (`--offload activations`), reused by step.
+    /// Pinned host buffers of offloaded checkpoints and moments (`--offload`), reused by step.
     host: offload::HostPool,
-    /// The stream the offload's copies run on beside the compute stream, made at the first
+    /// The streams the offload's copies run on beside the compute stream, made at the first
     /// stash (a second stream turns on cudarc's cross-stream event tracking, which runs without
-    /// offload need not pay).
-    copies: Mutex<Option<Arc<CudaStream>>>,
+    /// offload need not pay): the stashes and fetches, and the write-backs of offloaded moments
+    /// ([`offload::Streams`]).
+    copies: Mutex<Option<(Arc<CudaStream>, Arc<CudaStream>)>>,
 }
 
 /// One table of rotary inverse frequencies on the device.
@@ -114,19 +115,22 @@ impl CudaOps {
             .copies
             .lock()
             .map_err(|_| anyhow!("copy stream lock poisoned"))?;
-        let copies = match &*copies {
-            Some(stream) => stream.clone(),
+        let (copies, returns) = match &*copies {
+            Some(streams) => streams.clone(),
             None => {
-                let stream =
-                    self.stream().context().new_stream().map_err(|e| {
-                        anyhow!("could not create the offload's copy stream: {e:?}")
-                    })?;
-                copies.insert(stream).clone()
+                let stream = || {
+                    self.stream()
+                        .context()
+                        .new_stream()
+                        .map_err(|e| anyhow!("could not create the offload's copy streams: {e:?}"))
+                };
+                copies.insert((stream()?, stream()?)).clone()
             }
         };
         Ok(offload::Streams {
             compute: self.stream(),
             copies,
+            returns,
         })
     }
 
@@ -221,6 +225,10 @@ impl Ops for CudaOps {
 
     fn stash(&self, t: &Tensor) -> Result<offload::HostTensor> {
         self.streams()?.stash(&self.host, t)
+    }
+
+    fn stash_into(&self, t: &Tensor, h: &mut offload::HostTensor) -> Result<()> {
+        self.streams()?.stash_into(t, h)
     }
 
     fn fetch(&self, h: &offload::HostTensor) -> Result<Tensor> {

@@ -1,5 +1,5 @@
-//! The GPU's side of `--offload activations`: a checkpoint's tensors copied into pinned host
-//! memory and back. Pinned (page-locked) buffers are what a copy engine reads and writes
+//! The GPU's side of `--offload`: a checkpoint's tensors (`activations`), or AdamW's moments
+//! (`optimizer`, `train::moments`), copied into pinned host memory and back. Pinned (page-locked) buffers are what a copy engine reads and writes
 //! without the driver staging them, so the copies run asynchronously at the link's speed;
 //! allocating them is slow (the driver locks the pages), so a buffer goes back to a shelf when
 //! its checkpoint has been fetched and the next step's stash of the same size takes it again.
@@ -32,7 +32,7 @@ impl<T: DeviceRepr> Shelf<T> {
         // (not write-combined, which the device's writes into it would not gain from).
         unsafe { ctx.alloc_pinned_with_flags::<T>(len, 0) }.map_err(|e| {
             anyhow!(
-                "could not pin {:.2} GiB of host memory for an offloaded checkpoint: {e:?}; run without --offload or free host memory",
+                "could not pin {:.2} GiB of host memory for an offloaded tensor (a checkpoint, or AdamW's moments): {e:?}; run without --offload or free host memory",
                 (len * size_of::<T>()) as f64 / (1u64 << 30) as f64
             )
         })
@@ -45,8 +45,8 @@ impl<T: DeviceRepr> Shelf<T> {
     }
 }
 
-/// The pinned buffers of one device's offloaded checkpoints: 16-bit activations and f32
-/// statistics.
+/// The pinned buffers of one device's offloaded tensors: 16-bit activations, and f32
+/// statistics and moments.
 #[derive(Clone)]
 pub struct HostPool(Arc<Shelves>);
 
@@ -105,7 +105,7 @@ pub enum HostTensor {
 }
 
 fn copy_err(what: &'static str) -> impl Fn(cudarc::driver::DriverError) -> anyhow::Error {
-    move |e| anyhow!("the {what} copy of an offloaded checkpoint failed: {e:?}")
+    move |e| anyhow!("the {what} copy of an offloaded tensor failed: {e:?}")
 }
 
 /// Makes work queued on `later` from now on wait for everything queued on `earlier` so far.
@@ -114,11 +114,15 @@ fn order(earlier: &Arc<CudaStream>, later: &Arc<CudaStream>) -> Result<()> {
     later.wait(&event).map_err(copy_err("offload"))
 }
 
-/// The GPU's two streams as the offload uses them: `compute` runs the model and owns every
-/// tensor's allocation; `copies` runs the copies to and from host memory beside it.
+/// The GPU's streams as the offload uses them: `compute` runs the model and owns every
+/// tensor's allocation; `copies` runs the stashes and fetches, to and from host memory, beside
+/// it; `returns` runs the write-backs of values that live in host memory ([`Streams::stash_into`]),
+/// so that an offloaded update's tensor k goes down while tensor k + 1 comes up on `copies` (the
+/// link carries both directions at once).
 pub struct Streams<'a> {
     pub compute: &'a Arc<CudaStream>,
     pub copies: Arc<CudaStream>,
+    pub returns: Arc<CudaStream>,
 }
 
 impl Streams<'_> {
@@ -150,6 +154,41 @@ impl Streams<'_> {
         })
     }
 
+    /// Issues the copy of `t` over `h` (the stash of a tensor of its precision and length) on
+    /// `returns`, after everything `compute` has queued: an offloaded value written back where
+    /// it lives (`train::moments`). The pinned buffer's own event (cudarc's, which every copy
+    /// of it waits for on its stream and records there) orders the copy after the fetch that
+    /// read it on `copies`, and the next fetch after it. `t` may be freed on `compute` as soon
+    /// as this returns (cudarc makes the free wait for the copy's read of it).
+    pub fn stash_into(&self, t: &Tensor, h: &mut HostTensor) -> Result<()> {
+        order(self.compute, &self.returns)?;
+        match (t, h) {
+            (
+                Tensor::Half { dtype, data },
+                HostTensor::Half {
+                    dtype: into,
+                    data: buffer,
+                },
+            ) if dtype == into => self.stash_over(data, buffer),
+            (Tensor::F32(data), HostTensor::F32(buffer)) => self.stash_over(data, buffer),
+            _ => bail!("a tensor can be stashed only over the stash of one of its precision"),
+        }
+    }
+
+    fn stash_over<T: Shelved>(&self, data: &CudaSlice<T>, into: &mut Pinned<T>) -> Result<()> {
+        let buffer = into.buffer.as_mut().expect("shelved only when dropped");
+        if buffer.len() != data.len() {
+            bail!(
+                "a tensor of {} elements cannot be stashed over the stash of one of {}",
+                data.len(),
+                buffer.len()
+            );
+        }
+        self.returns
+            .memcpy_dtoh(data, buffer)
+            .map_err(copy_err("device-to-host"))
+    }
+
     /// Issues the copy of `h` into a new tensor allocated on `compute`, on `copies` once the
     /// allocation is made. Ops on `compute` may read the tensor only after
     /// [`Streams::landed`].
@@ -167,8 +206,9 @@ impl Streams<'_> {
         let src = data.buffer.as_ref().expect("shelved only when dropped");
         // SAFETY: every element is written by the copy below before any op reads the tensor
         // (ops on `compute` wait for `copies` first: `landed`).
-        let mut out = unsafe { self.compute.alloc::<T>(src.len()) }
-            .map_err(|e| anyhow!("could not allocate a fetched checkpoint on the GPU: {e:?}"))?;
+        let mut out = unsafe { self.compute.alloc::<T>(src.len()) }.map_err(|e| {
+            anyhow!("could not allocate a fetched offloaded tensor on the GPU: {e:?}")
+        })?;
         order(self.compute, &self.copies)?;
         self.copies
             .memcpy_htod(src, &mut out)
