@@ -32,7 +32,8 @@
 //! `tensor` (input dtypes, [`Tensor`], argument checks), `compile` (NVRTC and its cache),
 //! `kernels` (loading a compiled module per head dim), `launch` (launch shapes and [`Tuning`]),
 //! `tma` (the wgmma forward's tensor maps), `blocks` (the [`Backend`] block API), `sequence` (the
-//! whole-sequence fast path), `layout` (sequence-major ↔ head-major relayouts), `memory` (free
+//! whole-sequence fast path), `external` (that path on memory and a stream another library owns:
+//! the Python binding's way in), `layout` (sequence-major ↔ head-major relayouts), `memory` (free
 //! memory and the pool's peak) and `timing` (event-timed medians).
 //!
 //! [`Backend`]: crate::backend::Backend
@@ -40,6 +41,7 @@
 mod blocks;
 mod compile;
 mod device;
+mod external;
 mod kernels;
 mod launch;
 mod layout;
@@ -50,6 +52,7 @@ mod timing;
 mod tma;
 
 pub use device::CudaBackend;
+pub use external::{BackwardAddrs, ForwardAddrs, check_lent_call};
 pub use launch::{HEAD_DIMS, Tuning};
 pub use memory::DeviceMemory;
 pub use tensor::{InputDtype, Tensor};

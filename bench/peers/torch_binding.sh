@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# On the GPU machine (CUDA, PyTorch, transformers; no Rust): the Python binding checked and
+# timed in one device call. Needs .dev/distflash-*.whl (build_wheel.sh) and .dev/distflash
+# (build_gpu_tests.sh) carried over; run from the repository root with $OUT set:
+#   bash bench/peers/torch_binding.sh
+# Writes $OUT/distflash.jsonl (`distflash bench attention` at the speed check's shapes) and
+# $OUT/torch_binding.json (every figure and verdict, see torch_binding.py); exit status 1 if a
+# check failed. SEQS / DIMS choose the timed shapes (batch 1, 32 heads).
+set -euo pipefail
+BIN=${BIN:-.dev/distflash}
+SEQS=${SEQS:-4096,16384,65536}
+DIMS=${DIMS:-128,64}
+export DISTFLASH_CACHE_DIR=${DISTFLASH_CACHE_DIR:-/tmp/distflash-cache} PYTHONUNBUFFERED=1
+# The wheel goes into its own folder, beside the machine's torch and transformers.
+python3 -m pip install --quiet --disable-pip-version-check --no-deps --target /tmp/distflash-py .dev/distflash-*.whl
+export PYTHONPATH=/tmp/distflash-py${PYTHONPATH:+:$PYTHONPATH}
+nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv
+"$BIN" bench attention --device cuda --seqs "$SEQS" --head-dims "$DIMS" --json "$OUT/distflash.jsonl"
+python3 bench/peers/torch_binding.py --bench "$OUT/distflash.jsonl" --out "$OUT/torch_binding.json"
