@@ -9,7 +9,7 @@
    `distflash bench attention` at the same shapes (--bench FILE: its JSON lines); pass: the
    head-major binding within 3% of the binary, forward + backward;
 3. transformers: a tiny LLaMA (saved, then `from_pretrained(..., attn_implementation=...)`)
-   in bf16 with "distflash" and with "sdpa" against the same model in float32; pass: loss and
+   in bf16 with "distattn" (distflash.transformers.NAME) and with "sdpa" against the same model in float32; pass: loss and
    gradients within 2x SDPA's bf16 error (the loss: plus 1e-3 relative, a quarter of a bf16
    ulp), and distflash's attention really called;
 4. errors: bad arguments answered with the sentence (CPU, float32, a padding mask), no crash.
@@ -144,7 +144,7 @@ def llama():
         return inner(*a, **kw)
 
     distflash.attention.attend_head_major = counted
-    distflash.transformers.register()
+    registered = distflash.transformers.register()
     cfg = LlamaConfig(vocab_size=1000, hidden_size=512, intermediate_size=1024, num_hidden_layers=2,
                       num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=4096)
     torch.manual_seed(0)
@@ -153,7 +153,7 @@ def llama():
     ids = torch.randint(0, 1000, (2, 1024), device="cuda", generator=torch.Generator(device="cuda").manual_seed(3))
     res = {}
     for name, impl, dt in [("ref", "sdpa", torch.float32), ("sdpa", "sdpa", torch.bfloat16),
-                           ("distflash", "distflash", torch.bfloat16)]:
+                           ("distflash", registered, torch.bfloat16)]:
         m = LlamaForCausalLM.from_pretrained(tmp, attn_implementation=impl, dtype=dt).cuda()
         loss = m(input_ids=ids, labels=ids).loss
         loss.backward()

@@ -14,6 +14,10 @@ export DISTFLASH_CACHE_DIR=${DISTFLASH_CACHE_DIR:-/tmp/distflash-cache} PYTHONUN
 # The wheel goes into its own folder, beside the machine's torch and transformers.
 python3 -m pip install --quiet --disable-pip-version-check --no-deps --target /tmp/distflash-py .dev/distflash-*.whl
 export PYTHONPATH=/tmp/distflash-py${PYTHONPATH:+:$PYTHONPATH}
+# The kernels compile with NVRTC at run time (cudarc loads libnvrtc by name): the machine's own
+# first, torch's pip-installed copy (nvidia/*/lib) after it.
+TORCH_NVRTC=$(python3 -c 'import glob, os, nvidia; print(":".join(sorted({os.path.dirname(p) for d in nvidia.__path__ for p in glob.glob(d + "/**/libnvrtc.so*", recursive=True)})))' 2>/dev/null || true)
+export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$TORCH_NVRTC
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv
 "$BIN" bench attention --device cuda --seqs "$SEQS" --head-dims "$DIMS" --json "$OUT/distflash.jsonl"
 python3 bench/peers/torch_binding.py --bench "$OUT/distflash.jsonl" --out "$OUT/torch_binding.json"

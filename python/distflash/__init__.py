@@ -2,7 +2,7 @@
 
 - :func:`flash_attn`: causal attention of CUDA bf16/fp16 ``[batch, seq, heads, head_dim]``
   tensors (GQA/MQA), on torch's memory and current stream.
-- :func:`distflash.transformers.register`: ``attn_implementation="distflash"`` for
+- :func:`distflash.transformers.register`: ``attn_implementation="distattn"`` for
   transformers models.
 
 torch is imported on first use, so this package imports (and checks its arguments) without it.

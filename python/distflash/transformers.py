@@ -1,15 +1,20 @@
 """distflash as a transformers attention implementation.
 
-``register()`` once, then ``AutoModelForCausalLM.from_pretrained(..., attn_implementation="distflash")``
+``register()`` once, then ``AutoModelForCausalLM.from_pretrained(..., attn_implementation="distattn")``
 runs every attention layer through :func:`distflash.attention.attend_head_major`. Causal
 attention only: a padding mask or packed documents (which transformers turns into an attention
 mask) are refused with a ValueError, never silently ignored. For that, the mask builder
 registered beside the attention is transformers' own SDPA one, which hands over no mask where
 plain causal attention is exact. Decoding with a KV cache (fewer queries than keys) goes to
 transformers' SDPA attention, which computes it exactly.
+
+The name is ``distattn``, not ``distflash``: transformers takes any implementation whose name
+contains "flash" for a FlashAttention build (``is_flash_attention_requested`` is a substring
+test) and then tries to import the flash-attn kernels for it, or swaps in a model's
+"compatible" flash implementation; so such names are refused.
 """
 
-NAME = "distflash"
+NAME = "distattn"
 
 
 def attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, **kwargs):
@@ -40,7 +45,13 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
 
 def register(name=NAME):
     """Registers ``attention_forward`` and its mask builder under ``name`` with transformers'
-    ``AttentionInterface`` and ``AttentionMaskInterface``."""
+    ``AttentionInterface`` and ``AttentionMaskInterface``; returns the name to pass as
+    ``attn_implementation``."""
+    if "flash" in name:
+        raise ValueError(
+            f"the name {name!r} contains \"flash\", which transformers takes for a FlashAttention build "
+            f"(it would try to import the flash-attn kernels); register under another name, e.g. {NAME!r}"
+        )
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 

@@ -31,3 +31,8 @@ def test_dropout_and_non_causal_layers_are_refused():
     encoder.is_causal = False
     with pytest.raises(ValueError, match=r"this layer is not causal"):
         call(module=encoder)
+
+
+def test_names_transformers_would_take_for_flash_attention_are_refused():
+    with pytest.raises(ValueError, match=r"the name 'distflash' contains \"flash\", .* e.g. 'distattn'$"):
+        dt.register("distflash")
