@@ -52,6 +52,7 @@ def sdpa_bshd(q, k, v):
     return out.transpose(1, 2)
 
 
+@torch.no_grad()
 def lse_f64(q, k):
     """Reference LSE [b, h, s] in float64 from [b, s, h, d] inputs."""
     qh, kh = q.double().transpose(1, 2), k.double().transpose(1, 2)
