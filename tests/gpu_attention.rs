@@ -1,9 +1,11 @@
 //! The CUDA attention kernels against the f64 oracle on small shapes (MHA, GQA, MQA; bf16 and
 //! fp16; head dims 64 and 128; lengths off the tile sizes): the whole-sequence fast path a
-//! training step uses, and the block API distflash composes (uneven chunks, a merge, gradients
-//! added in from separate accumulators); both also under masks (packed documents of random
-//! lengths with one-token documents and documents across tiles and chunks, windows narrower and
-//! wider than a tile and a chunk, global tokens), against the oracle under the same mask. Runs with `DISTFLASH_GPU_TESTS=1` on a GPU machine
+//! training step uses (also on lent memory and a borrowed stream, as the Python binding calls
+//! it), and the block API distflash composes (uneven chunks, a merge, gradients added in from
+//! separate accumulators); both also under masks (packed documents of random lengths with
+//! one-token documents and documents across tiles and chunks, windows narrower and wider than a
+//! tile and a chunk, global tokens), against the oracle under the same mask. Runs with
+//! `DISTFLASH_GPU_TESTS=1` on a GPU machine
 //! (`bench/peers/gpu_tests.sh`); elsewhere each GPU test prints why it is skipped. A kernel
 //! variant can be named in `DISTFLASH_TUNING` (see `gpu_common/tuning.rs`).
 //!
@@ -14,10 +16,11 @@
 mod gpu_common;
 
 use anyhow::{Result, ensure};
+use cudarc::driver::DevicePtr;
 use distflash::attn::oracle::{self, rel_err};
 use distflash::attn::{Block, Grads, GradsMut, Partial, QuerySide, layout};
 use distflash::backend::Backend;
-use distflash::backend::cuda::{CudaBackend, InputDtype, Tensor};
+use distflash::backend::cuda::{BackwardAddrs, CudaBackend, ForwardAddrs, InputDtype, Tensor};
 use distflash::inputs::Inputs;
 use distflash::shape::{Dims, Mask, Span};
 
@@ -204,6 +207,70 @@ fn fast_path_matches_the_f64_oracle() -> Result<()> {
             be.download(&g.dq)?,
             be.download(&g.dk)?,
             be.download(&g.dv)?,
+        ])
+    })
+}
+
+/// A tensor's device address, as torch's `data_ptr()` would give it.
+fn addr(be: &CudaBackend, t: &Tensor) -> u64 {
+    match t {
+        Tensor::Half { data, .. } => data.device_ptr(be.stream()).0,
+        Tensor::F32(data) => data.device_ptr(be.stream()).0,
+    }
+}
+
+/// The Python binding's way in: the fast path on memory another owner holds (here the case's
+/// backend) and on a borrowed stream (the legacy default one, which the owner's kernels use
+/// too), outputs poisoned with NaN so unwritten elements show.
+#[test]
+fn lent_memory_path_matches_the_f64_oracle() -> Result<()> {
+    check_all("lent", |c| {
+        let be = &c.be;
+        let (dims, seq) = (c.dims, c.seq);
+        // SAFETY: stream 0 is the legacy default stream of GPU 0's primary context.
+        let lent = unsafe { CudaBackend::on_borrowed_stream(0, be.dtype(), 0)? };
+        let nan = |n: usize| vec![f32::NAN; n];
+        let (out, lse) = (
+            be.upload(&nan(dims.q_len(seq)))?,
+            be.upload_f32(&nan(dims.stat_len(seq)))?,
+        );
+        let (dq, dk, dv) = (
+            be.upload_f32(&nan(dims.q_len(seq)))?,
+            be.upload_f32(&nan(dims.kv_len(seq)))?,
+            be.upload_f32(&nan(dims.kv_len(seq)))?,
+        );
+        let a = |t: &Tensor| addr(be, t);
+        let fwd = ForwardAddrs {
+            q: a(&c.q),
+            k: a(&c.k),
+            v: a(&c.v),
+            out: a(&out),
+            lse: a(&lse),
+        };
+        let bwd = BackwardAddrs {
+            q: fwd.q,
+            k: fwd.k,
+            v: fwd.v,
+            out: fwd.out,
+            lse: fwd.lse,
+            dout: a(&c.dout),
+            dq: a(&dq),
+            dk: a(&dk),
+            dv: a(&dv),
+        };
+        // SAFETY: every address is a live tensor of the case's backend on the same device and
+        // stream, of the lengths `dims` and `seq` give, kept alive until the downloads below.
+        unsafe {
+            lent.causal_forward_lent(&dims, seq, &c.x.mask, &fwd)?;
+            lent.causal_backward_lent(&dims, seq, &c.x.mask, &bwd)?;
+        }
+        be.synchronize()?;
+        Ok([
+            be.download(&out)?,
+            be.download(&lse)?,
+            be.download(&dq)?,
+            be.download(&dk)?,
+            be.download(&dv)?,
         ])
     })
 }

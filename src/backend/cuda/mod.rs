@@ -41,7 +41,8 @@
 //! `kernels` (loading a compiled module per head dim), `launch` (launch shapes and [`Tuning`]),
 //! `mask` (the mask's per-position array on the device, cached per mask),
 //! `tma` (the wgmma forward's tensor maps), `blocks` (the [`Backend`] block API), `sequence` (the
-//! whole-sequence fast path), `layout` (sequence-major ↔ head-major relayouts), `memory` (free
+//! whole-sequence fast path), `external` (that path on memory and a stream another library owns:
+//! the Python binding's way in), `layout` (sequence-major ↔ head-major relayouts), `memory` (free
 //! memory and the pool's peak) and `timing` (event-timed medians).
 //!
 //! [`Backend`]: crate::backend::Backend
@@ -49,6 +50,7 @@
 mod blocks;
 mod compile;
 mod device;
+mod external;
 mod kernels;
 mod launch;
 mod layout;
@@ -60,6 +62,7 @@ mod timing;
 mod tma;
 
 pub use device::CudaBackend;
+pub use external::{BackwardAddrs, ForwardAddrs, check_lent_call};
 pub use launch::{HEAD_DIMS, Tuning};
 pub use memory::DeviceMemory;
 pub use tensor::{InputDtype, Tensor};

@@ -1,0 +1,232 @@
+"""On the GPU machine: the Python binding (`python/`, wheel from build_wheel.sh) checked and timed.
+
+1. correctness: `distflash.flash_attn` (output, LSE, dq, dk, dv) against float64 SDPA on the
+   same bf16/fp16 inputs, next to PyTorch's own 16-bit SDPA against the same reference; pass:
+   every error within 2x SDPA's (LSE: SDPA returns none, so within 1e-3 absolute, far above
+   the f32 arithmetic's ~1e-5 and far below any indexing bug's O(1));
+2. speed: the binding's forward and backward (head-major, what the kernels take, and the
+   [batch, seq, heads, head_dim] `flash_attn` with its transposes) against
+   `distflash bench attention` at the same shapes (--bench FILE: its JSON lines); pass: the
+   head-major binding within 3% of the binary, forward + backward;
+3. transformers: a tiny LLaMA (saved, then `from_pretrained(..., attn_implementation=...)`)
+   in bf16 with "distattn" (distflash.transformers.NAME) and with "sdpa" against the same model in float32; pass: loss and
+   gradients within 2x SDPA's bf16 error (the loss: plus 1e-3 relative, a quarter of a bf16
+   ulp), and distflash's attention really called;
+4. errors: bad arguments answered with the sentence (CPU, float32, a padding mask), no crash.
+
+Writes one JSON object to --out; exit status 1 if any check fails.
+    python3 bench/peers/torch_binding.py --bench distflash.jsonl --out $OUT/torch_binding.json
+"""
+import argparse
+import json
+import math
+import sys
+import tempfile
+
+import torch
+import torch.nn.functional as F
+
+import distflash
+import distflash.attention
+import distflash.transformers
+from sdpa_bench import time_ms  # beside this script
+
+CASES = [  # batch, seq, heads, kv_heads, head_dim, dtype
+    (1, 1000, 8, 8, 128, torch.bfloat16),
+    (2, 777, 8, 2, 64, torch.bfloat16),
+    (1, 2048, 16, 1, 128, torch.bfloat16),
+    (2, 300, 4, 4, 128, torch.bfloat16),
+    (1, 513, 4, 2, 64, torch.float16),
+]
+
+
+def rel(x, ref):
+    x, ref = x.double(), ref.double()
+    return ((x - ref).norm() / ref.norm().clamp_min(1e-300)).item()
+
+
+def sdpa_bshd(q, k, v):
+    """SDPA on [b, s, h, d] tensors, causal, GQA; returns [b, s, h, d]."""
+    out = F.scaled_dot_product_attention(
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True, enable_gqa=True)
+    return out.transpose(1, 2)
+
+
+@torch.no_grad()
+def lse_f64(q, k):
+    """Reference LSE [b, h, s] in float64 from [b, s, h, d] inputs."""
+    qh, kh = q.double().transpose(1, 2), k.double().transpose(1, 2)
+    kh = kh.repeat_interleave(qh.shape[1] // kh.shape[1], dim=1)
+    s = qh @ kh.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    n = q.shape[1]
+    s = s.masked_fill(torch.ones(n, n, dtype=torch.bool, device=q.device).triu(1), float("-inf"))
+    return torch.logsumexp(s, dim=-1)
+
+
+def correctness():
+    rows, ok = [], True
+    for b, n, h, hk, d, dt in CASES:
+        g = torch.Generator(device="cuda").manual_seed(1000 + n)
+        mk = lambda heads: (torch.randn(b, n, heads, d, device="cuda", generator=g)).to(dt)
+        q, k, v, dout = mk(h), mk(hk), mk(hk), mk(h)
+        grads = {}
+        for name, fn, cast in [("ref", sdpa_bshd, torch.float64), ("sdpa", sdpa_bshd, dt),
+                               ("distflash", lambda a, bb, c: distflash.flash_attn(a, bb, c), dt)]:
+            x = [t.to(cast).requires_grad_() for t in (q, k, v)]
+            out = fn(*x)
+            dq, dk, dv = torch.autograd.grad(out, x, dout.to(cast))
+            grads[name] = (out.detach(), dq, dk, dv)
+        _, lse = distflash.flash_attn(q, k, v, return_lse=True)
+        row = {"batch": b, "seq": n, "heads": h, "kv_heads": hk, "head_dim": d, "dtype": str(dt),
+               "lse_abs_err": (lse.double() - lse_f64(q, k)).abs().max().item()}
+        passed = row["lse_abs_err"] <= 1e-3
+        for i, what in enumerate(["out", "dq", "dk", "dv"]):
+            ours, theirs = rel(grads["distflash"][i], grads["ref"][i]), rel(grads["sdpa"][i], grads["ref"][i])
+            row[what] = {"distflash": ours, "sdpa": theirs, "ratio": ours / max(theirs, 1e-12)}
+            passed &= ours <= 2 * theirs
+        row["passed"] = bool(passed)
+        ok &= passed
+        rows.append(row)
+        print(json.dumps(row))
+    return rows, ok
+
+
+def timed(fn, reps):
+    """Median ms of `fn` after one warm-up call (sdpa_bench's CUDA-event timer)."""
+    fn()
+    torch.cuda.synchronize()
+    return time_ms(fn, reps)
+
+
+def speed(bench_file, heads):
+    binary = {}
+    for line in open(bench_file):
+        r = json.loads(line)
+        binary[(r["seq"], r["head_dim"])] = r
+    rows, ok = [], True
+    for (n, d), r in sorted(binary.items()):
+        g = torch.Generator(device="cuda").manual_seed(7)
+        shape = (1, heads, n, d)
+        qh, kh, vh, doh = [(torch.rand(shape, device="cuda", generator=g) * 4 - 2).to(torch.bfloat16) for _ in range(4)]
+        xs = [t.clone().requires_grad_() for t in (qh, kh, vh)]
+        out, _ = distflash.attention.attend_head_major(*xs)
+        reps = 20 if n <= 16384 else 5
+        fwd = timed(lambda: distflash.attention.attend_head_major(*xs), reps)
+        bwd = timed(lambda: torch.autograd.grad(out, xs, doh, retain_graph=True), reps)
+        q, k, v, do = [t.transpose(1, 2).contiguous() for t in (qh, kh, vh, doh)]
+        ys = [t.clone().requires_grad_() for t in (q, k, v)]
+        out2 = distflash.flash_attn(*ys)
+        fwd2 = timed(lambda: distflash.flash_attn(*ys), reps)
+        bwd2 = timed(lambda: torch.autograd.grad(out2, ys, do, retain_graph=True), reps)
+        ratio = (fwd + bwd) / (r["fwd_ms"] + r["bwd_ms"])
+        row = {"seq": n, "head_dim": d, "heads": heads,
+               "binary_fwd_ms": r["fwd_ms"], "binary_bwd_ms": r["bwd_ms"],
+               "binding_head_major_fwd_ms": fwd, "binding_head_major_bwd_ms": bwd,
+               "binding_bshd_fwd_ms": fwd2, "binding_bshd_bwd_ms": bwd2,
+               "head_major_over_binary": ratio,
+               "bshd_over_binary": (fwd2 + bwd2) / (r["fwd_ms"] + r["bwd_ms"]),
+               "passed": ratio <= 1.03}
+        ok &= row["passed"]
+        rows.append(row)
+        print(json.dumps(row))
+        del xs, ys, out, out2
+        torch.cuda.empty_cache()
+    return rows, ok
+
+
+def llama():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    calls = {"n": 0}
+    inner = distflash.attention.attend_head_major
+
+    def counted(*a, **kw):
+        calls["n"] += 1
+        return inner(*a, **kw)
+
+    distflash.attention.attend_head_major = counted
+    registered = distflash.transformers.register()
+    cfg = LlamaConfig(vocab_size=1000, hidden_size=512, intermediate_size=1024, num_hidden_layers=2,
+                      num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=4096)
+    torch.manual_seed(0)
+    tmp = tempfile.mkdtemp()
+    LlamaForCausalLM(cfg).save_pretrained(tmp)
+    ids = torch.randint(0, 1000, (2, 1024), device="cuda", generator=torch.Generator(device="cuda").manual_seed(3))
+    res = {}
+    for name, impl, dt in [("ref", "sdpa", torch.float32), ("sdpa", "sdpa", torch.bfloat16),
+                           ("distflash", registered, torch.bfloat16)]:
+        m = LlamaForCausalLM.from_pretrained(tmp, attn_implementation=impl, dtype=dt).cuda()
+        loss = m(input_ids=ids, labels=ids).loss
+        loss.backward()
+        res[name] = (loss.item(), {n: p.grad.float() for n, p in m.named_parameters()})
+        if name == "distflash":
+            try:
+                m(input_ids=ids, attention_mask=torch.ones_like(ids).index_fill_(1, torch.tensor([0], device="cuda"), 0))
+                res["padding_refused"] = "no error"
+            except ValueError as e:
+                res["padding_refused"] = str(e)
+        del m
+    ref_loss, ref_g = res["ref"]
+    flat = lambda g: torch.cat([g[n].flatten() for n in sorted(g)])
+    out = {"loss_ref_f32": ref_loss, "attention_calls": calls["n"], "padding_refused": res["padding_refused"]}
+    for name in ("sdpa", "distflash"):
+        out[f"loss_{name}_bf16"] = res[name][0]
+        out[f"grad_rel_err_{name}"] = rel(flat(res[name][1]), flat(ref_g))
+        out[f"worst_param_rel_err_{name}"] = max(rel(res[name][1][n], ref_g[n]) for n in ref_g)
+    dl = lambda name: abs(out[f"loss_{name}_bf16"] - ref_loss)
+    out["passed"] = bool(
+        dl("distflash") <= 2 * dl("sdpa") + 1e-3 * abs(ref_loss)
+        and out["grad_rel_err_distflash"] <= 2 * out["grad_rel_err_sdpa"]
+        # One training forward through every layer; the padded call is refused before the kernels.
+        and calls["n"] == cfg.num_hidden_layers
+        and "attention mask" in out["padding_refused"])
+    print(json.dumps(out))
+    return out, out["passed"]
+
+
+def errors():
+    q = torch.randn(1, 64, 4, 64, device="cuda", dtype=torch.bfloat16)
+    cases = {
+        "cpu": lambda: distflash.flash_attn(q.cpu(), q.cpu(), q.cpu()),
+        "float32": lambda: distflash.flash_attn(q.float(), q.float(), q.float()),
+        "non_contiguous": lambda: distflash.flash_attn(q.transpose(1, 2), q, q),
+        "head_dim_96": lambda: distflash.flash_attn(*(torch.zeros(1, 8, 2, 96, device="cuda", dtype=torch.bfloat16),) * 3),
+        "misaligned_address": lambda: distflash._distflash.forward(
+            0, "bfloat16", 0, 1, 64, 4, 4, 64, q.data_ptr() + 2, q.data_ptr(), q.data_ptr(), q.data_ptr(), q.data_ptr()),
+    }
+    out, ok = {}, True
+    for name, fn in cases.items():
+        try:
+            fn()
+            out[name] = "no error"
+            ok = False
+        except (ValueError, TypeError) as e:
+            out[name] = f"{type(e).__name__}: {e}"
+    print(json.dumps(out))
+    return out, ok
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bench", help="distflash bench attention --json output (skip the speed part without)")
+    ap.add_argument("--heads", type=int, default=32)
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args()
+    report, ok = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}, True
+    for name, fn in [("errors", errors), ("correctness", correctness), ("llama", llama)] + (
+            [("speed", lambda: speed(a.bench, a.heads))] if a.bench else []):
+        try:
+            report[name], passed = fn()
+        except Exception as e:  # a failure of one part still writes the others
+            report[name], passed = {"exception": f"{type(e).__name__}: {e}"}, False
+        report[f"{name}_passed"] = bool(passed)
+        ok &= passed
+        json.dump(report, open(a.out, "w"), indent=1)
+    report["passed"] = bool(ok)
+    json.dump(report, open(a.out, "w"), indent=1)
+    print("PASSED" if ok else "FAILED", {k: v for k, v in report.items() if k.endswith("passed")})
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()

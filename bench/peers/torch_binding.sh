@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# On the GPU machine (CUDA, PyTorch, transformers; no Rust): the Python binding checked and
+# timed in one device call. Needs .dev/distflash-*.whl (build_wheel.sh) and .dev/distflash
+# (build_gpu_tests.sh) carried over; run from the repository root with $OUT set:
+#   bash bench/peers/torch_binding.sh
+# Writes $OUT/distflash.jsonl (`distflash bench attention` at the speed check's shapes),
+# $OUT/torch_binding.json (every figure and verdict, see torch_binding.py) and
+# $OUT/finetune.jsonl (python/examples/finetune_llama.py's losses); exit status 1 if a check
+# failed. SEQS / DIMS choose the timed shapes (batch 1, 32 heads).
+set -euo pipefail
+BIN=${BIN:-.dev/distflash}
+SEQS=${SEQS:-4096,16384,65536}
+DIMS=${DIMS:-128,64}
+export DISTFLASH_CACHE_DIR=${DISTFLASH_CACHE_DIR:-/tmp/distflash-cache} PYTHONUNBUFFERED=1
+# The wheel goes into its own folder, beside the machine's torch and transformers.
+python3 -m pip install --quiet --disable-pip-version-check --no-deps --target /tmp/distflash-py .dev/distflash-*.whl
+export PYTHONPATH=/tmp/distflash-py${PYTHONPATH:+:$PYTHONPATH}
+# The kernels compile with NVRTC at run time (cudarc loads libnvrtc by name): the machine's own
+# first, torch's pip-installed copy (nvidia/*/lib) after it.
+TORCH_NVRTC=$(python3 -c 'import glob, os, nvidia; print(":".join(sorted({os.path.dirname(p) for d in nvidia.__path__ for p in glob.glob(d + "/**/libnvrtc.so*", recursive=True)})))' 2>/dev/null || true)
+export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$TORCH_NVRTC
+nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv
+status=0
+"$BIN" bench attention --device cuda --seqs "$SEQS" --head-dims "$DIMS" --json "$OUT/distflash.jsonl" || status=1
+python3 bench/peers/torch_binding.py --bench "$OUT/distflash.jsonl" --out "$OUT/torch_binding.json" || status=1
+# The example: a tiny LLaMA fine-tuned on the copy task, 300 steps (its loss starts at ln 512 =
+# 6.2 and falls toward 3.1 once the model copies; finetune.jsonl shows whether and when).
+python3 python/examples/finetune_llama.py --steps 300 --json "$OUT/finetune.jsonl" | tail -n 3 || status=1
+exit $status

@@ -1,0 +1,162 @@
+//! `distflash._distflash`: the Rust side of the Python package. Two calls, `forward` and
+//! `backward`, take what `distflash/attention.py` reads off torch tensors (device index, dtype
+//! name, the current stream's handle, the shape and each tensor's `data_ptr()`) and run
+//! distflash's whole-sequence CUDA attention on that memory and stream
+//! (`CudaBackend::causal_forward_lent` / `causal_backward_lent`): no copy, no allocation of
+//! torch's tensors, no second CUDA context.
+//!
+//! Errors are Python exceptions with a sentence: `ValueError` for arguments (checked before any
+//! GPU is touched, so they are testable without one), `RuntimeError` for the device.
+
+use distflash::backend::cuda::{BackwardAddrs, CudaBackend, ForwardAddrs, InputDtype};
+use distflash::shape::{Dims, Mask};
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::prelude::*;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
+/// One backend per (GPU, dtype, stream): each keeps its loaded kernels, so a call after the
+/// first launches at once. Streams are few (torch's default one, mostly), so the map stays small.
+type Backends = Mutex<HashMap<(usize, InputDtype, usize), Arc<CudaBackend>>>;
+
+fn backends() -> &'static Backends {
+    static BACKENDS: OnceLock<Backends> = OnceLock::new();
+    BACKENDS.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+/// The backend for `device` in `dtype` on `stream`, opened on first use.
+fn backend(device: usize, dtype: InputDtype, stream: usize) -> PyResult<Arc<CudaBackend>> {
+    let mut map = backends()
+        .lock()
+        .map_err(|_| PyRuntimeError::new_err("distflash's backend cache lock is poisoned"))?;
+    if let Some(b) = map.get(&(device, dtype, stream)) {
+        return Ok(b.clone());
+    }
+    // SAFETY: `stream` is `torch.cuda.current_stream(device).cuda_stream`, a stream of the
+    // device's primary context (the one torch's runtime uses) or 0; torch keeps its streams
+    // alive for the process (its pool never destroys them), as long as this cache lives.
+    let opened = unsafe { CudaBackend::on_borrowed_stream(device, dtype, stream) }
+        .map_err(|e| PyRuntimeError::new_err(format!("{e:#}")))?;
+    let opened = Arc::new(opened);
+    map.insert((device, dtype, stream), opened.clone());
+    Ok(opened)
+}
+
+/// The dtype from torch's name of it.
+fn input_dtype(name: &str) -> PyResult<InputDtype> {
+    match name {
+        "bfloat16" => Ok(InputDtype::Bf16),
+        "float16" => Ok(InputDtype::F16),
+        other => Err(PyValueError::new_err(format!(
+            "distflash's kernels take bfloat16 or float16 tensors, not {other}; convert with .to(torch.bfloat16)"
+        ))),
+    }
+}
+
+fn dims(batch: usize, heads: usize, kv_heads: usize, head_dim: usize) -> Dims {
+    Dims {
+        batch,
+        heads,
+        kv_heads,
+        head_dim,
+    }
+}
+
+fn value_error(e: anyhow::Error) -> PyErr {
+    PyValueError::new_err(format!("{e:#}"))
+}
+
+/// Causal attention forward on torch's memory: O and LSE written at `out` and `lse`.
+/// Head-major: q, out `[batch, heads, seq, head_dim]`, k, v `[batch, kv_heads, seq,
+/// head_dim]` in `dtype`; lse `[batch, heads, seq]` float32.
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+#[pyo3(signature = (device, dtype, stream, batch, seq, heads, kv_heads, head_dim, q, k, v, out, lse))]
+fn forward(
+    py: Python<'_>,
+    device: usize,
+    dtype: &str,
+    stream: usize,
+    batch: usize,
+    seq: usize,
+    heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+    q: u64,
+    k: u64,
+    v: u64,
+    out: u64,
+    lse: u64,
+) -> PyResult<()> {
+    let dtype = input_dtype(dtype)?;
+    let dims = dims(batch, heads, kv_heads, head_dim);
+    let addrs = ForwardAddrs { q, k, v, out, lse };
+    addrs.check(&dims, seq).map_err(value_error)?;
+    let be = backend(device, dtype, stream)?;
+    py.detach(|| {
+        // SAFETY: the addresses are `data_ptr()`s of contiguous CUDA tensors on `device` of
+        // these shapes and dtypes (checked by `distflash/_checks.py`, which built them), kept
+        // alive by the autograd function's frame until it returns; the work is queued on
+        // torch's current stream, so torch's caching allocator reuses their memory only after
+        // it.
+        unsafe { be.causal_forward_lent(&dims, seq, &Mask::causal(), &addrs) }
+    })
+    .map_err(|e| PyRuntimeError::new_err(format!("{e:#}")))
+}
+
+/// Causal attention backward on torch's memory: dQ, dK, dV (float32, head-major, shaped as Q,
+/// K and V) overwritten from the forward's O and LSE and the output's gradient dO.
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+#[pyo3(signature = (device, dtype, stream, batch, seq, heads, kv_heads, head_dim, q, k, v, out, lse, dout, dq, dk, dv))]
+fn backward(
+    py: Python<'_>,
+    device: usize,
+    dtype: &str,
+    stream: usize,
+    batch: usize,
+    seq: usize,
+    heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+    q: u64,
+    k: u64,
+    v: u64,
+    out: u64,
+    lse: u64,
+    dout: u64,
+    dq: u64,
+    dk: u64,
+    dv: u64,
+) -> PyResult<()> {
+    let dtype = input_dtype(dtype)?;
+    let dims = dims(batch, heads, kv_heads, head_dim);
+    let addrs = BackwardAddrs {
+        q,
+        k,
+        v,
+        out,
+        lse,
+        dout,
+        dq,
+        dk,
+        dv,
+    };
+    addrs.check(&dims, seq).map_err(value_error)?;
+    let be = backend(device, dtype, stream)?;
+    py.detach(|| {
+        // SAFETY: as in `forward`, for the nine tensors the autograd function's backward built
+        // or saved.
+        unsafe { be.causal_backward_lent(&dims, seq, &Mask::causal(), &addrs) }
+    })
+    .map_err(|e| PyRuntimeError::new_err(format!("{e:#}")))
+}
+
+/// The module: `forward`, `backward` and the head dims the kernels take.
+#[pymodule]
+fn _distflash(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(forward, m)?)?;
+    m.add_function(wrap_pyfunction!(backward, m)?)?;
+    m.add("HEAD_DIMS", distflash::backend::cuda::HEAD_DIMS.to_vec())?;
+    Ok(())
+}

@@ -1,0 +1,62 @@
+"""The argument checks of ``flash_attn`` answer every wrong argument with one sentence."""
+
+import math
+
+import pytest
+
+from distflash import _checks
+from fakes import Device, Tensor, qkv
+
+
+def test_valid_inputs_give_the_kernels_shape():
+    shape = _checks.check_inputs(*qkv())
+    assert shape == _checks.Shape(2, 100, 8, 2, 128, "bfloat16", 0)
+    q, k, v = qkv(batch=1, seq=1, heads=4, kv_heads=1, head_dim=64, dtype="float16", device=Device("cuda", 3))
+    assert _checks.check_inputs(q, k, v) == _checks.Shape(1, 1, 4, 1, 64, "float16", 3)
+
+
+def test_head_major_reads_heads_before_seq():
+    q = Tensor((2, 8, 100, 64), contiguous=False)
+    k = Tensor((2, 2, 100, 64), contiguous=False)
+    shape = _checks.check_inputs(q, k, k, head_major=True)
+    assert (shape.seq, shape.heads, shape.kv_heads) == (100, 8, 2)
+
+
+def refused(exc, match, *args, **kw):
+    with pytest.raises(exc, match=match):
+        _checks.check_inputs(*args, **kw)
+
+
+def test_wrong_device_dtype_and_type():
+    q, k, v = qkv()
+    refused(ValueError, r"^q is on cpu; .*\.cuda\(\)$", Tensor(q.shape, device=Device("cpu", None)), k, v)
+    refused(TypeError, r"^k is torch.float32; .*\.to\(torch.bfloat16\)$", q, Tensor(k.shape, dtype="float32"), v)
+    refused(TypeError, r"^v must be a torch.Tensor, got list$", q, k, [1, 2])
+    refused(ValueError, r"must be on one GPU", q, k, Tensor(v.shape, device=Device("cuda", 1)))
+    refused(TypeError, r"must have one dtype", q, k, Tensor(v.shape, dtype="float16"))
+
+
+def test_wrong_layout():
+    q, k, v = qkv()
+    refused(ValueError, r"^q has 3 dimensions \(2, 100, 1024\); .*\[batch, seq, heads, head_dim\]", Tensor((2, 100, 1024)), k, v)
+    refused(ValueError, r"^k is not contiguous; pass k.contiguous\(\)$", q, Tensor(k.shape, contiguous=False), v)
+
+
+def test_shape_mismatches():
+    q, k, v = qkv(heads=8, kv_heads=3)
+    refused(ValueError, r"q has 8 heads and k, v have 3: the kv heads must divide", q, k, v)
+    q, k, v = qkv(head_dim=96)
+    refused(ValueError, r"^head dim 96 is not supported: .* 64 or 128$", q, k, v)
+    q, k, _ = qkv()
+    refused(ValueError, r"k and v must have one shape", q, k, Tensor((2, 100, 4, 128)))
+    refused(ValueError, r"q has batch 2 but k and v have batch 3", q, *qkv(batch=3)[1:])
+    refused(ValueError, r"q has 100 tokens but k and v have 99", q, *qkv(seq=99)[1:])
+    refused(ValueError, r"q has head dim 128 but k and v have head dim 64", q, *qkv(head_dim=64)[1:])
+    refused(ValueError, r"at least one sequence of one token", *qkv(seq=0))
+
+
+def test_causal_and_scale():
+    refused(ValueError, r"causal=False is not supported", *qkv(), causal=False)
+    refused(ValueError, r"softmax_scale=0.5 is not supported: .* 0.0883883; pass None$", *qkv(), softmax_scale=0.5)
+    for scale in (128 ** -0.5, 1 / math.sqrt(128)):
+        assert _checks.check_inputs(*qkv(), softmax_scale=scale).head_dim == 128

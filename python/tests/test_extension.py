@@ -1,0 +1,51 @@
+"""The Rust extension imports without a GPU and refuses bad arguments with a ValueError before
+touching one (so these run on a machine without CUDA)."""
+
+import pytest
+
+import distflash
+from distflash import _distflash
+
+# A 16-byte-aligned stand-in address: the checks read it, nothing dereferences it.
+ADDR = 0x10000
+SHAPE = dict(batch=1, seq=16, heads=4, kv_heads=2, head_dim=64)
+
+
+def forward(**kw):
+    args = dict(device=0, dtype="bfloat16", stream=0, **SHAPE, q=ADDR, k=ADDR, v=ADDR, out=ADDR, lse=ADDR)
+    args.update(kw)
+    _distflash.forward(**args)
+
+
+def backward(**kw):
+    args = dict(device=0, dtype="bfloat16", stream=0, **SHAPE)
+    args.update({n: ADDR for n in ("q", "k", "v", "out", "lse", "dout", "dq", "dk", "dv")})
+    args.update(kw)
+    _distflash.backward(**args)
+
+
+def test_head_dims_agree_with_the_kernels():
+    assert tuple(_distflash.HEAD_DIMS) == distflash.HEAD_DIMS
+
+
+@pytest.mark.parametrize("call", [forward, backward])
+def test_rust_refuses_bad_arguments(call):
+    with pytest.raises(ValueError, match=r"not float32; convert with"):
+        call(dtype="float32")
+    with pytest.raises(ValueError, match=r"must be a multiple of kv-heads \(3\)"):
+        call(kv_heads=3)
+    with pytest.raises(ValueError, match=r"support head dim 64 or 128, not 80"):
+        call(head_dim=80)
+    with pytest.raises(ValueError, match=r"^the sequence is empty"):
+        call(seq=0)
+    with pytest.raises(ValueError, match=r"^q has a null device address"):
+        call(q=0)
+    with pytest.raises(ValueError, match=r"^v starts at 0x10002, which is not 16-byte aligned"):
+        call(v=ADDR + 2)
+
+
+def test_backward_checks_its_gradients_addresses():
+    with pytest.raises(ValueError, match=r"^dk has a null device address"):
+        backward(dk=0)
+    with pytest.raises(ValueError, match=r"^the output's gradient has a null device address"):
+        backward(dout=0)

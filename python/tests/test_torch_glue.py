@@ -1,0 +1,156 @@
+"""The autograd glue of ``flash_attn`` on the CPU, where torch is installed (CI has no torch:
+skipped there; the GPU run is bench/peers/torch_binding.sh).
+
+The extension is replaced by a stand-in that reads and writes the very addresses it is handed
+(``data_ptr()`` of CPU tensors here) and computes attention in float64 with torch, so what is
+checked is the Python side: which tensor goes to which argument, the head-major layout and the
+shape it announces, LSE, and the gradients coming back in the right order, dtype and layout.
+"""
+
+import contextlib
+import ctypes
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import distflash.attention as attention  # noqa: E402
+from distflash import _checks  # noqa: E402
+
+
+def view(addr, shape, dtype):
+    """The memory at `addr` as a tensor (no copy)."""
+    n = math.prod(shape)
+    width = torch.empty((), dtype=dtype).element_size()
+    buf = (ctypes.c_byte * (n * width)).from_address(addr)
+    return torch.frombuffer(buf, dtype=dtype).view(shape)
+
+
+def reference(q, k, v):
+    """Causal attention of head-major float64 tensors: O and LSE."""
+    g = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)
+    s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    n = q.shape[2]
+    s = s.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
+    return torch.softmax(s, -1) @ v, torch.logsumexp(s, -1)
+
+
+class FakeExtension:
+    """`_distflash` on CPU memory: the same arguments, float64 math."""
+
+    def __init__(self):
+        self.calls = []
+
+    def forward(self, device, dtype, stream, b, s, h, hk, d, q, k, v, out, lse):
+        self.calls.append(("forward", dtype, (b, s, h, hk, d)))
+        dt = {"bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+        o, l = reference(*(view(p, (b, n, s, d), dt).double() for p, n in ((q, h), (k, hk), (v, hk))))
+        view(out, (b, h, s, d), dt).copy_(o)
+        view(lse, (b, h, s), torch.float32).copy_(l)
+
+    def backward(self, device, dtype, stream, b, s, h, hk, d, q, k, v, out, lse, dout, dq, dk, dv):
+        self.calls.append(("backward", dtype, (b, s, h, hk, d)))
+        dt = {"bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+        x = [view(p, (b, n, s, d), dt).double().requires_grad_() for p, n in ((q, h), (k, hk), (v, hk))]
+        with torch.enable_grad():  # autograd runs a backward with grad mode off
+            o, _ = reference(*x)
+            grads = torch.autograd.grad(o, x, view(dout, (b, h, s, d), dt).double())
+        for addr, n, g in zip((dq, dk, dv), (h, hk, hk), grads):
+            view(addr, (b, n, s, d), torch.float32).copy_(g)
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    """The stand-in extension, CPU tensors let through the device check, no CUDA calls."""
+    ext = FakeExtension()
+    monkeypatch.setattr(attention, "_FUNCTION", None)
+    import distflash
+
+    monkeypatch.setattr(distflash, "_distflash", ext, raising=False)
+    monkeypatch.setitem(__import__("sys").modules, "distflash._distflash", ext)
+    monkeypatch.setattr(attention, "_stream", lambda torch, device: 0)
+    monkeypatch.setattr(torch.cuda, "device", lambda d: contextlib.nullcontext())
+    real = _checks._check_one
+
+    def on_cpu(t, name, contiguous):
+        real(_Cuda(t), name, contiguous)
+
+    monkeypatch.setattr(_checks, "_check_one", on_cpu)
+    return ext
+
+
+class _Cuda:
+    """A CPU tensor as the device check sees a CUDA one."""
+
+    def __init__(self, t):
+        self._t = t
+        self.device = type("D", (), {"type": "cuda", "index": 0})()
+
+    def __getattr__(self, name):
+        return getattr(self._t, name)
+
+
+@pytest.mark.parametrize("b,s,h,hk,d,dt", [(2, 37, 4, 2, 64, torch.bfloat16), (1, 20, 4, 1, 128, torch.float16)])
+def test_flash_attn_glue_matches_float64_attention(fake, b, s, h, hk, d, dt):
+    g = torch.Generator().manual_seed(s)
+    q, k, v, dout = (torch.randn(b, s, n, d, generator=g).to(dt) for n in (h, hk, hk, h))
+    x = [t.clone().requires_grad_() for t in (q, k, v)]
+    out, lse = attention.flash_attn(*x, return_lse=True)
+    assert out.shape == (b, s, h, d) and out.dtype == dt and out.is_contiguous()
+    assert lse.shape == (b, h, s) and lse.dtype == torch.float32 and not lse.requires_grad
+    grads = torch.autograd.grad(out, x, dout)
+    assert fake.calls == [("forward", str(dt)[6:], (b, s, h, hk, d)), ("backward", str(dt)[6:], (b, s, h, hk, d))]
+
+    r = [t.double().transpose(1, 2).requires_grad_() for t in (q, k, v)]
+    ro, rl = reference(*r)
+    rg = torch.autograd.grad(ro, r, dout.double().transpose(1, 2))
+    # One rounding to the 16-bit dtype of values O(1): within 2^-7 (bf16) of float64.
+    tol = 2.0 ** -7
+    assert (out.double() - ro.transpose(1, 2)).abs().max() <= tol * ro.abs().max()
+    assert (lse.double() - rl).abs().max() <= 1e-5 * rl.abs().max()
+    for got, want in zip(grads, rg):
+        assert got.dtype == dt and got.shape == want.transpose(1, 2).shape
+        assert (got.double() - want.transpose(1, 2)).abs().max() <= tol * want.abs().max()
+
+
+def test_transformers_llama_runs_through_the_glue(fake, tmp_path):
+    """A tiny LLaMA loaded with ``attn_implementation="distattn"``: every layer's attention goes
+    through the (stand-in) kernels, loss and gradients agree with SDPA's in float32 as closely
+    as SDPA's own bf16 run does (x2), and a padding mask is refused."""
+    transformers = pytest.importorskip("transformers")
+    import distflash.transformers as dt
+
+    name = dt.register()
+    cfg = transformers.LlamaConfig(vocab_size=128, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(cfg).save_pretrained(tmp_path)
+    ids = torch.randint(0, 128, (2, 48), generator=torch.Generator().manual_seed(1))
+    runs = {}
+    for run, impl, dtype in [("ref", "sdpa", torch.float32), ("sdpa", "sdpa", torch.bfloat16), ("ours", name, torch.bfloat16)]:
+        m = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation=impl, dtype=dtype)
+        loss = m(input_ids=ids, labels=ids).loss
+        loss.backward()
+        runs[run] = (loss.item(), torch.cat([p.grad.double().flatten() for p in m.parameters()]))
+        if run == "ours":
+            assert [c[0] for c in fake.calls] == ["forward", "forward", "backward", "backward"]
+            mask = torch.ones_like(ids)
+            mask[0, 0] = 0
+            with pytest.raises(ValueError, match="got an attention mask"):
+                m(input_ids=ids, attention_mask=mask)
+    ref_loss, ref_grad = runs["ref"]
+    err = {r: (abs(runs[r][0] - ref_loss), ((runs[r][1] - ref_grad).norm() / ref_grad.norm()).item()) for r in ("sdpa", "ours")}
+    assert err["ours"][0] <= 2 * err["sdpa"][0] + 1e-3 * ref_loss, err
+    assert err["ours"][1] <= 2 * err["sdpa"][1], err
+
+
+def test_real_cpu_tensors_are_refused_in_a_sentence():
+    q = torch.zeros(1, 8, 4, 64, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=r"^q is on cpu; .*\.cuda\(\)$"):
+        attention.flash_attn(q, q, q)
+    with pytest.raises(ValueError, match=r"^q is not contiguous"):
+        _checks._check_one(_Cuda(q.transpose(1, 2)), "q", contiguous=True)
+    with pytest.raises(TypeError, match=r"^q is torch.float32; "):
+        _checks._check_one(_Cuda(q.float()), "q", contiguous=True)

@@ -1,0 +1,326 @@
+//! Attention on memory and a stream that another library owns: PyTorch, through the Python
+//! binding (`python/`). The whole-sequence fast path ([`CudaBackend::causal_forward_into`],
+//! [`CudaBackend::causal_backward_into`]) runs on raw device addresses (a tensor's
+//! `data_ptr()`) and on the caller's stream (`torch.cuda.current_stream().cuda_stream`), so
+//! nothing is copied, the caller's allocator owns every input and output, and the work is
+//! ordered with the caller's own kernels without any synchronisation.
+//!
+//! One CUDA context: [`CudaBackend::on_borrowed_stream`] opens the device's *primary* context,
+//! which is the one the CUDA runtime (and so PyTorch) uses. The lent addresses become cudarc
+//! slices only for the length of one call and are handed back unfreed afterwards, on every path
+//! out (an error, a panic: a lent slice is never dropped, only leaked).
+//!
+//! Layout is the kernels' own, head-major: Q, O and dO `[batch, heads, seq, head_dim]` in the
+//! input dtype, K and V `[batch, kv_heads, seq, head_dim]`, LSE `[batch, heads, seq]` f32 and
+//! the gradients f32 in the layout of their inputs; the binding's Python side transposes
+//! torch's `[batch, seq, heads, head_dim]` on torch's stream. The one allocation of the backend
+//! itself is the backward's D (one f32 per query row), from the stream-ordered pool.
+
+use super::{CudaBackend, HEAD_DIMS, InputDtype, Tensor};
+use crate::attn::{Grads, Partial};
+use crate::shape::{Dims, Mask};
+use anyhow::{Result, bail};
+use std::mem::ManuallyDrop;
+
+/// The alignment the kernels' vector loads and the forward's tensor maps (TMA) need.
+const ALIGN: u64 = 16;
+
+/// Device addresses of one forward call (each a tensor's `data_ptr()`, head-major).
+#[derive(Clone, Copy, Debug)]
+pub struct ForwardAddrs {
+    pub q: u64,
+    pub k: u64,
+    pub v: u64,
+    /// O, written: input dtype, shaped as Q.
+    pub out: u64,
+    /// LSE, written: f32 `[batch, heads, seq]`, natural log.
+    pub lse: u64,
+}
+
+/// Device addresses of one backward call (head-major; the gradients f32 and overwritten).
+#[derive(Clone, Copy, Debug)]
+pub struct BackwardAddrs {
+    pub q: u64,
+    pub k: u64,
+    pub v: u64,
+    /// The forward's O (input dtype) and LSE (f32).
+    pub out: u64,
+    pub lse: u64,
+    /// dO in the input dtype, shaped as Q.
+    pub dout: u64,
+    pub dq: u64,
+    pub dk: u64,
+    pub dv: u64,
+}
+
+impl ForwardAddrs {
+    /// The checks that need no GPU (the binding runs them before opening one): the shape, and
+    /// every address not null and aligned.
+    pub fn check(&self, dims: &Dims, seq: usize) -> Result<()> {
+        check_lent_call(dims, seq)?;
+        let (ql, kvl, sl) = (dims.q_len(seq), dims.kv_len(seq), dims.stat_len(seq));
+        for (addr, len, what) in [
+            (self.q, ql, "q"),
+            (self.k, kvl, "k"),
+            (self.v, kvl, "v"),
+            (self.out, ql, "the output"),
+            (self.lse, sl, "the LSE"),
+        ] {
+            check_addr(addr, len, what)?;
+        }
+        Ok(())
+    }
+}
+
+impl BackwardAddrs {
+    /// As [`ForwardAddrs::check`], for the backward's nine tensors.
+    pub fn check(&self, dims: &Dims, seq: usize) -> Result<()> {
+        let forward = ForwardAddrs {
+            q: self.q,
+            k: self.k,
+            v: self.v,
+            out: self.out,
+            lse: self.lse,
+        };
+        forward.check(dims, seq)?;
+        let (ql, kvl) = (dims.q_len(seq), dims.kv_len(seq));
+        for (addr, len, what) in [
+            (self.dout, ql, "the output's gradient"),
+            (self.dq, ql, "dq"),
+            (self.dk, kvl, "dk"),
+            (self.dv, kvl, "dv"),
+        ] {
+            check_addr(addr, len, what)?;
+        }
+        Ok(())
+    }
+}
+
+/// One sentence unless `addr` can hold `len` elements for the kernels: not null, and aligned.
+fn check_addr(addr: u64, len: usize, what: &str) -> Result<()> {
+    if len == 0 {
+        return Ok(());
+    }
+    if addr == 0 {
+        bail!("{what} has a null device address; pass a tensor that holds memory on the GPU");
+    }
+    if !addr.is_multiple_of(ALIGN) {
+        bail!(
+            "{what} starts at {addr:#x}, which is not {ALIGN}-byte aligned; pass a fresh contiguous tensor (e.g. .contiguous() or .clone()) instead of a view at an offset"
+        );
+    }
+    Ok(())
+}
+
+/// The shape checks of a lent call, which need no GPU: dims the kernels take and a sequence of
+/// at least one token.
+pub fn check_lent_call(dims: &Dims, seq: usize) -> Result<()> {
+    dims.validate()?;
+    if !HEAD_DIMS.contains(&dims.head_dim) {
+        bail!(
+            "distflash's CUDA kernels support head dim 64 or 128, not {}",
+            dims.head_dim
+        );
+    }
+    if seq == 0 {
+        bail!("the sequence is empty; pass at least one token");
+    }
+    Ok(())
+}
+
+impl CudaBackend {
+    /// Opens GPU `ordinal` (its primary context, shared with the CUDA runtime) with every
+    /// kernel on `stream`, a `CUstream` handle owned by the caller (0: the legacy default
+    /// stream). Fails with a sentence as [`CudaBackend::new`] does.
+    ///
+    /// # Safety
+    /// `stream` must be 0 or a live stream of device `ordinal`'s primary context, and stay
+    /// alive as long as the backend does.
+    pub unsafe fn on_borrowed_stream(
+        ordinal: usize,
+        dtype: InputDtype,
+        stream: usize,
+    ) -> Result<Self> {
+        let mut backend = CudaBackend::new(ordinal, dtype)?;
+        // SAFETY: the stream is the caller's, of this primary context, and outlives the
+        // backend (this function's contract).
+        backend.stream = unsafe { backend.ctx.wrap_borrowed_stream(stream as _) };
+        // SAFETY: every slice of this backend, lent or allocated, lives on its one stream, so
+        // stream order alone orders every use; no per-slice events are needed.
+        unsafe { backend.ctx.disable_event_tracking() };
+        Ok(backend)
+    }
+
+    /// [`Self::causal_forward_into`] on lent memory under `mask`: writes O and LSE at `addrs`.
+    ///
+    /// # Safety
+    /// Each address must point to device memory of this backend's context holding the
+    /// head-major tensor its field documents for `dims` and `seq` (in the backend's dtype, LSE
+    /// f32), alive and not used by other streams until the call's work on the backend's stream
+    /// has finished.
+    pub unsafe fn causal_forward_lent(
+        &self,
+        dims: &Dims,
+        seq: usize,
+        mask: &Mask,
+        addrs: &ForwardAddrs,
+    ) -> Result<()> {
+        addrs.check(dims, seq)?;
+        let (ql, kvl, sl) = (dims.q_len(seq), dims.kv_len(seq), dims.stat_len(seq));
+        // SAFETY (all five): the addresses were checked above and hold these lengths (this
+        // function's contract); `give_back` returns them unfreed.
+        let (q, k, v) = unsafe {
+            (
+                self.lend_half(addrs.q, ql),
+                self.lend_half(addrs.k, kvl),
+                self.lend_half(addrs.v, kvl),
+            )
+        };
+        let mut out = ManuallyDrop::new(Partial {
+            // SAFETY: as above.
+            out: ManuallyDrop::into_inner(unsafe { self.lend_half(addrs.out, ql) }),
+            // SAFETY: as above.
+            lse: ManuallyDrop::into_inner(unsafe { self.lend_f32(addrs.lse, sl) }),
+        });
+        let result = self.causal_forward_into(dims, seq, mask, &q, &k, &v, &mut out);
+        let Partial { out: o, lse } = ManuallyDrop::into_inner(out);
+        for t in [q, k, v]
+            .map(ManuallyDrop::into_inner)
+            .into_iter()
+            .chain([o, lse])
+        {
+            give_back(t);
+        }
+        result
+    }
+
+    /// [`Self::causal_backward_into`] on lent memory under `mask` (the forward's): overwrites
+    /// dQ, dK and dV at `addrs`.
+    ///
+    /// # Safety
+    /// As [`Self::causal_forward_lent`], for every address of `addrs` (dQ, dK, dV f32, shaped
+    /// as Q, K and V).
+    pub unsafe fn causal_backward_lent(
+        &self,
+        dims: &Dims,
+        seq: usize,
+        mask: &Mask,
+        addrs: &BackwardAddrs,
+    ) -> Result<()> {
+        addrs.check(dims, seq)?;
+        let (ql, kvl, sl) = (dims.q_len(seq), dims.kv_len(seq), dims.stat_len(seq));
+        // SAFETY (every lend below): the addresses were checked above and hold these lengths
+        // (this function's contract); `give_back` returns them unfreed.
+        let (q, k, v, dout) = unsafe {
+            (
+                self.lend_half(addrs.q, ql),
+                self.lend_half(addrs.k, kvl),
+                self.lend_half(addrs.v, kvl),
+                self.lend_half(addrs.dout, ql),
+            )
+        };
+        let fwd = ManuallyDrop::new(Partial {
+            // SAFETY: as above.
+            out: ManuallyDrop::into_inner(unsafe { self.lend_half(addrs.out, ql) }),
+            // SAFETY: as above.
+            lse: ManuallyDrop::into_inner(unsafe { self.lend_f32(addrs.lse, sl) }),
+        });
+        let mut grads = ManuallyDrop::new(Grads {
+            // SAFETY: as above.
+            dq: ManuallyDrop::into_inner(unsafe { self.lend_f32(addrs.dq, ql) }),
+            // SAFETY: as above.
+            dk: ManuallyDrop::into_inner(unsafe { self.lend_f32(addrs.dk, kvl) }),
+            // SAFETY: as above.
+            dv: ManuallyDrop::into_inner(unsafe { self.lend_f32(addrs.dv, kvl) }),
+        });
+        let result =
+            self.causal_backward_into(dims, seq, mask, &q, &k, &v, &fwd, &dout, &mut grads);
+        let Partial { out, lse } = ManuallyDrop::into_inner(fwd);
+        let Grads { dq, dk, dv } = ManuallyDrop::into_inner(grads);
+        let lent = [q, k, v, dout].map(ManuallyDrop::into_inner);
+        for t in lent.into_iter().chain([out, lse, dq, dk, dv]) {
+            give_back(t);
+        }
+        result
+    }
+
+    /// `len` 16-bit values of the backend's dtype at `addr`, as a tensor that must go back
+    /// through [`give_back`] (dropping it would free the owner's memory).
+    ///
+    /// # Safety
+    /// `addr` holds `len` such values in this backend's context, alive while the tensor is.
+    unsafe fn lend_half(&self, addr: u64, len: usize) -> ManuallyDrop<Tensor> {
+        // SAFETY: this function's contract; event tracking is off, so wrapping allocates nothing.
+        let data = unsafe { self.stream.upgrade_device_ptr::<u16>(addr, len) };
+        ManuallyDrop::new(Tensor::Half {
+            dtype: self.dtype,
+            data,
+        })
+    }
+
+    /// `len` f32 values at `addr`, as [`Self::lend_half`] lends 16-bit ones.
+    ///
+    /// # Safety
+    /// As [`Self::lend_half`].
+    unsafe fn lend_f32(&self, addr: u64, len: usize) -> ManuallyDrop<Tensor> {
+        // SAFETY: this function's contract.
+        ManuallyDrop::new(Tensor::F32(unsafe {
+            self.stream.upgrade_device_ptr::<f32>(addr, len)
+        }))
+    }
+}
+
+/// Hands a lent tensor back to its owner: releases cudarc's hold on the stream, frees nothing.
+fn give_back(t: Tensor) {
+    match t {
+        Tensor::Half { data, .. } => {
+            data.leak();
+        }
+        Tensor::F32(data) => {
+            data.leak();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses_are_checked_in_sentences() {
+        assert!(check_addr(0x1000, 8, "q").is_ok());
+        assert!(
+            check_addr(0, 0, "q").is_ok(),
+            "an empty tensor has no address"
+        );
+        let err = check_addr(0, 8, "q").unwrap_err().to_string();
+        assert!(err.starts_with("q has a null device address"), "{err}");
+        let err = check_addr(0x1002, 8, "k").unwrap_err().to_string();
+        assert!(
+            err.starts_with("k starts at 0x1002, which is not 16-byte aligned"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn shapes_are_checked_before_any_device() {
+        let dims = |heads, kv_heads, head_dim| Dims {
+            batch: 2,
+            heads,
+            kv_heads,
+            head_dim,
+        };
+        assert!(check_lent_call(&dims(8, 2, 128), 100).is_ok());
+        assert!(check_lent_call(&dims(8, 8, 64), 1).is_ok());
+        let err = check_lent_call(&dims(8, 3, 128), 100)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("must be a multiple of kv-heads (3)"), "{err}");
+        let err = check_lent_call(&dims(8, 8, 96), 100)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("96"), "{err}");
+        let err = check_lent_call(&dims(8, 8, 64), 0).unwrap_err().to_string();
+        assert_eq!(err, "the sequence is empty; pass at least one token");
+    }
+}
