@@ -65,20 +65,24 @@ __device__ __forceinline__ void red_add2(float* p, float a, float b) {
 }
 
 // Byte offset of element (row, col) in a row-major tile of 16-bit values with ROW_ELEMS per
-// row, its 16-byte chunks XOR-swizzled by row so that ldmatrix's 8 rows hit different bank
-// groups. The XOR by row % 8 moves a chunk within its group of 8, so it is used for the whole
-// groups; rows of 80 or 96 elements (10, 12 chunks) end in a partial group of 2 or 4 chunks,
-// swizzled within itself by row % 2 or row % 4 (fewer bank conflicts, still a permutation of
-// the row).
+// row, its 16-byte chunks XOR-swizzled by row so that ldmatrix's 8 rows (from a multiple of 8)
+// hit 8 different bank groups. The XOR by row % 8 moves a chunk within its group of 8, so it is
+// used for the whole groups; rows of 80 or 96 elements (10, 12 chunks) end in a partial group
+// of TAIL = 2 or 4 chunks, a row's stride then being TAIL bank groups mod 8: rows r and
+// r + 8/TAIL land on the same groups, so the tail's chunks are XORed by (row / (8/TAIL)) % TAIL,
+// which separates them (conflict-free for every chunk, by count; still a permutation of the
+// row).
 template <int ROW_ELEMS>
 __device__ __forceinline__ u32 swz(int row, int col) {
     constexpr int WHOLE = (ROW_ELEMS / 8) & ~7;  // chunks in whole groups of 8
     constexpr int TAIL = ROW_ELEMS / 8 - WHOLE;  // chunks in the partial group
     static_assert(TAIL == 0 || TAIL == 2 || TAIL == 4,
                   "swz: rows must be a multiple of 16 elements, and not 112 + 64·k");
+    constexpr int TAIL_SHIFT = TAIL == 4 ? 1 : 2;  // log2(8 / TAIL)
     return (u32)(row * ROW_ELEMS * 2 +
-                 (((TAIL == 0 || (col >> 3) < WHOLE) ? ((col >> 3) ^ (row & 7))
-                                                     : ((col >> 3) ^ (row & (TAIL - 1))))
+                 (((TAIL == 0 || (col >> 3) < WHOLE)
+                       ? ((col >> 3) ^ (row & 7))
+                       : ((col >> 3) ^ ((row >> TAIL_SHIFT) & (TAIL - 1))))
                   << 4) +
                  (col & 7) * 2);
 }
