@@ -549,6 +549,44 @@ mod tests {
         assert_eq!(smem_limit((8, 6)), 99 * 1024);
     }
 
+    /// `swz` of kernels/common.cuh, in Rust: the 16-byte chunk that logical chunk `chunk` of
+    /// `row` occupies in a row of `row_elems` 16-bit values. Keep the two identical.
+    fn swz_chunk(row_elems: usize, row: usize, chunk: usize) -> usize {
+        let whole = (row_elems / 8) & !7;
+        let tail = row_elems / 8 - whole;
+        let tail_shift = if tail == 4 { 1 } else { 2 };
+        if tail == 0 || chunk < whole {
+            chunk ^ (row & 7)
+        } else {
+            chunk ^ ((row >> tail_shift) & (tail - 1))
+        }
+    }
+
+    /// The mma.sync kernels' shared-memory swizzle at every head dim: a permutation of each
+    /// row's chunks (else tiles would overlap: wrong results), and each ldmatrix phase (one
+    /// logical chunk of 8 rows from a multiple of 8) on 8 different bank groups of 16 bytes.
+    #[test]
+    fn swizzle_is_a_conflict_free_permutation() {
+        for d in HEAD_DIMS {
+            let chunks = d / 8;
+            for row in 0..64 {
+                let mut seen: Vec<usize> = (0..chunks).map(|c| swz_chunk(d, row, c)).collect();
+                seen.sort_unstable();
+                assert_eq!(seen, (0..chunks).collect::<Vec<_>>(), "d{d} row {row}");
+            }
+            for r0 in (0..64).step_by(8) {
+                for c in 0..chunks {
+                    let mut groups: Vec<usize> = (r0..r0 + 8)
+                        .map(|r| (r * chunks + swz_chunk(d, r, c)) % 8)
+                        .collect();
+                    groups.sort_unstable();
+                    groups.dedup();
+                    assert_eq!(groups.len(), 8, "d{d}: rows {r0}.., chunk {c} conflict");
+                }
+            }
+        }
+    }
+
     #[test]
     fn rejects_unsupported_shapes() {
         let err = check_dims(&dims(112)).unwrap_err().to_string();
