@@ -2,28 +2,34 @@
 // and under the optional mask of common.cuh (row_start, global): query tiles that see none of a
 // CTA's keys are skipped, partly hidden tiles masked element by element.
 //
-// One CTA = BWD_BKV key rows of one (batch, query head), BWD_WARPS warps. The CTA walks the
-// query tiles (BWD_BQ rows) that can see its keys, streaming Q, dO, LSE and D through a
-// two-stage cp.async pipeline. Per tile, in three phases separated by barriers:
-//  1. scores: warp (kb, half) computes, for its 32 keys × 32 queries,
+// One CTA = BWD_BKV key rows of one (batch, query head), BWD_WARPS warps in groups of
+// BWD_KSPLIT sharing 32 keys. The CTA walks the query tiles (BWD_BQ rows) that can see its keys,
+// streaming Q, dO, LSE and D through a cp.async pipeline of BWD_QSTAGES stages (two: the next
+// tile loads during this one; one, for head dim 256's shared memory: it loads during phase 3,
+// which reads neither). Per tile, in three phases separated by barriers:
+//  1. scores: warp (kb, part) computes, for its 32 keys × BWD_BQ/BWD_KSPLIT queries,
 //       Sᵀ = K·Qᵀ,  Pᵀ = exp2(scale·log2e·Sᵀ − LSE·log2e),  dPᵀ = V·dOᵀ,  dSᵀ = Pᵀ∘(dPᵀ − D),
 //     and writes Pᵀ and dSᵀ (16-bit) to shared memory;
-//  2. key gradients: warp (kb, half) owns 32 keys × half the head dim of dV and dK in f32
-//     registers:  dV += Pᵀ·dO,  dK += dSᵀ·Q;
-//  3. query gradient: warp owns 32 queries × 2·HEAD_DIM/BWD_WARPS columns of dQ += dS·K for the
-//     tile, added to the f32 dQ accumulator with vector atomics (other key tiles add to the same
-//     rows).
-// Every matrix product thus runs on warp tiles of at least 32×32, so each fragment read from
-// shared memory feeds two MMAs or more — shared-memory bandwidth, not the tensor cores, is what
-// limits this kernel on Hopper. dK and dV are added (atomically: GQA heads share them) at the
-// end, so all three gradients *accumulate*, which is exactly the block API's contract. The
+//  2. key gradients: warp (kb, part) owns 32 keys × 1/BWD_KSPLIT of the head dim of dV and dK
+//     in f32 registers (whole 16-column tiles, so at head dim 80 the parts are 48 and 32):
+//       dV += Pᵀ·dO,  dK += dSᵀ·Q;
+//  3. query gradient: warp owns 32 queries × 2/BWD_WARPS of the head dim (whole 16-column
+//     tiles) of dQ += dS·K for the tile, added to the f32 dQ accumulator with vector atomics
+//     (other key tiles add to the same rows); above head dim 128 in passes of 16 columns, which
+//     bounds the accumulator's registers (two-tile passes spilled at 192 on sm_90).
+// Four warps per 32 keys (BWD_KSPLIT 4, head dims 192 and 256) halve the dK and dV registers
+// per thread that two would need. With two, every matrix product runs on warp tiles of at least
+// 32×32, so each fragment read from shared memory feeds two MMAs or more — shared-memory
+// bandwidth, not the tensor cores, is what limits this kernel on Hopper. dK and dV are added
+// (atomically: GQA heads share them) at the end, so all three gradients *accumulate*, which is exactly the block API's contract. The
 // softmax scale is applied to dQ and dK on the way out.
 //
-// The host prepends BWD_WARPS (4 or 8) and BWD_WGMMA (1: backward_wgmma.cu replaces this kernel).
+// The host prepends BWD_WARPS (4 or 8), BWD_KSPLIT (2 or 4), BWD_QSTAGES (1 or 2) and BWD_WGMMA
+// (1: backward_wgmma.cu replaces this kernel).
 
 #if !BWD_WGMMA
 #define BWD_THREADS (BWD_WARPS * 32)
-#define BWD_BKV (BWD_WARPS * 16)
+#define BWD_BKV (BWD_WARPS / BWD_KSPLIT * 32)
 #define BWD_BQ 64
 
 extern "C" __global__ void __launch_bounds__(BWD_THREADS, 8 / BWD_WARPS)
@@ -34,8 +40,17 @@ extern "C" __global__ void __launch_bounds__(BWD_THREADS, 8 / BWD_WARPS)
               int kv_start, const int* __restrict__ row_start, const int* __restrict__ row_end,
               int global, float scale) {
     constexpr int D = HEAD_DIM;
-    constexpr int HALF = D / 2;                      // phase 2: head-dim columns per warp
-    constexpr int QCOLS = 2 * D / BWD_WARPS;         // phase 3: dQ columns per warp
+    constexpr int TILES16 = D / 16;                  // 16-column tiles of the head dim
+    constexpr int QPW = BWD_BQ / BWD_KSPLIT;         // phase 1: queries per warp
+    constexpr int KT = (TILES16 + BWD_KSPLIT - 1) / BWD_KSPLIT;  // phase 2: tiles per warp
+    constexpr int HALF = KT * 16;                    // phase 2: head-dim columns per warp
+    constexpr int QGROUPS = BWD_WARPS / 2;           // phase 3: warps across the head dim
+    constexpr int QT = (TILES16 + QGROUPS - 1) / QGROUPS;  // phase 3: tiles per warp
+    constexpr int QCOLS = QT * 16;                   // phase 3: dQ columns per warp
+    constexpr int QCT = D > 128 ? 1 : QT;           // phase 3: tiles per pass
+    // Whether every warp's columns lie inside the head dim (else the last parts are clipped).
+    constexpr bool KEXACT = KT * BWD_KSPLIT == TILES16;
+    constexpr bool QEXACT = QT * QGROUPS == TILES16;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int g = lane / 4, t = lane % 4;
     const float scale_log2 = scale * LOG2E;
@@ -54,32 +69,38 @@ extern "C" __global__ void __launch_bounds__(BWD_THREADS, 8 / BWD_WARPS)
     const u32 sK = smem_addr(smem);
     const u32 sV = sK + BWD_BKV * D * 2;
     const u32 sQ = sV + BWD_BKV * D * 2;
-    const u32 sdO = sQ + 2 * Q_STAGE;
-    const u32 sL = sdO + 2 * Q_STAGE;
-    const u32 sD = sL + 2 * BWD_BQ * 4;
-    const u32 sP = sD + 2 * BWD_BQ * 4;  // Pᵀ  [key][query], 16-bit, swizzled
+    const u32 sdO = sQ + BWD_QSTAGES * Q_STAGE;
+    const u32 sL = sdO + BWD_QSTAGES * Q_STAGE;
+    const u32 sD = sL + BWD_QSTAGES * BWD_BQ * 4;
+    const u32 sP = sD + BWD_QSTAGES * BWD_BQ * 4;  // Pᵀ  [key][query], 16-bit, swizzled
     const u32 sdS = sP + BWD_BKV * BWD_BQ * 2;  // dSᵀ [key][query]
     const float* fL = reinterpret_cast<const float*>(smem + (sL - sK));
     const float* fD = reinterpret_cast<const float*>(smem + (sD - sK));
     unsigned char* pP = smem + (sP - sK);
     unsigned char* pdS = smem + (sdS - sK);
 
+    // Query tile qt's Q, dO, LSE and D into pipeline stage st.
+    const auto load_query_tile = [&](int qt, int st) {
+        const int r = qt * BWD_BQ;
+        load_tile<BWD_BQ, BWD_THREADS>(sQ + st * Q_STAGE, op.Q, r, q_len);
+        load_tile<BWD_BQ, BWD_THREADS>(sdO + st * Q_STAGE, op.dO, r, q_len);
+        load_vec<BWD_BQ>(sL + st * BWD_BQ * 4, op.LSE, r, q_len);
+        load_vec<BWD_BQ>(sD + st * BWD_BQ * 4, op.D, r, q_len);
+    };
     load_tile<BWD_BKV, BWD_THREADS>(sK, op.K, c0, kv_len);
     load_tile<BWD_BKV, BWD_THREADS>(sV, op.V, c0, kv_len);
-    load_tile<BWD_BQ, BWD_THREADS>(sQ, op.Q, t_begin * BWD_BQ, q_len);
-    load_tile<BWD_BQ, BWD_THREADS>(sdO, op.dO, t_begin * BWD_BQ, q_len);
-    load_vec<BWD_BQ>(sL, op.LSE, t_begin * BWD_BQ, q_len);
-    load_vec<BWD_BQ>(sD, op.D, t_begin * BWD_BQ, q_len);
+    load_query_tile(t_begin, 0);
     cp_commit();
 
-    // Phases 1 and 2: this warp's 32 keys (kr0..) and its half (0/1) of the queries (phase 1)
-    // or of the head dim (phase 2). Phase 3: 32 queries (qr0..) × QCOLS columns (dq0..).
-    const int kr0 = (warp / 2) * 32;
-    const int half = warp % 2;
-    const int qc0 = half * 32;
-    const int dc0 = half * HALF;
-    const int qr0 = (warp / (BWD_WARPS / 2)) * 32;
-    const int dq0 = (warp % (BWD_WARPS / 2)) * QCOLS;
+    // Phases 1 and 2: this warp's 32 keys (kr0..) and its part (of BWD_KSPLIT) of the queries
+    // (phase 1: qc0..) or of the head dim (phase 2: dc0..). Phase 3: 32 queries (qr0..) × QCOLS
+    // columns (dq0..).
+    const int kr0 = (warp / BWD_KSPLIT) * 32;
+    const int part = warp % BWD_KSPLIT;
+    const int qc0 = part * QPW;
+    const int dc0 = part * HALF;
+    const int qr0 = (warp / QGROUPS) * 32;
+    const int dq0 = (warp % QGROUPS) * QCOLS;
 
     float dk[2][HALF / 8][4], dv[2][HALF / 8][4];
 #pragma unroll
@@ -92,27 +113,22 @@ extern "C" __global__ void __launch_bounds__(BWD_THREADS, 8 / BWD_WARPS)
     for (int qt = t_begin; qt < n_qt; ++qt) {
         cp_wait<0>();
         __syncthreads();  // tile qt landed; phases 2-3 of the last tile are done with sP, sdS
-        const int stage = (qt - t_begin) & 1;
-        if (qt + 1 < n_qt) {
-            const int ns = stage ^ 1;
-            const int nr = (qt + 1) * BWD_BQ;
-            load_tile<BWD_BQ, BWD_THREADS>(sQ + ns * Q_STAGE, op.Q, nr, q_len);
-            load_tile<BWD_BQ, BWD_THREADS>(sdO + ns * Q_STAGE, op.dO, nr, q_len);
-            load_vec<BWD_BQ>(sL + ns * BWD_BQ * 4, op.LSE, nr, q_len);
-            load_vec<BWD_BQ>(sD + ns * BWD_BQ * 4, op.D, nr, q_len);
+        const int stage = BWD_QSTAGES == 2 ? (qt - t_begin) & 1 : 0;
+        if (BWD_QSTAGES == 2) {
+            if (qt + 1 < n_qt) load_query_tile(qt + 1, stage ^ 1);
+            cp_commit();
         }
-        cp_commit();
         const u32 cQ = sQ + stage * Q_STAGE, cdO = sdO + stage * Q_STAGE;
         const float* cL = fL + stage * BWD_BQ;
         const float* cD = fD + stage * BWD_BQ;
         const int r0 = qt * BWD_BQ;
 
-        // ---- Phase 1: Sᵀ and dPᵀ for 32 keys × 32 queries.
-        float s[2][4][4], dp[2][4][4];
+        // ---- Phase 1: Sᵀ and dPᵀ for 32 keys × QPW queries.
+        float s[2][QPW / 8][4], dp[2][QPW / 8][4];
 #pragma unroll
         for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-            for (int nt = 0; nt < 4; ++nt)
+            for (int nt = 0; nt < QPW / 8; ++nt)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) s[mt][nt][e] = dp[mt][nt][e] = 0.f;
 #pragma unroll
@@ -125,7 +141,7 @@ extern "C" __global__ void __launch_bounds__(BWD_THREADS, 8 / BWD_WARPS)
                 ldsm_x4(va[mt], sV + off);
             }
 #pragma unroll
-            for (int nn = 0; nn < 2; ++nn) {
+            for (int nn = 0; nn < QPW / 16; ++nn) {
                 const u32 off = swz<D>(qc0 + nn * 16 + lane % 8 + (lane / 16) * 8,
                                        kk * 16 + ((lane / 8) % 2) * 8);
                 u32 qb[4], ob[4];
@@ -147,7 +163,7 @@ extern "C" __global__ void __launch_bounds__(BWD_THREADS, 8 / BWD_WARPS)
                                tile_partly_hidden<BWD_BKV>(kv_start + c0, q_start + r0, rs_last,
                                                          global);
 #pragma unroll
-        for (int nt = 0; nt < 4; ++nt) {
+        for (int nt = 0; nt < QPW / 8; ++nt) {
             const int qc = qc0 + nt * 8 + 2 * t;
             float lse2[2], dd[2];
             int rq[2];  // where the mask starts the two query rows
@@ -187,7 +203,7 @@ extern "C" __global__ void __launch_bounds__(BWD_THREADS, 8 / BWD_WARPS)
         }
         __syncthreads();  // Pᵀ and dSᵀ complete
 
-        // ---- Phase 2: dV += Pᵀ·dO and dK += dSᵀ·Q for 32 keys × HALF columns.
+        // ---- Phase 2: dV += Pᵀ·dO and dK += dSᵀ·Q for 32 keys × HALF columns (clipped to D).
 #pragma unroll
         for (int kk = 0; kk < BWD_BQ / 16; ++kk) {
             u32 pa[2][4], da[2][4];
@@ -199,6 +215,7 @@ extern "C" __global__ void __launch_bounds__(BWD_THREADS, 8 / BWD_WARPS)
             }
 #pragma unroll
             for (int dn = 0; dn < HALF / 16; ++dn) {
+                if (!KEXACT && dc0 + dn * 16 >= D) continue;
                 const u32 off = swz<D>(kk * 16 + lane % 8 + ((lane / 8) % 2) * 8,
                                        dc0 + dn * 16 + (lane / 16) * 8);
                 u32 ob[4], qb[4];
@@ -214,13 +231,22 @@ extern "C" __global__ void __launch_bounds__(BWD_THREADS, 8 / BWD_WARPS)
             }
         }
 
-        // ---- Phase 3: dQ(tile) += scale · dS·K for 32 queries × QCOLS columns.
-        {
-            float acc[2][QCOLS / 8][4];
+        if (BWD_QSTAGES == 1) {
+            __syncthreads();  // phases 1-2 are done with this tile's Q, dO, LSE and D
+            if (qt + 1 < n_qt) load_query_tile(qt + 1, 0);
+            cp_commit();
+        }
+
+        // ---- Phase 3: dQ(tile) += scale · dS·K for 32 queries × QCOLS columns (clipped to
+        // D), in passes of QCT 16-column tiles.
+#pragma unroll
+        for (int pass = 0; pass < (QT + QCT - 1) / QCT; ++pass) {
+            const int pc0 = dq0 + pass * QCT * 16;  // this pass's first column
+            float acc[2][2 * QCT][4];
 #pragma unroll
             for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-                for (int nt = 0; nt < QCOLS / 8; ++nt)
+                for (int nt = 0; nt < 2 * QCT; ++nt)
 #pragma unroll
                     for (int e = 0; e < 4; ++e) acc[mt][nt][e] = 0.f;
 #pragma unroll
@@ -231,10 +257,11 @@ extern "C" __global__ void __launch_bounds__(BWD_THREADS, 8 / BWD_WARPS)
                     ldsm_x4_t(a[mt], sdS + swz<BWD_BQ>(kk * 16 + lane % 8 + (lane / 16) * 8,
                                                       qr0 + mt * 16 + ((lane / 8) % 2) * 8));
 #pragma unroll
-                for (int dn = 0; dn < QCOLS / 16; ++dn) {
+                for (int dn = 0; dn < QCT; ++dn) {
+                    if (pass * QCT + dn >= QT || (!QEXACT && pc0 + dn * 16 >= D)) continue;
                     u32 bf[4];
                     ldsm_x4_t(bf, sK + swz<D>(kk * 16 + lane % 8 + ((lane / 8) % 2) * 8,
-                                              dq0 + dn * 16 + (lane / 16) * 8));
+                                              pc0 + dn * 16 + (lane / 16) * 8));
 #pragma unroll
                     for (int mt = 0; mt < 2; ++mt) {
                         mma(acc[mt][2 * dn], a[mt], bf[0], bf[1]);
@@ -249,9 +276,12 @@ extern "C" __global__ void __launch_bounds__(BWD_THREADS, 8 / BWD_WARPS)
                     const int qr = r0 + qr0 + mt * 16 + g + 8 * i;
                     if (qr < q_len) {
 #pragma unroll
-                        for (int nt = 0; nt < QCOLS / 8; ++nt)
-                            red_add2(op.dQ + (size_t)qr * D + dq0 + nt * 8 + 2 * t,
+                        for (int nt = 0; nt < 2 * QCT; ++nt) {
+                            if (pass * QCT + nt / 2 >= QT || (!QEXACT && pc0 + nt * 8 >= D))
+                                continue;
+                            red_add2(op.dQ + (size_t)qr * D + pc0 + nt * 8 + 2 * t,
                                      acc[mt][nt][2 * i] * scale, acc[mt][nt][2 * i + 1] * scale);
+                        }
                     }
                 }
         }
@@ -265,6 +295,7 @@ extern "C" __global__ void __launch_bounds__(BWD_THREADS, 8 / BWD_WARPS)
             if (kr < kv_len) {
 #pragma unroll
                 for (int nt = 0; nt < HALF / 8; ++nt) {
+                    if (!KEXACT && dc0 + nt * 8 >= D) continue;
                     const size_t o = (size_t)kr * D + dc0 + nt * 8 + 2 * t;
                     red_add2(op.dK + o, dk[mt][nt][2 * i] * scale, dk[mt][nt][2 * i + 1] * scale);
                     red_add2(op.dV + o, dv[mt][nt][2 * i], dv[mt][nt][2 * i + 1]);

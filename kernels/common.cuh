@@ -65,11 +65,26 @@ __device__ __forceinline__ void red_add2(float* p, float a, float b) {
 }
 
 // Byte offset of element (row, col) in a row-major tile of 16-bit values with ROW_ELEMS per
-// row, its 16-byte chunks XOR-swizzled by row so that ldmatrix's 8 rows hit 8 different bank
-// groups.
+// row, its 16-byte chunks XOR-swizzled by row so that ldmatrix's 8 rows (from a multiple of 8)
+// hit 8 different bank groups. The XOR by row % 8 moves a chunk within its group of 8, so it is
+// used for the whole groups; rows of 80 or 96 elements (10, 12 chunks) end in a partial group
+// of TAIL = 2 or 4 chunks, a row's stride then being TAIL bank groups mod 8: rows r and
+// r + 8/TAIL land on the same groups, so the tail's chunks are XORed by (row / (8/TAIL)) % TAIL,
+// which separates them (conflict-free for every chunk, by count; still a permutation of the
+// row).
 template <int ROW_ELEMS>
 __device__ __forceinline__ u32 swz(int row, int col) {
-    return (u32)(row * ROW_ELEMS * 2 + ((((col >> 3) ^ (row & 7))) << 4) + (col & 7) * 2);
+    constexpr int WHOLE = (ROW_ELEMS / 8) & ~7;  // chunks in whole groups of 8
+    constexpr int TAIL = ROW_ELEMS / 8 - WHOLE;  // chunks in the partial group
+    static_assert(TAIL == 0 || TAIL == 2 || TAIL == 4,
+                  "swz: rows must be a multiple of 16 elements, and not 112 + 64·k");
+    constexpr int TAIL_SHIFT = TAIL == 4 ? 1 : 2;  // log2(8 / TAIL)
+    return (u32)(row * ROW_ELEMS * 2 +
+                 (((TAIL == 0 || (col >> 3) < WHOLE)
+                       ? ((col >> 3) ^ (row & 7))
+                       : ((col >> 3) ^ ((row >> TAIL_SHIFT) & (TAIL - 1))))
+                  << 4) +
+                 (col & 7) * 2);
 }
 
 // Byte offset of element (row, col) in the layout wgmma's descriptors describe (the 128-byte
@@ -86,35 +101,52 @@ __device__ __forceinline__ u32 swz128(int rows, int row, int col) {
 // wgmma kernels' (`swz128`); rows past `rows_total` become zeros (never garbage: P·V with P = 0
 // must stay finite).
 //
-// Each thread copies one 16-byte column chunk of every STEP-th row. STEP is a multiple of 8, so
-// the swizzle of all of a thread's chunks is that of its first row, and every copy after the
-// first is the first one's addresses plus constants: the loop compiles to bare cp.async
+// Where THREADS is a multiple of the row's 16-byte chunks and the rows between one thread's
+// chunks (STEP) a multiple of 8, each thread copies one column chunk of every STEP-th row: the
+// swizzle of all of a thread's chunks is that of its first row, and every copy after the first
+// is the first one's addresses plus constants, so the loop compiles to bare cp.async
 // instructions with immediate offsets. (Indexing chunks by a strided `i` instead cost as many
-// instructions per tile as the forward's softmax: bench/notes/kernel-notes.md, v7.)
+// instructions per tile as the forward's softmax: bench/notes/kernel-notes.md, v7.) Other
+// shapes (head dims 80, 96, 192; 256 with 4 warps) take that strided loop.
 template <int ROWS, int THREADS, bool ATOMS = false>
 __device__ __forceinline__ void load_tile(u32 dst, const u16* base, int row0, int rows_total) {
     constexpr int CHUNKS = HEAD_DIM / 8;          // 16-byte chunks per row
     constexpr int STEP = THREADS / CHUNKS;        // rows between one thread's chunks
-    constexpr int ITERS = (ROWS + STEP - 1) / STEP;
     constexpr int ROW_BYTES = ATOMS ? 128 : HEAD_DIM * 2;  // within one column atom
-    static_assert(THREADS % CHUNKS == 0 && STEP % 8 == 0,
-                  "load_tile: each thread must copy the same chunk of every STEP-th row");
-    const int r = threadIdx.x / CHUNKS, c = threadIdx.x % CHUNKS;
-    const u32 at = dst + (ATOMS ? swz128(ROWS, r, c * 8) : swz<HEAD_DIM>(r, c * 8));
-    const u16* src = base + (size_t)row0 * HEAD_DIM + r * HEAD_DIM + c * 8;
-    // (ROWS % STEP != 0: the last pass covers only the first rows of the split.)
-    if (row0 + ROWS <= rows_total) {
+    if constexpr (THREADS % CHUNKS == 0 && STEP % 8 == 0) {
+        constexpr int ITERS = (ROWS + STEP - 1) / STEP;
+        const int r = threadIdx.x / CHUNKS, c = threadIdx.x % CHUNKS;
+        const u32 at = dst + (ATOMS ? swz128(ROWS, r, c * 8) : swz<HEAD_DIM>(r, c * 8));
+        const u16* src = base + (size_t)row0 * HEAD_DIM + r * HEAD_DIM + c * 8;
+        // (ROWS % STEP != 0: the last pass covers only the first rows of the split.)
+        if (row0 + ROWS <= rows_total) {
 #pragma unroll
-        for (int k = 0; k < ITERS; ++k)
-            if (ROWS % STEP == 0 || r + k * STEP < ROWS)
-                cp_async16(at + k * STEP * ROW_BYTES, src + k * STEP * HEAD_DIM, 16);
+            for (int k = 0; k < ITERS; ++k)
+                if (ROWS % STEP == 0 || r + k * STEP < ROWS)
+                    cp_async16(at + k * STEP * ROW_BYTES, src + k * STEP * HEAD_DIM, 16);
+        } else {
+#pragma unroll
+            for (int k = 0; k < ITERS; ++k) {
+                const bool ok = row0 + r + k * STEP < rows_total;
+                if (ROWS % STEP == 0 || r + k * STEP < ROWS)
+                    cp_async16(at + k * STEP * ROW_BYTES, ok ? src + k * STEP * HEAD_DIM : base,
+                               ok ? 16 : 0);
+            }
+        }
     } else {
-#pragma unroll
+        constexpr int ITERS = (ROWS * CHUNKS + THREADS - 1) / THREADS;
+        // Not unrolled: unrolled, ptxas keeps every copy's address live across the tile loop,
+        // which spilled head dim 256's forward with 4 warps.
+#pragma unroll 1
         for (int k = 0; k < ITERS; ++k) {
-            const bool ok = row0 + r + k * STEP < rows_total;
-            if (ROWS % STEP == 0 || r + k * STEP < ROWS)
-                cp_async16(at + k * STEP * ROW_BYTES, ok ? src + k * STEP * HEAD_DIM : base,
-                           ok ? 16 : 0);
+            const int i = threadIdx.x + k * THREADS;
+            if ((ROWS * CHUNKS) % THREADS == 0 || i < ROWS * CHUNKS) {
+                const int r = i / CHUNKS, c = i % CHUNKS;
+                const bool ok = row0 + r < rows_total;
+                const u32 at = dst + (ATOMS ? swz128(ROWS, r, c * 8) : swz<HEAD_DIM>(r, c * 8));
+                const u16* src = base + (size_t)(row0 + r) * HEAD_DIM + c * 8;
+                cp_async16(at, ok ? src : base, ok ? 16 : 0);
+            }
         }
     }
 }

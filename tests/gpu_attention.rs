@@ -1,11 +1,11 @@
 //! The CUDA attention kernels against the f64 oracle on small shapes (MHA, GQA, MQA; bf16 and
-//! fp16; head dims 64 and 128; lengths off the tile sizes): the whole-sequence fast path a
-//! training step uses (also on lent memory and a borrowed stream, as the Python binding calls
-//! it), and the block API distflash composes (uneven chunks, a merge, gradients added in from
-//! separate accumulators); both also under masks (packed documents of random lengths with
-//! one-token documents and documents across tiles and chunks, windows narrower and wider than a
-//! tile and a chunk, global tokens), against the oracle under the same mask. Runs with
-//! `DISTFLASH_GPU_TESTS=1` on a GPU machine
+//! fp16; head dims 64, 80, 96, 128, 192 and 256; lengths off the tile sizes): the
+//! whole-sequence fast path a training step uses (also on lent memory and a borrowed stream, as
+//! the Python binding calls it), and the block API distflash composes (uneven chunks, a merge,
+//! gradients added in from separate accumulators); both also under masks (packed documents of
+//! random lengths with one-token documents and documents across tiles and chunks, windows
+//! narrower and wider than a tile and a chunk, global tokens), against the oracle under the same
+//! mask. Runs with `DISTFLASH_GPU_TESTS=1` on a GPU machine
 //! (`bench/peers/gpu_tests.sh`); elsewhere each GPU test prints why it is skipped. A kernel
 //! variant can be named in `DISTFLASH_TUNING` (see `gpu_common/tuning.rs`).
 //!
@@ -29,21 +29,32 @@ const TOLERANCE: f64 = 2e-2;
 /// (dtype, batch, heads, kv heads, head dim, rows).
 type Shape = (InputDtype, usize, usize, usize, usize, usize);
 
-/// Causal cases.
-const CASES: [Shape; 5] = [
+/// Causal cases: head dims 64 and 128 (wgmma on Hopper), then the mma.sync-only head dims 80,
+/// 96 (a partial swizzle group per row, unequal column parts in the backward), 192 and 256
+/// (16-row forward warps, 64-key backward tiles; 256 single-buffered off Hopper), each in bf16
+/// and fp16 and with GQA or MQA.
+const CASES: [Shape; 13] = [
     (InputDtype::Bf16, 1, 4, 4, 128, 300),
     (InputDtype::F16, 2, 8, 2, 64, 257),
     (InputDtype::Bf16, 1, 4, 1, 128, 200),
     (InputDtype::Bf16, 1, 2, 1, 64, 129),
     (InputDtype::F16, 1, 2, 2, 128, 77),
+    (InputDtype::Bf16, 1, 4, 2, 80, 333),
+    (InputDtype::F16, 1, 4, 4, 80, 65),
+    (InputDtype::F16, 1, 2, 1, 96, 201),
+    (InputDtype::Bf16, 2, 4, 2, 96, 190),
+    (InputDtype::Bf16, 2, 2, 2, 192, 150),
+    (InputDtype::F16, 1, 2, 1, 192, 97),
+    (InputDtype::F16, 1, 4, 1, 256, 271),
+    (InputDtype::Bf16, 1, 2, 2, 256, 130),
 ];
 
 /// Masked cases: a shape, then the mask's document lengths (empty: one document), window and
-/// global tokens. Forward tiles are 128 (wgmma) or 256 query rows × 64 or 128 keys, backward
-/// tiles 64 queries × 64 or 128 keys; the block test's chunks are about a quarter, a third and
-/// the rest of the sequence.
+/// global tokens. Forward tiles are 64 to 256 query rows × 64 or 128 keys, backward tiles 64
+/// queries × 64 or 128 keys; the block test's chunks are about a quarter, a third and the rest
+/// of the sequence.
 #[allow(clippy::type_complexity)]
-const MASKED: [(Shape, &[usize], Option<usize>, usize); 6] = [
+const MASKED: [(Shape, &[usize], Option<usize>, usize); 10] = [
     // Documents across tiles and chunks, two of one token: GQA, d128.
     (
         (InputDtype::Bf16, 1, 4, 2, 128, 777),
@@ -64,6 +75,28 @@ const MASKED: [(Shape, &[usize], Option<usize>, usize); 6] = [
     ),
     // A one-token window beside global tokens across a tile boundary.
     ((InputDtype::Bf16, 1, 2, 1, 128, 400), &[], Some(1), 130),
+    // The other head dims: documents with a one-token one (d80, GQA), a window with global
+    // tokens (d96, MQA, fp16), documents and a window (d192), documents with global tokens
+    // across a tile boundary (d256, fp16, GQA).
+    (
+        (InputDtype::Bf16, 1, 4, 2, 80, 600),
+        &[200, 1, 150, 249],
+        None,
+        0,
+    ),
+    ((InputDtype::F16, 1, 2, 1, 96, 500), &[], Some(90), 4),
+    (
+        (InputDtype::Bf16, 1, 2, 2, 192, 450),
+        &[100, 350],
+        Some(200),
+        2,
+    ),
+    (
+        (InputDtype::F16, 1, 4, 2, 256, 300),
+        &[1, 150, 149],
+        None,
+        70,
+    ),
     // Random document lengths (the CLI's --docs random:12), fp16, d64, GQA.
     ((InputDtype::F16, 1, 4, 2, 64, 901), &[], None, 0),
 ];
@@ -420,13 +453,18 @@ fn a_kernel_variant_is_parsed_from_its_keys_and_bad_ones_are_refused() {
     use distflash::backend::cuda::Tuning;
     let base = Tuning::for_head_dim(128);
     assert_eq!(gpu_common::tuning::parse("").unwrap(), base);
-    let t = gpu_common::tuning::parse("bwd-warps=4, fwd-wgmma=false,fwd-qreg=true").unwrap();
+    let t = gpu_common::tuning::parse(
+        "bwd-warps=4, fwd-wgmma=false,fwd-qreg=true,bwd-key-split=4,bwd-q-stages=1",
+    )
+    .unwrap();
     assert_eq!(
         t,
         Tuning {
             bwd_warps: 4,
             fwd_wgmma: false,
             fwd_q_in_registers: true,
+            bwd_key_split: 4,
+            bwd_q_stages: 1,
             ..base
         }
     );
@@ -436,6 +474,7 @@ fn a_kernel_variant_is_parsed_from_its_keys_and_bad_ones_are_refused() {
         ("fwd-qreg=1", "true or false"),
         ("warps=8", "unknown key"),
         ("fwd-warps=6", "4, 8 or 12"),
+        ("bwd-q-stages=3", "1 or 2"),
     ] {
         let e = format!("{:#}", gpu_common::tuning::parse(spec).unwrap_err());
         assert!(e.contains(says), "{spec}: {e}");

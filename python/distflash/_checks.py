@@ -15,7 +15,7 @@ DTYPES = {"torch.bfloat16": "bfloat16", "torch.float16": "float16"}
 
 # The head dims the CUDA kernels are instantiated for (``distflash::backend::cuda::HEAD_DIMS``;
 # the extension module's ``HEAD_DIMS`` says the same, and a test checks they agree).
-HEAD_DIMS = (64, 128)
+HEAD_DIMS = (64, 80, 96, 128, 192, 256)
 
 # How far ``softmax_scale`` may be from 1/sqrt(head_dim), relatively, to count as it: the
 # kernels take no other scale, and two spellings of that one (``head_dim ** -0.5``,
@@ -101,7 +101,7 @@ def check_inputs(q, k, v, causal=True, softmax_scale=None, head_major=False):
         raise ValueError(f"q has head dim {d} but k and v have head dim {kd}")
     if d not in HEAD_DIMS:
         raise ValueError(
-            f"head dim {d} is not supported: distflash's CUDA kernels take head dim {' or '.join(map(str, HEAD_DIMS))}"
+            f"head dim {d} is not supported: distflash's CUDA kernels take head dim {', '.join(map(str, HEAD_DIMS[:-1]))} or {HEAD_DIMS[-1]}"
         )
     if kh == 0 or h % kh != 0:
         raise ValueError(

@@ -86,7 +86,7 @@ def flash_attn(q, k, v, causal=True, softmax_scale=None, return_lse=False):
 
     ``causal`` must be True and ``softmax_scale`` None or 1/sqrt(head_dim): the kernels compute
     nothing else, and anything else is refused with a ValueError, as is a CPU tensor, a
-    non-contiguous one, a head dim other than 64 or 128 or mismatched shapes (a float32 tensor:
+    non-contiguous one, a head dim the kernels do not take (``HEAD_DIMS``) or mismatched shapes (a float32 tensor:
     TypeError).
     """
     shape = _checks.check_inputs(q, k, v, causal, softmax_scale)

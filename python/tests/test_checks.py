@@ -45,8 +45,8 @@ def test_wrong_layout():
 def test_shape_mismatches():
     q, k, v = qkv(heads=8, kv_heads=3)
     refused(ValueError, r"q has 8 heads and k, v have 3: the kv heads must divide", q, k, v)
-    q, k, v = qkv(head_dim=96)
-    refused(ValueError, r"^head dim 96 is not supported: .* 64 or 128$", q, k, v)
+    q, k, v = qkv(head_dim=72)
+    refused(ValueError, r"^head dim 72 is not supported: .* take head dim 64, 80, 96, 128, 192 or 256$", q, k, v)
     q, k, _ = qkv()
     refused(ValueError, r"k and v must have one shape", q, k, Tensor((2, 100, 4, 128)))
     refused(ValueError, r"q has batch 2 but k and v have batch 3", q, *qkv(batch=3)[1:])

@@ -34,8 +34,8 @@ def test_rust_refuses_bad_arguments(call):
         call(dtype="float32")
     with pytest.raises(ValueError, match=r"must be a multiple of kv-heads \(3\)"):
         call(kv_heads=3)
-    with pytest.raises(ValueError, match=r"support head dim 64 or 128, not 80"):
-        call(head_dim=80)
+    with pytest.raises(ValueError, match=r"supports head dims 64, 80, 96, 128, 192 and 256, not 72"):
+        call(head_dim=72)
     with pytest.raises(ValueError, match=r"^the sequence is empty"):
         call(seq=0)
     with pytest.raises(ValueError, match=r"^q has a null device address"):

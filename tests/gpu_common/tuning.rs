@@ -21,7 +21,7 @@ pub fn from_env() -> Result<Option<Tuning>> {
 }
 
 /// `key=value` pairs separated by commas, e.g. `fwd-warps=4,fwd-mtiles=1,fwd-qreg=true,
-/// fwd-wgmma=false,bwd-warps=4,bwd-wgmma=false`; a combination the kernels were not written
+/// fwd-wgmma=false,bwd-warps=4,bwd-wgmma=false,bwd-key-split=4,bwd-q-stages=1`; a combination the kernels were not written
 /// for is refused by [`Tuning::validate`].
 pub fn parse(spec: &str) -> Result<Tuning> {
     let mut t = Tuning::for_head_dim(128);
@@ -46,8 +46,10 @@ pub fn parse(spec: &str) -> Result<Tuning> {
             "fwd-wgmma" => t.fwd_wgmma = flag()?,
             "bwd-warps" => t.bwd_warps = number()?,
             "bwd-wgmma" => t.bwd_wgmma = flag()?,
+            "bwd-key-split" => t.bwd_key_split = number()?,
+            "bwd-q-stages" => t.bwd_q_stages = number()?,
             other => bail!(
-                "unknown key `{other}`: use fwd-warps, fwd-mtiles, fwd-qreg, fwd-wgmma, bwd-warps or bwd-wgmma"
+                "unknown key `{other}`: use fwd-warps, fwd-mtiles, fwd-qreg, fwd-wgmma, bwd-warps, bwd-wgmma, bwd-key-split or bwd-q-stages"
             ),
         }
     }

@@ -192,7 +192,7 @@ mod tests {
         if !nvrtc_present() {
             return;
         }
-        for head_dim in [64, 128] {
+        for head_dim in crate::backend::cuda::HEAD_DIMS {
             for bf16 in [true, false] {
                 for (major, minor) in [(9, 0), (8, 0)] {
                     let t = Tuning::for_head_dim(head_dim).for_device(head_dim, (major, minor));
@@ -208,13 +208,16 @@ mod tests {
         }
     }
 
-    /// ptxas's report (`--ptxas-options=-v`) for `source` compiled to sm_90a machine code.
-    fn ptxas_report(source: &str) -> String {
+    /// ptxas's report (`--ptxas-options=-v`) for `source` compiled to machine code for `arch`
+    /// (`sm_90a`, `sm_80`).
+    fn ptxas_report(source: &str, arch: &str) -> String {
         use cudarc::nvrtc::result;
         let src = std::ffi::CString::new(source).unwrap();
         let prog = result::create_program(&src, None).unwrap();
+        let arch = format!("--gpu-architecture={arch}");
         let options = [
-            "--gpu-architecture=sm_90a",
+            arch.as_str(),
+            "--use_fast_math",
             "--std=c++17",
             "--ptxas-options=-v",
         ];
@@ -223,11 +226,26 @@ mod tests {
             let compiled = result::compile_program(prog, &options);
             let log = result::get_program_log(prog).unwrap();
             result::destroy_program(prog).unwrap();
-            compiled.unwrap_or_else(|e| panic!("sm_90a compile failed: {e:?}"));
+            compiled.unwrap_or_else(|e| panic!("{arch} compile failed: {e:?}"));
             log
         };
         let bytes: Vec<u8> = log.iter().map(|&c| c as u8).collect();
         String::from_utf8_lossy(&bytes).into_owned()
+    }
+
+    /// The attention kernels in ptxas's `report` that spilled registers, each with its line.
+    fn spills(report: &str, what: &str) -> Vec<String> {
+        let mut found = Vec::new();
+        for kernel in ["fwd_final", "fwd_state", "bwd_block"] {
+            let at = report
+                .find(&format!("Function properties for {kernel}\n"))
+                .unwrap_or_else(|| panic!("no ptxas report for {kernel}:\n{report}"));
+            let line = report[at..].lines().nth(1).unwrap_or_default();
+            if !line.contains(" 0 bytes spill stores") {
+                found.push(format!("{kernel} ({what}): {}", line.trim()));
+            }
+        }
+        found
     }
 
     /// The wgmma kernels' speed rests on two things ptxas decides and the PTX does not show:
@@ -242,22 +260,47 @@ mod tests {
         }
         for (head_dim, bf16) in [(128, true), (128, false), (64, true)] {
             let t = Tuning::for_head_dim(head_dim).for_device(head_dim, (9, 0));
-            let report = ptxas_report(&kernel_source(head_dim, bf16, &t));
+            let report = ptxas_report(&kernel_source(head_dim, bf16, &t), "sm_90a");
             assert!(
                 !report.contains("serialized"),
                 "d{head_dim} bf16={bf16}:\n{report}"
             );
-            for kernel in ["fwd_final", "fwd_state", "bwd_block"] {
-                let at = report
-                    .find(&format!("Function properties for {kernel}\n"))
-                    .unwrap_or_else(|| panic!("no ptxas report for {kernel}:\n{report}"));
-                let spills = report[at..].lines().nth(1).unwrap_or_default();
-                assert!(
-                    spills.contains(" 0 bytes spill stores"),
-                    "{kernel} (d{head_dim}, bf16={bf16}) spills: {spills}"
-                );
+            let spilled = spills(&report, &format!("d{head_dim}, bf16={bf16}"));
+            assert!(spilled.is_empty(), "{spilled:#?}");
+        }
+    }
+
+    /// The mma.sync kernels keep their f32 accumulators (O, dK, dV: head dim wide) in
+    /// registers at every head dim, as chosen for sm_80 and, where the wgmma kernels do not
+    /// cover the head dim, for sm_90: a spill would put them in local memory on every tile.
+    /// One known exception: head dim 128 at sm_80 spills (72 bytes in the forward, 24 in the
+    /// backward) with the shape measured best on the H200, kept as it was; this test asserts
+    /// that it still does, so a fix shows here.
+    #[test]
+    fn mma_sync_kernels_do_not_spill() {
+        if !nvrtc_present() {
+            return;
+        }
+        let mut spilled = Vec::new();
+        for head_dim in crate::backend::cuda::HEAD_DIMS {
+            for (capability, arch) in [((8, 0), "sm_80"), ((9, 0), "sm_90a")] {
+                let t = Tuning::for_head_dim(head_dim).for_device(head_dim, capability);
+                if t.fwd_wgmma || t.bwd_wgmma {
+                    continue; // the test above
+                }
+                let report = ptxas_report(&kernel_source(head_dim, true, &t), arch);
+                let found = spills(&report, &format!("d{head_dim}, {arch}"));
+                if (head_dim, arch) == (128, "sm_80") {
+                    assert!(
+                        !found.is_empty(),
+                        "d128 at sm_80 no longer spills: update this test"
+                    );
+                } else {
+                    spilled.extend(found);
+                }
             }
         }
+        assert!(spilled.is_empty(), "{spilled:#?}");
     }
 
     #[test]

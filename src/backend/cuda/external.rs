@@ -16,7 +16,7 @@
 //! torch's `[batch, seq, heads, head_dim]` on torch's stream. The one allocation of the backend
 //! itself is the backward's D (one f32 per query row), from the stream-ordered pool.
 
-use super::{CudaBackend, HEAD_DIMS, InputDtype, Tensor};
+use super::{CudaBackend, HEAD_DIMS, InputDtype, Tensor, launch};
 use crate::attn::{Grads, Partial};
 use crate::shape::{Dims, Mask};
 use anyhow::{Result, bail};
@@ -117,10 +117,7 @@ fn check_addr(addr: u64, len: usize, what: &str) -> Result<()> {
 pub fn check_lent_call(dims: &Dims, seq: usize) -> Result<()> {
     dims.validate()?;
     if !HEAD_DIMS.contains(&dims.head_dim) {
-        bail!(
-            "distflash's CUDA kernels support head dim 64 or 128, not {}",
-            dims.head_dim
-        );
+        bail!("{}", launch::unsupported_head_dim(dims.head_dim));
     }
     if seq == 0 {
         bail!("the sequence is empty; pass at least one token");

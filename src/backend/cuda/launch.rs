@@ -26,8 +26,20 @@ const WGMMA_FWD_BARRIERS: usize = 128;
 /// boundary their swizzled tiles need (`smem_base1024`).
 const WGMMA_ALIGN_SLACK: usize = 1024;
 
-/// Head dims the kernels are instantiated for.
-pub const HEAD_DIMS: [usize; 2] = [64, 128];
+/// Head dims the kernels are instantiated for: the mma.sync kernels take any of them (on every
+/// GPU from sm_80), the wgmma kernels 64 and 128 on sm_90.
+pub const HEAD_DIMS: [usize; 6] = [64, 80, 96, 128, 192, 256];
+
+/// Opt-in dynamic shared memory per block (bytes) of a compute capability: 227 KiB on Hopper
+/// and datacenter Blackwell, 163 KiB on A100 and Orin (8.0, 8.7), 99 KiB elsewhere (8.6, 8.9,
+/// 12.x): what [`Tuning::for_device`] sizes the tiles to.
+pub(crate) fn smem_limit(capability: (i32, i32)) -> usize {
+    match capability {
+        (9, 0) | (10, _) => 227 * 1024,
+        (8, 0) | (8, 7) => 163 * 1024,
+        _ => 99 * 1024,
+    }
+}
 
 /// Compile-time shape choices of the kernels (they become `#define`s). Each trades registers
 /// against reuse of shared-memory fragments; [`Tuning::for_head_dim`] is the fastest measured on
@@ -50,34 +62,76 @@ pub struct Tuning {
     /// 128-key tiles) instead of the mma.sync kernel; used only where [`Tuning::for_device`]
     /// keeps it (compute capability 9.0, head dim 128).
     pub bwd_wgmma: bool,
+    /// Backward warps sharing 32 keys (2 or 4; the mma.sync backward): 4 halves the dK and dV
+    /// registers per thread, which head dims above 128 need not to spill.
+    pub bwd_key_split: usize,
+    /// Pipeline stages of the mma.sync backward's query tiles (1 or 2): one leaves head dim
+    /// 256's K, V, Q and dO tiles within an A100's shared memory ([`Tuning::for_device`]).
+    pub bwd_q_stages: usize,
 }
 
 impl Tuning {
     /// The measured best for a head dim: 8 forward warps of 32 rows each (two m16 tiles reuse
-    /// every K/V fragment twice); at head dim 128 Q is re-read from shared memory to free the
+    /// every K/V fragment twice); above head dim 64 Q is re-read from shared memory to free the
     /// registers this needs, at 64 it fits in registers. 8 backward warps (128-key tiles), on
     /// the warpgroup MMA where the device has it (see [`Tuning::for_device`]).
+    ///
+    /// At head dims 96, 192 and 256 the f32 accumulators would spill at that shape (O is rows ×
+    /// head dim over a warp's 32 lanes, dK and dV keys × head dim; ptxas's counts are checked by
+    /// `compile.rs`'s tests): there the forward warps own 16 rows each, and above 128 the
+    /// backward's 32 keys are shared by 4 warps (64-key tiles). 128 keeps its measured shape
+    /// (on Hopper it runs on wgmma). The new shapes are chosen to fit registers and shared
+    /// memory, not yet timed against alternatives.
     pub fn for_head_dim(head_dim: usize) -> Tuning {
+        let wide = head_dim > 128;
         Tuning {
             fwd_warps: 8,
-            fwd_mtiles: 2,
+            fwd_mtiles: if head_dim <= 80 || head_dim == 128 {
+                2
+            } else {
+                1
+            },
             fwd_q_in_registers: head_dim <= 64,
             fwd_wgmma: WGMMA_HEAD_DIMS.contains(&head_dim),
             bwd_warps: 8,
             bwd_wgmma: WGMMA_HEAD_DIMS.contains(&head_dim),
+            bwd_key_split: if wide { 4 } else { 2 },
+            bwd_q_stages: 2,
         }
     }
 
     /// This variant as it can run for `head_dim` on a device of compute capability
     /// `capability`: the wgmma kernels exist only for sm_90 (H100/H200), so elsewhere they fall
-    /// back to the mma.sync kernels rather than failing.
+    /// back to the mma.sync kernels rather than failing. Where the mma.sync kernels' tiles
+    /// exceed the device's shared memory ([`smem_limit`]; head dim 256 off Hopper) the forward
+    /// runs with 4 warps (half the query rows) and the backward single-buffers its query tiles,
+    /// each only if that then fits (otherwise loading the kernels names the bytes refused).
     pub fn for_device(self, head_dim: usize, capability: (i32, i32)) -> Tuning {
         let wgmma = WGMMA_HEAD_DIMS.contains(&head_dim) && capability == (9, 0);
-        Tuning {
+        let mut t = Tuning {
             fwd_wgmma: self.fwd_wgmma && wgmma,
             bwd_wgmma: self.bwd_wgmma && wgmma,
             ..self
+        };
+        let limit = smem_limit(capability) as u32;
+        let narrow = Tuning { fwd_warps: 4, ..t };
+        if !t.fwd_wgmma
+            && forward_smem(head_dim, &t) > limit
+            && forward_smem(head_dim, &narrow) <= limit
+        {
+            t = narrow;
         }
+        let single = Tuning {
+            bwd_q_stages: 1,
+            ..t
+        };
+        if !t.bwd_wgmma
+            && backward_smem(head_dim, &t) > limit
+            && backward_smem(head_dim, &single) <= limit
+        {
+            t = single;
+        }
+        t
     }
 
     /// Threads per forward CTA as launched.
@@ -105,6 +159,18 @@ impl Tuning {
         if ![4, 8].contains(&self.bwd_warps) {
             bail!("backward warps must be 4 or 8, not {}", self.bwd_warps);
         }
+        if ![2, 4].contains(&self.bwd_key_split) {
+            bail!(
+                "backward warps per 32 keys must be 2 or 4, not {}",
+                self.bwd_key_split
+            );
+        }
+        if ![1, 2].contains(&self.bwd_q_stages) {
+            bail!(
+                "backward query-tile stages must be 1 or 2, not {}",
+                self.bwd_q_stages
+            );
+        }
         Ok(())
     }
 
@@ -120,13 +186,15 @@ impl Tuning {
     /// The `#define` lines that select this variant in the kernel sources.
     pub(crate) fn defines(&self) -> String {
         format!(
-            "#define FWD_WARPS {}\n#define FWD_MT {}\n#define FWD_QREG {}\n#define FWD_WGMMA {}\n#define BWD_WARPS {}\n#define BWD_WGMMA {}\n",
+            "#define FWD_WARPS {}\n#define FWD_MT {}\n#define FWD_QREG {}\n#define FWD_WGMMA {}\n#define BWD_WARPS {}\n#define BWD_WGMMA {}\n#define BWD_KSPLIT {}\n#define BWD_QSTAGES {}\n",
             self.fwd_warps,
             self.fwd_mtiles,
             self.fwd_q_in_registers as u8,
             self.fwd_wgmma as u8,
             self.bwd_warps,
-            self.bwd_wgmma as u8
+            self.bwd_wgmma as u8,
+            self.bwd_key_split,
+            self.bwd_q_stages
         )
     }
 }
@@ -141,10 +209,23 @@ pub(crate) fn check_dims(dims: &Dims) -> Result<()> {
 pub(crate) fn check_head_dim(head_dim: usize) -> Result<()> {
     if !HEAD_DIMS.contains(&head_dim) {
         bail!(
-            "the CUDA backend supports head dim 64 or 128, not {head_dim}; use --device cpu for other sizes"
+            "{}; use --device cpu for other sizes",
+            unsupported_head_dim(head_dim)
         );
     }
     Ok(())
+}
+
+/// The sentence that names the head dims the kernels take (`HEAD_DIMS`), for a refused one.
+pub(crate) fn unsupported_head_dim(head_dim: usize) -> String {
+    let (last, rest) = HEAD_DIMS
+        .split_last()
+        .expect("the kernels take some head dim");
+    let listed: Vec<String> = rest.iter().map(usize::to_string).collect();
+    format!(
+        "the CUDA backend supports head dims {} and {last}, not {head_dim}",
+        listed.join(", ")
+    )
 }
 
 fn grid_x(dims: &Dims) -> Result<u32> {
@@ -184,14 +265,19 @@ pub(crate) fn forward_config(dims: &Dims, q_rows: usize, tuning: &Tuning) -> Res
     })
 }
 
-/// Dynamic shared memory of the backward kernel: the K and V tiles, two stages of Q, dO, LSE
-/// and D, and the Pᵀ and dSᵀ tiles (16-bit). The wgmma kernel keeps no Pᵀ tile (Pᵀ stays in
+/// Dynamic shared memory of the backward kernel: the K and V tiles, `bwd_q_stages` stages (the
+/// wgmma kernel: two) of Q, dO, LSE and D, and the Pᵀ and dSᵀ tiles (16-bit). The wgmma kernel keeps no Pᵀ tile (Pᵀ stays in
 /// registers) but stages each query tile's dQ (f32 rows padded by 32 bytes; one copy per
 /// warpgroup at head dim 64, where each sums over its own keys) for the bulk reduction into
 /// global memory, and needs 1 KiB of slack to align its tiles to 1024 bytes.
 pub(crate) fn backward_smem(head_dim: usize, tuning: &Tuning) -> u32 {
     let bkv = backward_keys(tuning);
-    let tiles = 2 * bkv * head_dim * 2 + 4 * BWD_BQ * head_dim * 2 + 4 * BWD_BQ * 4;
+    let stages = if tuning.bwd_wgmma {
+        2
+    } else {
+        tuning.bwd_q_stages
+    };
+    let tiles = 2 * bkv * head_dim * 2 + stages * 2 * BWD_BQ * (head_dim * 2 + 4);
     let scores = if tuning.bwd_wgmma { 1 } else { 2 } * bkv * BWD_BQ * 2;
     let wgmma_extra = if tuning.bwd_wgmma {
         let dq_parts = if head_dim == 128 { 1 } else { 2 };
@@ -202,9 +288,14 @@ pub(crate) fn backward_smem(head_dim: usize, tuning: &Tuning) -> u32 {
     (tiles + scores + wgmma_extra) as u32
 }
 
-/// Key rows per backward CTA: 16 per warp in both kernels (the wgmma one: 64 per warpgroup).
+/// Key rows per backward CTA: 32 per `bwd_key_split` warps in the mma.sync kernel, 64 per
+/// warpgroup in the wgmma one.
 fn backward_keys(tuning: &Tuning) -> usize {
-    tuning.bwd_threads() / 2
+    if tuning.bwd_wgmma {
+        tuning.bwd_threads() / 2
+    } else {
+        32 * tuning.bwd_warps / tuning.bwd_key_split
+    }
 }
 
 /// Backward: one CTA per (batch·query head, key tile).
@@ -310,6 +401,25 @@ mod tests {
                 .contains("backward warps")
         );
         assert!(Tuning { fwd_mtiles: 3, ..t }.validate().is_err());
+        let e = Tuning {
+            bwd_key_split: 3,
+            ..t
+        };
+        assert!(
+            e.validate()
+                .unwrap_err()
+                .to_string()
+                .contains("per 32 keys")
+        );
+        let e = Tuning {
+            bwd_q_stages: 0,
+            ..t
+        };
+        assert!(e.validate().unwrap_err().to_string().contains("stages"));
+        assert!(
+            t.defines()
+                .ends_with("#define BWD_KSPLIT 2\n#define BWD_QSTAGES 2\n")
+        );
     }
 
     #[test]
@@ -376,10 +486,130 @@ mod tests {
         assert!(t.defines().contains("#define FWD_WGMMA 1\n"));
     }
 
+    /// Every head dim's variant, as chosen for an A100 and an H100/H200, fits that device's
+    /// shared memory, and the shapes the kernels assume hold: whole 16-column tiles, thread
+    /// counts the tiles divide among.
+    #[test]
+    fn every_head_dim_fits_every_device() {
+        for head_dim in HEAD_DIMS {
+            for capability in [(8, 0), (9, 0)] {
+                let t = Tuning::for_head_dim(head_dim).for_device(head_dim, capability);
+                assert!(t.validate().is_ok());
+                let limit = smem_limit(capability) as u32;
+                let (f, b) = (forward_smem(head_dim, &t), backward_smem(head_dim, &t));
+                assert!(
+                    f <= limit,
+                    "d{head_dim} {capability:?}: forward {f} > {limit}"
+                );
+                assert!(
+                    b <= limit,
+                    "d{head_dim} {capability:?}: backward {b} > {limit}"
+                );
+                assert_eq!(head_dim % 16, 0);
+                if !t.bwd_wgmma {
+                    assert_eq!(backward_keys(&t) % 32, 0);
+                }
+            }
+        }
+        // Head dim 256 off Hopper: 4 forward warps of 16 rows (Q, 2 stages of K and V: 160
+        // KiB), one query-tile stage in the backward (K, V 32 KiB each, Q, dO 32 KiB each,
+        // LSE and D, Pᵀ and dSᵀ 8 KiB each).
+        let a100 = Tuning::for_head_dim(256).for_device(256, (8, 0));
+        assert_eq!(
+            (a100.fwd_warps, a100.fwd_mtiles, a100.bwd_q_stages),
+            (4, 1, 1)
+        );
+        assert_eq!(forward_smem(256, &a100), (64 + 256) * 512);
+        assert_eq!(backward_smem(256, &a100), 4 * 32 * 1024 + 512 + 16 * 1024);
+        assert_eq!(backward_keys(&a100), 64);
+        // On Hopper the wider shapes fit: 8 warps (192 KiB), two stages (209 KiB).
+        let h100 = Tuning::for_head_dim(256).for_device(256, (9, 0));
+        assert_eq!((h100.fwd_warps, h100.bwd_q_stages), (8, 2));
+        assert!(!h100.fwd_wgmma && !h100.bwd_wgmma);
+        assert_eq!(forward_smem(256, &h100), (128 + 256) * 512);
+        assert_eq!(
+            backward_smem(256, &h100),
+            (2 * 32 + 4 * 32) * 1024 + 1024 + 16 * 1024
+        );
+        // 192 fits an A100 with both stages; 80 and 96 keep 128-key backward tiles.
+        let t = Tuning::for_head_dim(192).for_device(192, (8, 0));
+        assert_eq!((t.fwd_warps, t.bwd_q_stages, t.bwd_key_split), (8, 2, 4));
+        for d in [80, 96] {
+            let t = Tuning::for_head_dim(d).for_device(d, (9, 0));
+            assert_eq!((backward_keys(&t), t.bwd_key_split), (128, 2));
+            assert_eq!(forward_smem(d, &t) as usize, (t.fwd_rows() + 256) * d * 2);
+        }
+        // 64 and 128 keep their measured shapes everywhere.
+        for d in [64, 128] {
+            for capability in [(8, 0), (9, 0)] {
+                let t = Tuning::for_head_dim(d).for_device(d, capability);
+                assert_eq!(
+                    (
+                        t.fwd_warps,
+                        t.fwd_mtiles,
+                        t.bwd_warps,
+                        t.bwd_key_split,
+                        t.bwd_q_stages
+                    ),
+                    (8, 2, 8, 2, 2)
+                );
+            }
+        }
+        // Where even the narrow shapes exceed the device, the variant stays as it was and the
+        // kernel load names the bytes refused.
+        let small = Tuning::for_head_dim(256).for_device(256, (8, 6));
+        assert_eq!((small.fwd_warps, small.bwd_q_stages), (8, 2));
+        assert_eq!(smem_limit((8, 6)), 99 * 1024);
+    }
+
+    /// `swz` of kernels/common.cuh, in Rust: the 16-byte chunk that logical chunk `chunk` of
+    /// `row` occupies in a row of `row_elems` 16-bit values. Keep the two identical.
+    fn swz_chunk(row_elems: usize, row: usize, chunk: usize) -> usize {
+        let whole = (row_elems / 8) & !7;
+        let tail = row_elems / 8 - whole;
+        let tail_shift = if tail == 4 { 1 } else { 2 };
+        if tail == 0 || chunk < whole {
+            chunk ^ (row & 7)
+        } else {
+            chunk ^ ((row >> tail_shift) & (tail - 1))
+        }
+    }
+
+    /// The mma.sync kernels' shared-memory swizzle at every head dim: a permutation of each
+    /// row's chunks (else tiles would overlap: wrong results), and each ldmatrix phase (one
+    /// logical chunk of 8 rows from a multiple of 8) on 8 different bank groups of 16 bytes.
+    #[test]
+    fn swizzle_is_a_conflict_free_permutation() {
+        for d in HEAD_DIMS {
+            let chunks = d / 8;
+            for row in 0..64 {
+                let mut seen: Vec<usize> = (0..chunks).map(|c| swz_chunk(d, row, c)).collect();
+                seen.sort_unstable();
+                assert_eq!(seen, (0..chunks).collect::<Vec<_>>(), "d{d} row {row}");
+            }
+            for r0 in (0..64).step_by(8) {
+                for c in 0..chunks {
+                    let mut groups: Vec<usize> = (r0..r0 + 8)
+                        .map(|r| (r * chunks + swz_chunk(d, r, c)) % 8)
+                        .collect();
+                    groups.sort_unstable();
+                    groups.dedup();
+                    assert_eq!(groups.len(), 8, "d{d}: rows {r0}.., chunk {c} conflict");
+                }
+            }
+        }
+    }
+
     #[test]
     fn rejects_unsupported_shapes() {
-        let err = check_dims(&dims(96)).unwrap_err().to_string();
-        assert!(err.contains("head dim 64 or 128"), "{err}");
+        let err = check_dims(&dims(112)).unwrap_err().to_string();
+        assert!(
+            err.contains("head dims 64, 80, 96, 128, 192 and 256, not 112"),
+            "{err}"
+        );
+        for d in HEAD_DIMS {
+            assert!(check_dims(&dims(d)).is_ok());
+        }
         let mut d = dims(128);
         d.kv_heads = 5;
         assert!(check_dims(&d).is_err());

@@ -24,8 +24,10 @@
 //!   backward launch (plus the D = rowsum(dO∘O) pre-pass), for single-GPU training and
 //!   benchmarks.
 //!
-//! Shapes: head dim 64 or 128 (others are refused with a sentence), bf16 or fp16, any batch,
-//! MHA/GQA/MQA, any lengths (tiles past the end are zero-filled and masked).
+//! Shapes: head dims 64, 80, 96, 128, 192 and 256 (others are refused with a sentence; the
+//! wgmma kernels take 64 and 128, the other head dims run on the mma.sync kernels on Hopper
+//! too), bf16 or fp16, any batch, MHA/GQA/MQA, any lengths (tiles past the end are zero-filled
+//! and masked).
 //!
 //! Masks: both ways in take a [`Mask`](crate::shape::Mask) (packed documents, a sliding window,
 //! global tokens), which the kernels read as one int per position (`mask`: where each query's
