@@ -186,15 +186,24 @@ __device__ __forceinline__ HeadRows head_rows(int heads, int kv_heads, int q_len
 // k to row_end[k] - 1 see key k locally). A null row_start is plain causal attention (every row
 // starts at 0, no global tokens): the tile ranges below are then exactly the causal ones and no
 // tile is masked for the mask's sake.
+//
+// MASKED (0 or 1, defined by the host per module, `src/backend/cuda/kernels.rs`): a module
+// compiled with 0 is the causal one: every helper below folds to its causal constant and the
+// mask arguments go unread, so causal attention runs the code it ran before masks (with the mask
+// read at run time, the causal backward ran 12-17% slower: bench/notes/kernel-notes.md, v11);
+// a module compiled with 1 reads the mask.
 
 // Where query position `pos` starts seeing local keys (0 without a mask).
 __device__ __forceinline__ int row_start_at(const int* row_start, int pos) {
-    return row_start ? __ldg(row_start + pos) : 0;
+    return MASKED && row_start ? __ldg(row_start + pos) : 0;
 }
+
+// The global token count a kernel acts on (0 in the causal module).
+__device__ __forceinline__ int mask_global(int global) { return MASKED ? global : 0; }
 
 // The element predicate: key k hidden from query q (absolute positions; rs = row_start[q]).
 __device__ __forceinline__ bool key_hidden(int k, int q, int rs, int global) {
-    return k > q || (k < rs && k >= global);
+    return k > q || (MASKED && k < rs && k >= global);
 }
 
 // Whether the tile of KV_ROWS keys from absolute position k0 holds a hidden pair for some query
@@ -202,7 +211,7 @@ __device__ __forceinline__ bool key_hidden(int k, int q, int rs, int global) {
 // its scores go through key_hidden; otherwise every pair is visible and it takes the fast path.
 template <int KV_ROWS>
 __device__ __forceinline__ bool tile_partly_hidden(int k0, int q_first, int rs_last, int global) {
-    return k0 + KV_ROWS - 1 > q_first || (k0 < rs_last && k0 + KV_ROWS > global);
+    return k0 + KV_ROWS - 1 > q_first || (MASKED && k0 < rs_last && k0 + KV_ROWS > global);
 }
 
 // Forward: the KV tiles of KV_ROWS a CTA's query rows visit, in order: the global prefix's
@@ -226,7 +235,7 @@ __device__ __forceinline__ KvTiles visible_kv_tiles(int r0, int q_len, int kv_le
     const int lo = max(row_start_at(row_start, q_start + r0) - kv_start, 0);
     const int first = lo / KV_ROWS;
     const int local = hi > lo ? (hi + KV_ROWS - 1) / KV_ROWS - first : 0;
-    const int g_hi = min(global - kv_start, hi);  // global keys [0, g_hi)
+    const int g_hi = min(mask_global(global) - kv_start, hi);  // global keys [0, g_hi)
     int n_glob = g_hi > 0 ? (g_hi + KV_ROWS - 1) / KV_ROWS : 0;
     if (local > 0) n_glob = min(n_glob, first);  // a tile both global and local: visit it once
     return {n_glob + local, n_glob, first};
@@ -257,7 +266,7 @@ __device__ __forceinline__ int2 seeing_query_tiles(int c0, int c1, int q_len, in
                                                    const int* row_end, int global) {
     const int begin = max(kv_start + c0 - q_start, 0) / Q_ROWS;
     const int n_qt = (q_len + Q_ROWS - 1) / Q_ROWS;
-    if (!row_start || kv_start + c0 < global) return make_int2(begin, n_qt);
+    if (!MASKED || !row_start || kv_start + c0 < global) return make_int2(begin, n_qt);
     const int rows = min(max(__ldg(row_end + kv_start + c1 - 1) - q_start, 0), q_len);
     return make_int2(begin, (rows + Q_ROWS - 1) / Q_ROWS);
 }

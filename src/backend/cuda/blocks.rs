@@ -3,6 +3,7 @@
 //! and a block's backward accumulating f32 gradients; with the launch arguments every attention
 //! kernel shares (block geometry, tensor maps).
 
+use super::launch::Masking;
 use super::mask::MaskArgs;
 use super::tensor::{f32_mut, f32_ref, half};
 use super::{CudaBackend, InputDtype, Kernels, Tensor, Tuning, launch, tma};
@@ -82,7 +83,7 @@ impl CudaBackend {
         out: &mut Partial<Tensor>,
     ) -> Result<()> {
         launch::check_dims(dims)?;
-        let kern = self.kernels(dims.head_dim)?;
+        let kern = self.kernels(dims.head_dim, Masking::of(mask))?;
         let (dt, qn) = (self.dtype, block.q.len);
         let [q, k, v] = self.block_qkv(dims, block, q, k, v)?;
         half(&out.out, dt, dims.q_len(qn), "O")?; // validates, with the sentence
@@ -207,7 +208,7 @@ impl Backend for CudaBackend {
 
     fn new_state(&self, dims: &Dims, rows: usize) -> Result<RunningState<Tensor>> {
         launch::check_dims(dims)?;
-        let kern = self.kernels(dims.head_dim)?;
+        let kern = self.kernels(dims.head_dim, Masking::Causal)?;
         let mut m = self.alloc_f32(dims.stat_len(rows))?;
         self.fill(&kern, &mut m, f32::NEG_INFINITY)?;
         Ok(RunningState {
@@ -228,7 +229,7 @@ impl Backend for CudaBackend {
         state: &mut RunningState<Tensor>,
     ) -> Result<()> {
         launch::check_dims(dims)?;
-        let kern = self.kernels(dims.head_dim)?;
+        let kern = self.kernels(dims.head_dim, Masking::of(mask))?;
         let (qn, kvn) = (block.q.len, block.kv.len);
         if qn == 0 || kvn == 0 {
             return Ok(());
@@ -255,7 +256,7 @@ impl Backend for CudaBackend {
         state: RunningState<Tensor>,
     ) -> Result<Partial<Tensor>> {
         launch::check_dims(dims)?;
-        let kern = self.kernels(dims.head_dim)?;
+        let kern = self.kernels(dims.head_dim, Masking::Causal)?;
         let m = f32_ref(&state.m, dims.stat_len(rows), "the running max")?;
         let l = f32_ref(&state.l, dims.stat_len(rows), "the running sum")?;
         let acc = f32_ref(&state.acc, dims.q_len(rows), "the accumulator")?;
@@ -279,7 +280,7 @@ impl Backend for CudaBackend {
         other: &Partial<Tensor>,
     ) -> Result<()> {
         launch::check_dims(dims)?;
-        let kern = self.kernels(dims.head_dim)?;
+        let kern = self.kernels(dims.head_dim, Masking::Causal)?;
         let ob = f32_ref(&other.out, dims.q_len(rows), "the merged partial's O")?;
         let lb = f32_ref(&other.lse, dims.stat_len(rows), "the merged partial's LSE")?;
         let oa = f32_mut(&mut into.out, dims.q_len(rows), "the partial's O")?;
@@ -292,7 +293,7 @@ impl Backend for CudaBackend {
 
     fn delta(&self, dims: &Dims, rows: usize, out: &Tensor, dout: &Tensor) -> Result<Tensor> {
         launch::check_dims(dims)?;
-        let kern = self.kernels(dims.head_dim)?;
+        let kern = self.kernels(dims.head_dim, Masking::Causal)?;
         let len = dims.q_len(rows);
         let dout = half(dout, self.dtype, len, "dO")?;
         let mut delta = self.alloc_f32(dims.stat_len(rows))?;
@@ -329,7 +330,7 @@ impl Backend for CudaBackend {
         grads: GradsMut<'_, Tensor>,
     ) -> Result<()> {
         launch::check_dims(dims)?;
-        let kern = self.kernels(dims.head_dim)?;
+        let kern = self.kernels(dims.head_dim, Masking::of(mask))?;
         let (dt, qn, kvn) = (self.dtype, block.q.len, block.kv.len);
         if qn == 0 || kvn == 0 {
             return Ok(());

@@ -6,7 +6,7 @@
 //! (including the `#define`s that select head dim and dtype), the options, the architecture and
 //! the NVRTC version.
 
-use super::launch::Tuning;
+use super::launch::{Masking, Tuning};
 use anyhow::{Context, Result, bail};
 use cudarc::nvrtc::{CompileError, CompileOptions, Ptx};
 use std::path::{Path, PathBuf};
@@ -22,10 +22,16 @@ const ROWS: &str = include_str!("../../../kernels/rows.cu");
 const LAYOUT: &str = include_str!("../../../kernels/layout.cu");
 
 /// The full translation unit for one kernel variant: the selecting `#define`s, then the sources.
-pub(crate) fn kernel_source(head_dim: usize, bf16: bool, tuning: &Tuning) -> String {
+pub(crate) fn kernel_source(
+    head_dim: usize,
+    bf16: bool,
+    tuning: &Tuning,
+    masking: Masking,
+) -> String {
     let dtype = if bf16 { "DTYPE_BF16" } else { "DTYPE_F16" };
+    let masked = masking as u8;
     format!(
-        "#define HEAD_DIM {head_dim}\n#define {dtype}\n{}{HALF}\n{COMMON}\n{WGMMA}\n{FORWARD}\n{FORWARD_WGMMA}\n{BACKWARD}\n{BACKWARD_WGMMA}\n{ROWS}\n{LAYOUT}",
+        "#define HEAD_DIM {head_dim}\n#define {dtype}\n#define MASKED {masked}\n{}{HALF}\n{COMMON}\n{WGMMA}\n{FORWARD}\n{FORWARD_WGMMA}\n{BACKWARD}\n{BACKWARD_WGMMA}\n{ROWS}\n{LAYOUT}",
         tuning.defines()
     )
 }
@@ -196,13 +202,17 @@ mod tests {
             for bf16 in [true, false] {
                 for (major, minor) in [(9, 0), (8, 0)] {
                     let t = Tuning::for_head_dim(head_dim).for_device(head_dim, (major, minor));
-                    let src = kernel_source(head_dim, bf16, &t);
-                    let ptx = compile(&src, compile_options(major, minor))
-                        .unwrap_or_else(|e| panic!("d{head_dim} sm{major}{minor}: {e}"));
-                    let ptx = ptx.to_src();
-                    assert!(ptx.contains(".entry bwd_block"));
-                    assert!(ptx.contains(".entry relayout_f32_half"));
-                    assert_eq!(ptx.contains("wgmma"), t.fwd_wgmma || t.bwd_wgmma);
+                    for masking in Masking::BOTH {
+                        let src = kernel_source(head_dim, bf16, &t, masking);
+                        let ptx =
+                            compile(&src, compile_options(major, minor)).unwrap_or_else(|e| {
+                                panic!("d{head_dim} sm{major}{minor} {masking:?}: {e}")
+                            });
+                        let ptx = ptx.to_src();
+                        assert!(ptx.contains(".entry bwd_block"));
+                        assert!(ptx.contains(".entry relayout_f32_half"));
+                        assert_eq!(ptx.contains("wgmma"), t.fwd_wgmma || t.bwd_wgmma);
+                    }
                 }
             }
         }
@@ -260,13 +270,13 @@ mod tests {
         }
         for (head_dim, bf16) in [(128, true), (128, false), (64, true)] {
             let t = Tuning::for_head_dim(head_dim).for_device(head_dim, (9, 0));
-            let report = ptxas_report(&kernel_source(head_dim, bf16, &t), "sm_90a");
-            assert!(
-                !report.contains("serialized"),
-                "d{head_dim} bf16={bf16}:\n{report}"
-            );
-            let spilled = spills(&report, &format!("d{head_dim}, bf16={bf16}"));
-            assert!(spilled.is_empty(), "{spilled:#?}");
+            for masking in Masking::BOTH {
+                let what = format!("d{head_dim}, bf16={bf16}, {masking:?}");
+                let report = ptxas_report(&kernel_source(head_dim, bf16, &t, masking), "sm_90a");
+                assert!(!report.contains("serialized"), "{what}:\n{report}");
+                let spilled = spills(&report, &what);
+                assert!(spilled.is_empty(), "{spilled:#?}");
+            }
         }
     }
 
@@ -288,15 +298,18 @@ mod tests {
                 if t.fwd_wgmma || t.bwd_wgmma {
                     continue; // the test above
                 }
-                let report = ptxas_report(&kernel_source(head_dim, true, &t), arch);
-                let found = spills(&report, &format!("d{head_dim}, {arch}"));
-                if (head_dim, arch) == (128, "sm_80") {
-                    assert!(
-                        !found.is_empty(),
-                        "d128 at sm_80 no longer spills: update this test"
-                    );
-                } else {
-                    spilled.extend(found);
+                for masking in Masking::BOTH {
+                    let source = kernel_source(head_dim, true, &t, masking);
+                    let report = ptxas_report(&source, arch);
+                    let found = spills(&report, &format!("d{head_dim}, {arch}, {masking:?}"));
+                    if (head_dim, arch) == (128, "sm_80") {
+                        assert!(
+                            !found.is_empty(),
+                            "d128 at sm_80 no longer spills: update this test"
+                        );
+                    } else {
+                        spilled.extend(found);
+                    }
                 }
             }
         }
@@ -321,10 +334,13 @@ mod tests {
     #[test]
     fn source_selects_variant() {
         let t = Tuning::for_head_dim(128);
-        let s = kernel_source(128, true, &t);
-        assert!(s.starts_with("#define HEAD_DIM 128\n#define DTYPE_BF16\n#define FWD_WARPS 8\n"));
+        let s = kernel_source(128, true, &t, Masking::Causal);
+        assert!(s.starts_with(
+            "#define HEAD_DIM 128\n#define DTYPE_BF16\n#define MASKED 0\n#define FWD_WARPS 8\n"
+        ));
+        assert!(kernel_source(128, true, &t, Masking::Masked).contains("#define MASKED 1\n"));
         assert!(s.contains("#define FWD_WGMMA 1\n#define BWD_WARPS 8\n#define BWD_WGMMA 1\n"));
-        assert!(kernel_source(64, false, &t).contains("#define DTYPE_F16"));
+        assert!(kernel_source(64, false, &t, Masking::Causal).contains("#define DTYPE_F16"));
         assert!(s.contains("fwd_final") && s.contains("bwd_block") && s.contains("merge_rows"));
         assert!(s.contains("relayout_half") && s.contains("relayout_f32_half"));
         assert!(compile_options(9, 0)[0].ends_with("compute_90a"));

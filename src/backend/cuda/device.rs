@@ -2,6 +2,7 @@
 //! its context and the one stream every kernel runs on, host-device copies, allocation and the
 //! single place kernels are launched.
 
+use super::launch::Masking;
 use super::mask::DeviceMask;
 use super::{InputDtype, Kernels, Tensor, Tuning};
 use anyhow::{Result, bail};
@@ -28,7 +29,7 @@ pub struct CudaBackend {
     pub(super) capability: (i32, i32),
     pub(super) ctx: Arc<CudaContext>,
     pub(super) stream: Arc<CudaStream>,
-    pub(super) kernels: Mutex<HashMap<usize, Arc<Kernels>>>,
+    pub(super) kernels: Mutex<HashMap<(usize, Masking), Arc<Kernels>>>,
     /// The last mask's `row_start` on the device (`mask`), reused while the mask stays.
     pub(super) mask_rows: Mutex<Option<DeviceMask>>,
 }

@@ -1,7 +1,8 @@
-//! Loading the attention kernels into the device's context: one compiled module per head dim
-//! (NVRTC through `compile`, with the backend's dtype and [`Tuning`]), its functions looked up
-//! and their shared-memory limits raised once, then cached for every later call.
+//! Loading the attention kernels into the device's context: one compiled module per head dim and
+//! [`Masking`] (NVRTC through `compile`, with the backend's dtype and [`Tuning`]), its functions
+//! looked up and their shared-memory limits raised once, then cached for every later call.
 
+use super::launch::Masking;
 use super::{CudaBackend, InputDtype, compile, launch};
 use anyhow::Result;
 use cudarc::driver::CudaFunction;
@@ -24,17 +25,18 @@ pub(super) struct Kernels {
 }
 
 impl CudaBackend {
-    /// Compiles (or takes from the cache) and loads the kernels for `head_dim`.
-    pub(super) fn kernels(&self, head_dim: usize) -> Result<Arc<Kernels>> {
+    /// Compiles (or takes from the cache) and loads the kernels for `head_dim` and `masking`.
+    pub(super) fn kernels(&self, head_dim: usize, masking: Masking) -> Result<Arc<Kernels>> {
         let mut map = self
             .kernels
             .lock()
             .map_err(|_| anyhow::anyhow!("kernel cache lock poisoned"))?;
-        if let Some(k) = map.get(&head_dim) {
+        if let Some(k) = map.get(&(head_dim, masking)) {
             return Ok(k.clone());
         }
         let tuning = self.tuning(head_dim);
-        let source = compile::kernel_source(head_dim, self.dtype == InputDtype::Bf16, &tuning);
+        let bf16 = self.dtype == InputDtype::Bf16;
+        let source = compile::kernel_source(head_dim, bf16, &tuning, masking);
         let ptx = compile::compile_cached(&source, self.capability.0, self.capability.1)?;
         let module = self
             .ctx
@@ -74,12 +76,12 @@ impl CudaBackend {
             })?;
         }
         let kernels = Arc::new(kernels);
-        map.insert(head_dim, kernels.clone());
+        map.insert((head_dim, masking), kernels.clone());
         Ok(kernels)
     }
 
-    /// Kernels of any head dim already loaded, else the head-dim-128 variant: for the
-    /// elementwise helpers, which do not depend on the head dim.
+    /// Kernels of any head dim and masking already loaded, else the causal head-dim-128
+    /// variant: for the elementwise helpers, which depend on neither.
     pub(super) fn any_kernels(&self) -> Result<Arc<Kernels>> {
         let loaded = self
             .kernels
@@ -90,7 +92,7 @@ impl CudaBackend {
             .cloned();
         match loaded {
             Some(k) => Ok(k),
-            None => self.kernels(128),
+            None => self.kernels(128, Masking::Causal),
         }
     }
 }

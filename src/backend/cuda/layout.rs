@@ -7,6 +7,7 @@
 //! The kernel's index arithmetic is written again in Rust in the tests here (`source_vector`, line
 //! for line), which check it against `attn::layout`, the host reference every other path uses.
 
+use super::launch::Masking;
 use super::{CudaBackend, InputDtype, Kind, Tensor, launch};
 use crate::backend::{ModelEdge, Order};
 use anyhow::{Result, anyhow, bail};
@@ -50,7 +51,7 @@ impl CudaBackend {
         let Tensor::Half { data: dst, .. } = &mut out else {
             bail!("a fresh 16-bit buffer came back as f32");
         };
-        let kern = self.kernels(head_dim)?;
+        let kern = self.kernels(head_dim, Masking::Causal)?;
         let (rows, heads) = (rows as i64, heads as i64);
         let head_major = i32::from(to == Order::ToHeadMajor);
         let cfg = launch::elementwise_config(len / 8);
