@@ -313,10 +313,14 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("must be a multiple of kv-heads (3)"), "{err}");
-        let err = check_lent_call(&dims(8, 8, 96), 100)
+        assert!(check_lent_call(&dims(8, 8, 96), 100).is_ok());
+        let err = check_lent_call(&dims(8, 8, 72), 100)
             .unwrap_err()
             .to_string();
-        assert!(err.contains("96"), "{err}");
+        assert!(
+            err.contains("supports head dims 64, 80, 96, 128, 192 and 256, not 72"),
+            "{err}"
+        );
         let err = check_lent_call(&dims(8, 8, 64), 0).unwrap_err().to_string();
         assert_eq!(err, "the sequence is empty; pass at least one token");
     }
