@@ -72,20 +72,23 @@ extern "C" __global__ void __launch_bounds__(BWD_THREADS, 8 / BWD_WARPS)
     const u32 sdO = sQ + BWD_QSTAGES * Q_STAGE;
     const u32 sL = sdO + BWD_QSTAGES * Q_STAGE;
     const u32 sD = sL + BWD_QSTAGES * BWD_BQ * 4;
-    const u32 sP = sD + BWD_QSTAGES * BWD_BQ * 4;  // Pᵀ  [key][query], 16-bit, swizzled
+    const u32 sR = sD + BWD_QSTAGES * BWD_BQ * 4;  // the rows' mask starts
+    const u32 sP = sR + BWD_QSTAGES * BWD_BQ * 4;  // Pᵀ  [key][query], 16-bit, swizzled
     const u32 sdS = sP + BWD_BKV * BWD_BQ * 2;  // dSᵀ [key][query]
     const float* fL = reinterpret_cast<const float*>(smem + (sL - sK));
     const float* fD = reinterpret_cast<const float*>(smem + (sD - sK));
+    const int* iR = reinterpret_cast<const int*>(smem + (sR - sK));
     unsigned char* pP = smem + (sP - sK);
     unsigned char* pdS = smem + (sdS - sK);
 
-    // Query tile qt's Q, dO, LSE and D into pipeline stage st.
+    // Query tile qt's Q, dO, LSE, D and row starts into pipeline stage st.
     const auto load_query_tile = [&](int qt, int st) {
         const int r = qt * BWD_BQ;
         load_tile<BWD_BQ, BWD_THREADS>(sQ + st * Q_STAGE, op.Q, r, q_len);
         load_tile<BWD_BQ, BWD_THREADS>(sdO + st * Q_STAGE, op.dO, r, q_len);
         load_vec<BWD_BQ>(sL + st * BWD_BQ * 4, op.LSE, r, q_len);
         load_vec<BWD_BQ>(sD + st * BWD_BQ * 4, op.D, r, q_len);
+        load_row_starts<BWD_BQ>(sR + st * BWD_BQ * 4, row_start, q_start, r, q_len);
     };
     load_tile<BWD_BKV, BWD_THREADS>(sK, op.K, c0, kv_len);
     load_tile<BWD_BKV, BWD_THREADS>(sV, op.V, c0, kv_len);
@@ -121,6 +124,7 @@ extern "C" __global__ void __launch_bounds__(BWD_THREADS, 8 / BWD_WARPS)
         const u32 cQ = sQ + stage * Q_STAGE, cdO = sdO + stage * Q_STAGE;
         const float* cL = fL + stage * BWD_BQ;
         const float* cD = fD + stage * BWD_BQ;
+        const int* cR = iR + stage * BWD_BQ;
         const int r0 = qt * BWD_BQ;
 
         // ---- Phase 1: Sᵀ and dPᵀ for 32 keys × QPW queries.
@@ -158,7 +162,7 @@ extern "C" __global__ void __launch_bounds__(BWD_THREADS, 8 / BWD_WARPS)
         }
 
         // Pᵀ from the final LSE (masked pairs exactly 0), dSᵀ = Pᵀ∘(dPᵀ − D); both to smem.
-        const int rs_last = row_start_at(row_start, q_start + min(r0 + BWD_BQ, q_len) - 1);
+        const int rs_last = staged_row_start(cR, row_start, min(BWD_BQ, q_len - r0) - 1);
         const bool need_mask = (r0 + BWD_BQ > q_len) || (c0 + BWD_BKV > kv_len) ||
                                tile_partly_hidden<BWD_BKV>(kv_start + c0, q_start + r0, rs_last,
                                                          global);
@@ -173,7 +177,7 @@ extern "C" __global__ void __launch_bounds__(BWD_THREADS, 8 / BWD_WARPS)
                 // A row with no visible key anywhere (LSE = −∞) has P = 0.
                 lse2[c] = lse == NEG_INF ? POS_INF : lse * LOG2E;
                 dd[c] = cD[qc + c];
-                rq[c] = need_mask ? row_start_at(row_start, q_start + min(r0 + qc + c, q_len - 1))
+                rq[c] = need_mask ? staged_row_start(cR, row_start, min(qc + c, q_len - 1 - r0))
                                   : 0;
             }
 #pragma unroll

@@ -80,9 +80,11 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
     const u32 sdS = sdO + 2 * Q_TILE;       // dSᵀ [key][query], 128-byte rows
     const u32 sL = sdS + WG_BKV * WG_BQ * 2;  // two stages of LSE, then two of D
     const u32 sD = sL + 2 * WG_BQ * 4;
-    const u32 sdQ = sD + 2 * WG_BQ * 4;     // the last tile's dQ, WG_DQ_PARTS × 64 rows
+    const u32 sR = sD + 2 * WG_BQ * 4;      // two stages of the rows' mask starts
+    const u32 sdQ = sR + 2 * WG_BQ * 4;     // the last tile's dQ, WG_DQ_PARTS × 64 rows
     const float* fL = reinterpret_cast<const float*>(gen + (sL - base));
     const float* fD = reinterpret_cast<const float*>(gen + (sD - base));
+    const int* iR = reinterpret_cast<const int*>(gen + (sR - base));
     unsigned char* pdS = gen + (sdS - base);
 
     load_tile<WG_BKV, WG_THREADS, true>(sK, op.K, c0, kv_len);
@@ -91,6 +93,7 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
     load_tile<WG_BQ, WG_THREADS, true>(sdO, op.dO, t_begin * WG_BQ, q_len);
     load_vec<WG_BQ>(sL, op.LSE, t_begin * WG_BQ, q_len);
     load_vec<WG_BQ>(sD, op.D, t_begin * WG_BQ, q_len);
+    load_row_starts<WG_BQ>(sR, row_start, q_start, t_begin * WG_BQ, q_len);
     cp_commit();
 
     // dK and dV for this warpgroup's 64 keys, as two 64-column halves of the head dim.
@@ -115,11 +118,13 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
             load_tile<WG_BQ, WG_THREADS, true>(sdO + ns * Q_TILE, op.dO, nr, q_len);
             load_vec<WG_BQ>(sL + ns * WG_BQ * 4, op.LSE, nr, q_len);
             load_vec<WG_BQ>(sD + ns * WG_BQ * 4, op.D, nr, q_len);
+            load_row_starts<WG_BQ>(sR + ns * WG_BQ * 4, row_start, q_start, nr, q_len);
         }
         cp_commit();
         const u32 cQ = sQ + stage * Q_TILE, cdO = sdO + stage * Q_TILE;
         const float* cL = fL + stage * WG_BQ;
         const float* cD = fD + stage * WG_BQ;
+        const int* cR = iR + stage * WG_BQ;
         const int r0 = qt * WG_BQ;
 
         // ---- 1. Sᵀ and dPᵀ: 64 keys × 64 queries, K = head dim (8 steps of 16).
@@ -138,7 +143,7 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
         fence_regs<32>(dp);
 
         // ---- 2. Pᵀ (masked pairs exactly 0) and dSᵀ, packed as A fragments.
-        const int rs_last = row_start_at(row_start, q_start + min(r0 + WG_BQ, q_len) - 1);
+        const int rs_last = staged_row_start(cR, row_start, min(WG_BQ, q_len - r0) - 1);
         const bool need_mask = (r0 + WG_BQ > q_len) || (c0 + WG_BKV > kv_len) ||
                                tile_partly_hidden<WG_BKV>(kv_start + c0, q_start + r0, rs_last,
                                                          global);
@@ -153,7 +158,7 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
                 const float lse = cL[qc + c];
                 lse2[c] = lse == NEG_INF ? POS_INF : lse * LOG2E;
                 dd[c] = cD[qc + c];
-                rq[c] = need_mask ? row_start_at(row_start, q_start + min(r0 + qc + c, q_len - 1))
+                rq[c] = need_mask ? staged_row_start(cR, row_start, min(qc + c, q_len - 1 - r0))
                                   : 0;
             }
 #pragma unroll

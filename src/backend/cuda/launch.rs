@@ -291,7 +291,8 @@ pub(crate) fn forward_config(dims: &Dims, q_rows: usize, tuning: &Tuning) -> Res
 }
 
 /// Dynamic shared memory of the backward kernel: the K and V tiles, `bwd_q_stages` stages (the
-/// wgmma kernel: two) of Q, dO, LSE and D, and the Pᵀ and dSᵀ tiles (16-bit). The wgmma kernel keeps no Pᵀ tile (Pᵀ stays in
+/// wgmma kernel: two) of Q, dO, LSE, D and the rows' mask starts (read by the masked module
+/// only, reserved in both so one size serves), and the Pᵀ and dSᵀ tiles (16-bit). The wgmma kernel keeps no Pᵀ tile (Pᵀ stays in
 /// registers) but stages each query tile's dQ (f32 rows padded by 32 bytes; one copy per
 /// warpgroup at head dim 64, where each sums over its own keys) for the bulk reduction into
 /// global memory, and needs 1 KiB of slack to align its tiles to 1024 bytes.
@@ -302,7 +303,7 @@ pub(crate) fn backward_smem(head_dim: usize, tuning: &Tuning) -> u32 {
     } else {
         tuning.bwd_q_stages
     };
-    let tiles = 2 * bkv * head_dim * 2 + stages * 2 * BWD_BQ * (head_dim * 2 + 4);
+    let tiles = 2 * bkv * head_dim * 2 + stages * BWD_BQ * (2 * head_dim * 2 + 3 * 4);
     let scores = if tuning.bwd_wgmma { 1 } else { 2 } * bkv * BWD_BQ * 2;
     let wgmma_extra = if tuning.bwd_wgmma {
         let dq_parts = if head_dim == 128 { 1 } else { 2 };
@@ -468,13 +469,13 @@ mod tests {
             2
         );
         // wgmma: K, V (32 KiB each), two stages of Q and dO (16 KiB each), dSᵀ (16 KiB),
-        // LSE and D (1 KiB), dQ (64 rows of 544 bytes), alignment slack (1 KiB); 128-key tiles
+        // LSE, D and row starts (1.5 KiB), dQ (64 rows of 544 bytes), alignment slack (1 KiB); 128-key tiles
         // of 256 threads.
         let wg = Tuning::for_head_dim(128).for_device(128, (9, 0));
         assert!(wg.bwd_wgmma);
         assert_eq!(
             backward_smem(128, &wg),
-            (64 + 64 + 16 + 1 + 1) * 1024 + 64 * 544
+            (64 + 64 + 16 + 1 + 1) * 1024 + 512 + 64 * 544
         );
         let c = backward_config(&dims(128), 129, &wg).unwrap();
         assert_eq!((c.grid_dim.1, c.block_dim.0), (2, 256));
@@ -499,7 +500,7 @@ mod tests {
         assert!(t64.fwd_wgmma && t64.bwd_wgmma);
         assert_eq!(
             backward_smem(64, &t64),
-            (32 + 32 + 16 + 1 + 1) * 1024 + 2 * 64 * 288
+            (32 + 32 + 16 + 1 + 1) * 1024 + 512 + 2 * 64 * 288
         );
         assert_eq!(forward_smem(64, &t64), (6 * 16 + 1) * 1024 + 128);
         let off = Tuning {
@@ -538,14 +539,14 @@ mod tests {
         }
         // Head dim 256 off Hopper: 4 forward warps of 16 rows (Q, 2 stages of K and V: 160
         // KiB), one query-tile stage in the backward (K, V 32 KiB each, Q, dO 32 KiB each,
-        // LSE and D, Pᵀ and dSᵀ 8 KiB each).
+        // LSE, D and row starts (768 bytes), Pᵀ and dSᵀ 8 KiB each).
         let a100 = Tuning::for_head_dim(256).for_device(256, (8, 0));
         assert_eq!(
             (a100.fwd_warps, a100.fwd_mtiles, a100.bwd_q_stages),
             (4, 1, 1)
         );
         assert_eq!(forward_smem(256, &a100), (64 + 256) * 512);
-        assert_eq!(backward_smem(256, &a100), 4 * 32 * 1024 + 512 + 16 * 1024);
+        assert_eq!(backward_smem(256, &a100), 4 * 32 * 1024 + 768 + 16 * 1024);
         assert_eq!(backward_keys(&a100), 64);
         // On Hopper the wider shapes fit: 8 warps (192 KiB), two stages (209 KiB).
         let h100 = Tuning::for_head_dim(256).for_device(256, (9, 0));
@@ -554,7 +555,7 @@ mod tests {
         assert_eq!(forward_smem(256, &h100), (128 + 256) * 512);
         assert_eq!(
             backward_smem(256, &h100),
-            (2 * 32 + 4 * 32) * 1024 + 1024 + 16 * 1024
+            (2 * 32 + 4 * 32) * 1024 + 1536 + 16 * 1024
         );
         // 192 fits an A100 with both stages; 80 and 96 keep 128-key backward tiles.
         let t = Tuning::for_head_dim(192).for_device(192, (8, 0));
