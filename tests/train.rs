@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{distflash, temp_dir, tiny_options as options, train_on_threads};
+use common::{distflash, temp_dir, tiny_options as options, train_on_threads, train_returning};
 use distflash::model::config::Config;
 use distflash::plan::Schedule;
 use distflash::train::documents::{Packing, Positions};
@@ -20,6 +20,21 @@ fn run(o: &Options) -> (Vec<f64>, Vec<Vec<f32>>) {
     let losses = Mutex::new(Vec::new());
     let w = train(o, |r: &StepReport| losses.lock().unwrap().push(r.loss)).unwrap();
     (losses.into_inner().unwrap(), w)
+}
+
+/// A run that asks for no final weights (`train` without `--save-dir`, whose host memory goes to
+/// offloaded checkpoints and moments) takes the same steps and brings nothing back.
+#[test]
+fn a_run_without_final_weights_takes_the_same_steps() {
+    let (want, _) = run(&options(3, None, None));
+    let o = Options {
+        final_weights: false,
+        ..options(3, None, None)
+    };
+    let losses = Mutex::new(Vec::new());
+    let got = train_returning(&o, 3, |r: &StepReport| losses.lock().unwrap().push(r.loss)).unwrap();
+    assert!(got.is_none());
+    assert_eq!(losses.into_inner().unwrap(), want);
 }
 
 #[test]

@@ -340,9 +340,10 @@ pub fn run(args: Args) -> Result<()> {
         offload: args.offload,
         optimizer: true,
         shard,
+        // Without a save nothing of the state comes to the host (`Options::final_weights`).
         host_state: match args.save_dir {
             Some(_) => HostState::WeightsAndMoments,
-            None => HostState::Weights,
+            None => HostState::None,
         },
         ignore_estimate: args.ignore_memory_estimate,
     };
@@ -373,6 +374,7 @@ pub fn run(args: Args) -> Result<()> {
         resume: args.resume.clone(),
         eval,
         packing: args.packing.packing(),
+        final_weights: args.save_dir.is_some(),
     };
     let metrics = match &args.save_dir {
         Some(dir) if reporter => Some(Metrics::open(dir, args.resume.is_some())?),
@@ -415,8 +417,8 @@ pub fn run(args: Args) -> Result<()> {
     }
     let wall = began.elapsed().as_secs_f64();
     let (list, _) = reports.into_inner().expect("reporting never panics");
-    if let Some(dir) = &args.save_dir {
-        save_model(dir, &opts.config, &weights)?;
+    if let (Some(dir), Some(weights)) = (&args.save_dir, &weights) {
+        save_model(dir, &opts.config, weights)?;
         write_curve(dir, &list)?;
     }
     let Some(last) = list.last() else {

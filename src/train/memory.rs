@@ -48,9 +48,9 @@ pub struct MemoryCheck {
 /// What a job's reporter gathers on the host in f32, one copy of every parameter each.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum HostState {
-    /// Nothing (a benchmark's step).
+    /// Nothing (a benchmark's step, or a `train` run that saves nothing).
     None,
-    /// The final weights, or the gradients (`train`, `grads`).
+    /// The final weights (a run that asks for them) or the gradients (`grads`).
     Weights,
     /// The weights and AdamW's two moments, which a checkpoint holds (`train --save-dir`).
     WeightsAndMoments,

@@ -88,6 +88,11 @@ pub struct Options {
     /// Whether the documents packed into a sequence see each other, and where their rotary
     /// positions count from (`documents`).
     pub packing: Packing,
+    /// Whether the reporter gathers the final weights whole on the host (f32, 4 bytes a
+    /// parameter: 25 GiB at 7B) and returns them: to save a model, or to compare runs. A long
+    /// run with nothing to save leaves that host memory to its offloaded checkpoints and moments;
+    /// its last weights are then checked finite where they are.
+    pub final_weights: bool,
 }
 
 /// Held-out data (`--eval-data`): the mean loss of its first `sequences` sequences, every
@@ -550,14 +555,15 @@ impl Job for GradientsJob<'_> {
 }
 
 /// Trains as `o` says on `runtime`'s workers, calling `on_step` (from the reporter) after every
-/// step. Returns the final host weights (`specs` order) on the reporter, `None` on the other
-/// ranks of a launched job (their weights are the same).
+/// step. Returns, on the reporter, the final host weights (`specs` order) when
+/// `o.final_weights` asks for them; `None` on the other ranks of a launched job (their weights
+/// are the same).
 pub fn train(
     o: &Options,
     memory: &MemoryCheck,
     runtime: &Runtime,
     on_step: impl Fn(&StepReport) + Sync,
-) -> Result<Option<Vec<Vec<f32>>>> {
+) -> Result<Option<Option<Vec<Vec<f32>>>>> {
     let partition = model_partition(&o.config, o.seq_len, o.schedule, runtime)?;
     if let Some(e) = &o.eval {
         e.data.check(o.seq_len, o.config.vocab_size)?;
@@ -589,13 +595,13 @@ struct TrainJob<'a, F> {
 }
 
 impl<F: Fn(&StepReport) + Sync> Job for TrainJob<'_, F> {
-    type Output = Vec<Vec<f32>>;
+    type Output = Option<Vec<Vec<f32>>>;
 
     fn run<D: ModelDevice, C: Communicator<D::Tensor>>(
         &self,
         device: &D,
         comm: &mut C,
-    ) -> Result<Vec<Vec<f32>>> {
+    ) -> Result<Option<Vec<Vec<f32>>>> {
         let rank = comm.rank();
         let mine = self.partition.own_spans(rank);
         let ops = device.ops();
@@ -673,7 +679,7 @@ pub fn save_disk_bytes(params: usize, saves: usize, existing: u64) -> f64 {
 
 /// The steps of a run on any device: this worker (`rank` of `world`)'s rows `mine` of every
 /// sequence, gradients and the tally summed over the workers, AdamW as `o.shard` shards it. The
-/// reporter calls `on_step` and saves.
+/// reporter calls `on_step` and saves, and returns the final weights if `o.final_weights`.
 #[allow(clippy::too_many_arguments)]
 fn run_steps<D: ModelDevice, C: Communicator<D::Tensor>>(
     ops: &D::Ops,
@@ -684,7 +690,7 @@ fn run_steps<D: ModelDevice, C: Communicator<D::Tensor>>(
     ranks: (usize, usize),
     attn: &mut ModelAttention<'_, D, C>,
     on_step: &(impl Fn(&StepReport) + Sync),
-) -> Result<Vec<Vec<f32>>> {
+) -> Result<Option<Vec<Vec<f32>>>> {
     let cfg = &o.config;
     let reporter = ranks.0 == 0;
     let optimizer = (o.shard, o.offload.optimizer());
@@ -815,12 +821,22 @@ fn run_steps<D: ModelDevice, C: Communicator<D::Tensor>>(
             saved = Some((path, step));
         }
     }
+    let what = "its last update made weights non-finite";
+    if !o.final_weights {
+        // Each worker checks the pieces it holds (a sum of squares of f32 values is finite
+        // exactly when every value is).
+        for t in held.w.tensors() {
+            if !ops.sum_squares(t)?.is_finite() {
+                return Err(diverged(o, o.steps, saved.as_ref(), what));
+            }
+        }
+        return Ok(None);
+    }
     let weights = held.host_weights(ops, collectives(attn, &mut solo), reporter)?;
     if reporter && !all_finite(&weights) {
-        let what = "its last update made weights non-finite";
         return Err(diverged(o, o.steps, saved.as_ref(), what));
     }
-    Ok(weights)
+    Ok(Some(weights))
 }
 
 /// The mean loss over `eval`'s held-out sequences, summed over the workers. The model has one

@@ -82,6 +82,7 @@ pub fn tiny_options(steps: u64, save_dir: Option<&Path>, resume: Option<&Path>) 
         resume: resume.map(Path::to_path_buf),
         eval: None,
         packing: Packing::packed(),
+        final_weights: true,
     }
 }
 
@@ -92,6 +93,17 @@ pub fn train_on_threads(
     workers: usize,
     on_step: impl Fn(&StepReport) + Sync,
 ) -> anyhow::Result<Vec<Vec<f32>>> {
+    let w = train_returning(o, workers, on_step)?;
+    Ok(w.expect("final_weights asks for the weights"))
+}
+
+/// `train::train` of `o` on `workers` CPU worker threads, returning what it returns to the
+/// reporter: the final weights if `o.final_weights` asks for them.
+pub fn train_returning(
+    o: &Options,
+    workers: usize,
+    on_step: impl Fn(&StepReport) + Sync,
+) -> anyhow::Result<Option<Vec<Vec<f32>>>> {
     let memory = MemoryCheck {
         config: o.config.clone(),
         model: "tiny".into(),
