@@ -8,10 +8,11 @@
 #            offload and with --offload optimizer: each step's time (the update's copies are the
 #            difference) and peak GPU memory (nvidia-smi, every 0.5 s) beside the estimate; the
 #            first step's loss must be the same bits (it comes before any update)
-#   256k     the same at 256K with --offload activations,optimizer, STEPS256 steps (default 1, a
-#            step is ~250 s). Its pinned host memory is ~129 GiB of checkpoints + 50.2 GiB of
-#            moments, + 25 GiB for the final f32 weights: run it on a host with 256 GiB
-#            (nvidia-h200-x2; one GPU is used), where the start-up check lets it start
+#   256k     the same at 256K with --offload all and --checkpoint layer (CHECKPOINT256), STEPS256
+#            steps (default 1, a step is ~200-250 s). Its pinned host memory is 64 GiB of layer
+#            checkpoints (x only) + 50.2 GiB of moments: it fits a 128 GiB host now that a run
+#            without --save-dir gathers no final f32 weights (under remat the checkpoints are
+#            129 GiB: that needs a host with 256 GiB, nvidia-h200-x2)
 # Run from the repository root on the GPU machine with the binaries in .dev/:
 #   bash bench/peers/build_gpu_tests.sh   (here)   then   OUT=... bash bench/peers/offload_optimizer.sh
 # Writes under $OUT: offload_optimizer.log (commands, exit codes, stderr with the estimates),
@@ -30,19 +31,20 @@ free -g >> "$LOG"
 echo "sections: $SECTIONS" >> "$LOG"
 wanted() { [[ " $SECTIONS " == *" $1 "* ]]; }
 
-# One training run of llama2-7b over $1 tokens with --offload $2 for $3 steps, its GPU memory
-# sampled beside it; appends a summary line.
+# One training run of llama2-7b over $1 tokens with --offload $2 for $3 steps under
+# --checkpoint $4 (default remat), its GPU memory sampled beside it; appends a summary line.
 train_run() {
-  local seq=$1 offload=$2 steps=$3 tag="$1_${2//,/+}"
+  local seq=$1 offload=$2 steps=$3 checkpoint=${4:-remat} tag="$1_${2//,/+}"
   local json=$OUT/train_$tag.json mem=$OUT/mem_$tag.log
-  echo "=== train $seq --offload $offload --steps $steps" >> "$LOG"
+  echo "=== train $seq --offload $offload --steps $steps --checkpoint $checkpoint" >> "$LOG"
   "$BIN" bench train --estimate --json --optimizer --preset llama2-7b --seq-len "$seq" \
-    --offload "$offload" > "$OUT/estimate_$tag.json" 2>> "$LOG"
+    --offload "$offload" --checkpoint "$checkpoint" > "$OUT/estimate_$tag.json" 2>> "$LOG"
   nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -i 0 -lms 500 > "$mem" &
   local smi=$! t0 t1 rc
   t0=$(date +%s%N)
   timeout "${TRAIN_TIMEOUT:-560}" "$BIN" train --device cuda --preset llama2-7b --batch 1 \
-    --steps "$steps" --seq-len "$seq" --lr 1e-5 --offload "$offload" --json > "$json" 2>> "$LOG"
+    --steps "$steps" --seq-len "$seq" --lr 1e-5 --offload "$offload" --checkpoint "$checkpoint" \
+    --json > "$json" 2>> "$LOG"
   rc=$?
   t1=$(date +%s%N)
   kill "$smi"
@@ -53,7 +55,7 @@ train_run() {
   loss=$(grep -o '"loss":[0-9.e+-]*' "$json" | cut -d: -f2 | paste -sd, -)
   est=$(grep -o '"estimated_gib":[0-9.e+-]*' "$OUT/estimate_$tag.json" | cut -d: -f2)
   echo "exit $rc, wall $(( (t1 - t0) / 1000000 )) ms" >> "$LOG"
-  echo "{\"seq\":$seq,\"offload\":\"$offload\",\"steps\":$steps,\"exit\":$rc,\"wall_ms\":$(( (t1 - t0) / 1000000 )),\"step_secs\":[${step_secs}],\"losses\":[${loss}],\"peak_used_mib\":${peak:-null},\"estimated_gib\":${est:-null}}" >> "$SUMMARY"
+  echo "{\"seq\":$seq,\"offload\":\"$offload\",\"checkpoint\":\"$checkpoint\",\"steps\":$steps,\"exit\":$rc,\"wall_ms\":$(( (t1 - t0) / 1000000 )),\"step_secs\":[${step_secs}],\"losses\":[${loss}],\"peak_used_mib\":${peak:-null},\"estimated_gib\":${est:-null}}" >> "$SUMMARY"
 }
 
 if wanted gpu_ops; then
@@ -73,6 +75,6 @@ if wanted 64k; then
   fi
 fi
 if wanted 256k; then
-  train_run 262144 activations,optimizer "${STEPS256:-1}"
+  train_run 262144 all "${STEPS256:-1}" "${CHECKPOINT256:-layer}"
 fi
 cat "$SUMMARY" >> "$LOG"
