@@ -148,29 +148,39 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
                                tile_partly_hidden<WG_BKV>(kv_start + c0, q_start + r0, rs_last,
                                                          global);
         const int kl = wg * 64 + wi * 16 + g;  // this thread's key rows kl, kl + 8
+        if (need_mask) {
+            // Hidden pairs' scores to −∞, so the loop below gives them P = 0 exactly. A pass
+            // of its own, taken only by the tiles that need it: with the test inside the softmax
+            // loop under a run-time flag, ptxas predicated it onto every tile of the masked
+            // module, whose backward then ran 12.6% under the causal module's on a nearly causal
+            // mask (16K, window 16383: 15.16 against 13.46 ms,
+            // bench/results/offload-256k-2026-12-01). The mma.sync kernel keeps the test in its
+            // loop: as a pass it spilled at head dim 256.
+#pragma unroll
+            for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int kr = c0 + kl + (e >= 2 ? 8 : 0);
+                    const int qr = r0 + nt * 8 + 2 * t + (e & 1);
+                    const int rs = staged_row_start(cR, row_start, min(qr, q_len - 1) - r0);
+                    if (qr >= q_len || kr >= kv_len ||
+                        key_hidden(kv_start + kr, q_start + qr, rs, global))
+                        s[nt * 4 + e] = NEG_INF;
+                }
+        }
 #pragma unroll
         for (int nt = 0; nt < 8; ++nt) {
             const int qc = nt * 8 + 2 * t;
             float lse2[2], dd[2];
-            int rq[2];  // where the mask starts the two query rows
 #pragma unroll
             for (int c = 0; c < 2; ++c) {
                 const float lse = cL[qc + c];
                 lse2[c] = lse == NEG_INF ? POS_INF : lse * LOG2E;
                 dd[c] = cD[qc + c];
-                rq[c] = need_mask ? staged_row_start(cR, row_start, min(qc + c, q_len - 1 - r0))
-                                  : 0;
             }
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-                float p = exp2f(fmaf(s[nt * 4 + e], scale_log2, -lse2[e & 1]));
-                if (need_mask) {
-                    const int kr = c0 + kl + (e >= 2 ? 8 : 0);
-                    const int qr = r0 + qc + (e & 1);
-                    if (qr >= q_len || kr >= kv_len ||
-                        key_hidden(kv_start + kr, q_start + qr, rq[e & 1], global))
-                        p = 0.f;
-                }
+                const float p = exp2f(fmaf(s[nt * 4 + e], scale_log2, -lse2[e & 1]));
                 s[nt * 4 + e] = p;
                 dp[nt * 4 + e] = p * (dp[nt * 4 + e] - dd[e & 1]);
             }
