@@ -148,14 +148,16 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
                                tile_partly_hidden<WG_BKV>(kv_start + c0, q_start + r0, rs_last,
                                                          global);
         const int kl = wg * 64 + wi * 16 + g;  // this thread's key rows kl, kl + 8
-        if (need_mask) {
-            // Hidden pairs' scores to −∞, so the loop below gives them P = 0 exactly. A pass
-            // of its own, taken only by the tiles that need it: with the test inside the softmax
-            // loop under a run-time flag, ptxas predicated it onto every tile of the masked
-            // module, whose backward then ran 12.6% under the causal module's on a nearly causal
-            // mask (16K, window 16383: 15.16 against 13.46 ms,
-            // bench/results/offload-256k-2026-12-01). The mma.sync kernel keeps the test in its
-            // loop: as a pass it spilled at head dim 256.
+        // The masked module tests pairs in a pass of its own that sets hidden scores to −∞
+        // (the loop below then gives them P = 0 exactly), taken only by the tiles that need it:
+        // with the test inside the softmax loop under a run-time flag, ptxas predicated it onto
+        // every tile of the masked module, whose backward then ran 12.6% under the causal
+        // module's on a nearly causal mask (16K, window 16383: 15.16 against 13.46 ms,
+        // bench/results/offload-256k-2026-12-01). The causal module keeps its diagonal test in
+        // the loop: as a pass, its 128K backward ran 23% slower (1035 against 842 ms,
+        // bench/results/masks-smem-2026-12-01/call3). The mma.sync kernel keeps the test in its
+        // loop in both: as a pass it spilled at head dim 256.
+        if (MASKED && need_mask) {
 #pragma unroll
             for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
@@ -180,7 +182,14 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
             }
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-                const float p = exp2f(fmaf(s[nt * 4 + e], scale_log2, -lse2[e & 1]));
+                float p = exp2f(fmaf(s[nt * 4 + e], scale_log2, -lse2[e & 1]));
+                if (!MASKED && need_mask) {  // the causal module: the diagonal and the edges
+                    const int kr = c0 + kl + (e >= 2 ? 8 : 0);
+                    const int qr = r0 + qc + (e & 1);
+                    if (qr >= q_len || kr >= kv_len ||
+                        key_hidden(kv_start + kr, q_start + qr, 0, global))
+                        p = 0.f;
+                }
                 s[nt * 4 + e] = p;
                 dp[nt * 4 + e] = p * (dp[nt * 4 + e] - dd[e & 1]);
             }
