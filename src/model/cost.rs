@@ -20,7 +20,7 @@ pub const H200_BF16_PEAK_TFLOPS: f64 = 989.0;
 /// none of it is a tensor, so the measured peak (the pool's high-water mark of tensors,
 /// `CudaBackend::peak_memory`) leaves it out: a run's estimate is its measured peak plus exactly
 /// this. Its size is an allowance, not a measurement.
-const RESERVE_BYTES: f64 = 1.5 * (1u64 << 30) as f64;
+pub(crate) const RESERVE_BYTES: f64 = 1.5 * (1u64 << 30) as f64;
 
 /// Parameters that take part in matrix products: every linear layer and the output projection
 /// (not the input embedding, a lookup, nor the norm gains).
