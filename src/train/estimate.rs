@@ -174,6 +174,9 @@ impl Peaks {
     /// The estimate as the start-up check and `bench train --estimate` report it: the counted
     /// peak by part, the working set with the allowance for what is not a tensor
     /// (`cost::RESERVE_BYTES`), and the host copies.
+    /// All of it is at one moment, the peak: with the moments offloaded, `optimizer` is the
+    /// moments the update has on the device then (none when the peak is in the backward, as it
+    /// is at long sequences), and `staging` is not used.
     pub fn step_memory(&self) -> StepMemory {
         let (d, h) = (&self.device, &self.host);
         StepMemory {
