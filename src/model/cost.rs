@@ -1,7 +1,9 @@
 //! What one training step of a model costs, from its shape alone: the FLOPs that model FLOPs
-//! utilisation (MFU) counts, and the GPU memory a single-GPU step holds at its peak. The memory
-//! figure is an estimate made before anything is allocated, so a run that would not fit is
-//! refused with the numbers instead of dying mid-step.
+//! utilisation (MFU) counts, and the GPU memory a step holds at its peak, made before anything
+//! is allocated, so a run that would not fit is refused with the numbers instead of dying
+//! mid-step. One GPU's estimate is counted from the code (`train::estimate`); the hand count
+//! here ([`step_memory`], tested to equal that count) remains the base of a multi-GPU rank's
+//! ([`rank_step_memory`]), whose executor buffers the counting device does not run.
 
 use super::config::Config;
 use super::{Checkpoint, Offload};
@@ -220,9 +222,8 @@ pub fn moment_staging_elements(c: &Config, optimizer_shards: usize) -> f64 {
 /// of activations. The forward holds less (no gradients in flight), as do later layers' backwards
 /// (one layer fewer kept). Inside that backward the widest moment is the end of the attention
 /// backward (at long sequences) or an MLP block's backward (short ones); the loss, before it, is
-/// counted too. With the pool's high-water mark as the measure (`train::bench::on_gpu`) this sum
-/// is exact: the measured peaks of llama2-7b (16K–128K tokens, remat and layer, on an H200) are
-/// these tensors to the byte. The estimate adds only [`RESERVE_BYTES`].
+/// counted too. This sum is the counted step's (`train::estimate`'s tests pin it to the byte),
+/// and adds only [`RESERVE_BYTES`].
 pub fn step_memory(c: &Config, seq: usize, policy: Checkpoint, optimizer: bool) -> StepMemory {
     step_memory_with(c, seq, policy, optimizer, 0.0)
 }
