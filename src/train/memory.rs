@@ -298,10 +298,12 @@ mod tests {
         let moments = 8.0 * parameters(&config) as f64;
         let need = offloaded(Shard::None).gpu_estimate(&runtime).unwrap();
         assert_eq!((need.optimizer, need.pinned_optimizer), (0.0, moments));
-        let staged = need.staging;
+        // One worker's estimate is the counted step, whose peak (in the backward) holds no
+        // moments; two virtual workers on the GPU are counted by hand: each pins its own
+        // moments (its shard, if sharded) and stages two tensors' of them.
+        assert_eq!(need.staging, 0.0);
+        let staged = 2.0 * 4.0 * cost::moment_staging_elements(&config, 1);
         assert!(staged > 0.0);
-        // Two virtual workers on the GPU: each pins its own moments (its shard, if sharded) and
-        // stages its own.
         let two = Runtime {
             device: Device::Cuda,
             ..Runtime::cpu_threads(2, Duration::from_secs(1))
