@@ -313,9 +313,9 @@ mod tests {
         let rows = 131_072.0;
         let extra = rows * 4.0 * 32.0 + (6.0 - 3.0) * (1u64 << 30) as f64;
         assert_eq!(rank.working - share.working, extra);
-        // 256K on two GPUs (the goal): layer leaves 30 GiB of an H200; remat keeps O
+        // 256K on two GPUs (the goal): layer leaves 33 GiB of an H200; remat keeps O
         // and LSE of every layer and comes within a GiB of it.
-        assert!((107.0..108.0).contains(&gib_of(rank)), "{}", gib_of(rank));
+        assert!((106.0..107.0).contains(&gib_of(rank)), "{}", gib_of(rank));
         let remat = gpu_step_memory(
             &c,
             262_144,
@@ -324,7 +324,7 @@ mod tests {
             false,
         )
         .unwrap();
-        assert!((138.0..139.0).contains(&gib_of(remat)), "{}", gib_of(remat));
+        assert!((137.0..138.0).contains(&gib_of(remat)), "{}", gib_of(remat));
         // Zigzag ranks hold two chunks; every schedule costs more than the bare share.
         for schedule in [Schedule::Unbalanced, Schedule::Balanced, Schedule::Zigzag] {
             let m =

@@ -270,17 +270,19 @@ fn memory_estimate_of_one_gpu_of_several() {
         gib(&two) < gib(&one) && gib(&two) > gib(&one) / 2.0,
         "{two} {one}"
     );
-    assert!((107.0..108.0).contains(&gib(&two)), "{two}");
+    assert!((106.0..107.0).contains(&gib(&two)), "{two}");
     assert!(gib(&zigzag) > gib(&two), "{zigzag} {two}");
-    // Offloaded, 30 of 32 layers' checkpoints leave the GPU for pinned host memory.
+    // Offloaded, every layer's checkpoint (x, 16-bit, under layer) waits in pinned host memory
+    // and 30 of 32 leave the GPU: at the peak it holds the layer running backward and the one
+    // being fetched.
     let offloaded = estimate(&["--checkpoint", "layer", "--offload", "activations"]);
     assert_eq!(offloaded["offload"], "activations");
     let bytes = |v: &serde_json::Value, k: &str| v["estimated_bytes"][k].as_f64().unwrap();
     assert_eq!(bytes(&one, "pinned_host"), 0.0);
-    assert_eq!(bytes(&offloaded, "pinned_host"), bytes(&one, "kept"));
-    assert_eq!(16.0 * bytes(&offloaded, "kept"), bytes(&one, "kept"));
+    let checkpoints = 32.0 * 262144.0 * 4096.0 * 2.0;
+    assert_eq!(bytes(&offloaded, "pinned_host"), checkpoints);
     let saved = gib(&one) - gib(&offloaded);
-    let want = 30.0 / 32.0 * bytes(&one, "kept") / (1u64 << 30) as f64;
+    let want = 30.0 / 32.0 * checkpoints / (1u64 << 30) as f64;
     assert!((saved - want).abs() < 1e-6, "{saved} vs {want}");
     let text = distflash(&[
         "bench",
@@ -294,14 +296,14 @@ fn memory_estimate_of_one_gpu_of_several() {
     let text = String::from_utf8_lossy(&text.stdout);
     assert!(
         text.contains("offload activations")
-            && text.contains("kept activations 4.0")
+            && text.contains("about 74.2 GiB")
             && text.contains("plus 64.5 GiB of pinned host memory"),
         "{text}"
     );
 }
 
 /// `--offload optimizer` (alone, `activations,optimizer`, `all`) moves AdamW's moments to pinned
-/// host memory in the estimate and stages two tensors' on the GPU; a misspelt part is refused
+/// host memory in the estimate; a misspelt part is refused
 /// naming the spellings, and the step benchmark, which runs no optimizer, refuses it outside
 /// `--estimate --optimizer`.
 #[test]
@@ -324,7 +326,9 @@ fn offload_optimizer_moves_the_moments_to_the_host() {
         assert_eq!(bytes(&both, "optimizer"), 0.0);
         assert_eq!(bytes(&both, "pinned_optimizer"), bytes(&plain, "optimizer"));
         assert_eq!(bytes(&both, "pinned_host"), bytes(&plain, "pinned_host"));
-        assert!(bytes(&both, "staging") > 0.0);
+        // The update streams two tensors' moments through the GPU after the backward has freed
+        // its tensors: at 256K they are not part of the peak.
+        assert_eq!(bytes(&both, "staging"), 0.0);
         let saved =
             plain["estimated_gib"].as_f64().unwrap() - both["estimated_gib"].as_f64().unwrap();
         let moments = bytes(&plain, "optimizer") / (1u64 << 30) as f64;

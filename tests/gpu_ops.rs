@@ -24,6 +24,7 @@ use anyhow::{Context, Result, ensure};
 use distflash::backend::cuda::{InputDtype, Tensor};
 use distflash::model::attention::{Attention, Dense};
 use distflash::model::config::{Config, ModelType};
+use distflash::model::counting::Precision;
 use distflash::model::cpu::Cpu;
 use distflash::model::cuda::CudaOps;
 use distflash::model::cuda::attention::CudaAttention;
@@ -32,6 +33,7 @@ use distflash::model::rope::RopeScaling;
 use distflash::model::weights::{self, Weights};
 use distflash::model::{Checkpoint, Chunk, Keep, Offload, forward_backward};
 use distflash::shape::Span;
+use distflash::train::estimate;
 use distflash::train::moments::Moments;
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
@@ -128,6 +130,66 @@ fn offloaded_checkpoints_give_the_same_loss_and_gradients_on_the_gpu() -> Result
 #[test]
 fn offloaded_moments_give_the_same_updates_on_the_gpu() -> Result<()> {
     check(Checker::moments)
+}
+
+/// The memory estimate (`train::estimate`: the step run on the counting device, without the
+/// allowance for what is not a tensor) is the GPU's own peak of the same step: the memory
+/// pool's high-water mark over making the weights and gradients and one forward and backward
+/// on its own attention kernels, under every policy, with and without offloaded checkpoints.
+/// This pins the CUDA backend's scratch as the counting device lists it (the attention's
+/// workspace, `model::cuda::attention::workspace_bytes`, the loss's chunks, operand casts,
+/// the rotary table). The pool rounds allocations by less than a KiB (llama2-7b's peaks matched
+/// the count to the byte), so the bound is 4 KiB; a missed tensor of one f32 a token is 16 KiB.
+#[test]
+fn the_counted_estimate_is_the_gpus_own_peak() -> Result<()> {
+    let Some(gpu) = gpu_common::gpu()? else {
+        return Ok(());
+    };
+    let cfg = offload_config(3)?;
+    let seq = 4096;
+    let tokens: Vec<u32> = (0..=seq).map(|i| (i * 7 % cfg.vocab_size) as u32).collect();
+    let whole = [Span { start: 0, len: seq }];
+    let mut failed = vec![];
+    for checkpoint in [Checkpoint::None, Checkpoint::Remat, Checkpoint::Layer] {
+        for offload in [Offload::NONE, Offload::ACTIVATIONS] {
+            let keep = Keep {
+                checkpoint,
+                offload,
+            };
+            let ops = CudaOps::new(gpu.open(InputDtype::Bf16)?)?;
+            ops.backend().synchronize()?;
+            ops.backend().reset_peak_memory()?;
+            let before = ops.backend().peak_memory()?;
+            {
+                let w = weights::random(&ops, &cfg, 5)?;
+                let mut grads = weights::zeros(&ops, &cfg)?;
+                let mut attn = CudaAttention::new(ops.backend(), cfg.dims(), seq)?;
+                let chunk = whole_chunk(&tokens, &whole);
+                let scale = 1.0 / seq as f64;
+                forward_backward(&ops, &cfg, &w, &mut grads, &mut attn, chunk, keep, scale)?;
+                ops.backend().synchronize()?;
+            }
+            let measured = ops.backend().peak_memory()? - before;
+            let step = estimate::Step {
+                cfg: &cfg,
+                seq,
+                keep,
+                optimizer: false,
+            };
+            let counted = estimate::estimate(step, Precision::Cuda)?.device.total();
+            let err = measured.abs_diff(counted);
+            let pass = err <= 4096;
+            println!(
+                "{checkpoint}, offload {offload}: measured {measured} B, counted {counted} B, off by {err} (bound 4096) {}",
+                if pass { "PASS" } else { "FAIL" }
+            );
+            if !pass {
+                failed.push(format!("{checkpoint}, offload {offload}"));
+            }
+        }
+    }
+    ensure!(failed.is_empty(), "failed: {}", failed.join("; "));
+    Ok(())
 }
 
 /// ‖got − want‖ / ‖want‖; infinite when anything is not finite or the lengths differ.

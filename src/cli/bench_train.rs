@@ -7,10 +7,11 @@ use anyhow::{Result, bail};
 use distflash::model::config::Config;
 use distflash::model::cost::{self, H200_BF16_PEAK_TFLOPS, gib};
 use distflash::model::profile::OpTime;
-use distflash::model::{Checkpoint, Offload};
+use distflash::model::{Checkpoint, Keep, Offload};
 use distflash::plan::Schedule;
 use distflash::runtime::Device;
 use distflash::train::bench::{Runs, StepShape, time_steps};
+use distflash::train::estimate;
 use distflash::train::memory::{HostState, MemoryCheck};
 use distflash::train::shard::Shard;
 use serde::Serialize;
@@ -133,17 +134,29 @@ pub fn run(args: Args) -> Result<()> {
             1 => None,
             n => Some((n, args.schedule)),
         };
-        let m = distflash::sim::gpu_step_memory(&cfg, seq, ranks, policy, args.optimizer)?
-            .sharded(
-                &cfg,
-                args.shard.optimizer_shards(args.workers),
-                args.shard.weight_shards(args.workers),
-            )
-            .offloaded(
-                &cfg,
-                args.offload,
-                args.shard.optimizer_shards(args.workers),
-            );
+        // One GPU: the step run on the counting device; a rank of several: the hand count.
+        let m = match ranks {
+            None => estimate::gpu_step_memory(estimate::Step {
+                cfg: &cfg,
+                seq,
+                keep: Keep {
+                    checkpoint: policy,
+                    offload: args.offload,
+                },
+                optimizer: args.optimizer,
+            })?,
+            Some(_) => distflash::sim::gpu_step_memory(&cfg, seq, ranks, policy, args.optimizer)?
+                .sharded(
+                    &cfg,
+                    args.shard.optimizer_shards(args.workers),
+                    args.shard.weight_shards(args.workers),
+                )
+                .offloaded(
+                    &cfg,
+                    args.offload,
+                    args.shard.optimizer_shards(args.workers),
+                ),
+        };
         let gpus = match ranks {
             Some((n, schedule)) => format!(" over {n} GPUs ({schedule})"),
             None => String::new(),

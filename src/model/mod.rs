@@ -10,6 +10,8 @@
 pub mod attention;
 pub mod config;
 pub mod cost;
+pub mod count;
+pub mod counting;
 pub mod cpu;
 pub mod cuda;
 pub mod float;

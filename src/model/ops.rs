@@ -72,6 +72,11 @@ pub trait Ops: Sync {
     fn len(&self, t: &Self::T) -> usize;
     /// Bytes per element, for memory accounting.
     fn elem_bytes(&self) -> usize;
+    /// Bytes `t` takes on the device, for counting memory (`model::count`): a mixed-precision
+    /// device's f32 tensors are wider than its `elem_bytes`, so it overrides this.
+    fn bytes(&self, t: &Self::T) -> usize {
+        self.len(t) * self.elem_bytes()
+    }
 
     /// Rows `start..start + len` of a `[rows, width]` tensor, as a new tensor of the same
     /// precision (the MLP runs over row blocks so its wide intermediates exist a block at a time).

@@ -139,6 +139,10 @@ impl<O: Ops> Ops for Profiled<'_, O> {
         self.inner.elem_bytes()
     }
 
+    fn bytes(&self, t: &O::T) -> usize {
+        self.inner.bytes(t)
+    }
+
     fn rows(&self, t: &O::T, width: usize, start: usize, len: usize) -> Result<O::T> {
         self.profile
             .time("rows", || self.inner.rows(t, width, start, len))

@@ -4,11 +4,12 @@
 //! machine's available memory (`resources::CpuTraining`). A run
 //! that would not fit is refused with the figures and a fix, never killed halfway.
 
+use super::estimate;
 use super::shard::Shard;
 use crate::model::config::Config;
 use crate::model::cost;
 use crate::model::weights::parameters;
-use crate::model::{Checkpoint, Offload};
+use crate::model::{Checkpoint, Keep, Offload};
 use crate::plan::Schedule;
 use crate::resources::{self, CpuTraining};
 use crate::runtime::{Device, OpenedGpu, Runtime, Topology};
@@ -78,11 +79,24 @@ impl MemoryCheck {
         }
     }
 
-    /// The estimated peak GPU memory of this process: a rank holds its share of the sequence
-    /// and the executor's buffers, and its shard of the optimizer state; threads sharing one GPU
-    /// (virtual workers) each hold their own copy of the model's state (their shards add up to
-    /// one copy of the moments).
+    /// The estimated peak GPU memory of this process. One worker on one GPU: the step itself
+    /// run on the counting device (`train::estimate`). Otherwise the hand-written count of
+    /// `model::cost` (pinned to the counted one by `estimate`'s tests): a rank holds its share
+    /// of the sequence and the executor's buffers, and its shard of the optimizer state; threads
+    /// sharing one GPU (virtual workers) each hold their own copy of the model's state (their
+    /// shards add up to one copy of the moments).
     pub fn gpu_estimate(&self, runtime: &Runtime) -> Result<cost::StepMemory> {
+        if self.ranks(runtime).is_none() && runtime.workers() == 1 {
+            return estimate::gpu_step_memory(estimate::Step {
+                cfg: &self.config,
+                seq: self.seq,
+                keep: Keep {
+                    checkpoint: self.checkpoint,
+                    offload: self.offload,
+                },
+                optimizer: self.optimizer,
+            });
+        }
         let mut need = sim::gpu_step_memory(
             &self.config,
             self.seq,
@@ -284,10 +298,12 @@ mod tests {
         let moments = 8.0 * parameters(&config) as f64;
         let need = offloaded(Shard::None).gpu_estimate(&runtime).unwrap();
         assert_eq!((need.optimizer, need.pinned_optimizer), (0.0, moments));
-        let staged = need.staging;
+        // One worker's estimate is the counted step, whose peak (in the backward) holds no
+        // moments; two virtual workers on the GPU are counted by hand: each pins its own
+        // moments (its shard, if sharded) and stages two tensors' of them.
+        assert_eq!(need.staging, 0.0);
+        let staged = 2.0 * 4.0 * cost::moment_staging_elements(&config, 1);
         assert!(staged > 0.0);
-        // Two virtual workers on the GPU: each pins its own moments (its shard, if sharded) and
-        // stages its own.
         let two = Runtime {
             device: Device::Cuda,
             ..Runtime::cpu_threads(2, Duration::from_secs(1))

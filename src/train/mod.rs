@@ -9,6 +9,7 @@ pub mod attention;
 pub mod bench;
 pub mod data;
 pub mod documents;
+pub mod estimate;
 pub mod lr;
 pub mod memory;
 pub mod moments;

@@ -21,6 +21,31 @@ use crate::model::attention::{Attention, WholeSequence};
 use crate::shape::{Dims, Mask};
 use anyhow::{Result, bail};
 
+/// Which call of [`CudaAttention`] a workspace is of.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Call {
+    Forward,
+    Backward,
+}
+
+/// Bytes of the buffers one [`CudaAttention`] call allocates besides the tensors it returns,
+/// all alive as it returns (its widest moment): the memory estimate (`model::counting`) counts
+/// them from here, so any buffer added to `forward` or `backward` belongs here too.
+///
+/// - forward: the head-major 16-bit Q, K, V (`head_major`) and the kernel's head-major O;
+/// - backward: the head-major 16-bit Q, K, V, O and dO, the copy of LSE (f32, one a row and
+///   head) and the kernel's head-major f32 dQ, dK, dV (its D, f32 per row and head, is freed
+///   before they are relayouted, and is smaller than them).
+pub fn workspace_bytes(dims: &Dims, rows: usize, call: Call) -> usize {
+    let q = rows * dims.heads * dims.head_dim;
+    let kv = rows * dims.kv_heads * dims.head_dim;
+    let half = crate::model::cost::HALF_BYTES;
+    match call {
+        Call::Forward => half * (q + 2 * kv) + half * q,
+        Call::Backward => half * (3 * q + 2 * kv) + 4 * rows * dims.heads + 4 * (q + 2 * kv),
+    }
+}
+
 /// Causal attention of one whole sequence of `rows` tokens on one GPU, under a mask.
 pub struct CudaAttention<'b> {
     backend: &'b CudaBackend,

@@ -261,6 +261,14 @@ impl Ops for CudaOps {
         2
     }
 
+    fn bytes(&self, t: &Tensor) -> usize {
+        let elem = match t {
+            Tensor::Half { .. } => 2,
+            Tensor::F32(_) => 4,
+        };
+        t.len() * elem
+    }
+
     fn rows(&self, t: &Tensor, width: usize, start: usize, len: usize) -> Result<Tensor> {
         check_rows(t.len(), width, start, len)?;
         self.backend
