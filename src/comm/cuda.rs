@@ -119,6 +119,10 @@ impl Buffer for Tensor {
             );
         }
         let stream = on_stream(self, &from)?;
+        if span.len == 0 {
+            // An empty piece (a tensor smaller than the workers): nothing to copy.
+            return Ok(());
+        }
         let (dst, _write) = match self {
             Tensor::Half { data, .. } => data.device_ptr_mut(&stream),
             Tensor::F32(data) => data.device_ptr_mut(&stream),
@@ -157,6 +161,9 @@ impl Buffer for Tensor {
         let stream = mine.stream().clone();
         if !Arc::ptr_eq(&stream, &from.stream) {
             bail!("virtual workers sum each other's tensors on one stream; these are on two");
+        }
+        if span.len == 0 {
+            return Ok(());
         }
         let (y, _write) = mine.device_ptr_mut(&stream);
         saxpy(&stream, span.len, from.ptr + (span.start * 4) as u64, y)
