@@ -9,7 +9,7 @@ use crate::shape::Span;
 use anyhow::{Result, anyhow, bail};
 use cudarc::cublas::{CudaBlas, sys};
 use cudarc::driver::sys::CUdeviceptr;
-use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, result};
+use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, SyncOnDrop, result};
 use std::cell::RefCell;
 use std::sync::Arc;
 
@@ -58,11 +58,37 @@ fn loan(t: &Tensor) -> DeviceLoan {
     }
 }
 
-/// What a buffer operation reads, as a loan (a tensor of this worker lends itself for the call).
-fn source(src: &Src<'_, Tensor>) -> DeviceLoan {
+/// Elements and precision of what a buffer operation reads.
+fn describe(src: &Src<'_, Tensor>) -> (usize, Option<InputDtype>) {
     match src {
-        Src::Own(t) => loan(t),
-        Src::Lent(l) => (*l).clone(),
+        Src::Own(t) => match t {
+            Tensor::Half { dtype, .. } => (t.len(), Some(*dtype)),
+            Tensor::F32(_) => (t.len(), None),
+        },
+        Src::Lent(l) => (l.len, l.dtype),
+    }
+}
+
+/// The device address a buffer operation on `stream` reads `src` at, with what orders the read:
+/// for a tensor of this worker, cudarc's events (it may live on another stream, as NCCL's
+/// received pieces do); a loan must be on `stream` itself (see [`DeviceLoan`]).
+fn read_ptr<'a>(
+    src: &'a Src<'a, Tensor>,
+    stream: &'a Arc<CudaStream>,
+) -> Result<(CUdeviceptr, Option<SyncOnDrop<'a>>)> {
+    match src {
+        Src::Own(Tensor::Half { data, .. }) => {
+            let (ptr, read) = data.device_ptr(stream);
+            Ok((ptr, Some(read)))
+        }
+        Src::Own(Tensor::F32(data)) => {
+            let (ptr, read) = data.device_ptr(stream);
+            Ok((ptr, Some(read)))
+        }
+        Src::Lent(l) if l.stream.cu_stream() == stream.cu_stream() => Ok((l.ptr, None)),
+        Src::Lent(_) => {
+            bail!("virtual workers read each other's tensors on one stream; these are on two")
+        }
     }
 }
 
@@ -105,20 +131,20 @@ impl Buffer for Tensor {
     }
 
     fn copy_from(&mut self, at: usize, src: Src<'_, Self>, span: Span) -> Result<()> {
-        let from = source(&src);
-        check_span("a device copy", from.len, span, self.len(), at)?;
-        let (dtype, elem) = match self {
-            Tensor::Half { dtype, .. } => (Some(*dtype), 2),
-            Tensor::F32(_) => (None, 4),
+        let (from_len, from_dtype) = describe(&src);
+        check_span("a device copy", from_len, span, self.len(), at)?;
+        let (dtype, elem, stream) = match &*self {
+            Tensor::Half { dtype, data } => (Some(*dtype), 2, data.stream().clone()),
+            Tensor::F32(data) => (None, 4, data.stream().clone()),
         };
-        if from.dtype != dtype {
+        if from_dtype != dtype {
             bail!(
                 "a device copy of {} values into a {} tensor",
-                precision(from.dtype),
+                precision(from_dtype),
                 precision(dtype)
             );
         }
-        let stream = on_stream(self, &from)?;
+        let (from, _read) = read_ptr(&src, &stream)?;
         if span.len == 0 {
             // An empty piece (a tensor smaller than the workers): nothing to copy.
             return Ok(());
@@ -128,12 +154,13 @@ impl Buffer for Tensor {
             Tensor::F32(data) => data.device_ptr_mut(&stream),
         };
         // SAFETY: both ranges were checked to lie in their allocations (`check_span`), of the
-        // same element size; the source stays allocated until this copy has run (see
-        // `DeviceLoan`), and the copy is queued on the stream both tensors' work is ordered on.
+        // same element size; the copy is queued on the destination's stream, ordered after the
+        // source's writes (`read_ptr`), and a lent source stays allocated until it has run (see
+        // `DeviceLoan`).
         unsafe {
             result::memcpy_dtod_async(
                 dst + (at * elem) as u64,
-                from.ptr + (span.start * elem) as u64,
+                from + (span.start * elem) as u64,
                 span.len * elem,
                 stream.cu_stream(),
             )
@@ -145,58 +172,49 @@ impl Buffer for Tensor {
     /// `saxpy` on this tensor's stream): through the host they cost 20× a 7B step. GPU ranks of
     /// a real job reduce through NCCL.
     fn add_from(&mut self, src: Src<'_, Self>, span: Span) -> Result<()> {
-        let from = source(&src);
-        check_span("a device sum", from.len, span, self.len(), 0)?;
+        let (from_len, from_dtype) = describe(&src);
+        check_span("a device sum", from_len, span, self.len(), 0)?;
         let Tensor::F32(mine) = &mut *self else {
             bail!("the in-process reductions sum f32 tensors (gradients), not 16-bit ones");
         };
-        if from.dtype.is_some() || mine.len() != span.len {
+        if from_dtype.is_some() || mine.len() != span.len {
             bail!(
                 "a device sum of {} {} values into an f32 tensor of {}",
                 span.len,
-                precision(from.dtype),
+                precision(from_dtype),
                 mine.len()
             );
         }
         let stream = mine.stream().clone();
-        if !Arc::ptr_eq(&stream, &from.stream) {
-            bail!("virtual workers sum each other's tensors on one stream; these are on two");
-        }
+        let (x, _read) = read_ptr(&src, &stream)?;
         if span.len == 0 {
             return Ok(());
         }
         let (y, _write) = mine.device_ptr_mut(&stream);
-        saxpy(&stream, span.len, from.ptr + (span.start * 4) as u64, y)
+        saxpy(&stream, span.len, x + (span.start * 4) as u64, y)
     }
 
     fn take_from(src: Src<'_, Self>, span: Span) -> Result<Self> {
-        let from = source(&src);
-        check_span("a device piece", from.len, span, span.len, 0)?;
+        let (from_len, from_dtype) = describe(&src);
+        check_span("a device piece", from_len, span, span.len, 0)?;
+        let stream = match &src {
+            Src::Own(Tensor::Half { data, .. }) => data.stream(),
+            Src::Own(Tensor::F32(data)) => data.stream(),
+            Src::Lent(l) => &l.stream,
+        };
         let err = |e| anyhow!("could not allocate {} elements on the GPU: {e:?}", span.len);
-        let mut piece = match from.dtype {
+        let mut piece = match from_dtype {
             Some(dtype) => Tensor::Half {
                 dtype,
                 // SAFETY: any bits are a valid u16; the copy below overwrites every element.
-                data: unsafe { from.stream.alloc::<u16>(span.len) }.map_err(err)?,
+                data: unsafe { stream.alloc::<u16>(span.len) }.map_err(err)?,
             },
             // SAFETY: as above, for f32.
-            None => Tensor::F32(unsafe { from.stream.alloc::<f32>(span.len) }.map_err(err)?),
+            None => Tensor::F32(unsafe { stream.alloc::<f32>(span.len) }.map_err(err)?),
         };
         piece.copy_from(0, src, span)?;
         Ok(piece)
     }
-}
-
-/// The stream `t` and a loan it reads are both ordered on, or the sentence why they are not one.
-fn on_stream(t: &Tensor, from: &DeviceLoan) -> Result<Arc<CudaStream>> {
-    let stream = match t {
-        Tensor::Half { data, .. } => data.stream(),
-        Tensor::F32(data) => data.stream(),
-    };
-    if !Arc::ptr_eq(stream, &from.stream) {
-        bail!("virtual workers read each other's tensors on one stream; these are on two");
-    }
-    Ok(stream.clone())
 }
 
 /// `y += x` over `n` f32 at device addresses `x` and `y`, by cuBLAS on `stream`.
