@@ -22,6 +22,9 @@ mod gpu_common;
 
 use anyhow::{Context, Result, ensure};
 use distflash::backend::cuda::{InputDtype, Tensor};
+use distflash::comm::{
+    Buffer, Communicator, LocalComm, all_gather_bytes, reduce_scatter_bytes, shard_span,
+};
 use distflash::model::attention::{Attention, Dense};
 use distflash::model::config::{Config, ModelType};
 use distflash::model::counting::Precision;
@@ -32,6 +35,7 @@ use distflash::model::ops::{AdamW, Ops};
 use distflash::model::rope::RopeScaling;
 use distflash::model::weights::{self, Weights};
 use distflash::model::{Checkpoint, Chunk, Keep, Offload, forward_backward};
+use distflash::runtime::{collect_results, run_workers};
 use distflash::shape::Span;
 use distflash::train::estimate;
 use distflash::train::moments::Moments;
@@ -193,6 +197,79 @@ fn the_counted_estimate_is_the_gpus_own_peak() -> Result<()> {
 }
 
 /// ‖got − want‖ / ‖want‖; infinite when anything is not finite or the lengths differ.
+/// Virtual workers' collectives into the caller's buffers (`Communicator::all_gather_into`,
+/// `reduce_scatter_add`), which read each other's device tensors in place through loans: the
+/// gathered 16-bit tensor holds every worker's piece bit for bit (copies only), and the f32
+/// accumulator equals the host collective's bit for bit (the same f32 values added in rank order,
+/// one rounding each: cuBLAS `saxpy` with alpha 1 rounds `x + y` once, as the host does); the
+/// bytes each worker lends equal the prediction. Over 2 and 3 workers and lengths that split
+/// unevenly, with the accumulator not zero (the sum is added to what it held).
+#[test]
+fn virtual_workers_collectives_into_buffers_match_the_host_bit_for_bit() -> Result<()> {
+    let Some(gpu) = gpu_common::gpu()? else {
+        return Ok(());
+    };
+    let ops = CudaOps::new(gpu.open(InputDtype::Bf16)?)?;
+    let timeout = std::time::Duration::from_secs(60);
+    for world in [2, 3] {
+        for len in [world, world + 1, 37, 40_961] {
+            let data = |r: usize| -> Vec<f32> {
+                (0..len)
+                    .map(|i| ((i * 7 + r * 13) % 17) as f32 * 0.1 + 1.0 / (r + 3) as f32)
+                    .collect()
+            };
+            let start = |n: usize| -> Vec<f32> { (0..n).map(|i| 0.37 * i as f32 - 1.3).collect() };
+            let host = collect_results(run_workers(world, timeout, |r, comm: &mut LocalComm| {
+                let mut acc = start(shard_span(len, world, r).len);
+                comm.reduce_scatter_add(&data(r), &mut acc)?;
+                Ok(acc)
+            }))?;
+            let mut pieces = Vec::new();
+            for r in 0..world {
+                let s = shard_span(len, world, r);
+                pieces.extend(ops.download(&ops.upload(&data(r)[s.start..s.end()])?)?);
+            }
+            let device = collect_results(run_workers(
+                world,
+                timeout,
+                |r, comm: &mut LocalComm<Tensor>| {
+                    let own = shard_span(len, world, r);
+                    let piece = ops.upload(&data(r)[own.start..own.end()])?;
+                    let mut whole = piece.alloc_like(len)?;
+                    let before = comm.bytes_sent();
+                    comm.all_gather_into(&piece, &mut whole)?;
+                    let gather_bytes = comm.bytes_sent() - before;
+                    let grads = ops.backend().upload_f32(&data(r))?;
+                    let mut acc = ops.backend().upload_f32(&start(own.len))?;
+                    let before = comm.bytes_sent();
+                    comm.reduce_scatter_add(&grads, &mut acc)?;
+                    let scatter_bytes = comm.bytes_sent() - before;
+                    ensure!(
+                        gather_bytes == all_gather_bytes(len, world, r, 2)
+                            && scatter_bytes == reduce_scatter_bytes(len, world, r, 4),
+                        "worker {r}: lent {gather_bytes} and {scatter_bytes} bytes"
+                    );
+                    Ok((ops.download(&whole)?, ops.download(&acc)?))
+                },
+            ))?;
+            for (r, (gathered, acc)) in device.iter().enumerate() {
+                ensure!(
+                    *gathered == pieces,
+                    "{world} workers, {len} elements: worker {r}'s gathered tensor differs"
+                );
+                ensure!(
+                    *acc == host[r],
+                    "{world} workers, {len} elements: worker {r}'s reduce-scatter differs from the host's"
+                );
+            }
+            println!(
+                "{world} virtual workers, {len} elements: all-gather and reduce-scatter bit for bit PASS"
+            );
+        }
+    }
+    Ok(())
+}
+
 fn rel_err(got: &[f32], want: &[f32]) -> f64 {
     let finite = got.iter().all(|v| v.is_finite()) && got.len() == want.len();
     let d: f64 = got

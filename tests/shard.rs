@@ -79,6 +79,42 @@ fn check_collectives(comm: &mut impl Communicator<Vec<f32>>) -> anyhow::Result<(
         let mut whole = mine.clone();
         comm.all_reduce_sum(&mut whole)?;
         assert_eq!(summed[..], whole[own.start..own.end()], "len {len}");
+
+        // Into the caller's buffers: the same pieces and sums, the same bytes.
+        let before = comm.bytes_sent();
+        let mut gathered = vec![f32::NAN; len];
+        comm.all_gather_into(&mine[own.start..own.end()].to_vec(), &mut gathered)?;
+        assert_eq!(
+            comm.bytes_sent() - before,
+            all_gather_bytes(len, world, me, 4)
+        );
+        for (r, s) in shard_spans(len, world).iter().enumerate() {
+            let want = &data(r, len)[s.start..s.end()];
+            assert_eq!(gathered[s.start..s.end()], *want, "span of {r}");
+        }
+        let before = comm.bytes_sent();
+        let start: Vec<f32> = (0..own.len).map(|i| 0.37 * i as f32 - 1.3).collect();
+        let mut acc = start.clone();
+        comm.reduce_scatter_add(&mine, &mut acc)?;
+        assert_eq!(
+            comm.bytes_sent() - before,
+            reduce_scatter_bytes(len, world, me, 4)
+        );
+        // acc + (the rank-order sum), with the bits of the reduce-scatter's sum added after.
+        let want: Vec<f32> = start.iter().zip(&summed).map(|(a, s)| a + s).collect();
+        assert_eq!(acc, want, "len {len}");
+        // An f64 oracle: every rank's data and the start summed exactly. f32 makes `world`
+        // additions (world - 1 among the ranks' values, one to the start), each rounded by at
+        // most 2^-24 of a partial sum, which is at most the sum of magnitudes `m`.
+        for (i, a) in acc.iter().enumerate() {
+            let values: Vec<f64> = (0..world)
+                .map(|r| f64::from(data(r, len)[own.start + i]))
+                .collect();
+            let exact = f64::from(start[i]) + values.iter().sum::<f64>();
+            let m = f64::from(start[i].abs()) + values.iter().map(|v| v.abs()).sum::<f64>();
+            let bound = world as f64 * 2f64.powi(-24) * m;
+            assert!((f64::from(*a) - exact).abs() <= bound, "{a} vs {exact}");
+        }
     }
     Ok(())
 }
@@ -133,6 +169,68 @@ fn a_piece_that_breaks_the_shard_rule_is_refused_with_a_sentence() {
         let e = r.unwrap_err().to_string();
         assert!(e.contains("the shard rule over 2 workers gives"), "{e}");
     }
+}
+
+/// The collectives into the caller's buffers refuse a piece or an accumulator of the wrong
+/// length with a sentence on the worker that holds it, and the other workers, waiting on its
+/// loan, learn of its failure instead of waiting (or reading a loan that was never made).
+#[test]
+fn collectives_into_buffers_refuse_wrong_lengths_with_a_sentence() {
+    let began = std::time::Instant::now();
+    let gather = run_workers(2, TIMEOUT, |rank, comm| {
+        let mut whole = vec![0.0; 6];
+        comm.all_gather_into(&vec![1.0; 3 + rank], &mut whole)
+    });
+    let quick = |what: &str| {
+        let took = began.elapsed();
+        assert!(took < TIMEOUT / 4, "{what} took {took:?}: a worker waited");
+    };
+    quick("the all-gather");
+    let e = gather[1].as_ref().unwrap_err().to_string();
+    assert!(
+        e.contains("all-gather: worker 1 holds 4 elements, but its piece of 6 over 2 workers is 3"),
+        "{e}"
+    );
+    let peer = format!("{:#}", gather[0].as_ref().unwrap_err());
+    assert!(peer.contains("worker 1 failed"), "{peer}");
+    let began = std::time::Instant::now();
+    let scatter = run_workers(3, TIMEOUT, |rank, comm| {
+        let mut acc = vec![0.0; if rank == 2 { 1 } else { 3 }];
+        comm.reduce_scatter_add(&vec![1.0; 9], &mut acc)
+    });
+    let took = began.elapsed();
+    assert!(took < TIMEOUT / 4, "the reduce-scatter took {took:?}");
+    let e = scatter[2].as_ref().unwrap_err().to_string();
+    assert!(
+        e.contains(
+            "reduce-scatter: worker 2 holds 1 elements, but its piece of 9 over 3 workers is 3"
+        ),
+        "{e}"
+    );
+    for r in &scatter[..2] {
+        let peer = format!("{:#}", r.as_ref().unwrap_err());
+        assert!(peer.contains("worker 2 failed"), "{peer}");
+    }
+    // Tensors of different lengths on different workers: each refuses the other's loan.
+    let began = std::time::Instant::now();
+    let lens = run_workers(2, TIMEOUT, |rank, comm| {
+        let len = 4 + 2 * rank;
+        let mut acc = vec![0.0; len / 2];
+        comm.reduce_scatter_add(&vec![1.0; len], &mut acc)
+    });
+    let took = began.elapsed();
+    assert!(
+        took < TIMEOUT / 4,
+        "the mismatched reduce-scatter took {took:?}"
+    );
+    let all: Vec<String> = lens
+        .iter()
+        .map(|r| format!("{:#}", r.as_ref().unwrap_err()))
+        .collect();
+    assert!(
+        all.iter().any(|e| e.contains("where the shard rule gives")),
+        "{all:?}"
+    );
 }
 
 /// Losses and gradient norms of every step, and the final weights, of `o` on `workers` threads.

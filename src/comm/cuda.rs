@@ -3,11 +3,13 @@
 //! communicator. Here rather than in `backend::cuda` so that the backend knows nothing of
 //! communication (DESIGN's map: `comm` sits above `backend`).
 
-use super::{Buffer, Wire};
-use crate::backend::cuda::Tensor;
+use super::{Buffer, Src, Wire, check_span};
+use crate::backend::cuda::{InputDtype, Tensor};
+use crate::shape::Span;
 use anyhow::{Result, anyhow, bail};
 use cudarc::cublas::{CudaBlas, sys};
-use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut};
+use cudarc::driver::sys::CUdeviceptr;
+use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, SyncOnDrop, result};
 use std::cell::RefCell;
 use std::sync::Arc;
 
@@ -24,64 +26,232 @@ impl Wire for Tensor {
     }
 }
 
-/// Virtual workers on one GPU pass tensors through the in-process communicator as device copies.
+/// A device tensor lent to virtual workers sharing its GPU for one collective: its address,
+/// length and precision (`None`: f32), and the stream its writes are queued on. The address
+/// stays valid while the collective lasts: the lender returns (and may free or overwrite the
+/// tensor) only once every borrower has queued its last read, and a borrower reads only on the
+/// lender's stream, so those reads run before anything the lender queues afterwards.
+#[derive(Clone)]
+pub struct DeviceLoan {
+    ptr: CUdeviceptr,
+    len: usize,
+    dtype: Option<InputDtype>,
+    stream: Arc<CudaStream>,
+}
+
+/// A tensor's loan: its current address (its queued writes precede any read queued after this
+/// on the same stream).
+fn loan(t: &Tensor) -> DeviceLoan {
+    let (ptr, dtype, stream) = match t {
+        Tensor::Half { dtype, data } => (
+            data.device_ptr(data.stream()).0,
+            Some(*dtype),
+            data.stream(),
+        ),
+        Tensor::F32(data) => (data.device_ptr(data.stream()).0, None, data.stream()),
+    };
+    DeviceLoan {
+        ptr,
+        len: t.len(),
+        dtype,
+        stream: stream.clone(),
+    }
+}
+
+/// Elements and precision of what a buffer operation reads.
+fn describe(src: &Src<'_, Tensor>) -> (usize, Option<InputDtype>) {
+    match src {
+        Src::Own(t) => match t {
+            Tensor::Half { dtype, .. } => (t.len(), Some(*dtype)),
+            Tensor::F32(_) => (t.len(), None),
+        },
+        Src::Lent(l) => (l.len, l.dtype),
+    }
+}
+
+/// The device address a buffer operation on `stream` reads `src` at, with what orders the read:
+/// for a tensor of this worker, cudarc's events (it may live on another stream, as NCCL's
+/// received pieces do); a loan must be on `stream` itself (see [`DeviceLoan`]).
+fn read_ptr<'a>(
+    src: &'a Src<'a, Tensor>,
+    stream: &'a Arc<CudaStream>,
+) -> Result<(CUdeviceptr, Option<SyncOnDrop<'a>>)> {
+    match src {
+        Src::Own(Tensor::Half { data, .. }) => {
+            let (ptr, read) = data.device_ptr(stream);
+            Ok((ptr, Some(read)))
+        }
+        Src::Own(Tensor::F32(data)) => {
+            let (ptr, read) = data.device_ptr(stream);
+            Ok((ptr, Some(read)))
+        }
+        Src::Lent(l) if l.stream.cu_stream() == stream.cu_stream() => Ok((l.ptr, None)),
+        Src::Lent(_) => {
+            bail!("virtual workers read each other's tensors on one stream; these are on two")
+        }
+    }
+}
+
+/// The name of a loan's precision, for errors.
+fn precision(dtype: Option<InputDtype>) -> &'static str {
+    dtype.map_or("f32", InputDtype::name)
+}
+
+/// Virtual workers on one GPU pass tensors through the in-process communicator as device copies,
+/// or lend them ([`DeviceLoan`]) so that a collective reads them in place.
 impl Buffer for Tensor {
+    type Lent = DeviceLoan;
+
     fn duplicate(&self) -> Result<Self> {
         self.try_clone()
     }
 
-    /// The in-process all-reduce of virtual workers' f32 gradients, on the device (cuBLAS
-    /// `saxpy` on this tensor's stream, which waits for `other`'s last write): through the host
-    /// it cost 20× a 7B step. GPU ranks of a real job all-reduce through NCCL.
-    fn sum_from(&mut self, other: &Self) -> Result<()> {
-        let (Tensor::F32(mine), Tensor::F32(theirs)) = (&mut *self, other) else {
-            bail!("the in-process all-reduce sums f32 tensors (gradients), not 16-bit ones");
-        };
-        if mine.len() != theirs.len() {
-            bail!(
-                "an all-reduce of {} elements met one of {}",
-                mine.len(),
-                theirs.len()
-            );
-        }
-        let stream = mine.stream().clone();
-        let n = mine.len() as i64;
-        BLAS.with(|cell| {
-            let mut cached = cell.borrow_mut();
-            let same = matches!(&*cached, Some((s, _)) if Arc::ptr_eq(s, &stream));
-            if !same {
-                let blas = CudaBlas::new(stream.clone())
-                    .map_err(|e| anyhow!("could not create a cuBLAS handle: {e:?}"))?;
-                *cached = Some((stream.clone(), blas));
-            }
-            let (_, blas) = cached.as_ref().expect("set above");
-            let (x, _read) = theirs.device_ptr(&stream);
-            let (y, _write) = mine.device_ptr_mut(&stream);
-            let one = 1.0f32;
-            // SAFETY: `x` and `y` are live device allocations of `n` f32 each (lengths checked
-            // above), ordered on `stream` by the guards held until the call is queued; the handle
-            // is bound to `stream`; `alpha` is a host scalar (the handle's default pointer mode).
-            let status = unsafe {
-                sys::cublasSaxpy_v2_64(
-                    *blas.handle(),
-                    n,
-                    &one,
-                    x as *const f32,
-                    1,
-                    y as *mut f32,
-                    1,
-                )
-            };
-            match status {
-                sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS => Ok(()),
-                e => Err(anyhow!("the device sum of an all-reduce failed: {e:?}")),
+    fn lend(&self) -> Result<DeviceLoan> {
+        Ok(loan(self))
+    }
+
+    fn lent_elements(lent: &DeviceLoan) -> usize {
+        lent.len
+    }
+
+    fn alloc_like(&self, len: usize) -> Result<Self> {
+        let err = |e| anyhow!("could not allocate {len} elements on the GPU: {e:?}");
+        Ok(match self {
+            Tensor::Half { dtype, data } => Tensor::Half {
+                dtype: *dtype,
+                // SAFETY: any bits are a valid u16, and the caller's collective overwrites
+                // every element before the tensor is read.
+                data: unsafe { data.stream().alloc::<u16>(len) }.map_err(err)?,
+            },
+            // SAFETY: as above, for f32.
+            Tensor::F32(data) => {
+                Tensor::F32(unsafe { data.stream().alloc::<f32>(len) }.map_err(err)?)
             }
         })
     }
+
+    fn copy_from(&mut self, at: usize, src: Src<'_, Self>, span: Span) -> Result<()> {
+        let (from_len, from_dtype) = describe(&src);
+        check_span("a device copy", from_len, span, self.len(), at)?;
+        let (dtype, elem, stream) = match &*self {
+            Tensor::Half { dtype, data } => (Some(*dtype), 2, data.stream().clone()),
+            Tensor::F32(data) => (None, 4, data.stream().clone()),
+        };
+        if from_dtype != dtype {
+            bail!(
+                "a device copy of {} values into a {} tensor",
+                precision(from_dtype),
+                precision(dtype)
+            );
+        }
+        let (from, _read) = read_ptr(&src, &stream)?;
+        if span.len == 0 {
+            // An empty piece (a tensor smaller than the workers): nothing to copy.
+            return Ok(());
+        }
+        let (dst, _write) = match self {
+            Tensor::Half { data, .. } => data.device_ptr_mut(&stream),
+            Tensor::F32(data) => data.device_ptr_mut(&stream),
+        };
+        // SAFETY: both ranges were checked to lie in their allocations (`check_span`), of the
+        // same element size; the copy is queued on the destination's stream, ordered after the
+        // source's writes (`read_ptr`), and a lent source stays allocated until it has run (see
+        // `DeviceLoan`).
+        unsafe {
+            result::memcpy_dtod_async(
+                dst + (at * elem) as u64,
+                from + (span.start * elem) as u64,
+                span.len * elem,
+                stream.cu_stream(),
+            )
+        }
+        .map_err(|e| anyhow!("a device copy of a collective failed: {e:?}"))
+    }
+
+    /// The in-process reductions of virtual workers' f32 gradients, on the device (cuBLAS
+    /// `saxpy` on this tensor's stream): through the host they cost 20× a 7B step. GPU ranks of
+    /// a real job reduce through NCCL.
+    fn add_from(&mut self, src: Src<'_, Self>, span: Span) -> Result<()> {
+        let (from_len, from_dtype) = describe(&src);
+        check_span("a device sum", from_len, span, self.len(), 0)?;
+        let Tensor::F32(mine) = &mut *self else {
+            bail!("the in-process reductions sum f32 tensors (gradients), not 16-bit ones");
+        };
+        if from_dtype.is_some() || mine.len() != span.len {
+            bail!(
+                "a device sum of {} {} values into an f32 tensor of {}",
+                span.len,
+                precision(from_dtype),
+                mine.len()
+            );
+        }
+        let stream = mine.stream().clone();
+        let (x, _read) = read_ptr(&src, &stream)?;
+        if span.len == 0 {
+            return Ok(());
+        }
+        let (y, _write) = mine.device_ptr_mut(&stream);
+        saxpy(&stream, span.len, x + (span.start * 4) as u64, y)
+    }
+
+    fn take_from(src: Src<'_, Self>, span: Span) -> Result<Self> {
+        let (from_len, from_dtype) = describe(&src);
+        check_span("a device piece", from_len, span, span.len, 0)?;
+        let stream = match &src {
+            Src::Own(Tensor::Half { data, .. }) => data.stream(),
+            Src::Own(Tensor::F32(data)) => data.stream(),
+            Src::Lent(l) => &l.stream,
+        };
+        let err = |e| anyhow!("could not allocate {} elements on the GPU: {e:?}", span.len);
+        let mut piece = match from_dtype {
+            Some(dtype) => Tensor::Half {
+                dtype,
+                // SAFETY: any bits are a valid u16; the copy below overwrites every element.
+                data: unsafe { stream.alloc::<u16>(span.len) }.map_err(err)?,
+            },
+            // SAFETY: as above, for f32.
+            None => Tensor::F32(unsafe { stream.alloc::<f32>(span.len) }.map_err(err)?),
+        };
+        piece.copy_from(0, src, span)?;
+        Ok(piece)
+    }
+}
+
+/// `y += x` over `n` f32 at device addresses `x` and `y`, by cuBLAS on `stream`.
+fn saxpy(stream: &Arc<CudaStream>, n: usize, x: CUdeviceptr, y: CUdeviceptr) -> Result<()> {
+    BLAS.with(|cell| {
+        let mut cached = cell.borrow_mut();
+        let same = matches!(&*cached, Some((s, _)) if Arc::ptr_eq(s, stream));
+        if !same {
+            let blas = CudaBlas::new(stream.clone())
+                .map_err(|e| anyhow!("could not create a cuBLAS handle: {e:?}"))?;
+            *cached = Some((stream.clone(), blas));
+        }
+        let (_, blas) = cached.as_ref().expect("set above");
+        let one = 1.0f32;
+        // SAFETY: the callers checked that `x` and `y` address `n` f32 each inside live device
+        // allocations, ordered on `stream`; the handle is bound to `stream`; `alpha` is a host
+        // scalar (the handle's default pointer mode).
+        let status = unsafe {
+            sys::cublasSaxpy_v2_64(
+                *blas.handle(),
+                n as i64,
+                &one,
+                x as *const f32,
+                1,
+                y as *mut f32,
+                1,
+            )
+        };
+        match status {
+            sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS => Ok(()),
+            e => Err(anyhow!("the device sum of a collective failed: {e:?}")),
+        }
+    })
 }
 
 thread_local! {
-    /// Each worker thread's cuBLAS handle for [`Buffer::sum_from`], bound to the stream it last
+    /// Each worker thread's cuBLAS handle for [`Buffer::add_from`], bound to the stream it last
     /// summed on: made once, not per tensor.
     static BLAS: RefCell<Option<(Arc<CudaStream>, CudaBlas)>> = const { RefCell::new(None) };
 }

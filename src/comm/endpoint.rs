@@ -2,18 +2,25 @@
 //! messages that arrive before they are asked for (so a worker may receive in any order), abort
 //! messages that turn into `PeerFailed`, timeouts, and collectives built on point-to-point.
 
-use super::{Buffer, Communicator, PeerFailed, Tag, Wire};
-use anyhow::{Result, bail};
+use super::{
+    Buffer, Communicator, PeerFailed, Src, Tag, Wire, all_gather_bytes, gather_by_messages,
+    own_span, reduce_scatter_bytes, scatter_by_messages, shard_spans,
+};
+use crate::shape::Span;
+use anyhow::{Result, anyhow, bail};
+use std::any::Any;
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
 /// Host buffers: what CPU workers exchange.
 pub type Buf = Vec<f32>;
 
-/// What a message holds: tensors, a rank's last word before it gives up, or the transport's
-/// note that the connection to a rank ended.
+/// What a message holds: tensors, a loan of a buffer to a worker of the same process (a
+/// [`Buffer::Lent`], which only in-process transports carry), a rank's last word before it gives
+/// up, or the transport's note that the connection to a rank ended.
 pub enum Body<B> {
     Data(Vec<B>),
+    Lent(Box<dyn Any + Send>),
     Abort(String),
     Closed(String),
 }
@@ -32,6 +39,12 @@ pub trait Transport<B> {
 
     /// Delivers `envelope` to rank `to`. Fails when that rank is gone.
     fn post(&mut self, to: usize, envelope: Envelope<B>) -> Result<()>;
+
+    /// Whether every rank lives in this process, so that ranks can lend each other buffers
+    /// ([`Body::Lent`]) instead of sending copies.
+    fn shares_memory(&self) -> bool {
+        false
+    }
 }
 
 /// A communicator endpoint carrying buffers `B` over transport `X`.
@@ -77,20 +90,27 @@ impl<B: Buffer, X: Transport<B>> Endpoint<B, X> {
                 self.rank
             );
         }
-        self.transport
-            .post(to, envelope)
-            .map_err(|_| self.departed(to))
+        if self.transport.post(to, envelope).is_err() {
+            return Err(self.departed(to));
+        }
+        Ok(())
     }
 
-    /// The error for a send to a peer that is gone: its own abort reason if it left one.
-    fn departed(&self, to: usize) -> anyhow::Error {
+    /// The error for a send to a peer that is gone: its own abort reason if it left one. Other
+    /// messages met on the way are stashed: a collective that goes on after a failed send (to
+    /// give back loans) still needs them.
+    fn departed(&mut self, to: usize) -> anyhow::Error {
         while let Ok(e) = self.inbox.try_recv() {
-            if let Body::Abort(reason) = e.body {
-                return PeerFailed {
-                    rank: e.from,
-                    reason,
+            match e.body {
+                Body::Abort(reason) => {
+                    self.closed[e.from] = Some(reason.clone());
+                    return PeerFailed {
+                        rank: e.from,
+                        reason,
+                    }
+                    .into();
                 }
-                .into();
+                _ => self.stash.push(e),
             }
         }
         PeerFailed {
@@ -100,19 +120,19 @@ impl<B: Buffer, X: Transport<B>> Endpoint<B, X> {
         .into()
     }
 
-    fn take(&mut self, from: usize, tag: Tag) -> Option<Vec<B>> {
+    fn take(&mut self, from: usize, tag: Tag) -> Option<Body<B>> {
         let i = self
             .stash
             .iter()
             .position(|e| e.from == from && e.tag == tag)?;
         match self.stash.remove(i).body {
-            Body::Data(parts) => Some(parts),
+            b @ (Body::Data(_) | Body::Lent(_)) => Some(b),
             Body::Abort(_) | Body::Closed(_) => None,
         }
     }
 
     /// Receives `tag` from `from`, stashing other messages, until `deadline`.
-    fn wait_for(&mut self, from: usize, tag: Tag, deadline: Instant) -> Result<Vec<B>> {
+    fn wait_for(&mut self, from: usize, tag: Tag, deadline: Instant) -> Result<Body<B>> {
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             match self.inbox.recv_timeout(left) {
@@ -121,6 +141,8 @@ impl<B: Buffer, X: Transport<B>> Endpoint<B, X> {
                     body: Body::Abort(reason),
                     ..
                 }) => {
+                    // A later wait on the culprit fails at once instead of timing out.
+                    self.closed[culprit] = Some(reason.clone());
                     return Err(PeerFailed {
                         rank: culprit,
                         reason,
@@ -130,8 +152,8 @@ impl<B: Buffer, X: Transport<B>> Endpoint<B, X> {
                 Ok(Envelope {
                     from: f,
                     tag: t,
-                    body: Body::Data(parts),
-                }) if f == from && t == tag => return Ok(parts),
+                    body: body @ (Body::Data(_) | Body::Lent(_)),
+                }) if f == from && t == tag => return Ok(body),
                 Ok(Envelope {
                     from: gone,
                     body: Body::Closed(reason),
@@ -154,6 +176,139 @@ impl<B: Buffer, X: Transport<B>> Endpoint<B, X> {
                 }
             }
         }
+    }
+
+    /// The next message `tag` from `from`: stashed, or waited for.
+    fn receive(&mut self, from: usize, tag: Tag) -> Result<Body<B>> {
+        if let Some(body) = self.take(from, tag) {
+            return Ok(body);
+        }
+        if let Some(reason) = &self.closed[from] {
+            return Err(PeerFailed {
+                rank: from,
+                reason: reason.clone(),
+            }
+            .into());
+        }
+        let began = Instant::now();
+        let deadline = began + self.timeout;
+        let result = self.wait_for(from, tag, deadline);
+        self.waited += began.elapsed();
+        result
+    }
+
+    /// Lends `lent` to every other rank for one collective: to every rank still there even when
+    /// one is gone (the first failure returned), so that no live peer waits for a loan.
+    fn lend_to_all(&mut self, lent: &B::Lent) -> Result<()> {
+        let me = self.rank;
+        let mut failure = None;
+        for to in (0..self.world()).filter(|&r| r != me) {
+            if let Err(e) = self.post(to, Tag::LENT, Body::Lent(Box::new(lent.clone()))) {
+                failure.get_or_insert(e);
+            }
+        }
+        failure.map_or(Ok(()), Err)
+    }
+
+    /// The loan of rank `from` for this collective, checked to hold `want` elements.
+    fn borrow(&mut self, from: usize, want: usize, what: &str) -> Result<B::Lent> {
+        let me = self.rank;
+        let lent = match self.receive(from, Tag::LENT)? {
+            Body::Lent(any) => *any.downcast::<B::Lent>().map_err(|_| {
+                anyhow!("{what}: worker {me} was lent a buffer of another kind by worker {from}")
+            })?,
+            _ => bail!("{what}: worker {me} expected a loan from worker {from} and got tensors"),
+        };
+        let got = B::lent_elements(&lent);
+        if got != want {
+            bail!(
+                "{what}: worker {from} lent a buffer of {got} elements where the shard rule gives {want}"
+            );
+        }
+        Ok(lent)
+    }
+
+    /// Tells `to` that this rank has queued its last read of `to`'s loan (or will read none).
+    fn give_back(&mut self, to: usize) -> Result<()> {
+        self.post(to, Tag::RETURNED, Body::Data(Vec::new()))
+    }
+
+    /// The end of a collective in which this rank lent a buffer and read the peers' loans
+    /// (`read`, giving back every loan it read, in order, up to the first failure): waits until
+    /// every peer has given back this rank's loan, so the caller may free or overwrite it. On a
+    /// failure it first gives back the loans it will not read, so peers waiting on it end too;
+    /// a peer that has failed reads no more, and counts as having given back.
+    fn settle(&mut self, read: Result<()>, given: usize) -> Result<()> {
+        let me = self.rank;
+        let peers: Vec<usize> = (0..self.world()).filter(|&r| r != me).collect();
+        let mut failure = read.err();
+        if failure.is_some() {
+            // The reads go through the peers in rank order: those past `given` were not read.
+            for &to in peers.iter().skip(given) {
+                let _ = self.give_back(to);
+            }
+        }
+        for &from in &peers {
+            // Another peer's failure, met while waiting, does not give back `from`'s reads.
+            loop {
+                match self.recv(from, Tag::RETURNED) {
+                    Ok(_) => break,
+                    Err(e) => {
+                        let other = e
+                            .downcast_ref::<PeerFailed>()
+                            .is_some_and(|p| p.rank != from);
+                        failure.get_or_insert(e);
+                        if !other {
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+        failure.map_or(Ok(()), Err)
+    }
+
+    /// Reads every peer's loan of its piece into its span of `whole` (`spans` by rank), giving
+    /// each back as soon as its copy is queued: the number of loans given back.
+    fn read_pieces(&mut self, whole: &mut B, spans: &[Span], given: &mut usize) -> Result<()> {
+        let me = self.rank;
+        for (from, s) in spans.iter().enumerate().filter(|&(r, _)| r != me) {
+            let lent = self.borrow(from, s.len, "all-gather")?;
+            let all = Span {
+                start: 0,
+                len: s.len,
+            };
+            whole.copy_from(s.start, Src::Lent(&lent), all)?;
+            self.give_back(from)?;
+            *given += 1;
+        }
+        Ok(())
+    }
+
+    /// This rank's piece `own` of every rank's whole tensor (its own `whole`, the peers' loans)
+    /// summed in rank order into a new buffer, each loan given back as soon as its sum is queued.
+    fn sum_pieces(&mut self, whole: &B, own: Span, given: &mut usize) -> Result<B> {
+        let (me, len) = (self.rank, whole.elements());
+        let mut sum: Option<B> = None;
+        for from in 0..self.world() {
+            let lent = if from == me {
+                None
+            } else {
+                Some(self.borrow(from, len, "reduce-scatter")?)
+            };
+            let src = lent.as_ref().map_or(Src::Own(whole), Src::Lent);
+            match &mut sum {
+                None => sum = Some(B::take_from(src, own)?),
+                Some(s) => s
+                    .add_from(src, own)
+                    .map_err(|e| e.context(format!("reduce-scatter with worker {from}")))?,
+            }
+            if from != me {
+                self.give_back(from)?;
+                *given += 1;
+            }
+        }
+        sum.ok_or_else(|| anyhow!("reduce-scatter over no workers"))
     }
 
     fn next_collective_tag(&mut self) -> Tag {
@@ -183,21 +338,13 @@ impl<B: Buffer, X: Transport<B>> Communicator<B> for Endpoint<B, X> {
     }
 
     fn recv(&mut self, from: usize, tag: Tag) -> Result<Vec<B>> {
-        if let Some(parts) = self.take(from, tag) {
-            return Ok(parts);
+        match self.receive(from, tag)? {
+            Body::Data(parts) => Ok(parts),
+            _ => bail!(
+                "worker {} expected tensors from worker {from} and was lent a buffer",
+                self.rank
+            ),
         }
-        if let Some(reason) = &self.closed[from] {
-            return Err(PeerFailed {
-                rank: from,
-                reason: reason.clone(),
-            }
-            .into());
-        }
-        let began = Instant::now();
-        let deadline = began + self.timeout;
-        let result = self.wait_for(from, tag, deadline);
-        self.waited += began.elapsed();
-        result
     }
 
     /// Rank 0 sums the buffers in rank order (so every run gives the same bits) and sends the
@@ -227,6 +374,54 @@ impl<B: Buffer, X: Transport<B>> Communicator<B> for Endpoint<B, X> {
                 None => bail!("all-reduce: worker 0 sent no result"),
             }
         }
+        Ok(())
+    }
+
+    /// Worker threads read the peers' pieces in place from their loans; other transports
+    /// gather by messages.
+    fn all_gather_into(&mut self, piece: &B, whole: &mut B) -> Result<()> {
+        if !self.transport.shares_memory() {
+            return gather_by_messages(self, piece, whole);
+        }
+        let (me, world, len) = (self.rank, self.world(), whole.elements());
+        let own = own_span(me, world, len, piece.elements(), "all-gather")?;
+        let spans = shard_spans(len, world);
+        let all = Span {
+            start: 0,
+            len: own.len,
+        };
+        whole.copy_from(own.start, Src::Own(piece), all)?;
+        let lent = piece.lend()?;
+        let mut given = 0;
+        let read = self
+            .lend_to_all(&lent)
+            .and_then(|()| self.read_pieces(whole, &spans, &mut given));
+        self.settle(read, given)?;
+        self.bytes_sent += all_gather_bytes(len, world, me, 1) * elem_bytes(piece) as u64;
+        Ok(())
+    }
+
+    /// Worker threads sum the peers' spans of their lent whole tensors in place; other
+    /// transports cut and send.
+    fn reduce_scatter_add(&mut self, whole: &B, acc: &mut B) -> Result<()> {
+        if !self.transport.shares_memory() {
+            return scatter_by_messages(self, whole, acc);
+        }
+        let (me, world, len) = (self.rank, self.world(), whole.elements());
+        let own = own_span(me, world, len, acc.elements(), "reduce-scatter")?;
+        let lent = whole.lend()?;
+        let mut given = 0;
+        let summed = self
+            .lend_to_all(&lent)
+            .and_then(|()| self.sum_pieces(whole, own, &mut given));
+        let (sum, read) = match summed {
+            Ok(sum) => (Some(sum), Ok(())),
+            Err(e) => (None, Err(e)),
+        };
+        self.settle(read, given)?;
+        let sum = sum.expect("a settled read has its sum");
+        acc.sum_from(&sum)?;
+        self.bytes_sent += reduce_scatter_bytes(len, world, me, 1) * elem_bytes(whole) as u64;
         Ok(())
     }
 
@@ -262,6 +457,12 @@ impl<B: Buffer, X: Transport<B>> Communicator<B> for Endpoint<B, X> {
     fn waited_secs(&mut self) -> Result<f64> {
         Ok(self.waited.as_secs_f64())
     }
+}
+
+/// Bytes of one element of `b` (the unit of the byte predictions); 0 for an empty buffer, which
+/// sends nothing.
+fn elem_bytes<B: Wire>(b: &B) -> usize {
+    b.wire_bytes().checked_div(b.elements()).unwrap_or(0)
 }
 
 #[cfg(test)]

@@ -21,6 +21,11 @@ impl<B> Transport<B> for Channels<B> {
             .send(envelope)
             .map_err(|_| anyhow!("worker {to} has exited"))
     }
+
+    /// Worker threads of one process: a peer can read a lent buffer in place.
+    fn shares_memory(&self) -> bool {
+        true
+    }
 }
 
 /// One worker thread's endpoint, carrying buffers `B` (host vectors by default).

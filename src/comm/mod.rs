@@ -32,6 +32,11 @@ impl Tag {
     const ALL_GATHER: Tag = Tag(Self::COLLECTIVE - 1);
     /// The reduce-scatter's messages, one tag for every call as for [`Tag::ALL_GATHER`].
     const REDUCE_SCATTER: Tag = Tag(Self::COLLECTIVE - 2);
+    /// A worker thread's loan of a buffer to a peer for one collective ([`Buffer::lend`]), one
+    /// tag for every call as for [`Tag::ALL_GATHER`].
+    const LENT: Tag = Tag(Self::COLLECTIVE - 3);
+    /// A peer's word that it has queued its last read of a loan (or will read none).
+    const RETURNED: Tag = Tag(Self::COLLECTIVE - 4);
 }
 
 /// The shard rule, written once for every collective and every sharded state: a flattened
@@ -96,26 +101,132 @@ impl Wire for Vec<f32> {
     }
 }
 
+/// Where a buffer operation reads: a buffer of this worker, or a peer's loan of its own.
+pub enum Src<'a, B: Buffer> {
+    Own(&'a B),
+    Lent(&'a B::Lent),
+}
+
 /// A buffer the in-process communicator can carry: it copies what it sends (a host clone, or a
-/// device-to-device copy for GPU workers sharing a device) and sums for all-reduce.
+/// device-to-device copy for GPU workers sharing a device) and sums for all-reduce. Workers of
+/// one process can also lend each other their buffers for the span of one collective, which
+/// then reads a peer's memory in place instead of receiving copies of it
+/// ([`Communicator::all_gather_into`], [`Communicator::reduce_scatter_add`]).
 pub trait Buffer: Wire + Sized {
+    /// A read-only view of a buffer that a peer of the same process reads during one
+    /// collective: a copy of a host vector (one, however many peers read it), the address of
+    /// a device tensor (no copy: the lender waits until every peer has queued its reads).
+    type Lent: Clone + Send + 'static;
+
     fn duplicate(&self) -> Result<Self>;
 
+    /// This buffer lent to peers of the same process.
+    fn lend(&self) -> Result<Self::Lent>;
+
+    /// Elements of a loan.
+    fn lent_elements(lent: &Self::Lent) -> usize;
+
+    /// A buffer of the same kind as this one (its precision, on its device) holding `len`
+    /// elements of unspecified value: a collective overwrites every one.
+    fn alloc_like(&self, len: usize) -> Result<Self>;
+
+    /// `self[at..at + span.len] = src[span]`.
+    fn copy_from(&mut self, at: usize, src: Src<'_, Self>, span: Span) -> Result<()>;
+
+    /// `self += src[span]`, elementwise (`self` holds `span.len` elements).
+    fn add_from(&mut self, src: Src<'_, Self>, span: Span) -> Result<()>;
+
+    /// A new buffer holding `src[span]`.
+    fn take_from(src: Src<'_, Self>, span: Span) -> Result<Self>;
+
     /// `self += other`, elementwise.
-    fn sum_from(&mut self, other: &Self) -> Result<()>;
+    fn sum_from(&mut self, other: &Self) -> Result<()> {
+        if self.elements() != other.elements() {
+            bail!(
+                "sizes differ: {} and {} elements",
+                self.elements(),
+                other.elements()
+            );
+        }
+        let all = Span {
+            start: 0,
+            len: other.elements(),
+        };
+        self.add_from(Src::Own(other), all)
+    }
+}
+
+/// Checks that `span` lies in a source of `src_len` elements and that its `span.len` elements
+/// fit in a destination of `dst_len` from `at`: what every buffer copy and sum checks before
+/// it touches memory.
+fn check_span(what: &str, src_len: usize, span: Span, dst_len: usize, at: usize) -> Result<()> {
+    if span.end() > src_len || at + span.len > dst_len {
+        bail!(
+            "{what}: elements {}..{} of a buffer of {src_len} into {at}..{} of one of {dst_len}",
+            span.start,
+            span.end(),
+            at + span.len
+        );
+    }
+    Ok(())
 }
 
 impl Buffer for Vec<f32> {
+    /// A host vector lends a copy: safe code cannot let another thread read memory that this one
+    /// may free when the collective returns, and host workers are not what this saves for.
+    type Lent = std::sync::Arc<Vec<f32>>;
+
     fn duplicate(&self) -> Result<Self> {
         Ok(self.clone())
     }
 
-    fn sum_from(&mut self, other: &Self) -> Result<()> {
-        if self.len() != other.len() {
-            bail!("sizes differ: {} and {} elements", self.len(), other.len());
-        }
-        self.iter_mut().zip(other).for_each(|(a, b)| *a += b);
+    fn lend(&self) -> Result<Self::Lent> {
+        Ok(std::sync::Arc::new(self.clone()))
+    }
+
+    fn lent_elements(lent: &Self::Lent) -> usize {
+        lent.len()
+    }
+
+    fn alloc_like(&self, len: usize) -> Result<Self> {
+        Ok(vec![0.0; len])
+    }
+
+    fn copy_from(&mut self, at: usize, src: Src<'_, Self>, span: Span) -> Result<()> {
+        let s = host_slice(&src);
+        check_span("a host copy", s.len(), span, self.len(), at)?;
+        self[at..at + span.len].copy_from_slice(&s[span.start..span.end()]);
         Ok(())
+    }
+
+    fn add_from(&mut self, src: Src<'_, Self>, span: Span) -> Result<()> {
+        let s = host_slice(&src);
+        check_span("a host sum", s.len(), span, self.len(), 0)?;
+        if self.len() != span.len {
+            bail!(
+                "a host sum of {} elements into a buffer of {}",
+                span.len,
+                self.len()
+            );
+        }
+        self.iter_mut()
+            .zip(&s[span.start..span.end()])
+            .for_each(|(a, b)| *a += b);
+        Ok(())
+    }
+
+    fn take_from(src: Src<'_, Self>, span: Span) -> Result<Self> {
+        let s = host_slice(&src);
+        check_span("a host piece", s.len(), span, span.len, 0)?;
+        Ok(s[span.start..span.end()].to_vec())
+    }
+}
+
+/// The host values a buffer operation reads.
+fn host_slice<'a>(src: &Src<'a, Vec<f32>>) -> &'a [f32] {
+    match *src {
+        Src::Own(v) => v,
+        Src::Lent(l) => l,
     }
 }
 
@@ -268,6 +379,30 @@ pub trait Communicator<T: Wire> {
         sum.ok_or_else(|| anyhow::anyhow!("reduce-scatter over no workers"))
     }
 
+    /// [`Communicator::all_gather`] into `whole` (`len` its elements, `piece` this rank's
+    /// piece of it): every piece lands in its span of the caller's one tensor, with no gathered
+    /// pieces to join. Worker threads read each other's pieces in place
+    /// ([`Buffer::lend`]); other transports gather the pieces and copy each into place. The
+    /// bytes count as [`all_gather_bytes`].
+    fn all_gather_into(&mut self, piece: &T, whole: &mut T) -> Result<()>
+    where
+        T: Buffer,
+    {
+        gather_by_messages(self, piece, whole)
+    }
+
+    /// `acc +=` this rank's piece (by [`shard_span`]) of the sum over all ranks of `whole`:
+    /// [`Communicator::reduce_scatter_sum`] without cutting `whole` into pieces first, and with
+    /// the same bits (the ranks' pieces summed in rank order, then added to `acc`). Worker
+    /// threads sum the other workers' spans of their whole tensors in place; other transports
+    /// cut and send. The bytes count as [`reduce_scatter_bytes`].
+    fn reduce_scatter_add(&mut self, whole: &T, acc: &mut T) -> Result<()>
+    where
+        T: Buffer,
+    {
+        scatter_by_messages(self, whole, acc)
+    }
+
     /// Returns once every rank has called it.
     fn barrier(&mut self) -> Result<()>;
 
@@ -284,6 +419,56 @@ pub trait Communicator<T: Wire> {
     fn waited_secs(&mut self) -> Result<f64> {
         Ok(0.0)
     }
+}
+
+/// The span of `len` elements this rank holds, checked against a buffer of `have` elements
+/// (`what` names the collective and the buffer).
+fn own_span(me: usize, world: usize, len: usize, have: usize, what: &str) -> Result<Span> {
+    let own = shard_span(len, world, me);
+    if have != own.len {
+        bail!(
+            "{what}: worker {me} holds {have} elements, but its piece of {len} over {world} workers is {}",
+            own.len
+        );
+    }
+    Ok(own)
+}
+
+/// [`Communicator::all_gather_into`] through [`Communicator::all_gather`]: the pieces received,
+/// then each copied into its span.
+fn gather_by_messages<T: Buffer, C: Communicator<T> + ?Sized>(
+    comm: &mut C,
+    piece: &T,
+    whole: &mut T,
+) -> Result<()> {
+    let (me, world, len) = (comm.rank(), comm.world(), whole.elements());
+    own_span(me, world, len, piece.elements(), "all-gather")?;
+    let all = comm.all_gather(piece.duplicate()?, len)?;
+    for (p, s) in all.iter().zip(shard_spans(len, world)) {
+        let span = Span {
+            start: 0,
+            len: s.len,
+        };
+        whole.copy_from(s.start, Src::Own(p), span)?;
+    }
+    Ok(())
+}
+
+/// [`Communicator::reduce_scatter_add`] through [`Communicator::reduce_scatter_sum`]: `whole`
+/// cut into pieces, this rank's summed piece added to `acc`.
+fn scatter_by_messages<T: Buffer, C: Communicator<T> + ?Sized>(
+    comm: &mut C,
+    whole: &T,
+    acc: &mut T,
+) -> Result<()> {
+    let (me, world, len) = (comm.rank(), comm.world(), whole.elements());
+    own_span(me, world, len, acc.elements(), "reduce-scatter")?;
+    let pieces = shard_spans(len, world)
+        .into_iter()
+        .map(|s| T::take_from(Src::Own(whole), s))
+        .collect::<Result<Vec<_>>>()?;
+    let sum = comm.reduce_scatter_sum(pieces)?;
+    acc.sum_from(&sum)
 }
 
 /// The error a rank gets when another rank failed: it names the culprit.

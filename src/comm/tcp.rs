@@ -57,6 +57,7 @@ fn write_frame(w: &mut impl Write, e: &Envelope<Buf>) -> Result<()> {
             w.write_all(reason.as_bytes())?;
         }
         Body::Closed(_) => bail!("a connection-closed note is local to a rank and never sent"),
+        Body::Lent(_) => bail!("a loan of a buffer is local to a process and never sent"),
     }
     Ok(())
 }

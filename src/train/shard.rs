@@ -254,31 +254,12 @@ fn cut<O: Ops>(ops: &O, whole: &O::T, world: usize) -> Result<Vec<O::T>> {
         .collect()
 }
 
-/// A tensor of `len` elements rebuilt whole from every worker's piece (`piece` this one's).
-fn gather<O: Ops>(
-    ops: &O,
-    comm: &mut dyn Communicator<O::T>,
-    piece: &O::T,
-    len: usize,
-) -> Result<O::T>
-where
-    O::T: Buffer,
-{
-    ops.join(&comm.all_gather(piece.clone(), len)?)
-}
-
-/// This worker's piece of the sum over workers of `whole`, added to `acc`.
-fn scatter_add<O: Ops>(
-    ops: &O,
-    comm: &mut dyn Communicator<O::T>,
-    whole: &O::T,
-    acc: &mut O::T,
-) -> Result<()>
-where
-    O::T: Buffer,
-{
-    let piece = comm.reduce_scatter_sum(cut(ops, whole, comm.world())?)?;
-    ops.add_assign(acc, &piece)
+/// A tensor of `len` elements rebuilt whole from every worker's piece (`piece` this one's), each
+/// piece landing in its span of the one tensor.
+fn gather<T: Buffer>(comm: &mut dyn Communicator<T>, piece: &T, len: usize) -> Result<T> {
+    let mut whole = piece.alloc_like(len)?;
+    comm.all_gather_into(piece, &mut whole)?;
+    Ok(whole)
 }
 
 /// A worker's pieces of the weights and of their f32 gradients under `--shard full`, lent to the
@@ -303,7 +284,7 @@ impl<'m, D: ModelDevice, C: Communicator<D::Tensor>> Params<D::Tensor, ModelAtte
     ) -> Result<R> {
         let mut solo = Solo;
         let comm = collectives(attn, &mut solo);
-        f(&gather(self.ops, comm, &self.w.embed, self.lens.embed)?)
+        f(&gather(comm, &self.w.embed, self.lens.embed)?)
     }
 
     fn with_layer<R>(
@@ -314,9 +295,8 @@ impl<'m, D: ModelDevice, C: Communicator<D::Tensor>> Params<D::Tensor, ModelAtte
     ) -> Result<R> {
         let mut solo = Solo;
         let comm = collectives(attn, &mut solo);
-        let whole = self.w.layers[l].try_map_with(&self.lens.layers[l], |p, &len| {
-            gather(self.ops, comm, p, len)
-        })?;
+        let whole =
+            self.w.layers[l].try_map_with(&self.lens.layers[l], |p, &len| gather(comm, p, len))?;
         f(&whole, attn)
     }
 
@@ -328,8 +308,8 @@ impl<'m, D: ModelDevice, C: Communicator<D::Tensor>> Params<D::Tensor, ModelAtte
         let (ops, lens) = (self.ops, self.lens);
         let mut solo = Solo;
         let comm = collectives(attn, &mut solo);
-        let norm = gather(ops, comm, &self.w.norm, lens.norm)?;
-        let output = gather(ops, comm, self.w.output(), *lens.output())?;
+        let norm = gather(comm, &self.w.norm, lens.norm)?;
+        let output = gather(comm, self.w.output(), *lens.output())?;
         let mut dnorm = ops.zeros(lens.norm)?;
         let mut doutput = ops.zeros(*lens.output())?;
         let out = f(Head {
@@ -340,12 +320,12 @@ impl<'m, D: ModelDevice, C: Communicator<D::Tensor>> Params<D::Tensor, ModelAtte
         })?;
         drop((norm, output));
         let g = &mut *self.grads;
-        scatter_add(ops, comm, &dnorm, &mut g.norm)?;
+        comm.reduce_scatter_add(&dnorm, &mut g.norm)?;
         let out_grad = match &mut g.lm_head {
             Some(head) => head,
             None => &mut g.embed,
         };
-        scatter_add(ops, comm, &doutput, out_grad)?;
+        comm.reduce_scatter_add(&doutput, out_grad)?;
         Ok(out)
     }
 
@@ -364,7 +344,7 @@ impl<'m, D: ModelDevice, C: Communicator<D::Tensor>> Params<D::Tensor, ModelAtte
         let whole = {
             let mut solo = Solo;
             let comm = collectives(attn, &mut solo);
-            self.w.layers[l].try_map_with(lens, |p, &len| gather(ops, comm, p, len))?
+            self.w.layers[l].try_map_with(lens, |p, &len| gather(comm, p, len))?
         };
         let mut grads = lens.try_map_with(lens, |&len, _| ops.zeros(len))?;
         let out = f(&whole, &mut grads, attn)?;
@@ -376,7 +356,7 @@ impl<'m, D: ModelDevice, C: Communicator<D::Tensor>> Params<D::Tensor, ModelAtte
             .into_iter()
             .zip(self.grads.layers[l].tensors_mut())
         {
-            scatter_add(ops, comm, g, acc)?;
+            comm.reduce_scatter_add(g, acc)?;
         }
         Ok(out)
     }
@@ -390,7 +370,7 @@ impl<'m, D: ModelDevice, C: Communicator<D::Tensor>> Params<D::Tensor, ModelAtte
         let out = f(&mut whole)?;
         let mut solo = Solo;
         let comm = collectives(attn, &mut solo);
-        scatter_add(self.ops, comm, &whole, &mut self.grads.embed)?;
+        comm.reduce_scatter_add(&whole, &mut self.grads.embed)?;
         Ok(out)
     }
 }
