@@ -199,10 +199,10 @@ __device__ __forceinline__ int row_start_at(const int* row_start, int pos) {
 }
 
 // Backward: query rows [row0, row0 + N) of the block's row starts into shared memory at `dst`,
-// in the same cp.async group as the tile's LSE and D (rows past q_len read as 0), so that the
-// tile's mask test and its partly hidden scores read them there: a global load in the loop body
-// stalled every tile behind the wgmmas (the masked backward ran 12-17% under the causal one).
-// Nothing is loaded in the causal module or without a mask.
+// in the same cp.async group as the tile's LSE and D (rows past q_len read as 0), where the
+// tile's mask test reads them. Staging them alone did not speed the masked backward (the loads
+// were not its cost: bench/notes/kernel-notes.md, v12); it keeps the test's reads out of
+// global memory. Nothing is loaded in the causal module or without a mask.
 template <int N>
 __device__ __forceinline__ void load_row_starts(u32 dst, const int* row_start, int q_start,
                                                 int row0, int q_len) {
