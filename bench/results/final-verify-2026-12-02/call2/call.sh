@@ -2,15 +2,16 @@
 # Device call (nvidia-h200): is the 128K causal slowdown the binary? .dev/old/distflash of
 # 03eeefb (842 ms backward in calls before) and .dev/distflash of 7645289 (merged main),
 # alternated; then the window and documents with the merged main (the mask arguments the
-# previous call's script forgot), then mask_bench.sh beside FlexAttention. NOT RUN: this
-# session's device time ran out; it is the next session's first call. carry [".dev"].
+# previous call's script forgot), then mask_bench.sh beside FlexAttention. Each line also
+# records the SM clock, temperature and power after the run. .dev/distflash rebuilt at da168cb
+# (no source change since 7645289 but a comment). carry [".dev"]. Run 2026-12-02, ninth session.
 set -u
 export DISTFLASH_CACHE_DIR=/tmp/distflash-cache
 DOCS=$(python3 -c 'print(",".join(["8192"] * 16))')
 run() {  # tag, binary, mask arguments
   local tag=$1 bin=$2; shift 2
   $bin bench attention --device cuda --seqs 131072 --head-dims 128 --heads 32 "$@" --json $OUT/t_$tag.jsonl > /dev/null 2>&1
-  echo "$tag $(grep -o '"fwd_ms":[0-9.]*\|"bwd_ms":[0-9.]*' $OUT/t_$tag.jsonl | paste -sd' ')"
+  echo "$tag $(nvidia-smi --query-gpu=clocks.sm,temperature.gpu,power.draw --format=csv,noheader) $(grep -o '"fwd_ms":[0-9.]*\|"bwd_ms":[0-9.]*' $OUT/t_$tag.jsonl | paste -sd' ')"
 }
 {
 run causal_old1 .dev/old/distflash
@@ -19,6 +20,8 @@ run window_new .dev/distflash --window 4096
 run docs_new .dev/distflash --doc-lens $DOCS
 run causal_old2 .dev/old/distflash
 run causal_new2 .dev/distflash
+run causal_new3 .dev/distflash
+run causal_old3 .dev/old/distflash
 } | tee $OUT/timing.txt
 cat $OUT/t_*.jsonl > $OUT/timing.jsonl && rm $OUT/t_*.jsonl
 # The issue's criterion in one run: ours (causal, documents, window) beside FlexAttention.
