@@ -1,7 +1,9 @@
 """On the GPU machine: the Python binding (`python/`, wheel from build_wheel.sh) checked and timed.
 
 1. correctness: `distflash.flash_attn` (output, LSE, dq, dk, dv) against float64 SDPA on the
-   same bf16/fp16 inputs, next to PyTorch's own 16-bit SDPA against the same reference; pass:
+   same bf16/fp16 inputs, next to PyTorch's own 16-bit SDPA against the same reference, causal
+   and under masks (`doc_lens`, `cu_seqlens`, `window`, `global_tokens`; SDPA then takes the
+   same mask as an explicit boolean matrix); pass:
    every error within 2x SDPA's (LSE: SDPA returns none, so within 1e-3 absolute, far above
    the f32 arithmetic's ~1e-5 and far below any indexing bug's O(1));
 2. speed: the binding's forward and backward (head-major, what the kernels take, and the
@@ -31,13 +33,36 @@ import distflash.attention
 import distflash.transformers
 from sdpa_bench import time_ms  # beside this script
 
-CASES = [  # batch, seq, heads, kv_heads, head_dim, dtype
-    (1, 1000, 8, 8, 128, torch.bfloat16),
-    (2, 777, 8, 2, 64, torch.bfloat16),
-    (1, 2048, 16, 1, 128, torch.bfloat16),
-    (2, 300, 4, 4, 128, torch.bfloat16),
-    (1, 513, 4, 2, 64, torch.float16),
+CASES = [  # batch, seq, heads, kv_heads, head_dim, dtype, mask (flash_attn's keyword arguments)
+    (1, 1000, 8, 8, 128, torch.bfloat16, {}),
+    (2, 777, 8, 2, 64, torch.bfloat16, {}),
+    (1, 2048, 16, 1, 128, torch.bfloat16, {}),
+    (2, 300, 4, 4, 128, torch.bfloat16, {}),
+    (1, 513, 4, 2, 64, torch.float16, {}),
+    # Packed documents, a one-token one among them, crossing the kernels' tiles.
+    (2, 1500, 8, 2, 128, torch.bfloat16, {"doc_lens": [1, 700, 129, 670]}),
+    # The same as offsets, fp16, d64.
+    (1, 999, 4, 4, 64, torch.float16, {"cu_seqlens": [0, 333, 334, 999]}),
+    # A window narrower than a tile, with global tokens (MQA).
+    (1, 2048, 8, 1, 128, torch.bfloat16, {"window": 37, "global_tokens": 5}),
+    # Documents and a window wider than a tile together, d80 (the mma.sync kernels).
+    (2, 1200, 4, 2, 80, torch.bfloat16, {"doc_lens": [600, 600], "window": 300}),
 ]
+
+
+def visible(n, doc_lens=None, cu_seqlens=None, window=None, global_tokens=0):
+    """The [n, n] boolean matrix of which keys each query sees, written from the mask's
+    definition (distflash's `shape::Mask`): k <= q and ((same document and q - window < k) or
+    k < global_tokens)."""
+    if cu_seqlens is None:
+        lens = doc_lens or [n]
+        cu_seqlens = [0] + [sum(lens[: i + 1]) for i in range(len(lens))]
+    doc = torch.zeros(n, dtype=torch.long, device="cuda")
+    for i, (a, b) in enumerate(zip(cu_seqlens, cu_seqlens[1:])):
+        doc[a:b] = i
+    q, k = torch.arange(n, device="cuda")[:, None], torch.arange(n, device="cuda")[None, :]
+    local = (doc[:, None] == doc[None, :]) & (q - k < (window or n))
+    return (k <= q) & (local | (k < global_tokens))
 
 
 def rel(x, ref):
@@ -45,40 +70,45 @@ def rel(x, ref):
     return ((x - ref).norm() / ref.norm().clamp_min(1e-300)).item()
 
 
-def sdpa_bshd(q, k, v):
-    """SDPA on [b, s, h, d] tensors, causal, GQA; returns [b, s, h, d]."""
+def sdpa_bshd(q, k, v, mask=None):
+    """SDPA on [b, s, h, d] tensors, GQA, causal or under the boolean `mask` (True: visible);
+    returns [b, s, h, d]."""
     out = F.scaled_dot_product_attention(
-        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True, enable_gqa=True)
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask,
+        is_causal=mask is None, enable_gqa=True)
     return out.transpose(1, 2)
 
 
 @torch.no_grad()
-def lse_f64(q, k):
-    """Reference LSE [b, h, s] in float64 from [b, s, h, d] inputs."""
+def lse_f64(q, k, mask):
+    """Reference LSE [b, h, s] in float64 from [b, s, h, d] inputs under the boolean `mask`."""
     qh, kh = q.double().transpose(1, 2), k.double().transpose(1, 2)
     kh = kh.repeat_interleave(qh.shape[1] // kh.shape[1], dim=1)
     s = qh @ kh.transpose(-1, -2) / math.sqrt(q.shape[-1])
-    n = q.shape[1]
-    s = s.masked_fill(torch.ones(n, n, dtype=torch.bool, device=q.device).triu(1), float("-inf"))
+    s = s.masked_fill(~mask, float("-inf"))
     return torch.logsumexp(s, dim=-1)
 
 
 def correctness():
     rows, ok = [], True
-    for b, n, h, hk, d, dt in CASES:
+    for b, n, h, hk, d, dt, masked in CASES:
         g = torch.Generator(device="cuda").manual_seed(1000 + n)
         mk = lambda heads: (torch.randn(b, n, heads, d, device="cuda", generator=g)).to(dt)
         q, k, v, dout = mk(h), mk(hk), mk(hk), mk(h)
+        seen = visible(n, **masked)
+        # Causal cases give SDPA is_causal (its fast kernels); masked ones the explicit matrix.
+        sdpa_mask = seen if masked else None
         grads = {}
-        for name, fn, cast in [("ref", sdpa_bshd, torch.float64), ("sdpa", sdpa_bshd, dt),
-                               ("distflash", lambda a, bb, c: distflash.flash_attn(a, bb, c), dt)]:
+        for name, fn, cast in [("ref", lambda a, bb, c: sdpa_bshd(a, bb, c, sdpa_mask), torch.float64),
+                               ("sdpa", lambda a, bb, c: sdpa_bshd(a, bb, c, sdpa_mask), dt),
+                               ("distflash", lambda a, bb, c: distflash.flash_attn(a, bb, c, **masked), dt)]:
             x = [t.to(cast).requires_grad_() for t in (q, k, v)]
             out = fn(*x)
             dq, dk, dv = torch.autograd.grad(out, x, dout.to(cast))
             grads[name] = (out.detach(), dq, dk, dv)
-        _, lse = distflash.flash_attn(q, k, v, return_lse=True)
+        _, lse = distflash.flash_attn(q, k, v, return_lse=True, **masked)
         row = {"batch": b, "seq": n, "heads": h, "kv_heads": hk, "head_dim": d, "dtype": str(dt),
-               "lse_abs_err": (lse.double() - lse_f64(q, k)).abs().max().item()}
+               "mask": masked, "lse_abs_err": (lse.double() - lse_f64(q, k, seen)).abs().max().item()}
         passed = row["lse_abs_err"] <= 1e-3
         for i, what in enumerate(["out", "dq", "dk", "dv"]):
             ours, theirs = rel(grads["distflash"][i], grads["ref"][i]), rel(grads["sdpa"][i], grads["ref"][i])
@@ -193,6 +223,8 @@ def errors():
         "float32": lambda: distflash.flash_attn(q.float(), q.float(), q.float()),
         "non_contiguous": lambda: distflash.flash_attn(q.transpose(1, 2), q, q),
         "head_dim_72": lambda: distflash.flash_attn(*(torch.zeros(1, 8, 2, 72, device="cuda", dtype=torch.bfloat16),) * 3),
+        "doc_lens_sum": lambda: distflash.flash_attn(q, q, q, doc_lens=[30, 30]),
+        "window_0": lambda: distflash.flash_attn(q, q, q, window=0),
         "misaligned_address": lambda: _distflash.forward(
             0, "bfloat16", 0, 1, 64, 4, 4, 64, q.data_ptr() + 2, q.data_ptr(), q.data_ptr(), q.data_ptr(), q.data_ptr()),
     }

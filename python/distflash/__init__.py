@@ -1,7 +1,8 @@
 """distflash from PyTorch: its exact FlashAttention CUDA kernels as an autograd function.
 
 - :func:`flash_attn`: causal attention of CUDA bf16/fp16 ``[batch, seq, heads, head_dim]``
-  tensors (GQA/MQA), on torch's memory and current stream.
+  tensors (GQA/MQA), on torch's memory and current stream, optionally under packed documents,
+  a sliding window and global tokens.
 - :func:`distflash.transformers.register`: ``attn_implementation="distattn"`` for
   transformers models.
 

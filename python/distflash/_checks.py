@@ -23,6 +23,68 @@ HEAD_DIMS = (64, 80, 96, 128, 192, 256)
 SCALE_RTOL = 1e-6
 
 
+class Mask(NamedTuple):
+    """Which keys each query sees beyond causality, as the Rust side's ``Mask::new`` takes it:
+    packed documents (``doc_lens``; empty for one), a causal sliding window (``None``: none) and
+    global prefix tokens every later token sees."""
+
+    doc_lens: tuple = ()
+    window: object = None
+    global_tokens: int = 0
+
+
+def _whole(x, name):
+    """``x`` as an int, if it is a whole number (an int, a whole float, a 0-d integer tensor)."""
+    if hasattr(x, "item"):
+        x = x.item()
+    if isinstance(x, bool) or not isinstance(x, (int, float)) or int(x) != x:
+        raise TypeError(f"{name} must be a whole number, got {x!r}")
+    return int(x)
+
+
+def _as_ints(values, name):
+    """A list of ints from a list, tuple or 1-D integer tensor (``.tolist()``)."""
+    if hasattr(values, "tolist"):
+        values = values.tolist()
+    if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
+        raise TypeError(f"{name} must be a sequence of ints, got {type(values).__name__}")
+    return [_whole(n, f"every entry of {name}") for n in values]
+
+
+def check_mask(seq, doc_lens=None, window=None, global_tokens=0, cu_seqlens=None):
+    """Checks the mask arguments of ``flash_attn`` against the sequence length and returns the
+    :class:`Mask`. Documents come as lengths (``doc_lens``) or as ``cu_seqlens`` offsets
+    ``[0, l0, l0 + l1, ..., seq]`` (FlashAttention's varlen spelling), not both; they apply to
+    every sequence of the batch."""
+    if cu_seqlens is not None:
+        if doc_lens is not None:
+            raise ValueError("pass doc_lens or cu_seqlens, not both: they say the same thing")
+        offsets = _as_ints(cu_seqlens, "cu_seqlens")
+        if len(offsets) < 2 or offsets[0] != 0 or offsets[-1] != seq:
+            raise ValueError(
+                f"cu_seqlens must run from 0 to the sequence length {seq}, got {offsets}"
+            )
+        doc_lens = [b - a for a, b in zip(offsets, offsets[1:])]
+    docs = () if doc_lens is None else tuple(_as_ints(doc_lens, "doc_lens"))
+    for i, n in enumerate(docs):
+        if n <= 0:
+            raise ValueError(f"document {i} has length {n}: every document needs at least one token")
+    if docs and sum(docs) != seq:
+        raise ValueError(
+            f"the {len(docs)} document lengths add up to {sum(docs)} tokens but the sequence has {seq}: make them sum to the sequence length"
+        )
+    if window is not None:
+        window = _whole(window, "window")
+        if window < 1:
+            raise ValueError(f"window={window} hides every key: pass 1 or more (a token sees itself), or None")
+    global_tokens = _whole(global_tokens, "global_tokens")
+    if global_tokens < 0:
+        raise ValueError(f"global_tokens={global_tokens}: pass a count of 0 or more")
+    if global_tokens > seq:
+        raise ValueError(f"{global_tokens} global tokens do not fit a sequence of {seq}: pass {seq} or fewer")
+    return Mask(docs, window, global_tokens)
+
+
 class Shape(NamedTuple):
     """What the kernels are told about one call."""
 

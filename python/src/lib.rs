@@ -66,12 +66,14 @@ fn value_error(e: anyhow::Error) -> PyErr {
     PyValueError::new_err(format!("{e:#}"))
 }
 
-/// Causal attention forward on torch's memory: O and LSE written at `out` and `lse`.
+/// Causal attention forward on torch's memory under the mask of `doc_lens` (packed documents;
+/// empty: one), a sliding `window` and `global` prefix tokens: O and LSE written at `out` and
+/// `lse`.
 /// Head-major: q, out `[batch, heads, seq, head_dim]`, k, v `[batch, kv_heads, seq,
 /// head_dim]` in `dtype`; lse `[batch, heads, seq]` float32.
 #[pyfunction]
 #[allow(clippy::too_many_arguments)]
-#[pyo3(signature = (device, dtype, stream, batch, seq, heads, kv_heads, head_dim, q, k, v, out, lse))]
+#[pyo3(signature = (device, dtype, stream, batch, seq, heads, kv_heads, head_dim, q, k, v, out, lse, doc_lens=Vec::new(), window=None, global=0))]
 fn forward(
     py: Python<'_>,
     device: usize,
@@ -87,9 +89,13 @@ fn forward(
     v: u64,
     out: u64,
     lse: u64,
+    doc_lens: Vec<usize>,
+    window: Option<usize>,
+    global: usize,
 ) -> PyResult<()> {
     let dtype = input_dtype(dtype)?;
     let dims = dims(batch, heads, kv_heads, head_dim);
+    let mask = Mask::new(seq, &doc_lens, window, global).map_err(value_error)?;
     let addrs = ForwardAddrs { q, k, v, out, lse };
     addrs.check(&dims, seq).map_err(value_error)?;
     let be = backend(device, dtype, stream)?;
@@ -99,16 +105,17 @@ fn forward(
         // alive by the autograd function's frame until it returns; the work is queued on
         // torch's current stream, so torch's caching allocator reuses their memory only after
         // it.
-        unsafe { be.causal_forward_lent(&dims, seq, &Mask::causal(), &addrs) }
+        unsafe { be.causal_forward_lent(&dims, seq, &mask, &addrs) }
     })
     .map_err(|e| PyRuntimeError::new_err(format!("{e:#}")))
 }
 
-/// Causal attention backward on torch's memory: dQ, dK, dV (float32, head-major, shaped as Q,
-/// K and V) overwritten from the forward's O and LSE and the output's gradient dO.
+/// Causal attention backward on torch's memory under the forward's mask: dQ, dK, dV (float32,
+/// head-major, shaped as Q, K and V) overwritten from the forward's O and LSE and the output's
+/// gradient dO.
 #[pyfunction]
 #[allow(clippy::too_many_arguments)]
-#[pyo3(signature = (device, dtype, stream, batch, seq, heads, kv_heads, head_dim, q, k, v, out, lse, dout, dq, dk, dv))]
+#[pyo3(signature = (device, dtype, stream, batch, seq, heads, kv_heads, head_dim, q, k, v, out, lse, dout, dq, dk, dv, doc_lens=Vec::new(), window=None, global=0))]
 fn backward(
     py: Python<'_>,
     device: usize,
@@ -128,9 +135,13 @@ fn backward(
     dq: u64,
     dk: u64,
     dv: u64,
+    doc_lens: Vec<usize>,
+    window: Option<usize>,
+    global: usize,
 ) -> PyResult<()> {
     let dtype = input_dtype(dtype)?;
     let dims = dims(batch, heads, kv_heads, head_dim);
+    let mask = Mask::new(seq, &doc_lens, window, global).map_err(value_error)?;
     let addrs = BackwardAddrs {
         q,
         k,
@@ -147,7 +158,7 @@ fn backward(
     py.detach(|| {
         // SAFETY: as in `forward`, for the nine tensors the autograd function's backward built
         // or saved.
-        unsafe { be.causal_backward_lent(&dims, seq, &Mask::causal(), &addrs) }
+        unsafe { be.causal_backward_lent(&dims, seq, &mask, &addrs) }
     })
     .map_err(|e| PyRuntimeError::new_err(format!("{e:#}")))
 }

@@ -60,3 +60,24 @@ def test_causal_and_scale():
     refused(ValueError, r"softmax_scale=0.5 is not supported: .* 0.0883883; pass None$", *qkv(), softmax_scale=0.5)
     for scale in (128 ** -0.5, 1 / math.sqrt(128)):
         assert _checks.check_inputs(*qkv(), softmax_scale=scale).head_dim == 128
+
+
+def test_masks_are_checked_against_the_sequence():
+    assert _checks.check_mask(100) == _checks.Mask((), None, 0)
+    assert _checks.check_mask(100, doc_lens=[1, 99], window=7.0, global_tokens=3) == _checks.Mask((1, 99), 7, 3)
+    assert _checks.check_mask(100, cu_seqlens=(0, 30, 100)) == _checks.Mask((30, 70), None, 0)
+
+    def bad(exc, match, **kw):
+        with pytest.raises(exc, match=match):
+            _checks.check_mask(100, **kw)
+
+    bad(ValueError, r"^the 2 document lengths add up to 90 tokens but the sequence has 100: make them sum", doc_lens=[40, 50])
+    bad(ValueError, r"^document 1 has length 0: every document needs at least one token$", doc_lens=[100, 0])
+    bad(TypeError, r"^every entry of doc_lens must be a whole number, got 2.5$", doc_lens=[97, 2.5, 0.5])
+    bad(TypeError, r"^doc_lens must be a sequence of ints, got int$", doc_lens=100)
+    bad(ValueError, r"^pass doc_lens or cu_seqlens, not both", doc_lens=[100], cu_seqlens=[0, 100])
+    bad(ValueError, r"^cu_seqlens must run from 0 to the sequence length 100, got \[0, 99\]$", cu_seqlens=[0, 99])
+    bad(ValueError, r"^window=0 hides every key: pass 1 or more", window=0)
+    bad(TypeError, r"^window must be a whole number, got '4'$", window="4")
+    bad(ValueError, r"^global_tokens=-1: pass a count of 0 or more$", global_tokens=-1)
+    bad(ValueError, r"^101 global tokens do not fit a sequence of 100: pass 100 or fewer$", global_tokens=101)

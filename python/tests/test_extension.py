@@ -49,3 +49,15 @@ def test_backward_checks_its_gradients_addresses():
         backward(dk=0)
     with pytest.raises(ValueError, match=r"^the output's gradient has a null device address"):
         backward(dout=0)
+
+
+@pytest.mark.parametrize("call", [forward, backward])
+def test_rust_refuses_bad_masks(call):
+    with pytest.raises(ValueError, match=r"^the 2 document lengths add up to 15 tokens but the sequence has 16"):
+        call(doc_lens=[5, 10])
+    with pytest.raises(ValueError, match=r"^document 0 has length 0"):
+        call(doc_lens=[0, 16])
+    with pytest.raises(ValueError, match=r"^a window of 0 tokens hides every key"):
+        call(window=0)
+    with pytest.raises(ValueError, match=r"^17 global tokens do not fit a sequence of 16"):
+        call(doc_lens=[8, 8], **{"global": 17})
