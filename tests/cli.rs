@@ -153,7 +153,7 @@ fn saved_file_has_public_layouts_and_matches_the_oracle() {
 
 #[test]
 fn bad_input_gets_one_sentence_and_a_nonzero_exit() {
-    let cases: [(&[&str], &str); 13] = [
+    let cases: [(&[&str], &str); 16] = [
         (
             &["attention", "--heads", "6", "--kv-heads", "4"],
             "must be a multiple of kv-heads",
@@ -194,6 +194,19 @@ fn bad_input_gets_one_sentence_and_a_nonzero_exit() {
                 "4",
             ],
             "too short for 4 workers",
+        ),
+        // Per-block timings, refused before any GPU is looked for.
+        (
+            &["bench", "attention", "--blocks", "1"],
+            "per-block rates need at least 2 workers' chunks",
+        ),
+        (
+            &["bench", "attention", "--blocks", "3", "--seqs", "4096"],
+            "4096 tokens do not divide by 3",
+        ),
+        (
+            &["bench", "attention", "--blocks", "2", "--window", "64"],
+            "--blocks times causal blocks only",
         ),
         // The small models' default learning rate would make a 7B diverge.
         (

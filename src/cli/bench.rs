@@ -4,7 +4,7 @@
 use anyhow::{Context, Result, bail};
 use clap::Subcommand;
 use distflash::attn;
-use distflash::backend::cuda::{CudaBackend, InputDtype, time_attention};
+use distflash::backend::cuda::{BlockKind, CudaBackend, InputDtype, time_attention, time_block};
 use distflash::bench;
 use distflash::shape::Dims;
 use serde_json::{Value, json};
@@ -47,6 +47,11 @@ pub enum Target {
         dtype: super::DtypeArg,
         #[command(flatten)]
         mask: super::attention::MaskArgs,
+        /// Also time the two blocks the distributed schedules compute over P workers' chunks
+        /// of seq/P tokens (a chunk against itself, and against an earlier one: the kernels
+        /// whose partial results merge by LSE), each rate beside the whole sequence's. Causal.
+        #[arg(long, value_name = "P")]
+        blocks: Option<usize>,
         /// Also write the JSON lines here.
         #[arg(long)]
         json: Option<PathBuf>,
@@ -84,6 +89,7 @@ pub fn run(target: Target) -> Result<()> {
             heads,
             dtype,
             mask,
+            blocks,
             json,
         } => {
             if device != "cuda" {
@@ -91,7 +97,10 @@ pub fn run(target: Target) -> Result<()> {
                     "bench attention times a GPU (--device cuda); for the CPU use `distflash bench cpu`"
                 );
             }
-            attention(&seqs, &head_dims, heads, dtype.gpu(), &mask, json)
+            if let Some(workers) = blocks {
+                check_blocks(workers, &seqs, &mask)?;
+            }
+            attention(&seqs, &head_dims, heads, dtype.gpu(), &mask, blocks, json)
         }
         Target::Train(args) => super::bench_train::run(args),
         Target::Report { results, out } => report(&results, out),
@@ -148,12 +157,41 @@ fn cpu(
     Ok(())
 }
 
+/// Refuses, before a GPU is opened, what `--blocks P` cannot time: fewer than two workers,
+/// lengths P does not divide, or a mask (the block timings are causal).
+fn check_blocks(
+    workers: usize,
+    seqs: &[usize],
+    mask_args: &super::attention::MaskArgs,
+) -> Result<()> {
+    if workers < 2 {
+        bail!(
+            "--blocks {workers}: per-block rates need at least 2 workers' chunks; use --blocks 2 or more"
+        );
+    }
+    for &seq in seqs {
+        if !seq.is_multiple_of(workers) || seq < workers {
+            bail!(
+                "--blocks {workers} cuts each sequence into {workers} equal chunks, and {seq} tokens do not divide by {workers}: pick --seqs that do"
+            );
+        }
+        if !mask_args.mask(seq, 0)?.is_causal() {
+            bail!(
+                "--blocks times causal blocks only; drop the mask flags (--doc-lens, --docs, --window, --global) or --blocks"
+            );
+        }
+    }
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
 fn attention(
     seqs: &[usize],
     head_dims: &[usize],
     heads: usize,
     dtype: InputDtype,
     mask_args: &super::attention::MaskArgs,
+    blocks: Option<usize>,
     json: Option<PathBuf>,
 ) -> Result<()> {
     let mut file = json.as_deref().map(super::create_output).transpose()?;
@@ -177,9 +215,33 @@ fn attention(
                 "reps": t.repeats, "command": command, "mask": mask.to_string(),
                 "visible_fraction": f / attn::causal_forward_flops(&dims, seq),
             });
-            println!("{line}");
-            if let Some(f) = file.as_mut() {
-                writeln!(f, "{line}")?;
+            let mut lines = vec![line];
+            if let Some(workers) = blocks {
+                let whole = tflops(f + b, t.forward_ms + t.backward_ms);
+                let chunk = seq / workers;
+                for kind in BlockKind::BOTH {
+                    let bt = time_block(&be, dims, chunk, kind)?;
+                    let (bf, bb) = (
+                        kind.forward_flops(&dims, chunk),
+                        kind.backward_flops(&dims, chunk),
+                    );
+                    let rate = tflops(bf + bb, bt.forward_ms + bt.backward_ms);
+                    lines.push(json!({
+                        "impl": "distflash_block", "block": kind, "workers": workers,
+                        "chunk": chunk, "dtype": dtype.name(), "seq": seq, "heads": heads,
+                        "head_dim": head_dim, "fwd_ms": bt.forward_ms, "bwd_ms": bt.backward_ms,
+                        "fwd_tflops": tflops(bf, bt.forward_ms),
+                        "bwd_tflops": tflops(bb, bt.backward_ms),
+                        "fwdbwd_tflops": rate, "fwdbwd_over_whole": rate / whole,
+                        "reps": bt.repeats, "command": command,
+                    }));
+                }
+            }
+            for line in lines {
+                println!("{line}");
+                if let Some(f) = file.as_mut() {
+                    writeln!(f, "{line}")?;
+                }
             }
         }
     }

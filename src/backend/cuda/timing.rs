@@ -2,9 +2,10 @@
 //! bracketed by events on the backend's stream (host clocks would time launches, not kernels).
 
 use super::CudaBackend;
+use crate::attn::{Block, GradsMut, QuerySide};
 use crate::backend::Backend;
 use crate::inputs::Inputs;
-use crate::shape::{Dims, Mask};
+use crate::shape::{Dims, Mask, Span};
 use anyhow::{Result, anyhow};
 use cudarc::driver::sys::CUevent_flags;
 use serde::Serialize;
@@ -42,6 +43,127 @@ pub fn median_ms(
     Ok(times[times.len() / 2])
 }
 
+/// Repeats so that one measurement of an operation whose first run took `first_ms` lasts about
+/// a second.
+fn repeats_for(first_ms: f64) -> usize {
+    ((1000.0 / first_ms.max(1e-3)) as usize).clamp(3, 30)
+}
+
+/// The two kinds of block the distributed schedules compute on chunks of one length.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BlockKind {
+    /// A chunk against itself: causal inside the block, half its pairs visible.
+    Diagonal,
+    /// A chunk against an earlier one: every pair visible.
+    OffDiagonal,
+}
+
+impl BlockKind {
+    pub const BOTH: [BlockKind; 2] = [BlockKind::Diagonal, BlockKind::OffDiagonal];
+
+    /// The block's query and key rows for chunks of `chunk` rows: chunk 0 against itself, or
+    /// chunk 1 against chunk 0.
+    pub fn block(self, chunk: usize) -> Block {
+        let first = Span {
+            start: 0,
+            len: chunk,
+        };
+        match self {
+            BlockKind::Diagonal => Block {
+                q: first,
+                kv: first,
+            },
+            BlockKind::OffDiagonal => Block {
+                q: Span {
+                    start: chunk,
+                    len: chunk,
+                },
+                kv: first,
+            },
+        }
+    }
+
+    /// The block's pairs in units of a causal sequence of its chunk: a diagonal block is one, an
+    /// off-diagonal one (every pair visible) two.
+    fn causal_units(self) -> f64 {
+        match self {
+            BlockKind::Diagonal => 1.0,
+            BlockKind::OffDiagonal => 2.0,
+        }
+    }
+
+    /// The forward's FLOPs over the block's visible pairs, counted as the whole sequence's are.
+    pub fn forward_flops(self, dims: &Dims, chunk: usize) -> f64 {
+        self.causal_units() * crate::attn::causal_forward_flops(dims, chunk)
+    }
+
+    /// The backward's FLOPs, likewise.
+    pub fn backward_flops(self, dims: &Dims, chunk: usize) -> f64 {
+        self.causal_units() * crate::attn::causal_backward_flops(dims, chunk)
+    }
+}
+
+/// Times one block of chunks of `chunk` rows as the distributed executor runs it (causal): the
+/// forward folding K/V into a running state (`Backend::forward_block`, the kernel of blocks
+/// whose partial results merge by LSE), and the backward accumulating dQ, dK and dV
+/// (`Backend::backward_block`), on random inputs.
+pub fn time_block(
+    be: &CudaBackend,
+    dims: Dims,
+    chunk: usize,
+    kind: BlockKind,
+) -> Result<AttentionTiming> {
+    let mask = Mask::causal();
+    let block = kind.block(chunk);
+    let x = Inputs::random(dims, chunk, 11);
+    let (q, k, v, dout) = (
+        be.upload(&x.q)?,
+        be.upload(&x.k)?,
+        be.upload(&x.v)?,
+        be.upload(&x.dout)?,
+    );
+    drop(x);
+    let mut state = be.new_state(&dims, chunk)?;
+    let mut forward = || be.forward_block(&dims, block, &mask, &q, &k, &v, &mut state);
+    let first = median_ms(be, 1, &mut forward)?;
+    let repeats = repeats_for(first);
+    let forward_ms = median_ms(be, repeats, &mut forward)?;
+    // The timed state folded the same keys many times over; the backward reads the O and LSE
+    // of one fold, as the executor's would be.
+    drop(state);
+    let mut once = be.new_state(&dims, chunk)?;
+    be.forward_block(&dims, block, &mask, &q, &k, &v, &mut once)?;
+    let fwd = be.finalize(&dims, chunk, once)?;
+    let delta = be.delta(&dims, chunk, &fwd.out, &dout)?;
+    let (mut dq, mut dk, mut dv) = (
+        be.zeros(dims.q_len(chunk))?,
+        be.zeros(dims.kv_len(chunk))?,
+        be.zeros(dims.kv_len(chunk))?,
+    );
+    let mut backward = || {
+        let query = QuerySide {
+            q: &q,
+            dout: &dout,
+            lse: &fwd.lse,
+            delta: &delta,
+        };
+        let grads = GradsMut {
+            dq: &mut dq,
+            dk: &mut dk,
+            dv: &mut dv,
+        };
+        be.backward_block(&dims, block, &mask, query, &k, &v, grads)
+    };
+    let backward_ms = median_ms(be, repeats, &mut backward)?;
+    be.synchronize()?;
+    Ok(AttentionTiming {
+        forward_ms,
+        backward_ms,
+        repeats,
+    })
+}
+
 /// Times causal forward and backward of the whole sequence under `mask` (the fast path a
 /// training step uses) on random inputs; repeats are chosen so each measurement takes about a
 /// second.
@@ -64,7 +186,7 @@ pub fn time_attention(
     be.synchronize()?;
     let mut forward = || be.causal_forward_into(&dims, seq, mask, &q, &k, &v, &mut fwd);
     let first = median_ms(be, 1, &mut forward)?;
-    let repeats = ((1000.0 / first.max(1e-3)) as usize).clamp(3, 30);
+    let repeats = repeats_for(first);
     let forward_ms = median_ms(be, repeats, &mut forward)?;
     let fwd = fwd; // the backward reads the last forward's O and LSE
     let mut backward =
@@ -76,4 +198,43 @@ pub fn time_attention(
         backward_ms,
         repeats,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn blocks_cover_a_causal_sequence_once() {
+        // P diagonal and P(P − 1)/2 off-diagonal blocks tile the causal sequence of P chunks:
+        // their FLOPs add up to the whole sequence's, so block and whole rates compare.
+        let dims = Dims {
+            batch: 2,
+            heads: 4,
+            kv_heads: 2,
+            head_dim: 64,
+        };
+        for (p, chunk) in [(2, 512), (4, 1000), (8, 3)] {
+            let blocks = |kind: BlockKind, n: usize| {
+                n as f64 * (kind.forward_flops(&dims, chunk) + kind.backward_flops(&dims, chunk))
+            };
+            let tiled =
+                blocks(BlockKind::Diagonal, p) + blocks(BlockKind::OffDiagonal, p * (p - 1) / 2);
+            let seq = p * chunk;
+            let whole = crate::attn::causal_forward_flops(&dims, seq)
+                + crate::attn::causal_backward_flops(&dims, seq);
+            assert!(
+                (tiled - whole).abs() <= 1e-12 * whole,
+                "P={p}: {tiled} vs {whole}"
+            );
+        }
+        // The blocks' rows: the diagonal on chunk 0, the off-diagonal chunk 1 against chunk 0.
+        let off = BlockKind::OffDiagonal.block(100);
+        assert_eq!(
+            (off.q.start, off.q.len, off.kv.start, off.kv.len),
+            (100, 100, 0, 100)
+        );
+        let diag = BlockKind::Diagonal.block(100);
+        assert_eq!((diag.q.start, diag.kv.start, diag.kv.len), (0, 0, 100));
+    }
 }
