@@ -3,6 +3,7 @@
 //!   gpu_timing attention --seqs 16384,65536 --head-dims 128   # a kernel variant's TFLOP/s
 //!   gpu_timing layout --seq 16384      # the model adapter's layout changes vs the fast path
 //!   gpu_timing ops                     # a few model ops at LLaMA-7B sizes, bf16 and fp16
+//!   gpu_timing spread --seq 131072     # each backward's time, over fresh allocations
 //!
 //! `attention` is `distflash bench attention` (same JSON lines, for `distflash bench report`)
 //! with the kernel variant named in `DISTFLASH_TUNING` (e.g. `bwd-warps=4,fwd-wgmma=false`,
@@ -55,6 +56,17 @@ enum Cli {
     },
     /// GEMMs, the loss and RMSNorm of `model::cuda::CudaOps` at LLaMA-7B sizes, 4096 rows.
     Ops,
+    /// Each causal backward's time alone (d128, 32 heads, bf16), `reps` in a row on the same
+    /// tensors, for `rounds` rounds of freshly allocated and uploaded inputs: whether a slow
+    /// run is a property of the process, of the allocation or of the moment.
+    Spread {
+        #[arg(long, default_value_t = 131072)]
+        seq: usize,
+        #[arg(long, default_value_t = 4)]
+        rounds: usize,
+        #[arg(long, default_value_t = 4)]
+        reps: usize,
+    },
 }
 
 fn open(dtype: InputDtype) -> Result<CudaBackend> {
@@ -75,6 +87,7 @@ fn main() -> Result<()> {
             json,
         } => attention(&open(dtype)?, &seqs, &head_dims, heads, json.as_deref()),
         Cli::Layout { seq } => layout_cost(&open(InputDtype::Bf16)?, seq),
+        Cli::Spread { seq, rounds, reps } => spread(&open(InputDtype::Bf16)?, seq, rounds, reps),
         Cli::Ops => {
             for dtype in [InputDtype::Bf16, InputDtype::F16] {
                 ops(&CudaOps::new(open(dtype)?)?)?;
@@ -122,6 +135,44 @@ fn attention(
     }
     if let Some(path) = json {
         std::fs::write(path, lines.join("\n") + "\n")?;
+    }
+    Ok(())
+}
+
+fn spread(be: &CudaBackend, seq: usize, rounds: usize, reps: usize) -> Result<()> {
+    let dims = Dims {
+        batch: 1,
+        heads: 32,
+        kv_heads: 32,
+        head_dim: 128,
+    };
+    let mask = Mask::causal();
+    // Each round's tensors stay allocated, so the next round's lie at other addresses.
+    let mut kept = Vec::with_capacity(rounds);
+    for round in 0..rounds {
+        let x = Inputs::random(dims, seq, 100 + round as u64);
+        let (q, k, v, dout) = (
+            be.upload(&x.q)?,
+            be.upload(&x.k)?,
+            be.upload(&x.v)?,
+            be.upload(&x.dout)?,
+        );
+        let fwd = be.causal_forward(&dims, seq, &mask, &q, &k, &v)?;
+        let mut grads = be.causal_backward(&dims, seq, &mask, &q, &k, &v, &fwd, &dout)?;
+        let mut times = Vec::with_capacity(reps);
+        for _ in 0..reps {
+            times.push(median_ms(be, 1, &mut || {
+                be.causal_backward_into(&dims, seq, &mask, &q, &k, &v, &fwd, &dout, &mut grads)
+            })?);
+        }
+        let forward = median_ms(be, 1, &mut || {
+            be.causal_forward(&dims, seq, &mask, &q, &k, &v).map(drop)
+        })?;
+        println!(
+            "{}",
+            json!({"seq": seq, "round": round, "bwd_ms": times, "fwd_ms": forward})
+        );
+        kept.push((q, k, v, dout, fwd, grads));
     }
     Ok(())
 }
