@@ -21,7 +21,7 @@ use anyhow::Result;
 use clap::Parser;
 use distflash::attn::{self, layout};
 use distflash::backend::Backend;
-use distflash::backend::cuda::{CudaBackend, InputDtype, median_ms, time_attention};
+use distflash::backend::cuda::{CudaBackend, InputDtype, median_ms, time_attention, upload_random};
 use distflash::inputs::Inputs;
 use distflash::model::attention::Attention;
 use distflash::model::cuda::CudaOps;
@@ -150,13 +150,7 @@ fn spread(be: &CudaBackend, seq: usize, rounds: usize, reps: usize) -> Result<()
     // Each round's tensors stay allocated, so the next round's lie at other addresses.
     let mut kept = Vec::with_capacity(rounds);
     for round in 0..rounds {
-        let x = Inputs::random(dims, seq, 100 + round as u64);
-        let (q, k, v, dout) = (
-            be.upload(&x.q)?,
-            be.upload(&x.k)?,
-            be.upload(&x.v)?,
-            be.upload(&x.dout)?,
-        );
+        let [q, k, v, dout] = upload_random(be, dims, seq, 100 + round as u64)?;
         let fwd = be.causal_forward(&dims, seq, &mask, &q, &k, &v)?;
         let mut grads = be.causal_backward(&dims, seq, &mask, &q, &k, &v, &fwd, &dout)?;
         let mut times = Vec::with_capacity(reps);

@@ -68,7 +68,9 @@ pub use external::{BackwardAddrs, ForwardAddrs, check_lent_call};
 pub use launch::{HEAD_DIMS, Tuning};
 pub use memory::DeviceMemory;
 pub use tensor::{InputDtype, Tensor};
-pub use timing::{AttentionTiming, BlockKind, median_ms, time_attention, time_block};
+pub use timing::{
+    AttentionTiming, BlockKind, median_ms, time_attention, time_block, upload_random,
+};
 
 use kernels::Kernels;
 use tensor::Kind;

@@ -1,7 +1,7 @@
 //! Timing the single-GPU attention with CUDA events: warm-up, then the median of repeats, each
 //! bracketed by events on the backend's stream (host clocks would time launches, not kernels).
 
-use super::CudaBackend;
+use super::{CudaBackend, Tensor};
 use crate::attn::{Block, GradsMut, QuerySide};
 use crate::backend::Backend;
 use crate::inputs::Inputs;
@@ -43,10 +43,40 @@ pub fn median_ms(
     Ok(times[times.len() / 2])
 }
 
-/// Repeats so that one measurement of an operation whose first run took `first_ms` lasts about
-/// a second.
-fn repeats_for(first_ms: f64) -> usize {
-    ((1000.0 / first_ms.max(1e-3)) as usize).clamp(3, 30)
+/// Random Q, K, V and dO of `rows` rows (`Inputs::random` of `seed`) on the device; the host
+/// copies are dropped before returning (at 128K tokens they are gigabytes).
+pub fn upload_random(be: &CudaBackend, dims: Dims, rows: usize, seed: u64) -> Result<[Tensor; 4]> {
+    let x = Inputs::random(dims, rows, seed);
+    Ok([
+        be.upload(&x.q)?,
+        be.upload(&x.k)?,
+        be.upload(&x.v)?,
+        be.upload(&x.dout)?,
+    ])
+}
+
+/// The median forward time and the repeats it took: as many that the measurement lasts about a
+/// second (3 to 30), after a first run that also warms up.
+fn time_forward(be: &CudaBackend, forward: &mut dyn FnMut() -> Result<()>) -> Result<(f64, usize)> {
+    let first = median_ms(be, 1, forward)?;
+    let repeats = ((1000.0 / first.max(1e-3)) as usize).clamp(3, 30);
+    Ok((median_ms(be, repeats, forward)?, repeats))
+}
+
+/// The median backward time over the forward's repeats, with the forward's figure.
+fn time_backward(
+    be: &CudaBackend,
+    forward_ms: f64,
+    repeats: usize,
+    backward: &mut dyn FnMut() -> Result<()>,
+) -> Result<AttentionTiming> {
+    let backward_ms = median_ms(be, repeats, backward)?;
+    be.synchronize()?;
+    Ok(AttentionTiming {
+        forward_ms,
+        backward_ms,
+        repeats,
+    })
 }
 
 /// The two kinds of block the distributed schedules compute on chunks of one length.
@@ -116,19 +146,11 @@ pub fn time_block(
 ) -> Result<AttentionTiming> {
     let mask = Mask::causal();
     let block = kind.block(chunk);
-    let x = Inputs::random(dims, chunk, 11);
-    let (q, k, v, dout) = (
-        be.upload(&x.q)?,
-        be.upload(&x.k)?,
-        be.upload(&x.v)?,
-        be.upload(&x.dout)?,
-    );
-    drop(x);
+    let [q, k, v, dout] = upload_random(be, dims, chunk, 11)?;
     let mut state = be.new_state(&dims, chunk)?;
-    let mut forward = || be.forward_block(&dims, block, &mask, &q, &k, &v, &mut state);
-    let first = median_ms(be, 1, &mut forward)?;
-    let repeats = repeats_for(first);
-    let forward_ms = median_ms(be, repeats, &mut forward)?;
+    let (forward_ms, repeats) = time_forward(be, &mut || {
+        be.forward_block(&dims, block, &mask, &q, &k, &v, &mut state)
+    })?;
     // The timed state folded the same keys many times over; the backward reads the O and LSE
     // of one fold, as the executor's would be.
     drop(state);
@@ -155,13 +177,7 @@ pub fn time_block(
         };
         be.backward_block(&dims, block, &mask, query, &k, &v, grads)
     };
-    let backward_ms = median_ms(be, repeats, &mut backward)?;
-    be.synchronize()?;
-    Ok(AttentionTiming {
-        forward_ms,
-        backward_ms,
-        repeats,
-    })
+    time_backward(be, forward_ms, repeats, &mut backward)
 }
 
 /// Times causal forward and backward of the whole sequence under `mask` (the fast path a
@@ -173,30 +189,16 @@ pub fn time_attention(
     seq: usize,
     mask: &Mask,
 ) -> Result<AttentionTiming> {
-    let x = Inputs::random(dims, seq, 7);
-    let (q, k, v, dout) = (
-        be.upload(&x.q)?,
-        be.upload(&x.k)?,
-        be.upload(&x.v)?,
-        be.upload(&x.dout)?,
-    );
-    drop(x);
+    let [q, k, v, dout] = upload_random(be, dims, seq, 7)?;
     let mut fwd = be.causal_forward(&dims, seq, mask, &q, &k, &v)?;
     let mut grads = be.causal_backward(&dims, seq, mask, &q, &k, &v, &fwd, &dout)?;
     be.synchronize()?;
-    let mut forward = || be.causal_forward_into(&dims, seq, mask, &q, &k, &v, &mut fwd);
-    let first = median_ms(be, 1, &mut forward)?;
-    let repeats = repeats_for(first);
-    let forward_ms = median_ms(be, repeats, &mut forward)?;
+    let (forward_ms, repeats) = time_forward(be, &mut || {
+        be.causal_forward_into(&dims, seq, mask, &q, &k, &v, &mut fwd)
+    })?;
     let fwd = fwd; // the backward reads the last forward's O and LSE
-    let mut backward =
-        || be.causal_backward_into(&dims, seq, mask, &q, &k, &v, &fwd, &dout, &mut grads);
-    let backward_ms = median_ms(be, repeats, &mut backward)?;
-    be.synchronize()?;
-    Ok(AttentionTiming {
-        forward_ms,
-        backward_ms,
-        repeats,
+    time_backward(be, forward_ms, repeats, &mut || {
+        be.causal_backward_into(&dims, seq, mask, &q, &k, &v, &fwd, &dout, &mut grads)
     })
 }
 
