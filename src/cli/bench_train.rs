@@ -6,6 +6,8 @@
 use anyhow::{Result, bail};
 use distflash::model::config::Config;
 use distflash::model::cost::{self, H200_BF16_PEAK_TFLOPS, gib};
+use distflash::model::count::Part;
+use distflash::model::counting::Precision;
 use distflash::model::profile::OpTime;
 use distflash::model::{Checkpoint, Keep, Offload};
 use distflash::plan::Schedule;
@@ -134,18 +136,27 @@ pub fn run(args: Args) -> Result<()> {
             1 => None,
             n => Some((n, args.schedule)),
         };
-        // One GPU: the step run on the counting device; a rank of several: the hand count.
-        let m = match ranks {
-            None => estimate::gpu_step_memory(estimate::Step {
-                cfg: &cfg,
-                seq,
-                keep: Keep {
-                    checkpoint: policy,
-                    offload: args.offload,
+        // One GPU: the step run on the counting device, with what its working set holds at
+        // the peak; a rank of several: the hand count.
+        let one_gpu = match ranks {
+            None => Some(estimate::estimate(
+                estimate::Step {
+                    cfg: &cfg,
+                    seq,
+                    keep: Keep {
+                        checkpoint: policy,
+                        offload: args.offload,
+                    },
+                    optimizer: args.optimizer,
                 },
-                optimizer: args.optimizer,
-            })?,
-            Some(_) => distflash::sim::gpu_step_memory(&cfg, seq, ranks, policy, args.optimizer)?
+                Precision::Cuda,
+            )?),
+            Some(_) => None,
+        };
+        let working = one_gpu.as_ref().map_or(&[][..], |p| &p.working[..]);
+        let m = match (&one_gpu, ranks) {
+            (Some(peaks), _) => peaks.step_memory(),
+            (None, _) => distflash::sim::gpu_step_memory(&cfg, seq, ranks, policy, args.optimizer)?
                 .sharded(
                     &cfg,
                     args.shard.optimizer_shards(args.workers),
@@ -164,7 +175,8 @@ pub fn run(args: Args) -> Result<()> {
         if args.json {
             println!(
                 "{}",
-                serde_json::json!({"preset": args.preset, "layers": cfg.num_hidden_layers, "seq": seq, "workers": args.workers, "schedule": args.schedule, "checkpoint": policy, "offload": args.offload, "optimizer": args.optimizer, "shard": args.shard, "estimated_bytes": m, "estimated_gib": gib(m.total())})
+                serde_json::json!({"preset": args.preset, "layers": cfg.num_hidden_layers, "seq": seq, "workers": args.workers, "schedule": args.schedule, "checkpoint": policy, "offload": args.offload, "optimizer": args.optimizer, "shard": args.shard, "estimated_bytes": m, "estimated_gib": gib(m.total()),
+                    "working_at_peak": working.iter().map(|(what, p)| serde_json::json!({"made_by": what, "tensors": p.tensors, "bytes": p.bytes})).collect::<Vec<_>>()})
             );
         } else {
             let adamw = match (args.optimizer, args.shard) {
@@ -187,6 +199,12 @@ pub fn run(args: Args) -> Result<()> {
                     "the GPU"
                 }
             );
+            if !working.is_empty() {
+                println!(
+                    "working set at the peak, by what made it: {}",
+                    describe_working(working)
+                );
+            }
         }
         return Ok(());
     }
@@ -369,4 +387,23 @@ pub fn table(lines: &[Value]) -> Option<String> {
         );
     }
     Some(md)
+}
+
+/// The largest parts of the working set at the peak, e.g. "attention_backward workspace 40.0
+/// GiB, linear 3 × 4.0 GiB": where a cut would pay.
+fn describe_working(parts: &[(&str, Part)]) -> String {
+    const SHOWN: usize = 8;
+    let mut said: Vec<String> = parts
+        .iter()
+        .take(SHOWN)
+        .map(|(what, p)| match p.tensors {
+            0 | 1 => format!("{what} {:.1} GiB", gib(p.bytes as f64)),
+            n => format!("{what} {n} tensors, {:.1} GiB", gib(p.bytes as f64)),
+        })
+        .collect();
+    if parts.len() > SHOWN {
+        let rest: usize = parts[SHOWN..].iter().map(|(_, p)| p.bytes).sum();
+        said.push(format!("the rest {:.1} GiB", gib(rest as f64)));
+    }
+    said.join(", ")
 }

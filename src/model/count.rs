@@ -11,6 +11,7 @@ use super::rope::Rotary;
 use crate::shape::Span;
 use anyhow::{Result, anyhow};
 use serde::Serialize;
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 /// What a tensor holds, for the breakdown of the peak: set on the counter by whoever makes the
@@ -71,15 +72,40 @@ struct State {
     host: [usize; KINDS],
     host_at_peak: [usize; KINDS],
     host_peak: usize,
+    /// Each device tensor alive, by ticket: its kind as made, what made it, its bytes.
+    tensors: BTreeMap<u64, (usize, &'static str, usize)>,
+    /// The step's device bytes at the peak by what made them (an op's scratch under its name).
+    step_at_peak: BTreeMap<&'static str, Part>,
+}
+
+/// Some of the step's bytes at the peak: how many tensors (0 for an op's scratch) and bytes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Part {
+    pub tensors: usize,
+    pub bytes: usize,
 }
 
 impl State {
-    fn note(&mut self, extra: usize) {
+    /// Records the moment as the peak if it is one: the live tensors and `extra` bytes of
+    /// scratch made by `what`.
+    fn note(&mut self, extra: usize, what: &'static str) {
         let total = self.live.iter().sum::<usize>() + extra;
         if total > self.peak {
             self.peak = total;
             self.at_peak = self.live;
             self.at_peak[Kind::Step as usize] += extra;
+            let mut parts = BTreeMap::<&'static str, Part>::new();
+            for (&n, &(kind, made_by, bytes)) in &self.tensors {
+                if self.kind_of(kind, n) == Kind::Step as usize {
+                    let part = parts.entry(made_by).or_default();
+                    part.tensors += 1;
+                    part.bytes += bytes;
+                }
+            }
+            if extra > 0 {
+                parts.entry(what).or_default().bytes += extra;
+            }
+            self.step_at_peak = parts;
         }
     }
 
@@ -120,9 +146,15 @@ impl Counter {
         })
     }
 
-    /// Counts `bytes` of a new tensor (on the host when `host`) as `kind` (the current one when
-    /// `None`); returns its ticket.
-    fn hold(&self, kind: Option<usize>, bytes: usize, host: bool) -> (usize, u64) {
+    /// Counts `bytes` of a new tensor made by `what` (on the host when `host`) as `kind` (the
+    /// current one when `None`); returns its ticket.
+    fn hold(
+        &self,
+        kind: Option<usize>,
+        bytes: usize,
+        host: bool,
+        what: &'static str,
+    ) -> (usize, u64) {
         self.with(|s| {
             let k = kind.unwrap_or(s.kind);
             let n = s.next;
@@ -137,7 +169,8 @@ impl Counter {
                 }
             } else {
                 s.live[k] += bytes;
-                s.note(0);
+                s.tensors.insert(n, (k, what, bytes));
+                s.note(0, what);
             }
             (k, n)
         })
@@ -148,7 +181,10 @@ impl Counter {
             let k = s.kind_of(kind, n);
             match host {
                 true => s.host[k] -= bytes,
-                false => s.live[k] -= bytes,
+                false => {
+                    s.live[k] -= bytes;
+                    s.tensors.remove(&n);
+                }
             }
         })
     }
@@ -156,13 +192,13 @@ impl Counter {
     /// Counts `bytes` as `kind` for the rest of the count: a buffer a device keeps, outside
     /// any tensor (a table uploaded once).
     pub fn keep(&self, kind: Kind, bytes: usize) {
-        self.hold(Some(kind as usize), bytes, false);
+        self.hold(Some(kind as usize), bytes, false, "a kept table");
     }
 
-    /// A moment at which `bytes` more than the live tensors exist: an op's scratch buffers (and
-    /// its outputs, not yet counted), gone when it returns.
-    pub fn spike(&self, bytes: usize) {
-        self.with(|s| s.note(bytes))
+    /// A moment at which `bytes` more than the live tensors exist: the scratch buffers of the
+    /// op `what` (and its outputs, not yet counted), gone when it returns.
+    pub fn spike(&self, bytes: usize, what: &'static str) {
+        self.with(|s| s.note(bytes, what))
     }
 
     /// Bytes of the tensors alive now, by kind.
@@ -180,6 +216,14 @@ impl Counter {
     pub fn host_peak(&self) -> Bytes {
         self.with(|s| Bytes::of(&s.host_at_peak))
     }
+
+    /// The step's bytes at the peak (the working set) by what made them, most first: where a
+    /// cut would pay.
+    pub fn working_at_peak(&self) -> Vec<(&'static str, Part)> {
+        let mut parts: Vec<_> = self.with(|s| s.step_at_peak.clone().into_iter().collect());
+        parts.sort_by_key(|&(what, p)| (std::cmp::Reverse(p.bytes), what));
+        parts
+    }
 }
 
 /// A tensor (on the device, or its host copy) and its counted bytes.
@@ -189,6 +233,8 @@ pub struct Tracked<T> {
     kind: usize,
     ticket: u64,
     host: bool,
+    /// The op that made it (a clone keeps its original's).
+    what: &'static str,
     counter: Arc<Counter>,
 }
 
@@ -198,15 +244,17 @@ impl<T> Tracked<T> {
         bytes: usize,
         kind: Option<usize>,
         host: bool,
+        what: &'static str,
         counter: &Arc<Counter>,
     ) -> Self {
-        let (kind, ticket) = counter.hold(kind, bytes, host);
+        let (kind, ticket) = counter.hold(kind, bytes, host, what);
         Tracked {
             inner,
             bytes,
             kind,
             ticket,
             host,
+            what,
             counter: counter.clone(),
         }
     }
@@ -224,7 +272,7 @@ impl<T> Drop for Tracked<T> {
 impl<T: Clone> Clone for Tracked<T> {
     fn clone(&self) -> Self {
         let (inner, kind) = (self.inner.clone(), Some(self.kind));
-        Tracked::new(inner, self.bytes, kind, self.host, &self.counter)
+        Tracked::new(inner, self.bytes, kind, self.host, self.what, &self.counter)
     }
 }
 
@@ -235,14 +283,14 @@ pub struct Metered<O> {
 }
 
 impl<O: Ops> Metered<O> {
-    /// `t`, counted from now until it is dropped.
-    pub fn track(&self, t: O::T) -> Tracked<O::T> {
+    /// `t`, made by the op `what`, counted from now until it is dropped.
+    pub fn track(&self, t: O::T, what: &'static str) -> Tracked<O::T> {
         let bytes = self.inner.bytes(&t);
-        Tracked::new(t, bytes, None, false, &self.counter)
+        Tracked::new(t, bytes, None, false, what, &self.counter)
     }
 
-    fn tracked(&self, t: Result<O::T>) -> Result<Tracked<O::T>> {
-        t.map(|t| self.track(t))
+    fn tracked(&self, t: Result<O::T>, what: &'static str) -> Result<Tracked<O::T>> {
+        t.map(|t| self.track(t, what))
     }
 }
 
@@ -250,11 +298,11 @@ impl<O: Ops> Ops for Metered<O> {
     type T = Tracked<O::T>;
 
     fn upload(&self, host: &[f32]) -> Result<Self::T> {
-        self.tracked(self.inner.upload(host))
+        self.tracked(self.inner.upload(host), "upload")
     }
 
     fn upload_state(&self, host: &[f32]) -> Result<Self::T> {
-        self.tracked(self.inner.upload_state(host))
+        self.tracked(self.inner.upload_state(host), "upload")
     }
 
     fn download(&self, t: &Self::T) -> Result<Vec<f32>> {
@@ -267,7 +315,14 @@ impl<O: Ops> Ops for Metered<O> {
 
     fn stash(&self, t: &Self::T) -> Result<Self::Host> {
         let h = self.inner.stash(&t.inner)?;
-        Ok(Tracked::new(h, t.bytes, Some(t.kind), true, &self.counter))
+        Ok(Tracked::new(
+            h,
+            t.bytes,
+            Some(t.kind),
+            true,
+            t.what,
+            &self.counter,
+        ))
     }
 
     fn stash_into(&self, t: &Self::T, h: &mut Self::Host) -> Result<()> {
@@ -275,7 +330,7 @@ impl<O: Ops> Ops for Metered<O> {
     }
 
     fn fetch(&self, h: &Self::Host) -> Result<Self::T> {
-        self.tracked(self.inner.fetch(&h.inner))
+        self.tracked(self.inner.fetch(&h.inner), h.what)
     }
 
     fn await_fetches(&self) -> Result<()> {
@@ -283,11 +338,11 @@ impl<O: Ops> Ops for Metered<O> {
     }
 
     fn zeros(&self, len: usize) -> Result<Self::T> {
-        self.tracked(self.inner.zeros(len))
+        self.tracked(self.inner.zeros(len), "zeros")
     }
 
     fn random_uniform(&self, len: usize, key: u64, offset: u64, amp: f32) -> Result<Self::T> {
-        self.tracked(self.inner.random_uniform(len, key, offset, amp))
+        self.tracked(self.inner.random_uniform(len, key, offset, amp), "random")
     }
 
     fn len(&self, t: &Self::T) -> usize {
@@ -303,7 +358,7 @@ impl<O: Ops> Ops for Metered<O> {
     }
 
     fn rows(&self, t: &Self::T, width: usize, start: usize, len: usize) -> Result<Self::T> {
-        self.tracked(self.inner.rows(&t.inner, width, start, len))
+        self.tracked(self.inner.rows(&t.inner, width, start, len), "rows")
     }
 
     fn set_rows(&self, dst: &mut Self::T, width: usize, start: usize, src: &Self::T) -> Result<()> {
@@ -315,7 +370,7 @@ impl<O: Ops> Ops for Metered<O> {
     /// which are not counted: only sharded runs join.
     fn join(&self, parts: &[Self::T]) -> Result<Self::T> {
         let parts: Vec<O::T> = parts.iter().map(|p| p.inner.clone()).collect();
-        self.tracked(self.inner.join(&parts))
+        self.tracked(self.inner.join(&parts), "join")
     }
 
     fn add_assign(&self, dst: &mut Self::T, src: &Self::T) -> Result<()> {
@@ -331,7 +386,7 @@ impl<O: Ops> Ops for Metered<O> {
     }
 
     fn embed(&self, table: &Self::T, tokens: &[u32], dim: usize) -> Result<Self::T> {
-        self.tracked(self.inner.embed(&table.inner, tokens, dim))
+        self.tracked(self.inner.embed(&table.inner, tokens, dim), "embed")
     }
 
     fn embed_backward(
@@ -353,7 +408,10 @@ impl<O: Ops> Ops for Metered<O> {
         inp: usize,
         out: usize,
     ) -> Result<Self::T> {
-        self.tracked(self.inner.linear(&x.inner, &w.inner, rows, inp, out))
+        self.tracked(
+            self.inner.linear(&x.inner, &w.inner, rows, inp, out),
+            "linear",
+        )
     }
 
     fn linear_backward(
@@ -403,7 +461,7 @@ impl<O: Ops> Ops for Metered<O> {
         eps: f64,
     ) -> Result<(Self::T, Self::T)> {
         let (y, rstd) = self.inner.rmsnorm(&x.inner, &w.inner, rows, dim, eps)?;
-        Ok((self.track(y), self.track(rstd)))
+        Ok((self.track(y, "rmsnorm"), self.track(rstd, "rmsnorm")))
     }
 
     fn rmsnorm_backward(
@@ -451,7 +509,7 @@ impl<O: Ops> Ops for Metered<O> {
     }
 
     fn swiglu(&self, g: &Self::T, u: &Self::T) -> Result<Self::T> {
-        self.tracked(self.inner.swiglu(&g.inner, &u.inner))
+        self.tracked(self.inner.swiglu(&g.inner, &u.inner), "swiglu")
     }
 
     fn swiglu_backward(
@@ -461,7 +519,10 @@ impl<O: Ops> Ops for Metered<O> {
         dm: &Self::T,
     ) -> Result<(Self::T, Self::T)> {
         let (dg, du) = self.inner.swiglu_backward(&g.inner, &u.inner, &dm.inner)?;
-        Ok((self.track(dg), self.track(du)))
+        Ok((
+            self.track(dg, "swiglu_backward"),
+            self.track(du, "swiglu_backward"),
+        ))
     }
 
     fn cross_entropy(
@@ -486,7 +547,7 @@ impl<O: Ops> Ops for Metered<O> {
         Ok(LossOut {
             loss_sum: out.loss_sum,
             argmax: out.argmax,
-            dh: self.track(out.dh),
+            dh: self.track(out.dh, "cross_entropy"),
         })
     }
 
@@ -526,7 +587,10 @@ impl<O: Ops, A: Attention<O::T>> Attention<Tracked<O::T>> for MeteredAttention<'
         v: &Tracked<O::T>,
     ) -> Result<(Tracked<O::T>, Tracked<O::T>)> {
         let (o, lse) = self.inner.forward(&q.inner, &k.inner, &v.inner)?;
-        Ok((self.ops.track(o), self.ops.track(lse)))
+        Ok((
+            self.ops.track(o, "attention"),
+            self.ops.track(lse, "attention"),
+        ))
     }
 
     fn backward(
@@ -546,7 +610,11 @@ impl<O: Ops, A: Attention<O::T>> Attention<Tracked<O::T>> for MeteredAttention<'
             &lse.inner,
             &dout.inner,
         )?;
-        Ok((self.ops.track(dq), self.ops.track(dk), self.ops.track(dv)))
+        Ok((
+            self.ops.track(dq, "attention_backward"),
+            self.ops.track(dk, "attention_backward"),
+            self.ops.track(dv, "attention_backward"),
+        ))
     }
 }
 

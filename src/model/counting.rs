@@ -98,11 +98,12 @@ impl Lengths {
         }
     }
 
-    /// Notes a moment with `scratch` bytes beside the live tensors and `out`, the op's results.
-    fn spike(&self, scratch: usize, out: &[&Shape]) {
+    /// Notes a moment with the op `what`'s `scratch` bytes beside the live tensors and `out`,
+    /// the op's results.
+    fn spike(&self, what: &'static str, scratch: usize, out: &[&Shape]) {
         if scratch > 0 {
             let out: usize = out.iter().map(|t| t.len * t.elem).sum();
-            self.counter.spike(scratch + out);
+            self.counter.spike(scratch + out, what);
         }
     }
 }
@@ -229,7 +230,7 @@ impl Ops for Lengths {
         check_len("a linear layer's input", x.len, rows * inp)?;
         check_len("a linear layer's weight", w.len, out * inp)?;
         let y = self.half(rows * out);
-        self.spike(self.cast(x) + self.cast(w), &[&y]);
+        self.spike("linear scratch", self.cast(x) + self.cast(w), &[&y]);
         Ok(y)
     }
 
@@ -249,7 +250,11 @@ impl Ops for Lengths {
         check_len("a linear layer's weight", w.len, out * inp)?;
         check_len("a linear layer's input gradient", dx.len, rows * inp)?;
         check_len("a linear layer's weight gradient", dw.len, out * inp)?;
-        self.spike(self.cast(dy) + self.cast(x) + self.cast(w), &[]);
+        self.spike(
+            "linear_backward scratch",
+            self.cast(dy) + self.cast(x) + self.cast(w),
+            &[],
+        );
         Ok(())
     }
 
@@ -345,7 +350,11 @@ impl Ops for Lengths {
             // one chunk's f32 logits and 16-bit dlogits, and any 16-bit copies of f32 operands.
             let most = loss_chunk_rows(vocab).min(rows);
             let scratch = 3 * 4 * rows + most * vocab * (F32 + HALF);
-            self.spike(scratch + self.cast(h) + self.cast(w), &[&dh]);
+            self.spike(
+                "cross_entropy scratch",
+                scratch + self.cast(h) + self.cast(w),
+                &[&dh],
+            );
         }
         Ok(LossOut {
             loss_sum: 0.0,
@@ -393,8 +402,12 @@ impl CountingAttention<'_> {
 
     fn workspace(&self, call: Call, out: &[&Shape]) {
         if self.device.cuda() {
+            let what = match call {
+                Call::Forward => "attention workspace",
+                Call::Backward => "attention_backward workspace",
+            };
             self.device
-                .spike(workspace_bytes(&self.dims, self.rows, call), out);
+                .spike(what, workspace_bytes(&self.dims, self.rows, call), out);
         }
     }
 }

@@ -10,7 +10,7 @@ use super::moments::Moments;
 use crate::model::attention::Attention;
 use crate::model::config::Config;
 use crate::model::cost::{RESERVE_BYTES, StepMemory};
-use crate::model::count::{Bytes, Counter, Kind, Metered, MeteredAttention};
+use crate::model::count::{Bytes, Counter, Kind, Metered, MeteredAttention, Part};
 use crate::model::counting::{CountingAttention, Lengths, Precision};
 use crate::model::ops::{AdamW, Ops};
 use crate::model::weights::{self, LayerWeights};
@@ -31,10 +31,13 @@ pub struct Step<'a> {
 }
 
 /// What a counted step held: on the device at its peak, and in host memory at that peak.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Peaks {
     pub device: Bytes,
     pub host: Bytes,
+    /// The device's working set at its peak (`device.step`) by the op that made each part,
+    /// most first ([`Counter::working_at_peak`]).
+    pub working: Vec<(&'static str, Part)>,
 }
 
 /// The whole weights and gradients, with the step's tensors alive when the forward ends (the
@@ -156,6 +159,7 @@ pub fn step_peak<O: Ops, A: Attention<O::T>>(
     Ok(Peaks {
         device: counter.peak(),
         host: counter.host_peak(),
+        working: counter.working_at_peak(),
     })
 }
 
@@ -258,7 +262,7 @@ mod tests {
                 }
             }
         }
-        let at = |c, o, opt| peaks.iter().find(|p| p.0 == (c, o, opt)).unwrap().1;
+        let at = |c, o, opt| peaks.iter().find(|p| p.0 == (c, o, opt)).unwrap().1.clone();
         // Not a vacuous equality: policies, offload and the optimizer change the peak.
         let on_device = |c| at(c, Offload::NONE, false).device;
         let (none, remat, layer) = (
@@ -387,5 +391,42 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// The working set at the peak, told by what made it, adds up to the counted step bytes;
+    /// at 128K on the GPU the attention backward's workspace (head-major copies, f32 dQ, dK,
+    /// dV) and its 16-bit outputs are the largest part, to the byte.
+    #[test]
+    fn the_working_set_at_the_peak_is_told_by_what_made_it() {
+        use crate::model::cuda::attention::{Call, workspace_bytes};
+        let cfg = Config::preset("llama2-7b").unwrap();
+        let seq = 131072;
+        let keep = Keep {
+            checkpoint: Checkpoint::Layer,
+            offload: Offload::ALL,
+        };
+        let step = Step {
+            cfg: &cfg,
+            seq,
+            keep,
+            optimizer: true,
+        };
+        let peaks = estimate(step, Precision::Cuda).unwrap();
+        let told: usize = peaks.working.iter().map(|(_, p)| p.bytes).sum();
+        assert_eq!(told, peaks.device.step);
+        let dims = cfg.dims();
+        let outputs = (dims.q_len(seq) + 2 * dims.kv_len(seq)) * cost::HALF_BYTES;
+        let (what, largest) = peaks.working[0];
+        assert_eq!(what, "attention_backward workspace");
+        assert_eq!(
+            largest.bytes,
+            workspace_bytes(&dims, seq, Call::Backward) + outputs
+        );
+        assert!(
+            peaks
+                .working
+                .windows(2)
+                .all(|w| w[0].1.bytes >= w[1].1.bytes)
+        );
     }
 }
