@@ -196,14 +196,15 @@ fn the_counted_estimate_is_the_gpus_own_peak() -> Result<()> {
     Ok(())
 }
 
-/// ‖got − want‖ / ‖want‖; infinite when anything is not finite or the lengths differ.
 /// Virtual workers' collectives into the caller's buffers (`Communicator::all_gather_into`,
-/// `reduce_scatter_add`), which read each other's device tensors in place through loans: the
-/// gathered 16-bit tensor holds every worker's piece bit for bit (copies only), and the f32
-/// accumulator equals the host collective's bit for bit (the same f32 values added in rank order,
-/// one rounding each: cuBLAS `saxpy` with alpha 1 rounds `x + y` once, as the host does); the
-/// bytes each worker lends equal the prediction. Over 2 and 3 workers and lengths that split
-/// unevenly, with the accumulator not zero (the sum is added to what it held).
+/// `reduce_scatter_add`, `reduce_scatter_into`), which read each other's device tensors in place
+/// through loans: the gathered 16-bit tensor holds every worker's piece bit for bit (copies
+/// only), and the f32 accumulator equals the host collective's bit for bit (the same f32 values
+/// added in rank order, one rounding each: cuBLAS `saxpy` with alpha 1 rounds `x + y` once, as
+/// the host does); the bytes each worker lends equal the prediction. Over 2 and 3 workers and lengths that split
+/// unevenly, with the accumulator not zero (the sum is added to what it held); and
+/// `reduce_scatter_into`, whose first two ranks' sum is one cuBLAS `sgeam` (`1·a + 1·b`, one
+/// rounding), written over a buffer holding other values, against the host's bit for bit.
 #[test]
 fn virtual_workers_collectives_into_buffers_match_the_host_bit_for_bit() -> Result<()> {
     let Some(gpu) = gpu_common::gpu()? else {
@@ -222,7 +223,9 @@ fn virtual_workers_collectives_into_buffers_match_the_host_bit_for_bit() -> Resu
             let host = collect_results(run_workers(world, timeout, |r, comm: &mut LocalComm| {
                 let mut acc = start(shard_span(len, world, r).len);
                 comm.reduce_scatter_add(&data(r), &mut acc)?;
-                Ok(acc)
+                let mut out = vec![f32::NAN; acc.len()];
+                comm.reduce_scatter_into(&data(r), &mut out)?;
+                Ok((acc, out))
             }))?;
             let mut pieces = Vec::new();
             for r in 0..world {
@@ -244,22 +247,35 @@ fn virtual_workers_collectives_into_buffers_match_the_host_bit_for_bit() -> Resu
                     let before = comm.bytes_sent();
                     comm.reduce_scatter_add(&grads, &mut acc)?;
                     let scatter_bytes = comm.bytes_sent() - before;
+                    // Written over a buffer that holds other values (`start`'s).
+                    let mut out = ops.backend().upload_f32(&start(own.len))?;
+                    let before = comm.bytes_sent();
+                    comm.reduce_scatter_into(&grads, &mut out)?;
+                    let into_bytes = comm.bytes_sent() - before;
+                    let scattered = reduce_scatter_bytes(len, world, r, 4);
                     ensure!(
                         gather_bytes == all_gather_bytes(len, world, r, 2)
-                            && scatter_bytes == reduce_scatter_bytes(len, world, r, 4),
-                        "worker {r}: lent {gather_bytes} and {scatter_bytes} bytes"
+                            && scatter_bytes == scattered
+                            && into_bytes == scattered,
+                        "worker {r}: lent {gather_bytes}, {scatter_bytes} and {into_bytes} bytes"
                     );
-                    Ok((ops.download(&whole)?, ops.download(&acc)?))
+                    let acc = (ops.download(&acc)?, ops.download(&out)?);
+                    Ok((ops.download(&whole)?, acc))
                 },
             ))?;
-            for (r, (gathered, acc)) in device.iter().enumerate() {
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            for (r, (gathered, (acc, out))) in device.iter().enumerate() {
                 ensure!(
                     *gathered == pieces,
                     "{world} workers, {len} elements: worker {r}'s gathered tensor differs"
                 );
                 ensure!(
-                    *acc == host[r],
+                    bits(acc) == bits(&host[r].0),
                     "{world} workers, {len} elements: worker {r}'s reduce-scatter differs from the host's"
+                );
+                ensure!(
+                    bits(out) == bits(&host[r].1),
+                    "{world} workers, {len} elements: worker {r}'s reduce-scatter written over its buffer differs from the host's"
                 );
             }
             println!(
@@ -270,6 +286,7 @@ fn virtual_workers_collectives_into_buffers_match_the_host_bit_for_bit() -> Resu
     Ok(())
 }
 
+/// ‖got − want‖ / ‖want‖; infinite when anything is not finite or the lengths differ.
 fn rel_err(got: &[f32], want: &[f32]) -> f64 {
     let finite = got.iter().all(|v| v.is_finite()) && got.len() == want.len();
     let d: f64 = got

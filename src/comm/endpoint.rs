@@ -286,29 +286,50 @@ impl<B: Buffer, X: Transport<B>> Endpoint<B, X> {
     }
 
     /// This rank's piece `own` of every rank's whole tensor (its own `whole`, the peers' loans)
-    /// summed in rank order into a new buffer, each loan given back as soon as its sum is queued.
-    fn sum_pieces(&mut self, whole: &B, own: Span, given: &mut usize) -> Result<B> {
-        let (me, len) = (self.rank, whole.elements());
-        let mut sum: Option<B> = None;
-        for from in 0..self.world() {
-            let lent = if from == me {
+    /// summed in rank order into `out`, overwriting it: the first two ranks' in one pass
+    /// ([`Buffer::set_sum`]), each later rank's added. Each loan is given back, in rank order,
+    /// as soon as its sum is queued.
+    fn sum_pieces(&mut self, whole: &B, own: Span, out: &mut B, given: &mut usize) -> Result<()> {
+        let (me, world, len) = (self.rank, self.world(), whole.elements());
+        let mut loans: Vec<Option<B::Lent>> = Vec::with_capacity(world);
+        let mut unreturned = 0;
+        for from in 0..world {
+            loans.push(if from == me {
                 None
             } else {
                 Some(self.borrow(from, len, "reduce-scatter")?)
+            });
+            let src = |l| source(whole, l);
+            let summed = match (from, world) {
+                (0, 1) => out.copy_from(0, src(&loans[0]), own),
+                // Summed with rank 1's, in one pass.
+                (0, _) => continue,
+                (1, _) => out.set_sum(src(&loans[0]), src(&loans[1]), own),
+                _ => out.add_from(src(&loans[from]), own),
             };
-            let src = lent.as_ref().map_or(Src::Own(whole), Src::Lent);
-            match &mut sum {
-                None => sum = Some(B::take_from(src, own)?),
-                Some(s) => s
-                    .add_from(src, own)
-                    .map_err(|e| e.context(format!("reduce-scatter with worker {from}")))?,
-            }
-            if from != me {
-                self.give_back(from)?;
+            summed.map_err(|e| e.context(format!("reduce-scatter with worker {from}")))?;
+            for r in (unreturned..=from).filter(|&r| r != me) {
+                self.give_back(r)?;
                 *given += 1;
             }
+            unreturned = from + 1;
         }
-        sum.ok_or_else(|| anyhow!("reduce-scatter over no workers"))
+        Ok(())
+    }
+
+    /// `out =` this rank's piece of the sum of every rank's `whole`, read in place from the
+    /// peers' loans (threads of one process), the bytes counted as [`reduce_scatter_bytes`].
+    fn scatter_in_place(&mut self, whole: &B, out: &mut B) -> Result<()> {
+        let (me, world, len) = (self.rank, self.world(), whole.elements());
+        let own = own_span(me, world, len, out.elements(), "reduce-scatter")?;
+        let lent = whole.lend()?;
+        let mut given = 0;
+        let read = self
+            .lend_to_all(&lent)
+            .and_then(|()| self.sum_pieces(whole, own, out, &mut given));
+        self.settle(read, given)?;
+        self.bytes_sent += reduce_scatter_bytes(len, world, me, 1) * elem_bytes(whole) as u64;
+        Ok(())
     }
 
     fn next_collective_tag(&mut self) -> Tag {
@@ -401,28 +422,27 @@ impl<B: Buffer, X: Transport<B>> Communicator<B> for Endpoint<B, X> {
         Ok(())
     }
 
-    /// Worker threads sum the peers' spans of their lent whole tensors in place; other
-    /// transports cut and send.
+    /// Worker threads sum the peers' spans of their lent whole tensors in place, into a
+    /// temporary then added to `acc` (the bits of the sum added after); other transports cut
+    /// and send.
     fn reduce_scatter_add(&mut self, whole: &B, acc: &mut B) -> Result<()> {
         if !self.transport.shares_memory() {
-            return scatter_by_messages(self, whole, acc);
+            let sum = scatter_by_messages(self, whole, acc)?;
+            return acc.sum_from(&sum);
         }
-        let (me, world, len) = (self.rank, self.world(), whole.elements());
-        let own = own_span(me, world, len, acc.elements(), "reduce-scatter")?;
-        let lent = whole.lend()?;
-        let mut given = 0;
-        let summed = self
-            .lend_to_all(&lent)
-            .and_then(|()| self.sum_pieces(whole, own, &mut given));
-        let (sum, read) = match summed {
-            Ok(sum) => (Some(sum), Ok(())),
-            Err(e) => (None, Err(e)),
-        };
-        self.settle(read, given)?;
-        let sum = sum.expect("a settled read has its sum");
-        acc.sum_from(&sum)?;
-        self.bytes_sent += reduce_scatter_bytes(len, world, me, 1) * elem_bytes(whole) as u64;
-        Ok(())
+        let mut sum = acc.alloc_like(acc.elements())?;
+        self.scatter_in_place(whole, &mut sum)?;
+        acc.sum_from(&sum)
+    }
+
+    /// Worker threads sum the peers' spans of their lent whole tensors straight into `out`;
+    /// other transports cut and send.
+    fn reduce_scatter_into(&mut self, whole: &B, out: &mut B) -> Result<()> {
+        if !self.transport.shares_memory() {
+            *out = scatter_by_messages(self, whole, out)?;
+            return Ok(());
+        }
+        self.scatter_in_place(whole, out)
     }
 
     /// An all-reduce of nothing: a message with no buffers to rank 0 and back.
@@ -457,6 +477,11 @@ impl<B: Buffer, X: Transport<B>> Communicator<B> for Endpoint<B, X> {
     fn waited_secs(&mut self) -> Result<f64> {
         Ok(self.waited.as_secs_f64())
     }
+}
+
+/// What a reduction reads of one rank: its loan, or this rank's own `whole` where it has none.
+fn source<'a, B: Buffer>(whole: &'a B, loan: &'a Option<B::Lent>) -> Src<'a, B> {
+    loan.as_ref().map_or(Src::Own(whole), Src::Lent)
 }
 
 /// Bytes of one element of `b` (the unit of the byte predictions); 0 for an empty buffer, which

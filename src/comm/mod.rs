@@ -139,6 +139,11 @@ pub trait Buffer: Wire + Sized {
     /// A new buffer holding `src[span]`.
     fn take_from(src: Src<'_, Self>, span: Span) -> Result<Self>;
 
+    /// `self = a[span] + b[span]`, elementwise, each sum rounded once (`self` holds `span.len`
+    /// elements): the first two ranks of an in-place reduce-scatter in one pass over memory,
+    /// where a copy and then a sum would pass over `self` twice.
+    fn set_sum(&mut self, a: Src<'_, Self>, b: Src<'_, Self>, span: Span) -> Result<()>;
+
     /// `self += other`, elementwise.
     fn sum_from(&mut self, other: &Self) -> Result<()> {
         if self.elements() != other.elements() {
@@ -219,6 +224,24 @@ impl Buffer for Vec<f32> {
         let s = host_slice(&src);
         check_span("a host piece", s.len(), span, span.len, 0)?;
         Ok(s[span.start..span.end()].to_vec())
+    }
+
+    fn set_sum(&mut self, a: Src<'_, Self>, b: Src<'_, Self>, span: Span) -> Result<()> {
+        let (a, b) = (host_slice(&a), host_slice(&b));
+        check_span("a host sum", a.len(), span, self.len(), 0)?;
+        check_span("a host sum", b.len(), span, self.len(), 0)?;
+        if self.len() != span.len {
+            bail!(
+                "a host sum of {} elements into a buffer of {}",
+                span.len,
+                self.len()
+            );
+        }
+        let (a, b) = (&a[span.start..span.end()], &b[span.start..span.end()]);
+        for ((d, x), y) in self.iter_mut().zip(a).zip(b) {
+            *d = x + y;
+        }
+        Ok(())
     }
 }
 
@@ -400,7 +423,22 @@ pub trait Communicator<T: Wire> {
     where
         T: Buffer,
     {
-        scatter_by_messages(self, whole, acc)
+        let sum = scatter_by_messages(self, whole, acc)?;
+        acc.sum_from(&sum)
+    }
+
+    /// `out =` this rank's piece (by [`shard_span`]) of the sum over all ranks of `whole`,
+    /// overwriting what `out` held: [`Communicator::reduce_scatter_add`] into an accumulator
+    /// that holds zeros, without reading the zeros or summing into a temporary first. The bits
+    /// are [`Communicator::reduce_scatter_sum`]'s, which differ from `0 + sum` only where the
+    /// sum is `-0` (`0 + -0` is `+0`): equal values. The bytes count as
+    /// [`reduce_scatter_bytes`].
+    fn reduce_scatter_into(&mut self, whole: &T, out: &mut T) -> Result<()>
+    where
+        T: Buffer,
+    {
+        *out = scatter_by_messages(self, whole, out)?;
+        Ok(())
     }
 
     /// Returns once every rank has called it.
@@ -454,21 +492,21 @@ fn gather_by_messages<T: Buffer, C: Communicator<T> + ?Sized>(
     Ok(())
 }
 
-/// [`Communicator::reduce_scatter_add`] through [`Communicator::reduce_scatter_sum`]: `whole`
-/// cut into pieces, this rank's summed piece added to `acc`.
+/// [`Communicator::reduce_scatter_add`] and [`Communicator::reduce_scatter_into`] through
+/// [`Communicator::reduce_scatter_sum`]: `whole` cut into pieces, this rank's summed piece
+/// returned (checked first to fit `out`, the caller's buffer for it).
 fn scatter_by_messages<T: Buffer, C: Communicator<T> + ?Sized>(
     comm: &mut C,
     whole: &T,
-    acc: &mut T,
-) -> Result<()> {
+    out: &T,
+) -> Result<T> {
     let (me, world, len) = (comm.rank(), comm.world(), whole.elements());
-    own_span(me, world, len, acc.elements(), "reduce-scatter")?;
+    own_span(me, world, len, out.elements(), "reduce-scatter")?;
     let pieces = shard_spans(len, world)
         .into_iter()
         .map(|s| T::take_from(Src::Own(whole), s))
         .collect::<Result<Vec<_>>>()?;
-    let sum = comm.reduce_scatter_sum(pieces)?;
-    acc.sum_from(&sum)
+    comm.reduce_scatter_sum(pieces)
 }
 
 /// The error a rank gets when another rank failed: it names the culprit.

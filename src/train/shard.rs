@@ -11,7 +11,9 @@
 //! AdamW is elementwise, so under `optimizer` and `grads` only the global gradient norm (partial
 //! sums of squares all-reduced as an f32 scalar) is rounded differently, and without clipping a
 //! sharded run has the unsharded run's bits. Under `full` the gradients of a tied embedding and
-//! of a batch's sequences are reduced one contribution at a time, so they round differently.
+//! of a batch's sequences are reduced one contribution at a time, so they round differently; a
+//! step's first contribution to each piece is written over its zeros, not added to them (equal
+//! values: the bits differ only where the sum is `-0`).
 
 use super::attention::ModelAttention;
 use super::moments::Moments;
@@ -272,6 +274,32 @@ pub(super) struct Gathered<'a, O: Ops> {
     pub grads: &'a mut Weights<O::T>,
     /// Elements of each whole tensor.
     pub lens: &'a Weights<usize>,
+    /// Whether `grads` hold the zeros of [`Held::zero_grads`] (the first sequence of a step):
+    /// then each part's first reduce-scatter writes its sum over them
+    /// ([`Communicator::reduce_scatter_into`]) instead of summing into a temporary and adding
+    /// that to zeros, which passes over the gradients twice more. The sums differ from `0 +
+    /// sum` only in the sign of a zero.
+    pub fresh: bool,
+}
+
+impl<O: Ops> Gathered<'_, O>
+where
+    O::T: Buffer,
+{
+    /// `acc +=` this worker's piece of every worker's `whole`, written over `acc` when it holds
+    /// zeros (`first`: this pass is the step's first and nothing was reduced into `acc` yet).
+    fn reduce(
+        comm: &mut dyn Communicator<O::T>,
+        whole: &O::T,
+        acc: &mut O::T,
+        first: bool,
+    ) -> Result<()> {
+        if first {
+            comm.reduce_scatter_into(whole, acc)
+        } else {
+            comm.reduce_scatter_add(whole, acc)
+        }
+    }
 }
 
 impl<'m, D: ModelDevice, C: Communicator<D::Tensor>> Params<D::Tensor, ModelAttention<'m, D, C>>
@@ -320,12 +348,13 @@ impl<'m, D: ModelDevice, C: Communicator<D::Tensor>> Params<D::Tensor, ModelAtte
         })?;
         drop((norm, output));
         let g = &mut *self.grads;
-        comm.reduce_scatter_add(&dnorm, &mut g.norm)?;
+        Self::reduce(comm, &dnorm, &mut g.norm, self.fresh)?;
+        // The head comes before the embedding's backward, so a tied table's first sum is this.
         let out_grad = match &mut g.lm_head {
             Some(head) => head,
             None => &mut g.embed,
         };
-        comm.reduce_scatter_add(&doutput, out_grad)?;
+        Self::reduce(comm, &doutput, out_grad, self.fresh)?;
         Ok(out)
     }
 
@@ -356,7 +385,7 @@ impl<'m, D: ModelDevice, C: Communicator<D::Tensor>> Params<D::Tensor, ModelAtte
             .into_iter()
             .zip(self.grads.layers[l].tensors_mut())
         {
-            comm.reduce_scatter_add(g, acc)?;
+            Self::reduce(comm, g, acc, self.fresh)?;
         }
         Ok(out)
     }
@@ -370,7 +399,8 @@ impl<'m, D: ModelDevice, C: Communicator<D::Tensor>> Params<D::Tensor, ModelAtte
         let out = f(&mut whole)?;
         let mut solo = Solo;
         let comm = collectives(attn, &mut solo);
-        comm.reduce_scatter_add(&whole, &mut self.grads.embed)?;
+        let tied = self.grads.lm_head.is_none();
+        Self::reduce(comm, &whole, &mut self.grads.embed, self.fresh && !tied)?;
         Ok(out)
     }
 }
