@@ -24,6 +24,7 @@ use anyhow::{Context, Result, ensure};
 use distflash::backend::cuda::{InputDtype, Tensor};
 use distflash::comm::{
     Buffer, Communicator, LocalComm, all_gather_bytes, reduce_scatter_bytes, shard_span,
+    shard_spans,
 };
 use distflash::model::attention::{Attention, Dense};
 use distflash::model::config::{Config, ModelType};
@@ -204,7 +205,10 @@ fn the_counted_estimate_is_the_gpus_own_peak() -> Result<()> {
 /// the host does); the bytes each worker lends equal the prediction. Over 2 and 3 workers and lengths that split
 /// unevenly, with the accumulator not zero (the sum is added to what it held); and
 /// `reduce_scatter_into`, whose first two ranks' sum is one cuBLAS `sgeam` (`1·a + 1·b`, one
-/// rounding), written over a buffer holding other values, against the host's bit for bit.
+/// rounding), written over a buffer holding other values, against the host's bit for bit; and
+/// `all_gather_shared` of a 16-bit and an f32 tensor (rank 0's one copy, which the other
+/// workers read through views of its memory) holding every worker's piece bit for bit, its
+/// counted bytes the prediction.
 #[test]
 fn virtual_workers_collectives_into_buffers_match_the_host_bit_for_bit() -> Result<()> {
     let Some(gpu) = gpu_common::gpu()? else {
@@ -259,12 +263,37 @@ fn virtual_workers_collectives_into_buffers_match_the_host_bit_for_bit() -> Resu
                             && into_bytes == scattered,
                         "worker {r}: lent {gather_bytes}, {scatter_bytes} and {into_bytes} bytes"
                     );
+                    // One copy for all (rank 0's), read in place by the others.
+                    let f32_piece = ops.backend().upload_f32(&data(r)[own.start..own.end()])?;
+                    let before = comm.bytes_sent();
+                    let shared = comm.all_gather_shared(&[&piece, &f32_piece], &[len, len])?;
+                    let shared_bytes = comm.bytes_sent() - before;
+                    let views = (
+                        ops.download(&shared.get()[0])?,
+                        ops.download(&shared.get()[1])?,
+                    );
+                    comm.release_shared(shared)?;
+                    let both =
+                        all_gather_bytes(len, world, r, 2) + all_gather_bytes(len, world, r, 4);
+                    ensure!(
+                        shared_bytes == both,
+                        "worker {r}: the shared gather counted {shared_bytes} bytes, not {both}"
+                    );
                     let acc = (ops.download(&acc)?, ops.download(&out)?);
-                    Ok((ops.download(&whole)?, acc))
+                    Ok((ops.download(&whole)?, acc, views))
                 },
             ))?;
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-            for (r, (gathered, (acc, out))) in device.iter().enumerate() {
+            let whole_f32: Vec<f32> = shard_spans(len, world)
+                .iter()
+                .enumerate()
+                .flat_map(|(r, s)| data(r)[s.start..s.end()].to_vec())
+                .collect();
+            for (r, (gathered, (acc, out), (shared16, shared32))) in device.iter().enumerate() {
+                ensure!(
+                    *shared16 == pieces && bits(shared32) == bits(&whole_f32),
+                    "{world} workers, {len} elements: worker {r}'s shared gather differs"
+                );
                 ensure!(
                     *gathered == pieces,
                     "{world} workers, {len} elements: worker {r}'s gathered tensor differs"

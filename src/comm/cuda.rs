@@ -3,7 +3,7 @@
 //! communicator. Here rather than in `backend::cuda` so that the backend knows nothing of
 //! communication (DESIGN's map: `comm` sits above `backend`).
 
-use super::{Buffer, Src, Wire, check_span};
+use super::{Buffer, Role, Shared, Src, Wire, check_span};
 use crate::backend::cuda::{InputDtype, Tensor};
 use crate::shape::Span;
 use anyhow::{Result, anyhow, bail};
@@ -92,6 +92,33 @@ fn read_ptr<'a>(
     }
 }
 
+/// The f32 data of `t`, checked to be what a device sum of `srcs[span]` writes: f32, of
+/// `span.len` elements, from f32 sources that hold `span`.
+fn sum_target<'t, const N: usize>(
+    t: &'t mut Tensor,
+    srcs: [&Src<'_, Tensor>; N],
+    span: Span,
+) -> Result<&'t mut cudarc::driver::CudaSlice<f32>> {
+    for src in srcs {
+        let (from_len, from_dtype) = describe(src);
+        check_span("a device sum", from_len, span, t.len(), 0)?;
+        if from_dtype.is_some() || t.len() != span.len {
+            bail!(
+                "a device sum of {} {} values into a tensor of {}",
+                span.len,
+                precision(from_dtype),
+                t.len()
+            );
+        }
+    }
+    match t {
+        Tensor::F32(mine) => Ok(mine),
+        Tensor::Half { .. } => {
+            bail!("the in-process reductions sum f32 tensors (gradients), not 16-bit ones")
+        }
+    }
+}
+
 /// The name of a loan's precision, for errors.
 fn precision(dtype: Option<InputDtype>) -> &'static str {
     dtype.map_or("f32", InputDtype::name)
@@ -172,19 +199,7 @@ impl Buffer for Tensor {
     /// `saxpy` on this tensor's stream): through the host they cost 20× a 7B step. GPU ranks of
     /// a real job reduce through NCCL.
     fn add_from(&mut self, src: Src<'_, Self>, span: Span) -> Result<()> {
-        let (from_len, from_dtype) = describe(&src);
-        check_span("a device sum", from_len, span, self.len(), 0)?;
-        let Tensor::F32(mine) = &mut *self else {
-            bail!("the in-process reductions sum f32 tensors (gradients), not 16-bit ones");
-        };
-        if from_dtype.is_some() || mine.len() != span.len {
-            bail!(
-                "a device sum of {} {} values into an f32 tensor of {}",
-                span.len,
-                precision(from_dtype),
-                mine.len()
-            );
-        }
+        let mine = sum_target(self, [&src], span)?;
         let stream = mine.stream().clone();
         let (x, _read) = read_ptr(&src, &stream)?;
         if span.len == 0 {
@@ -197,21 +212,7 @@ impl Buffer for Tensor {
     /// By cuBLAS `sgeam` (`1·a + 1·b`, one rounding: the host's `a + b`) on this tensor's
     /// stream: one pass where a copy and a `saxpy` would write this tensor twice.
     fn set_sum(&mut self, a: Src<'_, Self>, b: Src<'_, Self>, span: Span) -> Result<()> {
-        let Tensor::F32(mine) = &mut *self else {
-            bail!("the in-process reductions sum f32 tensors (gradients), not 16-bit ones");
-        };
-        for src in [&a, &b] {
-            let (from_len, from_dtype) = describe(src);
-            check_span("a device sum", from_len, span, mine.len(), 0)?;
-            if from_dtype.is_some() || mine.len() != span.len {
-                bail!(
-                    "a device sum of {} {} values into an f32 tensor of {}",
-                    span.len,
-                    precision(from_dtype),
-                    mine.len()
-                );
-            }
-        }
+        let mine = sum_target(self, [&a, &b], span)?;
         let stream = mine.stream().clone();
         let (x, _read_a) = read_ptr(&a, &stream)?;
         let (y, _read_b) = read_ptr(&b, &stream)?;
@@ -221,6 +222,50 @@ impl Buffer for Tensor {
         let (out, _write) = mine.device_ptr_mut(&stream);
         let at = (span.start * 4) as u64;
         geam(&stream, span.len, (x + at, y + at), out)
+    }
+
+    /// Tensors over the lender's memory (cudarc slices made from its addresses), which are
+    /// never freed here: [`Shared`] lets go of them by [`Buffer::forget`].
+    fn views(lent: &[DeviceLoan], like: &Self) -> Result<Shared<Vec<Self>, Self>> {
+        let stream = match like {
+            Tensor::Half { data, .. } => data.stream(),
+            Tensor::F32(data) => data.stream(),
+        };
+        if lent
+            .iter()
+            .any(|l| l.stream.cu_stream() != stream.cu_stream())
+        {
+            bail!("virtual workers read each other's tensors on one stream; these are on two");
+        }
+        let views = lent
+            .iter()
+            .map(|l| match l.dtype {
+                // SAFETY: the loan addresses `l.len` values of this precision in a live
+                // allocation of the lender, on this worker's stream; the lender frees it only
+                // after this worker has given the views back (queued its last use), and the
+                // views are let go of by `forget`, never freed (they are held as
+                // `Role::Views` from here on).
+                Some(dtype) => Tensor::Half {
+                    dtype,
+                    data: unsafe { l.stream.upgrade_device_ptr::<u16>(l.ptr, l.len) },
+                },
+                // SAFETY: as above, for f32.
+                None => Tensor::F32(unsafe { l.stream.upgrade_device_ptr::<f32>(l.ptr, l.len) }),
+            })
+            .collect();
+        Ok(Shared::new(views, Role::Views))
+    }
+
+    fn forget(self) {
+        // The memory stays allocated: its owner, or the end of the process, frees it.
+        match self {
+            Tensor::Half { data, .. } => {
+                let _ = data.leak();
+            }
+            Tensor::F32(data) => {
+                let _ = data.leak();
+            }
+        }
     }
 
     fn take_from(src: Src<'_, Self>, span: Span) -> Result<Self> {

@@ -3,8 +3,9 @@
 //! messages that turn into `PeerFailed`, timeouts, and collectives built on point-to-point.
 
 use super::{
-    Buffer, Communicator, PeerFailed, Src, Tag, Wire, all_gather_bytes, gather_by_messages,
-    own_span, reduce_scatter_bytes, scatter_by_messages, shard_spans,
+    Buffer, Communicator, PeerFailed, Role, Shared, Src, Tag, Wire, all_gather_bytes,
+    check_tensors, gather_by_messages, gather_each, own_span, reduce_scatter_bytes,
+    scatter_by_messages, shard_span, shard_spans,
 };
 use crate::shape::Span;
 use anyhow::{Result, anyhow, bail};
@@ -210,15 +211,32 @@ impl<B: Buffer, X: Transport<B>> Endpoint<B, X> {
         failure.map_or(Ok(()), Err)
     }
 
+    /// The next loan of rank `from`, of type `L` (one buffer's, or several's).
+    fn loan<L: 'static>(&mut self, from: usize, what: &str) -> Result<L> {
+        let me = self.rank;
+        match self.receive(from, Tag::LENT)? {
+            Body::Lent(any) => Ok(*any.downcast::<L>().map_err(|_| {
+                anyhow!("{what}: worker {me} was lent a buffer of another kind by worker {from}")
+            })?),
+            _ => bail!("{what}: worker {me} expected a loan from worker {from} and got tensors"),
+        }
+    }
+
+    /// The loans of several buffers of rank `from`, checked to hold `want` elements each.
+    fn borrow_each(&mut self, from: usize, want: &[usize], what: &str) -> Result<Vec<B::Lent>> {
+        let lent: Vec<B::Lent> = self.loan(from, what)?;
+        let got: Vec<usize> = lent.iter().map(B::lent_elements).collect();
+        if got != want {
+            bail!(
+                "{what}: worker {from} lent buffers of {got:?} elements where the shard rule gives {want:?}"
+            );
+        }
+        Ok(lent)
+    }
+
     /// The loan of rank `from` for this collective, checked to hold `want` elements.
     fn borrow(&mut self, from: usize, want: usize, what: &str) -> Result<B::Lent> {
-        let me = self.rank;
-        let lent = match self.receive(from, Tag::LENT)? {
-            Body::Lent(any) => *any.downcast::<B::Lent>().map_err(|_| {
-                anyhow!("{what}: worker {me} was lent a buffer of another kind by worker {from}")
-            })?,
-            _ => bail!("{what}: worker {me} expected a loan from worker {from} and got tensors"),
-        };
+        let lent: B::Lent = self.loan(from, what)?;
         let got = B::lent_elements(&lent);
         if got != want {
             bail!(
@@ -332,6 +350,58 @@ impl<B: Buffer, X: Transport<B>> Endpoint<B, X> {
         Ok(())
     }
 
+    /// Rank 0's part of a shared all-gather: its pieces copied into new whole tensors, then
+    /// every peer's lent pieces, then the wholes lent to every peer (to every one still there
+    /// even when one is gone, the first failure returned). A peer's pieces need no giving
+    /// back: it waits for the wholes, lent only once their reads are queued.
+    fn gather_for_all(&mut self, pieces: &[&B], lens: &[usize]) -> Result<Shared<Vec<B>, B>> {
+        let world = self.world();
+        let mut whole = Vec::with_capacity(pieces.len());
+        for (&piece, &len) in pieces.iter().zip(lens) {
+            let mut w = piece.alloc_like(len)?;
+            let own = Span {
+                start: 0,
+                len: piece.elements(),
+            };
+            w.copy_from(0, Src::Own(piece), own)?;
+            whole.push(w);
+        }
+        for from in 1..world {
+            let spans: Vec<Span> = lens.iter().map(|&n| shard_span(n, world, from)).collect();
+            let want: Vec<usize> = spans.iter().map(|s| s.len).collect();
+            let lent = self.borrow_each(from, &want, "all-gather")?;
+            for ((w, l), s) in whole.iter_mut().zip(&lent).zip(&spans) {
+                let all = Span {
+                    start: 0,
+                    len: s.len,
+                };
+                w.copy_from(s.start, Src::Lent(l), all)?;
+            }
+        }
+        let lent = whole.iter().map(B::lend).collect::<Result<Vec<_>>>()?;
+        let shared = Shared::new(whole, Role::Lender);
+        let mut failure = None;
+        for to in 1..world {
+            let body = Body::Lent(Box::new(lent.clone()));
+            if let Err(e) = self.post(to, Tag::LENT, body) {
+                failure.get_or_insert(e);
+            }
+        }
+        failure.map_or(Ok(shared), Err)
+    }
+
+    /// A peer's part of a shared all-gather: its pieces lent to rank 0, then views of the
+    /// whole tensors rank 0 lends back.
+    fn gather_from_lender(&mut self, pieces: &[&B], lens: &[usize]) -> Result<Shared<Vec<B>, B>> {
+        let lent = pieces
+            .iter()
+            .map(|p| p.lend())
+            .collect::<Result<Vec<_>>>()?;
+        self.post(0, Tag::LENT, Body::Lent(Box::new(lent)))?;
+        let wholes = self.borrow_each(0, lens, "all-gather")?;
+        B::views(&wholes, pieces[0])
+    }
+
     fn next_collective_tag(&mut self) -> Tag {
         self.collective_round += 1;
         Tag(Tag::COLLECTIVE + self.collective_round)
@@ -443,6 +513,51 @@ impl<B: Buffer, X: Transport<B>> Communicator<B> for Endpoint<B, X> {
             return Ok(());
         }
         self.scatter_in_place(whole, out)
+    }
+
+    /// Worker threads gather one copy for all, rank 0's, which the others read in place; other
+    /// transports give each rank its own.
+    fn all_gather_shared(&mut self, pieces: &[&B], lens: &[usize]) -> Result<Shared<Vec<B>, B>> {
+        if !self.transport.shares_memory() {
+            return gather_each(self, pieces, lens);
+        }
+        check_tensors(pieces, lens)?;
+        let (me, world) = (self.rank, self.world());
+        for (piece, &len) in pieces.iter().zip(lens) {
+            own_span(me, world, len, piece.elements(), "all-gather")?;
+        }
+        let shared = if me == 0 {
+            self.gather_for_all(pieces, lens)?
+        } else {
+            self.gather_from_lender(pieces, lens)?
+        };
+        for (piece, &len) in pieces.iter().zip(lens) {
+            self.bytes_sent += all_gather_bytes(len, world, me, 1) * elem_bytes(*piece) as u64;
+        }
+        Ok(shared)
+    }
+
+    /// A peer lets go of its views and tells rank 0; rank 0 frees the one copy once every peer
+    /// has (on a peer's failure it lets go of it unfreed: see [`Shared`]).
+    fn release_shared(&mut self, shared: Shared<Vec<B>, B>) -> Result<()> {
+        let (whole, role) = shared.into_parts();
+        match role {
+            Role::Own => drop(whole),
+            Role::Views => {
+                whole.into_iter().for_each(B::forget);
+                self.give_back(0)?;
+            }
+            Role::Lender => {
+                for from in 1..self.world() {
+                    if let Err(e) = self.recv(from, Tag::RETURNED) {
+                        whole.into_iter().for_each(B::forget);
+                        return Err(e);
+                    }
+                }
+                drop(whole);
+            }
+        }
+        Ok(())
     }
 
     /// An all-reduce of nothing: a message with no buffers to rank 0 and back.

@@ -6,11 +6,13 @@ mod endpoint;
 mod local;
 pub mod nccl;
 pub mod rendezvous;
+mod shared;
 mod solo;
 mod tcp;
 
 pub use endpoint::{Body, Buf, Endpoint, Envelope, Transport};
 pub use local::{LocalComm, local_group};
+pub use shared::{Role, Shared};
 pub use solo::Solo;
 pub use tcp::{TcpComm, connect_mesh};
 
@@ -144,6 +146,17 @@ pub trait Buffer: Wire + Sized {
     /// where a copy and then a sum would pass over `self` twice.
     fn set_sum(&mut self, a: Src<'_, Self>, b: Src<'_, Self>, span: Span) -> Result<()>;
 
+    /// Buffers holding a lender's loans `lent`, for this rank's use of them: a device tensor
+    /// reads the lender's memory in place (checked to be on the stream of `like`, a buffer of
+    /// this rank); host loans are copies. Held as [`Role::Views`], so that they are let go of
+    /// ([`Buffer::forget`]) and never freed as this rank's memory.
+    fn views(lent: &[Self::Lent], like: &Self) -> Result<Shared<Vec<Self>, Self>>;
+
+    /// Lets go of a buffer without freeing its memory: a view of a peer's ([`Buffer::views`]),
+    /// or a lent buffer that peers may still read when a job fails (which leaks it, rather than
+    /// let a queued read meet freed memory). Host buffers, whose loans are copies, just drop.
+    fn forget(self);
+
     /// `self += other`, elementwise.
     fn sum_from(&mut self, other: &Self) -> Result<()> {
         if self.elements() != other.elements() {
@@ -243,6 +256,13 @@ impl Buffer for Vec<f32> {
         }
         Ok(())
     }
+
+    fn views(lent: &[Self::Lent], _like: &Self) -> Result<Shared<Vec<Self>, Self>> {
+        let copies = lent.iter().map(|l| l.to_vec()).collect();
+        Ok(Shared::new(copies, Role::Views))
+    }
+
+    fn forget(self) {}
 }
 
 /// The host values a buffer operation reads.
@@ -441,6 +461,34 @@ pub trait Communicator<T: Wire> {
         Ok(())
     }
 
+    /// Whole tensors of `lens` elements (each by [`shard_span`]) from every rank's pieces of
+    /// them (`pieces` this rank's), for a use that every rank makes of the same values (a
+    /// layer's forward), given back with [`Communicator::release_shared`]. Worker threads
+    /// sharing memory make one copy for them all: rank 0 gathers it and lends it, the others
+    /// read it in place ([`Buffer::views`]), so that a process writes each whole tensor once
+    /// rather than once per worker. Other transports give each rank its own copy
+    /// ([`Communicator::all_gather_into`]). The bytes count as [`all_gather_bytes`] of each
+    /// tensor whatever the transport: the transport-independent prediction, not what a shared
+    /// copy moves.
+    fn all_gather_shared(&mut self, pieces: &[&T], lens: &[usize]) -> Result<Shared<Vec<T>, T>>
+    where
+        T: Buffer,
+    {
+        gather_each(self, pieces, lens)
+    }
+
+    /// Ends the use of [`Communicator::all_gather_shared`]'s tensors, a collective every rank
+    /// calls once it has queued its last use of them: a rank's own copies are freed; between
+    /// worker threads, the views are given back to rank 0, which waits for every rank's before
+    /// it frees the one copy.
+    fn release_shared(&mut self, shared: Shared<Vec<T>, T>) -> Result<()>
+    where
+        T: Buffer,
+    {
+        drop(shared);
+        Ok(())
+    }
+
     /// Returns once every rank has called it.
     fn barrier(&mut self) -> Result<()>;
 
@@ -488,6 +536,35 @@ fn gather_by_messages<T: Buffer, C: Communicator<T> + ?Sized>(
             len: s.len,
         };
         whole.copy_from(s.start, Src::Own(p), span)?;
+    }
+    Ok(())
+}
+
+/// [`Communicator::all_gather_shared`] as every rank's own copies: each tensor allocated and
+/// gathered into ([`Communicator::all_gather_into`]).
+fn gather_each<T: Buffer, C: Communicator<T> + ?Sized>(
+    comm: &mut C,
+    pieces: &[&T],
+    lens: &[usize],
+) -> Result<Shared<Vec<T>, T>> {
+    check_tensors(pieces, lens)?;
+    let mut whole = Vec::with_capacity(pieces.len());
+    for (&piece, &len) in pieces.iter().zip(lens) {
+        let mut w = piece.alloc_like(len)?;
+        comm.all_gather_into(piece, &mut w)?;
+        whole.push(w);
+    }
+    Ok(Shared::new(whole, Role::Own))
+}
+
+/// Checks that a gather of several tensors has a length for each piece, and some tensor.
+fn check_tensors<T>(pieces: &[&T], lens: &[usize]) -> Result<()> {
+    if pieces.is_empty() || pieces.len() != lens.len() {
+        bail!(
+            "all-gather: {} pieces for {} tensors (one piece of each, at least one)",
+            pieces.len(),
+            lens.len()
+        );
     }
     Ok(())
 }

@@ -19,7 +19,7 @@ use super::attention::ModelAttention;
 use super::moments::Moments;
 use super::state::Part;
 use super::{Tally, all_reduce, all_reduce_tally, collectives};
-use crate::comm::{Buffer, Communicator, Solo, shard_span, shard_spans};
+use crate::comm::{Buffer, Communicator, Shared, Solo, shard_span, shard_spans};
 use crate::model::config::Config;
 use crate::model::ops::{AdamW, Ops};
 use crate::model::weights::{LayerWeights, Weights, parameters, specs};
@@ -264,9 +264,34 @@ fn gather<T: Buffer>(comm: &mut dyn Communicator<T>, piece: &T, len: usize) -> R
     Ok(whole)
 }
 
+/// Layer weights `w` (this worker's pieces, of `lens` elements whole) gathered whole for one use
+/// that every worker makes of them: one copy for worker threads sharing memory
+/// ([`Communicator::all_gather_shared`]). Give them back with [`release_layer`].
+fn gather_layer<T: Buffer>(
+    comm: &mut dyn Communicator<T>,
+    w: &LayerWeights<T>,
+    lens: &LayerWeights<usize>,
+) -> Result<Shared<LayerWeights<T>, T>> {
+    let whole: Vec<usize> = lens.tensors().into_iter().copied().collect();
+    let shared = comm.all_gather_shared(&w.tensors(), &whole)?;
+    Ok(shared.map(
+        |tensors| LayerWeights::from_tensors(tensors, lens),
+        LayerWeights::into_tensors,
+    ))
+}
+
+/// Ends the use of [`gather_layer`]'s weights: a collective every worker calls once it has
+/// queued its last use of them.
+fn release_layer<T: Buffer>(
+    comm: &mut dyn Communicator<T>,
+    layer: Shared<LayerWeights<T>, T>,
+) -> Result<()> {
+    comm.release_shared(layer.map(LayerWeights::into_tensors, |v| v))
+}
+
 /// A worker's pieces of the weights and of their f32 gradients under `--shard full`, lent to the
 /// model part by part ([`Params`]): each part's weights all-gathered for its use and freed when
-/// it returns, each part's gradients made whole for its backward and reduce-scattered into this
+/// it returns (a layer's into one copy that worker threads share, [`gather_layer`]), each part's gradients made whole for its backward and reduce-scattered into this
 /// worker's pieces as soon as it returns. The all-gathers run over the attention's workers.
 pub(super) struct Gathered<'a, O: Ops> {
     pub ops: &'a O,
@@ -322,10 +347,14 @@ impl<'m, D: ModelDevice, C: Communicator<D::Tensor>> Params<D::Tensor, ModelAtte
         f: impl FnOnce(&LayerWeights<D::Tensor>, &mut ModelAttention<'m, D, C>) -> Result<R>,
     ) -> Result<R> {
         let mut solo = Solo;
-        let comm = collectives(attn, &mut solo);
-        let whole =
-            self.w.layers[l].try_map_with(&self.lens.layers[l], |p, &len| gather(comm, p, len))?;
-        f(&whole, attn)
+        let whole = gather_layer(
+            collectives(attn, &mut solo),
+            &self.w.layers[l],
+            &self.lens.layers[l],
+        )?;
+        let out = f(whole.get(), attn)?;
+        release_layer(collectives(attn, &mut solo), whole)?;
+        Ok(out)
     }
 
     fn with_head<R>(
@@ -370,15 +399,11 @@ impl<'m, D: ModelDevice, C: Communicator<D::Tensor>> Params<D::Tensor, ModelAtte
     ) -> Result<R> {
         let ops = self.ops;
         let lens = &self.lens.layers[l];
-        let whole = {
-            let mut solo = Solo;
-            let comm = collectives(attn, &mut solo);
-            self.w.layers[l].try_map_with(lens, |p, &len| gather(comm, p, len))?
-        };
-        let mut grads = lens.try_map_with(lens, |&len, _| ops.zeros(len))?;
-        let out = f(&whole, &mut grads, attn)?;
-        drop(whole);
         let mut solo = Solo;
+        let whole = gather_layer(collectives(attn, &mut solo), &self.w.layers[l], lens)?;
+        let mut grads = lens.try_map_with(lens, |&len, _| ops.zeros(len))?;
+        let out = f(whole.get(), &mut grads, attn)?;
+        release_layer(collectives(attn, &mut solo), whole)?;
         let comm = collectives(attn, &mut solo);
         for (g, acc) in grads
             .tensors()
