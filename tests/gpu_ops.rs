@@ -315,6 +315,62 @@ fn virtual_workers_collectives_into_buffers_match_the_host_bit_for_bit() -> Resu
     Ok(())
 }
 
+/// The shared all-gather makes one whole copy for all the virtual workers, not one each: while
+/// 2 and 3 workers hold a gathered 16-bit tensor of 4 MiB, the GPU pool's use grows by one copy
+/// (at most 1.5 copies: the pool may round an allocation up, but not to a second copy), and the
+/// copy is freed after the release.
+#[test]
+fn virtual_workers_share_one_gathered_copy() -> Result<()> {
+    let Some(gpu) = gpu_common::gpu()? else {
+        return Ok(());
+    };
+    let ops = CudaOps::new(gpu.open(InputDtype::Bf16)?)?;
+    let len = 1 << 21;
+    let copy = 2 * len;
+    for world in [2, 3] {
+        let grown = collect_results(run_workers(
+            world,
+            std::time::Duration::from_secs(60),
+            |r, comm: &mut LocalComm<Tensor>| {
+                let own = shard_span(len, world, r);
+                let piece = ops.upload(&vec![r as f32; own.len])?;
+                ops.backend().synchronize()?;
+                comm.barrier()?;
+                if r == 0 {
+                    ops.backend().reset_peak_memory()?;
+                }
+                comm.barrier()?;
+                let before = ops.backend().peak_memory()?;
+                let shared = comm.all_gather_shared(&[&piece], &[len])?;
+                comm.barrier()?;
+                let during = ops.backend().peak_memory()?;
+                let whole = ops.download(&shared.get()[0])?;
+                comm.release_shared(shared)?;
+                let spans = shard_spans(len, world);
+                for (q, s) in spans.iter().enumerate() {
+                    ensure!(
+                        whole[s.start..s.end()].iter().all(|&v| v == q as f32),
+                        "worker {r}: the span of worker {q} holds other values"
+                    );
+                }
+                Ok(during - before)
+            },
+        ))?;
+        let ok = grown[0] >= copy && 2 * grown[0] <= 3 * copy;
+        println!(
+            "{world} virtual workers: the pool grew by {} B for a {copy} B tensor {}",
+            grown[0],
+            if ok { "PASS" } else { "FAIL" }
+        );
+        ensure!(
+            ok,
+            "{world} workers: the gathered copies took {} B",
+            grown[0]
+        );
+    }
+    Ok(())
+}
+
 /// ‖got − want‖ / ‖want‖; infinite when anything is not finite or the lengths differ.
 fn rel_err(got: &[f32], want: &[f32]) -> f64 {
     let finite = got.iter().all(|v| v.is_finite()) && got.len() == want.len();

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The GPU check of issue 16's last criterion: llama2-7b's 16K step (`bench train`, remat) over 2
 # virtual workers with --shard full against --shard none, and the GPU paths under it:
-#   tests  tests/gpu_ops.rs's virtual-worker collectives: reduce_scatter_into (cuBLAS sgeam) and
-#          the shared all-gather (rank 0's one copy, read by the other workers through views of
-#          its memory) against the host's, bit for bit, with their counted bytes
+#   tests  tests/gpu_ops.rs's virtual-worker tests: reduce_scatter_into (cuBLAS sgeam) and the
+#          shared all-gather (rank 0's one copy, read by the other workers through views of its
+#          memory) against the host's, bit for bit, with their counted bytes; and the GPU pool
+#          growing by one copy, not one per worker, while the workers hold a shared gather
 #   bench  `bench train` 2:none and 2:full, twice each, interleaved (drift shows as a change
 #          between repeats); with .dev/old/distflash (a build of the commit before, e.g.
 #          `DEST=.dev/old bash bench/peers/build_gpu_tests.sh` in a checkout of it) also the old
