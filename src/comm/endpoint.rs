@@ -4,7 +4,7 @@
 
 use super::{
     Buffer, Communicator, PeerFailed, Role, Shared, Src, Tag, Wire, all_gather_bytes,
-    check_tensors, gather_by_messages, gather_each, own_span, reduce_scatter_bytes,
+    check_tensors, copy_over, gather_by_messages, gather_each, own_span, reduce_scatter_bytes,
     scatter_by_messages, shard_span, shard_spans,
 };
 use crate::shape::Span;
@@ -509,8 +509,8 @@ impl<B: Buffer, X: Transport<B>> Communicator<B> for Endpoint<B, X> {
     /// other transports cut and send.
     fn reduce_scatter_into(&mut self, whole: &B, out: &mut B) -> Result<()> {
         if !self.transport.shares_memory() {
-            *out = scatter_by_messages(self, whole, out)?;
-            return Ok(());
+            let sum = scatter_by_messages(self, whole, out)?;
+            return copy_over(out, &sum);
         }
         self.scatter_in_place(whole, out)
     }

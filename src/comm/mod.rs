@@ -457,8 +457,8 @@ pub trait Communicator<T: Wire> {
     where
         T: Buffer,
     {
-        *out = scatter_by_messages(self, whole, out)?;
-        Ok(())
+        let sum = scatter_by_messages(self, whole, out)?;
+        copy_over(out, &sum)
     }
 
     /// Whole tensors of `lens` elements (each by [`shard_span`]) from every rank's pieces of
@@ -567,6 +567,16 @@ fn check_tensors<T>(pieces: &[&T], lens: &[usize]) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// `out = sum` copied into `out`'s own memory (which keeps its allocation and stream; a sum
+/// received by NCCL lives on its communication stream).
+fn copy_over<T: Buffer>(out: &mut T, sum: &T) -> Result<()> {
+    let all = Span {
+        start: 0,
+        len: sum.elements(),
+    };
+    out.copy_from(0, Src::Own(sum), all)
 }
 
 /// [`Communicator::reduce_scatter_add`] and [`Communicator::reduce_scatter_into`] through
