@@ -342,6 +342,7 @@ fn virtual_workers_share_one_gathered_copy() -> Result<()> {
                 comm.barrier()?;
                 let before = ops.backend().peak_memory()?;
                 let shared = comm.all_gather_shared(&[&piece], &[len])?;
+                ops.backend().synchronize()?;
                 comm.barrier()?;
                 let during = ops.backend().peak_memory()?;
                 let whole = ops.download(&shared.get()[0])?;
