@@ -24,6 +24,7 @@ use anyhow::{Context, Result, ensure};
 use distflash::backend::cuda::{InputDtype, Tensor};
 use distflash::comm::{
     Buffer, Communicator, LocalComm, all_gather_bytes, reduce_scatter_bytes, shard_span,
+    shard_spans,
 };
 use distflash::model::attention::{Attention, Dense};
 use distflash::model::config::{Config, ModelType};
@@ -196,14 +197,18 @@ fn the_counted_estimate_is_the_gpus_own_peak() -> Result<()> {
     Ok(())
 }
 
-/// ‖got − want‖ / ‖want‖; infinite when anything is not finite or the lengths differ.
 /// Virtual workers' collectives into the caller's buffers (`Communicator::all_gather_into`,
-/// `reduce_scatter_add`), which read each other's device tensors in place through loans: the
-/// gathered 16-bit tensor holds every worker's piece bit for bit (copies only), and the f32
-/// accumulator equals the host collective's bit for bit (the same f32 values added in rank order,
-/// one rounding each: cuBLAS `saxpy` with alpha 1 rounds `x + y` once, as the host does); the
-/// bytes each worker lends equal the prediction. Over 2 and 3 workers and lengths that split
-/// unevenly, with the accumulator not zero (the sum is added to what it held).
+/// `reduce_scatter_add`, `reduce_scatter_into`), which read each other's device tensors in place
+/// through loans: the gathered 16-bit tensor holds every worker's piece bit for bit (copies
+/// only), and the f32 accumulator equals the host collective's bit for bit (the same f32 values
+/// added in rank order, one rounding each: cuBLAS `saxpy` with alpha 1 rounds `x + y` once, as
+/// the host does); the bytes each worker lends equal the prediction. Over 2 and 3 workers and lengths that split
+/// unevenly, with the accumulator not zero (the sum is added to what it held); and
+/// `reduce_scatter_into`, whose first two ranks' sum is one cuBLAS `sgeam` (`1·a + 1·b`, one
+/// rounding), written over a buffer holding other values, against the host's bit for bit; and
+/// `all_gather_shared` of a 16-bit and an f32 tensor (rank 0's one copy, which the other
+/// workers read through views of its memory) holding every worker's piece bit for bit, its
+/// counted bytes the prediction.
 #[test]
 fn virtual_workers_collectives_into_buffers_match_the_host_bit_for_bit() -> Result<()> {
     let Some(gpu) = gpu_common::gpu()? else {
@@ -222,7 +227,9 @@ fn virtual_workers_collectives_into_buffers_match_the_host_bit_for_bit() -> Resu
             let host = collect_results(run_workers(world, timeout, |r, comm: &mut LocalComm| {
                 let mut acc = start(shard_span(len, world, r).len);
                 comm.reduce_scatter_add(&data(r), &mut acc)?;
-                Ok(acc)
+                let mut out = vec![f32::NAN; acc.len()];
+                comm.reduce_scatter_into(&data(r), &mut out)?;
+                Ok((acc, out))
             }))?;
             let mut pieces = Vec::new();
             for r in 0..world {
@@ -244,22 +251,60 @@ fn virtual_workers_collectives_into_buffers_match_the_host_bit_for_bit() -> Resu
                     let before = comm.bytes_sent();
                     comm.reduce_scatter_add(&grads, &mut acc)?;
                     let scatter_bytes = comm.bytes_sent() - before;
+                    // Written over a buffer that holds other values (`start`'s).
+                    let mut out = ops.backend().upload_f32(&start(own.len))?;
+                    let before = comm.bytes_sent();
+                    comm.reduce_scatter_into(&grads, &mut out)?;
+                    let into_bytes = comm.bytes_sent() - before;
+                    let scattered = reduce_scatter_bytes(len, world, r, 4);
                     ensure!(
                         gather_bytes == all_gather_bytes(len, world, r, 2)
-                            && scatter_bytes == reduce_scatter_bytes(len, world, r, 4),
-                        "worker {r}: lent {gather_bytes} and {scatter_bytes} bytes"
+                            && scatter_bytes == scattered
+                            && into_bytes == scattered,
+                        "worker {r}: lent {gather_bytes}, {scatter_bytes} and {into_bytes} bytes"
                     );
-                    Ok((ops.download(&whole)?, ops.download(&acc)?))
+                    // One copy for all (rank 0's), read in place by the others.
+                    let f32_piece = ops.backend().upload_f32(&data(r)[own.start..own.end()])?;
+                    let before = comm.bytes_sent();
+                    let shared = comm.all_gather_shared(&[&piece, &f32_piece], &[len, len])?;
+                    let shared_bytes = comm.bytes_sent() - before;
+                    let views = (
+                        ops.download(&shared.get()[0])?,
+                        ops.download(&shared.get()[1])?,
+                    );
+                    comm.release_shared(shared)?;
+                    let both =
+                        all_gather_bytes(len, world, r, 2) + all_gather_bytes(len, world, r, 4);
+                    ensure!(
+                        shared_bytes == both,
+                        "worker {r}: the shared gather counted {shared_bytes} bytes, not {both}"
+                    );
+                    let acc = (ops.download(&acc)?, ops.download(&out)?);
+                    Ok((ops.download(&whole)?, acc, views))
                 },
             ))?;
-            for (r, (gathered, acc)) in device.iter().enumerate() {
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            let whole_f32: Vec<f32> = shard_spans(len, world)
+                .iter()
+                .enumerate()
+                .flat_map(|(r, s)| data(r)[s.start..s.end()].to_vec())
+                .collect();
+            for (r, (gathered, (acc, out), (shared16, shared32))) in device.iter().enumerate() {
+                ensure!(
+                    *shared16 == pieces && bits(shared32) == bits(&whole_f32),
+                    "{world} workers, {len} elements: worker {r}'s shared gather differs"
+                );
                 ensure!(
                     *gathered == pieces,
                     "{world} workers, {len} elements: worker {r}'s gathered tensor differs"
                 );
                 ensure!(
-                    *acc == host[r],
+                    bits(acc) == bits(&host[r].0),
                     "{world} workers, {len} elements: worker {r}'s reduce-scatter differs from the host's"
+                );
+                ensure!(
+                    bits(out) == bits(&host[r].1),
+                    "{world} workers, {len} elements: worker {r}'s reduce-scatter written over its buffer differs from the host's"
                 );
             }
             println!(
@@ -270,6 +315,64 @@ fn virtual_workers_collectives_into_buffers_match_the_host_bit_for_bit() -> Resu
     Ok(())
 }
 
+/// The shared all-gather makes one whole copy for all the virtual workers, not one each: while
+/// 2 and 3 workers hold a gathered 16-bit tensor of 4 MiB, the GPU pool's use grows by one copy
+/// (at most 1.5 copies: the pool may round an allocation up, but not to a second copy), and the
+/// copy is freed after the release.
+#[test]
+fn virtual_workers_share_one_gathered_copy() -> Result<()> {
+    let Some(gpu) = gpu_common::gpu()? else {
+        return Ok(());
+    };
+    let ops = CudaOps::new(gpu.open(InputDtype::Bf16)?)?;
+    let len = 1 << 21;
+    let copy = 2 * len;
+    for world in [2, 3] {
+        let grown = collect_results(run_workers(
+            world,
+            std::time::Duration::from_secs(60),
+            |r, comm: &mut LocalComm<Tensor>| {
+                let own = shard_span(len, world, r);
+                let piece = ops.upload(&vec![r as f32; own.len])?;
+                ops.backend().synchronize()?;
+                comm.barrier()?;
+                if r == 0 {
+                    ops.backend().reset_peak_memory()?;
+                }
+                comm.barrier()?;
+                let before = ops.backend().peak_memory()?;
+                let shared = comm.all_gather_shared(&[&piece], &[len])?;
+                ops.backend().synchronize()?;
+                comm.barrier()?;
+                let during = ops.backend().peak_memory()?;
+                let whole = ops.download(&shared.get()[0])?;
+                comm.release_shared(shared)?;
+                let spans = shard_spans(len, world);
+                for (q, s) in spans.iter().enumerate() {
+                    ensure!(
+                        whole[s.start..s.end()].iter().all(|&v| v == q as f32),
+                        "worker {r}: the span of worker {q} holds other values"
+                    );
+                }
+                Ok(during - before)
+            },
+        ))?;
+        let ok = grown[0] >= copy && 2 * grown[0] <= 3 * copy;
+        println!(
+            "{world} virtual workers: the pool grew by {} B for a {copy} B tensor {}",
+            grown[0],
+            if ok { "PASS" } else { "FAIL" }
+        );
+        ensure!(
+            ok,
+            "{world} workers: the gathered copies took {} B",
+            grown[0]
+        );
+    }
+    Ok(())
+}
+
+/// ‖got − want‖ / ‖want‖; infinite when anything is not finite or the lengths differ.
 fn rel_err(got: &[f32], want: &[f32]) -> f64 {
     let finite = got.iter().all(|v| v.is_finite()) && got.len() == want.len();
     let d: f64 = got

@@ -103,6 +103,42 @@ fn check_collectives(comm: &mut impl Communicator<Vec<f32>>) -> anyhow::Result<(
         // acc + (the rank-order sum), with the bits of the reduce-scatter's sum added after.
         let want: Vec<f32> = start.iter().zip(&summed).map(|(a, s)| a + s).collect();
         assert_eq!(acc, want, "len {len}");
+        // Written over the caller's buffer (whatever it held): the reduce-scatter's bits.
+        let before = comm.bytes_sent();
+        let mut out = vec![f32::NAN; own.len];
+        comm.reduce_scatter_into(&mine, &mut out)?;
+        assert_eq!(
+            comm.bytes_sent() - before,
+            reduce_scatter_bytes(len, world, me, 4)
+        );
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&out), bits(&summed), "len {len}: written over");
+
+        // Several tensors gathered for a shared use (one copy for worker threads), one of them
+        // shorter than the workers (empty pieces): every rank's values, the bytes predicted.
+        let lens = [len, 2, 5];
+        let theirs: Vec<Vec<f32>> = lens.iter().map(|&n| data(me, n)).collect();
+        let pieces: Vec<Vec<f32>> = theirs
+            .iter()
+            .map(|t| {
+                let s = shard_span(t.len(), world, me);
+                t[s.start..s.end()].to_vec()
+            })
+            .collect();
+        let before = comm.bytes_sent();
+        let shared = comm.all_gather_shared(&pieces.iter().collect::<Vec<_>>(), &lens)?;
+        let predicted: u64 = lens
+            .iter()
+            .map(|&n| all_gather_bytes(n, world, me, 4))
+            .sum();
+        assert_eq!(comm.bytes_sent() - before, predicted, "len {len}: shared");
+        for (whole, &n) in shared.get().iter().zip(&lens) {
+            for (r, s) in shard_spans(n, world).iter().enumerate() {
+                let want = &data(r, n)[s.start..s.end()];
+                assert_eq!(whole[s.start..s.end()], *want, "shared {n}: span of {r}");
+            }
+        }
+        comm.release_shared(shared)?;
         // An f64 oracle: every rank's data and the start summed exactly. f32 makes `world`
         // additions (world - 1 among the ranks' values, one to the start), each rounded by at
         // most 2^-24 of a partial sum, which is at most the sum of magnitudes `m`.
@@ -160,6 +196,86 @@ fn collectives_over_tcp_match_the_all_reduce_and_the_byte_prediction() {
     });
 }
 
+/// The sum a reduce-scatter writes over the caller's buffer (what `--shard full` does with a
+/// step's first gradients, over accumulators that hold zeros) and the one it adds to zeros
+/// differ only where every rank's value is `-0`: written over, the sum is `-0`; added to `+0`,
+/// it is `+0`. Equal values, so the trajectories are the same; every other element has the same
+/// bits.
+#[test]
+fn a_sum_written_over_zeros_differs_from_one_added_to_them_only_in_the_sign_of_zero() {
+    for world in [2, 3] {
+        let results = run_workers(world, TIMEOUT, |rank, comm| {
+            let len = 2 * world;
+            let mut mine = data(rank, len);
+            mine[0] = -0.0;
+            mine[1] = if rank == 0 { -0.0 } else { 0.0 };
+            let mut written = vec![f32::NAN; 2];
+            comm.reduce_scatter_into(&mine, &mut written)?;
+            let mut added = vec![0.0; 2];
+            comm.reduce_scatter_add(&mine, &mut added)?;
+            Ok((written, added))
+        });
+        let (written, added) = results.into_iter().next().unwrap().unwrap();
+        assert_eq!(written[0].to_bits(), (-0.0f32).to_bits(), "{world} workers");
+        assert_eq!(added[0].to_bits(), 0.0f32.to_bits(), "{world} workers");
+        assert_eq!(written[0], added[0], "{world} workers: equal values");
+        assert_eq!(written[1].to_bits(), added[1].to_bits(), "{world} workers");
+        assert_eq!(written[1].to_bits(), 0.0f32.to_bits(), "{world} workers");
+    }
+}
+
+/// Worker threads' shared all-gather: rank 0 frees its one copy only once every other worker
+/// has given its views back (it waits in `release_shared` for the slowest); a worker that fails
+/// between the gather and the release ends rank 0's wait at once with its name; pieces of the
+/// wrong length, or no tensors, are refused with a sentence.
+#[test]
+fn a_shared_gather_is_freed_only_after_every_worker_gives_it_back() {
+    let hold = Duration::from_millis(300);
+    let waited = run_workers(3, TIMEOUT, |rank, comm| {
+        let piece = vec![rank as f32; 2];
+        let shared = comm.all_gather_shared(&[&piece], &[6])?;
+        assert_eq!(shared.get()[0], [0.0, 0.0, 1.0, 1.0, 2.0, 2.0]);
+        if rank == 2 {
+            std::thread::sleep(hold);
+        }
+        let began = std::time::Instant::now();
+        comm.release_shared(shared)?;
+        Ok(began.elapsed())
+    });
+    let waited: Vec<Duration> = waited.into_iter().map(Result::unwrap).collect();
+    assert!(waited[0] >= hold / 2, "rank 0 freed after {:?}", waited[0]);
+
+    let began = std::time::Instant::now();
+    let failed = run_workers(2, TIMEOUT, |rank, comm| {
+        let piece = vec![1.0; 3];
+        let shared = comm.all_gather_shared(&[&piece], &[6])?;
+        if rank == 1 {
+            anyhow::bail!("worker 1 gave up");
+        }
+        comm.release_shared(shared)
+    });
+    let took = began.elapsed();
+    assert!(took < TIMEOUT / 4, "the release took {took:?}");
+    let e = format!("{:#}", failed[0].as_ref().unwrap_err());
+    assert!(e.contains("worker 1 failed"), "{e}");
+
+    let wrong = run_workers(2, TIMEOUT, |rank, comm| {
+        let piece = vec![1.0; 3 + rank];
+        comm.all_gather_shared(&[&piece], &[6]).map(drop)
+    });
+    let e = wrong[1].as_ref().unwrap_err().to_string();
+    assert!(
+        e.contains("all-gather: worker 1 holds 4 elements, but its piece of 6 over 2 workers is 3"),
+        "{e}"
+    );
+    let none = run_workers(2, TIMEOUT, |_, comm| {
+        let no_pieces: [&Vec<f32>; 0] = [];
+        comm.all_gather_shared(&no_pieces, &[]).map(drop)
+    });
+    let e = none[0].as_ref().unwrap_err().to_string();
+    assert!(e.contains("0 pieces for 0 tensors"), "{e}");
+}
+
 #[test]
 fn a_piece_that_breaks_the_shard_rule_is_refused_with_a_sentence() {
     let results = run_workers(2, TIMEOUT, |_, comm| {
@@ -211,6 +327,22 @@ fn collectives_into_buffers_refuse_wrong_lengths_with_a_sentence() {
         let peer = format!("{:#}", r.as_ref().unwrap_err());
         assert!(peer.contains("worker 2 failed"), "{peer}");
     }
+    let began = std::time::Instant::now();
+    let into = run_workers(2, TIMEOUT, |rank, comm| {
+        let mut out = vec![0.0; 3 + rank];
+        comm.reduce_scatter_into(&vec![1.0; 6], &mut out)
+    });
+    let took = began.elapsed();
+    assert!(took < TIMEOUT / 4, "the reduce-scatter into took {took:?}");
+    let e = into[1].as_ref().unwrap_err().to_string();
+    assert!(
+        e.contains(
+            "reduce-scatter: worker 1 holds 4 elements, but its piece of 6 over 2 workers is 3"
+        ),
+        "{e}"
+    );
+    let peer = format!("{:#}", into[0].as_ref().unwrap_err());
+    assert!(peer.contains("worker 1 failed"), "{peer}");
     // Tensors of different lengths on different workers: each refuses the other's loan.
     let began = std::time::Instant::now();
     let lens = run_workers(2, TIMEOUT, |rank, comm| {
@@ -330,6 +462,25 @@ fn sharded_training_follows_the_unsharded_trajectory_on_one_to_four_threads() {
                 shard.name()
             );
         }
+    }
+}
+
+/// A model whose output projection is its embedding table: under `full` the table's gradient
+/// has two contributions in each backward (the head's, then the lookup's), the first written
+/// over the step's zeros and the second added, so the trajectory is the unsharded one within
+/// the threaded test's bound (for its reasons).
+#[test]
+fn a_tied_model_trains_sharded_on_the_unsharded_trajectory() {
+    let tied = |shard| {
+        let mut o = options(shard, 6, None, None);
+        o.config.tie_word_embeddings = true;
+        o
+    };
+    for workers in [2, 3] {
+        let none = run(&tied(Shard::None), workers);
+        assert!(none.0[5].0 < none.0[0].0, "the loss falls: {:?}", none.0);
+        let what = format!("tied, {workers} workers, --shard full");
+        assert_close(&what, &run(&tied(Shard::Full), workers), &none, 1e-5);
     }
 }
 

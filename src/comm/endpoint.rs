@@ -3,8 +3,9 @@
 //! messages that turn into `PeerFailed`, timeouts, and collectives built on point-to-point.
 
 use super::{
-    Buffer, Communicator, PeerFailed, Src, Tag, Wire, all_gather_bytes, gather_by_messages,
-    own_span, reduce_scatter_bytes, scatter_by_messages, shard_spans,
+    Buffer, Communicator, PeerFailed, Role, Shared, Src, Tag, Wire, all_gather_bytes,
+    check_tensors, copy_over, gather_by_messages, gather_each, own_span, reduce_scatter_bytes,
+    scatter_by_messages, shard_span, shard_spans,
 };
 use crate::shape::Span;
 use anyhow::{Result, anyhow, bail};
@@ -210,15 +211,32 @@ impl<B: Buffer, X: Transport<B>> Endpoint<B, X> {
         failure.map_or(Ok(()), Err)
     }
 
+    /// The next loan of rank `from`, of type `L` (one buffer's, or several's).
+    fn loan<L: 'static>(&mut self, from: usize, what: &str) -> Result<L> {
+        let me = self.rank;
+        match self.receive(from, Tag::LENT)? {
+            Body::Lent(any) => Ok(*any.downcast::<L>().map_err(|_| {
+                anyhow!("{what}: worker {me} was lent a buffer of another kind by worker {from}")
+            })?),
+            _ => bail!("{what}: worker {me} expected a loan from worker {from} and got tensors"),
+        }
+    }
+
+    /// The loans of several buffers of rank `from`, checked to hold `want` elements each.
+    fn borrow_each(&mut self, from: usize, want: &[usize], what: &str) -> Result<Vec<B::Lent>> {
+        let lent: Vec<B::Lent> = self.loan(from, what)?;
+        let got: Vec<usize> = lent.iter().map(B::lent_elements).collect();
+        if got != want {
+            bail!(
+                "{what}: worker {from} lent buffers of {got:?} elements where the shard rule gives {want:?}"
+            );
+        }
+        Ok(lent)
+    }
+
     /// The loan of rank `from` for this collective, checked to hold `want` elements.
     fn borrow(&mut self, from: usize, want: usize, what: &str) -> Result<B::Lent> {
-        let me = self.rank;
-        let lent = match self.receive(from, Tag::LENT)? {
-            Body::Lent(any) => *any.downcast::<B::Lent>().map_err(|_| {
-                anyhow!("{what}: worker {me} was lent a buffer of another kind by worker {from}")
-            })?,
-            _ => bail!("{what}: worker {me} expected a loan from worker {from} and got tensors"),
-        };
+        let lent: B::Lent = self.loan(from, what)?;
         let got = B::lent_elements(&lent);
         if got != want {
             bail!(
@@ -286,29 +304,102 @@ impl<B: Buffer, X: Transport<B>> Endpoint<B, X> {
     }
 
     /// This rank's piece `own` of every rank's whole tensor (its own `whole`, the peers' loans)
-    /// summed in rank order into a new buffer, each loan given back as soon as its sum is queued.
-    fn sum_pieces(&mut self, whole: &B, own: Span, given: &mut usize) -> Result<B> {
-        let (me, len) = (self.rank, whole.elements());
-        let mut sum: Option<B> = None;
-        for from in 0..self.world() {
-            let lent = if from == me {
+    /// summed in rank order into `out`, overwriting it: the first two ranks' in one pass
+    /// ([`Buffer::set_sum`]), each later rank's added. Each loan is given back, in rank order,
+    /// as soon as its sum is queued.
+    fn sum_pieces(&mut self, whole: &B, own: Span, out: &mut B, given: &mut usize) -> Result<()> {
+        let (me, world, len) = (self.rank, self.world(), whole.elements());
+        let mut loans: Vec<Option<B::Lent>> = Vec::with_capacity(world);
+        let mut unreturned = 0;
+        for from in 0..world {
+            loans.push(if from == me {
                 None
             } else {
                 Some(self.borrow(from, len, "reduce-scatter")?)
+            });
+            let src = |l| source(whole, l);
+            let summed = match (from, world) {
+                (0, 1) => out.copy_from(0, src(&loans[0]), own),
+                // Summed with rank 1's, in one pass.
+                (0, _) => continue,
+                (1, _) => out.set_sum(src(&loans[0]), src(&loans[1]), own),
+                _ => out.add_from(src(&loans[from]), own),
             };
-            let src = lent.as_ref().map_or(Src::Own(whole), Src::Lent);
-            match &mut sum {
-                None => sum = Some(B::take_from(src, own)?),
-                Some(s) => s
-                    .add_from(src, own)
-                    .map_err(|e| e.context(format!("reduce-scatter with worker {from}")))?,
-            }
-            if from != me {
-                self.give_back(from)?;
+            summed.map_err(|e| e.context(format!("reduce-scatter with worker {from}")))?;
+            for r in (unreturned..=from).filter(|&r| r != me) {
+                self.give_back(r)?;
                 *given += 1;
             }
+            unreturned = from + 1;
         }
-        sum.ok_or_else(|| anyhow!("reduce-scatter over no workers"))
+        Ok(())
+    }
+
+    /// `out =` this rank's piece of the sum of every rank's `whole`, read in place from the
+    /// peers' loans (threads of one process), the bytes counted as [`reduce_scatter_bytes`].
+    fn scatter_in_place(&mut self, whole: &B, out: &mut B) -> Result<()> {
+        let (me, world, len) = (self.rank, self.world(), whole.elements());
+        let own = own_span(me, world, len, out.elements(), "reduce-scatter")?;
+        let lent = whole.lend()?;
+        let mut given = 0;
+        let read = self
+            .lend_to_all(&lent)
+            .and_then(|()| self.sum_pieces(whole, own, out, &mut given));
+        self.settle(read, given)?;
+        self.bytes_sent += reduce_scatter_bytes(len, world, me, 1) * elem_bytes(whole) as u64;
+        Ok(())
+    }
+
+    /// Rank 0's part of a shared all-gather: its pieces copied into new whole tensors, then
+    /// every peer's lent pieces, then the wholes lent to every peer (to every one still there
+    /// even when one is gone, the first failure returned). A peer's pieces need no giving
+    /// back: it waits for the wholes, lent only once their reads are queued.
+    fn gather_for_all(&mut self, pieces: &[&B], lens: &[usize]) -> Result<Shared<Vec<B>, B>> {
+        let world = self.world();
+        let mut whole = Vec::with_capacity(pieces.len());
+        for (&piece, &len) in pieces.iter().zip(lens) {
+            let mut w = piece.alloc_like(len)?;
+            let own = Span {
+                start: 0,
+                len: piece.elements(),
+            };
+            w.copy_from(0, Src::Own(piece), own)?;
+            whole.push(w);
+        }
+        for from in 1..world {
+            let spans: Vec<Span> = lens.iter().map(|&n| shard_span(n, world, from)).collect();
+            let want: Vec<usize> = spans.iter().map(|s| s.len).collect();
+            let lent = self.borrow_each(from, &want, "all-gather")?;
+            for ((w, l), s) in whole.iter_mut().zip(&lent).zip(&spans) {
+                let all = Span {
+                    start: 0,
+                    len: s.len,
+                };
+                w.copy_from(s.start, Src::Lent(l), all)?;
+            }
+        }
+        let lent = whole.iter().map(B::lend).collect::<Result<Vec<_>>>()?;
+        let shared = Shared::new(whole, Role::Lender);
+        let mut failure = None;
+        for to in 1..world {
+            let body = Body::Lent(Box::new(lent.clone()));
+            if let Err(e) = self.post(to, Tag::LENT, body) {
+                failure.get_or_insert(e);
+            }
+        }
+        failure.map_or(Ok(shared), Err)
+    }
+
+    /// A peer's part of a shared all-gather: its pieces lent to rank 0, then views of the
+    /// whole tensors rank 0 lends back.
+    fn gather_from_lender(&mut self, pieces: &[&B], lens: &[usize]) -> Result<Shared<Vec<B>, B>> {
+        let lent = pieces
+            .iter()
+            .map(|p| p.lend())
+            .collect::<Result<Vec<_>>>()?;
+        self.post(0, Tag::LENT, Body::Lent(Box::new(lent)))?;
+        let wholes = self.borrow_each(0, lens, "all-gather")?;
+        B::views(&wholes, pieces[0])
     }
 
     fn next_collective_tag(&mut self) -> Tag {
@@ -401,27 +492,71 @@ impl<B: Buffer, X: Transport<B>> Communicator<B> for Endpoint<B, X> {
         Ok(())
     }
 
-    /// Worker threads sum the peers' spans of their lent whole tensors in place; other
-    /// transports cut and send.
+    /// Worker threads sum the peers' spans of their lent whole tensors in place, into a
+    /// temporary then added to `acc` (the bits of the sum added after); other transports cut
+    /// and send.
     fn reduce_scatter_add(&mut self, whole: &B, acc: &mut B) -> Result<()> {
         if !self.transport.shares_memory() {
-            return scatter_by_messages(self, whole, acc);
+            let sum = scatter_by_messages(self, whole, acc)?;
+            return acc.sum_from(&sum);
         }
-        let (me, world, len) = (self.rank, self.world(), whole.elements());
-        let own = own_span(me, world, len, acc.elements(), "reduce-scatter")?;
-        let lent = whole.lend()?;
-        let mut given = 0;
-        let summed = self
-            .lend_to_all(&lent)
-            .and_then(|()| self.sum_pieces(whole, own, &mut given));
-        let (sum, read) = match summed {
-            Ok(sum) => (Some(sum), Ok(())),
-            Err(e) => (None, Err(e)),
+        let mut sum = acc.alloc_like(acc.elements())?;
+        self.scatter_in_place(whole, &mut sum)?;
+        acc.sum_from(&sum)
+    }
+
+    /// Worker threads sum the peers' spans of their lent whole tensors straight into `out`;
+    /// other transports cut and send.
+    fn reduce_scatter_into(&mut self, whole: &B, out: &mut B) -> Result<()> {
+        if !self.transport.shares_memory() {
+            let sum = scatter_by_messages(self, whole, out)?;
+            return copy_over(out, &sum);
+        }
+        self.scatter_in_place(whole, out)
+    }
+
+    /// Worker threads gather one copy for all, rank 0's, which the others read in place; other
+    /// transports give each rank its own.
+    fn all_gather_shared(&mut self, pieces: &[&B], lens: &[usize]) -> Result<Shared<Vec<B>, B>> {
+        if !self.transport.shares_memory() {
+            return gather_each(self, pieces, lens);
+        }
+        check_tensors(pieces, lens)?;
+        let (me, world) = (self.rank, self.world());
+        for (piece, &len) in pieces.iter().zip(lens) {
+            own_span(me, world, len, piece.elements(), "all-gather")?;
+        }
+        let shared = if me == 0 {
+            self.gather_for_all(pieces, lens)?
+        } else {
+            self.gather_from_lender(pieces, lens)?
         };
-        self.settle(read, given)?;
-        let sum = sum.expect("a settled read has its sum");
-        acc.sum_from(&sum)?;
-        self.bytes_sent += reduce_scatter_bytes(len, world, me, 1) * elem_bytes(whole) as u64;
+        for (piece, &len) in pieces.iter().zip(lens) {
+            self.bytes_sent += all_gather_bytes(len, world, me, 1) * elem_bytes(*piece) as u64;
+        }
+        Ok(shared)
+    }
+
+    /// A peer lets go of its views and tells rank 0; rank 0 frees the one copy once every peer
+    /// has (on a peer's failure it lets go of it unfreed: see [`Shared`]).
+    fn release_shared(&mut self, shared: Shared<Vec<B>, B>) -> Result<()> {
+        let (whole, role) = shared.into_parts();
+        match role {
+            Role::Own => drop(whole),
+            Role::Views => {
+                whole.into_iter().for_each(B::forget);
+                self.give_back(0)?;
+            }
+            Role::Lender => {
+                for from in 1..self.world() {
+                    if let Err(e) = self.recv(from, Tag::RETURNED) {
+                        whole.into_iter().for_each(B::forget);
+                        return Err(e);
+                    }
+                }
+                drop(whole);
+            }
+        }
         Ok(())
     }
 
@@ -457,6 +592,11 @@ impl<B: Buffer, X: Transport<B>> Communicator<B> for Endpoint<B, X> {
     fn waited_secs(&mut self) -> Result<f64> {
         Ok(self.waited.as_secs_f64())
     }
+}
+
+/// What a reduction reads of one rank: its loan, or this rank's own `whole` where it has none.
+fn source<'a, B: Buffer>(whole: &'a B, loan: &'a Option<B::Lent>) -> Src<'a, B> {
+    loan.as_ref().map_or(Src::Own(whole), Src::Lent)
 }
 
 /// Bytes of one element of `b` (the unit of the byte predictions); 0 for an empty buffer, which

@@ -6,11 +6,13 @@ mod endpoint;
 mod local;
 pub mod nccl;
 pub mod rendezvous;
+mod shared;
 mod solo;
 mod tcp;
 
 pub use endpoint::{Body, Buf, Endpoint, Envelope, Transport};
 pub use local::{LocalComm, local_group};
+pub use shared::{Role, Shared};
 pub use solo::Solo;
 pub use tcp::{TcpComm, connect_mesh};
 
@@ -139,6 +141,22 @@ pub trait Buffer: Wire + Sized {
     /// A new buffer holding `src[span]`.
     fn take_from(src: Src<'_, Self>, span: Span) -> Result<Self>;
 
+    /// `self = a[span] + b[span]`, elementwise, each sum rounded once (`self` holds `span.len`
+    /// elements): the first two ranks of an in-place reduce-scatter in one pass over memory,
+    /// where a copy and then a sum would pass over `self` twice.
+    fn set_sum(&mut self, a: Src<'_, Self>, b: Src<'_, Self>, span: Span) -> Result<()>;
+
+    /// Buffers holding a lender's loans `lent`, for this rank's use of them: a device tensor
+    /// reads the lender's memory in place (checked to be on the stream of `like`, a buffer of
+    /// this rank); host loans are copies. Held as [`Role::Views`], so that they are let go of
+    /// ([`Buffer::forget`]) and never freed as this rank's memory.
+    fn views(lent: &[Self::Lent], like: &Self) -> Result<Shared<Vec<Self>, Self>>;
+
+    /// Lets go of a buffer without freeing its memory: a view of a peer's ([`Buffer::views`]),
+    /// or a lent buffer that peers may still read when a job fails (which leaks it, rather than
+    /// let a queued read meet freed memory). Host buffers, whose loans are copies, just drop.
+    fn forget(self);
+
     /// `self += other`, elementwise.
     fn sum_from(&mut self, other: &Self) -> Result<()> {
         if self.elements() != other.elements() {
@@ -220,6 +238,31 @@ impl Buffer for Vec<f32> {
         check_span("a host piece", s.len(), span, span.len, 0)?;
         Ok(s[span.start..span.end()].to_vec())
     }
+
+    fn set_sum(&mut self, a: Src<'_, Self>, b: Src<'_, Self>, span: Span) -> Result<()> {
+        let (a, b) = (host_slice(&a), host_slice(&b));
+        check_span("a host sum", a.len(), span, self.len(), 0)?;
+        check_span("a host sum", b.len(), span, self.len(), 0)?;
+        if self.len() != span.len {
+            bail!(
+                "a host sum of {} elements into a buffer of {}",
+                span.len,
+                self.len()
+            );
+        }
+        let (a, b) = (&a[span.start..span.end()], &b[span.start..span.end()]);
+        for ((d, x), y) in self.iter_mut().zip(a).zip(b) {
+            *d = x + y;
+        }
+        Ok(())
+    }
+
+    fn views(lent: &[Self::Lent], _like: &Self) -> Result<Shared<Vec<Self>, Self>> {
+        let copies = lent.iter().map(|l| l.to_vec()).collect();
+        Ok(Shared::new(copies, Role::Views))
+    }
+
+    fn forget(self) {}
 }
 
 /// The host values a buffer operation reads.
@@ -400,7 +443,50 @@ pub trait Communicator<T: Wire> {
     where
         T: Buffer,
     {
-        scatter_by_messages(self, whole, acc)
+        let sum = scatter_by_messages(self, whole, acc)?;
+        acc.sum_from(&sum)
+    }
+
+    /// `out =` this rank's piece (by [`shard_span`]) of the sum over all ranks of `whole`,
+    /// overwriting what `out` held: [`Communicator::reduce_scatter_add`] into an accumulator
+    /// that holds zeros, without reading the zeros or summing into a temporary first. The bits
+    /// are [`Communicator::reduce_scatter_sum`]'s, which differ from `0 + sum` only where the
+    /// sum is `-0` (`0 + -0` is `+0`): equal values. The bytes count as
+    /// [`reduce_scatter_bytes`].
+    fn reduce_scatter_into(&mut self, whole: &T, out: &mut T) -> Result<()>
+    where
+        T: Buffer,
+    {
+        let sum = scatter_by_messages(self, whole, out)?;
+        copy_over(out, &sum)
+    }
+
+    /// Whole tensors of `lens` elements (each by [`shard_span`]) from every rank's pieces of
+    /// them (`pieces` this rank's), for a use that every rank makes of the same values (a
+    /// layer's forward), given back with [`Communicator::release_shared`]. Worker threads
+    /// sharing memory make one copy for them all: rank 0 gathers it and lends it, the others
+    /// read it in place ([`Buffer::views`]), so that a process writes each whole tensor once
+    /// rather than once per worker. Other transports give each rank its own copy
+    /// ([`Communicator::all_gather_into`]). The bytes count as [`all_gather_bytes`] of each
+    /// tensor whatever the transport: the transport-independent prediction, not what a shared
+    /// copy moves.
+    fn all_gather_shared(&mut self, pieces: &[&T], lens: &[usize]) -> Result<Shared<Vec<T>, T>>
+    where
+        T: Buffer,
+    {
+        gather_each(self, pieces, lens)
+    }
+
+    /// Ends the use of [`Communicator::all_gather_shared`]'s tensors, a collective every rank
+    /// calls once it has queued its last use of them: a rank's own copies are freed; between
+    /// worker threads, the views are given back to rank 0, which waits for every rank's before
+    /// it frees the one copy.
+    fn release_shared(&mut self, shared: Shared<Vec<T>, T>) -> Result<()>
+    where
+        T: Buffer,
+    {
+        drop(shared);
+        Ok(())
     }
 
     /// Returns once every rank has called it.
@@ -454,21 +540,60 @@ fn gather_by_messages<T: Buffer, C: Communicator<T> + ?Sized>(
     Ok(())
 }
 
-/// [`Communicator::reduce_scatter_add`] through [`Communicator::reduce_scatter_sum`]: `whole`
-/// cut into pieces, this rank's summed piece added to `acc`.
+/// [`Communicator::all_gather_shared`] as every rank's own copies: each tensor allocated and
+/// gathered into ([`Communicator::all_gather_into`]).
+fn gather_each<T: Buffer, C: Communicator<T> + ?Sized>(
+    comm: &mut C,
+    pieces: &[&T],
+    lens: &[usize],
+) -> Result<Shared<Vec<T>, T>> {
+    check_tensors(pieces, lens)?;
+    let mut whole = Vec::with_capacity(pieces.len());
+    for (&piece, &len) in pieces.iter().zip(lens) {
+        let mut w = piece.alloc_like(len)?;
+        comm.all_gather_into(piece, &mut w)?;
+        whole.push(w);
+    }
+    Ok(Shared::new(whole, Role::Own))
+}
+
+/// Checks that a gather of several tensors has a length for each piece, and some tensor.
+fn check_tensors<T>(pieces: &[&T], lens: &[usize]) -> Result<()> {
+    if pieces.is_empty() || pieces.len() != lens.len() {
+        bail!(
+            "all-gather: {} pieces for {} tensors (one piece of each, at least one)",
+            pieces.len(),
+            lens.len()
+        );
+    }
+    Ok(())
+}
+
+/// `out = sum` copied into `out`'s own memory (which keeps its allocation and stream; a sum
+/// received by NCCL lives on its communication stream).
+fn copy_over<T: Buffer>(out: &mut T, sum: &T) -> Result<()> {
+    let all = Span {
+        start: 0,
+        len: sum.elements(),
+    };
+    out.copy_from(0, Src::Own(sum), all)
+}
+
+/// [`Communicator::reduce_scatter_add`] and [`Communicator::reduce_scatter_into`] through
+/// [`Communicator::reduce_scatter_sum`]: `whole` cut into pieces, this rank's summed piece
+/// returned (checked first to fit `out`, the caller's buffer for it).
 fn scatter_by_messages<T: Buffer, C: Communicator<T> + ?Sized>(
     comm: &mut C,
     whole: &T,
-    acc: &mut T,
-) -> Result<()> {
+    out: &T,
+) -> Result<T> {
     let (me, world, len) = (comm.rank(), comm.world(), whole.elements());
-    own_span(me, world, len, acc.elements(), "reduce-scatter")?;
+    own_span(me, world, len, out.elements(), "reduce-scatter")?;
     let pieces = shard_spans(len, world)
         .into_iter()
         .map(|s| T::take_from(Src::Own(whole), s))
         .collect::<Result<Vec<_>>>()?;
-    let sum = comm.reduce_scatter_sum(pieces)?;
-    acc.sum_from(&sum)
+    comm.reduce_scatter_sum(pieces)
 }
 
 /// The error a rank gets when another rank failed: it names the culprit.

@@ -63,8 +63,30 @@ impl<T> LayerWeights<T> {
         out
     }
 
+    /// A layer of `tensors` in `specs` order ([`LayerWeights::into_tensors`] undone), with the
+    /// biases `like` has (a layer of the same config).
+    pub fn from_tensors<U>(tensors: Vec<T>, like: &LayerWeights<U>) -> LayerWeights<T> {
+        let mut it = tensors.into_iter();
+        let mut next = || it.next().expect("a tensor for each part of the layer");
+        LayerWeights {
+            attn_norm: next(),
+            wq: next(),
+            bq: like.bq.as_ref().map(|_| next()),
+            wk: next(),
+            bk: like.bk.as_ref().map(|_| next()),
+            wv: next(),
+            bv: like.bv.as_ref().map(|_| next()),
+            wo: next(),
+            bo: like.bo.as_ref().map(|_| next()),
+            mlp_norm: next(),
+            w_gate: next(),
+            w_up: next(),
+            w_down: next(),
+        }
+    }
+
     /// Every tensor by value, in `specs` order.
-    fn into_tensors(self) -> Vec<T> {
+    pub fn into_tensors(self) -> Vec<T> {
         let mut out = vec![self.attn_norm, self.wq];
         out.extend(self.bq);
         out.push(self.wk);

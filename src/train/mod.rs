@@ -283,13 +283,15 @@ fn plan_documents<D: ModelDevice, C: Communicator<D::Tensor>>(
 
 /// This worker's weights as `held` (whole, or its pieces under `full`, each part gathered for its
 /// use) in the forward and backward of `sample` (its documents as `packing` says), the gradients
-/// (alike: whole, or the pieces, reduced as the backward goes) into `grads`.
+/// (alike: whole, or the pieces, reduced as the backward goes) into `grads`; `fresh` when they
+/// hold [`Held::zero_grads`]'s zeros (nothing accumulated into them yet this step), which lets
+/// `full` write its first sums over them ([`shard::Gathered::fresh`]).
 #[allow(clippy::too_many_arguments)]
 fn accumulate_held<D: ModelDevice, C: Communicator<D::Tensor>>(
     ops: &D::Ops,
     cfg: &Config,
     held: &Held<D::Tensor>,
-    grads: &mut Weights<D::Tensor>,
+    (grads, fresh): (&mut Weights<D::Tensor>, bool),
     attn: &mut ModelAttention<'_, D, C>,
     (mine, packing): (&[Span], Packing),
     sample: &Sample,
@@ -307,6 +309,7 @@ fn accumulate_held<D: ModelDevice, C: Communicator<D::Tensor>>(
             w,
             grads,
             lens,
+            fresh,
         };
         return accumulate(
             ops,
@@ -357,7 +360,16 @@ fn reduced_sequence<D: ModelDevice, C: Communicator<D::Tensor>>(
     let sent = |attn: &mut ModelAttention<'_, D, C>| attn.comm().map_or(0, |c| c.bytes_sent());
     let before = sent(attn);
     let out = accumulate_held(
-        ops, cfg, held, &mut grads, attn, rows, sample, keep, scale, &mut tally,
+        ops,
+        cfg,
+        held,
+        (&mut grads, true),
+        attn,
+        rows,
+        sample,
+        keep,
+        scale,
+        &mut tally,
     )?;
     let pass_bytes = sent(attn) - before;
     let reduced = reduce_step(ops, attn, held.shard, grads, &mut tally)?;
@@ -721,14 +733,14 @@ fn run_steps<D: ModelDevice, C: Communicator<D::Tensor>>(
         let mut grads = held.zero_grads(ops, cfg)?;
         let mut tally = Tally::default();
         let mut last = None;
-        for _ in 0..o.batch {
+        for b in 0..o.batch {
             let sample = o.data.sample(samples, o.seq_len, cfg.vocab_size);
             samples += 1;
             last = Some(accumulate_held(
                 ops,
                 cfg,
                 &held,
-                &mut grads,
+                (&mut grads, b == 0),
                 attn,
                 (mine, o.packing),
                 &sample,
@@ -861,7 +873,7 @@ fn evaluate<D: ModelDevice, C: Communicator<D::Tensor>>(
             ops,
             cfg,
             held,
-            &mut scratch,
+            (&mut scratch, i == 0),
             attn,
             (mine, o.packing),
             &sample,

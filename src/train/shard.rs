@@ -11,13 +11,15 @@
 //! AdamW is elementwise, so under `optimizer` and `grads` only the global gradient norm (partial
 //! sums of squares all-reduced as an f32 scalar) is rounded differently, and without clipping a
 //! sharded run has the unsharded run's bits. Under `full` the gradients of a tied embedding and
-//! of a batch's sequences are reduced one contribution at a time, so they round differently.
+//! of a batch's sequences are reduced one contribution at a time, so they round differently; a
+//! step's first contribution to each piece is written over its zeros, not added to them (equal
+//! values: the bits differ only where the sum is `-0`).
 
 use super::attention::ModelAttention;
 use super::moments::Moments;
 use super::state::Part;
 use super::{Tally, all_reduce, all_reduce_tally, collectives};
-use crate::comm::{Buffer, Communicator, Solo, shard_span, shard_spans};
+use crate::comm::{Buffer, Communicator, Shared, Solo, shard_span, shard_spans};
 use crate::model::config::Config;
 use crate::model::ops::{AdamW, Ops};
 use crate::model::weights::{LayerWeights, Weights, parameters, specs};
@@ -262,9 +264,34 @@ fn gather<T: Buffer>(comm: &mut dyn Communicator<T>, piece: &T, len: usize) -> R
     Ok(whole)
 }
 
+/// Layer weights `w` (this worker's pieces, of `lens` elements whole) gathered whole for one use
+/// that every worker makes of them: one copy for worker threads sharing memory
+/// ([`Communicator::all_gather_shared`]). Give them back with [`release_layer`].
+fn gather_layer<T: Buffer>(
+    comm: &mut dyn Communicator<T>,
+    w: &LayerWeights<T>,
+    lens: &LayerWeights<usize>,
+) -> Result<Shared<LayerWeights<T>, T>> {
+    let whole: Vec<usize> = lens.tensors().into_iter().copied().collect();
+    let shared = comm.all_gather_shared(&w.tensors(), &whole)?;
+    Ok(shared.map(
+        |tensors| LayerWeights::from_tensors(tensors, lens),
+        LayerWeights::into_tensors,
+    ))
+}
+
+/// Ends the use of [`gather_layer`]'s weights: a collective every worker calls once it has
+/// queued its last use of them.
+fn release_layer<T: Buffer>(
+    comm: &mut dyn Communicator<T>,
+    layer: Shared<LayerWeights<T>, T>,
+) -> Result<()> {
+    comm.release_shared(layer.map(LayerWeights::into_tensors, |v| v))
+}
+
 /// A worker's pieces of the weights and of their f32 gradients under `--shard full`, lent to the
 /// model part by part ([`Params`]): each part's weights all-gathered for its use and freed when
-/// it returns, each part's gradients made whole for its backward and reduce-scattered into this
+/// it returns (a layer's into one copy that worker threads share, [`gather_layer`]), each part's gradients made whole for its backward and reduce-scattered into this
 /// worker's pieces as soon as it returns. The all-gathers run over the attention's workers.
 pub(super) struct Gathered<'a, O: Ops> {
     pub ops: &'a O,
@@ -272,6 +299,32 @@ pub(super) struct Gathered<'a, O: Ops> {
     pub grads: &'a mut Weights<O::T>,
     /// Elements of each whole tensor.
     pub lens: &'a Weights<usize>,
+    /// Whether `grads` hold the zeros of [`Held::zero_grads`] (the first sequence of a step):
+    /// then each part's first reduce-scatter writes its sum over them
+    /// ([`Communicator::reduce_scatter_into`]) instead of summing into a temporary and adding
+    /// that to zeros, which passes over the gradients twice more. The sums differ from `0 +
+    /// sum` only in the sign of a zero.
+    pub fresh: bool,
+}
+
+impl<O: Ops> Gathered<'_, O>
+where
+    O::T: Buffer,
+{
+    /// `acc +=` this worker's piece of every worker's `whole`, written over `acc` when it holds
+    /// zeros (`first`: this pass is the step's first and nothing was reduced into `acc` yet).
+    fn reduce(
+        comm: &mut dyn Communicator<O::T>,
+        whole: &O::T,
+        acc: &mut O::T,
+        first: bool,
+    ) -> Result<()> {
+        if first {
+            comm.reduce_scatter_into(whole, acc)
+        } else {
+            comm.reduce_scatter_add(whole, acc)
+        }
+    }
 }
 
 impl<'m, D: ModelDevice, C: Communicator<D::Tensor>> Params<D::Tensor, ModelAttention<'m, D, C>>
@@ -294,10 +347,14 @@ impl<'m, D: ModelDevice, C: Communicator<D::Tensor>> Params<D::Tensor, ModelAtte
         f: impl FnOnce(&LayerWeights<D::Tensor>, &mut ModelAttention<'m, D, C>) -> Result<R>,
     ) -> Result<R> {
         let mut solo = Solo;
-        let comm = collectives(attn, &mut solo);
-        let whole =
-            self.w.layers[l].try_map_with(&self.lens.layers[l], |p, &len| gather(comm, p, len))?;
-        f(&whole, attn)
+        let whole = gather_layer(
+            collectives(attn, &mut solo),
+            &self.w.layers[l],
+            &self.lens.layers[l],
+        )?;
+        let out = f(whole.get(), attn)?;
+        release_layer(collectives(attn, &mut solo), whole)?;
+        Ok(out)
     }
 
     fn with_head<R>(
@@ -320,12 +377,13 @@ impl<'m, D: ModelDevice, C: Communicator<D::Tensor>> Params<D::Tensor, ModelAtte
         })?;
         drop((norm, output));
         let g = &mut *self.grads;
-        comm.reduce_scatter_add(&dnorm, &mut g.norm)?;
+        Self::reduce(comm, &dnorm, &mut g.norm, self.fresh)?;
+        // The head comes before the embedding's backward, so a tied table's first sum is this.
         let out_grad = match &mut g.lm_head {
             Some(head) => head,
             None => &mut g.embed,
         };
-        comm.reduce_scatter_add(&doutput, out_grad)?;
+        Self::reduce(comm, &doutput, out_grad, self.fresh)?;
         Ok(out)
     }
 
@@ -341,22 +399,18 @@ impl<'m, D: ModelDevice, C: Communicator<D::Tensor>> Params<D::Tensor, ModelAtte
     ) -> Result<R> {
         let ops = self.ops;
         let lens = &self.lens.layers[l];
-        let whole = {
-            let mut solo = Solo;
-            let comm = collectives(attn, &mut solo);
-            self.w.layers[l].try_map_with(lens, |p, &len| gather(comm, p, len))?
-        };
-        let mut grads = lens.try_map_with(lens, |&len, _| ops.zeros(len))?;
-        let out = f(&whole, &mut grads, attn)?;
-        drop(whole);
         let mut solo = Solo;
+        let whole = gather_layer(collectives(attn, &mut solo), &self.w.layers[l], lens)?;
+        let mut grads = lens.try_map_with(lens, |&len, _| ops.zeros(len))?;
+        let out = f(whole.get(), &mut grads, attn)?;
+        release_layer(collectives(attn, &mut solo), whole)?;
         let comm = collectives(attn, &mut solo);
         for (g, acc) in grads
             .tensors()
             .into_iter()
             .zip(self.grads.layers[l].tensors_mut())
         {
-            comm.reduce_scatter_add(g, acc)?;
+            Self::reduce(comm, g, acc, self.fresh)?;
         }
         Ok(out)
     }
@@ -370,7 +424,8 @@ impl<'m, D: ModelDevice, C: Communicator<D::Tensor>> Params<D::Tensor, ModelAtte
         let out = f(&mut whole)?;
         let mut solo = Solo;
         let comm = collectives(attn, &mut solo);
-        comm.reduce_scatter_add(&whole, &mut self.grads.embed)?;
+        let tied = self.grads.lm_head.is_none();
+        Self::reduce(comm, &whole, &mut self.grads.embed, self.fresh && !tied)?;
         Ok(out)
     }
 }
