@@ -17,7 +17,6 @@ use crate::exec::{OwnChunk, Saved, Worker};
 use crate::plan::{Partition, Pass, Schedule};
 use crate::shape::Dims;
 use anyhow::{Result, bail};
-use std::time::Duration;
 
 /// The schedules a caller holding equal chunks can name (`unbalanced` idles half the ranks,
 /// `greedy` equals `balanced` without a mask, so neither is offered).
@@ -121,24 +120,6 @@ impl RankAttention {
         Ok(())
     }
 
-    fn worker<'a, B: Backend, C: Communicator<B::Tensor>>(
-        &'a self,
-        backend: &'a B,
-        comm: &'a mut C,
-    ) -> Worker<'a, B, C>
-    where
-        B::Tensor: Wire,
-    {
-        Worker {
-            backend,
-            comm,
-            dims: self.dims,
-            spans: self.partition.spans(),
-            compute: Duration::ZERO,
-            overlap: true,
-        }
-    }
-
     /// The forward of this rank's chunks (`own`, in sequence order): their final O (f32) and
     /// LSE, in the same order. Every rank of the group must call it together.
     pub fn forward<B: Backend, C: Communicator<B::Tensor>>(
@@ -151,7 +132,7 @@ impl RankAttention {
         B::Tensor: Wire,
     {
         self.check(comm, own)?;
-        self.worker(backend, comm)
+        Worker::new(backend, comm, self.dims, self.partition.spans())
             .forward(self.partition.plan(Pass::Forward), own)
     }
 
@@ -192,8 +173,11 @@ impl RankAttention {
                 lse: f.lse,
             });
         }
-        self.worker(backend, comm)
-            .backward(self.partition.plan(Pass::Backward), own, &saved)
+        Worker::new(backend, comm, self.dims, self.partition.spans()).backward(
+            self.partition.plan(Pass::Backward),
+            own,
+            &saved,
+        )
     }
 }
 

@@ -24,27 +24,15 @@ import sys
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 import distflash
+from torch_binding import rel, sdpa_bshd  # beside this script
 
 CASES = [  # batch, seq, heads, kv_heads, head_dim, dtype: seq a multiple of 2 x 1, 2, 3, 4
     (1, 1200, 8, 2, 128, torch.bfloat16),
     (2, 480, 4, 4, 64, torch.bfloat16),
     (1, 960, 8, 1, 128, torch.float16),
 ]
-
-
-def rel(x, ref):
-    x, ref = x.double(), ref.double()
-    return ((x - ref).norm() / ref.norm().clamp_min(1e-300)).item()
-
-
-def sdpa_bshd(q, k, v):
-    """SDPA on [b, s, h, d] tensors, causal, GQA; returns [b, s, h, d]."""
-    out = F.scaled_dot_product_attention(
-        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True, enable_gqa=True)
-    return out.transpose(1, 2)
 
 
 def grads_of(fn, inputs, dout, cast):

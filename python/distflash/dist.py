@@ -141,10 +141,11 @@ def join_sequence(chunks, schedule="balanced", dim=1):
 
 class VirtualGroup:
     """A group of ``world`` virtual ranks on one GPU: pass it as ``group`` to
-    :func:`dist_flash_attn` with lists of every rank's q, k, v chunks. ``timeout`` (seconds)
-    bounds how long a rank waits for another's data before the call fails with a sentence."""
+    :func:`dist_flash_attn` with lists of every rank's q, k, v chunks. ``timeout`` (seconds,
+    `distflash attention`'s default) bounds how long a rank waits for another's data before
+    the call fails with a sentence."""
 
-    def __init__(self, world, timeout=60.0):
+    def __init__(self, world, timeout=600.0):
         _check_world(world)
         if not timeout > 0:
             raise ValueError(f"timeout={timeout!r}; pass a positive number of seconds")
@@ -158,7 +159,7 @@ class VirtualGroup:
 def _rank_shape(q, k, v, schedule, what=""):
     """One rank's checked shape (``_checks.Shape``): the kernels' checks, and an even chunk
     under zigzag."""
-    shape = _checks.check_inputs(q, k, v)
+    shape = _checks.check_inputs(q, k, v, contiguous=False)
     if schedule == "zigzag" and shape.seq % 2:
         raise ValueError(
             f"{what}q has {shape.seq} tokens, an odd number; under 'zigzag' a rank holds two equal halves "
@@ -253,11 +254,15 @@ def _functions():
             self.dq, self.dk, self.dv = ([f32(t) for t in ts] for ts in (self.qh, self.kh, self.vh))
             return [
                 tuple(t.data_ptr() for t in ts)
-                for ts in zip(self.qh, self.kh, self.vh, self.out, self.dout, self.lse, self.dq, self.dk, self.dv)
+                for ts in zip(self.qh, self.kh, self.vh, self.out, self.lse, self.dout, self.dq, self.dk, self.dv)
             ]
 
         def grads(self, dtype):
-            return tuple(seq_major(g, dtype) for g in (self.dq, self.dk, self.dv))
+            """dq, dk, dv shaped as the rank's q, k, v; the backward's scratch let go (the
+            forward's tensors stay, for a backward with retain_graph)."""
+            grads = tuple(seq_major(g, dtype) for g in (self.dq, self.dk, self.dv))
+            self.dout = self.dq = self.dk = self.dv = None
+            return grads
 
     def shape_tuple(s):
         """The Rust side's (batch, rows, heads, kv_heads, head_dim) of the rank's chunk."""
@@ -272,8 +277,8 @@ def _functions():
             ranks = [Rank(qkv[r], qkv[p + r], qkv[2 * p + r], shape, schedule) for r in range(p)]
             dev = qkv[0].device
             with torch.cuda.device(dev):
-                _distflash.virtual_forward(
-                    shape.device, shape.dtype, _stream(torch, dev), p, schedule, shape_tuple(shape),
+                _distflash.virtual_pass(
+                    "forward", shape.device, shape.dtype, _stream(torch, dev), p, schedule, shape_tuple(shape),
                     [r.forward_chunks() for r in ranks], group.timeout,
                 )
                 outs = tuple(r.output(qkv[0].dtype) for r in ranks)
@@ -286,12 +291,11 @@ def _functions():
             dev = ranks[0].qh[0].device
             dtype = ranks[0].qh[0].dtype
             with torch.cuda.device(dev):
-                _distflash.virtual_backward(
-                    shape.device, shape.dtype, _stream(torch, dev), group.world, ctx.schedule, shape_tuple(shape),
+                _distflash.virtual_pass(
+                    "backward", shape.device, shape.dtype, _stream(torch, dev), group.world, ctx.schedule, shape_tuple(shape),
                     [r.backward_chunks(d) for r, d in zip(ranks, douts)], group.timeout,
                 )
                 grads = [r.grads(dtype) for r in ranks]
-            ctx.ranks = None
             return (None, None, None, *(g[0] for g in grads), *(g[1] for g in grads), *(g[2] for g in grads))
 
     class Process(torch.autograd.Function):
@@ -301,7 +305,7 @@ def _functions():
         def forward(ctx, nccl, schedule, shape, q, k, v):
             rank = Rank(q, k, v, shape, schedule)
             with torch.cuda.device(q.device):
-                nccl.forward(schedule, shape_tuple(shape), rank.forward_chunks())
+                nccl.run("forward", schedule, shape_tuple(shape), rank.forward_chunks())
                 out = rank.output(q.dtype)
             ctx.rank, ctx.nccl, ctx.schedule, ctx.shape = rank, nccl, schedule, shape
             return out
@@ -311,9 +315,8 @@ def _functions():
             rank = ctx.rank
             dtype = rank.qh[0].dtype
             with torch.cuda.device(rank.qh[0].device):
-                ctx.nccl.backward(ctx.schedule, shape_tuple(ctx.shape), rank.backward_chunks(dout))
+                ctx.nccl.run("backward", ctx.schedule, shape_tuple(ctx.shape), rank.backward_chunks(dout))
                 grads = rank.grads(dtype)
-            ctx.rank = None
             return (None, None, None, *grads)
 
     _FUNCTIONS.update(virtual=Virtual, process=Process)
@@ -357,14 +360,15 @@ def _nccl_group(group, shape, schedule, device):
     key = (pg, shape.device, shape.dtype, stream)
     if key not in _NCCL_GROUPS:
         box = [_distflash.nccl_unique_id() if rank == 0 else None]
-        dist.broadcast_object_list(box, src=dist.get_global_rank(pg, 0), group=pg)
+        with torch.cuda.device(device):  # where NCCL's broadcast stages the pickled id
+            dist.broadcast_object_list(box, src=dist.get_global_rank(pg, 0), group=pg)
         _NCCL_GROUPS[key] = _distflash.nccl_group(shape.device, shape.dtype, stream, rank, world, bytes(box[0]))
     return _NCCL_GROUPS[key]
 
 
 def dist_flash_attn(q, k, v, group=None, schedule="balanced"):
     """Causal attention of a sequence split across the ranks of ``group``; each rank passes its
-    chunk: contiguous CUDA bf16/fp16 ``[batch, seq_chunk, heads, head_dim]`` q and
+    chunk (any strides: it is copied): CUDA bf16/fp16 ``[batch, seq_chunk, heads, head_dim]`` q and
     ``[batch, seq_chunk, kv_heads, head_dim]`` k, v (GQA/MQA; the head dims of ``flash_attn``),
     as :func:`split_sequence` cuts them. Returns this rank's output, shaped as q, in its dtype;
     differentiable in q, k and v.

@@ -2,7 +2,7 @@
 //! distflash's schedule (`distflash::rank_attention::RankAttention`) on torch's memory and
 //! stream, over either transport:
 //!
-//! - a virtual group ([`virtual_forward`], [`virtual_backward`]): every rank a thread of this
+//! - a virtual group ([`virtual_pass`]): every rank a thread of this
 //!   process, all sharing one GPU and torch's stream, joined by the in-process communicator
 //!   (what `distflash attention --workers N` runs on one GPU). One call runs all ranks,
 //!   because torch's autograd runs every CUDA backward of a device on one thread of its own:
@@ -12,8 +12,7 @@
 //!
 //! Both run the same per-rank function ([`forward_rank`], [`backward_rank`]) with the same
 //! plans; only the communicator differs. Chunks are head-major (`[batch, heads, rows,
-//! head_dim]`), one per own chunk, given as their addresses in the order of the field lists
-//! below; each is copied into an executor tensor first and each result copied out after.
+//! head_dim]`), one per own chunk, given as their addresses in the order of [`addresses`]; each is copied into an executor tensor first and each result copied out after.
 
 use super::{backend, dims, input_dtype, runtime_error, value_error};
 use anyhow::Result;
@@ -34,52 +33,105 @@ use std::time::Duration;
 /// One rank's chunk: (batch, rows, heads, kv_heads, head_dim).
 type Shape = (usize, usize, usize, usize, usize);
 
-/// A forward chunk's addresses: q, k, v (input dtype), out (f32), lse (f32).
-type ForwardChunk = [u64; 5];
+/// Which pass a call runs, by the name Python gives it.
+#[derive(Clone, Copy)]
+enum PassName {
+    Forward,
+    Backward,
+}
 
-/// A backward chunk's addresses: q, k, v, out, dout (input dtype), lse, dq, dk, dv (f32).
-type BackwardChunk = [u64; 9];
+impl PassName {
+    fn parse(name: &str) -> PyResult<Self> {
+        match name {
+            "forward" => Ok(PassName::Forward),
+            "backward" => Ok(PassName::Backward),
+            other => Err(PyValueError::new_err(format!(
+                "unknown pass '{other}': use 'forward' or 'backward'"
+            ))),
+        }
+    }
+}
 
-/// The call of `rank` of `world` on chunks of `shape`, checked (no GPU touched): the schedule
-/// by name, the group, the shape for the kernels, and every address of every chunk.
+/// Every rank's chunks as address structs: each chunk a list of `N` addresses in the struct's
+/// field order (`ForwardAddrs`: q, k, v (input dtype), out (f32: the executor's, rounded by
+/// torch), lse (f32); `BackwardAddrs`: q, k, v, out (input dtype), lse (f32), dout (input
+/// dtype), dq, dk, dv (f32)).
+fn addresses<const N: usize, A: From<[u64; N]>>(
+    ranks: Vec<Vec<Vec<u64>>>,
+) -> PyResult<Vec<Vec<A>>> {
+    ranks
+        .into_iter()
+        .map(|chunks| {
+            chunks
+                .into_iter()
+                .map(|c| {
+                    let n = c.len();
+                    <[u64; N]>::try_from(c).map(A::from).map_err(|_| {
+                        PyValueError::new_err(format!(
+                            "a chunk of this pass has {N} addresses, this one {n}"
+                        ))
+                    })
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// One rank's chunks as address structs ([`addresses`]).
+fn one_rank<const N: usize, A: From<[u64; N]>>(chunks: Vec<Vec<u64>>) -> PyResult<Vec<A>> {
+    Ok(addresses::<N, A>(vec![chunks])?.pop().unwrap_or_default())
+}
+
+/// The call of `rank` of `world` on `chunks` chunks of `shape`, checked (no GPU touched): the
+/// schedule by name, the group, the shape for the kernels and the chunk count.
 fn rank_call(
     shape: Shape,
     world: usize,
     rank: usize,
     schedule: &str,
-    forward: &[ForwardChunk],
-    backward: &[BackwardChunk],
+    chunks: usize,
 ) -> PyResult<RankAttention> {
     let (batch, rows, heads, kv_heads, head_dim) = shape;
     let schedule: Schedule = schedule.parse().map_err(PyValueError::new_err)?;
     let d = dims(batch, heads, kv_heads, head_dim);
     let call = RankAttention::new(d, rows, world, rank, schedule).map_err(value_error)?;
-    let chunk_rows = call.chunk_rows();
-    let given = forward.len().max(backward.len());
-    if given != chunk_rows.len() {
+    let own = call.chunk_rows().len();
+    if chunks != own {
         return Err(PyValueError::new_err(format!(
-            "rank {rank} owns {} chunks under '{schedule}', but {given} were passed",
-            chunk_rows.len()
+            "rank {rank} owns {own} chunks under '{schedule}', but {chunks} were passed"
         )));
     }
-    for (&[q, k, v, out, lse], &n) in forward.iter().zip(&chunk_rows) {
-        ForwardAddrs { q, k, v, out, lse }
-            .check(&d, n)
-            .map_err(value_error)?;
+    Ok(call)
+}
+
+/// A pass's chunk addresses, checked against the call's rows before any GPU is touched.
+trait Chunk: Copy + Sync {
+    fn check(&self, call: &RankAttention, rows: usize) -> Result<()>;
+}
+
+impl Chunk for ForwardAddrs {
+    fn check(&self, call: &RankAttention, rows: usize) -> Result<()> {
+        ForwardAddrs::check(self, &call.dims, rows)
     }
-    for (&[q, k, v, out, dout, lse, dq, dk, dv], &n) in backward.iter().zip(&chunk_rows) {
-        let addrs = BackwardAddrs {
-            q,
-            k,
-            v,
-            out,
-            lse,
-            dout,
-            dq,
-            dk,
-            dv,
-        };
-        addrs.check(&d, n).map_err(value_error)?;
+}
+
+impl Chunk for BackwardAddrs {
+    fn check(&self, call: &RankAttention, rows: usize) -> Result<()> {
+        BackwardAddrs::check(self, &call.dims, rows)
+    }
+}
+
+/// `rank_call` and every chunk's addresses checked.
+fn checked_call<A: Chunk>(
+    shape: Shape,
+    world: usize,
+    rank: usize,
+    schedule: &str,
+    chunks: &[A],
+) -> PyResult<RankAttention> {
+    let call = rank_call(shape, world, rank, schedule, chunks.len())?;
+    for (a, n) in chunks.iter().zip(call.chunk_rows()) {
+        a.check(&call, n).map_err(value_error)?;
     }
     Ok(call)
 }
@@ -93,7 +145,7 @@ fn copied(be: &CudaBackend, addr: u64, len: usize, p: Precision, what: &str) -> 
     unsafe { be.copy_from_lent(addr, len, p, what) }
 }
 
-/// The caller's q, k, v of each own chunk (`q k v` = fields 0, 1, 2) as executor tensors.
+/// The caller's q, k, v of each own chunk as executor tensors.
 fn own_chunks(
     be: &CudaBackend,
     call: &RankAttention,
@@ -122,13 +174,13 @@ fn forward_rank<C: Communicator<Tensor>>(
     be: &CudaBackend,
     comm: &mut C,
     call: &RankAttention,
-    chunks: &[ForwardChunk],
+    chunks: &[ForwardAddrs],
 ) -> Result<()> {
-    let own = own_chunks(be, call, chunks.iter().map(|a| [a[0], a[1], a[2]]))?;
+    let own = own_chunks(be, call, chunks.iter().map(|a| [a.q, a.k, a.v]))?;
     let results = call.forward(be, comm, &own)?;
     for (p, a) in results.iter().zip(chunks) {
-        hand_back(be, &p.out, a[3], "the output")?;
-        hand_back(be, &p.lse, a[4], "the LSE")?;
+        hand_back(be, &p.out, a.out, "the output")?;
+        hand_back(be, &p.lse, a.lse, "the LSE")?;
     }
     Ok(())
 }
@@ -138,19 +190,19 @@ fn backward_rank<C: Communicator<Tensor>>(
     be: &CudaBackend,
     comm: &mut C,
     call: &RankAttention,
-    chunks: &[BackwardChunk],
+    chunks: &[BackwardAddrs],
 ) -> Result<()> {
-    let own = own_chunks(be, call, chunks.iter().map(|a| [a[0], a[1], a[2]]))?;
+    let own = own_chunks(be, call, chunks.iter().map(|a| [a.q, a.k, a.v]))?;
     let d = call.dims;
     let (mut forward, mut dout) = (Vec::new(), Vec::new());
     for (a, n) in chunks.iter().zip(call.chunk_rows()) {
         forward.push(Partial {
-            out: copied(be, a[3], d.q_len(n), Precision::Input, "the output")?,
-            lse: copied(be, a[5], d.stat_len(n), Precision::F32, "the LSE")?,
+            out: copied(be, a.out, d.q_len(n), Precision::Input, "the output")?,
+            lse: copied(be, a.lse, d.stat_len(n), Precision::F32, "the LSE")?,
         });
         dout.push(copied(
             be,
-            a[4],
+            a.dout,
             d.q_len(n),
             Precision::Input,
             "the output's gradient",
@@ -158,106 +210,100 @@ fn backward_rank<C: Communicator<Tensor>>(
     }
     let grads = call.backward(be, comm, &own, forward, dout)?;
     for (g, a) in grads.iter().zip(chunks) {
-        hand_back(be, &g.dq, a[6], "dq")?;
-        hand_back(be, &g.dk, a[7], "dk")?;
-        hand_back(be, &g.dv, a[8], "dv")?;
+        hand_back(be, &g.dq, a.dq, "dq")?;
+        hand_back(be, &g.dk, a.dk, "dk")?;
+        hand_back(be, &g.dv, a.dv, "dv")?;
     }
     Ok(())
 }
 
-/// Every rank's call of a virtual group, checked: one list of chunks per rank.
-fn virtual_calls<A>(
+/// One rank's pass on this GPU over communicator `C`.
+type RankFn<A, C> = fn(&CudaBackend, &mut C, &RankAttention, &[A]) -> Result<()>;
+
+/// The arguments of a virtual group's call, shared by its two passes.
+struct VirtualCall<'a> {
+    device: usize,
+    dtype: &'a str,
+    stream: usize,
     world: usize,
+    schedule: &'a str,
     shape: Shape,
-    schedule: &str,
-    ranks: &[Vec<A>],
-    check: impl Fn(Shape, usize, usize, &str, &[A]) -> PyResult<RankAttention>,
-) -> PyResult<Vec<RankAttention>> {
-    if world == 0 {
-        return Err(PyValueError::new_err(
-            "the world size is 0; a group needs at least one rank",
-        ));
-    }
-    if ranks.len() != world {
-        return Err(PyValueError::new_err(format!(
-            "a virtual group of {world} ranks got the chunks of {} ranks; pass one per rank",
-            ranks.len()
-        )));
-    }
-    (0..world)
-        .map(|r| check(shape, world, r, schedule, &ranks[r]))
-        .collect()
-}
-
-/// Runs `rank_fn` on every rank of a virtual group of `world` threads sharing the GPU.
-fn run_virtual<A: Sync>(
-    py: Python<'_>,
-    be: &CudaBackend,
-    calls: &[RankAttention],
-    ranks: &[Vec<A>],
     timeout_secs: f64,
-    rank_fn: fn(&CudaBackend, &mut LocalComm<Tensor>, &RankAttention, &[A]) -> Result<()>,
-) -> PyResult<()> {
-    let timeout = Duration::try_from_secs_f64(timeout_secs).map_err(|_| {
-        PyValueError::new_err(format!(
-            "timeout={timeout_secs} is not a duration; pass a positive number of seconds"
-        ))
-    })?;
-    py.detach(|| {
-        let results = run_workers(calls.len(), timeout, |rank, comm| {
-            rank_fn(be, comm, &calls[rank], &ranks[rank])
-        });
-        collect_results(results).map(|_| ())
-    })
-    .map_err(runtime_error)
 }
 
-/// The forward of every rank of a virtual group of `world` ranks on GPU `device`: `ranks[r]`
-/// lists rank r's chunks as (q, k, v, out, lse) addresses.
+impl VirtualCall<'_> {
+    /// Checks every rank's call and chunks (no GPU touched), then runs `rank_fn` on every rank
+    /// as threads sharing the GPU over the in-process communicator.
+    fn run<A: Chunk>(
+        &self,
+        py: Python<'_>,
+        ranks: Vec<Vec<A>>,
+        rank_fn: RankFn<A, LocalComm<Tensor>>,
+    ) -> PyResult<()> {
+        let dtype = input_dtype(self.dtype)?;
+        let world = self.world;
+        if world == 0 {
+            return Err(PyValueError::new_err(
+                "the world size is 0; a group needs at least one rank",
+            ));
+        }
+        if ranks.len() != world {
+            return Err(PyValueError::new_err(format!(
+                "a virtual group of {world} ranks got the chunks of {} ranks; pass one per rank",
+                ranks.len()
+            )));
+        }
+        let calls = (0..world)
+            .map(|r| checked_call(self.shape, world, r, self.schedule, &ranks[r]))
+            .collect::<PyResult<Vec<_>>>()?;
+        let timeout = Duration::try_from_secs_f64(self.timeout_secs).map_err(|_| {
+            PyValueError::new_err(format!(
+                "timeout={} is not a duration; pass a positive number of seconds",
+                self.timeout_secs
+            ))
+        })?;
+        let be = backend(self.device, dtype, self.stream)?;
+        let be = &*be;
+        py.detach(|| {
+            let results = run_workers(world, timeout, |rank, comm| {
+                rank_fn(be, comm, &calls[rank], &ranks[rank])
+            });
+            collect_results(results).map(|_| ())
+        })
+        .map_err(runtime_error)
+    }
+}
+
+/// One pass (`"forward"` or `"backward"`) of every rank of a virtual group of `world` ranks on
+/// GPU `device`: `ranks[r]` lists rank r's chunks, each as its addresses ([`addresses`]).
 #[pyfunction]
 #[allow(clippy::too_many_arguments)]
-#[pyo3(signature = (device, dtype, stream, world, schedule, shape, ranks, timeout_secs))]
-fn virtual_forward(
+#[pyo3(signature = (pass, device, dtype, stream, world, schedule, shape, ranks, timeout_secs))]
+fn virtual_pass(
     py: Python<'_>,
+    pass: &str,
     device: usize,
     dtype: &str,
     stream: usize,
     world: usize,
     schedule: &str,
     shape: Shape,
-    ranks: Vec<Vec<ForwardChunk>>,
+    ranks: Vec<Vec<Vec<u64>>>,
     timeout_secs: f64,
 ) -> PyResult<()> {
-    let dtype = input_dtype(dtype)?;
-    let calls = virtual_calls(world, shape, schedule, &ranks, |s, w, r, name, c| {
-        rank_call(s, w, r, name, c, &[])
-    })?;
-    let be = backend(device, dtype, stream)?;
-    run_virtual(py, &be, &calls, &ranks, timeout_secs, forward_rank)
-}
-
-/// The backward of every rank of a virtual group: `ranks[r]` lists rank r's chunks as (q, k,
-/// v, out, dout, lse, dq, dk, dv) addresses.
-#[pyfunction]
-#[allow(clippy::too_many_arguments)]
-#[pyo3(signature = (device, dtype, stream, world, schedule, shape, ranks, timeout_secs))]
-fn virtual_backward(
-    py: Python<'_>,
-    device: usize,
-    dtype: &str,
-    stream: usize,
-    world: usize,
-    schedule: &str,
-    shape: Shape,
-    ranks: Vec<Vec<BackwardChunk>>,
-    timeout_secs: f64,
-) -> PyResult<()> {
-    let dtype = input_dtype(dtype)?;
-    let calls = virtual_calls(world, shape, schedule, &ranks, |s, w, r, name, c| {
-        rank_call(s, w, r, name, &[], c)
-    })?;
-    let be = backend(device, dtype, stream)?;
-    run_virtual(py, &be, &calls, &ranks, timeout_secs, backward_rank)
+    let call = VirtualCall {
+        device,
+        dtype,
+        stream,
+        world,
+        schedule,
+        shape,
+        timeout_secs,
+    };
+    match PassName::parse(pass)? {
+        PassName::Forward => call.run(py, addresses::<5, ForwardAddrs>(ranks)?, forward_rank),
+        PassName::Backward => call.run(py, addresses::<9, BackwardAddrs>(ranks)?, backward_rank),
+    }
 }
 
 /// A fresh NCCL unique id (128 bytes), which rank 0 of a group broadcasts to the others.
@@ -284,23 +330,22 @@ struct NcclGroup {
 }
 
 impl NcclGroup {
-    fn run<A>(
+    /// Checks this rank's call and chunks, then runs `rank_fn` on the NCCL communicator.
+    fn run<A: Chunk>(
         &self,
         py: Python<'_>,
-        call: RankAttention,
-        chunks: &[A],
-        rank_fn: fn(&CudaBackend, &mut NcclComm, &RankAttention, &[A]) -> Result<()>,
-    ) -> PyResult<()>
-    where
-        A: Sync,
-    {
-        let comm = &self.comm;
-        let be = &*self.backend;
+        schedule: &str,
+        shape: Shape,
+        chunks: Vec<A>,
+        rank_fn: RankFn<A, NcclComm>,
+    ) -> PyResult<()> {
+        let call = checked_call(shape, self.world, self.rank, schedule, &chunks)?;
+        let (comm, be) = (&self.comm, &*self.backend);
         py.detach(|| {
             let mut comm = comm
                 .lock()
                 .map_err(|_| anyhow::anyhow!("an earlier call on this NCCL group panicked"))?;
-            rank_fn(be, &mut comm.0, &call, chunks)
+            rank_fn(be, &mut comm.0, &call, &chunks)
         })
         .map_err(runtime_error)
     }
@@ -308,28 +353,27 @@ impl NcclGroup {
 
 #[pymethods]
 impl NcclGroup {
-    /// This rank's forward: `chunks` as for `virtual_forward`'s ranks.
-    fn forward(
+    /// This rank's pass (`"forward"` or `"backward"`): `chunks` as one rank's of
+    /// `virtual_pass`. Every rank of the group calls it together.
+    #[pyo3(name = "run")]
+    fn run_pass(
         &self,
         py: Python<'_>,
+        pass: &str,
         schedule: &str,
         shape: Shape,
-        chunks: Vec<ForwardChunk>,
+        chunks: Vec<Vec<u64>>,
     ) -> PyResult<()> {
-        let call = rank_call(shape, self.world, self.rank, schedule, &chunks, &[])?;
-        self.run(py, call, &chunks, forward_rank)
-    }
-
-    /// This rank's backward: `chunks` as for `virtual_backward`'s ranks.
-    fn backward(
-        &self,
-        py: Python<'_>,
-        schedule: &str,
-        shape: Shape,
-        chunks: Vec<BackwardChunk>,
-    ) -> PyResult<()> {
-        let call = rank_call(shape, self.world, self.rank, schedule, &[], &chunks)?;
-        self.run(py, call, &chunks, backward_rank)
+        match PassName::parse(pass)? {
+            PassName::Forward => {
+                let chunks = one_rank::<5, ForwardAddrs>(chunks)?;
+                self.run(py, schedule, shape, chunks, forward_rank)
+            }
+            PassName::Backward => {
+                let chunks = one_rank::<9, BackwardAddrs>(chunks)?;
+                self.run(py, schedule, shape, chunks, backward_rank)
+            }
+        }
     }
 }
 
@@ -372,8 +416,7 @@ fn nccl_group(
 
 /// Adds the distributed calls to the module.
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_function(wrap_pyfunction!(virtual_forward, m)?)?;
-    m.add_function(wrap_pyfunction!(virtual_backward, m)?)?;
+    m.add_function(wrap_pyfunction!(virtual_pass, m)?)?;
     m.add_function(wrap_pyfunction!(nccl_unique_id, m)?)?;
     m.add_function(wrap_pyfunction!(nccl_group, m)?)?;
     m.add_class::<NcclGroup>()?;

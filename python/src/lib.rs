@@ -143,17 +143,7 @@ fn backward(
 ) -> PyResult<()> {
     let dtype = input_dtype(dtype)?;
     let dims = dims(batch, heads, kv_heads, head_dim);
-    let addrs = BackwardAddrs {
-        q,
-        k,
-        v,
-        out,
-        lse,
-        dout,
-        dq,
-        dk,
-        dv,
-    };
+    let addrs = BackwardAddrs::from([q, k, v, out, lse, dout, dq, dk, dv]);
     addrs.check(&dims, seq).map_err(value_error)?;
     let be = backend(device, dtype, stream)?;
     py.detach(|| {

@@ -94,6 +94,8 @@ def test_process_group_arguments():
     refused(ValueError, r"^unknown schedule 'ring'", *qkv(), schedule="ring")
     refused(ValueError, r"^q has 99 tokens, an odd number", *qkv(seq=99), schedule="zigzag")
     refused(ValueError, r"^q is on cpu", *qkv(device=Device("cpu", None)))
+    # Chunks are copied to the kernels' layout, so a split's strided view is taken as it is.
+    assert dist.check_rank(None, *qkv(contiguous=False), "balanced").seq == 100
 
 
 # A 16-byte-aligned stand-in address: the checks read it, nothing dereferences it.
@@ -101,31 +103,36 @@ ADDR = 0x10000
 SHAPE = (1, 16, 4, 2, 64)
 
 
-def virtual(call, world=2, schedule="balanced", shape=SHAPE, chunks=1, addr=ADDR, n=5):
-    ranks = [[(addr,) * n] * chunks for _ in range(world)]
-    call(0, "bfloat16", 0, world, schedule, shape, ranks, 10.0)
+def virtual(pass_, world=2, schedule="balanced", shape=SHAPE, chunks=1, addr=ADDR, n=5, dtype="bfloat16"):
+    ranks = [[[addr] * n] * chunks for _ in range(world)]
+    _distflash.virtual_pass(pass_, 0, dtype, 0, world, schedule, shape, ranks, 10.0)
 
 
-@pytest.mark.parametrize("call,n", [(_distflash.virtual_forward, 5), (_distflash.virtual_backward, 9)])
-def test_the_extension_refuses_bad_distributed_calls(call, n):
+@pytest.mark.parametrize("pass_,n", [("forward", 5), ("backward", 9)])
+def test_the_extension_refuses_bad_distributed_calls(pass_, n):
+    call = lambda **kw: virtual(pass_, n=n, **kw)  # noqa: E731
     with pytest.raises(ValueError, match=r"^unknown schedule 'ring'"):
-        virtual(call, schedule="ring", n=n)
+        call(schedule="ring")
     with pytest.raises(ValueError, match=r"^schedule 'unbalanced' is not offered here: use 'balanced' or 'zigzag'$"):
-        virtual(call, schedule="unbalanced", n=n)
+        call(schedule="unbalanced")
     with pytest.raises(ValueError, match=r"^the world size is 0"):
-        virtual(call, world=0, n=n)
+        call(world=0)
     with pytest.raises(ValueError, match=r"^rank 0 owns 2 chunks under 'zigzag', but 1 were passed$"):
-        virtual(call, schedule="zigzag", n=n)
+        call(schedule="zigzag")
     with pytest.raises(ValueError, match=r"holds 15 tokens, an odd number"):
-        virtual(call, schedule="zigzag", shape=(1, 15, 4, 2, 64), chunks=2, n=n)
+        call(schedule="zigzag", shape=(1, 15, 4, 2, 64), chunks=2)
     with pytest.raises(ValueError, match=r"supports head dims 64, 80, 96, 128, 192 and 256, not 72"):
-        virtual(call, shape=(1, 16, 4, 2, 72), n=n)
+        call(shape=(1, 16, 4, 2, 72))
     with pytest.raises(ValueError, match=r"^q has a null device address"):
-        virtual(call, addr=0, n=n)
+        call(addr=0)
     with pytest.raises(ValueError, match=r"not float32; convert with"):
-        call(0, "float32", 0, 1, "balanced", SHAPE, [[(ADDR,) * n]], 10.0)
+        call(dtype="float32")
+    with pytest.raises(ValueError, match=rf"^a chunk of this pass has {n} addresses, this one 4$"):
+        virtual(pass_, n=4)
     with pytest.raises(ValueError, match=r"^a virtual group of 3 ranks got the chunks of 2 ranks"):
-        call(0, "bfloat16", 0, 3, "balanced", SHAPE, [[(ADDR,) * n]] * 2, 10.0)
+        _distflash.virtual_pass(pass_, 0, "bfloat16", 0, 3, "balanced", SHAPE, [[[ADDR] * n]] * 2, 10.0)
+    with pytest.raises(ValueError, match=r"^unknown pass 'sideways'"):
+        virtual("sideways")
 
 
 def test_the_extension_refuses_a_bad_nccl_group():

@@ -59,6 +59,30 @@ pub struct BackwardAddrs {
     pub dv: u64,
 }
 
+impl From<[u64; 5]> for ForwardAddrs {
+    /// The addresses in field order: q, k, v, out, lse (how the binding passes a chunk's).
+    fn from([q, k, v, out, lse]: [u64; 5]) -> Self {
+        ForwardAddrs { q, k, v, out, lse }
+    }
+}
+
+impl From<[u64; 9]> for BackwardAddrs {
+    /// The addresses in field order: q, k, v, out, lse, dout, dq, dk, dv.
+    fn from([q, k, v, out, lse, dout, dq, dk, dv]: [u64; 9]) -> Self {
+        BackwardAddrs {
+            q,
+            k,
+            v,
+            out,
+            lse,
+            dout,
+            dq,
+            dk,
+            dv,
+        }
+    }
+}
+
 impl ForwardAddrs {
     /// The checks that need no GPU (the binding runs them before opening one): the shape, and
     /// every address not null and aligned.
