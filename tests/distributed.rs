@@ -239,6 +239,13 @@ fn run_by_rank(x: &Inputs, world: usize, schedule: Schedule) -> [Vec<f32>; 5] {
         |rank, comm: &mut LocalComm| {
             let call = RankAttention::new(d, rows, world, rank, schedule)?;
             let spans = call.partition().own_spans(rank);
+            // The rule `distflash.chunk_spans` (python/distflash/dist.py) cuts sequences by.
+            let (n, c) = (rows, rows / 2);
+            let starts: Vec<usize> = spans.iter().map(|s| s.start).collect();
+            match schedule {
+                Schedule::Zigzag => assert_eq!(starts, [rank * c, (2 * world - 1 - rank) * c]),
+                _ => assert_eq!(starts, [rank * n]),
+            }
             let take = |t: &[f32], outer, s| layout::take_rows(t, outer, x.seq, d.head_dim, s);
             let own: Vec<_> = spans
                 .iter()

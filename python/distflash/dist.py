@@ -341,12 +341,13 @@ def _nccl_group(group, shape, schedule, device):
     world, rank = dist.get_world_size(pg), dist.get_rank(pg)
     if rank < 0:
         raise ValueError("this process is not a member of the group it passed; pass a group it belongs to")
+    on = "cpu" if dist.get_backend(pg) == "gloo" else device  # where the group's collectives run
     mine = torch.tensor(
         [shape.batch, shape.seq, shape.heads, shape.kv_heads, shape.head_dim, SCHEDULES.index(schedule),
          list(_checks.DTYPES.values()).index(shape.dtype)],
-        dtype=torch.int64, device=device,
+        dtype=torch.int64, device=on,
     )
-    every = torch.empty(world * mine.numel(), dtype=torch.int64, device=device)
+    every = torch.empty(world * mine.numel(), dtype=torch.int64, device=on)
     dist.all_gather_into_tensor(every, mine, group=pg)
     rows = every.view(world, -1).tolist()
     for r, row in enumerate(rows):
