@@ -40,10 +40,11 @@ bookkeeping in Python, outside those tests, for no transfer distflash cannot mak
 
 Memory. The executor allocates, sends, receives into and frees its own tensors, so each rank's
 chunk is copied into them (head-major, device to device, on torch's stream) and the results
-copied out: per call about twice the chunk's q, k, v and output, and in the backward also dO
-and the f32 gradients, beside the executor's own buffers. The autograd function keeps the
-head-major q, k, v, the output (input dtype) and the LSE (float32) of each own chunk for the
-backward, as ``flash_attn`` does.
+copied out: while a pass runs a rank's q, k, v are held twice (torch's head-major copies and
+the executor's), its output once in float32 beside the input dtype, and in the backward dO and
+the float32 gradients twice, beside the executor's own buffers. The autograd function keeps
+the head-major q, k, v, the output (input dtype) and the LSE (float32) of each own chunk for
+the backward, as ``flash_attn`` does.
 
 torch is imported on first use; the argument checks (and :func:`chunk_spans`) run without it.
 """

@@ -140,7 +140,7 @@ fn checked_call<A: Chunk>(
 fn copied(be: &CudaBackend, addr: u64, len: usize, p: Precision, what: &str) -> Result<Tensor> {
     // SAFETY: `addr` is the `data_ptr()` of a contiguous CUDA tensor of this length and
     // precision on the backend's device (built so by `distflash/dist.py`, checked by
-    // `rank_call`), alive until the autograd function returns; the copy is queued on torch's
+    // `checked_call`), alive until the autograd function returns; the copy is queued on torch's
     // current stream (the backend's), so torch reuses the memory only after it.
     unsafe { be.copy_from_lent(addr, len, p, what) }
 }
