@@ -13,6 +13,7 @@ pub mod exec;
 pub mod inputs;
 pub mod model;
 pub mod plan;
+pub mod rank_attention;
 pub mod resources;
 pub mod runtime;
 pub mod shape;

@@ -218,3 +218,144 @@ fn repeated_runs_report_median_times_and_the_same_results() {
     }
     assert!(thrice.forward_secs > 0.0 && thrice.backward_secs > 0.0);
 }
+
+/// Every rank's chunk of `x` as the binding's callers hold it: `rank_attention` runs each
+/// rank with only its own rows (head-major per own chunk), and the chunks' results are joined
+/// back into whole-sequence tensors (out, lse, dq, dk, dv).
+fn run_by_rank(x: &Inputs, world: usize, schedule: Schedule) -> [Vec<f32>; 5] {
+    use distflash::attn::layout;
+    use distflash::backend::cpu::CpuBackend;
+    use distflash::comm::LocalComm;
+    use distflash::exec::OwnChunk;
+    use distflash::rank_attention::RankAttention;
+    use distflash::runtime::{collect_results, run_workers};
+
+    let d = x.dims;
+    let (q_rows, kv_rows) = (d.batch * d.heads, d.batch * d.kv_heads);
+    let rows = x.seq / world;
+    let results = run_workers(
+        world,
+        Duration::from_secs(60),
+        |rank, comm: &mut LocalComm| {
+            let call = RankAttention::new(d, rows, world, rank, schedule)?;
+            let spans = call.partition().own_spans(rank);
+            // The rule `distflash.chunk_spans` (python/distflash/dist.py) cuts sequences by.
+            let (n, c) = (rows, rows / 2);
+            let starts: Vec<usize> = spans.iter().map(|s| s.start).collect();
+            match schedule {
+                Schedule::Zigzag => assert_eq!(starts, [rank * c, (2 * world - 1 - rank) * c]),
+                _ => assert_eq!(starts, [rank * n]),
+            }
+            let take = |t: &[f32], outer, s| layout::take_rows(t, outer, x.seq, d.head_dim, s);
+            let own: Vec<_> = spans
+                .iter()
+                .map(|&s| OwnChunk {
+                    q: take(&x.q, q_rows, s),
+                    k: take(&x.k, kv_rows, s),
+                    v: take(&x.v, kv_rows, s),
+                })
+                .collect();
+            let fwd = call.forward(&CpuBackend, comm, &own)?;
+            let outs: Vec<_> = fwd.iter().map(|p| (p.out.clone(), p.lse.clone())).collect();
+            let dout = spans.iter().map(|&s| take(&x.dout, q_rows, s)).collect();
+            let grads = call.backward(&CpuBackend, comm, &own, fwd, dout)?;
+            Ok(spans
+                .into_iter()
+                .zip(outs)
+                .zip(grads)
+                .map(|((s, (o, l)), g)| (s.start, [o, l, g.dq, g.dk, g.dv]))
+                .collect::<Vec<_>>())
+        },
+    );
+    let mut chunks: Vec<_> = collect_results(results).unwrap().concat();
+    chunks.sort_by_key(|(start, _)| *start);
+    let widths = [
+        (q_rows, d.head_dim),
+        (q_rows, 1),
+        (q_rows, d.head_dim),
+        (kv_rows, d.head_dim),
+        (kv_rows, d.head_dim),
+    ];
+    std::array::from_fn(|i| {
+        let pieces: Vec<Vec<f32>> = chunks.iter().map(|(_, t)| t[i].clone()).collect();
+        layout::join_rows(&pieces, widths[i].0, widths[i].1)
+    })
+}
+
+#[test]
+fn ranks_holding_only_their_chunks_match_oracle() {
+    // GQA (6 query heads over 2 kv heads) and MHA; 1..=4 ranks of 10 tokens each (zigzag:
+    // two chunks of 5), so chunks cross no tile but every block kind occurs.
+    for (d, seed) in [(dims(2, 6, 2, 8), 21), (dims(1, 2, 2, 16), 22)] {
+        for world in 1..=4 {
+            let x = Inputs::random(d, 10 * world, seed);
+            let fwd = oracle::forward(&x.problem());
+            let bwd = oracle::backward(&x.problem());
+            for schedule in [Schedule::Balanced, Schedule::Zigzag] {
+                let got = run_by_rank(&x, world, schedule);
+                let want = [&fwd.out, &fwd.lse, &bwd.dq, &bwd.dk, &bwd.dv];
+                for ((name, got), want) in
+                    ["out", "lse", "dq", "dk", "dv"].iter().zip(&got).zip(want)
+                {
+                    let e = rel_err(got, want);
+                    assert!(
+                        e <= TOL,
+                        "{d:?} {world} ranks {schedule}: {name} relative error {e:e} > {TOL:e}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn a_rank_call_refuses_what_its_group_cannot_run() {
+    use distflash::backend::cpu::CpuBackend;
+    use distflash::comm::Solo;
+    use distflash::exec::OwnChunk;
+    use distflash::rank_attention::RankAttention;
+
+    let d = dims(1, 2, 1, 4);
+    let err = |r: anyhow::Result<RankAttention>| r.unwrap_err().to_string();
+    let new = |rows, world, rank, s| RankAttention::new(d, rows, world, rank, s);
+    assert_eq!(
+        err(new(8, 0, 0, Schedule::Balanced)),
+        "the world size is 0; a group needs at least one rank"
+    );
+    assert!(err(new(8, 2, 2, Schedule::Balanced)).starts_with("rank 2 is outside a world of 2"));
+    assert!(err(new(8, 2, 0, Schedule::Unbalanced)).contains("use 'balanced' or 'zigzag'"));
+    assert!(err(new(0, 2, 0, Schedule::Balanced)).contains("chunk is empty"));
+    assert!(err(new(7, 2, 0, Schedule::Zigzag)).contains("holds 7 tokens, an odd number"));
+
+    let chunk = |rows: usize| OwnChunk {
+        q: vec![0.0; d.q_len(rows)],
+        k: vec![0.0; d.kv_len(rows)],
+        v: vec![0.0; d.kv_len(rows)],
+    };
+    let two = new(8, 2, 0, Schedule::Balanced).unwrap();
+    let e = two
+        .forward(&CpuBackend, &mut Solo, &[chunk(8)])
+        .unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("rank 0 of 2, but its communicator is rank 0 of 1"),
+        "{e}"
+    );
+    let one = new(8, 1, 0, Schedule::Zigzag).unwrap();
+    let e = one
+        .forward(&CpuBackend, &mut Solo, &[chunk(8)])
+        .unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("owns 2 chunks under 'zigzag', but was handed 1"),
+        "{e}"
+    );
+    let e = one
+        .forward(&CpuBackend, &mut Solo, &[chunk(4), chunk(3)])
+        .unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("q of own chunk 1 holds 24 elements where its rows need 32"),
+        "{e}"
+    );
+}

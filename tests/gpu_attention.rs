@@ -2,7 +2,8 @@
 //! fp16; head dims 64, 80, 96, 128, 192 and 256; lengths off the tile sizes): the
 //! whole-sequence fast path a training step uses (also on lent memory and a borrowed stream, as
 //! the Python binding calls it), and the block API distflash composes (uneven chunks, a merge,
-//! gradients added in from separate accumulators); both also under masks (packed documents of
+//! gradients added in from separate accumulators; and `dist_flash_attn`'s ranks, copying their
+//! chunks in and results out of lent memory); both also under masks (packed documents of
 //! random lengths with one-token documents and documents across tiles and chunks, windows
 //! narrower and wider than a tile and a chunk, global tokens), against the oracle under the same
 //! mask. Runs with `DISTFLASH_GPU_TESTS=1` on a GPU machine
@@ -21,8 +22,14 @@ use distflash::attn::oracle::{self, rel_err};
 use distflash::attn::{Block, Grads, GradsMut, Partial, QuerySide, layout};
 use distflash::backend::Backend;
 use distflash::backend::cuda::{BackwardAddrs, CudaBackend, ForwardAddrs, InputDtype, Tensor};
+use distflash::comm::LocalComm;
+use distflash::exec::OwnChunk;
 use distflash::inputs::Inputs;
-use distflash::shape::{Dims, Mask, Span};
+use distflash::plan::Schedule;
+use distflash::rank_attention::RankAttention;
+use distflash::runtime::{collect_results, run_workers};
+use distflash::shape::{Dims, Mask, Precision, Span};
+use std::time::Duration;
 
 const TOLERANCE: f64 = 2e-2;
 
@@ -479,4 +486,136 @@ fn a_kernel_variant_is_parsed_from_its_keys_and_bad_ones_are_refused() {
         let e = format!("{:#}", gpu_common::tuning::parse(spec).unwrap_err());
         assert!(e.contains(says), "{spec}: {e}");
     }
+}
+
+/// One virtual rank's part of `dist_flash_attn` as the Python binding runs it: its chunks
+/// uploaded by another owner (the case's backend: torch's memory), copied into the executor's
+/// tensors by a backend on a borrowed stream ([`CudaBackend::copy_from_lent`]), run through
+/// `RankAttention` over the in-process communicator, and every result copied back out
+/// ([`CudaBackend::copy_to_lent`]) into NaN-poisoned owner tensors, the forward's O rounded to
+/// the input dtype for the backward as torch does. Returns (chunk start, out, lse, dq, dk, dv)
+/// per own chunk, downloaded.
+fn rank_on_lent_copies(
+    c: &Case,
+    lent: &CudaBackend,
+    call: &RankAttention,
+    comm: &mut LocalComm<Tensor>,
+) -> Result<Vec<(usize, [Vec<f32>; 5])>> {
+    let (be, d, seq) = (&c.be, c.dims, c.seq);
+    let (q_rows, kv_rows) = (d.batch * d.heads, d.batch * d.kv_heads);
+    let spans = call.partition().own_spans(call.rank);
+    let owned = |t: &[f32], outer, s| be.upload(&layout::take_rows(t, outer, seq, d.head_dim, s));
+    let nan = |n: usize| be.upload_f32(&vec![f32::NAN; n]);
+    // SAFETY (every copy below): each address is a live tensor of the case's backend on the
+    // same device and stream (the legacy default one), of the length copied, kept alive until
+    // the downloads at the end.
+    let copy_in = |t: &Tensor, p: Precision| unsafe {
+        lent.copy_from_lent(addr(be, t), t.len(), p, "a chunk")
+    };
+    let copy_out =
+        |t: &Tensor, to: &Tensor| unsafe { lent.copy_to_lent(t, addr(be, to), "a result") };
+    let mut owner = Vec::new();
+    let mut own = Vec::new();
+    for &s in &spans {
+        let (q, k, v) = (
+            owned(&c.x.q, q_rows, s)?,
+            owned(&c.x.k, kv_rows, s)?,
+            owned(&c.x.v, kv_rows, s)?,
+        );
+        own.push(OwnChunk {
+            q: copy_in(&q, Precision::Input)?,
+            k: copy_in(&k, Precision::Input)?,
+            v: copy_in(&v, Precision::Input)?,
+        });
+        owner.push((q, k, v));
+    }
+    let mut forward = Vec::new();
+    let mut outs = Vec::new();
+    for (p, &s) in call.forward(lent, comm, &own)?.iter().zip(&spans) {
+        let (out, lse) = (nan(d.q_len(s.len))?, nan(d.stat_len(s.len))?);
+        copy_out(&p.out, &out)?;
+        copy_out(&p.lse, &lse)?;
+        let rounded = be.upload(&be.download(&out)?)?;
+        forward.push(Partial {
+            out: copy_in(&rounded, Precision::Input)?,
+            lse: copy_in(&lse, Precision::F32)?,
+        });
+        outs.push((out, lse));
+    }
+    let dout = spans
+        .iter()
+        .map(|&s| copy_in(&owned(&c.x.dout, q_rows, s)?, Precision::Input))
+        .collect::<Result<Vec<_>>>()?;
+    let grads = call.backward(lent, comm, &own, forward, dout)?;
+    let mut chunks = Vec::new();
+    for ((g, (out, lse)), &s) in grads.iter().zip(outs).zip(&spans) {
+        let (dq, dk, dv) = (
+            nan(d.q_len(s.len))?,
+            nan(d.kv_len(s.len))?,
+            nan(d.kv_len(s.len))?,
+        );
+        copy_out(&g.dq, &dq)?;
+        copy_out(&g.dk, &dk)?;
+        copy_out(&g.dv, &dv)?;
+        be.synchronize()?;
+        let host = |t: &Tensor| be.download(t);
+        chunks.push((
+            s.start,
+            [host(&out)?, host(&lse)?, host(&dq)?, host(&dk)?, host(&dv)?],
+        ));
+    }
+    Ok(chunks)
+}
+
+/// `dist_flash_attn`'s Rust side on one GPU: the causal cases split over the most virtual ranks
+/// (up to 4) into whose equal chunks the sequence cuts, balanced and zigzag (a zigzag case with
+/// an odd length has none and is left out), the ranks' chunks joined and held to the oracle as
+/// the whole-sequence paths are.
+#[test]
+fn ranks_on_lent_copies_match_the_f64_oracle() -> Result<()> {
+    let Some(gpu) = gpu_common::gpu()? else {
+        return Ok(());
+    };
+    for schedule in [Schedule::Balanced, Schedule::Zigzag] {
+        for (i, &shape) in CASES.iter().enumerate() {
+            let seq = shape.5;
+            let Some(world) = (1..=4)
+                .rev()
+                .find(|&p| seq.is_multiple_of(schedule.chunks(p)))
+            else {
+                continue;
+            };
+            let c = Case::new(&gpu, i, shape, Mask::causal())?;
+            // SAFETY: stream 0 is the legacy default stream of GPU 0's primary context.
+            let lent = unsafe { CudaBackend::on_borrowed_stream(0, c.be.dtype(), 0)? };
+            let results = run_workers(world, Duration::from_secs(600), |rank, comm| {
+                let call = RankAttention::new(c.dims, seq / world, world, rank, schedule)?;
+                rank_on_lent_copies(&c, &lent, &call, comm)
+            });
+            let mut chunks = collect_results(results)?.concat();
+            chunks.sort_by_key(|(start, _)| *start);
+            let d = c.dims;
+            let (q_rows, kv_rows) = (d.batch * d.heads, d.batch * d.kv_heads);
+            let widths = [
+                (q_rows, d.head_dim),
+                (q_rows, 1),
+                (q_rows, d.head_dim),
+                (kv_rows, d.head_dim),
+                (kv_rows, d.head_dim),
+            ];
+            let got: [Vec<f32>; 5] = std::array::from_fn(|t| {
+                let pieces: Vec<Vec<f32>> = chunks.iter().map(|(_, r)| r[t].clone()).collect();
+                layout::join_rows(&pieces, widths[t].0, widths[t].1)
+            });
+            let path = format!("{world} ranks {schedule}");
+            let errs = c.errors(&path, [&got[0], &got[1], &got[2], &got[3], &got[4]]);
+            for (name, e) in ["out", "lse", "dq", "dk", "dv"].iter().zip(errs) {
+                ensure!(
+                    e <= TOLERANCE,
+                    "{path}, case {i}: {name} relative error {e:.2e} exceeds {TOLERANCE:.0e}"
+                );
+            }
+        }
+    }
+    Ok(())
 }

@@ -42,6 +42,10 @@ const MAP: &[(&str, Rule)] = &[
     // Running a plan on a backend over a communicator; the threaded driver generates inputs.
     // Nothing of the model's layers (DESIGN: exec "knows nothing of model layers").
     ("exec", Rule::Below { except: &[] }),
+    // One rank's call on chunks its caller holds (the Python binding's entry): the partition
+    // every rank derives alike and the executor's passes over it. Nothing of devices' opening,
+    // topology or the model.
+    ("rank_attention", Rule::Below { except: &[] }),
     // The model's layers on a device: shapes, attn's `Partial`, and the backend whose context,
     // stream and kernel cache the GPU ops share. Nothing of plans, communication or the
     // executor (DESIGN: model "knows nothing of how attention is distributed").
@@ -293,6 +297,7 @@ fn a_planted_import_against_the_map_is_caught() {
         ("sim", "exec::chunk_spans"),
         ("exec", "model::Layer"),
         ("runtime", "train::Job"),
+        ("rank_attention", "runtime::Job"),
         ("attention_run", "train::Options"),
         ("train", "backend::cuda"),
         ("nonesuch", "shape::Dims"),

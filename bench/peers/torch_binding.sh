@@ -4,21 +4,15 @@
 # (build_gpu_tests.sh) carried over; run from the repository root with $OUT set:
 #   bash bench/peers/torch_binding.sh
 # Writes $OUT/distflash.jsonl (`distflash bench attention` at the speed check's shapes),
-# $OUT/torch_binding.json (every figure and verdict, see torch_binding.py) and
-# $OUT/finetune.jsonl (python/examples/finetune_llama.py's losses); exit status 1 if a check
-# failed. SEQS / DIMS choose the timed shapes (batch 1, 32 heads).
+# $OUT/torch_binding.json (every figure and verdict, see torch_binding.py),
+# $OUT/finetune.jsonl (python/examples/finetune_llama.py's losses) and $OUT/dist_binding.json
+# (dist_binding.py's checks of dist_flash_attn, also runnable alone: dist_binding.sh); exit
+# status 1 if a check failed. SEQS / DIMS choose the timed shapes (batch 1, 32 heads).
 set -euo pipefail
 BIN=${BIN:-.dev/distflash}
 SEQS=${SEQS:-4096,16384,65536}
 DIMS=${DIMS:-128,64}
-export DISTFLASH_CACHE_DIR=${DISTFLASH_CACHE_DIR:-/tmp/distflash-cache} PYTHONUNBUFFERED=1
-# The wheel goes into its own folder, beside the machine's torch and transformers.
-python3 -m pip install --quiet --disable-pip-version-check --no-deps --target /tmp/distflash-py .dev/distflash-*.whl
-export PYTHONPATH=/tmp/distflash-py${PYTHONPATH:+:$PYTHONPATH}
-# The kernels compile with NVRTC at run time (cudarc loads libnvrtc by name): the machine's own
-# first, torch's pip-installed copy (nvidia/*/lib) after it.
-TORCH_NVRTC=$(python3 -c 'import glob, os, nvidia; print(":".join(sorted({os.path.dirname(p) for d in nvidia.__path__ for p in glob.glob(d + "/**/libnvrtc.so*", recursive=True)})))' 2>/dev/null || true)
-export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$TORCH_NVRTC
+source bench/peers/binding_env.sh
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv
 status=0
 "$BIN" bench attention --device cuda --seqs "$SEQS" --head-dims "$DIMS" --json "$OUT/distflash.jsonl" || status=1
@@ -33,4 +27,6 @@ tail = sum(losses[-20:]) / len(losses[-20:])
 print(f"example: loss {losses[0]:.3f} -> {tail:.3f} (mean of the last 20 steps) {'PASS' if tail < 3 else 'FAIL'}")
 sys.exit(0 if tail < 3 else 1)
 PY
+# dist_flash_attn over virtual ranks and a one-process torch.distributed group.
+python3 bench/peers/dist_binding.py --out "$OUT/dist_binding.json" | tail -n 1 || status=1
 exit $status

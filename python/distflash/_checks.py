@@ -120,16 +120,17 @@ def _check_one(t, name, contiguous):
         raise ValueError(f"{name} is not contiguous; pass {name}.contiguous()")
 
 
-def check_inputs(q, k, v, causal=True, softmax_scale=None, head_major=False):
+def check_inputs(q, k, v, causal=True, softmax_scale=None, head_major=False, contiguous=True):
     """Checks q, k, v for the kernels and returns their :class:`Shape`.
 
     ``head_major=False``: contiguous ``[batch, seq, heads, head_dim]`` tensors, as
-    ``flash_attn`` takes them. ``head_major=True``: ``[batch, heads, seq, head_dim]`` in any
+    ``flash_attn`` takes them (any strides with ``contiguous=False``: ``dist_flash_attn``
+    copies every chunk anyway). ``head_major=True``: ``[batch, heads, seq, head_dim]`` in any
     strides, as transformers' attention interface hands them over (they are made contiguous
     after the check).
     """
     for t, name in ((q, "q"), (k, "k"), (v, "v")):
-        _check_one(t, name, contiguous=not head_major)
+        _check_one(t, name, contiguous=contiguous and not head_major)
     if causal is not True:
         raise ValueError(
             f"causal={causal!r} is not supported: distflash's kernels compute causal attention only"

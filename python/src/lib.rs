@@ -1,15 +1,23 @@
-//! `distflash._distflash`: the Rust side of the Python package. Two calls, `forward` and
-//! `backward`, take what `distflash/attention.py` reads off torch tensors (device index, dtype
-//! name, the current stream's handle, the shape and each tensor's `data_ptr()`) and run
-//! distflash's whole-sequence CUDA attention on that memory and stream
+//! `distflash._distflash`: the Rust side of the Python package. `forward` and `backward` take
+//! what `distflash/attention.py` reads off torch tensors (device index, dtype name, the current
+//! stream's handle, the shape and each tensor's `data_ptr()`) and run distflash's
+//! whole-sequence CUDA attention on that memory and stream
 //! (`CudaBackend::causal_forward_lent` / `causal_backward_lent`): no copy, no allocation of
 //! torch's tensors, no second CUDA context.
+//!
+//! The distributed calls of `distflash/dist.py` run one rank's part of distflash's schedule
+//! (`distflash::rank_attention`) on the same stream: `virtual_forward` / `virtual_backward` run
+//! every rank of a virtual group as threads of this process sharing the GPU over the
+//! in-process communicator; an [`NcclGroup`] runs this process's rank over NCCL. The executor
+//! owns its tensors, so each chunk is copied in and each result out (device to device).
 //!
 //! Errors are Python exceptions with a sentence: `ValueError` for arguments (checked before any
 //! GPU is touched, so they are testable without one), `RuntimeError` for the device.
 
 use distflash::backend::cuda::{BackwardAddrs, CudaBackend, ForwardAddrs, InputDtype};
 use distflash::shape::{Dims, Mask};
+
+mod dist;
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use std::collections::HashMap;
@@ -35,8 +43,8 @@ fn backend(device: usize, dtype: InputDtype, stream: usize) -> PyResult<Arc<Cuda
     // SAFETY: `stream` is `torch.cuda.current_stream(device).cuda_stream`, a stream of the
     // device's primary context (the one torch's runtime uses) or 0; torch keeps its streams
     // alive for the process (its pool never destroys them), as long as this cache lives.
-    let opened = unsafe { CudaBackend::on_borrowed_stream(device, dtype, stream) }
-        .map_err(|e| PyRuntimeError::new_err(format!("{e:#}")))?;
+    let opened =
+        unsafe { CudaBackend::on_borrowed_stream(device, dtype, stream) }.map_err(runtime_error)?;
     let opened = Arc::new(opened);
     map.insert((device, dtype, stream), opened.clone());
     Ok(opened)
@@ -60,6 +68,10 @@ fn dims(batch: usize, heads: usize, kv_heads: usize, head_dim: usize) -> Dims {
         kv_heads,
         head_dim,
     }
+}
+
+fn runtime_error(e: anyhow::Error) -> PyErr {
+    PyRuntimeError::new_err(format!("{e:#}"))
 }
 
 fn value_error(e: anyhow::Error) -> PyErr {
@@ -107,7 +119,7 @@ fn forward(
         // it.
         unsafe { be.causal_forward_lent(&dims, seq, &mask, &addrs) }
     })
-    .map_err(|e| PyRuntimeError::new_err(format!("{e:#}")))
+    .map_err(runtime_error)
 }
 
 /// Causal attention backward on torch's memory under the forward's mask: dQ, dK, dV (float32,
@@ -142,17 +154,7 @@ fn backward(
     let dtype = input_dtype(dtype)?;
     let dims = dims(batch, heads, kv_heads, head_dim);
     let mask = Mask::new(seq, &doc_lens, window, global).map_err(value_error)?;
-    let addrs = BackwardAddrs {
-        q,
-        k,
-        v,
-        out,
-        lse,
-        dout,
-        dq,
-        dk,
-        dv,
-    };
+    let addrs = BackwardAddrs::from([q, k, v, out, lse, dout, dq, dk, dv]);
     addrs.check(&dims, seq).map_err(value_error)?;
     let be = backend(device, dtype, stream)?;
     py.detach(|| {
@@ -160,14 +162,15 @@ fn backward(
         // or saved.
         unsafe { be.causal_backward_lent(&dims, seq, &mask, &addrs) }
     })
-    .map_err(|e| PyRuntimeError::new_err(format!("{e:#}")))
+    .map_err(runtime_error)
 }
 
-/// The module: `forward`, `backward` and the head dims the kernels take.
+/// The module: `forward`, `backward`, the distributed calls and the head dims the kernels take.
 #[pymodule]
 fn _distflash(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(forward, m)?)?;
     m.add_function(wrap_pyfunction!(backward, m)?)?;
+    dist::register(m)?;
     m.add("HEAD_DIMS", distflash::backend::cuda::HEAD_DIMS.to_vec())?;
     Ok(())
 }

@@ -97,8 +97,12 @@ impl NcclComm {
         Ok(stream)
     }
 
+    /// A receive buffer, allocated (stream-ordered) on the compute stream, which reads it and,
+    /// when it is dropped, frees it: the comm stream writes it only after waiting for the
+    /// compute stream's work so far ([`Self::after_compute`]), so the order holds even where
+    /// cudarc tracks no events (a backend on a borrowed stream, the Python binding's).
     fn alloc(&self, len: usize, precision: Precision) -> Result<Tensor> {
-        let stream = self.comm.stream();
+        let stream = &self.compute;
         let err = cuda_err("allocation of a receive buffer");
         Ok(match precision {
             Precision::Input => Tensor::Half {
@@ -250,7 +254,6 @@ impl Communicator<Tensor> for NcclComm {
     }
 
     fn post(&mut self, sends: &[Outgoing<'_, Tensor>], recvs: Vec<Incoming>) -> Result<Posted> {
-        let stream = self.after_compute()?;
         let mut buffers = recvs
             .iter()
             .map(|r| {
@@ -260,6 +263,8 @@ impl Communicator<Tensor> for NcclComm {
                     .collect()
             })
             .collect::<Result<Vec<Vec<Tensor>>>>()?;
+        // After the allocations: the comm stream may write the buffers only once they exist.
+        let stream = self.after_compute()?;
         nccl::group_start().map_err(nccl_err("group start"))?;
         let enqueued = self.enqueue(sends, &recvs, &mut buffers);
         let ended = nccl::group_end().map_err(nccl_err("group end"));

@@ -106,6 +106,19 @@ impl<'a, B: Backend, C: Communicator<B::Tensor>> Worker<'a, B, C>
 where
     B::Tensor: Wire,
 {
+    /// A worker for one call on `comm`'s endpoint, prefetch on and its compute time counted
+    /// from zero: how a layer's attention and a caller's rank run the executor.
+    pub fn new(backend: &'a B, comm: &'a mut C, dims: Dims, spans: &'a [Span]) -> Self {
+        Worker {
+            backend,
+            comm,
+            dims,
+            spans,
+            compute: Duration::ZERO,
+            overlap: true,
+        }
+    }
+
     fn rank(&self) -> usize {
         self.comm.rank()
     }

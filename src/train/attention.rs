@@ -5,15 +5,14 @@
 //! (`backend::ModelEdge`): on the host for the CPU, by a GPU kernel for CUDA.
 
 use crate::backend::cpu::CpuBackend;
-use crate::backend::{Backend, ModelEdge, Order};
+use crate::backend::{ModelEdge, Order};
 use crate::comm::{Buffer, Communicator, LocalComm, Wire};
 use crate::exec::{OwnChunk, Saved, Worker};
 use crate::model::attention::{Attention, WholeSequence};
 use crate::plan::{Partition, Pass};
 use crate::runtime::ModelDevice;
-use crate::shape::{Dims, Mask, Span};
+use crate::shape::{Dims, Mask};
 use anyhow::{Result, bail};
-use std::time::Duration;
 
 /// distflash on `backend` over `comm`: `partition` cuts the sequence into chunks (one per
 /// worker for `balanced` and `unbalanced`, two for `zigzag`); the model's tensors hold this
@@ -126,26 +125,6 @@ where
     }
 }
 
-/// The executor for one attention call on this worker's endpoint.
-fn worker<'a, B: Backend, C: Communicator<B::Tensor>>(
-    backend: &'a B,
-    comm: &'a mut C,
-    dims: Dims,
-    spans: &'a [Span],
-) -> Worker<'a, B, C>
-where
-    B::Tensor: Wire,
-{
-    Worker {
-        backend,
-        comm,
-        dims,
-        spans,
-        compute: Duration::ZERO,
-        overlap: true,
-    }
-}
-
 impl<B: ModelEdge, C: Communicator<B::Tensor>> Attention<B::Tensor> for Distributed<'_, B, C>
 where
     B::Tensor: Buffer,
@@ -157,7 +136,7 @@ where
         v: &B::Tensor,
     ) -> Result<(B::Tensor, B::Tensor)> {
         let own = self.own(q, k, v)?;
-        let partials = worker(self.backend, self.comm, self.dims, self.partition.spans())
+        let partials = Worker::new(self.backend, self.comm, self.dims, self.partition.spans())
             .forward(self.partition.plan(Pass::Forward), &own)?;
         if partials.len() != own.len() {
             bail!(
@@ -205,11 +184,8 @@ where
                 })
             })
             .collect::<Result<Vec<_>>>()?;
-        let grads = worker(self.backend, self.comm, self.dims, self.partition.spans()).backward(
-            self.partition.plan(Pass::Backward),
-            &own,
-            &saved,
-        )?;
+        let grads = Worker::new(self.backend, self.comm, self.dims, self.partition.spans())
+            .backward(self.partition.plan(Pass::Backward), &own, &saved)?;
         if grads.len() != own.len() {
             bail!(
                 "the executor returned gradients for {} chunks, not this worker's {}",

@@ -15,11 +15,17 @@
 //! the gradients f32 in the layout of their inputs; the binding's Python side transposes
 //! torch's `[batch, seq, heads, head_dim]` on torch's stream. The one allocation of the backend
 //! itself is the backward's D (one f32 per query row), from the stream-ordered pool.
+//!
+//! The distributed call (`dist_flash_attn`) is the exception: the executor allocates, sends,
+//! receives into and frees its own tensors, so a rank's chunk is copied into backend tensors
+//! ([`CudaBackend::copy_from_lent`]) and the results out to the caller's
+//! ([`CudaBackend::copy_to_lent`]), device to device on the same stream.
 
 use super::{CudaBackend, HEAD_DIMS, InputDtype, Tensor, launch};
 use crate::attn::{Grads, Partial};
-use crate::shape::{Dims, Mask};
+use crate::shape::{Dims, Mask, Precision};
 use anyhow::{Result, bail};
+use cudarc::driver::{CudaSlice, DeviceRepr, DriverError};
 use std::mem::ManuallyDrop;
 
 /// The alignment the kernels' vector loads and the forward's tensor maps (TMA) need.
@@ -51,6 +57,30 @@ pub struct BackwardAddrs {
     pub dq: u64,
     pub dk: u64,
     pub dv: u64,
+}
+
+impl From<[u64; 5]> for ForwardAddrs {
+    /// The addresses in field order: q, k, v, out, lse (how the binding passes a chunk's).
+    fn from([q, k, v, out, lse]: [u64; 5]) -> Self {
+        ForwardAddrs { q, k, v, out, lse }
+    }
+}
+
+impl From<[u64; 9]> for BackwardAddrs {
+    /// The addresses in field order: q, k, v, out, lse, dout, dq, dk, dv.
+    fn from([q, k, v, out, lse, dout, dq, dk, dv]: [u64; 9]) -> Self {
+        BackwardAddrs {
+            q,
+            k,
+            v,
+            out,
+            lse,
+            dout,
+            dq,
+            dk,
+            dv,
+        }
+    }
 }
 
 impl ForwardAddrs {
@@ -239,6 +269,82 @@ impl CudaBackend {
             give_back(t);
         }
         result
+    }
+
+    /// A tensor of this backend holding a copy of the `len` values at `addr` (the backend's
+    /// 16-bit dtype for `Precision::Input`, else f32), queued on the backend's stream: how the
+    /// binding's distributed call hands a caller's chunk to the executor, whose tensors it
+    /// owns (and frees, sends, receives into) itself. `what` names it in errors.
+    ///
+    /// # Safety
+    /// `addr` must hold `len` such values in this backend's context, alive and not written by
+    /// other streams until the copy queued on the backend's stream has run.
+    pub unsafe fn copy_from_lent(
+        &self,
+        addr: u64,
+        len: usize,
+        precision: Precision,
+        what: &str,
+    ) -> Result<Tensor> {
+        check_addr(addr, len, what)?;
+        let err = |e| anyhow::anyhow!("copying {what} on the GPU failed: {e:?}");
+        // SAFETY (both): this function's contract.
+        Ok(match precision {
+            Precision::Input => Tensor::Half {
+                dtype: self.dtype,
+                data: unsafe { self.copy_in::<u16>(addr, len) }.map_err(err)?,
+            },
+            Precision::F32 => Tensor::F32(unsafe { self.copy_in::<f32>(addr, len) }.map_err(err)?),
+        })
+    }
+
+    /// Copies `t` (this backend's) to the caller's memory at `addr`, in `t`'s precision, on
+    /// the backend's stream: the executor's results handed back to the caller.
+    ///
+    /// # Safety
+    /// `addr` must hold room for `t.len()` values of `t`'s precision in this backend's
+    /// context, alive and not used by other streams until the copy has run.
+    pub unsafe fn copy_to_lent(&self, t: &Tensor, addr: u64, what: &str) -> Result<()> {
+        check_addr(addr, t.len(), what)?;
+        // SAFETY (both): this function's contract.
+        let copied = match t {
+            Tensor::Half { data, .. } => unsafe { self.copy_out(data, addr) },
+            Tensor::F32(data) => unsafe { self.copy_out(data, addr) },
+        };
+        copied.map_err(|e| anyhow::anyhow!("copying {what} on the GPU failed: {e:?}"))
+    }
+
+    /// A new slice on the backend's stream copied from `len` values at `addr`.
+    ///
+    /// # Safety
+    /// `addr` holds `len` values of `E` in this backend's context, alive until the copy ran.
+    unsafe fn copy_in<E: DeviceRepr>(
+        &self,
+        addr: u64,
+        len: usize,
+    ) -> Result<CudaSlice<E>, DriverError> {
+        // SAFETY: this function's contract; the loan is leaked (handed back unfreed) below.
+        let lent = unsafe { self.stream.upgrade_device_ptr::<E>(addr, len) };
+        let copy = self.stream.clone_dtod(&lent);
+        lent.leak();
+        copy
+    }
+
+    /// `src` copied to `addr` on the backend's stream.
+    ///
+    /// # Safety
+    /// `addr` has room for `src.len()` values of `E` in this backend's context, alive until
+    /// the copy ran.
+    unsafe fn copy_out<E: DeviceRepr>(
+        &self,
+        src: &CudaSlice<E>,
+        addr: u64,
+    ) -> Result<(), DriverError> {
+        // SAFETY: as in `copy_in`.
+        let mut lent = unsafe { self.stream.upgrade_device_ptr::<E>(addr, src.len()) };
+        let copied = self.stream.memcpy_dtod(src, &mut lent);
+        lent.leak();
+        copied
     }
 
     /// `len` 16-bit values of the backend's dtype at `addr`, as a tensor that must go back
