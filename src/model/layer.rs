@@ -440,9 +440,12 @@ impl<O: Ops> Layer<'_, O> {
         let all = self.acts_bytes(&a) + mlp_kept;
         meter.hold(all - had);
 
-        // h2 = rmsnorm(x2)·g2, and the MLP above it
-        let mut dx2 = dout.clone();
+        // h2 = rmsnorm(x2)·g2, and the MLP above it. The residual's gradient dout becomes dx2
+        // (moved, not copied), and what only the MLP's backward reads is dropped before the
+        // attention's backward, the step's peak.
         let dh2 = self.mlp_backward(w, &a, mlp.as_deref(), &dout, grads, meter)?;
+        drop(mlp);
+        let mut dx2 = dout;
         ops.rmsnorm_backward(
             &a.x2,
             &w.mlp_norm,
@@ -453,12 +456,28 @@ impl<O: Ops> Layer<'_, O> {
             &mut dx2,
             &mut grads.mlp_norm,
         )?;
+        drop(dh2);
+        let Acts {
+            x,
+            h1,
+            rstd1,
+            q,
+            k,
+            v,
+            o,
+            lse,
+            x2,
+            h2,
+            rstd2,
+        } = a;
+        drop((x2, h2, rstd2));
 
         // x2 = x + o Woᵀ + bo;  o = attention(q, k, v), backward from the saved o and lse
         self.bias_grad(&dx2, d, grads.bo.as_mut())?;
         let mut dout_attn = ops.zeros(n * qw)?;
-        ops.linear_backward(&dx2, &a.o, &w.wo, n, qw, d, &mut dout_attn, &mut grads.wo)?;
-        let (mut dq, mut dk, dv) = attn.backward(&a.q, &a.k, &a.v, &a.o, &a.lse, &dout_attn)?;
+        ops.linear_backward(&dx2, &o, &w.wo, n, qw, d, &mut dout_attn, &mut grads.wo)?;
+        let (mut dq, mut dk, dv) = attn.backward(&q, &k, &v, &o, &lse, &dout_attn)?;
+        drop((q, k, v, o, lse, dout_attn));
 
         // q, k = rope(h1 Wqᵀ + bq, h1 Wkᵀ + bk);  v = h1 Wvᵀ + bv;  h1 = rmsnorm(x)·g1
         let hd = c.head_dim;
@@ -484,14 +503,15 @@ impl<O: Ops> Layer<'_, O> {
         self.bias_grad(&dk, kw, grads.bk.as_mut())?;
         self.bias_grad(&dv, kw, grads.bv.as_mut())?;
         let mut dh1 = ops.zeros(n * d)?;
-        ops.linear_backward(&dq, &a.h1, &w.wq, n, d, qw, &mut dh1, &mut grads.wq)?;
-        ops.linear_backward(&dk, &a.h1, &w.wk, n, d, kw, &mut dh1, &mut grads.wk)?;
-        ops.linear_backward(&dv, &a.h1, &w.wv, n, d, kw, &mut dh1, &mut grads.wv)?;
+        ops.linear_backward(&dq, &h1, &w.wq, n, d, qw, &mut dh1, &mut grads.wq)?;
+        ops.linear_backward(&dk, &h1, &w.wk, n, d, kw, &mut dh1, &mut grads.wk)?;
+        ops.linear_backward(&dv, &h1, &w.wv, n, d, kw, &mut dh1, &mut grads.wv)?;
+        drop((dq, dk, dv, h1));
         let mut dx = dx2;
         ops.rmsnorm_backward(
-            &a.x,
+            &x,
             &w.attn_norm,
-            &a.rstd1,
+            &rstd1,
             &dh1,
             n,
             d,

@@ -245,8 +245,13 @@ pub fn forward_backward_with<O: Ops, A: Attention<O::T>>(
         )?;
         let mut dx = ops.zeros(rows * d)?;
         ops.rmsnorm_backward(&x, head.norm, &rstd, &loss.dh, rows, d, &mut dx, head.dnorm)?;
-        Ok((loss, dx))
+        // The loss's input gradient is spent: it would otherwise live through every layer's
+        // backward (an f32 of the sequence × hidden size, 8 GiB at 512K for llama2-7b).
+        Ok(((loss.loss_sum, loss.argmax), dx))
     })?;
+    // The last layer's output is spent too once the loss's backward has read it.
+    drop(x);
+    let (loss_sum, argmax) = loss;
     let mut dx = dx;
     for l in (0..cfg.num_hidden_layers).rev() {
         let k = kept.take(l, &mut meter)?;
@@ -259,8 +264,8 @@ pub fn forward_backward_with<O: Ops, A: Attention<O::T>>(
         ops.embed_backward(table, chunk.tokens, &dx, d)
     })?;
     Ok(Outcome {
-        loss_sum: loss.loss_sum,
-        argmax: loss.argmax,
+        loss_sum,
+        argmax,
         attention_forwards: forwards,
         peak_activation_bytes: meter.peak,
     })

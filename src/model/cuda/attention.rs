@@ -29,20 +29,21 @@ pub enum Call {
 }
 
 /// Bytes of the buffers one [`CudaAttention`] call allocates besides the tensors it returns,
-/// all alive as it returns (its widest moment): the memory estimate (`model::counting`) counts
+/// all alive at its widest moment: the memory estimate (`model::counting`) counts
 /// them from here, so any buffer added to `forward` or `backward` belongs here too.
 ///
 /// - forward: the head-major 16-bit Q, K, V (`head_major`) and the kernel's head-major O;
-/// - backward: the head-major 16-bit Q, K, V, O and dO, the copy of LSE (f32, one a row and
-///   head) and the kernel's head-major f32 dQ, dK, dV (its D, f32 per row and head, is freed
-///   before they are relayouted, and is smaller than them).
+/// - backward, as the kernel runs (before its outputs exist): the head-major 16-bit Q, K, V, O
+///   and dO, the copy of LSE and the kernel's D (f32, one a row and head each) and its
+///   head-major f32 dQ, dK, dV. Those inputs are freed before the relayouts back, whose moment
+///   (the f32 gradients and the 16-bit outputs) is narrower.
 pub fn workspace_bytes(dims: &Dims, rows: usize, call: Call) -> usize {
     let q = rows * dims.heads * dims.head_dim;
     let kv = rows * dims.kv_heads * dims.head_dim;
     let half = crate::model::cost::HALF_BYTES;
     match call {
         Call::Forward => half * (q + 2 * kv) + half * q,
-        Call::Backward => half * (3 * q + 2 * kv) + 4 * rows * dims.heads + 4 * (q + 2 * kv),
+        Call::Backward => half * (3 * q + 2 * kv) + 2 * 4 * rows * dims.heads + 4 * (q + 2 * kv),
     }
 }
 
@@ -110,16 +111,19 @@ impl Attention<Tensor> for CudaAttention<'_> {
         dout: &Tensor,
     ) -> Result<(Tensor, Tensor, Tensor)> {
         let (h, kv) = (self.dims.heads, self.dims.kv_heads);
-        let [q, k, v] = self.head_major(q, k, v)?;
-        let fwd = Partial {
-            out: self.relayout(o, h, Order::ToHeadMajor, "O")?,
-            // The backward reads LSE from a `Partial`, which owns it: a copy of h·rows floats.
-            lse: lse.try_clone()?,
+        // The head-major inputs are freed as the kernel returns, before the f32 gradients are
+        // relayouted: the widest moment is the kernel's.
+        let g = {
+            let [q, k, v] = self.head_major(q, k, v)?;
+            let fwd = Partial {
+                out: self.relayout(o, h, Order::ToHeadMajor, "O")?,
+                // The backward reads LSE from a `Partial`, which owns it: a copy of h·rows floats.
+                lse: lse.try_clone()?,
+            };
+            let dout = self.relayout(dout, h, Order::ToHeadMajor, "dO")?;
+            self.backend
+                .causal_backward(&self.dims, self.rows, &self.mask, &q, &k, &v, &fwd, &dout)?
         };
-        let dout = self.relayout(dout, h, Order::ToHeadMajor, "dO")?;
-        let g = self
-            .backend
-            .causal_backward(&self.dims, self.rows, &self.mask, &q, &k, &v, &fwd, &dout)?;
         Ok((
             self.relayout(&g.dq, h, Order::ToSeqMajor, "dQ")?,
             self.relayout(&g.dk, kv, Order::ToSeqMajor, "dK")?,
