@@ -15,7 +15,7 @@ use crate::backend::Backend;
 use crate::comm::{Communicator, Wire};
 use crate::exec::{OwnChunk, Saved, Worker};
 use crate::plan::{Partition, Pass, Schedule};
-use crate::shape::Dims;
+use crate::shape::{Dims, Mask};
 use anyhow::{Result, bail};
 
 /// The schedules a caller holding equal chunks can name (`unbalanced` idles half the ranks,
@@ -23,7 +23,7 @@ use anyhow::{Result, bail};
 pub const SCHEDULES: [Schedule; 2] = [Schedule::Balanced, Schedule::Zigzag];
 
 /// Rank `rank` of `world`, holding `rows` consecutive rows of the sequence as it is split by
-/// `schedule`: the partition and the checks of one call.
+/// `schedule`, under a mask over the whole sequence: the partition and the checks of one call.
 #[derive(Clone, Debug)]
 pub struct RankAttention {
     pub dims: Dims,
@@ -33,14 +33,16 @@ pub struct RankAttention {
 
 impl RankAttention {
     /// Refuses, with a sentence, a world of 0, a rank outside it, a schedule other than
-    /// `balanced` and `zigzag`, an empty chunk and, under `zigzag`, an odd one (its two halves
-    /// are chunks of the plan and must be equal).
+    /// `balanced` and `zigzag`, an empty chunk, under `zigzag` an odd one (its two halves are
+    /// chunks of the plan and must be equal), and a `mask` made for another sequence length
+    /// than `rows × world`. Blocks the mask hides wholly are neither computed nor fetched.
     pub fn new(
         dims: Dims,
         rows: usize,
         world: usize,
         rank: usize,
         schedule: Schedule,
+        mask: &Mask,
     ) -> Result<Self> {
         dims.validate()?;
         if world == 0 {
@@ -61,7 +63,7 @@ impl RankAttention {
                 2 * world
             );
         }
-        let partition = Partition::new(rows * world, world, schedule)?;
+        let partition = Partition::masked(rows * world, world, schedule, mask)?;
         debug_assert_eq!(
             partition.rows_of(rank),
             rows,

@@ -5,7 +5,7 @@ use distflash::attention_run::on_cpu_threads as run_attention;
 use distflash::attn::oracle;
 use distflash::inputs::Inputs;
 use distflash::plan::{Pass, Plan, Schedule, chunk_sizes, volume};
-use distflash::shape::Dims;
+use distflash::shape::{Dims, Mask};
 use std::time::Duration;
 
 /// max |got − want| / max |want|: relative to the tensor's scale, so a tensor of small entries
@@ -237,7 +237,7 @@ fn run_by_rank(x: &Inputs, world: usize, schedule: Schedule) -> [Vec<f32>; 5] {
         world,
         Duration::from_secs(60),
         |rank, comm: &mut LocalComm| {
-            let call = RankAttention::new(d, rows, world, rank, schedule)?;
+            let call = RankAttention::new(d, rows, world, rank, schedule, &x.mask)?;
             let spans = call.partition().own_spans(rank);
             // The rule `distflash.chunk_spans` (python/distflash/dist.py) cuts sequences by.
             let (n, c) = (rows, rows / 2);
@@ -286,9 +286,22 @@ fn run_by_rank(x: &Inputs, world: usize, schedule: Schedule) -> [Vec<f32>; 5] {
 fn ranks_holding_only_their_chunks_match_oracle() {
     // GQA (6 query heads over 2 kv heads) and MHA; 1..=4 ranks of 10 tokens each (zigzag:
     // two chunks of 5), so chunks cross no tile but every block kind occurs.
-    for (d, seed) in [(dims(2, 6, 2, 8), 21), (dims(1, 2, 2, 16), 22)] {
+    // Causal, and under a mask over the whole sequence (a one-token document, documents
+    // across chunks, a window narrower than a chunk, a global token).
+    let masks = |seq: usize| {
+        [
+            Mask::causal(),
+            Mask::new(seq, &[1, seq / 2 - 1, seq - seq / 2], Some(4), 1).unwrap(),
+        ]
+    };
+    for ((d, seed), mask) in [(dims(2, 6, 2, 8), 21), (dims(1, 2, 2, 16), 22)]
+        .into_iter()
+        .flat_map(|c| [0, 1].map(|m| (c, m)))
+    {
         for world in 1..=4 {
-            let x = Inputs::random(d, 10 * world, seed);
+            let x = Inputs::random(d, 10 * world, seed)
+                .with_mask(masks(10 * world)[mask].clone())
+                .unwrap();
             let fwd = oracle::forward(&x.problem());
             let bwd = oracle::backward(&x.problem());
             for schedule in [Schedule::Balanced, Schedule::Zigzag] {
@@ -300,7 +313,8 @@ fn ranks_holding_only_their_chunks_match_oracle() {
                     let e = rel_err(got, want);
                     assert!(
                         e <= TOL,
-                        "{d:?} {world} ranks {schedule}: {name} relative error {e:e} > {TOL:e}"
+                        "{d:?} {world} ranks {schedule} {}: {name} relative error {e:e} > {TOL:e}",
+                        x.mask
                     );
                 }
             }
@@ -317,7 +331,7 @@ fn a_rank_call_refuses_what_its_group_cannot_run() {
 
     let d = dims(1, 2, 1, 4);
     let err = |r: anyhow::Result<RankAttention>| r.unwrap_err().to_string();
-    let new = |rows, world, rank, s| RankAttention::new(d, rows, world, rank, s);
+    let new = |rows, world, rank, s| RankAttention::new(d, rows, world, rank, s, &Mask::causal());
     assert_eq!(
         err(new(8, 0, 0, Schedule::Balanced)),
         "the world size is 0; a group needs at least one rank"

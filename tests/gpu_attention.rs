@@ -589,7 +589,14 @@ fn ranks_on_lent_copies_match_the_f64_oracle() -> Result<()> {
             // SAFETY: stream 0 is the legacy default stream of GPU 0's primary context.
             let lent = unsafe { CudaBackend::on_borrowed_stream(0, c.be.dtype(), 0)? };
             let results = run_workers(world, Duration::from_secs(600), |rank, comm| {
-                let call = RankAttention::new(c.dims, seq / world, world, rank, schedule)?;
+                let call = RankAttention::new(
+                    c.dims,
+                    seq / world,
+                    world,
+                    rank,
+                    schedule,
+                    &Mask::causal(),
+                )?;
                 rank_on_lent_copies(&c, &lent, &call, comm)
             });
             let mut chunks = collect_results(results)?.concat();

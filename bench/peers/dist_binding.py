@@ -8,7 +8,9 @@
    inputs, next to PyTorch's own 16-bit SDPA and `distflash.flash_attn` on the whole
    sequence; pass: out, dq, dk, dv each within 2x SDPA's error, for `dist_flash_attn` and
    `flash_attn` alike (so several ranks equal one, within the precision's noise; their
-   distance from each other is reported beside, as `dist_vs_flash_attn`);
+   distance from each other is reported beside, as `dist_vs_flash_attn`); then the same on 2
+   and 4 ranks under masks over the whole sequence (documents across the ranks' chunks, a
+   window with global tokens), SDPA given the mask as an explicit boolean matrix;
 2. a torch.distributed group: the NCCL path (distflash's NCCL communicator, its id broadcast
    by the group) in a one-process world, the same check; its refusals (a call before
    init_process_group, a list of chunks, an odd zigzag chunk) answered with the sentence;
@@ -26,12 +28,19 @@ import torch
 import torch.distributed as dist
 
 import distflash
-from torch_binding import rel, sdpa_bshd  # beside this script
+from torch_binding import rel, sdpa_bshd, visible  # beside this script
 
 CASES = [  # batch, seq, heads, kv_heads, head_dim, dtype: seq a multiple of 2 x 1, 2, 3, 4
     (1, 1200, 8, 2, 128, torch.bfloat16),
     (2, 480, 4, 4, 64, torch.bfloat16),
     (1, 960, 8, 1, 128, torch.float16),
+]
+
+# Masks over the whole sequence (flash_attn's keyword arguments): documents across the ranks'
+# chunks with a one-token one, and a window with global tokens; the first case's shape.
+MASKS = [
+    {"doc_lens": [1, 500, 299, 400]},
+    {"window": 100, "global_tokens": 3},
 ]
 
 
@@ -68,10 +77,14 @@ def judge(row, got, ref, sdpa, flash):
     return passed
 
 
-def references(q, k, v, dout, dt):
-    return (grads_of(sdpa_bshd, (q, k, v), dout, torch.float64),
-            grads_of(sdpa_bshd, (q, k, v), dout, dt),
-            grads_of(distflash.flash_attn, (q, k, v), dout, dt))
+def references(q, k, v, dout, dt, mask=None):
+    """float64 and 16-bit SDPA (under `mask` as an explicit boolean matrix) and flash_attn."""
+    seen = visible(q.shape[1], **mask) if mask else None
+    sdpa = lambda a, bb, c: sdpa_bshd(a, bb, c, seen)  # noqa: E731
+    flash = lambda a, bb, c: distflash.flash_attn(a, bb, c, **(mask or {}))  # noqa: E731
+    return (grads_of(sdpa, (q, k, v), dout, torch.float64),
+            grads_of(sdpa, (q, k, v), dout, dt),
+            grads_of(flash, (q, k, v), dout, dt))
 
 
 def virtual_ranks():
@@ -86,6 +99,20 @@ def virtual_ranks():
                 got = grads_of(through(world, schedule, attend), (q, k, v), dout, dt)
                 row = {"path": "virtual", "world": world, "schedule": schedule, "batch": b, "seq": n,
                        "heads": h, "kv_heads": hk, "head_dim": d, "dtype": str(dt)}
+                ok &= judge(row, got, ref, sdpa, flash)
+                rows.append(row)
+    b, n, h, hk, d, dt = CASES[0]
+    q, k, v, dout = inputs(b, n, h, hk, d, dt, 2500)
+    for mask in MASKS:
+        ref, sdpa, flash = references(q, k, v, dout, dt, mask)
+        for world in (2, 4):
+            group = distflash.VirtualGroup(world)
+            for schedule in distflash.SCHEDULES:
+                attend = lambda qs, ks, vs: distflash.dist_flash_attn(  # noqa: E731
+                    qs, ks, vs, group=group, schedule=schedule, **mask)
+                got = grads_of(through(world, schedule, attend), (q, k, v), dout, dt)
+                row = {"path": "virtual", "world": world, "schedule": schedule, "mask": mask, "batch": b,
+                       "seq": n, "heads": h, "kv_heads": hk, "head_dim": d, "dtype": str(dt)}
                 ok &= judge(row, got, ref, sdpa, flash)
                 rows.append(row)
     return rows, ok

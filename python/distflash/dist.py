@@ -49,6 +49,8 @@ the backward, as ``flash_attn`` does.
 torch is imported on first use; the argument checks (and :func:`chunk_spans`) run without it.
 """
 
+import zlib
+
 from . import _checks
 
 SCHEDULES = ("balanced", "zigzag")
@@ -265,6 +267,10 @@ def _functions():
             self.dout = self.dq = self.dk = self.dv = None
             return grads
 
+    def mask_tuple(m):
+        """The Rust side's (document lengths, window, global tokens) of a ``_checks.Mask``."""
+        return (list(m.doc_lens), m.window, m.global_tokens)
+
     def shape_tuple(s):
         """The Rust side's (batch, rows, heads, kv_heads, head_dim) of the rank's chunk."""
         return (s.batch, s.seq, s.heads, s.kv_heads, s.head_dim)
@@ -273,17 +279,17 @@ def _functions():
         """Every rank of a VirtualGroup: inputs q_0..q_{P-1}, k_0.., v_0..; outputs o_0..o_{P-1}."""
 
         @staticmethod
-        def forward(ctx, group, schedule, shape, *qkv):
+        def forward(ctx, group, schedule, shape, mask, *qkv):
             p = group.world
             ranks = [Rank(qkv[r], qkv[p + r], qkv[2 * p + r], shape, schedule) for r in range(p)]
             dev = qkv[0].device
             with torch.cuda.device(dev):
                 _distflash.virtual_pass(
                     "forward", shape.device, shape.dtype, _stream(torch, dev), p, schedule, shape_tuple(shape),
-                    [r.forward_chunks() for r in ranks], group.timeout,
+                    [r.forward_chunks() for r in ranks], group.timeout, mask_tuple(mask),
                 )
                 outs = tuple(r.output(qkv[0].dtype) for r in ranks)
-            ctx.ranks, ctx.group, ctx.schedule, ctx.shape = ranks, group, schedule, shape
+            ctx.ranks, ctx.group, ctx.schedule, ctx.shape, ctx.mask = ranks, group, schedule, shape, mask
             return outs
 
         @staticmethod
@@ -294,21 +300,21 @@ def _functions():
             with torch.cuda.device(dev):
                 _distflash.virtual_pass(
                     "backward", shape.device, shape.dtype, _stream(torch, dev), group.world, ctx.schedule, shape_tuple(shape),
-                    [r.backward_chunks(d) for r, d in zip(ranks, douts)], group.timeout,
+                    [r.backward_chunks(d) for r, d in zip(ranks, douts)], group.timeout, mask_tuple(ctx.mask),
                 )
                 grads = [r.grads(dtype) for r in ranks]
-            return (None, None, None, *(g[0] for g in grads), *(g[1] for g in grads), *(g[2] for g in grads))
+            return (None, None, None, None, *(g[0] for g in grads), *(g[1] for g in grads), *(g[2] for g in grads))
 
     class Process(torch.autograd.Function):
         """This process's rank of a torch.distributed group, over distflash's NCCL communicator."""
 
         @staticmethod
-        def forward(ctx, nccl, schedule, shape, q, k, v):
+        def forward(ctx, nccl, schedule, shape, mask, q, k, v):
             rank = Rank(q, k, v, shape, schedule)
             with torch.cuda.device(q.device):
-                nccl.run("forward", schedule, shape_tuple(shape), rank.forward_chunks())
+                nccl.run("forward", schedule, shape_tuple(shape), rank.forward_chunks(), mask_tuple(mask))
                 out = rank.output(q.dtype)
-            ctx.rank, ctx.nccl, ctx.schedule, ctx.shape = rank, nccl, schedule, shape
+            ctx.rank, ctx.nccl, ctx.schedule, ctx.shape, ctx.mask = rank, nccl, schedule, shape, mask
             return out
 
         @staticmethod
@@ -316,17 +322,20 @@ def _functions():
             rank = ctx.rank
             dtype = rank.qh[0].dtype
             with torch.cuda.device(rank.qh[0].device):
-                ctx.nccl.run("backward", ctx.schedule, shape_tuple(ctx.shape), rank.backward_chunks(dout))
+                ctx.nccl.run(
+                    "backward", ctx.schedule, shape_tuple(ctx.shape), rank.backward_chunks(dout), mask_tuple(ctx.mask)
+                )
                 grads = rank.grads(dtype)
-            return (None, None, None, *grads)
+            return (None, None, None, None, *grads)
 
     _FUNCTIONS.update(virtual=Virtual, process=Process)
     return _FUNCTIONS
 
 
-def _nccl_group(group, shape, schedule, device):
+def _nccl_group(group, shape, schedule, device, mask_args):
     """distflash's NCCL communicator for ``group`` on this device, dtype and torch stream
-    (built collectively on first use), after checking that every rank calls alike."""
+    (built collectively on first use), after checking that every rank calls alike, and the
+    call's mask over the whole sequence (``mask_args``: ``check_mask``'s keyword arguments)."""
     import torch
     import torch.distributed as dist
 
@@ -342,10 +351,11 @@ def _nccl_group(group, shape, schedule, device):
     world, rank = dist.get_world_size(pg), dist.get_rank(pg)
     if rank < 0:
         raise ValueError("this process is not a member of the group it passed; pass a group it belongs to")
+    mask = _checks.check_mask(shape.seq * world, **mask_args)
     on = "cpu" if dist.get_backend(pg) == "gloo" else device  # where the group's collectives run
     mine = torch.tensor(
         [shape.batch, shape.seq, shape.heads, shape.kv_heads, shape.head_dim, SCHEDULES.index(schedule),
-         list(_checks.DTYPES.values()).index(shape.dtype)],
+         list(_checks.DTYPES.values()).index(shape.dtype), _mask_digest(mask)],
         dtype=torch.int64, device=on,
     )
     every = torch.empty(world * mine.numel(), dtype=torch.int64, device=on)
@@ -354,7 +364,7 @@ def _nccl_group(group, shape, schedule, device):
     for r, row in enumerate(rows):
         if row != rows[0]:
             raise ValueError(
-                f"ranks disagree: rank {r} calls with (batch, tokens, heads, kv heads, head dim, schedule, dtype) = "
+                f"ranks disagree: rank {r} calls with (batch, tokens, heads, kv heads, head dim, schedule, dtype, mask digest) = "
                 f"{tuple(row)}, rank 0 with {tuple(rows[0])} (schedule {SCHEDULES}, dtype {tuple(_checks.DTYPES.values())} by index); "
                 "every rank passes an equal chunk of one sequence under one schedule"
             )
@@ -365,10 +375,18 @@ def _nccl_group(group, shape, schedule, device):
         with torch.cuda.device(device):  # where NCCL's broadcast stages the pickled id
             dist.broadcast_object_list(box, src=dist.get_global_rank(pg, 0), group=pg)
         _NCCL_GROUPS[key] = _distflash.nccl_group(shape.device, shape.dtype, stream, rank, world, bytes(box[0]))
-    return _NCCL_GROUPS[key]
+    return _NCCL_GROUPS[key], mask
 
 
-def dist_flash_attn(q, k, v, group=None, schedule="balanced"):
+def _mask_digest(mask):
+    """A number every rank computes alike from the mask (CRC-32 of its fields), so ranks that
+    pass different masks are told apart before any transfer."""
+    return zlib.crc32(repr(tuple(mask)).encode())
+
+
+def dist_flash_attn(
+    q, k, v, group=None, schedule="balanced", *, doc_lens=None, cu_seqlens=None, window=None, global_tokens=0,
+):
     """Causal attention of a sequence split across the ranks of ``group``; each rank passes its
     chunk (any strides: it is copied): CUDA bf16/fp16 ``[batch, seq_chunk, heads, head_dim]`` q and
     ``[batch, seq_chunk, kv_heads, head_dim]`` k, v (GQA/MQA; the head dims of ``flash_attn``),
@@ -380,10 +398,17 @@ def dist_flash_attn(q, k, v, group=None, schedule="balanced"):
     every rank's chunk and the result the list of every rank's output. ``schedule``:
     ``"balanced"`` or ``"zigzag"`` (module docs). Every rank must pass an equal chunk; wrong
     arguments are a ValueError or TypeError naming the fix.
+
+    Masks, as ``flash_attn`` takes them, over the *whole* sequence (every rank passes the same):
+    ``doc_lens`` or ``cu_seqlens`` (packed documents, which may cross the ranks' chunks),
+    ``window`` and ``global_tokens``. Blocks the mask hides wholly are neither computed nor
+    fetched.
     """
+    mask_args = dict(doc_lens=doc_lens, cu_seqlens=cu_seqlens, window=window, global_tokens=global_tokens)
     if isinstance(group, VirtualGroup):
         shape = check_virtual(group, q, k, v, schedule)
-        return list(_functions()["virtual"].apply(group, schedule, shape, *q, *k, *v))
+        mask = _checks.check_mask(shape.seq * group.world, **mask_args)
+        return list(_functions()["virtual"].apply(group, schedule, shape, mask, *q, *k, *v))
     shape = check_rank(group, q, k, v, schedule)
-    nccl = _nccl_group(group, shape, schedule, q.device)
-    return _functions()["process"].apply(nccl, schedule, shape, q, k, v)
+    nccl, mask = _nccl_group(group, shape, schedule, q.device, mask_args)
+    return _functions()["process"].apply(nccl, schedule, shape, mask, q, k, v)

@@ -24,7 +24,7 @@ use distflash::exec::OwnChunk;
 use distflash::plan::Schedule;
 use distflash::rank_attention::RankAttention;
 use distflash::runtime::{collect_results, run_workers};
-use distflash::shape::Precision;
+use distflash::shape::{Mask, Precision};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use std::sync::{Arc, Mutex};
@@ -82,19 +82,27 @@ fn one_rank<const N: usize, A: From<[u64; N]>>(chunks: Vec<Vec<u64>>) -> PyResul
     Ok(addresses::<N, A>(vec![chunks])?.pop().unwrap_or_default())
 }
 
-/// The call of `rank` of `world` on `chunks` chunks of `shape`, checked (no GPU touched): the
-/// schedule by name, the group, the shape for the kernels and the chunk count.
+/// A mask over the whole sequence as Python passes it: document lengths (empty: one), a
+/// sliding window and global prefix tokens (`Mask::new`'s arguments).
+type MaskArg = (Vec<usize>, Option<usize>, usize);
+
+/// The call of `rank` of `world` on `chunks` chunks of `shape` under `mask`, checked (no GPU
+/// touched): the schedule by name, the group, the mask, the shape for the kernels and the
+/// chunk count.
 fn rank_call(
     shape: Shape,
     world: usize,
     rank: usize,
     schedule: &str,
+    mask: &MaskArg,
     chunks: usize,
 ) -> PyResult<RankAttention> {
     let (batch, rows, heads, kv_heads, head_dim) = shape;
     let schedule: Schedule = schedule.parse().map_err(PyValueError::new_err)?;
     let d = dims(batch, heads, kv_heads, head_dim);
-    let call = RankAttention::new(d, rows, world, rank, schedule).map_err(value_error)?;
+    let (doc_lens, window, global) = mask;
+    let mask = Mask::new(rows * world, doc_lens, *window, *global).map_err(value_error)?;
+    let call = RankAttention::new(d, rows, world, rank, schedule, &mask).map_err(value_error)?;
     let own = call.chunk_rows().len();
     if chunks != own {
         return Err(PyValueError::new_err(format!(
@@ -127,9 +135,10 @@ fn checked_call<A: Chunk>(
     world: usize,
     rank: usize,
     schedule: &str,
+    mask: &MaskArg,
     chunks: &[A],
 ) -> PyResult<RankAttention> {
-    let call = rank_call(shape, world, rank, schedule, chunks.len())?;
+    let call = rank_call(shape, world, rank, schedule, mask, chunks.len())?;
     for (a, n) in chunks.iter().zip(call.chunk_rows()) {
         a.check(&call, n).map_err(value_error)?;
     }
@@ -227,6 +236,7 @@ struct VirtualCall<'a> {
     stream: usize,
     world: usize,
     schedule: &'a str,
+    mask: MaskArg,
     shape: Shape,
     timeout_secs: f64,
 }
@@ -254,7 +264,7 @@ impl VirtualCall<'_> {
             )));
         }
         let calls = (0..world)
-            .map(|r| checked_call(self.shape, world, r, self.schedule, &ranks[r]))
+            .map(|r| checked_call(self.shape, world, r, self.schedule, &self.mask, &ranks[r]))
             .collect::<PyResult<Vec<_>>>()?;
         let timeout = Duration::try_from_secs_f64(self.timeout_secs).map_err(|_| {
             PyValueError::new_err(format!(
@@ -278,7 +288,7 @@ impl VirtualCall<'_> {
 /// GPU `device`: `ranks[r]` lists rank r's chunks, each as its addresses ([`addresses`]).
 #[pyfunction]
 #[allow(clippy::too_many_arguments)]
-#[pyo3(signature = (pass, device, dtype, stream, world, schedule, shape, ranks, timeout_secs))]
+#[pyo3(signature = (pass, device, dtype, stream, world, schedule, shape, ranks, timeout_secs, mask=(Vec::new(), None, 0)))]
 fn virtual_pass(
     py: Python<'_>,
     pass: &str,
@@ -290,6 +300,7 @@ fn virtual_pass(
     shape: Shape,
     ranks: Vec<Vec<Vec<u64>>>,
     timeout_secs: f64,
+    mask: MaskArg,
 ) -> PyResult<()> {
     let call = VirtualCall {
         device,
@@ -297,6 +308,7 @@ fn virtual_pass(
         stream,
         world,
         schedule,
+        mask,
         shape,
         timeout_secs,
     };
@@ -334,12 +346,12 @@ impl NcclGroup {
     fn run<A: Chunk>(
         &self,
         py: Python<'_>,
-        schedule: &str,
+        (schedule, mask): (&str, &MaskArg),
         shape: Shape,
         chunks: Vec<A>,
         rank_fn: RankFn<A, NcclComm>,
     ) -> PyResult<()> {
-        let call = checked_call(shape, self.world, self.rank, schedule, &chunks)?;
+        let call = checked_call(shape, self.world, self.rank, schedule, mask, &chunks)?;
         let (comm, be) = (&self.comm, &*self.backend);
         py.detach(|| {
             let mut comm = comm
@@ -355,7 +367,7 @@ impl NcclGroup {
 impl NcclGroup {
     /// This rank's pass (`"forward"` or `"backward"`): `chunks` as one rank's of
     /// `virtual_pass`. Every rank of the group calls it together.
-    #[pyo3(name = "run")]
+    #[pyo3(name = "run", signature = (pass, schedule, shape, chunks, mask=(Vec::new(), None, 0)))]
     fn run_pass(
         &self,
         py: Python<'_>,
@@ -363,15 +375,17 @@ impl NcclGroup {
         schedule: &str,
         shape: Shape,
         chunks: Vec<Vec<u64>>,
+        mask: MaskArg,
     ) -> PyResult<()> {
+        let how = (schedule, &mask);
         match PassName::parse(pass)? {
             PassName::Forward => {
                 let chunks = one_rank::<5, ForwardAddrs>(chunks)?;
-                self.run(py, schedule, shape, chunks, forward_rank)
+                self.run(py, how, shape, chunks, forward_rank)
             }
             PassName::Backward => {
                 let chunks = one_rank::<9, BackwardAddrs>(chunks)?;
-                self.run(py, schedule, shape, chunks, backward_rank)
+                self.run(py, how, shape, chunks, backward_rank)
             }
         }
     }

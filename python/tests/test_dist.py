@@ -87,6 +87,10 @@ def test_virtual_group_arguments():
     k[0] = v[0] = Tensor((2, 98, 2, 128))
     refused(ValueError, r"q has 100 tokens but k and v have 98", q, k, v, group=g)
     refused(ValueError, r"^rank 0: q has 99 tokens, an odd number; under 'zigzag'", *ranks(2, seq=99), group=g, schedule="zigzag")
+    # Masks are over the whole sequence: 2 ranks of 100 tokens hold 200.
+    refused(ValueError, r"^the 2 document lengths add up to 100 tokens but the sequence has 200", *ranks(2), group=g, doc_lens=[50, 50])
+    refused(ValueError, r"^window=0 hides every key", *ranks(2), group=g, window=0)
+    refused(ValueError, r"^cu_seqlens must run from 0 to the sequence length 200", *ranks(2), group=g, cu_seqlens=[0, 100])
 
 
 def test_process_group_arguments():
@@ -133,6 +137,12 @@ def test_the_extension_refuses_bad_distributed_calls(pass_, n):
         _distflash.virtual_pass(pass_, 0, "bfloat16", 0, 3, "balanced", SHAPE, [[[ADDR] * n]] * 2, 10.0)
     with pytest.raises(ValueError, match=r"^unknown pass 'sideways'"):
         virtual("sideways")
+    # The mask is checked against the whole sequence (2 ranks × 16 tokens) in Rust as well.
+    ranks = [[[ADDR] * n]] * 2
+    with pytest.raises(ValueError, match=r"^the 2 document lengths add up to 16 tokens but the sequence has 32"):
+        _distflash.virtual_pass(pass_, 0, "bfloat16", 0, 2, "balanced", SHAPE, ranks, 10.0, ([8, 8], None, 0))
+    with pytest.raises(ValueError, match=r"^a window of 0 tokens hides every key"):
+        _distflash.virtual_pass(pass_, 0, "bfloat16", 0, 2, "balanced", SHAPE, ranks, 10.0, ([], 0, 0))
 
 
 def test_the_extension_refuses_a_bad_nccl_group():
