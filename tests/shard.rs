@@ -680,9 +680,10 @@ fn the_estimate_counts_the_sharded_state() {
     assert_eq!(part(&optimizer, "weights"), part(&none, "weights"));
     assert!(part(&full, "weights") < part(&none, "weights") / 4.0);
     assert!(part(&full, "grads") < part(&none, "grads") / 4.0);
-    // The figure: 1M tokens of llama2-7b with AdamW on 8 H200s.
+    // The figure: 1M tokens of llama2-7b with AdamW on 8 H200s, which unsharded would
+    // not fit one H200's 139.3 GiB.
     assert!(gib(&full) <= 120.0, "{}", gib(&full));
-    assert!(gib(&none) > 190.0, "{}", gib(&none));
+    assert!(gib(&none) > 139.3, "{}", gib(&none));
 }
 
 /// The training loop with each layer's checkpoint offloaded to host memory, or AdamW's moments
