@@ -25,7 +25,6 @@ use super::{CudaBackend, HEAD_DIMS, InputDtype, Tensor, launch};
 use crate::attn::{Grads, Partial};
 use crate::shape::{Dims, Mask, Precision};
 use anyhow::{Result, bail};
-use cudarc::driver::{CudaSlice, DeviceRepr, DriverError};
 use std::mem::ManuallyDrop;
 
 /// The alignment the kernels' vector loads and the forward's tensor maps (TMA) need.
@@ -287,15 +286,11 @@ impl CudaBackend {
         what: &str,
     ) -> Result<Tensor> {
         check_addr(addr, len, what)?;
-        let err = |e| anyhow::anyhow!("copying {what} on the GPU failed: {e:?}");
-        // SAFETY (both): this function's contract.
-        Ok(match precision {
-            Precision::Input => Tensor::Half {
-                dtype: self.dtype,
-                data: unsafe { self.copy_in::<u16>(addr, len) }.map_err(err)?,
-            },
-            Precision::F32 => Tensor::F32(unsafe { self.copy_in::<f32>(addr, len) }.map_err(err)?),
-        })
+        // SAFETY: this function's contract; `give_back` returns the loan unfreed.
+        let lent = ManuallyDrop::into_inner(unsafe { self.lend(addr, len, precision) });
+        let copy = lent.try_clone();
+        give_back(lent);
+        copy.map_err(|e| anyhow::anyhow!("copying {what} on the GPU failed: {e:#}"))
     }
 
     /// Copies `t` (this backend's) to the caller's memory at `addr`, in `t`'s precision, on
@@ -306,45 +301,39 @@ impl CudaBackend {
     /// context, alive and not used by other streams until the copy has run.
     pub unsafe fn copy_to_lent(&self, t: &Tensor, addr: u64, what: &str) -> Result<()> {
         check_addr(addr, t.len(), what)?;
-        // SAFETY (both): this function's contract.
-        let copied = match t {
-            Tensor::Half { data, .. } => unsafe { self.copy_out(data, addr) },
-            Tensor::F32(data) => unsafe { self.copy_out(data, addr) },
+        let precision = match t {
+            Tensor::Half { .. } => Precision::Input,
+            Tensor::F32(_) => Precision::F32,
         };
-        copied.map_err(|e| anyhow::anyhow!("copying {what} on the GPU failed: {e:?}"))
-    }
-
-    /// A new slice on the backend's stream copied from `len` values at `addr`.
-    ///
-    /// # Safety
-    /// `addr` holds `len` values of `E` in this backend's context, alive until the copy ran.
-    unsafe fn copy_in<E: DeviceRepr>(
-        &self,
-        addr: u64,
-        len: usize,
-    ) -> Result<CudaSlice<E>, DriverError> {
-        // SAFETY: this function's contract; the loan is leaked (handed back unfreed) below.
-        let lent = unsafe { self.stream.upgrade_device_ptr::<E>(addr, len) };
-        let copy = self.stream.clone_dtod(&lent);
-        lent.leak();
-        copy
-    }
-
-    /// `src` copied to `addr` on the backend's stream.
-    ///
-    /// # Safety
-    /// `addr` has room for `src.len()` values of `E` in this backend's context, alive until
-    /// the copy ran.
-    unsafe fn copy_out<E: DeviceRepr>(
-        &self,
-        src: &CudaSlice<E>,
-        addr: u64,
-    ) -> Result<(), DriverError> {
-        // SAFETY: as in `copy_in`.
-        let mut lent = unsafe { self.stream.upgrade_device_ptr::<E>(addr, src.len()) };
-        let copied = self.stream.memcpy_dtod(src, &mut lent);
-        lent.leak();
+        // SAFETY: this function's contract; `give_back` returns the loan unfreed.
+        let mut lent = ManuallyDrop::into_inner(unsafe { self.lend(addr, t.len(), precision) });
+        let err = |e| anyhow::anyhow!("copying {what} on the GPU failed: {e:?}");
+        let copied = match (&mut lent, t) {
+            (Tensor::Half { data: to, .. }, Tensor::Half { data: from, .. }) => {
+                self.stream.memcpy_dtod(from, to).map_err(err)
+            }
+            (Tensor::F32(to), Tensor::F32(from)) => self.stream.memcpy_dtod(from, to).map_err(err),
+            _ => Err(anyhow::anyhow!(
+                "copying {what}: the loan's precision is not the tensor's"
+            )),
+        };
+        give_back(lent);
         copied
+    }
+
+    /// `len` values at `addr` lent as [`Self::lend_half`] (`Precision::Input`) or
+    /// [`Self::lend_f32`] lend them.
+    ///
+    /// # Safety
+    /// As [`Self::lend_half`].
+    unsafe fn lend(&self, addr: u64, len: usize, precision: Precision) -> ManuallyDrop<Tensor> {
+        // SAFETY: this function's contract.
+        unsafe {
+            match precision {
+                Precision::Input => self.lend_half(addr, len),
+                Precision::F32 => self.lend_f32(addr, len),
+            }
+        }
     }
 
     /// `len` 16-bit values of the backend's dtype at `addr`, as a tensor that must go back
