@@ -154,9 +154,9 @@ pub fn run(args: Args) -> Result<()> {
             Some(_) => None,
         };
         let working = one_gpu.as_ref().map_or(&[][..], |p| &p.working[..]);
-        let m = match (&one_gpu, ranks) {
-            (Some(peaks), _) => peaks.step_memory(),
-            (None, _) => distflash::sim::gpu_step_memory(&cfg, seq, ranks, policy, args.optimizer)?
+        let m = match &one_gpu {
+            Some(peaks) => peaks.step_memory(),
+            None => distflash::sim::gpu_step_memory(&cfg, seq, ranks, policy, args.optimizer)?
                 .sharded(
                     &cfg,
                     args.shard.optimizer_shards(args.workers),
