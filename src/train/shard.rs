@@ -248,14 +248,6 @@ fn upload_spans<T>(
     })
 }
 
-/// `whole` cut into the pieces of the shard rule over `world` workers.
-fn cut<O: Ops>(ops: &O, whole: &O::T, world: usize) -> Result<Vec<O::T>> {
-    shard_spans(ops.len(whole), world)
-        .iter()
-        .map(|s| ops.rows(whole, 1, s.start, s.len))
-        .collect()
-}
-
 /// A tensor of `len` elements rebuilt whole from every worker's piece (`piece` this one's), each
 /// piece landing in its span of the one tensor.
 fn gather<T: Buffer>(comm: &mut dyn Communicator<T>, piece: &T, len: usize) -> Result<T> {
@@ -449,11 +441,15 @@ where
             Ok(grads.into_tensors())
         }
         Shard::Grads => {
-            let world = comm.world();
+            let (me, world) = (comm.rank(), comm.world());
             let pieces = grads
                 .tensors()
                 .into_iter()
-                .map(|g| comm.reduce_scatter_sum(cut(ops, g, world)?))
+                .map(|g| {
+                    let mut piece = g.alloc_like(shard_span(ops.len(g), world, me).len)?;
+                    comm.reduce_scatter_into(g, &mut piece)?;
+                    Ok(piece)
+                })
                 .collect::<Result<Vec<_>>>()?;
             drop(grads);
             all_reduce_tally(ops, comm, tally)?;
