@@ -219,14 +219,7 @@ impl Buffer for Vec<f32> {
 
     fn add_from(&mut self, src: Src<'_, Self>, span: Span) -> Result<()> {
         let s = host_slice(&src);
-        check_span("a host sum", s.len(), span, self.len(), 0)?;
-        if self.len() != span.len {
-            bail!(
-                "a host sum of {} elements into a buffer of {}",
-                span.len,
-                self.len()
-            );
-        }
+        check_host_sum(&[s], span, self.len())?;
         self.iter_mut()
             .zip(&s[span.start..span.end()])
             .for_each(|(a, b)| *a += b);
@@ -241,15 +234,7 @@ impl Buffer for Vec<f32> {
 
     fn set_sum(&mut self, a: Src<'_, Self>, b: Src<'_, Self>, span: Span) -> Result<()> {
         let (a, b) = (host_slice(&a), host_slice(&b));
-        check_span("a host sum", a.len(), span, self.len(), 0)?;
-        check_span("a host sum", b.len(), span, self.len(), 0)?;
-        if self.len() != span.len {
-            bail!(
-                "a host sum of {} elements into a buffer of {}",
-                span.len,
-                self.len()
-            );
-        }
+        check_host_sum(&[a, b], span, self.len())?;
         let (a, b) = (&a[span.start..span.end()], &b[span.start..span.end()]);
         for ((d, x), y) in self.iter_mut().zip(a).zip(b) {
             *d = x + y;
@@ -263,6 +248,21 @@ impl Buffer for Vec<f32> {
     }
 
     fn forget(self) {}
+}
+
+/// Checks that a host sum of `srcs[span]` into a buffer of `dst_len` elements reads inside each
+/// source and fills the buffer exactly.
+fn check_host_sum(srcs: &[&[f32]], span: Span, dst_len: usize) -> Result<()> {
+    for src in srcs {
+        check_span("a host sum", src.len(), span, dst_len, 0)?;
+    }
+    if dst_len != span.len {
+        bail!(
+            "a host sum of {} elements into a buffer of {dst_len}",
+            span.len
+        );
+    }
+    Ok(())
 }
 
 /// The host values a buffer operation reads.

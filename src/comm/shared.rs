@@ -1,5 +1,5 @@
 //! Whole tensors that worker threads of one process use together: rank 0 gathers one copy for
-//! all of them and lends it, the others see it through views ([`Buffer::view`]). Held in a
+//! all of them and lends it, the others see it through views ([`Buffer::views`]). Held in a
 //! [`Shared`], which never frees memory that another rank may still read.
 
 use super::Buffer;
