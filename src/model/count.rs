@@ -72,8 +72,9 @@ struct State {
     host: [usize; KINDS],
     host_at_peak: [usize; KINDS],
     host_peak: usize,
-    /// Each device tensor alive, by ticket: its kind as made, what made it, its bytes.
-    tensors: BTreeMap<u64, (usize, &'static str, usize)>,
+    /// Each of the step's device tensors alive, by ticket: what made it and its bytes (the
+    /// weights, gradients and moments are no part of the working set's breakdown).
+    tensors: BTreeMap<u64, (&'static str, usize)>,
     /// The step's device bytes at the peak by what made them (an op's scratch under its name).
     step_at_peak: BTreeMap<&'static str, Part>,
 }
@@ -95,8 +96,10 @@ impl State {
             self.at_peak = self.live;
             self.at_peak[Kind::Step as usize] += extra;
             let mut parts = BTreeMap::<&'static str, Part>::new();
-            for (&n, &(kind, made_by, bytes)) in &self.tensors {
-                if self.kind_of(kind, n) == Kind::Step as usize {
+            let step = Kind::Step as usize;
+            for (&n, &(made_by, bytes)) in &self.tensors {
+                // Those made before `mark_kept` are kept activations now.
+                if self.kind_of(step, n) == step {
                     let part = parts.entry(made_by).or_default();
                     part.tensors += 1;
                     part.bytes += bytes;
@@ -169,7 +172,9 @@ impl Counter {
                 }
             } else {
                 s.live[k] += bytes;
-                s.tensors.insert(n, (k, what, bytes));
+                if k == Kind::Step as usize {
+                    s.tensors.insert(n, (what, bytes));
+                }
                 s.note(0, what);
             }
             (k, n)
