@@ -209,21 +209,9 @@ fn unpack(tensors: Vec<Vec<f32>>, meta: &[f32]) -> Result<WorkerResult> {
 
 /// Joins every worker's chunks, in chunk order, into whole-sequence tensors.
 fn assemble(problem: &Inputs, parts: Vec<WorkerResult>) -> AttentionRun {
-    let dims = problem.dims;
-    let (q_rows, kv_rows) = (dims.batch * dims.heads, dims.batch * dims.kv_heads);
-    let shapes = [
-        (q_rows, dims.head_dim),
-        (q_rows, 1),
-        (q_rows, dims.head_dim),
-        (kv_rows, dims.head_dim),
-        (kv_rows, dims.head_dim),
-    ];
     let mut chunks: Vec<&(usize, ChunkTensors)> = parts.iter().flat_map(|p| &p.chunks).collect();
     chunks.sort_by_key(|(c, _)| *c);
-    let [out, lse, dq, dk, dv] = std::array::from_fn(|i| {
-        let pieces: Vec<Vec<f32>> = chunks.iter().map(|(_, t)| t[i].clone()).collect();
-        layout::join_rows(&pieces, shapes[i].0, shapes[i].1)
-    });
+    let [out, lse, dq, dk, dv] = layout::join_results(&problem.dims, chunks.iter().map(|(_, t)| t));
     AttentionRun {
         out,
         lse,

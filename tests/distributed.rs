@@ -269,17 +269,7 @@ fn run_by_rank(x: &Inputs, world: usize, schedule: Schedule) -> [Vec<f32>; 5] {
     );
     let mut chunks: Vec<_> = collect_results(results).unwrap().concat();
     chunks.sort_by_key(|(start, _)| *start);
-    let widths = [
-        (q_rows, d.head_dim),
-        (q_rows, 1),
-        (q_rows, d.head_dim),
-        (kv_rows, d.head_dim),
-        (kv_rows, d.head_dim),
-    ];
-    std::array::from_fn(|i| {
-        let pieces: Vec<Vec<f32>> = chunks.iter().map(|(_, t)| t[i].clone()).collect();
-        layout::join_rows(&pieces, widths[i].0, widths[i].1)
-    })
+    layout::join_results(&d, chunks.iter().map(|(_, t)| t))
 }
 
 #[test]

@@ -601,19 +601,7 @@ fn ranks_on_lent_copies_match_the_f64_oracle() -> Result<()> {
             });
             let mut chunks = collect_results(results)?.concat();
             chunks.sort_by_key(|(start, _)| *start);
-            let d = c.dims;
-            let (q_rows, kv_rows) = (d.batch * d.heads, d.batch * d.kv_heads);
-            let widths = [
-                (q_rows, d.head_dim),
-                (q_rows, 1),
-                (q_rows, d.head_dim),
-                (kv_rows, d.head_dim),
-                (kv_rows, d.head_dim),
-            ];
-            let got: [Vec<f32>; 5] = std::array::from_fn(|t| {
-                let pieces: Vec<Vec<f32>> = chunks.iter().map(|(_, r)| r[t].clone()).collect();
-                layout::join_rows(&pieces, widths[t].0, widths[t].1)
-            });
+            let got = layout::join_results(&c.dims, chunks.iter().map(|(_, r)| r));
             let path = format!("{world} ranks {schedule}");
             let errs = c.errors(&path, [&got[0], &got[1], &got[2], &got[3], &got[4]]);
             for (name, e) in ["out", "lse", "dq", "dk", "dv"].iter().zip(errs) {

@@ -2,7 +2,7 @@
 //! users, PyTorch and `--save` files use) and the internal head-major `[batch, heads, seq,
 //! head_dim]`, and between a whole sequence and its row chunks.
 
-use crate::shape::Span;
+use crate::shape::{Dims, Span};
 
 /// Sizes of a 4-D tensor `[batch, a, b, inner]` being transposed to `[batch, b, a, inner]`.
 fn swap_middle(data: &[f32], batch: usize, a: usize, b: usize, inner: usize) -> Vec<f32> {
@@ -49,6 +49,26 @@ pub fn join_rows(chunks: &[Vec<f32>], outer: usize, width: usize) -> Vec<f32> {
         }
     }
     out
+}
+
+/// Every chunk's results (O, LSE, dQ, dK, dV, head-major), in chunk order, joined into the
+/// whole sequence's: how a distributed run's ranks' pieces are put back together.
+pub fn join_results<'a>(
+    dims: &Dims,
+    chunks: impl Iterator<Item = &'a [Vec<f32>; 5]> + Clone,
+) -> [Vec<f32>; 5] {
+    let (q_rows, kv_rows) = (dims.batch * dims.heads, dims.batch * dims.kv_heads);
+    let shapes = [
+        (q_rows, dims.head_dim),
+        (q_rows, 1),
+        (q_rows, dims.head_dim),
+        (kv_rows, dims.head_dim),
+        (kv_rows, dims.head_dim),
+    ];
+    std::array::from_fn(|i| {
+        let pieces: Vec<Vec<f32>> = chunks.clone().map(|t| t[i].clone()).collect();
+        join_rows(&pieces, shapes[i].0, shapes[i].1)
+    })
 }
 
 #[cfg(test)]
