@@ -16,6 +16,7 @@ from torch.profiler import ProfilerActivity, profile
 
 import distflash
 import distflash.attention
+from torch_binding import chained_ms  # beside this script
 
 ITERS = 20
 
@@ -26,16 +27,9 @@ def step(fn, xs, dout):
 
 
 def measure(name, fn, xs, dout):
-    for _ in range(3):
+    for _ in range(2):  # and chained_ms's own warm-up step: three
         step(fn, xs, dout)
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(ITERS):
-        step(fn, xs, dout)
-    end.record()
-    torch.cuda.synchronize()
-    event_ms = start.elapsed_time(end) / ITERS
+    event_ms = chained_ms(lambda: step(fn, xs, dout), ITERS)
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for _ in range(ITERS):
             step(fn, xs, dout)
