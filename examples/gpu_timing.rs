@@ -21,7 +21,9 @@ use anyhow::Result;
 use clap::Parser;
 use distflash::attn::{self, layout};
 use distflash::backend::Backend;
-use distflash::backend::cuda::{CudaBackend, InputDtype, median_ms, time_attention, upload_random};
+use distflash::backend::cuda::{
+    CallStrides, CudaBackend, InputDtype, median_ms, time_attention, upload_random,
+};
 use distflash::inputs::Inputs;
 use distflash::model::attention::Attention;
 use distflash::model::cuda::CudaOps;
@@ -114,7 +116,8 @@ fn attention(
                 head_dim,
             };
             dims.validate()?;
-            let t = time_attention(be, dims, seq, &Mask::causal())?;
+            let strides = CallStrides::head_major(&dims, seq, seq);
+            let t = time_attention(be, dims, seq, &Mask::causal(), &strides)?;
             let (f, b) = (
                 attn::causal_forward_flops(&dims, seq),
                 attn::causal_backward_flops(&dims, seq),
@@ -151,16 +154,21 @@ fn spread(be: &CudaBackend, seq: usize, rounds: usize, reps: usize) -> Result<()
     let mut kept = Vec::with_capacity(rounds);
     for round in 0..rounds {
         let [q, k, v, dout] = upload_random(be, dims, seq, 100 + round as u64)?;
-        let fwd = be.causal_forward(&dims, seq, &mask, &q, &k, &v)?;
-        let mut grads = be.causal_backward(&dims, seq, &mask, &q, &k, &v, &fwd, &dout)?;
+        let strides = CallStrides::head_major(&dims, seq, seq);
+        let qkv = [&q, &k, &v];
+        let fwd = be.causal_forward(&dims, seq, &mask, &strides, qkv)?;
+        let mut grads =
+            be.causal_backward(&dims, seq, &mask, &strides, qkv, fwd.as_ref(), &dout)?;
         let mut times = Vec::with_capacity(reps);
         for _ in 0..reps {
             times.push(median_ms(be, 1, &mut || {
-                be.causal_backward_into(&dims, seq, &mask, &q, &k, &v, &fwd, &dout, &mut grads)
+                let f = fwd.as_ref();
+                be.causal_backward_into(&dims, seq, &mask, &strides, qkv, f, &dout, &mut grads)
             })?);
         }
         let forward = median_ms(be, 1, &mut || {
-            be.causal_forward(&dims, seq, &mask, &q, &k, &v).map(drop)
+            be.causal_forward(&dims, seq, &mask, &strides, qkv)
+                .map(drop)
         })?;
         println!(
             "{}",
@@ -202,8 +210,18 @@ fn layout_cost(be: &CudaBackend, seq: usize) -> Result<()> {
     adapter()?;
     let ours = median_ms(be, 10, &mut adapter)?;
     let mut fast = || -> Result<()> {
-        let fwd = be.causal_forward(&dims, seq, &Mask::causal(), &qh, &kh, &vh)?;
-        be.causal_backward(&dims, seq, &Mask::causal(), &qh, &kh, &vh, &fwd, &gh)?;
+        let strides = CallStrides::head_major(&dims, seq, seq);
+        let qkv = [&qh, &kh, &vh];
+        let fwd = be.causal_forward(&dims, seq, &Mask::causal(), &strides, qkv)?;
+        be.causal_backward(
+            &dims,
+            seq,
+            &Mask::causal(),
+            &strides,
+            qkv,
+            fwd.as_ref(),
+            &gh,
+        )?;
         Ok(())
     };
     fast()?;

@@ -35,10 +35,11 @@
 extern "C" __global__ void __launch_bounds__(BWD_THREADS, 8 / BWD_WARPS)
     bwd_block(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* __restrict__ V,
               const u16* __restrict__ dO, const float* __restrict__ LSE,
-              const float* __restrict__ Dl, float* __restrict__ dQ, float* __restrict__ dK,
-              float* __restrict__ dV, int heads, int kv_heads, int q_len, int kv_len, int q_start,
-              int kv_start, const int* __restrict__ row_start, const int* __restrict__ row_end,
-              int global, float scale) {
+              const float* __restrict__ Dl, float* __restrict__ dQ, void* __restrict__ dK,
+              void* __restrict__ dV, int kv_direct, int heads, int kv_heads, int q_len,
+              int kv_len, int q_start, int kv_start, Strides qs, Strides kvs,
+              const int* __restrict__ row_start, const int* __restrict__ row_end, int global,
+              float scale) {
     constexpr int D = HEAD_DIM;
     constexpr int TILES16 = D / 16;                  // 16-column tiles of the head dim
     constexpr int QPW = BWD_BQ / BWD_KSPLIT;         // phase 1: queries per warp
@@ -63,7 +64,8 @@ extern "C" __global__ void __launch_bounds__(BWD_THREADS, 8 / BWD_WARPS)
     const int t_begin = seen.x, n_qt = seen.y;
     if (t_begin >= n_qt) return;
 
-    const BwdHead op = bwd_head(Q, K, V, dO, LSE, Dl, dQ, dK, dV, heads, kv_heads, q_len, kv_len);
+    const BwdHead op =
+        bwd_head(Q, K, V, dO, LSE, Dl, dQ, dK, dV, kv_direct, heads, kv_heads, q_len, qs, kvs);
 
     constexpr u32 Q_STAGE = BWD_BQ * D * 2;
     const u32 sK = smem_addr(smem);
@@ -84,14 +86,14 @@ extern "C" __global__ void __launch_bounds__(BWD_THREADS, 8 / BWD_WARPS)
     // Query tile qt's Q, dO, LSE, D and row starts into pipeline stage st.
     const auto load_query_tile = [&](int qt, int st) {
         const int r = qt * BWD_BQ;
-        load_tile<BWD_BQ, BWD_THREADS>(sQ + st * Q_STAGE, op.Q, r, q_len);
-        load_tile<BWD_BQ, BWD_THREADS>(sdO + st * Q_STAGE, op.dO, r, q_len);
+        load_tile<BWD_BQ, BWD_THREADS>(sQ + st * Q_STAGE, op.Q, op.q_row, r, q_len);
+        load_tile<BWD_BQ, BWD_THREADS>(sdO + st * Q_STAGE, op.dO, op.q_row, r, q_len);
         load_vec<BWD_BQ>(sL + st * BWD_BQ * 4, op.LSE, r, q_len);
         load_vec<BWD_BQ>(sD + st * BWD_BQ * 4, op.D, r, q_len);
         load_row_starts<BWD_BQ>(sR + st * BWD_BQ * 4, row_start, q_start, r, q_len);
     };
-    load_tile<BWD_BKV, BWD_THREADS>(sK, op.K, c0, kv_len);
-    load_tile<BWD_BKV, BWD_THREADS>(sV, op.V, c0, kv_len);
+    load_tile<BWD_BKV, BWD_THREADS>(sK, op.K, op.kv_row, c0, kv_len);
+    load_tile<BWD_BKV, BWD_THREADS>(sV, op.V, op.kv_row, c0, kv_len);
     load_query_tile(t_begin, 0);
     cp_commit();
 
@@ -283,7 +285,7 @@ extern "C" __global__ void __launch_bounds__(BWD_THREADS, 8 / BWD_WARPS)
                         for (int nt = 0; nt < 2 * QCT; ++nt) {
                             if (pass * QCT + nt / 2 >= QT || (!QEXACT && pc0 + nt * 8 >= D))
                                 continue;
-                            red_add2(op.dQ + (size_t)qr * D + pc0 + nt * 8 + 2 * t,
+                            red_add2(op.dQ + (size_t)qr * op.q_row + pc0 + nt * 8 + 2 * t,
                                      acc[mt][nt][2 * i] * scale, acc[mt][nt][2 * i + 1] * scale);
                         }
                     }
@@ -300,9 +302,10 @@ extern "C" __global__ void __launch_bounds__(BWD_THREADS, 8 / BWD_WARPS)
 #pragma unroll
                 for (int nt = 0; nt < HALF / 8; ++nt) {
                     if (!KEXACT && dc0 + nt * 8 >= D) continue;
-                    const size_t o = (size_t)kr * D + dc0 + nt * 8 + 2 * t;
-                    red_add2(op.dK + o, dk[mt][nt][2 * i] * scale, dk[mt][nt][2 * i + 1] * scale);
-                    red_add2(op.dV + o, dv[mt][nt][2 * i], dv[mt][nt][2 * i + 1]);
+                    const size_t o = (size_t)kr * op.kv_row + dc0 + nt * 8 + 2 * t;
+                    put_kv_grad(op.dK, op.kv_direct, o, dk[mt][nt][2 * i] * scale,
+                                dk[mt][nt][2 * i + 1] * scale);
+                    put_kv_grad(op.dV, op.kv_direct, o, dv[mt][nt][2 * i], dv[mt][nt][2 * i + 1]);
                 }
             }
         }

@@ -35,22 +35,25 @@
 #define WG_DQ_PARTS (HEAD_DIM == 128 ? 1 : 2)
 #define WG_DQ_ROW (HEAD_DIM * 4 + 32)
 
-// Adds the dQ tile of query rows row0.. staged in shared memory at sdQ into dQ: one bulk
-// reduction per row and part, issued by the first WG_DQ_PARTS × 64 threads.
-__device__ __forceinline__ void add_dq_tile(float* dQ, u32 sdQ, int row0, int q_len) {
+// Adds the dQ tile of query rows row0.. staged in shared memory at sdQ into dQ (rows `stride`
+// elements apart): one bulk reduction per row and part, issued by the first WG_DQ_PARTS × 64
+// threads.
+__device__ __forceinline__ void add_dq_tile(float* dQ, int stride, u32 sdQ, int row0,
+                                            int q_len) {
     const int row = threadIdx.x % WG_BQ, part = threadIdx.x / WG_BQ;
     if (part < WG_DQ_PARTS && row0 + row < q_len)
-        bulk_add_f32(dQ + (size_t)(row0 + row) * HEAD_DIM,
+        bulk_add_f32(dQ + (size_t)(row0 + row) * stride,
                      sdQ + (part * WG_BQ + row) * WG_DQ_ROW, HEAD_DIM * 4);
 }
 
 extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
     bwd_block(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* __restrict__ V,
               const u16* __restrict__ dO, const float* __restrict__ LSE,
-              const float* __restrict__ Dl, float* __restrict__ dQ, float* __restrict__ dK,
-              float* __restrict__ dV, int heads, int kv_heads, int q_len, int kv_len, int q_start,
-              int kv_start, const int* __restrict__ row_start, const int* __restrict__ row_end,
-              int global, float scale) {
+              const float* __restrict__ Dl, float* __restrict__ dQ, void* __restrict__ dK,
+              void* __restrict__ dV, int kv_direct, int heads, int kv_heads, int q_len,
+              int kv_len, int q_start, int kv_start, Strides qs, Strides kvs,
+              const int* __restrict__ row_start, const int* __restrict__ row_end, int global,
+              float scale) {
     constexpr int D = HEAD_DIM;
     constexpr int DH = D / 64;                  // column atoms of a row
     const int wg = threadIdx.x / 128;           // warpgroup: keys 64·wg.., dQ columns 64·wg..
@@ -67,7 +70,8 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
     const int t_begin = seen.x, n_qt = seen.y;
     if (t_begin >= n_qt) return;
 
-    const BwdHead op = bwd_head(Q, K, V, dO, LSE, Dl, dQ, dK, dV, heads, kv_heads, q_len, kv_len);
+    const BwdHead op =
+        bwd_head(Q, K, V, dO, LSE, Dl, dQ, dK, dV, kv_direct, heads, kv_heads, q_len, qs, kvs);
 
     constexpr u32 KV_TILE = WG_BKV * D * 2, Q_TILE = WG_BQ * D * 2;
     constexpr u32 KV_ATOM = WG_BKV * 128, Q_ATOM = WG_BQ * 128;  // one column atom, bytes
@@ -87,10 +91,10 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
     const int* iR = reinterpret_cast<const int*>(gen + (sR - base));
     unsigned char* pdS = gen + (sdS - base);
 
-    load_tile<WG_BKV, WG_THREADS, true>(sK, op.K, c0, kv_len);
-    load_tile<WG_BKV, WG_THREADS, true>(sV, op.V, c0, kv_len);
-    load_tile<WG_BQ, WG_THREADS, true>(sQ, op.Q, t_begin * WG_BQ, q_len);
-    load_tile<WG_BQ, WG_THREADS, true>(sdO, op.dO, t_begin * WG_BQ, q_len);
+    load_tile<WG_BKV, WG_THREADS, true>(sK, op.K, op.kv_row, c0, kv_len);
+    load_tile<WG_BKV, WG_THREADS, true>(sV, op.V, op.kv_row, c0, kv_len);
+    load_tile<WG_BQ, WG_THREADS, true>(sQ, op.Q, op.q_row, t_begin * WG_BQ, q_len);
+    load_tile<WG_BQ, WG_THREADS, true>(sdO, op.dO, op.q_row, t_begin * WG_BQ, q_len);
     load_vec<WG_BQ>(sL, op.LSE, t_begin * WG_BQ, q_len);
     load_vec<WG_BQ>(sD, op.D, t_begin * WG_BQ, q_len);
     load_row_starts<WG_BQ>(sR, row_start, q_start, t_begin * WG_BQ, q_len);
@@ -109,13 +113,13 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
         cp_wait<0>();
         fence_async_smem();
         __syncthreads();  // tile qt landed; the last tile's wgmmas are done with sdS and its stage
-        if (qt > t_begin) add_dq_tile(op.dQ, sdQ, (qt - 1) * WG_BQ, q_len);
+        if (qt > t_begin) add_dq_tile(op.dQ, op.q_row, sdQ, (qt - 1) * WG_BQ, q_len);
         const int stage = (qt - t_begin) & 1;
         if (qt + 1 < n_qt) {
             const int ns = stage ^ 1;
             const int nr = (qt + 1) * WG_BQ;
-            load_tile<WG_BQ, WG_THREADS, true>(sQ + ns * Q_TILE, op.Q, nr, q_len);
-            load_tile<WG_BQ, WG_THREADS, true>(sdO + ns * Q_TILE, op.dO, nr, q_len);
+            load_tile<WG_BQ, WG_THREADS, true>(sQ + ns * Q_TILE, op.Q, op.q_row, nr, q_len);
+            load_tile<WG_BQ, WG_THREADS, true>(sdO + ns * Q_TILE, op.dO, op.q_row, nr, q_len);
             load_vec<WG_BQ>(sL + ns * WG_BQ * 4, op.LSE, nr, q_len);
             load_vec<WG_BQ>(sD + ns * WG_BQ * 4, op.D, nr, q_len);
             load_row_starts<WG_BQ>(sR + ns * WG_BQ * 4, row_start, q_start, nr, q_len);
@@ -266,7 +270,7 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
         fence_async_smem();
     }
     __syncthreads();
-    add_dq_tile(op.dQ, sdQ, (n_qt - 1) * WG_BQ, q_len);
+    add_dq_tile(op.dQ, op.q_row, sdQ, (n_qt - 1) * WG_BQ, q_len);
     bulk_wait();
 
 #pragma unroll
@@ -277,10 +281,10 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
             for (int a = 0; a < DH; ++a)
 #pragma unroll
                 for (int nt = 0; nt < 8; ++nt) {
-                    const size_t o = (size_t)kr * D + a * 64 + nt * 8 + 2 * t;
+                    const size_t o = (size_t)kr * op.kv_row + a * 64 + nt * 8 + 2 * t;
                     const int e = nt * 4 + 2 * i;
-                    red_add2(op.dK + o, dk[a][e] * scale, dk[a][e + 1] * scale);
-                    red_add2(op.dV + o, dv[a][e], dv[a][e + 1]);
+                    put_kv_grad(op.dK, op.kv_direct, o, dk[a][e] * scale, dk[a][e + 1] * scale);
+                    put_kv_grad(op.dV, op.kv_direct, o, dv[a][e], dv[a][e + 1]);
                 }
         }
     }

@@ -96,20 +96,22 @@ __device__ __forceinline__ u32 swz128(int rows, int row, int col) {
                  (col & 7) * 2);
 }
 
-// Copies rows [row0, row0 + ROWS) of a row-major [rows_total][HEAD_DIM] matrix into a swizzled
-// shared tile with cp.async, in the mma.sync kernels' layout (`swz`) or, with ATOMS, in the
-// wgmma kernels' (`swz128`); rows past `rows_total` become zeros (never garbage: P·V with P = 0
-// must stay finite).
+// Copies rows [row0, row0 + ROWS) of a matrix of rows_total rows × HEAD_DIM, rows `stride`
+// elements apart (HEAD_DIM head-major, heads·HEAD_DIM sequence-major: `Strides`), into a
+// swizzled shared tile with cp.async, in the mma.sync kernels' layout (`swz`) or, with ATOMS, in
+// the wgmma kernels' (`swz128`); rows past `rows_total` become zeros (never garbage: P·V with
+// P = 0 must stay finite).
 //
 // Where THREADS is a multiple of the row's 16-byte chunks and the rows between one thread's
 // chunks (STEP) a multiple of 8, each thread copies one column chunk of every STEP-th row: the
 // swizzle of all of a thread's chunks is that of its first row, and every copy after the first
-// is the first one's addresses plus constants, so the loop compiles to bare cp.async
-// instructions with immediate offsets. (Indexing chunks by a strided `i` instead cost as many
+// is the first one's addresses plus a constant step, so the loop compiles to bare cp.async
+// instructions and one address add each. (Indexing chunks by a strided `i` instead cost as many
 // instructions per tile as the forward's softmax: bench/notes/kernel-notes.md, v7.) Other
 // shapes (head dims 80, 96, 192; 256 with 4 warps) take that strided loop.
 template <int ROWS, int THREADS, bool ATOMS = false>
-__device__ __forceinline__ void load_tile(u32 dst, const u16* base, int row0, int rows_total) {
+__device__ __forceinline__ void load_tile(u32 dst, const u16* base, int stride, int row0,
+                                          int rows_total) {
     constexpr int CHUNKS = HEAD_DIM / 8;          // 16-byte chunks per row
     constexpr int STEP = THREADS / CHUNKS;        // rows between one thread's chunks
     constexpr int ROW_BYTES = ATOMS ? 128 : HEAD_DIM * 2;  // within one column atom
@@ -117,19 +119,20 @@ __device__ __forceinline__ void load_tile(u32 dst, const u16* base, int row0, in
         constexpr int ITERS = (ROWS + STEP - 1) / STEP;
         const int r = threadIdx.x / CHUNKS, c = threadIdx.x % CHUNKS;
         const u32 at = dst + (ATOMS ? swz128(ROWS, r, c * 8) : swz<HEAD_DIM>(r, c * 8));
-        const u16* src = base + (size_t)row0 * HEAD_DIM + r * HEAD_DIM + c * 8;
+        const u16* src = base + (size_t)(row0 + r) * stride + c * 8;
+        const size_t step = (size_t)STEP * stride;
         // (ROWS % STEP != 0: the last pass covers only the first rows of the split.)
         if (row0 + ROWS <= rows_total) {
 #pragma unroll
             for (int k = 0; k < ITERS; ++k)
                 if (ROWS % STEP == 0 || r + k * STEP < ROWS)
-                    cp_async16(at + k * STEP * ROW_BYTES, src + k * STEP * HEAD_DIM, 16);
+                    cp_async16(at + k * STEP * ROW_BYTES, src + k * step, 16);
         } else {
 #pragma unroll
             for (int k = 0; k < ITERS; ++k) {
                 const bool ok = row0 + r + k * STEP < rows_total;
                 if (ROWS % STEP == 0 || r + k * STEP < ROWS)
-                    cp_async16(at + k * STEP * ROW_BYTES, ok ? src + k * STEP * HEAD_DIM : base,
+                    cp_async16(at + k * STEP * ROW_BYTES, ok ? src + k * step : base,
                                ok ? 16 : 0);
             }
         }
@@ -144,7 +147,7 @@ __device__ __forceinline__ void load_tile(u32 dst, const u16* base, int row0, in
                 const int r = i / CHUNKS, c = i % CHUNKS;
                 const bool ok = row0 + r < rows_total;
                 const u32 at = dst + (ATOMS ? swz128(ROWS, r, c * 8) : swz<HEAD_DIM>(r, c * 8));
-                const u16* src = base + (size_t)(row0 + r) * HEAD_DIM + c * 8;
+                const u16* src = base + (size_t)(row0 + r) * stride + c * 8;
                 cp_async16(at, ok ? src : base, ok ? 16 : 0);
             }
         }
@@ -160,21 +163,36 @@ __device__ __forceinline__ void load_vec(u32 dst, const float* base, int row0, i
     }
 }
 
-// Where the CTA's (batch, query head), blockIdx.x, starts in the head-major tensors: its query-
-// side rows ([batch·heads][q_len][HEAD_DIM]), its KV head's rows (query heads share KV heads in
-// groups of heads/kv_heads: GQA, MQA) and its per-row statistics ([batch·heads][q_len]).
+// Where an attention tensor's elements lie, viewed as [batch][heads][rows][HEAD_DIM] with the
+// head dim contiguous: element (b, h, r, c) at b·batch + h·head + r·row + c, in elements. The
+// block API's own tensors are head-major ({heads·rows·D, rows·D, D}); the model's and torch's
+// [b, s, h, d] are sequence-major ({s·h·D, D, h·D}); any other view whose strides are multiples
+// of 8 (16-byte vectors) reads the same way. Q, O, dO and dQ share one (the query side's), K, V,
+// dK and dV another. The host's twin is src/backend/cuda/strides.rs.
+struct Strides {
+    long long batch, head, row;
+};
+
+// Where the CTA's (batch, query head), blockIdx.x = batch·heads + head, starts: its query-side
+// rows (Q, O, dO, dQ under `qs`), its KV head's rows (K, V, dK, dV under `kvs`; query heads share
+// KV heads in groups of heads/kv_heads: GQA, MQA) and its per-row statistics (LSE, D, the
+// running state: always [batch·heads][q_len]). `q_row` and `kv_row` are the rows' strides
+// (below 2^31: the host checks).
 struct HeadRows {
     size_t q, kv, stat;
+    int q_row, kv_row;
 };
-// The CTA's KV head among all batches' ([batch·kv_heads]).
-__device__ __forceinline__ int kv_matrix(int heads, int kv_heads) {
-    const int bh = blockIdx.x;
-    return (bh / heads) * kv_heads + (bh % heads) / (heads / kv_heads);
+// The CTA's batch and KV head within it.
+__device__ __forceinline__ int cta_batch(int heads) { return blockIdx.x / heads; }
+__device__ __forceinline__ int cta_kv_head(int heads, int kv_heads) {
+    return (blockIdx.x % heads) / (heads / kv_heads);
 }
-__device__ __forceinline__ HeadRows head_rows(int heads, int kv_heads, int q_len, int kv_len) {
-    const int bh = blockIdx.x;
-    const int kvh = kv_matrix(heads, kv_heads);
-    return {(size_t)bh * q_len * HEAD_DIM, (size_t)kvh * kv_len * HEAD_DIM, (size_t)bh * q_len};
+__device__ __forceinline__ HeadRows head_rows(int heads, int kv_heads, int q_len, Strides qs,
+                                              Strides kvs) {
+    const int bh = blockIdx.x, b = cta_batch(heads), h = bh % heads;
+    const int kvh = cta_kv_head(heads, kv_heads);
+    return {(size_t)(b * qs.batch + h * qs.head), (size_t)(b * kvs.batch + kvh * kvs.head),
+            (size_t)bh * q_len, (int)qs.row, (int)kvs.row};
 }
 
 // Masks. Beyond causality a kernel may get a mask (packed documents, a sliding window, global
@@ -258,19 +276,47 @@ __device__ __forceinline__ KvTiles visible_kv_tiles(int r0, int q_len, int kv_le
     return {n_glob + local, n_glob, first};
 }
 
-// Backward: every operand of the CTA's (batch, query head), offset to its rows (HeadRows).
+// Backward: every operand of the CTA's (batch, query head), offset to its rows (HeadRows). dK
+// and dV are f32 accumulators, or with `kv_direct` 16-bit outputs the CTA writes once: where it
+// computes every term of its keys' gradients (one query head per KV head and the whole
+// sequence in one call), so the f32 buffers and their rounding pass are not needed. (One
+// untyped pointer each and a flag, not two typed ones: the registers are counted at head dim
+// 256, whose mma.sync backward spilled with four.)
 struct BwdHead {
     const u16 *Q, *dO, *K, *V;
     const float *LSE, *D;
-    float *dQ, *dK, *dV;
+    float* dQ;
+    void *dK, *dV;
+    int kv_direct, q_row, kv_row;
 };
 __device__ __forceinline__ BwdHead bwd_head(const u16* Q, const u16* K, const u16* V,
                                             const u16* dO, const float* LSE, const float* Dl,
-                                            float* dQ, float* dK, float* dV, int heads,
-                                            int kv_heads, int q_len, int kv_len) {
-    const HeadRows hr = head_rows(heads, kv_heads, q_len, kv_len);
-    return {Q + hr.q,       dO + hr.q, K + hr.kv,  V + hr.kv, LSE + hr.stat,
-            Dl + hr.stat, dQ + hr.q, dK + hr.kv, dV + hr.kv};
+                                            float* dQ, void* dK, void* dV, int kv_direct,
+                                            int heads, int kv_heads, int q_len, Strides qs,
+                                            Strides kvs) {
+    const HeadRows hr = head_rows(heads, kv_heads, q_len, qs, kvs);
+    const size_t kv_bytes = hr.kv * (kv_direct ? 2 : 4);
+    return {Q + hr.q,
+            dO + hr.q,
+            K + hr.kv,
+            V + hr.kv,
+            LSE + hr.stat,
+            Dl + hr.stat,
+            dQ + hr.q,
+            reinterpret_cast<unsigned char*>(dK) + kv_bytes,
+            reinterpret_cast<unsigned char*>(dV) + kv_bytes,
+            kv_direct,
+            hr.q_row,
+            hr.kv_row};
+}
+
+// Backward, at the end: the pair (x, y) of a key row's dK or dV at element `o` of the head's
+// gradient `g`: added to the f32 accumulator, or with `direct` stored in 16 bits.
+__device__ __forceinline__ void put_kv_grad(void* g, int direct, size_t o, float x, float y) {
+    if (direct)
+        *reinterpret_cast<u32*>(reinterpret_cast<u16*>(g) + o) = pack2(x, y);
+    else
+        red_add2(reinterpret_cast<float*>(g) + o, x, y);
 }
 
 // Backward: the query tiles [begin, end) of Q_ROWS rows that see some of the CTA's keys

@@ -31,7 +31,7 @@ __device__ __forceinline__ void fwd_body(const u16* __restrict__ Q, const u16* _
                                          float* __restrict__ LSE, float* __restrict__ Mst,
                                          float* __restrict__ Lst, float* __restrict__ ACC,
                                          int heads, int kv_heads, int q_len, int kv_len,
-                                         int q_start, int kv_start,
+                                         int q_start, int kv_start, Strides qs, Strides kvs,
                                          const int* __restrict__ row_start, int global,
                                          float scale_log2) {
     constexpr int D = HEAD_DIM;
@@ -45,7 +45,7 @@ __device__ __forceinline__ void fwd_body(const u16* __restrict__ Q, const u16* _
     const int n_tiles = tiles.n;
     if (STATE && n_tiles == 0) return;  // the block adds nothing to these rows
 
-    const HeadRows hr = head_rows(heads, kv_heads, q_len, kv_len);
+    const HeadRows hr = head_rows(heads, kv_heads, q_len, qs, kvs);
     const u16* Qh = Q + hr.q;
     const u16* Kh = K + hr.kv;
     const u16* Vh = V + hr.kv;
@@ -55,11 +55,11 @@ __device__ __forceinline__ void fwd_body(const u16* __restrict__ Q, const u16* _
     const u32 sV = sK + 2 * FWD_BKV * D * 2;
     constexpr u32 KV_STAGE = FWD_BKV * D * 2;
 
-    load_tile<FWD_BQ, FWD_THREADS>(sQ, Qh, r0, q_len);
+    load_tile<FWD_BQ, FWD_THREADS>(sQ, Qh, hr.q_row, r0, q_len);
     cp_commit();
     if (n_tiles > 0) {
-        load_tile<FWD_BKV, FWD_THREADS>(sK, Kh, tiles.at(0) * FWD_BKV, kv_len);
-        load_tile<FWD_BKV, FWD_THREADS>(sV, Vh, tiles.at(0) * FWD_BKV, kv_len);
+        load_tile<FWD_BKV, FWD_THREADS>(sK, Kh, hr.kv_row, tiles.at(0) * FWD_BKV, kv_len);
+        load_tile<FWD_BKV, FWD_THREADS>(sV, Vh, hr.kv_row, tiles.at(0) * FWD_BKV, kv_len);
     }
     cp_commit();
     cp_wait<1>();
@@ -116,8 +116,8 @@ __device__ __forceinline__ void fwd_body(const u16* __restrict__ Q, const u16* _
         if (j + 1 < n_tiles) {
             const u32 st = ((j + 1) & 1) * KV_STAGE;
             const int next = tiles.at(j + 1) * FWD_BKV;
-            load_tile<FWD_BKV, FWD_THREADS>(sK + st, Kh, next, kv_len);
-            load_tile<FWD_BKV, FWD_THREADS>(sV + st, Vh, next, kv_len);
+            load_tile<FWD_BKV, FWD_THREADS>(sK + st, Kh, hr.kv_row, next, kv_len);
+            load_tile<FWD_BKV, FWD_THREADS>(sV + st, Vh, hr.kv_row, next, kv_len);
         }
         cp_commit();
         const u32 cK = sK + (j & 1) * KV_STAGE, cV = sV + (j & 1) * KV_STAGE;
@@ -250,7 +250,7 @@ __device__ __forceinline__ void fwd_body(const u16* __restrict__ Q, const u16* _
                 if (t == 0) LSE[srow] = lt > 0.f ? (m[mt][i] + __log2f(lt)) * LN2 : NEG_INF;
 #pragma unroll
                 for (int nt = 0; nt < D / 8; ++nt)
-                    *reinterpret_cast<u32*>(O + srow * D + nt * 8 + 2 * t) =
+                    *reinterpret_cast<u32*>(O + hr.q + row * hr.q_row + nt * 8 + 2 * t) =
                         pack2(o[mt][nt][2 * i] * inv, o[mt][nt][2 * i + 1] * inv);
             }
         }
@@ -258,17 +258,17 @@ __device__ __forceinline__ void fwd_body(const u16* __restrict__ Q, const u16* _
 
 extern "C" __global__ void __launch_bounds__(FWD_THREADS, FWD_MIN_BLOCKS)
     fwd_final(const u16* Q, const u16* K, const u16* V, u16* O, float* LSE, int heads,
-              int kv_heads, int q_len, int kv_len, int q_start, int kv_start,
-              const int* row_start, int global, float scale_log2) {
+              int kv_heads, int q_len, int kv_len, int q_start, int kv_start, Strides qs,
+              Strides kvs, const int* row_start, int global, float scale_log2) {
     fwd_body<false>(Q, K, V, O, LSE, nullptr, nullptr, nullptr, heads, kv_heads, q_len, kv_len,
-                    q_start, kv_start, row_start, global, scale_log2);
+                    q_start, kv_start, qs, kvs, row_start, global, scale_log2);
 }
 
 extern "C" __global__ void __launch_bounds__(FWD_THREADS, FWD_MIN_BLOCKS)
     fwd_state(const u16* Q, const u16* K, const u16* V, float* M, float* L, float* ACC, int heads,
-              int kv_heads, int q_len, int kv_len, int q_start, int kv_start,
-              const int* row_start, int global, float scale_log2) {
+              int kv_heads, int q_len, int kv_len, int q_start, int kv_start, Strides qs,
+              Strides kvs, const int* row_start, int global, float scale_log2) {
     fwd_body<true>(Q, K, V, nullptr, nullptr, M, L, ACC, heads, kv_heads, q_len, kv_len, q_start,
-                   kv_start, row_start, global, scale_log2);
+                   kv_start, qs, kvs, row_start, global, scale_log2);
 }
 #endif  // !FWD_WGMMA

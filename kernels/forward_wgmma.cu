@@ -47,7 +47,7 @@ __device__ __forceinline__ void fwd_wg_body(const TensorMap* tmQ, const TensorMa
                                             float* __restrict__ LSE, float* __restrict__ Mst,
                                             float* __restrict__ Lst, float* __restrict__ ACC,
                                             int heads, int kv_heads, int q_len, int kv_len,
-                                            int q_start, int kv_start,
+                                            int q_start, int kv_start, Strides qs, Strides kvs,
                                             const int* __restrict__ row_start, int global,
                                             float scale_log2) {
     constexpr int D = HEAD_DIM;
@@ -64,8 +64,9 @@ __device__ __forceinline__ void fwd_wg_body(const TensorMap* tmQ, const TensorMa
     const int n_tiles = tiles.n;
     if (STATE && n_tiles == 0) return;  // the block adds nothing to these rows
 
-    const HeadRows hr = head_rows(heads, kv_heads, q_len, kv_len);
-    const int kvh = kv_matrix(heads, kv_heads);
+    // (Q, K and V come in through their tensor maps, which carry their strides.)
+    const HeadRows hr = head_rows(heads, kv_heads, q_len, qs, kvs);
+    const int b = cta_batch(heads), h = blockIdx.x % heads, kvh = cta_kv_head(heads, kv_heads);
 
     constexpr u32 TILE = WF_BKV * D * 2;  // also the Q tile (WF_BQ = WF_BKV)
     unsigned char* gen;
@@ -86,13 +87,13 @@ __device__ __forceinline__ void fwd_wg_body(const TensorMap* tmQ, const TensorMa
     if (wg == 2) {  // the loading warpgroup
         regs_release<24>();
         if (threadIdx.x == 256 && n_tiles > 0) {
-            tma_tile<WF_BQ>(sQ, tmQ, r0, blockIdx.x, barQ);
+            tma_tile<WF_BQ>(sQ, tmQ, r0, h, b, barQ);
             for (int n = 0; n < n_tiles; ++n) {
                 if (n >= 2) stage_wait<2>(freeK, n - 2);  // tile n−2 is done with the stage
                 const int row = tiles.at(n) * WF_BKV;
-                tma_tile<WF_BKV>(sK + (n & 1) * TILE, tmK, row, kvh, stage_bar<2>(barK, n));
+                tma_tile<WF_BKV>(sK + (n & 1) * TILE, tmK, row, kvh, b, stage_bar<2>(barK, n));
                 if (n >= 3) stage_wait<3>(freeV, n - 3);  // tile n−3 is done with the stage
-                tma_tile<WF_BKV>(sV + (n % 3) * TILE, tmV, row, kvh, stage_bar<3>(barV, n));
+                tma_tile<WF_BKV>(sV + (n % 3) * TILE, tmV, row, kvh, b, stage_bar<3>(barV, n));
             }
         }
         return;
@@ -268,30 +269,32 @@ __device__ __forceinline__ void fwd_wg_body(const TensorMap* tmQ, const TensorMa
             for (int hf = 0; hf < DH; ++hf)
 #pragma unroll
                 for (int nt = 0; nt < 8; ++nt)
-                    *reinterpret_cast<u32*>(O + srow * D + hf * 64 + nt * 8 + 2 * t) =
+                    *reinterpret_cast<u32*>(O + hr.q + row * hr.q_row + hf * 64 + nt * 8 + 2 * t) =
                         pack2(o[hf][nt * 4 + 2 * i] * inv, o[hf][nt * 4 + 2 * i + 1] * inv);
         }
     }
 }
 
-// The entry points take forward.cu's arguments (Q, K and V as pointers, for a host that launches
-// either kernel the same way), then the tensor maps the TMA loads read Q, K and V through.
+// The entry points take forward.cu's arguments (Q, K and V as pointers and their strides, for a
+// host that launches either kernel the same way: O is written under Q's), then the tensor maps
+// the TMA loads read Q, K and V through.
 extern "C" __global__ void __launch_bounds__(WF_THREADS, 1)
     fwd_final(const u16*, const u16*, const u16*, u16* O, float* LSE, int heads, int kv_heads,
-              int q_len, int kv_len, int q_start, int kv_start, const int* row_start, int global,
-              float scale_log2, const __grid_constant__ TensorMap tmQ,
-              const __grid_constant__ TensorMap tmK, const __grid_constant__ TensorMap tmV) {
+              int q_len, int kv_len, int q_start, int kv_start, Strides qs, Strides kvs,
+              const int* row_start, int global, float scale_log2,
+              const __grid_constant__ TensorMap tmQ, const __grid_constant__ TensorMap tmK,
+              const __grid_constant__ TensorMap tmV) {
     fwd_wg_body<false>(&tmQ, &tmK, &tmV, O, LSE, nullptr, nullptr, nullptr, heads, kv_heads,
-                       q_len, kv_len, q_start, kv_start, row_start, global, scale_log2);
+                       q_len, kv_len, q_start, kv_start, qs, kvs, row_start, global, scale_log2);
 }
 
 extern "C" __global__ void __launch_bounds__(WF_THREADS, 1)
     fwd_state(const u16*, const u16*, const u16*, float* M, float* L, float* ACC, int heads,
-              int kv_heads, int q_len, int kv_len, int q_start, int kv_start,
-              const int* row_start, int global, float scale_log2,
+              int kv_heads, int q_len, int kv_len, int q_start, int kv_start, Strides qs,
+              Strides kvs, const int* row_start, int global, float scale_log2,
               const __grid_constant__ TensorMap tmQ, const __grid_constant__ TensorMap tmK,
               const __grid_constant__ TensorMap tmV) {
     fwd_wg_body<true>(&tmQ, &tmK, &tmV, nullptr, nullptr, M, L, ACC, heads, kv_heads, q_len,
-                      kv_len, q_start, kv_start, row_start, global, scale_log2);
+                      kv_len, q_start, kv_start, qs, kvs, row_start, global, scale_log2);
 }
 #endif  // FWD_WGMMA

@@ -45,24 +45,35 @@ extern "C" __global__ void merge_rows(float* out_a, float* lse_a, const float* o
 __device__ __forceinline__ float load_elem(const float* p, long i) { return p[i]; }
 __device__ __forceinline__ float load_elem(const u16* p, long i) { return to_f32(p[i]); }
 
-// D = rowsum(dO ∘ O), O in f32 (block API partials) or the input dtype (fast path).
+// Where row `row` of the statistics order ([batch·heads][q_len]) starts in a tensor under `s`.
+__device__ __forceinline__ long long row_at(Strides s, long row, long q_len, int heads) {
+    const long bh = row / q_len, r = row % q_len;
+    return (bh / heads) * s.batch + (bh % heads) * s.head + r * s.row;
+}
+
+// D = rowsum(dO ∘ O), O in f32 (block API partials) or the input dtype (fast path), each under
+// its strides.
 template <typename OT>
-__device__ __forceinline__ void delta_body(const OT* out, const u16* dout, float* delta, long rows) {
+__device__ __forceinline__ void delta_body(const OT* out, Strides os, const u16* dout, Strides ds,
+                                           float* delta, long rows, long q_len, int heads) {
     const long row = blockIdx.x * (long)(blockDim.x / 32) + threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
     if (row >= rows) return;
+    const OT* o = out + row_at(os, row, q_len, heads);
+    const u16* d = dout + row_at(ds, row, q_len, heads);
     float acc = 0.f;
-    for (int c = lane; c < HEAD_DIM; c += 32)
-        acc += load_elem(out, row * HEAD_DIM + c) * to_f32(dout[row * HEAD_DIM + c]);
+    for (int c = lane; c < HEAD_DIM; c += 32) acc += load_elem(o, c) * to_f32(d[c]);
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffff, acc, o);
+    for (int k = 16; k > 0; k >>= 1) acc += __shfl_xor_sync(0xffffffff, acc, k);
     if (lane == 0) delta[row] = acc;
 }
 
-extern "C" __global__ void delta_f32(const float* out, const u16* dout, float* delta, long rows) {
-    delta_body(out, dout, delta, rows);
+extern "C" __global__ void delta_f32(const float* out, Strides os, const u16* dout, Strides ds,
+                                     float* delta, long rows, long q_len, int heads) {
+    delta_body(out, os, dout, ds, delta, rows, q_len, heads);
 }
 
-extern "C" __global__ void delta_half(const u16* out, const u16* dout, float* delta, long rows) {
-    delta_body(out, dout, delta, rows);
+extern "C" __global__ void delta_half(const u16* out, Strides os, const u16* dout, Strides ds,
+                                      float* delta, long rows, long q_len, int heads) {
+    delta_body(out, os, dout, ds, delta, rows, q_len, heads);
 }

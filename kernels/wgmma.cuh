@@ -214,24 +214,26 @@ template <int STAGES>
 __device__ __forceinline__ void stage_wait(u32 bars, int n) {
     mbar_wait(stage_bar<STAGES>(bars, n), (n / STAGES) & 1);
 }
-// Copies the box at (column, row, matrix) of `map` to shared memory at dst; completes on bar.
+// Copies the box at (column, row, head, batch) of `map` to shared memory at dst; completes on
+// bar. The map is four-dimensional ([batch][heads][rows][HEAD_DIM] under the tensor's strides,
+// src/backend/cuda/tma.rs), so one kernel reads head-major and sequence-major tensors alike.
 __device__ __forceinline__ void tma_load(u32 dst, const TensorMap* map, int col, int row,
-                                         int matrix, u32 bar) {
+                                         int head, int batch, u32 bar) {
     asm volatile(
-        "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes "
-        "[%0], [%1, {%2, %3, %4}], [%5];" ::"r"(dst),
-        "l"(reinterpret_cast<u64>(map)), "r"(col), "r"(row), "r"(matrix), "r"(bar)
+        "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes "
+        "[%0], [%1, {%2, %3, %4, %5}], [%6];" ::"r"(dst),
+        "l"(reinterpret_cast<u64>(map)), "r"(col), "r"(row), "r"(head), "r"(batch), "r"(bar)
         : "memory");
 }
-// Loads rows row0.. of matrix `matrix` (ROWS × HEAD_DIM, rows past the end as zeros) into the
+// Loads rows row0.. of (batch, head) (ROWS × HEAD_DIM, rows past the end as zeros) into the
 // swizzled tile at dst, all column atoms on barrier bar, which this call arms for the bytes.
 template <int ROWS>
-__device__ __forceinline__ void tma_tile(u32 dst, const TensorMap* map, int row0, int matrix,
-                                         u32 bar) {
+__device__ __forceinline__ void tma_tile(u32 dst, const TensorMap* map, int row0, int head,
+                                         int batch, u32 bar) {
     mbar_expect_bytes(bar, ROWS * HEAD_DIM * 2);
 #pragma unroll
     for (int a = 0; a < HEAD_DIM / 64; ++a)
-        tma_load(dst + a * ROWS * 128, map, a * 64, row0, matrix, bar);
+        tma_load(dst + a * ROWS * 128, map, a * 64, row0, head, batch, bar);
 }
 
 // d += A·B over the 64·ATOMS columns of B (MN-major, column atoms `lbo` bytes apart in b).

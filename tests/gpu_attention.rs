@@ -21,7 +21,9 @@ use cudarc::driver::DevicePtr;
 use distflash::attn::oracle::{self, rel_err};
 use distflash::attn::{Block, Grads, GradsMut, Partial, QuerySide, layout};
 use distflash::backend::Backend;
-use distflash::backend::cuda::{BackwardAddrs, CudaBackend, ForwardAddrs, InputDtype, Tensor};
+use distflash::backend::cuda::{
+    BackwardAddrs, CallStrides, CudaBackend, ForwardAddrs, InputDtype, Tensor, lent_kv_grads_half,
+};
 use distflash::comm::LocalComm;
 use distflash::exec::OwnChunk;
 use distflash::inputs::Inputs;
@@ -232,14 +234,16 @@ fn fast_path_matches_the_f64_oracle() -> Result<()> {
     check_all("fast", |c| {
         let be = &c.be;
         let (dims, seq) = (c.dims, c.seq);
+        let strides = CallStrides::head_major(&dims, seq, seq);
         // Outputs poisoned with NaN first so unwritten elements show.
         let mut fwd = Partial {
             out: be.upload(&vec![f32::NAN; dims.q_len(seq)])?,
             lse: be.upload_f32(&vec![f32::NAN; dims.stat_len(seq)])?,
         };
         let mask = &c.x.mask;
-        be.causal_forward_into(&dims, seq, mask, &c.q, &c.k, &c.v, &mut fwd)?;
-        let g = be.causal_backward(&dims, seq, mask, &c.q, &c.k, &c.v, &fwd, &c.dout)?;
+        let qkv = [&c.q, &c.k, &c.v];
+        be.causal_forward_into(&dims, seq, mask, &strides, qkv, &mut fwd)?;
+        let g = be.causal_backward(&dims, seq, mask, &strides, qkv, fwd.as_ref(), &c.dout)?;
         be.synchronize()?;
         Ok([
             be.download(&fwd.out)?,
@@ -247,6 +251,77 @@ fn fast_path_matches_the_f64_oracle() -> Result<()> {
             be.download(&g.dq)?,
             be.download(&g.dk)?,
             be.download(&g.dv)?,
+        ])
+    })
+}
+
+/// The case's inputs laid out sequence-major (`[b, s, h, d]`: the model's and torch's layout).
+fn seq_major_inputs(c: &Case) -> Result<[Tensor; 4]> {
+    let (d, seq) = (c.dims, c.seq);
+    let up = |t: &[f32], heads| {
+        c.be.upload(&layout::to_seq_major(t, d.batch, seq, heads, d.head_dim))
+    };
+    Ok([
+        up(&c.x.q, d.heads)?,
+        up(&c.x.k, d.kv_heads)?,
+        up(&c.x.v, d.kv_heads)?,
+        up(&c.x.dout, d.heads)?,
+    ])
+}
+
+/// A sequence-major tensor of `heads` heads downloaded head-major, as the oracle answers.
+fn head_major(c: &Case, t: &Tensor, heads: usize) -> Result<Vec<f32>> {
+    let d = c.dims;
+    let host = c.be.download(t)?;
+    Ok(layout::to_head_major(
+        &host, d.batch, c.seq, heads, d.head_dim,
+    ))
+}
+
+/// The model's way in: every tensor sequence-major, read and written by the kernels in place
+/// under its strides; dK and dV written in 16 bits by the kernel itself under MHA.
+#[test]
+fn fast_path_in_the_sequence_major_layout_matches_the_f64_oracle() -> Result<()> {
+    check_all("seq-major", |c| {
+        let be = &c.be;
+        let (dims, seq) = (c.dims, c.seq);
+        let strides = CallStrides::seq_major(&dims, seq);
+        let [q, k, v, dout] = seq_major_inputs(c)?;
+        let mut fwd = Partial {
+            out: be.upload(&vec![f32::NAN; dims.q_len(seq)])?,
+            lse: be.upload_f32(&vec![f32::NAN; dims.stat_len(seq)])?,
+        };
+        let mask = &c.x.mask;
+        be.causal_forward_into(&dims, seq, mask, &strides, [&q, &k, &v], &mut fwd)?;
+        let mut g = be.sequence_grads(&dims, seq, &strides)?;
+        ensure!(
+            matches!(g.dk, Tensor::Half { .. }) == (dims.heads == dims.kv_heads),
+            "dK and dV come in 16 bits exactly under MHA"
+        );
+        // Poisoned: the 16-bit dK and dV are written, not accumulated.
+        for t in [&mut g.dk, &mut g.dv] {
+            if matches!(t, Tensor::Half { .. }) {
+                *t = be.upload(&vec![f32::NAN; dims.kv_len(seq)])?;
+            }
+        }
+        let fwd_ref = fwd.as_ref();
+        be.causal_backward_into(
+            &dims,
+            seq,
+            mask,
+            &strides,
+            [&q, &k, &v],
+            fwd_ref,
+            &dout,
+            &mut g,
+        )?;
+        be.synchronize()?;
+        Ok([
+            head_major(c, &fwd.out, dims.heads)?,
+            be.download(&fwd.lse)?,
+            head_major(c, &g.dq, dims.heads)?,
+            head_major(c, &g.dk, dims.kv_heads)?,
+            head_major(c, &g.dv, dims.kv_heads)?,
         ])
     })
 }
@@ -261,12 +336,15 @@ fn addr(be: &CudaBackend, t: &Tensor) -> u64 {
 
 /// The Python binding's way in: the fast path on memory another owner holds (here the case's
 /// backend) and on a borrowed stream (the legacy default one, which the owner's kernels use
-/// too), outputs poisoned with NaN so unwritten elements show.
+/// too), in torch's `[b, s, h, d]` layout, outputs poisoned with NaN so unwritten elements
+/// show.
 #[test]
 fn lent_memory_path_matches_the_f64_oracle() -> Result<()> {
     check_all("lent", |c| {
         let be = &c.be;
         let (dims, seq) = (c.dims, c.seq);
+        let strides = CallStrides::seq_major(&dims, seq);
+        let [q, k, v, dout] = seq_major_inputs(c)?;
         // SAFETY: stream 0 is the legacy default stream of GPU 0's primary context.
         let lent = unsafe { CudaBackend::on_borrowed_stream(0, be.dtype(), 0)? };
         let nan = |n: usize| vec![f32::NAN; n];
@@ -274,16 +352,23 @@ fn lent_memory_path_matches_the_f64_oracle() -> Result<()> {
             be.upload(&nan(dims.q_len(seq)))?,
             be.upload_f32(&nan(dims.stat_len(seq)))?,
         );
+        let kv_grad = || {
+            if lent_kv_grads_half(&dims, seq) {
+                be.upload(&nan(dims.kv_len(seq)))
+            } else {
+                be.upload_f32(&nan(dims.kv_len(seq)))
+            }
+        };
         let (dq, dk, dv) = (
             be.upload_f32(&nan(dims.q_len(seq)))?,
-            be.upload_f32(&nan(dims.kv_len(seq)))?,
-            be.upload_f32(&nan(dims.kv_len(seq)))?,
+            kv_grad()?,
+            kv_grad()?,
         );
         let a = |t: &Tensor| addr(be, t);
         let fwd = ForwardAddrs {
-            q: a(&c.q),
-            k: a(&c.k),
-            v: a(&c.v),
+            q: a(&q),
+            k: a(&k),
+            v: a(&v),
             out: a(&out),
             lse: a(&lse),
         };
@@ -293,7 +378,7 @@ fn lent_memory_path_matches_the_f64_oracle() -> Result<()> {
             v: fwd.v,
             out: fwd.out,
             lse: fwd.lse,
-            dout: a(&c.dout),
+            dout: a(&dout),
             dq: a(&dq),
             dk: a(&dk),
             dv: a(&dv),
@@ -301,16 +386,16 @@ fn lent_memory_path_matches_the_f64_oracle() -> Result<()> {
         // SAFETY: every address is a live tensor of the case's backend on the same device and
         // stream, of the lengths `dims` and `seq` give, kept alive until the downloads below.
         unsafe {
-            lent.causal_forward_lent(&dims, seq, &c.x.mask, &fwd)?;
-            lent.causal_backward_lent(&dims, seq, &c.x.mask, &bwd)?;
+            lent.causal_forward_lent(&dims, seq, &c.x.mask, &strides, &fwd)?;
+            lent.causal_backward_lent(&dims, seq, &c.x.mask, &strides, &bwd)?;
         }
         be.synchronize()?;
         Ok([
-            be.download(&out)?,
+            head_major(c, &out, dims.heads)?,
             be.download(&lse)?,
-            be.download(&dq)?,
-            be.download(&dk)?,
-            be.download(&dv)?,
+            head_major(c, &dq, dims.heads)?,
+            head_major(c, &dk, dims.kv_heads)?,
+            head_major(c, &dv, dims.kv_heads)?,
         ])
     })
 }

@@ -1,8 +1,9 @@
 //! The model's single-GPU attention (`model::cuda::attention::CudaAttention`) on a GPU:
 //! sequence-major 16-bit tensors in and out, against
-//! - the head-major fast path it wraps (the same kernels on transposed data: O and LSE must match
-//!   bit for bit; dQ, dK, dV must equal the fast path's f32 gradients rounded to the input dtype
-//!   to within one rounding, the backward's f32 atomics summing in a varying order),
+//! - the head-major fast path (the same kernels on transposed data, which the adapter reads in
+//!   place under sequence-major strides: O and LSE must match bit for bit; dQ, dK, dV must equal
+//!   the fast path's gradients rounded to the input dtype to within one rounding, the
+//!   backward's f32 atomics summing in a varying order),
 //! - itself with dO given in f32 instead of 16-bit (the same gradients to within one rounding),
 //! - the f64 oracle (its error may exceed the fast path's by one rounding of the output),
 //!   causal and under masks (documents, a window, global tokens),
@@ -20,7 +21,7 @@ use anyhow::{Result, ensure};
 use distflash::attn::layout;
 use distflash::attn::oracle::{self, rel_err};
 use distflash::backend::Backend;
-use distflash::backend::cuda::{CudaBackend, InputDtype, Tensor};
+use distflash::backend::cuda::{CallStrides, CudaBackend, InputDtype, Tensor};
 use distflash::comm::LocalComm;
 use distflash::inputs::Inputs;
 use distflash::model::attention::{Attention, WholeSequence};
@@ -158,8 +159,10 @@ impl<'a> Case<'a> {
             be.upload(&x.v)?,
             be.upload(&x.dout)?,
         );
-        let fwd = be.causal_forward(&x.dims, x.seq, &x.mask, &q, &k, &v)?;
-        let grads = be.causal_backward(&x.dims, x.seq, &x.mask, &q, &k, &v, &fwd, &g)?;
+        let strides = CallStrides::head_major(&x.dims, x.seq, x.seq);
+        let qkv = [&q, &k, &v];
+        let fwd = be.causal_forward(&x.dims, x.seq, &x.mask, &strides, qkv)?;
+        let grads = be.causal_backward(&x.dims, x.seq, &x.mask, &strides, qkv, fwd.as_ref(), &g)?;
         be.synchronize()?;
         Ok([
             be.download(&fwd.out)?,

@@ -6,17 +6,21 @@
    same mask as an explicit boolean matrix); pass:
    every error within 2x SDPA's (LSE: SDPA returns none, so within 1e-3 absolute, far above
    the f32 arithmetic's ~1e-5 and far below any indexing bug's O(1));
-2. speed: the binding's forward and backward (head-major, what the kernels take, and the
-   [batch, seq, heads, head_dim] `flash_attn` with its transposes) against
+2. views: a fused QKV projection's slices and transformers' transposed [batch, heads, seq,
+   head_dim] views, which the kernels read in place, give bit for bit the outputs and
+   gradients of the same values in contiguous tensors (MHA and GQA);
+3. speed: the binding's forward and backward (on head-major [batch, heads, seq, head_dim]
+   views, as transformers calls it, and on [batch, seq, heads, head_dim] `flash_attn`, both
+   read in place) against
    `distflash bench attention` at the same shapes (--bench FILE: its JSON lines), as training
    steps queued back to back (the rate a training loop gets) and, for the record, as isolated
-   calls each timed alone (which adds the host's per-call latency); pass: the head-major
-   binding's chained forward + backward within 3% of the binary's;
-3. transformers: a tiny LLaMA (saved, then `from_pretrained(..., attn_implementation=...)`)
+   calls each timed alone (which adds the host's per-call latency); pass: `flash_attn`'s
+   chained forward + backward within 3% of the binary's (both sequence-major);
+4. transformers: a tiny LLaMA (saved, then `from_pretrained(..., attn_implementation=...)`)
    in bf16 with "distattn" (distflash.transformers.NAME) and with "sdpa" against the same model in float32; pass: loss and
    gradients within 2x SDPA's bf16 error (the loss: plus 1e-3 relative, a quarter of a bf16
    ulp), and distflash's attention really called;
-4. errors: bad arguments answered with the sentence (CPU, float32, a padding mask), no crash.
+5. errors: bad arguments answered with the sentence (CPU, float32, a padding mask), no crash.
 
 Writes one JSON object to --out; exit status 1 if any check fails.
     python3 bench/peers/torch_binding.py --bench distflash.jsonl --out $OUT/torch_binding.json
@@ -171,7 +175,7 @@ def speed(bench_file, heads):
         step_hm = chained_ms(lambda: torch.autograd.grad(
             distflash.attention.attend_head_major(*xs)[0], xs, doh), reps)
         step_bshd = chained_ms(lambda: torch.autograd.grad(distflash.flash_attn(*ys), ys, do), reps)
-        ratio = step_hm / binary
+        ratio = step_bshd / binary
         row = {"seq": n, "head_dim": d, "heads": heads,
                "binary_fwd_ms": r["fwd_ms"], "binary_bwd_ms": r["bwd_ms"],
                "binding_head_major_fwd_ms": fwd, "binding_head_major_bwd_ms": bwd,
@@ -179,7 +183,7 @@ def speed(bench_file, heads):
                "isolated_head_major_over_binary": (fwd + bwd) / binary,
                "isolated_bshd_over_binary": (fwd2 + bwd2) / binary,
                "chained_head_major_step_ms": step_hm, "chained_bshd_step_ms": step_bshd,
-               "head_major_over_binary": ratio, "bshd_over_binary": step_bshd / binary,
+               "head_major_over_binary": step_hm / binary, "bshd_over_binary": ratio,
                "passed": ratio <= 1.03}
         ok &= row["passed"]
         rows.append(row)
@@ -239,6 +243,39 @@ def llama():
     return out, out["passed"]
 
 
+def views():
+    """Fused-QKV slices and transposed views against contiguous copies of the same values:
+    the same kernels on the same numbers, so every output and gradient bit for bit."""
+    rows, ok = [], True
+    for b, n, h, hk, d, dt in [(2, 1000, 8, 8, 128, torch.bfloat16), (1, 777, 8, 2, 64, torch.float16)]:
+        g = torch.Generator(device="cuda").manual_seed(n)
+        fused = torch.randn(b, n, h + 2 * hk, d, device="cuda", generator=g).to(dt)
+        dout = torch.randn(b, n, h, d, device="cuda", generator=g).to(dt)
+        parts = (slice(0, h), slice(h, h + hk), slice(h + hk, h + 2 * hk))
+        leaf = fused.clone().requires_grad_()
+        sliced = [leaf[:, :, p] for p in parts]
+        out = distflash.flash_attn(*sliced)
+        (grad,) = torch.autograd.grad(out, leaf, dout)
+        x = [fused[:, :, p].contiguous().requires_grad_() for p in parts]
+        want = distflash.flash_attn(*x)
+        want_grads = torch.autograd.grad(want, x, dout)
+        heads_first = [fused[:, :, p].transpose(1, 2).requires_grad_() for p in parts]
+        out_hm, _ = distflash.attention.attend_head_major(*heads_first)
+        hm_grads = torch.autograd.grad(out_hm, heads_first, dout.transpose(1, 2))
+        row = {
+            "shape": [b, n, h, hk, d], "dtype": str(dt),
+            "fused_out_equal": torch.equal(out, want),
+            "fused_grads_equal": all(torch.equal(grad[:, :, p], w) for p, w in zip(parts, want_grads)),
+            "head_major_out_equal": torch.equal(out_hm.transpose(1, 2), want),
+            "head_major_grads_equal": all(torch.equal(a.transpose(1, 2), w) for a, w in zip(hm_grads, want_grads)),
+        }
+        row["passed"] = all(v for k, v in row.items() if k.endswith("equal"))
+        ok &= row["passed"]
+        rows.append(row)
+        print(json.dumps(row))
+    return rows, ok
+
+
 def errors():
     from distflash import _distflash  # the extension itself, for the refusal of a bad address
 
@@ -246,12 +283,16 @@ def errors():
     cases = {
         "cpu": lambda: distflash.flash_attn(q.cpu(), q.cpu(), q.cpu()),
         "float32": lambda: distflash.flash_attn(q.float(), q.float(), q.float()),
-        "non_contiguous": lambda: distflash.flash_attn(q.transpose(1, 2), q, q),
+        "mismatched_seq": lambda: distflash.flash_attn(q.transpose(1, 2), q, q),
         "head_dim_72": lambda: distflash.flash_attn(*(torch.zeros(1, 8, 2, 72, device="cuda", dtype=torch.bfloat16),) * 3),
         "doc_lens_sum": lambda: distflash.flash_attn(q, q, q, doc_lens=[30, 30]),
         "window_0": lambda: distflash.flash_attn(q, q, q, window=0),
         "misaligned_address": lambda: _distflash.forward(
-            0, "bfloat16", 0, 1, 64, 4, 4, 64, q.data_ptr() + 2, q.data_ptr(), q.data_ptr(), q.data_ptr(), q.data_ptr()),
+            0, "bfloat16", 0, 1, 64, 4, 4, 64, q.data_ptr() + 2, q.data_ptr(), q.data_ptr(), q.data_ptr(), q.data_ptr(),
+            [16384, 64, 256], [16384, 64, 256]),
+        "odd_stride": lambda: _distflash.forward(
+            0, "bfloat16", 0, 1, 64, 4, 4, 64, q.data_ptr(), q.data_ptr(), q.data_ptr(), q.data_ptr(), q.data_ptr(),
+            [16384, 64, 260], [16384, 64, 256]),
     }
     out, ok = {}, True
     for name, fn in cases.items():
@@ -272,7 +313,7 @@ def main():
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
     report, ok = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}, True
-    for name, fn in [("errors", errors), ("correctness", correctness), ("llama", llama)] + (
+    for name, fn in [("errors", errors), ("correctness", correctness), ("views", views), ("llama", llama)] + (
             [("speed", lambda: speed(a.bench, a.heads))] if a.bench else []):
         try:
             report[name], passed = fn()

@@ -1,7 +1,8 @@
 """The argument checks of ``distflash.flash_attn``, in plain Python.
 
-They read only what any tensor answers (``device``, ``dtype``, ``shape``, ``dim()``,
-``is_contiguous()``), so they run, and are tested, without torch or a GPU; a wrong argument is
+They read only what any tensor answers (``device``, ``dtype``, ``shape``, ``dim()``), so they
+run, and are tested, without torch or a GPU (strides are the autograd glue's: any are taken,
+``attention._readable``); a wrong argument is
 refused here with a sentence naming it and the fix, before anything reaches the kernels. The
 Rust side checks the shape and every address again (``ValueError`` as well), so a caller that
 skips this layer still gets a sentence, never a crash.
@@ -98,10 +99,10 @@ class Shape(NamedTuple):
 
 
 def _is_tensor(t):
-    return all(hasattr(t, a) for a in ("device", "dtype", "shape", "dim", "is_contiguous"))
+    return all(hasattr(t, a) for a in ("device", "dtype", "shape", "dim"))
 
 
-def _check_one(t, name, contiguous):
+def _check_one(t, name):
     if not _is_tensor(t):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if t.device.type != "cuda":
@@ -116,21 +117,17 @@ def _check_one(t, name, contiguous):
         raise ValueError(
             f"{name} has {t.dim()} dimensions {tuple(t.shape)}; flash_attn takes [batch, seq, heads, head_dim] tensors"
         )
-    if contiguous and not t.is_contiguous():
-        raise ValueError(f"{name} is not contiguous; pass {name}.contiguous()")
 
 
-def check_inputs(q, k, v, causal=True, softmax_scale=None, head_major=False, contiguous=True):
+def check_inputs(q, k, v, causal=True, softmax_scale=None, head_major=False):
     """Checks q, k, v for the kernels and returns their :class:`Shape`.
 
-    ``head_major=False``: contiguous ``[batch, seq, heads, head_dim]`` tensors, as
-    ``flash_attn`` takes them (any strides with ``contiguous=False``: ``dist_flash_attn``
-    copies every chunk anyway). ``head_major=True``: ``[batch, heads, seq, head_dim]`` in any
-    strides, as transformers' attention interface hands them over (they are made contiguous
-    after the check).
+    ``head_major=False``: ``[batch, seq, heads, head_dim]`` tensors, as ``flash_attn`` and
+    ``dist_flash_attn`` take them. ``head_major=True``: ``[batch, heads, seq, head_dim]``, as
+    transformers' attention interface hands them over. Any strides.
     """
     for t, name in ((q, "q"), (k, "k"), (v, "v")):
-        _check_one(t, name, contiguous=contiguous and not head_major)
+        _check_one(t, name)
     if causal is not True:
         raise ValueError(
             f"causal={causal!r} is not supported: distflash's kernels compute causal attention only"

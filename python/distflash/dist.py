@@ -162,7 +162,7 @@ class VirtualGroup:
 def _rank_shape(q, k, v, schedule, what=""):
     """One rank's checked shape (``_checks.Shape``): the kernels' checks, and an even chunk
     under zigzag."""
-    shape = _checks.check_inputs(q, k, v, contiguous=False)
+    shape = _checks.check_inputs(q, k, v)
     if schedule == "zigzag" and shape.seq % 2:
         raise ValueError(
             f"{what}q has {shape.seq} tokens, an odd number; under 'zigzag' a rank holds two equal halves "

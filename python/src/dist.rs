@@ -17,7 +17,7 @@
 use super::{backend, dims, input_dtype, runtime_error, value_error};
 use anyhow::Result;
 use distflash::attn::Partial;
-use distflash::backend::cuda::{BackwardAddrs, CudaBackend, ForwardAddrs, Tensor};
+use distflash::backend::cuda::{BackwardAddrs, CallStrides, CudaBackend, ForwardAddrs, Tensor};
 use distflash::comm::nccl::{self, NcclComm};
 use distflash::comm::{Communicator, LocalComm};
 use distflash::exec::OwnChunk;
@@ -112,6 +112,12 @@ fn rank_call(
     Ok(call)
 }
 
+/// A rank's chunk tensors are head-major (`[batch, heads, rows, head_dim]`, contiguous): the
+/// executor's own layout, which they are copied into and out of.
+fn head_major(call: &RankAttention, rows: usize) -> CallStrides {
+    CallStrides::head_major(&call.dims, rows, rows)
+}
+
 /// A pass's chunk addresses, checked against the call's rows before any GPU is touched.
 trait Chunk: Copy + Sync {
     fn check(&self, call: &RankAttention, rows: usize) -> Result<()>;
@@ -119,13 +125,13 @@ trait Chunk: Copy + Sync {
 
 impl Chunk for ForwardAddrs {
     fn check(&self, call: &RankAttention, rows: usize) -> Result<()> {
-        ForwardAddrs::check(self, &call.dims, rows)
+        ForwardAddrs::check(self, &call.dims, rows, &head_major(call, rows))
     }
 }
 
 impl Chunk for BackwardAddrs {
     fn check(&self, call: &RankAttention, rows: usize) -> Result<()> {
-        BackwardAddrs::check(self, &call.dims, rows)
+        BackwardAddrs::check(self, &call.dims, rows, &head_major(call, rows))
     }
 }
 

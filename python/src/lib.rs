@@ -14,7 +14,9 @@
 //! Errors are Python exceptions with a sentence: `ValueError` for arguments (checked before any
 //! GPU is touched, so they are testable without one), `RuntimeError` for the device.
 
-use distflash::backend::cuda::{BackwardAddrs, CudaBackend, ForwardAddrs, InputDtype};
+use distflash::backend::cuda::{
+    BackwardAddrs, CallStrides, CudaBackend, ForwardAddrs, InputDtype, Strides, lent_kv_grads_half,
+};
 use distflash::shape::{Dims, Mask};
 
 mod dist;
@@ -78,14 +80,29 @@ fn value_error(e: anyhow::Error) -> PyErr {
     PyValueError::new_err(format!("{e:#}"))
 }
 
+/// The kernels' strides of a call from torch's: `q_strides` (of q, out, dout and dq) and
+/// `kv_strides` (of k, v, dk and dv), each (batch, head, sequence) in elements, normalized
+/// where a dimension has size one.
+fn call_strides(dims: &Dims, seq: usize, q: [i64; 3], kv: [i64; 3]) -> CallStrides {
+    let strides = |[batch, head, row]: [i64; 3], heads| {
+        Strides { batch, head, row }.normalized(dims.batch, heads, seq, dims.head_dim)
+    };
+    CallStrides {
+        q: strides(q, dims.heads),
+        kv: strides(kv, dims.kv_heads),
+    }
+}
+
 /// Causal attention forward on torch's memory under the mask of `doc_lens` (packed documents;
 /// empty: one), a sliding `window` and `global` prefix tokens: O and LSE written at `out` and
 /// `lse`.
-/// Head-major: q, out `[batch, heads, seq, head_dim]`, k, v `[batch, kv_heads, seq,
-/// head_dim]` in `dtype`; lse `[batch, heads, seq]` float32.
+/// q and out `[batch, heads, seq, head_dim]` under `q_strides`, k and v `[batch, kv_heads,
+/// seq, head_dim]` under `kv_strides` (each (batch, head, sequence) in elements: torch's, in
+/// that order, so torch's `[b, s, h, d]` and `[b, h, s, d]` views go in without a copy), in
+/// `dtype`; lse `[batch, heads, seq]` float32, contiguous.
 #[pyfunction]
 #[allow(clippy::too_many_arguments)]
-#[pyo3(signature = (device, dtype, stream, batch, seq, heads, kv_heads, head_dim, q, k, v, out, lse, doc_lens=Vec::new(), window=None, global=0))]
+#[pyo3(signature = (device, dtype, stream, batch, seq, heads, kv_heads, head_dim, q, k, v, out, lse, q_strides, kv_strides, doc_lens=Vec::new(), window=None, global=0))]
 fn forward(
     py: Python<'_>,
     device: usize,
@@ -101,6 +118,8 @@ fn forward(
     v: u64,
     out: u64,
     lse: u64,
+    q_strides: [i64; 3],
+    kv_strides: [i64; 3],
     doc_lens: Vec<usize>,
     window: Option<usize>,
     global: usize,
@@ -109,25 +128,26 @@ fn forward(
     let dims = dims(batch, heads, kv_heads, head_dim);
     let mask = Mask::new(seq, &doc_lens, window, global).map_err(value_error)?;
     let addrs = ForwardAddrs { q, k, v, out, lse };
-    addrs.check(&dims, seq).map_err(value_error)?;
+    let strides = call_strides(&dims, seq, q_strides, kv_strides);
+    addrs.check(&dims, seq, &strides).map_err(value_error)?;
     let be = backend(device, dtype, stream)?;
     py.detach(|| {
-        // SAFETY: the addresses are `data_ptr()`s of contiguous CUDA tensors on `device` of
-        // these shapes and dtypes (checked by `distflash/_checks.py`, which built them), kept
-        // alive by the autograd function's frame until it returns; the work is queued on
-        // torch's current stream, so torch's caching allocator reuses their memory only after
-        // it.
-        unsafe { be.causal_forward_lent(&dims, seq, &mask, &addrs) }
+        // SAFETY: the addresses are `data_ptr()`s of CUDA tensors on `device` of these shapes,
+        // strides and dtypes (checked by `distflash/_checks.py`, which built them), kept alive
+        // by the autograd function's frame until it returns; the work is queued on torch's
+        // current stream, so torch's caching allocator reuses their memory only after it.
+        unsafe { be.causal_forward_lent(&dims, seq, &mask, &strides, &addrs) }
     })
     .map_err(runtime_error)
 }
 
-/// Causal attention backward on torch's memory under the forward's mask: dQ, dK, dV (float32,
-/// head-major, shaped as Q, K and V) overwritten from the forward's O and LSE and the output's
-/// gradient dO.
+/// Causal attention backward on torch's memory under the forward's mask: dQ (float32, under
+/// `q_strides` as q, out and dout), dK and dV (under `kv_strides` as k and v; in `dtype` where
+/// `kv_grads_in_input_dtype` says so, else float32) overwritten from the forward's O and LSE
+/// and the output's gradient dO.
 #[pyfunction]
 #[allow(clippy::too_many_arguments)]
-#[pyo3(signature = (device, dtype, stream, batch, seq, heads, kv_heads, head_dim, q, k, v, out, lse, dout, dq, dk, dv, doc_lens=Vec::new(), window=None, global=0))]
+#[pyo3(signature = (device, dtype, stream, batch, seq, heads, kv_heads, head_dim, q, k, v, out, lse, dout, dq, dk, dv, q_strides, kv_strides, doc_lens=Vec::new(), window=None, global=0))]
 fn backward(
     py: Python<'_>,
     device: usize,
@@ -147,6 +167,8 @@ fn backward(
     dq: u64,
     dk: u64,
     dv: u64,
+    q_strides: [i64; 3],
+    kv_strides: [i64; 3],
     doc_lens: Vec<usize>,
     window: Option<usize>,
     global: usize,
@@ -155,14 +177,28 @@ fn backward(
     let dims = dims(batch, heads, kv_heads, head_dim);
     let mask = Mask::new(seq, &doc_lens, window, global).map_err(value_error)?;
     let addrs = BackwardAddrs::from([q, k, v, out, lse, dout, dq, dk, dv]);
-    addrs.check(&dims, seq).map_err(value_error)?;
+    let strides = call_strides(&dims, seq, q_strides, kv_strides);
+    addrs.check(&dims, seq, &strides).map_err(value_error)?;
     let be = backend(device, dtype, stream)?;
     py.detach(|| {
         // SAFETY: as in `forward`, for the nine tensors the autograd function's backward built
         // or saved.
-        unsafe { be.causal_backward_lent(&dims, seq, &mask, &addrs) }
+        unsafe { be.causal_backward_lent(&dims, seq, &mask, &strides, &addrs) }
     })
     .map_err(runtime_error)
+}
+
+/// Whether `backward` takes dK and dV in the input dtype (the kernel writes them itself: one
+/// query head per KV head) rather than float32: what the autograd function allocates.
+#[pyfunction]
+fn kv_grads_in_input_dtype(
+    batch: usize,
+    seq: usize,
+    heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+) -> bool {
+    lent_kv_grads_half(&dims(batch, heads, kv_heads, head_dim), seq)
 }
 
 /// The module: `forward`, `backward`, the distributed calls and the head dims the kernels take.
@@ -170,6 +206,7 @@ fn backward(
 fn _distflash(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(forward, m)?)?;
     m.add_function(wrap_pyfunction!(backward, m)?)?;
+    m.add_function(wrap_pyfunction!(kv_grads_in_input_dtype, m)?)?;
     dist::register(m)?;
     m.add("HEAD_DIMS", distflash::backend::cuda::HEAD_DIMS.to_vec())?;
     Ok(())

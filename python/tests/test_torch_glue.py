@@ -3,8 +3,8 @@ skipped there; the GPU run is bench/peers/torch_binding.sh).
 
 The extension is replaced by a stand-in that reads and writes the very addresses it is handed
 (``data_ptr()`` of CPU tensors here) and computes attention in float64 with torch, so what is
-checked is the Python side: which tensor goes to which argument, the head-major layout and the
-shape it announces, LSE, and the gradients coming back in the right order, dtype and layout.
+checked is the Python side: which tensor goes to which argument, the strides and the shape it
+announces, LSE, and the gradients coming back in the right order, dtype and layout.
 """
 
 import contextlib
@@ -19,12 +19,20 @@ import distflash.attention as attention  # noqa: E402
 from distflash import _checks  # noqa: E402
 
 
-def view(addr, shape, dtype):
-    """The memory at `addr` as a tensor (no copy)."""
-    n = math.prod(shape)
+def view(addr, shape, dtype, strides=None):
+    """The memory at `addr` as a `[b, heads, s, d]` tensor (no copy), under the extension's
+    (batch, head, seq) element strides (contiguous if None)."""
+    b, n, s, d = shape if len(shape) == 4 else (*shape, 1)
+    if strides is None:
+        strides = [n * s * d, s * d, d]
+    sb, sh, ss = strides
+    extent = (b - 1) * sb + (n - 1) * sh + (s - 1) * ss + d
     width = torch.empty((), dtype=dtype).element_size()
-    buf = (ctypes.c_byte * (n * width)).from_address(addr)
-    return torch.frombuffer(buf, dtype=dtype).view(shape)
+    buf = (ctypes.c_byte * (extent * width)).from_address(addr)
+    flat = torch.frombuffer(buf, dtype=dtype)
+    if len(shape) == 3:
+        return flat.view(shape)
+    return flat.as_strided(shape, (sb, sh, ss, 1))
 
 
 def reference(q, k, v):
@@ -42,23 +50,31 @@ class FakeExtension:
 
     def __init__(self):
         self.calls = []
+        self.addresses = []
 
-    def forward(self, device, dtype, stream, b, s, h, hk, d, q, k, v, out, lse):
+    def forward(self, device, dtype, stream, b, s, h, hk, d, q, k, v, out, lse, qs, kvs, *mask):
         self.calls.append(("forward", dtype, (b, s, h, hk, d)))
+        self.addresses.append((q, k, v))
         dt = {"bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
-        o, l = reference(*(view(p, (b, n, s, d), dt).double() for p, n in ((q, h), (k, hk), (v, hk))))
-        view(out, (b, h, s, d), dt).copy_(o)
+        sides = ((q, h, qs), (k, hk, kvs), (v, hk, kvs))
+        o, l = reference(*(view(p, (b, n, s, d), dt, st).double() for p, n, st in sides))
+        view(out, (b, h, s, d), dt, qs).copy_(o)
         view(lse, (b, h, s), torch.float32).copy_(l)
 
-    def backward(self, device, dtype, stream, b, s, h, hk, d, q, k, v, out, lse, dout, dq, dk, dv):
+    def kv_grads_in_input_dtype(self, b, s, h, hk, d):
+        return h == hk
+
+    def backward(self, device, dtype, stream, b, s, h, hk, d, q, k, v, out, lse, dout, dq, dk, dv, qs, kvs, *mask):
         self.calls.append(("backward", dtype, (b, s, h, hk, d)))
         dt = {"bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
-        x = [view(p, (b, n, s, d), dt).double().requires_grad_() for p, n in ((q, h), (k, hk), (v, hk))]
+        sides = ((q, h, qs), (k, hk, kvs), (v, hk, kvs))
+        x = [view(p, (b, n, s, d), dt, st).double().requires_grad_() for p, n, st in sides]
         with torch.enable_grad():  # autograd runs a backward with grad mode off
             o, _ = reference(*x)
-            grads = torch.autograd.grad(o, x, view(dout, (b, h, s, d), dt).double())
-        for addr, n, g in zip((dq, dk, dv), (h, hk, hk), grads):
-            view(addr, (b, n, s, d), torch.float32).copy_(g)
+            grads = torch.autograd.grad(o, x, view(dout, (b, h, s, d), dt, qs).double())
+        kv_dt = dt if self.kv_grads_in_input_dtype(b, s, h, hk, d) else torch.float32
+        for addr, n, st, g, gdt in zip((dq, dk, dv), (h, hk, hk), (qs, kvs, kvs), grads, (torch.float32, kv_dt, kv_dt)):
+            view(addr, (b, n, s, d), gdt, st).copy_(g)
 
 
 @pytest.fixture
@@ -74,8 +90,8 @@ def fake(monkeypatch):
     monkeypatch.setattr(torch.cuda, "device", lambda d: contextlib.nullcontext())
     real = _checks._check_one
 
-    def on_cpu(t, name, contiguous):
-        real(_Cuda(t), name, contiguous)
+    def on_cpu(t, name):
+        real(_Cuda(t), name)
 
     monkeypatch.setattr(_checks, "_check_one", on_cpu)
     return ext
@@ -150,7 +166,34 @@ def test_real_cpu_tensors_are_refused_in_a_sentence():
     q = torch.zeros(1, 8, 4, 64, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match=r"^q is on cpu; .*\.cuda\(\)$"):
         attention.flash_attn(q, q, q)
-    with pytest.raises(ValueError, match=r"^q is not contiguous"):
-        _checks._check_one(_Cuda(q.transpose(1, 2)), "q", contiguous=True)
     with pytest.raises(TypeError, match=r"^q is torch.float32; "):
-        _checks._check_one(_Cuda(q.float()), "q", contiguous=True)
+        _checks._check_one(_Cuda(q.float()), "q")
+
+
+def test_views_go_in_without_a_copy_and_others_are_copied_once(fake):
+    """A slice of a fused QKV projection and transposed views are read in place (their own
+    addresses reach the kernels) and give the contiguous tensors' results; a view whose head
+    dim is not contiguous is copied."""
+    b, s, h, d = 2, 24, 4, 64
+    g = torch.Generator().manual_seed(3)
+    fused = torch.randn(b, s, 3 * h, d, generator=g).to(torch.bfloat16)
+    q, k, v = fused[:, :, :h], fused[:, :, h:2 * h], fused[:, :, 2 * h:]
+    dout = torch.randn(b, s, h, d, generator=g).to(torch.bfloat16)
+    x = [t.requires_grad_() for t in (q.clone(), k.clone(), v.clone())]
+    want = attention.flash_attn(*x)
+    want_grads = torch.autograd.grad(want, x, dout)
+    fused.requires_grad_()
+    views = (fused[:, :, :h], fused[:, :, h:2 * h], fused[:, :, 2 * h:])
+    got = attention.flash_attn(*views)
+    assert fake.addresses[-1] == tuple(t.data_ptr() for t in views)
+    assert torch.equal(got, want)
+    (grad,) = torch.autograd.grad(got, fused, dout)
+    assert torch.equal(grad, torch.cat(want_grads, dim=2))
+    # transformers' [b, h, s, d] views of [b, s, h, d] memory: no copy, the same result.
+    out, _ = attention.attend_head_major(*(t.transpose(1, 2) for t in views))
+    assert fake.addresses[-1] == tuple(t.data_ptr() for t in views)
+    assert torch.equal(out.transpose(1, 2), want)
+    # The head dim strided: copied (another address), the same result.
+    odd = torch.randn(b, s, h, 2 * d, generator=g).to(torch.bfloat16)[..., ::2]
+    attention.flash_attn(odd, odd, odd)
+    assert fake.addresses[-1][0] != odd.data_ptr()

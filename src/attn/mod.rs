@@ -46,6 +46,16 @@ pub struct Partial<T> {
     pub lse: T,
 }
 
+impl<T> Partial<T> {
+    /// The same result, borrowed: what a backward reads.
+    pub fn as_ref(&self) -> Partial<&T> {
+        Partial {
+            out: &self.out,
+            lse: &self.lse,
+        }
+    }
+}
+
 /// Gradients a block backward accumulates into.
 #[derive(Clone, Debug)]
 pub struct Grads<T> {

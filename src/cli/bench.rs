@@ -4,7 +4,9 @@
 use anyhow::{Context, Result, bail};
 use clap::Subcommand;
 use distflash::attn;
-use distflash::backend::cuda::{BlockKind, CudaBackend, InputDtype, time_attention, time_block};
+use distflash::backend::cuda::{
+    BlockKind, CallStrides, CudaBackend, InputDtype, time_attention, time_block,
+};
 use distflash::bench;
 use distflash::shape::Dims;
 use serde_json::{Value, json};
@@ -52,6 +54,11 @@ pub enum Target {
         /// whose partial results merge by LSE), each rate beside the whole sequence's. Causal.
         #[arg(long, value_name = "P")]
         blocks: Option<usize>,
+        /// How Q, K, V, O and their gradients lie in memory: seq-major (`[seq, heads,
+        /// head_dim]`: the model's activations and torch's `[b, s, h, d]`, what training and
+        /// the Python binding run) or head-major (`[heads, seq, head_dim]`).
+        #[arg(long, value_enum, default_value_t = Layout::SeqMajor)]
+        layout: Layout,
         /// Also write the JSON lines here.
         #[arg(long)]
         json: Option<PathBuf>,
@@ -90,6 +97,7 @@ pub fn run(target: Target) -> Result<()> {
             dtype,
             mask,
             blocks,
+            layout,
             json,
         } => {
             if device != "cuda" {
@@ -100,11 +108,48 @@ pub fn run(target: Target) -> Result<()> {
             if let Some(workers) = blocks {
                 check_blocks(workers, &seqs, &mask)?;
             }
-            attention(&seqs, &head_dims, heads, dtype.gpu(), &mask, blocks, json)
+            let shape = AttentionShape {
+                seqs: &seqs,
+                head_dims: &head_dims,
+                heads,
+                layout,
+            };
+            attention(&shape, dtype.gpu(), &mask, blocks, json)
         }
         Target::Train(args) => super::bench_train::run(args),
         Target::Report { results, out } => report(&results, out),
     }
+}
+
+/// Where `bench attention`'s tensors lie (`--layout`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Layout {
+    SeqMajor,
+    HeadMajor,
+}
+
+impl Layout {
+    fn strides(self, dims: &Dims, seq: usize) -> CallStrides {
+        match self {
+            Layout::SeqMajor => CallStrides::seq_major(dims, seq),
+            Layout::HeadMajor => CallStrides::head_major(dims, seq, seq),
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Layout::SeqMajor => "seq-major",
+            Layout::HeadMajor => "head-major",
+        }
+    }
+}
+
+/// The shapes `bench attention` times: every length at every head dim, in one layout.
+struct AttentionShape<'a> {
+    seqs: &'a [usize],
+    head_dims: &'a [usize],
+    heads: usize,
+    layout: Layout,
 }
 
 /// The benchmarks' shape: batch 1, as many KV heads as query heads (the published tables').
@@ -184,11 +229,8 @@ fn check_blocks(
     Ok(())
 }
 
-#[allow(clippy::too_many_arguments)]
 fn attention(
-    seqs: &[usize],
-    head_dims: &[usize],
-    heads: usize,
+    shape: &AttentionShape<'_>,
     dtype: InputDtype,
     mask_args: &super::attention::MaskArgs,
     blocks: Option<usize>,
@@ -197,11 +239,13 @@ fn attention(
     let mut file = json.as_deref().map(super::create_output).transpose()?;
     let be = CudaBackend::new(0, dtype)?;
     let command = std::env::args().collect::<Vec<_>>().join(" ");
-    for &head_dim in head_dims {
-        for &seq in seqs {
+    let heads = shape.heads;
+    for &head_dim in shape.head_dims {
+        for &seq in shape.seqs {
             let dims = mha(heads, head_dim)?;
             let mask = mask_args.mask(seq, 0)?;
-            let t = time_attention(&be, dims, seq, &mask)?;
+            let strides = shape.layout.strides(&dims, seq);
+            let t = time_attention(&be, dims, seq, &mask, &strides)?;
             let (f, b) = (
                 attn::masked_forward_flops(&dims, &mask, seq),
                 attn::masked_backward_flops(&dims, &mask, seq),
@@ -213,6 +257,7 @@ fn attention(
                 "fwd_tflops": tflops(f, t.forward_ms), "bwd_tflops": tflops(b, t.backward_ms),
                 "fwdbwd_tflops": tflops(f + b, t.forward_ms + t.backward_ms),
                 "reps": t.repeats, "command": command, "mask": mask.to_string(),
+                "layout": shape.layout.name(),
                 "visible_fraction": f / attn::causal_forward_flops(&dims, seq),
             });
             let mut lines = vec![line];

@@ -225,7 +225,17 @@ pub fn moment_staging_elements(c: &Config, optimizer_shards: usize) -> f64 {
 /// counted too. This sum is the counted step's (`train::estimate`'s tests pin it to the byte),
 /// and adds only [`RESERVE_BYTES`].
 pub fn step_memory(c: &Config, seq: usize, policy: Checkpoint, optimizer: bool) -> StepMemory {
-    step_memory_with(c, seq, policy, optimizer, 0.0)
+    step_memory_with(c, seq, policy, optimizer, AttentionPath::WholeSequence)
+}
+
+/// Which attention a step's backward runs, for its widest moment.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum AttentionPath {
+    /// One GPU's whole sequence (`model::cuda::attention::CudaAttention`), read in place.
+    WholeSequence,
+    /// A rank's executor (`train::attention::Distributed`), on head-major copies, with this
+    /// many bytes more (D, the communication buffers).
+    Distributed(f64),
 }
 
 /// What one rank of a sequence-parallel run holds besides a single-GPU step over its rows, as
@@ -262,16 +272,22 @@ pub fn rank_step_memory(
     let t = share.rows as f64;
     let join = if share.chunks > 1 { t * HALF * qw } else { 0.0 };
     let extra = t * F32 * h + (share.buffer_bytes as f64).max(join);
-    step_memory_with(c, share.rows, policy, optimizer, extra)
+    step_memory_with(
+        c,
+        share.rows,
+        policy,
+        optimizer,
+        AttentionPath::Distributed(extra),
+    )
 }
 
-/// [`step_memory`] with `attention_extra` more bytes in the attention backward's widest moment.
+/// [`step_memory`] with the attention backward's widest moment of `path`.
 fn step_memory_with(
     c: &Config,
     seq: usize,
     policy: Checkpoint,
     optimizer: bool,
-    attention_extra: f64,
+    path: AttentionPath,
 ) -> StepMemory {
     let t = seq as f64;
     let params = super::weights::parameters(c) as f64;
@@ -320,13 +336,28 @@ fn step_memory_with(
             0.0
         };
     // The attention backward at its widest, as the kernel runs: dO in sequence order (`zeros`,
-    // f32, filled by Wo's `linear_backward`); `CudaAttention::backward`'s head-major 16-bit Q,
-    // K, V, O and dO and its copy of LSE (f32); `causal_backward`'s D (f32 per row and head)
-    // and head-major f32 dQ, dK, dV. Their 16-bit relayouts come after the inputs are freed,
-    // and that moment is narrower.
-    let attention = t
-        * (F32 * qw + HALF * (3.0 * qw + 2.0 * kw) + 2.0 * F32 * h + F32 * (qw + 2.0 * kw))
-        + attention_extra;
+    // f32, filled by Wo's `linear_backward`), and then
+    // - on one GPU (`CudaAttention::backward`, tensors read in place): dO rounded to 16 bits,
+    //   `causal_backward`'s D (f32 per row and head) and f32 dQ, and dK, dV written in 16 bits
+    //   by the kernel under MHA or accumulated in f32 under GQA; the rounding after is
+    //   narrower;
+    // - on a rank (the executor): head-major 16-bit Q, K, V, O and dO, a copy of LSE (f32), D
+    //   and head-major f32 dQ, dK, dV, and the rank's extra; their 16-bit relayouts come after
+    //   the inputs are freed, and that moment is narrower.
+    let attention = match path {
+        AttentionPath::WholeSequence => {
+            let kv_grad = if c.num_attention_heads == c.num_key_value_heads {
+                HALF
+            } else {
+                F32
+            };
+            t * (F32 * qw + HALF * qw + F32 * h + F32 * qw + kv_grad * 2.0 * kw)
+        }
+        AttentionPath::Distributed(extra) => {
+            t * (F32 * qw + HALF * (3.0 * qw + 2.0 * kw) + 2.0 * F32 * h + F32 * (qw + 2.0 * kw))
+                + extra
+        }
+    };
     // One MLP block's backward (`mlp_backward`) at its widest, once `swiglu_backward` has run:
     // g, u, m recomputed (16-bit) unless kept, dm (`zeros`, f32), dg and du (16-bit); and, when
     // the rows take several blocks, the block's rows of h2 (16-bit) and of dout (f32) and its

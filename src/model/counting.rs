@@ -5,13 +5,13 @@
 //! twice: the tensors are the ones the model's code makes, at the precision the modelled
 //! device gives them, plus the scratch buffers a device allocates inside an op, each listed at
 //! the op ([`Precision::Cuda`]: the CUDA backend's casts, loss chunks, rotary table and the
-//! attention's workspace, `model::cuda::attention::workspace_bytes`). The step it runs, and
+//! attention's workspace, `model::cuda::attention::workspace`). The step it runs, and
 //! the estimate, are `train::estimate`'s.
 
 use super::attention::Attention;
 use super::cost::loss_chunk_rows;
 use super::count::{Counter, Kind, Metered, check_len};
-use super::cuda::attention::{Call, workspace_bytes};
+use super::cuda::attention::{Call, workspace};
 use super::ops::{AdamW, LossOut, Ops, check_positions, check_rows};
 use super::rope::Rotary;
 use crate::shape::{Dims, Span};
@@ -400,14 +400,15 @@ impl CountingAttention<'_> {
         check_len("the attention's V", v.len, k.len)
     }
 
-    fn workspace(&self, call: Call, out: &[&Shape]) {
+    /// The call's widest moment on the GPU (`workspace`): its own buffers, with `out` (the
+    /// returned tensors that exist by then) on top.
+    fn workspace(&self, call: Call, bytes: usize, out: &[&Shape]) {
         if self.device.cuda() {
             let what = match call {
                 Call::Forward => "attention workspace",
                 Call::Backward => "attention_backward workspace",
             };
-            self.device
-                .spike(what, workspace_bytes(&self.dims, self.rows, call), out);
+            self.device.spike(what, bytes, out);
         }
     }
 }
@@ -417,7 +418,8 @@ impl Attention<Shape> for CountingAttention<'_> {
         self.check(q, k, v)?;
         let o = self.device.half(q.len);
         let lse = self.device.wide(self.rows * self.dims.heads);
-        self.workspace(Call::Forward, &[&o, &lse]);
+        let ws = workspace(&self.dims, self.rows, Call::Forward);
+        self.workspace(Call::Forward, ws.bytes, &[&o, &lse]);
         Ok((o, lse))
     }
 
@@ -439,8 +441,10 @@ impl Attention<Shape> for CountingAttention<'_> {
             self.device.half(k.len),
             self.device.half(v.len),
         );
-        // The kernel's moment is the widest, before the outputs exist (`workspace_bytes`).
-        self.workspace(Call::Backward, &[]);
+        // The kernel's moment is the widest, before dQ's 16-bit copy exists (`workspace`).
+        let ws = workspace(&self.dims, self.rows, Call::Backward);
+        let out: &[&Shape] = if ws.kv_grads { &[&dk, &dv] } else { &[] };
+        self.workspace(Call::Backward, ws.bytes, out);
         Ok((dq, dk, dv))
     }
 }

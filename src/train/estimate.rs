@@ -427,11 +427,11 @@ mod tests {
     }
 
     /// The working set at the peak, told by what made it, adds up to the counted step bytes;
-    /// at 128K on the GPU the attention backward's workspace as its kernel runs (head-major
-    /// copies, f32 dQ, dK, dV) is the largest part, to the byte.
+    /// at 128K on the GPU the attention backward's moment as its kernel runs (16-bit dO, D, f32
+    /// dQ and the kernel's own 16-bit dK, dV) is the largest part, to the byte.
     #[test]
     fn the_working_set_at_the_peak_is_told_by_what_made_it() {
-        use crate::model::cuda::attention::{Call, workspace_bytes};
+        use crate::model::cuda::attention::{Call, workspace};
         let cfg = Config::preset("llama2-7b").unwrap();
         let seq = 131072;
         let keep = Keep {
@@ -449,10 +449,13 @@ mod tests {
         assert_eq!(told, peaks.device.step);
         let (what, largest) = peaks.working[0];
         assert_eq!(what, "attention_backward workspace");
-        assert_eq!(
-            largest.bytes,
-            workspace_bytes(&cfg.dims(), seq, Call::Backward)
+        let ws = workspace(&cfg.dims(), seq, Call::Backward);
+        assert!(
+            ws.kv_grads,
+            "llama2-7b is MHA: the kernel writes 16-bit dK and dV"
         );
+        let kv_grads = 2 * 2 * seq * cfg.dims().kv_heads * cfg.dims().head_dim;
+        assert_eq!(largest.bytes, ws.bytes + kv_grads);
         assert!(
             peaks
                 .working

@@ -5,7 +5,8 @@
 
 use super::launch::Masking;
 use super::mask::MaskArgs;
-use super::tensor::{f32_mut, f32_ref, half};
+use super::strides::{CallStrides, Strides};
+use super::tensor::{f32_mut, f32_ref, half, half_mut};
 use super::{CudaBackend, InputDtype, Kernels, Tensor, Tuning, launch, tma};
 use crate::attn::{Block, GradsMut, Partial, QuerySide, RunningState};
 use crate::backend::Backend;
@@ -15,20 +16,23 @@ use cudarc::driver::{CudaSlice, DevicePtr, LaunchArgs, PushKernelArg};
 use rayon::prelude::*;
 
 impl CudaBackend {
-    /// Q, K and V of `block` as the kernels read them, each checked for dtype and size.
+    /// Q, K and V of `block` as the kernels read them under `strides`, each checked for dtype
+    /// and size.
     fn block_qkv<'t>(
         &self,
         dims: &Dims,
         block: Block,
+        strides: &CallStrides,
         q: &'t Tensor,
         k: &'t Tensor,
         v: &'t Tensor,
     ) -> Result<[&'t CudaSlice<u16>; 3]> {
-        let (dt, qn, kvn) = (self.dtype, block.q.len, block.kv.len);
+        let dt = self.dtype;
+        let (ql, kvl) = strides.extents(dims, block.q.len, block.kv.len);
         Ok([
-            half(q, dt, dims.q_len(qn), "Q")?,
-            half(k, dt, dims.kv_len(kvn), "K")?,
-            half(v, dt, dims.kv_len(kvn), "V")?,
+            half(q, dt, ql, "Q")?,
+            half(k, dt, kvl, "K")?,
+            half(v, dt, kvl, "V")?,
         ])
     }
 
@@ -38,6 +42,7 @@ impl CudaBackend {
         &self,
         dims: &Dims,
         block: Block,
+        strides: &CallStrides,
         [q, k, v]: [&CudaSlice<u16>; 3],
         tuning: &Tuning,
     ) -> Result<Option<[tma::TensorMap; 3]>> {
@@ -45,14 +50,10 @@ impl CudaBackend {
             return Ok(None);
         }
         let rows = launch::WGMMA_FWD_ROWS;
-        let q_shape =
-            tma::TileMapShape::new(dims.batch * dims.heads, block.q.len, dims.head_dim, rows)?;
-        let kv_shape = tma::TileMapShape::new(
-            dims.batch * dims.kv_heads,
-            block.kv.len,
-            dims.head_dim,
-            rows,
-        )?;
+        let (b, d) = (dims.batch, dims.head_dim);
+        let q_shape = tma::TileMapShape::new(&strides.q, [b, dims.heads, block.q.len, d], rows)?;
+        let kv_shape =
+            tma::TileMapShape::new(&strides.kv, [b, dims.kv_heads, block.kv.len, d], rows)?;
         let bf16 = self.dtype == InputDtype::Bf16;
         let ptr = |t: &CudaSlice<u16>| t.device_ptr(&self.stream).0;
         Ok(Some([
@@ -69,14 +70,15 @@ impl CudaBackend {
         self.launch("fill_f32", b, launch::elementwise_config(n as usize))
     }
 
-    /// Forward of `block` under `mask` writing a finished (O in the input dtype, LSE f32)
-    /// result directly: the running state never leaves registers.
+    /// Forward of `block` under `mask` writing a finished (O in the input dtype under Q's
+    /// strides, LSE f32) result directly: the running state never leaves registers.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn forward_final(
         &self,
         dims: &Dims,
         block: Block,
         mask: &Mask,
+        strides: &CallStrides,
         q: &Tensor,
         k: &Tensor,
         v: &Tensor,
@@ -85,16 +87,13 @@ impl CudaBackend {
         launch::check_dims(dims)?;
         let kern = self.kernels(dims.head_dim, Masking::of(mask))?;
         let (dt, qn) = (self.dtype, block.q.len);
-        let [q, k, v] = self.block_qkv(dims, block, q, k, v)?;
-        half(&out.out, dt, dims.q_len(qn), "O")?; // validates, with the sentence
-        let Tensor::Half { data: o, .. } = &mut out.out else {
-            bail!("O must be a {} tensor", dt.name());
-        };
+        let [q, k, v] = self.block_qkv(dims, block, strides, q, k, v)?;
+        let o = half_mut(&mut out.out, dt, strides.extents(dims, qn, 0).0, "O")?;
         let lse = f32_mut(&mut out.lse, dims.stat_len(qn), "LSE")?;
         let tuning = self.tuning(dims.head_dim);
         let cfg = launch::forward_config(dims, qn, &tuning)?;
-        let geometry = ForwardGeometry::new(dims, block, self.mask_args(mask, block)?)?;
-        let maps = self.forward_maps(dims, block, [q, k, v], &tuning)?;
+        let geometry = ForwardGeometry::new(dims, block, *strides, self.mask_args(mask, block)?)?;
+        let maps = self.forward_maps(dims, block, strides, [q, k, v], &tuning)?;
         let mut b = self.stream.launch_builder(&kern.fwd_final);
         b.arg(q).arg(k).arg(v).arg(o).arg(lse);
         geometry.push(&mut b);
@@ -103,18 +102,20 @@ impl CudaBackend {
     }
 }
 
-/// What both forward kernels take after their tensors: the block's geometry, the mask and the
-/// softmax scale in base 2 (the kernels use exp2).
+/// What both forward kernels take after their tensors: the block's geometry and strides, the
+/// mask and the softmax scale in base 2 (the kernels use exp2).
 struct ForwardGeometry {
     ints: [i32; 6],
+    strides: CallStrides,
     mask: MaskArgs,
     scale_log2: f32,
 }
 
 impl ForwardGeometry {
-    fn new(dims: &Dims, block: Block, mask: MaskArgs) -> Result<Self> {
+    fn new(dims: &Dims, block: Block, strides: CallStrides, mask: MaskArgs) -> Result<Self> {
         Ok(ForwardGeometry {
             ints: block_ints(dims, block)?,
+            strides,
             mask,
             scale_log2: dims.scale() * std::f32::consts::LOG2_E,
         })
@@ -124,6 +125,7 @@ impl ForwardGeometry {
         for i in &self.ints {
             b.arg(i);
         }
+        b.arg(&self.strides.q).arg(&self.strides.kv);
         self.mask.push_forward(b);
         b.arg(&self.scale_log2);
     }
@@ -234,14 +236,15 @@ impl Backend for CudaBackend {
         if qn == 0 || kvn == 0 {
             return Ok(());
         }
-        let [q, k, v] = self.block_qkv(dims, block, q, k, v)?;
+        let strides = CallStrides::head_major(dims, qn, kvn);
+        let [q, k, v] = self.block_qkv(dims, block, &strides, q, k, v)?;
         let m = f32_mut(&mut state.m, dims.stat_len(qn), "the running max")?;
         let l = f32_mut(&mut state.l, dims.stat_len(qn), "the running sum")?;
         let acc = f32_mut(&mut state.acc, dims.q_len(qn), "the accumulator")?;
         let tuning = self.tuning(dims.head_dim);
         let cfg = launch::forward_config(dims, qn, &tuning)?;
-        let geometry = ForwardGeometry::new(dims, block, self.mask_args(mask, block)?)?;
-        let maps = self.forward_maps(dims, block, [q, k, v], &tuning)?;
+        let geometry = ForwardGeometry::new(dims, block, strides, self.mask_args(mask, block)?)?;
+        let maps = self.forward_maps(dims, block, &strides, [q, k, v], &tuning)?;
         let mut b = self.stream.launch_builder(&kern.fwd_state);
         b.arg(q).arg(k).arg(v).arg(m).arg(l).arg(acc);
         geometry.push(&mut b);
@@ -292,31 +295,8 @@ impl Backend for CudaBackend {
     }
 
     fn delta(&self, dims: &Dims, rows: usize, out: &Tensor, dout: &Tensor) -> Result<Tensor> {
-        launch::check_dims(dims)?;
-        let kern = self.kernels(dims.head_dim, Masking::Causal)?;
-        let len = dims.q_len(rows);
-        let dout = half(dout, self.dtype, len, "dO")?;
-        let mut delta = self.alloc_f32(dims.stat_len(rows))?;
-        let n = dims.stat_len(rows) as i64;
-        let cfg = launch::rows_config(n as usize)?;
-        match out {
-            Tensor::F32(o) if o.len() == len => {
-                let mut b = self.stream.launch_builder(&kern.delta_f32);
-                b.arg(o).arg(dout).arg(&mut delta).arg(&n);
-                self.launch("delta_f32", b, cfg)?;
-            }
-            Tensor::Half { dtype, data } if *dtype == self.dtype && data.len() == len => {
-                let mut b = self.stream.launch_builder(&kern.delta_half);
-                b.arg(data).arg(dout).arg(&mut delta).arg(&n);
-                self.launch("delta_half", b, cfg)?;
-            }
-            other => bail!(
-                "O must be an f32 or {} tensor of {len} elements, got {}",
-                self.dtype.name(),
-                other.describe()
-            ),
-        }
-        Ok(Tensor::F32(delta))
+        let strides = Strides::head_major(dims.heads, rows, dims.head_dim);
+        self.delta_in(dims, rows, (out, strides), (dout, strides))
     }
 
     fn backward_block(
@@ -329,35 +309,121 @@ impl Backend for CudaBackend {
         v: &Tensor,
         grads: GradsMut<'_, Tensor>,
     ) -> Result<()> {
+        let strides = CallStrides::head_major(dims, block.q.len, block.kv.len);
+        self.backward_in(dims, block, mask, &strides, query, k, v, grads)
+    }
+}
+
+impl CudaBackend {
+    /// D = rowsum(dO∘O) of `rows` query rows, O (f32 or the input dtype) and dO (the input
+    /// dtype) each under its strides: one f32 per row in the statistics' order.
+    pub(super) fn delta_in(
+        &self,
+        dims: &Dims,
+        rows: usize,
+        (out, out_strides): (&Tensor, Strides),
+        (dout, dout_strides): (&Tensor, Strides),
+    ) -> Result<Tensor> {
+        launch::check_dims(dims)?;
+        let kern = self.kernels(dims.head_dim, Masking::Causal)?;
+        let extent = |s: Strides| s.extent(dims.batch, dims.heads, rows, dims.head_dim);
+        let dout = half(dout, self.dtype, extent(dout_strides), "dO")?;
+        let len = extent(out_strides);
+        let mut delta = self.alloc_f32(dims.stat_len(rows))?;
+        let n = dims.stat_len(rows) as i64;
+        let (q_len, heads) = (rows as i64, dims.heads as i32);
+        let cfg = launch::rows_config(n as usize)?;
+        let (name, function) = match out {
+            Tensor::F32(o) if o.len() == len => ("delta_f32", &kern.delta_f32),
+            Tensor::Half { dtype, data } if *dtype == self.dtype && data.len() == len => {
+                ("delta_half", &kern.delta_half)
+            }
+            other => bail!(
+                "O must be an f32 or {} tensor of {len} elements, got {}",
+                self.dtype.name(),
+                other.describe()
+            ),
+        };
+        let mut b = self.stream.launch_builder(function);
+        match out {
+            Tensor::F32(o) => b.arg(o),
+            Tensor::Half { data, .. } => b.arg(data),
+        };
+        b.arg(&out_strides).arg(dout).arg(&dout_strides);
+        b.arg(&mut delta).arg(&n).arg(&q_len).arg(&heads);
+        self.launch(name, b, cfg)?;
+        Ok(Tensor::F32(delta))
+    }
+
+    /// The backward of `block` under `mask` and `strides`: dQ accumulates in f32; dK and dV
+    /// accumulate in f32 too, or are written once in the input dtype when `grads` holds them
+    /// so ([`writes_kv_grads`]: one query head per KV head, the block the whole sequence).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn backward_in(
+        &self,
+        dims: &Dims,
+        block: Block,
+        mask: &Mask,
+        strides: &CallStrides,
+        query: QuerySide<'_, Tensor>,
+        k: &Tensor,
+        v: &Tensor,
+        grads: GradsMut<'_, Tensor>,
+    ) -> Result<()> {
         launch::check_dims(dims)?;
         let kern = self.kernels(dims.head_dim, Masking::of(mask))?;
         let (dt, qn, kvn) = (self.dtype, block.q.len, block.kv.len);
         if qn == 0 || kvn == 0 {
             return Ok(());
         }
-        let q = half(query.q, dt, dims.q_len(qn), "Q")?;
-        let dout = half(query.dout, dt, dims.q_len(qn), "dO")?;
+        let (ql, kvl) = strides.extents(dims, qn, kvn);
+        let q = half(query.q, dt, ql, "Q")?;
+        let dout = half(query.dout, dt, ql, "dO")?;
         let lse = f32_ref(query.lse, dims.stat_len(qn), "LSE")?;
         let delta = f32_ref(query.delta, dims.stat_len(qn), "D")?;
-        let k = half(k, dt, dims.kv_len(kvn), "K")?;
-        let v = half(v, dt, dims.kv_len(kvn), "V")?;
-        let dq = f32_mut(grads.dq, dims.q_len(qn), "dQ")?;
-        let dk = f32_mut(grads.dk, dims.kv_len(kvn), "dK")?;
-        let dv = f32_mut(grads.dv, dims.kv_len(kvn), "dV")?;
+        let k = half(k, dt, kvl, "K")?;
+        let v = half(v, dt, kvl, "V")?;
+        let dq = f32_mut(grads.dq, ql, "dQ")?;
+        let direct = matches!(grads.dk, Tensor::Half { .. });
+        if direct && !writes_kv_grads(dims, block) {
+            bail!(
+                "16-bit dK and dV are written only by a whole-sequence backward with one query head per KV head; pass f32 accumulators"
+            );
+        }
+        let kv_direct = i32::from(direct);
         let cfg = launch::backward_config(dims, kvn, &self.tuning(dims.head_dim))?;
         let ints = block_ints(dims, block)?;
         let mask = self.mask_args(mask, block)?;
         let scale = dims.scale();
         let mut b = self.stream.launch_builder(&kern.bwd_block);
         b.arg(q).arg(k).arg(v).arg(dout).arg(lse).arg(delta);
-        b.arg(dq).arg(dk).arg(dv);
+        b.arg(dq);
+        if direct {
+            b.arg(half_mut(grads.dk, dt, kvl, "dK")?);
+            b.arg(half_mut(grads.dv, dt, kvl, "dV")?);
+        } else {
+            b.arg(f32_mut(grads.dk, kvl, "dK")?);
+            b.arg(f32_mut(grads.dv, kvl, "dV")?);
+        }
+        b.arg(&kv_direct);
         for i in &ints {
             b.arg(i);
         }
+        b.arg(&strides.q).arg(&strides.kv);
         mask.push_backward(&mut b);
         b.arg(&scale);
         self.launch("the attention block backward", b, cfg)
     }
+}
+
+/// Whether the backward of `block` may write 16-bit dK and dV itself instead of accumulating
+/// f32 ones: when each of its CTAs computes every term of its keys' gradients, i.e. one query
+/// head per KV head (no GQA group summing into a KV head) and the block the whole sequence
+/// from its start (no other block adding to the same keys). The model's attention and the
+/// binding then need neither the f32 buffers (8 bytes an element of K and V) nor the rounding
+/// pass after.
+pub fn writes_kv_grads(dims: &Dims, block: Block) -> bool {
+    dims.heads == dims.kv_heads && block.q == block.kv && block.q.start == 0
 }
 
 #[cfg(test)]

@@ -10,19 +10,21 @@
 //! slices only for the length of one call and are handed back unfreed afterwards, on every path
 //! out (an error, a panic: a lent slice is never dropped, only leaked).
 //!
-//! Layout is the kernels' own, head-major: Q, O and dO `[batch, heads, seq, head_dim]` in the
-//! input dtype, K and V `[batch, kv_heads, seq, head_dim]`, LSE `[batch, heads, seq]` f32 and
-//! the gradients f32 in the layout of their inputs; the binding's Python side transposes
-//! torch's `[batch, seq, heads, head_dim]` on torch's stream. The one allocation of the backend
-//! itself is the backward's D (one f32 per query row), from the stream-ordered pool.
+//! Layout: any the kernels read ([`CallStrides`]: torch's own strides, so `[batch, seq, heads,
+//! head_dim]` tensors and transformers' transposed views go in without a copy). Q, O, dO and
+//! dQ share the query side's strides, K, V, dK and dV the key side's; LSE is `[batch, heads,
+//! seq]` f32. dQ is f32; dK and dV are in the input dtype where the kernel writes them itself
+//! ([`writes_kv_grads`]: one query head per KV head), else f32. The one allocation of the
+//! backend itself is the backward's D (one f32 per query row), from the stream-ordered pool.
 //!
 //! The distributed call (`dist_flash_attn`) is the exception: the executor allocates, sends,
 //! receives into and frees its own tensors, so a rank's chunk is copied into backend tensors
 //! ([`CudaBackend::copy_from_lent`]) and the results out to the caller's
 //! ([`CudaBackend::copy_to_lent`]), device to device on the same stream.
 
-use super::{CudaBackend, HEAD_DIMS, InputDtype, Tensor, launch};
-use crate::attn::{Grads, Partial};
+use super::strides::CallStrides;
+use super::{CudaBackend, HEAD_DIMS, InputDtype, Tensor, launch, writes_kv_grads};
+use crate::attn::{Block, Grads, Partial};
 use crate::shape::{Dims, Mask, Precision};
 use anyhow::{Result, bail};
 use std::mem::ManuallyDrop;
@@ -30,7 +32,7 @@ use std::mem::ManuallyDrop;
 /// The alignment the kernels' vector loads and the forward's tensor maps (TMA) need.
 const ALIGN: u64 = 16;
 
-/// Device addresses of one forward call (each a tensor's `data_ptr()`, head-major).
+/// Device addresses of one forward call (each a tensor's `data_ptr()`).
 #[derive(Clone, Copy, Debug)]
 pub struct ForwardAddrs {
     pub q: u64,
@@ -42,7 +44,8 @@ pub struct ForwardAddrs {
     pub lse: u64,
 }
 
-/// Device addresses of one backward call (head-major; the gradients f32 and overwritten).
+/// Device addresses of one backward call (the gradients overwritten: [`lent_kv_grads_half`]
+/// says in which precision dK and dV are).
 #[derive(Clone, Copy, Debug)]
 pub struct BackwardAddrs {
     pub q: u64,
@@ -82,12 +85,34 @@ impl From<[u64; 9]> for BackwardAddrs {
     }
 }
 
+/// Whether a lent backward of `dims` over a whole sequence writes dK and dV in the input
+/// dtype (else f32): how the binding knows what to allocate.
+pub fn lent_kv_grads_half(dims: &Dims, seq: usize) -> bool {
+    let whole = crate::shape::Span { start: 0, len: seq };
+    writes_kv_grads(
+        dims,
+        Block {
+            q: whole,
+            kv: whole,
+        },
+    )
+}
+
 impl ForwardAddrs {
-    /// The checks that need no GPU (the binding runs them before opening one): the shape, and
-    /// every address not null and aligned.
-    pub fn check(&self, dims: &Dims, seq: usize) -> Result<()> {
+    /// The checks that need no GPU (the binding runs them before opening one): the shape, the
+    /// strides (the kernels can read them, and write O under Q's), and every address not null
+    /// and aligned.
+    pub fn check(&self, dims: &Dims, seq: usize, strides: &CallStrides) -> Result<()> {
         check_lent_call(dims, seq)?;
-        let (ql, kvl, sl) = (dims.q_len(seq), dims.kv_len(seq), dims.stat_len(seq));
+        let (b, d) = (dims.batch, dims.head_dim);
+        strides
+            .q
+            .check([b, dims.heads, seq, d], true, "q (and the output, dq)")?;
+        strides
+            .kv
+            .check([b, dims.kv_heads, seq, d], false, "k and v")?;
+        let (ql, kvl) = strides.extents(dims, seq, seq);
+        let sl = dims.stat_len(seq);
         for (addr, len, what) in [
             (self.q, ql, "q"),
             (self.k, kvl, "k"),
@@ -102,8 +127,9 @@ impl ForwardAddrs {
 }
 
 impl BackwardAddrs {
-    /// As [`ForwardAddrs::check`], for the backward's nine tensors.
-    pub fn check(&self, dims: &Dims, seq: usize) -> Result<()> {
+    /// As [`ForwardAddrs::check`], for the backward's nine tensors (dK and dV are written
+    /// under K's strides).
+    pub fn check(&self, dims: &Dims, seq: usize, strides: &CallStrides) -> Result<()> {
         let forward = ForwardAddrs {
             q: self.q,
             k: self.k,
@@ -111,8 +137,10 @@ impl BackwardAddrs {
             out: self.out,
             lse: self.lse,
         };
-        forward.check(dims, seq)?;
-        let (ql, kvl) = (dims.q_len(seq), dims.kv_len(seq));
+        forward.check(dims, seq, strides)?;
+        let kv_dims = [dims.batch, dims.kv_heads, seq, dims.head_dim];
+        strides.kv.check(kv_dims, true, "dk and dv (and k, v)")?;
+        let (ql, kvl) = strides.extents(dims, seq, seq);
         for (addr, len, what) in [
             (self.dout, ql, "the output's gradient"),
             (self.dq, ql, "dq"),
@@ -177,11 +205,12 @@ impl CudaBackend {
         Ok(backend)
     }
 
-    /// [`Self::causal_forward_into`] on lent memory under `mask`: writes O and LSE at `addrs`.
+    /// [`Self::causal_forward_into`] on lent memory under `mask` and `strides`: writes O and LSE
+    /// at `addrs`.
     ///
     /// # Safety
-    /// Each address must point to device memory of this backend's context holding the
-    /// head-major tensor its field documents for `dims` and `seq` (in the backend's dtype, LSE
+    /// Each address must point to device memory of this backend's context holding the tensor
+    /// its field documents for `dims` and `seq` under `strides` (in the backend's dtype, LSE
     /// f32), alive and not used by other streams until the call's work on the backend's stream
     /// has finished.
     pub unsafe fn causal_forward_lent(
@@ -189,10 +218,12 @@ impl CudaBackend {
         dims: &Dims,
         seq: usize,
         mask: &Mask,
+        strides: &CallStrides,
         addrs: &ForwardAddrs,
     ) -> Result<()> {
-        addrs.check(dims, seq)?;
-        let (ql, kvl, sl) = (dims.q_len(seq), dims.kv_len(seq), dims.stat_len(seq));
+        addrs.check(dims, seq, strides)?;
+        let (ql, kvl) = strides.extents(dims, seq, seq);
+        let sl = dims.stat_len(seq);
         // SAFETY (all five): the addresses were checked above and hold these lengths (this
         // function's contract); `give_back` returns them unfreed.
         let (q, k, v) = unsafe {
@@ -208,7 +239,7 @@ impl CudaBackend {
             // SAFETY: as above.
             lse: ManuallyDrop::into_inner(unsafe { self.lend_f32(addrs.lse, sl) }),
         });
-        let result = self.causal_forward_into(dims, seq, mask, &q, &k, &v, &mut out);
+        let result = self.causal_forward_into(dims, seq, mask, strides, [&q, &k, &v], &mut out);
         let Partial { out: o, lse } = ManuallyDrop::into_inner(out);
         for t in [q, k, v]
             .map(ManuallyDrop::into_inner)
@@ -220,21 +251,28 @@ impl CudaBackend {
         result
     }
 
-    /// [`Self::causal_backward_into`] on lent memory under `mask` (the forward's): overwrites
-    /// dQ, dK and dV at `addrs`.
+    /// [`Self::causal_backward_into`] on lent memory under `mask` (the forward's) and
+    /// `strides`: overwrites dQ, dK and dV at `addrs`.
     ///
     /// # Safety
-    /// As [`Self::causal_forward_lent`], for every address of `addrs` (dQ, dK, dV f32, shaped
-    /// as Q, K and V).
+    /// As [`Self::causal_forward_lent`], for every address of `addrs` (dQ f32 under Q's
+    /// strides; dK and dV under K's, in the precision [`lent_kv_grads_half`] says).
     pub unsafe fn causal_backward_lent(
         &self,
         dims: &Dims,
         seq: usize,
         mask: &Mask,
+        strides: &CallStrides,
         addrs: &BackwardAddrs,
     ) -> Result<()> {
-        addrs.check(dims, seq)?;
-        let (ql, kvl, sl) = (dims.q_len(seq), dims.kv_len(seq), dims.stat_len(seq));
+        addrs.check(dims, seq, strides)?;
+        let (ql, kvl) = strides.extents(dims, seq, seq);
+        let sl = dims.stat_len(seq);
+        let kv_precision = if lent_kv_grads_half(dims, seq) {
+            Precision::Input
+        } else {
+            Precision::F32
+        };
         // SAFETY (every lend below): the addresses were checked above and hold these lengths
         // (this function's contract); `give_back` returns them unfreed.
         let (q, k, v, dout) = unsafe {
@@ -255,12 +293,21 @@ impl CudaBackend {
             // SAFETY: as above.
             dq: ManuallyDrop::into_inner(unsafe { self.lend_f32(addrs.dq, ql) }),
             // SAFETY: as above.
-            dk: ManuallyDrop::into_inner(unsafe { self.lend_f32(addrs.dk, kvl) }),
+            dk: ManuallyDrop::into_inner(unsafe { self.lend(addrs.dk, kvl, kv_precision) }),
             // SAFETY: as above.
-            dv: ManuallyDrop::into_inner(unsafe { self.lend_f32(addrs.dv, kvl) }),
+            dv: ManuallyDrop::into_inner(unsafe { self.lend(addrs.dv, kvl, kv_precision) }),
         });
-        let result =
-            self.causal_backward_into(dims, seq, mask, &q, &k, &v, &fwd, &dout, &mut grads);
+        let qkv = [&*q, &*k, &*v];
+        let result = self.causal_backward_into(
+            dims,
+            seq,
+            mask,
+            strides,
+            qkv,
+            fwd.as_ref(),
+            &dout,
+            &mut grads,
+        );
         let Partial { out, lse } = ManuallyDrop::into_inner(fwd);
         let Grads { dq, dk, dv } = ManuallyDrop::into_inner(grads);
         let lent = [q, k, v, dout].map(ManuallyDrop::into_inner);

@@ -71,6 +71,22 @@ impl CudaBackend {
     }
 }
 
+impl CudaBackend {
+    /// `t`, an f32 (or 16-bit) tensor of whole `head_dim`-element vectors, as a new 16-bit
+    /// tensor of the input dtype in the same layout: the attention's f32 gradients rounded for
+    /// the model. A relayout of one head is the identity, so this is the relayout kernel's
+    /// rounding pass alone.
+    pub fn round_to_half(&self, t: &Tensor, head_dim: usize, what: &str) -> Result<Tensor> {
+        if head_dim == 0 || !t.len().is_multiple_of(head_dim) {
+            bail!(
+                "{what} must hold whole vectors of {head_dim} elements, not {}",
+                t.len()
+            );
+        }
+        self.relayout(t, t.len() / head_dim, 1, head_dim, Order::ToSeqMajor, what)
+    }
+}
+
 /// A copy of `src[range]`.
 fn copy_slice<T: DeviceRepr + ValidAsZeroBits>(
     stream: &Arc<CudaStream>,

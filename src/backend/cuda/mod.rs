@@ -42,6 +42,7 @@
 //! `tensor` (input dtypes, [`Tensor`], argument checks), `compile` (NVRTC and its cache),
 //! `kernels` (loading a compiled module per head dim), `launch` (launch shapes and [`Tuning`]),
 //! `mask` (the mask's per-position array on the device, cached per mask),
+//! `strides` (where an attention tensor's elements lie: every layout one kernel reads),
 //! `tma` (the wgmma forward's tensor maps), `blocks` (the [`Backend`] block API), `sequence` (the
 //! whole-sequence fast path), `external` (that path on memory and a stream another library owns:
 //! the Python binding's way in), `layout` (sequence-major ↔ head-major relayouts), `memory` (free
@@ -59,14 +60,17 @@ mod layout;
 mod mask;
 mod memory;
 mod sequence;
+mod strides;
 mod tensor;
 mod timing;
 mod tma;
 
+pub use blocks::writes_kv_grads;
 pub use device::CudaBackend;
-pub use external::{BackwardAddrs, ForwardAddrs, check_lent_call};
+pub use external::{BackwardAddrs, ForwardAddrs, check_lent_call, lent_kv_grads_half};
 pub use launch::{HEAD_DIMS, Tuning};
 pub use memory::DeviceMemory;
+pub use strides::{CallStrides, Strides};
 pub use tensor::{InputDtype, Tensor};
 pub use timing::{
     AttentionTiming, BlockKind, median_ms, time_attention, time_block, upload_random,

@@ -163,6 +163,20 @@ pub(super) fn f32_ref<'a>(t: &'a Tensor, len: usize, what: &str) -> Result<&'a C
     }
 }
 
+/// As [`half`], mutable: a tensor a kernel writes.
+pub(super) fn half_mut<'a>(
+    t: &'a mut Tensor,
+    dtype: InputDtype,
+    len: usize,
+    what: &str,
+) -> Result<&'a mut CudaSlice<u16>> {
+    half(t, dtype, len, what)?; // validates, with the sentence
+    match t {
+        Tensor::Half { data, .. } => Ok(data),
+        Tensor::F32(_) => bail!("{what} must be a {} tensor", dtype.name()),
+    }
+}
+
 pub(super) fn f32_mut<'a>(
     t: &'a mut Tensor,
     len: usize,

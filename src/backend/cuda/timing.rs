@@ -1,7 +1,7 @@
 //! Timing the single-GPU attention with CUDA events: warm-up, then the median of repeats, each
 //! bracketed by events on the backend's stream (host clocks would time launches, not kernels).
 
-use super::{CudaBackend, Tensor};
+use super::{CallStrides, CudaBackend, Tensor};
 use crate::attn::{Block, GradsMut, QuerySide};
 use crate::backend::Backend;
 use crate::inputs::Inputs;
@@ -181,24 +181,36 @@ pub fn time_block(
 }
 
 /// Times causal forward and backward of the whole sequence under `mask` (the fast path a
-/// training step uses) on random inputs; repeats are chosen so each measurement takes about a
-/// second.
+/// training step uses) on random inputs laid out under `strides` (dense: the model's
+/// sequence-major or the kernels' head-major); repeats are chosen so each measurement takes
+/// about a second. The backward's gradients are those a caller gets ([`CudaBackend::sequence_grads`]).
 pub fn time_attention(
     be: &CudaBackend,
     dims: Dims,
     seq: usize,
     mask: &Mask,
+    strides: &CallStrides,
 ) -> Result<AttentionTiming> {
     let [q, k, v, dout] = upload_random(be, dims, seq, 7)?;
-    let mut fwd = be.causal_forward(&dims, seq, mask, &q, &k, &v)?;
-    let mut grads = be.causal_backward(&dims, seq, mask, &q, &k, &v, &fwd, &dout)?;
+    let qkv = [&q, &k, &v];
+    let mut fwd = be.causal_forward(&dims, seq, mask, strides, qkv)?;
+    let mut grads = be.causal_backward(&dims, seq, mask, strides, qkv, fwd.as_ref(), &dout)?;
     be.synchronize()?;
     let (forward_ms, repeats) = time_forward(be, &mut || {
-        be.causal_forward_into(&dims, seq, mask, &q, &k, &v, &mut fwd)
+        be.causal_forward_into(&dims, seq, mask, strides, qkv, &mut fwd)
     })?;
     let fwd = fwd; // the backward reads the last forward's O and LSE
     time_backward(be, forward_ms, repeats, &mut || {
-        be.causal_backward_into(&dims, seq, mask, &q, &k, &v, &fwd, &dout, &mut grads)
+        be.causal_backward_into(
+            &dims,
+            seq,
+            mask,
+            strides,
+            qkv,
+            fwd.as_ref(),
+            &dout,
+            &mut grads,
+        )
     })
 }
 

@@ -6,6 +6,7 @@
 //! layout the kernel's wgmma descriptors read. The shape arithmetic is plain and tested without a
 //! GPU; the encoding is the driver's (`cuTensorMapEncodeTiled`).
 
+use super::strides::Strides;
 use anyhow::{Result, anyhow, bail};
 use cudarc::driver::DeviceRepr;
 use cudarc::driver::sys::{
@@ -24,25 +25,28 @@ pub(crate) struct TensorMap(sys::CUtensorMap);
 // which the driver copies into the kernel's parameter space.
 unsafe impl DeviceRepr for TensorMap {}
 
-/// Where `matrices` row-major matrices of `rows` × `head_dim` 16-bit values lie one after the
-/// other, read in boxes of 64 columns × `box_rows` rows: the driver's dims and strides (fastest
-/// first, strides in bytes and without the element's own).
+/// Where a `[batch, heads, rows, head_dim]` tensor of 16-bit values lies under its
+/// [`Strides`], read in boxes of 64 columns × `box_rows` rows of one (batch, head): the
+/// driver's dims and strides (fastest first, strides in bytes and without the element's own).
+/// The dims need not be in the order of their strides, so one shape serves head-major and
+/// sequence-major tensors.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) struct TileMapShape {
-    dims: [u64; 3],
-    strides: [u64; 2],
-    box_dims: [u32; 3],
+    dims: [u64; 4],
+    strides: [u64; 3],
+    box_dims: [u32; 4],
 }
 
 impl TileMapShape {
     pub(crate) fn new(
-        matrices: usize,
-        rows: usize,
-        head_dim: usize,
+        strides: &Strides,
+        [batch, heads, rows, head_dim]: [usize; 4],
         box_rows: usize,
     ) -> Result<Self> {
-        if matrices == 0 || rows == 0 {
-            bail!("a tensor map needs at least one row of one matrix ({matrices} × {rows} rows)");
+        if batch == 0 || heads == 0 || rows == 0 {
+            bail!(
+                "a tensor map needs at least one row of one head ({batch} × {heads} × {rows} rows)"
+            );
         }
         if !head_dim.is_multiple_of(BOX_COLUMNS) {
             bail!("TMA tiles need a head dim that is a multiple of {BOX_COLUMNS}, not {head_dim}");
@@ -50,11 +54,21 @@ impl TileMapShape {
         if !(1..=256).contains(&box_rows) {
             bail!("a TMA box has 1 to 256 rows, not {box_rows}");
         }
-        let row_bytes = (head_dim * 2) as u64;
+        let bytes = |s: i64| -> Result<u64> {
+            let b = u64::try_from(s).map_err(|_| anyhow!("TMA strides are positive, not {s}"))? * 2;
+            if !b.is_multiple_of(16) || b >= 1 << 40 {
+                bail!("a TMA stride must be a multiple of 16 bytes below 2^40, not {b}");
+            }
+            Ok(b)
+        };
         Ok(TileMapShape {
-            dims: [head_dim as u64, rows as u64, matrices as u64],
-            strides: [row_bytes, row_bytes * rows as u64],
-            box_dims: [BOX_COLUMNS as u32, box_rows as u32, 1],
+            dims: [head_dim, rows, heads, batch].map(|d| d as u64),
+            strides: [
+                bytes(strides.row)?,
+                bytes(strides.head)?,
+                bytes(strides.batch)?,
+            ],
+            box_dims: [BOX_COLUMNS as u32, box_rows as u32, 1, 1],
         })
     }
 
@@ -69,15 +83,15 @@ impl TileMapShape {
         } else {
             CU_TENSOR_MAP_DATA_TYPE_FLOAT16
         };
-        let element_strides = [1u32; 3];
+        let element_strides = [1u32; 4];
         let mut map = sys::CUtensorMap { opaque: [0; 16] };
-        // SAFETY: every array holds the rank (3) entries the driver reads, or rank − 1 for the
+        // SAFETY: every array holds the rank (4) entries the driver reads, or rank − 1 for the
         // strides; `map` is writable and outlives the call; the driver only records `ptr`.
         unsafe {
             sys::cuTensorMapEncodeTiled(
                 &mut map,
                 dtype,
-                3,
+                4,
                 ptr as *mut std::ffi::c_void,
                 self.dims.as_ptr(),
                 self.strides.as_ptr(),
@@ -102,22 +116,33 @@ mod tests {
     use super::*;
 
     #[test]
-    fn shape_of_head_major_tiles() {
-        // 2·8 heads of 1000 rows × 128: boxes of 64 columns × 128 rows, one matrix at a time.
-        let s = TileMapShape::new(16, 1000, 128, 128).unwrap();
-        assert_eq!(s.dims, [128, 1000, 16]);
-        assert_eq!(s.strides, [256, 256_000]);
-        assert_eq!(s.box_dims, [64, 128, 1]);
-        let s64 = TileMapShape::new(1, 7, 64, 128).unwrap();
-        assert_eq!((s64.dims, s64.strides), ([64, 7, 1], [128, 896]));
+    fn shape_of_head_and_sequence_major_tiles() {
+        // 2 batches · 8 heads of 1000 rows × 128, boxes of 64 columns × 128 rows of one head.
+        let hm = Strides::head_major(8, 1000, 128);
+        let s = TileMapShape::new(&hm, [2, 8, 1000, 128], 128).unwrap();
+        assert_eq!(s.dims, [128, 1000, 8, 2]);
+        assert_eq!(s.strides, [256, 256_000, 2_048_000]);
+        assert_eq!(s.box_dims, [64, 128, 1, 1]);
+        // Sequence-major: rows 8·128 elements apart, heads 128.
+        let sm = Strides::seq_major(8, 1000, 128);
+        let s = TileMapShape::new(&sm, [2, 8, 1000, 128], 128).unwrap();
+        assert_eq!(s.strides, [2048, 256, 2_048_000]);
     }
 
     #[test]
     fn shapes_tma_cannot_load_are_refused() {
-        assert!(TileMapShape::new(0, 10, 128, 128).is_err());
-        assert!(TileMapShape::new(1, 0, 128, 128).is_err());
-        let err = TileMapShape::new(1, 10, 96, 128).unwrap_err().to_string();
+        let hm = Strides::head_major(1, 10, 128);
+        assert!(TileMapShape::new(&hm, [0, 1, 10, 128], 128).is_err());
+        assert!(TileMapShape::new(&hm, [1, 1, 0, 128], 128).is_err());
+        let err = TileMapShape::new(&hm, [1, 1, 10, 96], 128)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("multiple of 64"), "{err}");
-        assert!(TileMapShape::new(1, 10, 128, 257).is_err());
+        assert!(TileMapShape::new(&hm, [1, 1, 10, 128], 257).is_err());
+        let odd = Strides { row: 132, ..hm };
+        let err = TileMapShape::new(&odd, [1, 1, 10, 128], 128)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("multiple of 16 bytes"), "{err}");
     }
 }

@@ -3,20 +3,21 @@
 //! the model's sliding window) behind `model::attention::Attention`.
 //!
 //! The model hands over sequence-major 16-bit tensors (`[rows, heads, head_dim]`, a linear
-//! layer's output as is); the kernels want head-major ones. The layout changes run on the GPU
-//! (`CudaBackend::relayout`): Q, K, V, O and dO go to head-major, O comes back sequence-major in
-//! the input dtype, and the backward's f32 dQ, dK, dV come back sequence-major in the input dtype
-//! (the cast fused into the move). LSE stays as the kernels wrote it (f32, head-major): the model
-//! only keeps it for the backward. dO may arrive as 16-bit or f32 (then it is rounded).
+//! layer's output as is), which the kernels read and write in place under their strides
+//! (`CallStrides::seq_major`): no head-major copies. O comes out sequence-major in the input
+//! dtype; LSE stays as the kernels wrote it (f32, `[heads, rows]`: the model only keeps it for
+//! the backward). The backward's dQ comes out f32 and is rounded to the input dtype; dK and dV
+//! are written in the input dtype by the kernel itself under MHA (`writes_kv_grads`), else
+//! accumulated in f32 and rounded. dO arrives as f32 from the output projection's backward (or
+//! 16-bit) and is rounded first.
 //!
 //! One GPU holds the whole sequence here. A rank of a multi-GPU job uses
 //! `train::attention::Distributed` on the CUDA backend over `comm::nccl::NcclComm` instead: the
-//! same interface and layout kernel, with the executor's block API and communication.
+//! same interface, with the executor's block API (head-major) and communication.
 
-use crate::attn::Partial;
+use crate::attn::{Grads, Partial};
 
-use crate::backend::Order;
-use crate::backend::cuda::{CudaBackend, Tensor};
+use crate::backend::cuda::{CallStrides, CudaBackend, Tensor, lent_kv_grads_half};
 use crate::model::attention::{Attention, WholeSequence};
 use crate::shape::{Dims, Mask};
 use anyhow::{Result, bail};
@@ -28,22 +29,43 @@ pub enum Call {
     Backward,
 }
 
-/// Bytes of the buffers one [`CudaAttention`] call allocates besides the tensors it returns,
-/// all alive at its widest moment: the memory estimate (`model::counting`) counts
-/// them from here, so any buffer added to `forward` or `backward` belongs here too.
-///
-/// - forward: the head-major 16-bit Q, K, V (`head_major`) and the kernel's head-major O;
-/// - backward, as the kernel runs (before its outputs exist): the head-major 16-bit Q, K, V, O
-///   and dO, the copy of LSE and the kernel's D (f32, one a row and head each) and its
-///   head-major f32 dQ, dK, dV. Those inputs are freed before the relayouts back, whose moment
-///   (the f32 gradients and the 16-bit outputs) is narrower.
-pub fn workspace_bytes(dims: &Dims, rows: usize, call: Call) -> usize {
+/// What one [`CudaAttention`] call holds at its widest moment besides its inputs and the
+/// tensors it returns, and which of those returned tensors exist by then: the memory estimate
+/// (`model::counting`) counts the call from here, so any buffer added to `forward` or
+/// `backward` belongs here too.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Workspace {
+    /// Bytes of the call's own buffers at that moment.
+    pub bytes: usize,
+    /// Whether dK and dV (the backward's returned 16-bit gradients) exist then: the kernel
+    /// writes them itself under MHA.
+    pub kv_grads: bool,
+}
+
+/// The widest moment of each call:
+/// - forward: none (the kernel writes the returned O and LSE, and reads Q, K, V in place);
+/// - backward, as the kernel runs: dO rounded to 16 bits, the kernel's D (f32, one a row and
+///   head) and the f32 dQ, with the returned 16-bit dK and dV under MHA, or f32 dK and dV
+///   accumulators otherwise. The rounding of the f32 gradients after is narrower: dO and D are
+///   gone by then (2 bytes a query element and 4 a row-head), and the rounded dQ takes 2 bytes
+///   a query element; each f32 gradient goes as its 16-bit copy is made.
+pub fn workspace(dims: &Dims, rows: usize, call: Call) -> Workspace {
     let q = rows * dims.heads * dims.head_dim;
     let kv = rows * dims.kv_heads * dims.head_dim;
     let half = crate::model::cost::HALF_BYTES;
     match call {
-        Call::Forward => half * (q + 2 * kv) + half * q,
-        Call::Backward => half * (3 * q + 2 * kv) + 2 * 4 * rows * dims.heads + 4 * (q + 2 * kv),
+        Call::Forward => Workspace {
+            bytes: 0,
+            kv_grads: false,
+        },
+        Call::Backward => {
+            let kv_grads = lent_kv_grads_half(dims, rows);
+            let kv_f32 = if kv_grads { 0 } else { 4 * 2 * kv };
+            Workspace {
+                bytes: half * q + 4 * rows * dims.heads + 4 * q + kv_f32,
+                kv_grads,
+            }
+        }
     }
 }
 
@@ -74,31 +96,36 @@ impl<'b> CudaAttention<'b> {
         })
     }
 
-    /// A `[rows, heads, head_dim]` tensor as `[heads, rows, head_dim]`, or back.
-    fn relayout(&self, t: &Tensor, heads: usize, to: Order, what: &str) -> Result<Tensor> {
-        self.backend
-            .relayout(t, self.rows, heads, self.dims.head_dim, to, what)
+    fn strides(&self) -> CallStrides {
+        CallStrides::seq_major(&self.dims, self.rows)
     }
 
-    /// Q, K and V head-major.
-    fn head_major(&self, q: &Tensor, k: &Tensor, v: &Tensor) -> Result<[Tensor; 3]> {
-        let (h, kv) = (self.dims.heads, self.dims.kv_heads);
-        Ok([
-            self.relayout(q, h, Order::ToHeadMajor, "Q")?,
-            self.relayout(k, kv, Order::ToHeadMajor, "K")?,
-            self.relayout(v, kv, Order::ToHeadMajor, "V")?,
-        ])
+    /// `t` in the input dtype: as is, or rounded from f32 into `slot`.
+    fn half<'t>(
+        &self,
+        t: &'t Tensor,
+        slot: &'t mut Option<Tensor>,
+        what: &str,
+    ) -> Result<&'t Tensor> {
+        Ok(match t {
+            Tensor::Half { .. } => t,
+            Tensor::F32(_) => {
+                slot.insert(self.backend.round_to_half(t, self.dims.head_dim, what)?)
+            }
+        })
     }
 }
 
 impl Attention<Tensor> for CudaAttention<'_> {
     fn forward(&mut self, q: &Tensor, k: &Tensor, v: &Tensor) -> Result<(Tensor, Tensor)> {
-        let [q, k, v] = self.head_major(q, k, v)?;
-        let p = self
-            .backend
-            .causal_forward(&self.dims, self.rows, &self.mask, &q, &k, &v)?;
-        let o = self.relayout(&p.out, self.dims.heads, Order::ToSeqMajor, "O")?;
-        Ok((o, p.lse))
+        let p = self.backend.causal_forward(
+            &self.dims,
+            self.rows,
+            &self.mask,
+            &self.strides(),
+            [q, k, v],
+        )?;
+        Ok((p.out, p.lse))
     }
 
     fn backward(
@@ -110,25 +137,39 @@ impl Attention<Tensor> for CudaAttention<'_> {
         lse: &Tensor,
         dout: &Tensor,
     ) -> Result<(Tensor, Tensor, Tensor)> {
-        let (h, kv) = (self.dims.heads, self.dims.kv_heads);
-        // The head-major inputs are freed as the kernel returns, before the f32 gradients are
-        // relayouted: the widest moment is the kernel's.
+        let d = self.dims.head_dim;
+        // dO's rounded copy and D are freed as the kernel returns, before the f32 gradients
+        // are rounded: the widest moment is the kernel's (`workspace`).
         let g = {
-            let [q, k, v] = self.head_major(q, k, v)?;
-            let fwd = Partial {
-                out: self.relayout(o, h, Order::ToHeadMajor, "O")?,
-                // The backward reads LSE from a `Partial`, which owns it: a copy of h·rows floats.
-                lse: lse.try_clone()?,
-            };
-            let dout = self.relayout(dout, h, Order::ToHeadMajor, "dO")?;
-            self.backend
-                .causal_backward(&self.dims, self.rows, &self.mask, &q, &k, &v, &fwd, &dout)?
+            let mut slot = None;
+            let dout = self.half(dout, &mut slot, "dO")?;
+            let strides = self.strides();
+            let mut grads = self
+                .backend
+                .sequence_grads(&self.dims, self.rows, &strides)?;
+            let fwd = Partial { out: o, lse };
+            self.backend.causal_backward_into(
+                &self.dims,
+                self.rows,
+                &self.mask,
+                &strides,
+                [q, k, v],
+                fwd,
+                dout,
+                &mut grads,
+            )?;
+            grads
         };
-        Ok((
-            self.relayout(&g.dq, h, Order::ToSeqMajor, "dQ")?,
-            self.relayout(&g.dk, kv, Order::ToSeqMajor, "dK")?,
-            self.relayout(&g.dv, kv, Order::ToSeqMajor, "dV")?,
-        ))
+        // Each f32 gradient is freed as its 16-bit copy is made.
+        let round = |t: Tensor, what| match t {
+            Tensor::Half { .. } => Ok(t),
+            Tensor::F32(_) => self.backend.round_to_half(&t, d, what),
+        };
+        let Grads { dq, dk, dv } = g;
+        let dq = round(dq, "dQ")?;
+        let dk = round(dk, "dK")?;
+        let dv = round(dv, "dV")?;
+        Ok((dq, dk, dv))
     }
 }
 
