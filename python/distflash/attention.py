@@ -73,12 +73,13 @@ def _head_major_function():
     return _FUNCTION
 
 
-def attend_head_major(q, k, v, softmax_scale=None):
+def attend_head_major(q, k, v, softmax_scale=None, *, doc_lens=None, cu_seqlens=None, window=None, global_tokens=0):
     """Causal attention of ``[batch, heads, seq, head_dim]`` q, k, v in any strides (as
     transformers hands them over); returns O ``[batch, heads, seq, head_dim]`` and LSE
-    ``[batch, heads, seq]``. Made contiguous first (a copy only where they are not)."""
+    ``[batch, heads, seq]``. Made contiguous first (a copy only where they are not). The mask
+    arguments are :func:`flash_attn`'s, checked the same way."""
     shape = _checks.check_inputs(q, k, v, True, softmax_scale, head_major=True)
-    mask = _checks.check_mask(shape.seq)
+    mask = _checks.check_mask(shape.seq, doc_lens, window, global_tokens, cu_seqlens)
     return _head_major_function().apply(q.contiguous(), k.contiguous(), v.contiguous(), shape, mask)
 
 
