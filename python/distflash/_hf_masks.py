@@ -20,7 +20,10 @@ where there is no padding): its attention reads
 distflash applies one mask to every row of a call, so the rows must pack alike (a batch of one
 packed row, as the collator makes it, always does); rows that differ are refused. Where both
 offsets and position ids are given they must agree: transformers' flash path would follow the
-offsets and its SDPA path the position ids, so a disagreement has no one meaning.
+offsets and its SDPA path the position ids, so a disagreement has no one meaning. Where the two
+paths differ, distflash does what the flash path does: packed position ids mark documents
+also beside an all-ones ``attention_mask`` or a KV cache, where transformers' SDPA mask does
+not look for packing (``_preprocess_mask_arguments``).
 """
 
 from . import _checks

@@ -138,7 +138,7 @@ def test_transformers_llama_runs_through_the_glue(fake, tmp_path):
             assert [c[0] for c in fake.calls] == ["forward", "forward", "backward", "backward"]
             mask = torch.ones_like(ids)
             mask[0, 0] = 0
-            with pytest.raises(ValueError, match="got an attention mask"):
+            with pytest.raises(ValueError, match="got a dense attention mask"):
                 m(input_ids=ids, attention_mask=mask)
     ref_loss, ref_grad = runs["ref"]
     err = {r: (abs(runs[r][0] - ref_loss), ((runs[r][1] - ref_grad).norm() / ref_grad.norm()).item()) for r in ("sdpa", "ours")}
@@ -154,3 +154,20 @@ def test_real_cpu_tensors_are_refused_in_a_sentence():
         _checks._check_one(_Cuda(q.transpose(1, 2)), "q", contiguous=True)
     with pytest.raises(TypeError, match=r"^q is torch.float32; "):
         _checks._check_one(_Cuda(q.float()), "q", contiguous=True)
+
+
+def test_the_mask_builder_refuses_mask_functions_that_open_later_tokens():
+    """transformers' (batch, head, q, kv) predicates, written here: causal, causal within
+    documents, and causal with a bidirectional block (a multimodal model's image tokens)."""
+    import distflash.transformers as dt
+
+    causal = lambda b, h, q, kv: kv <= q
+    docs = torch.tensor([[0] * 7 + [1] * 9])
+    packed = lambda b, h, q, kv: causal(b, h, q, kv) & (docs[b, q] == docs[b, kv])
+    blocks = torch.full((1, 16), -1)
+    blocks[0, 4:10] = 0
+    opened = lambda b, h, q, kv: causal(b, h, q, kv) | ((blocks[b, q] == blocks[b, kv]) & (blocks[b, q] >= 0))
+    build = lambda f: dt.mask_builder(batch_size=1, q_length=16, kv_length=16, mask_function=f)
+    assert build(causal) is None and build(packed) is None
+    with pytest.raises(ValueError, match=r"^this model's mask lets tokens see later ones"):
+        build(opened)
