@@ -49,6 +49,7 @@ DIMS = dict(vocab_size=1000, hidden_size=256, intermediate_size=512, num_hidden_
 DOCS = [700, 389, 447]  # three documents, none a multiple of a kernel tile
 SEQ = sum(DOCS)
 WINDOW = 200
+DEVICE = "cuda"  # one name for every tensor and model (a dry run elsewhere can set it)
 
 CALLS = []  # the mask arguments of every call of distflash's kernels
 
@@ -64,7 +65,7 @@ def record_calls():
 
 
 def packed_positions(batch):
-    return torch.cat([torch.arange(n) for n in DOCS]).expand(batch, -1).contiguous().cuda()
+    return torch.cat([torch.arange(n) for n in DOCS]).expand(batch, -1).contiguous().to(DEVICE)
 
 
 def offsets(batch):
@@ -72,12 +73,12 @@ def offsets(batch):
     for _ in range(batch):
         for n in DOCS:
             cu.append(cu[-1] + n)
-    return torch.tensor(cu, dtype=torch.int32, device="cuda")
+    return torch.tensor(cu, dtype=torch.int32, device=DEVICE)
 
 
 def tokens(batch, seq, seed=3):
-    return torch.randint(0, DIMS["vocab_size"], (batch, seq), device="cuda",
-                         generator=torch.Generator(device="cuda").manual_seed(seed))
+    return torch.randint(0, DIMS["vocab_size"], (batch, seq), device=DEVICE,
+                         generator=torch.Generator(device=DEVICE).manual_seed(seed))
 
 
 def saved(kind, **extra):
@@ -97,7 +98,7 @@ def load(path, impl, dtype, **config):
     cfg = AutoConfig.from_pretrained(path)
     for k, v in config.items():
         setattr(cfg, k, v)
-    return AutoModelForCausalLM.from_pretrained(path, config=cfg, attn_implementation=impl, dtype=dtype).cuda()
+    return AutoModelForCausalLM.from_pretrained(path, config=cfg, attn_implementation=impl, dtype=dtype).to(DEVICE)
 
 
 def loss_and_grads(path, impl, dtype, ids, config=None, **inputs):
@@ -177,14 +178,14 @@ def refusals(llama):
     ids = tokens(2, SEQ)
     padding = torch.ones_like(ids)
     padding[0, :5] = 0
-    rows = torch.stack([packed_positions(1)[0], torch.arange(SEQ, device="cuda")])
+    rows = torch.stack([packed_positions(1)[0], torch.arange(SEQ, device=DEVICE)])
     # Bidirectional blocks (a multimodal model's image tokens, transformers' blockwise overlay):
     # tokens 4-9 see each other.
-    blocks = torch.full((1, 16), -1, device="cuda")
+    blocks = torch.full((1, 16), -1, device=DEVICE)
     blocks[0, 4:10] = 0
     opens = or_masks(causal_mask_function, lambda b, h, q, kv: (blocks[b, q] == blocks[b, kv]) & (blocks[b, q] >= 0))
-    docs = torch.tensor([[0] * 7 + [1] * 9], device="cuda")
-    build = lambda f: distflash.transformers.mask_builder(batch_size=1, q_length=16, kv_length=16, mask_function=f, device="cuda")
+    docs = torch.tensor([[0] * 7 + [1] * 9], device=DEVICE)
+    build = lambda f: distflash.transformers.mask_builder(batch_size=1, q_length=16, kv_length=16, mask_function=f, device=DEVICE)
     out, ok = {}, True
     for name, fn, words in [
         ("padding", lambda: m(input_ids=ids, attention_mask=padding, use_cache=False), "dense attention mask"),
