@@ -114,12 +114,13 @@ def _attention_function():
     return _FUNCTION
 
 
-def attend_head_major(q, k, v, softmax_scale=None):
+def attend_head_major(q, k, v, softmax_scale=None, *, doc_lens=None, cu_seqlens=None, window=None, global_tokens=0):
     """Causal attention of ``[batch, heads, seq, head_dim]`` q, k, v in any strides (as
     transformers hands them over: its transposed views are read in place); returns O
-    ``[batch, heads, seq, head_dim]`` (in q's strides) and LSE ``[batch, heads, seq]``."""
+    ``[batch, heads, seq, head_dim]`` (in q's strides) and LSE ``[batch, heads, seq]``. The
+    mask arguments are :func:`flash_attn`'s, checked the same way."""
     shape = _checks.check_inputs(q, k, v, True, softmax_scale, head_major=True)
-    mask = _checks.check_mask(shape.seq)
+    mask = _checks.check_mask(shape.seq, doc_lens, window, global_tokens, cu_seqlens)
     k, v = _kv_pair(k, v)
     return _attention_function().apply(_readable(q), k, v, shape, mask, True)
 

@@ -26,17 +26,13 @@ class Dtype:
 
 
 class Tensor:
-    def __init__(self, shape, dtype="bfloat16", device=None, contiguous=True):
+    def __init__(self, shape, dtype="bfloat16", device=None):
         self.shape = tuple(shape)
         self.dtype = Dtype(dtype)
         self.device = device or Device()
-        self._contiguous = contiguous
 
     def dim(self):
         return len(self.shape)
-
-    def is_contiguous(self):
-        return self._contiguous
 
 
 def qkv(batch=2, seq=100, heads=8, kv_heads=2, head_dim=128, **kw):
@@ -46,3 +42,35 @@ def qkv(batch=2, seq=100, heads=8, kv_heads=2, head_dim=128, **kw):
         Tensor((batch, seq, kv_heads, head_dim), **kw),
         Tensor((batch, seq, kv_heads, head_dim), **kw),
     )
+
+
+class IntTensor:
+    """A 2-D integer tensor over nested lists, with what ``distflash._hf_masks`` does to
+    position ids (``[:, a:b]`` slices, subtraction, ``!= n``, ``nonzero()``, ``tolist()``) and
+    torch's meaning for each: ``nonzero()`` gives the ``[row, column]`` of every nonzero entry."""
+
+    def __init__(self, rows):
+        self.rows = [list(r) for r in rows]
+
+    @property
+    def shape(self):
+        return (len(self.rows), len(self.rows[0]) if self.rows else 0)
+
+    def __getitem__(self, index):
+        rows, cols = index
+        return IntTensor([r[cols] for r in self.rows[rows]])
+
+    def __sub__(self, other):
+        return IntTensor([[a - b for a, b in zip(x, y)] for x, y in zip(self.rows, other.rows)])
+
+    def __ne__(self, n):
+        return IntTensor([[int(a != n) for a in r] for r in self.rows])
+
+    def nonzero(self):
+        return IntTensor([[i, j] for i, r in enumerate(self.rows) for j, a in enumerate(r) if a])
+
+    def tolist(self):
+        return [list(r) for r in self.rows]
+
+    def all(self):
+        return all(all(r) for r in self.rows)

@@ -16,8 +16,8 @@ def test_valid_inputs_give_the_kernels_shape():
 
 
 def test_head_major_reads_heads_before_seq():
-    q = Tensor((2, 8, 100, 64), contiguous=False)
-    k = Tensor((2, 2, 100, 64), contiguous=False)
+    q = Tensor((2, 8, 100, 64))
+    k = Tensor((2, 2, 100, 64))
     shape = _checks.check_inputs(q, k, k, head_major=True)
     assert (shape.seq, shape.heads, shape.kv_heads) == (100, 8, 2)
 

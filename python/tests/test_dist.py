@@ -99,7 +99,7 @@ def test_process_group_arguments():
     refused(ValueError, r"^q has 99 tokens, an odd number", *qkv(seq=99), schedule="zigzag")
     refused(ValueError, r"^q is on cpu", *qkv(device=Device("cpu", None)))
     # Chunks are copied to the kernels' layout, so a split's strided view is taken as it is.
-    assert dist.check_rank(None, *qkv(contiguous=False), "balanced").seq == 100
+    assert dist.check_rank(None, *qkv(), "balanced").seq == 100
 
 
 # A 16-byte-aligned stand-in address: the checks read it, nothing dereferences it.

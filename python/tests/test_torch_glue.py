@@ -4,7 +4,8 @@ skipped there; the GPU run is bench/peers/torch_binding.sh).
 The extension is replaced by a stand-in that reads and writes the very addresses it is handed
 (``data_ptr()`` of CPU tensors here) and computes attention in float64 with torch, so what is
 checked is the Python side: which tensor goes to which argument, the strides and the shape it
-announces, LSE, and the gradients coming back in the right order, dtype and layout.
+announces, LSE, the gradients coming back in the right order, dtype and layout, and the masks
+transformers' models hand the integration reaching the kernels as transformers means them.
 """
 
 import contextlib
@@ -35,13 +36,21 @@ def view(addr, shape, dtype, strides=None):
     return flat.as_strided(shape, (sb, sh, ss, 1))
 
 
-def reference(q, k, v):
-    """Causal attention of head-major float64 tensors: O and LSE."""
+def visible(n, doc_lens=(), window=None, global_tokens=0):
+    """The [n, n] boolean matrix of which keys each query sees, from the mask's definition
+    (distflash's `shape::Mask`): k <= q and ((same document and q - window < k) or k < global_tokens)."""
+    doc = torch.repeat_interleave(torch.arange(len(doc_lens or [n])), torch.tensor(list(doc_lens or [n])))
+    q, k = torch.arange(n)[:, None], torch.arange(n)[None, :]
+    local = (doc[:, None] == doc[None, :]) & (q - k < (window or n))
+    return (k <= q) & (local | (k < global_tokens))
+
+
+def reference(q, k, v, doc_lens=(), window=None, global_tokens=0):
+    """Attention of head-major float64 tensors under the mask: O and LSE."""
     g = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)
     s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
-    n = q.shape[2]
-    s = s.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
+    s = s.masked_fill(~visible(q.shape[2], doc_lens, window, global_tokens), float("-inf"))
     return torch.softmax(s, -1) @ v, torch.logsumexp(s, -1)
 
 
@@ -51,13 +60,15 @@ class FakeExtension:
     def __init__(self):
         self.calls = []
         self.addresses = []
+        self.masks = []  # (doc_lens, window, global_tokens) of every forward
 
     def forward(self, device, dtype, stream, b, s, h, hk, d, q, k, v, out, lse, qs, kvs, *mask):
         self.calls.append(("forward", dtype, (b, s, h, hk, d)))
         self.addresses.append((q, k, v))
+        self.masks.append(mask)
         dt = {"bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
         sides = ((q, h, qs), (k, hk, kvs), (v, hk, kvs))
-        o, l = reference(*(view(p, (b, n, s, d), dt, st).double() for p, n, st in sides))
+        o, l = reference(*(view(p, (b, n, s, d), dt, st).double() for p, n, st in sides), *mask)
         view(out, (b, h, s, d), dt, qs).copy_(o)
         view(lse, (b, h, s), torch.float32).copy_(l)
 
@@ -70,7 +81,7 @@ class FakeExtension:
         sides = ((q, h, qs), (k, hk, kvs), (v, hk, kvs))
         x = [view(p, (b, n, s, d), dt, st).double().requires_grad_() for p, n, st in sides]
         with torch.enable_grad():  # autograd runs a backward with grad mode off
-            o, _ = reference(*x)
+            o, _ = reference(*x, *mask)
             grads = torch.autograd.grad(o, x, view(dout, (b, h, s, d), dt, qs).double())
         kv_dt = dt if self.kv_grads_in_input_dtype(b, s, h, hk, d) else torch.float32
         for addr, n, st, g, gdt in zip((dq, dk, dv), (h, hk, hk), (qs, kvs, kvs), grads, (torch.float32, kv_dt, kv_dt)):
@@ -131,35 +142,114 @@ def test_flash_attn_glue_matches_float64_attention(fake, b, s, h, hk, d, dt):
         assert (got.double() - want.transpose(1, 2)).abs().max() <= tol * want.abs().max()
 
 
+def tiny(transformers, kind, path, **extra):
+    """A tiny random-init model of ``kind`` ("Llama", "Mistral") saved to ``path``."""
+    cfg = getattr(transformers, f"{kind}Config")(
+        vocab_size=128, hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=64, max_position_embeddings=256, **extra)
+    torch.manual_seed(0)
+    getattr(transformers, f"{kind}ForCausalLM")(cfg).save_pretrained(path)
+
+
+def loss_and_grad(transformers, path, impl, dtype, ids, config=None, **inputs):
+    cfg = transformers.AutoConfig.from_pretrained(path)
+    for k, v in (config or {}).items():
+        setattr(cfg, k, v)
+    m = transformers.AutoModelForCausalLM.from_pretrained(path, config=cfg, attn_implementation=impl, dtype=dtype)
+    loss = m(input_ids=ids, labels=ids, use_cache=False, **inputs).loss
+    loss.backward()
+    return m, loss.item(), torch.cat([p.grad.double().flatten() for p in m.parameters()])
+
+
+def check_parity(fake, transformers, path, ids, inputs=None, unmasked=None, extra=None):
+    """distattn (the stand-in kernels) in bf16 against SDPA in float32: loss and gradients as
+    close as SDPA's own bf16 run (x2); with ``unmasked`` (config changes that drop the mask) the
+    float32 run without ``inputs`` must be far off (so the mask is really tested). Returns the
+    distattn model and the masks the kernels were given."""
+    import distflash.transformers as dt
+
+    inputs, extra = inputs or {}, extra or {}
+    runs = {r: loss_and_grad(transformers, path, impl, dtype, ids, **inputs, **(extra if r == "ours" else {}))
+            for r, impl, dtype in [("ref", "sdpa", torch.float32), ("sdpa", "sdpa", torch.bfloat16),
+                                   ("ours", dt.register(), torch.bfloat16)]}
+    _, ref_loss, ref_grad = runs["ref"]
+    err = {r: (abs(runs[r][1] - ref_loss), ((runs[r][2] - ref_grad).norm() / ref_grad.norm()).item()) for r in ("sdpa", "ours")}
+    assert err["ours"][0] <= 2 * err["sdpa"][0] + 1e-3 * ref_loss, err
+    assert err["ours"][1] <= 2 * err["sdpa"][1], err
+    if unmasked is not None:
+        _, _, plain = loss_and_grad(transformers, path, "sdpa", torch.float32, ids, config=unmasked)
+        assert ((plain - ref_grad).norm() / ref_grad.norm()).item() > 10 * err["sdpa"][1], err
+    assert [c[0] for c in fake.calls] == ["forward", "forward", "backward", "backward"]
+    return runs["ours"][0], fake.masks
+
+
 def test_transformers_llama_runs_through_the_glue(fake, tmp_path):
     """A tiny LLaMA loaded with ``attn_implementation="distattn"``: every layer's attention goes
     through the (stand-in) kernels, loss and gradients agree with SDPA's in float32 as closely
     as SDPA's own bf16 run does (x2), and a padding mask is refused."""
     transformers = pytest.importorskip("transformers")
+    tiny(transformers, "Llama", tmp_path)
+    ids = torch.randint(0, 128, (2, 48), generator=torch.Generator().manual_seed(1))
+    m, masks = check_parity(fake, transformers, tmp_path, ids)
+    assert masks == [([], None, 0)] * 2
+    mask = torch.ones_like(ids)
+    mask[0, 0] = 0
+    with pytest.raises(ValueError, match="got a dense attention mask"):
+        m(input_ids=ids, attention_mask=mask)
+
+
+DOCS = [20, 13, 15]
+
+
+def packed(batch=1):
+    return torch.cat([torch.arange(n) for n in DOCS]).expand(batch, -1)
+
+
+@pytest.mark.parametrize("batch,offsets", [(1, False), (1, True), (2, False)])
+def test_transformers_packed_documents_reach_the_kernels(fake, tmp_path, batch, offsets):
+    """Documents packed into a row, marked by position ids restarting at 0 (and by the
+    collator's cu_seq_lens beside them), as transformers' SDPA masks them."""
+    transformers = pytest.importorskip("transformers")
+    tiny(transformers, "Llama", tmp_path)
+    ids = torch.randint(0, 128, (batch, sum(DOCS)), generator=torch.Generator().manual_seed(2))
+    cu = torch.tensor([0, 20, 33, 48], dtype=torch.int32)
+    extra = {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": 20, "max_length_k": 20} if offsets else {}
+    _, masks = check_parity(fake, transformers, tmp_path, ids, {"position_ids": packed(batch)}, {}, extra)
+    assert masks == [(DOCS, None, 0)] * 2
+
+
+@pytest.mark.parametrize("docs", [False, True])
+def test_transformers_mistral_sliding_window_reaches_the_kernels(fake, tmp_path, docs):
+    """Mistral's sliding_window W < seq (and over packed documents): the kernels get window=W,
+    and agree with transformers' SDPA mask."""
+    transformers = pytest.importorskip("transformers")
+    tiny(transformers, "Mistral", tmp_path, sliding_window=8)
+    ids = torch.randint(0, 128, (1 if docs else 2, sum(DOCS)), generator=torch.Generator().manual_seed(3))
+    inputs = {"position_ids": packed()} if docs else {}
+    _, masks = check_parity(fake, transformers, tmp_path, ids, inputs, {"sliding_window": None})
+    assert masks == [(DOCS if docs else [], 8, 0)] * 2
+
+
+def test_transformers_decoding_with_a_cache_goes_to_sdpa(fake, tmp_path):
+    """A cached prefill longer than Mistral's window runs on the (stand-in) kernels; the next
+    token's step (one query, a cache of keys) runs in transformers' SDPA under the mask the
+    builder hands on; both within 2x SDPA-bf16's error of float32 SDPA."""
+    transformers = pytest.importorskip("transformers")
     import distflash.transformers as dt
 
-    name = dt.register()
-    cfg = transformers.LlamaConfig(vocab_size=128, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
-                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
-    torch.manual_seed(0)
-    transformers.LlamaForCausalLM(cfg).save_pretrained(tmp_path)
-    ids = torch.randint(0, 128, (2, 48), generator=torch.Generator().manual_seed(1))
-    runs = {}
-    for run, impl, dtype in [("ref", "sdpa", torch.float32), ("sdpa", "sdpa", torch.bfloat16), ("ours", name, torch.bfloat16)]:
+    tiny(transformers, "Mistral", tmp_path, sliding_window=8)
+    ids = torch.randint(0, 128, (1, 21), generator=torch.Generator().manual_seed(4))
+    logits = {}
+    for run, impl, dtype in [("ref", "sdpa", torch.float32), ("sdpa", "sdpa", torch.bfloat16), ("ours", dt.register(), torch.bfloat16)]:
         m = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation=impl, dtype=dtype)
-        loss = m(input_ids=ids, labels=ids).loss
-        loss.backward()
-        runs[run] = (loss.item(), torch.cat([p.grad.double().flatten() for p in m.parameters()]))
-        if run == "ours":
-            assert [c[0] for c in fake.calls] == ["forward", "forward", "backward", "backward"]
-            mask = torch.ones_like(ids)
-            mask[0, 0] = 0
-            with pytest.raises(ValueError, match="got an attention mask"):
-                m(input_ids=ids, attention_mask=mask)
-    ref_loss, ref_grad = runs["ref"]
-    err = {r: (abs(runs[r][0] - ref_loss), ((runs[r][1] - ref_grad).norm() / ref_grad.norm()).item()) for r in ("sdpa", "ours")}
-    assert err["ours"][0] <= 2 * err["sdpa"][0] + 1e-3 * ref_loss, err
-    assert err["ours"][1] <= 2 * err["sdpa"][1], err
+        with torch.no_grad():
+            pre = m(input_ids=ids[:, :20], use_cache=True)
+            step = m(input_ids=ids[:, 20:], past_key_values=pre.past_key_values, use_cache=True)
+        logits[run] = (pre.logits[:, -1].double(), step.logits[:, -1].double())
+    assert fake.masks == [([], 8, 0)] * 2  # the prefill only
+    for i in range(2):
+        err = {r: ((logits[r][i] - logits["ref"][i]).norm() / logits["ref"][i].norm()).item() for r in ("sdpa", "ours")}
+        assert err["ours"] <= 2 * err["sdpa"], (i, err)
 
 
 def test_real_cpu_tensors_are_refused_in_a_sentence():
@@ -197,3 +287,20 @@ def test_views_go_in_without_a_copy_and_others_are_copied_once(fake):
     odd = torch.randn(b, s, h, 2 * d, generator=g).to(torch.bfloat16)[..., ::2]
     attention.flash_attn(odd, odd, odd)
     assert fake.addresses[-1][0] != odd.data_ptr()
+
+
+def test_the_mask_builder_refuses_mask_functions_that_open_later_tokens():
+    """transformers' (batch, head, q, kv) predicates, written here: causal, causal within
+    documents, and causal with a bidirectional block (a multimodal model's image tokens)."""
+    import distflash.transformers as dt
+
+    causal = lambda b, h, q, kv: kv <= q
+    docs = torch.tensor([[0] * 7 + [1] * 9])
+    packed = lambda b, h, q, kv: causal(b, h, q, kv) & (docs[b, q] == docs[b, kv])
+    blocks = torch.full((1, 16), -1)
+    blocks[0, 4:10] = 0
+    opened = lambda b, h, q, kv: causal(b, h, q, kv) | ((blocks[b, q] == blocks[b, kv]) & (blocks[b, q] >= 0))
+    build = lambda f: dt.mask_builder(batch_size=1, q_length=16, kv_length=16, mask_function=f)
+    assert build(causal) is None and build(packed) is None
+    with pytest.raises(ValueError, match=r"^this model's mask lets tokens see later ones"):
+        build(opened)
