@@ -283,7 +283,7 @@ fn memory_estimate_of_one_gpu_of_several() {
         gib(&two) < gib(&one) && gib(&two) > gib(&one) / 2.0,
         "{two} {one}"
     );
-    assert!((97.0..97.5).contains(&gib(&two)), "{two}");
+    assert!((96.0..96.5).contains(&gib(&two)), "{two}");
     assert!(gib(&zigzag) > gib(&two), "{zigzag} {two}");
     // Offloaded, every layer's checkpoint (x, 16-bit, under layer) waits in pinned host memory
     // and 30 of 32 leave the GPU: at the peak it holds the layer running backward and the one
@@ -309,7 +309,7 @@ fn memory_estimate_of_one_gpu_of_several() {
     let text = String::from_utf8_lossy(&text.stdout);
     assert!(
         text.contains("offload activations")
-            && text.contains("about 56.2 GiB")
+            && text.contains("about 55.2 GiB")
             && text.contains("plus 64.5 GiB of pinned host memory"),
         "{text}"
     );

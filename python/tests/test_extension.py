@@ -9,16 +9,18 @@ from distflash import _distflash
 # A 16-byte-aligned stand-in address: the checks read it, nothing dereferences it.
 ADDR = 0x10000
 SHAPE = dict(batch=1, seq=16, heads=4, kv_heads=2, head_dim=64)
+# torch's [b, s, h, d] strides as the extension takes them: (batch, head, sequence).
+STRIDES = dict(q_strides=[16 * 4 * 64, 64, 4 * 64], kv_strides=[16 * 2 * 64, 64, 2 * 64])
 
 
 def forward(**kw):
-    args = dict(device=0, dtype="bfloat16", stream=0, **SHAPE, q=ADDR, k=ADDR, v=ADDR, out=ADDR, lse=ADDR)
+    args = dict(device=0, dtype="bfloat16", stream=0, **SHAPE, q=ADDR, k=ADDR, v=ADDR, out=ADDR, lse=ADDR, **STRIDES)
     args.update(kw)
     _distflash.forward(**args)
 
 
 def backward(**kw):
-    args = dict(device=0, dtype="bfloat16", stream=0, **SHAPE)
+    args = dict(device=0, dtype="bfloat16", stream=0, **SHAPE, **STRIDES)
     args.update({n: ADDR for n in ("q", "k", "v", "out", "lse", "dout", "dq", "dk", "dv")})
     args.update(kw)
     _distflash.backward(**args)
@@ -61,3 +63,27 @@ def test_rust_refuses_bad_masks(call):
         call(window=0)
     with pytest.raises(ValueError, match=r"^17 global tokens do not fit a sequence of 16"):
         call(doc_lens=[8, 8], **{"global": 17})
+
+
+@pytest.mark.parametrize("call", [forward, backward])
+def test_rust_refuses_strides_the_kernels_cannot_take(call):
+    with pytest.raises(ValueError, match=r"^q \(and the output, dq\) has a stride of 260 elements"):
+        call(q_strides=[16 * 4 * 64, 64, 260])
+    with pytest.raises(ValueError, match=r"^q \(and the output, dq\) would overlap itself"):
+        call(q_strides=[16 * 4 * 64, 0, 4 * 64])
+    # A batch of one: its stride never moves the address, so any is taken.
+    with pytest.raises(ValueError, match=r"^q has a null device address"):
+        call(q=0, q_strides=[1, 64, 4 * 64])
+
+
+def test_backward_refuses_overlapping_kv_gradients():
+    # K and V expanded over their heads may be read (forward) but their gradients not written.
+    with pytest.raises(ValueError, match=r"^q has a null device address"):
+        forward(q=0, kv_strides=[16 * 64, 0, 64])
+    with pytest.raises(ValueError, match=r"^dk and dv \(and k, v\) would overlap itself"):
+        backward(kv_strides=[16 * 64, 0, 64])
+
+
+def test_kv_gradients_come_in_the_input_dtype_exactly_under_mha():
+    assert _distflash.kv_grads_in_input_dtype(1, 16, 4, 4, 64)
+    assert not _distflash.kv_grads_in_input_dtype(1, 16, 4, 2, 64)

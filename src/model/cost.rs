@@ -335,26 +335,31 @@ fn step_memory_with(
         } else {
             0.0
         };
-    // The attention backward at its widest, as the kernel runs: dO in sequence order (`zeros`,
-    // f32, filled by Wo's `linear_backward`), and then
-    // - on one GPU (`CudaAttention::backward`, tensors read in place): dO rounded to 16 bits,
+    // The attention backward at its widest, as the kernel runs: dO in sequence order
+    // (`activation_zeros`, 16-bit, filled by Wo's `linear_backward`), and then
+    // - on one GPU (`CudaAttention::backward`, tensors read in place): as the kernel runs,
     //   `causal_backward`'s D (f32 per row and head) and f32 dQ, and dK, dV written in 16 bits
-    //   by the kernel under MHA or accumulated in f32 under GQA; the rounding after is
-    //   narrower;
+    //   by the kernel under MHA or accumulated in f32 under GQA; then, D gone, under GQA dK
+    //   rounded beside both f32 accumulators, and last dQ rounded beside the 16-bit dK, dV
+    //   (`model::cuda::attention::moments`): the widest of the three;
     // - on a rank (the executor): head-major 16-bit Q, K, V, O and dO, a copy of LSE (f32), D
     //   and head-major f32 dQ, dK, dV, and the rank's extra; their 16-bit relayouts come after
     //   the inputs are freed, and that moment is narrower.
     let attention = match path {
         AttentionPath::WholeSequence => {
-            let kv_grad = if c.num_attention_heads == c.num_key_value_heads {
-                HALF
+            let mha = c.num_attention_heads == c.num_key_value_heads;
+            let kv_grad = if mha { HALF } else { F32 };
+            let kernel = F32 * h + F32 * qw + kv_grad * 2.0 * kw;
+            let round_dk = if mha {
+                0.0
             } else {
-                F32
+                F32 * qw + F32 * 2.0 * kw + HALF * kw
             };
-            t * (F32 * qw + HALF * qw + F32 * h + F32 * qw + kv_grad * 2.0 * kw)
+            let round_dq = F32 * qw + HALF * (qw + 2.0 * kw);
+            t * (HALF * qw + kernel.max(round_dk).max(round_dq))
         }
         AttentionPath::Distributed(extra) => {
-            t * (F32 * qw + HALF * (3.0 * qw + 2.0 * kw) + 2.0 * F32 * h + F32 * (qw + 2.0 * kw))
+            t * (HALF * qw + HALF * (3.0 * qw + 2.0 * kw) + 2.0 * F32 * h + F32 * (qw + 2.0 * kw))
                 + extra
         }
     };
@@ -472,11 +477,12 @@ mod tests {
         // Remat keeps x and O (16-bit) and LSE per layer: 32 · 16384 · (2·8192 + 4·32) bytes.
         assert_eq!(remat.kept, 32.0 * 16384.0 * (2.0 * 8192.0 + 128.0));
         // HF with checkpointing fits 128K tokens of the whole 7B in 103 GiB; we needed 102.7
-        // (measured), and since the layer's backward frees what it has read early, 91.2 with
-        // the reserve.
+        // (measured), since the layer's backward frees what it has read early 91.2 with the
+        // reserve, and since attention reads the model's tensors in place (no head-major
+        // copies, 16-bit dO, dK and dV) 84.2.
         let long = step_memory(&c, 131072, Checkpoint::Layer, false);
         let est = gib(long.total());
-        assert!((91.0..91.5).contains(&est), "{est}");
+        assert!((84.0..84.5).contains(&est), "{est}");
     }
 
     #[test]

@@ -346,6 +346,10 @@ impl<O: Ops> Ops for Metered<O> {
         self.tracked(self.inner.zeros(len), "zeros")
     }
 
+    fn activation_zeros(&self, len: usize) -> Result<Self::T> {
+        self.tracked(self.inner.activation_zeros(len), "activation_zeros")
+    }
+
     fn random_uniform(&self, len: usize, key: u64, offset: u64, amp: f32) -> Result<Self::T> {
         self.tracked(self.inner.random_uniform(len, key, offset, amp), "random")
     }

@@ -5,13 +5,13 @@
 //! twice: the tensors are the ones the model's code makes, at the precision the modelled
 //! device gives them, plus the scratch buffers a device allocates inside an op, each listed at
 //! the op ([`Precision::Cuda`]: the CUDA backend's casts, loss chunks, rotary table and the
-//! attention's workspace, `model::cuda::attention::workspace`). The step it runs, and
+//! attention's moments, `model::cuda::attention::moments`). The step it runs, and
 //! the estimate, are `train::estimate`'s.
 
 use super::attention::Attention;
 use super::cost::loss_chunk_rows;
 use super::count::{Counter, Kind, Metered, check_len};
-use super::cuda::attention::{Call, workspace};
+use super::cuda::attention::{Call, Outputs, moments};
 use super::ops::{AdamW, LossOut, Ops, check_positions, check_rows};
 use super::rope::Rotary;
 use crate::shape::{Dims, Span};
@@ -146,6 +146,10 @@ impl Ops for Lengths {
 
     fn zeros(&self, len: usize) -> Result<Shape> {
         Ok(self.wide(len))
+    }
+
+    fn activation_zeros(&self, len: usize) -> Result<Shape> {
+        Ok(self.half(len))
     }
 
     fn random_uniform(&self, len: usize, _: u64, _: u64, _: f32) -> Result<Shape> {
@@ -400,15 +404,18 @@ impl CountingAttention<'_> {
         check_len("the attention's V", v.len, k.len)
     }
 
-    /// The call's widest moment on the GPU (`workspace`): its own buffers, with `out` (the
-    /// returned tensors that exist by then) on top.
-    fn workspace(&self, call: Call, bytes: usize, out: &[&Shape]) {
-        if self.device.cuda() {
-            let what = match call {
-                Call::Forward => "attention workspace",
-                Call::Backward => "attention_backward workspace",
-            };
-            self.device.spike(what, bytes, out);
+    /// Each of the call's moments on the GPU (`moments`): its own buffers, with the returned
+    /// tensors that exist by then (`returned` of the moment's [`Outputs`]) on top.
+    fn spike_moments<'s>(&self, call: Call, returned: impl Fn(Outputs) -> Vec<&'s Shape>) {
+        if !self.device.cuda() {
+            return;
+        }
+        let what = match call {
+            Call::Forward => "attention workspace",
+            Call::Backward { .. } => "attention_backward workspace",
+        };
+        for m in moments(&self.dims, self.rows, call) {
+            self.device.spike(what, m.bytes, &returned(m.out));
         }
     }
 }
@@ -418,8 +425,7 @@ impl Attention<Shape> for CountingAttention<'_> {
         self.check(q, k, v)?;
         let o = self.device.half(q.len);
         let lse = self.device.wide(self.rows * self.dims.heads);
-        let ws = workspace(&self.dims, self.rows, Call::Forward);
-        self.workspace(Call::Forward, ws.bytes, &[&o, &lse]);
+        self.spike_moments(Call::Forward, |_| vec![&o, &lse]);
         Ok((o, lse))
     }
 
@@ -441,10 +447,22 @@ impl Attention<Shape> for CountingAttention<'_> {
             self.device.half(k.len),
             self.device.half(v.len),
         );
-        // The kernel's moment is the widest, before dQ's 16-bit copy exists (`workspace`).
-        let ws = workspace(&self.dims, self.rows, Call::Backward);
-        let out: &[&Shape] = if ws.kv_grads { &[&dk, &dv] } else { &[] };
-        self.workspace(Call::Backward, ws.bytes, out);
+        let call = Call::Backward {
+            dout_f32: dout.elem == 4,
+        };
+        self.spike_moments(call, |out| match out {
+            Outputs::All => vec![&dq, &dk, &dv],
+            Outputs::Grads { dq: with_dq, kv } => {
+                let mut held = vec![];
+                if with_dq {
+                    held.push(&dq);
+                }
+                if kv {
+                    held.extend([&dk, &dv]);
+                }
+                held
+            }
+        });
         Ok((dq, dk, dv))
     }
 }

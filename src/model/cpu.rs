@@ -125,6 +125,11 @@ impl<F: Float> Ops for Cpu<F> {
         Ok(vec![F::zero(); len])
     }
 
+    /// Activations are `F` here too.
+    fn activation_zeros(&self, len: usize) -> Result<Vec<F>> {
+        self.zeros(len)
+    }
+
     fn random_uniform(&self, len: usize, key: u64, offset: u64, amp: f32) -> Result<Vec<F>> {
         let step = init::step(amp);
         Ok((0..len as u64)

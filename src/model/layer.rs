@@ -474,7 +474,9 @@ impl<O: Ops> Layer<'_, O> {
 
         // x2 = x + o Woᵀ + bo;  o = attention(q, k, v), backward from the saved o and lse
         self.bias_grad(&dx2, d, grads.bo.as_mut())?;
-        let mut dout_attn = ops.zeros(n * qw)?;
+        // dO in the activations' precision: one product writes it whole and the attention's
+        // 16-bit kernel reads it next.
+        let mut dout_attn = ops.activation_zeros(n * qw)?;
         ops.linear_backward(&dx2, &o, &w.wo, n, qw, d, &mut dout_attn, &mut grads.wo)?;
         let (mut dq, mut dk, dv) = attn.backward(&q, &k, &v, &o, &lse, &dout_attn)?;
         drop((q, k, v, o, lse, dout_attn));

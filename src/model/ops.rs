@@ -63,6 +63,10 @@ pub trait Ops: Sync {
     /// longer (fetches issued later may still run beside them).
     fn await_fetches(&self) -> Result<()>;
     fn zeros(&self, len: usize) -> Result<Self::T>;
+    /// Zeros in the precision of activations (`upload`'s: 16-bit on the GPU), for a gradient
+    /// one product writes whole and a 16-bit kernel reads next (attention's dO from the output
+    /// projection's backward), where an f32 accumulator and its rounding would only cost memory.
+    fn activation_zeros(&self, len: usize) -> Result<Self::T>;
     /// Weights (the precision `upload` gives) drawn where they will live: elements
     /// `offset..offset + len` of the counter-based stream `key`, uniform on `(-amp, amp)`
     /// (`model::init`). A shard draws only its piece, and every device draws the same numbers,

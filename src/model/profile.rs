@@ -125,6 +125,11 @@ impl<O: Ops> Ops for Profiled<'_, O> {
         self.profile.time("zeros", || self.inner.zeros(len))
     }
 
+    fn activation_zeros(&self, len: usize) -> Result<O::T> {
+        self.profile
+            .time("activation_zeros", || self.inner.activation_zeros(len))
+    }
+
     fn random_uniform(&self, len: usize, key: u64, offset: u64, amp: f32) -> Result<O::T> {
         self.profile.time("random_uniform", || {
             self.inner.random_uniform(len, key, offset, amp)

@@ -427,11 +427,12 @@ mod tests {
     }
 
     /// The working set at the peak, told by what made it, adds up to the counted step bytes;
-    /// at 128K on the GPU the attention backward's moment as its kernel runs (16-bit dO, D, f32
-    /// dQ and the kernel's own 16-bit dK, dV) is the largest part, to the byte.
+    /// at 128K on the GPU the attention backward's widest moment (dQ's rounding: its f32
+    /// accumulator beside the 16-bit dQ and the kernel's own 16-bit dK, dV) is the largest
+    /// part, to the byte.
     #[test]
     fn the_working_set_at_the_peak_is_told_by_what_made_it() {
-        use crate::model::cuda::attention::{Call, workspace};
+        use crate::model::cuda::attention::{Call, Outputs, moments};
         let cfg = Config::preset("llama2-7b").unwrap();
         let seq = 131072;
         let keep = Keep {
@@ -449,13 +450,21 @@ mod tests {
         assert_eq!(told, peaks.device.step);
         let (what, largest) = peaks.working[0];
         assert_eq!(what, "attention_backward workspace");
-        let ws = workspace(&cfg.dims(), seq, Call::Backward);
-        assert!(
-            ws.kv_grads,
-            "llama2-7b is MHA: the kernel writes 16-bit dK and dV"
-        );
-        let kv_grads = 2 * 2 * seq * cfg.dims().kv_heads * cfg.dims().head_dim;
-        assert_eq!(largest.bytes, ws.bytes + kv_grads);
+        let dims = cfg.dims();
+        let grad = 2 * seq * dims.heads * dims.head_dim; // one 16-bit gradient (MHA)
+        let widest = moments(&dims, seq, Call::Backward { dout_f32: false })
+            .iter()
+            .map(|m| match m.out {
+                Outputs::Grads { dq, kv } => {
+                    m.bytes + grad * (usize::from(dq) + 2 * usize::from(kv))
+                }
+                Outputs::All => unreachable!("a backward's moments hold gradients"),
+            })
+            .max()
+            .unwrap();
+        // f32 dQ and three 16-bit gradients: 10 bytes a query element.
+        assert_eq!(widest, 5 * grad);
+        assert_eq!(largest.bytes, widest);
         assert!(
             peaks
                 .working

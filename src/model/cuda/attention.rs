@@ -26,45 +26,73 @@ use anyhow::{Result, bail};
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Call {
     Forward,
-    Backward,
+    /// With whether dO arrives in f32 (then rounded to 16 bits first) or 16-bit.
+    Backward {
+        dout_f32: bool,
+    },
 }
 
-/// What one [`CudaAttention`] call holds at its widest moment besides its inputs and the
-/// tensors it returns, and which of those returned tensors exist by then: the memory estimate
-/// (`model::counting`) counts the call from here, so any buffer added to `forward` or
-/// `backward` belongs here too.
+/// One moment of a [`CudaAttention`] call: what it holds then besides its inputs, and which of
+/// the tensors it returns exist by then. The memory estimate (`model::counting`) counts each
+/// call's moments from here, so any buffer added to `forward` or `backward` belongs here too.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Workspace {
-    /// Bytes of the call's own buffers at that moment.
+pub struct Moment {
+    /// Bytes of the call's own buffers.
     pub bytes: usize,
-    /// Whether dK and dV (the backward's returned 16-bit gradients) exist then: the kernel
-    /// writes them itself under MHA.
-    pub kv_grads: bool,
+    /// Which returned tensors exist: the forward's O and LSE, or the backward's dQ, dK and dV
+    /// (16-bit).
+    pub out: Outputs,
 }
 
-/// The widest moment of each call:
-/// - forward: none (the kernel writes the returned O and LSE, and reads Q, K, V in place);
-/// - backward, as the kernel runs: dO rounded to 16 bits, the kernel's D (f32, one a row and
-///   head) and the f32 dQ, with the returned 16-bit dK and dV under MHA, or f32 dK and dV
-///   accumulators otherwise. The rounding of the f32 gradients after is narrower: dO and D are
-///   gone by then (2 bytes a query element and 4 a row-head), and the rounded dQ takes 2 bytes
-///   a query element; each f32 gradient goes as its 16-bit copy is made.
-pub fn workspace(dims: &Dims, rows: usize, call: Call) -> Workspace {
+/// The returned tensors a [`Moment`] holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outputs {
+    /// The forward's O and LSE.
+    All,
+    /// The backward's: dK and dV or not, dQ or not.
+    Grads { dq: bool, kv: bool },
+}
+
+/// The moments of each call that may be its widest:
+/// - forward: one, with nothing of its own (the kernel writes the returned O and LSE, and reads
+///   Q, K, V in place);
+/// - backward: the kernel's (dO's 16-bit rounding if dO came in f32 — the model's comes 16-bit,
+///   `Ops::activation_zeros` —, D (f32, one a row and head) and the f32 dQ, with the returned
+///   16-bit dK and dV under MHA, or f32 dK and dV accumulators otherwise); then the roundings,
+///   D and dO's copy gone: under GQA dK's (both f32 accumulators and 16-bit dK) and dV's, and
+///   last dQ's (its f32 accumulator beside all three 16-bit gradients). Rounding the smaller
+///   K-side first keeps the last moment narrow.
+pub fn moments(dims: &Dims, rows: usize, call: Call) -> Vec<Moment> {
     let q = rows * dims.heads * dims.head_dim;
     let kv = rows * dims.kv_heads * dims.head_dim;
     let half = crate::model::cost::HALF_BYTES;
+    let grads = |dq, kv| Outputs::Grads { dq, kv };
     match call {
-        Call::Forward => Workspace {
+        Call::Forward => vec![Moment {
             bytes: 0,
-            kv_grads: false,
-        },
-        Call::Backward => {
-            let kv_grads = lent_kv_grads_half(dims, rows);
-            let kv_f32 = if kv_grads { 0 } else { 4 * 2 * kv };
-            Workspace {
-                bytes: half * q + 4 * rows * dims.heads + 4 * q + kv_f32,
-                kv_grads,
+            out: Outputs::All,
+        }],
+        Call::Backward { dout_f32 } => {
+            let direct = lent_kv_grads_half(dims, rows);
+            let kv_f32 = if direct { 0 } else { 4 * 2 * kv };
+            let dout = if dout_f32 { half * q } else { 0 };
+            let mut m = vec![Moment {
+                bytes: dout + 4 * rows * dims.heads + 4 * q + kv_f32,
+                out: grads(false, direct),
+            }];
+            if !direct {
+                // dK rounded while dV's accumulator is still held (dV's rounding then holds
+                // 2 bytes a K element less).
+                m.push(Moment {
+                    bytes: 4 * q + kv_f32 + half * kv,
+                    out: grads(false, false),
+                });
             }
+            m.push(Moment {
+                bytes: 4 * q,
+                out: grads(true, true),
+            });
+            m
         }
     }
 }
@@ -139,7 +167,7 @@ impl Attention<Tensor> for CudaAttention<'_> {
     ) -> Result<(Tensor, Tensor, Tensor)> {
         let d = self.dims.head_dim;
         // dO's rounded copy and D are freed as the kernel returns, before the f32 gradients
-        // are rounded: the widest moment is the kernel's (`workspace`).
+        // are rounded (`moments`).
         let g = {
             let mut slot = None;
             let dout = self.half(dout, &mut slot, "dO")?;
@@ -160,15 +188,15 @@ impl Attention<Tensor> for CudaAttention<'_> {
             )?;
             grads
         };
-        // Each f32 gradient is freed as its 16-bit copy is made.
+        // Each f32 gradient is freed as its 16-bit copy is made, dK and dV first (`moments`).
         let round = |t: Tensor, what| match t {
             Tensor::Half { .. } => Ok(t),
             Tensor::F32(_) => self.backend.round_to_half(&t, d, what),
         };
         let Grads { dq, dk, dv } = g;
-        let dq = round(dq, "dQ")?;
         let dk = round(dk, "dK")?;
         let dv = round(dv, "dV")?;
+        let dq = round(dq, "dQ")?;
         Ok((dq, dk, dv))
     }
 }

@@ -243,6 +243,10 @@ impl Ops for CudaOps {
         Ok(Tensor::F32(self.alloc(len)?))
     }
 
+    fn activation_zeros(&self, len: usize) -> Result<Tensor> {
+        Ok(self.half(self.alloc::<u16>(len)?))
+    }
+
     fn random_uniform(&self, len: usize, key: u64, offset: u64, amp: f32) -> Result<Tensor> {
         let mut out = self.alloc::<u16>(len)?;
         let (n, step) = (len as i64, init::step(amp));
