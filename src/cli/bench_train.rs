@@ -7,14 +7,12 @@ use anyhow::{Result, bail};
 use distflash::model::config::Config;
 use distflash::model::cost::{self, H200_BF16_PEAK_TFLOPS, gib};
 use distflash::model::count::Part;
-use distflash::model::counting::Precision;
 use distflash::model::profile::OpTime;
 use distflash::model::{Checkpoint, Keep, Offload};
 use distflash::plan::Schedule;
 use distflash::runtime::Device;
 use distflash::train::bench::{Runs, StepShape, time_steps};
-use distflash::train::estimate;
-use distflash::train::memory::{HostState, MemoryCheck};
+use distflash::train::memory::{GpuStep, HostState, MemoryCheck, Placement, gpu_estimate};
 use distflash::train::shard::Shard;
 use serde::Serialize;
 use serde_json::Value;
@@ -131,46 +129,32 @@ pub fn run(args: Args) -> Result<()> {
         );
     }
     if args.estimate {
-        let ranks = match args.workers {
+        let placement = match args.workers {
             0 => bail!("--workers must be at least 1"),
-            1 => None,
-            n => Some((n, args.schedule)),
+            1 => Placement::OneGpu(1),
+            n => Placement::Ranks {
+                gpus: n,
+                schedule: args.schedule,
+            },
         };
         // One GPU: the step run on the counting device, with what its working set holds at
-        // the peak; a rank of several: the hand count.
-        let one_gpu = match ranks {
-            None => Some(estimate::estimate(
-                estimate::Step {
-                    cfg: &cfg,
-                    seq,
-                    keep: Keep {
-                        checkpoint: policy,
-                        offload: args.offload,
-                    },
-                    optimizer: args.optimizer,
-                },
-                Precision::Cuda,
-            )?),
-            Some(_) => None,
-        };
-        let working = one_gpu.as_ref().map_or(&[][..], |p| &p.working[..]);
-        let m = match &one_gpu {
-            Some(peaks) => peaks.step_memory(),
-            None => distflash::sim::gpu_step_memory(&cfg, seq, ranks, policy, args.optimizer)?
-                .sharded(
-                    &cfg,
-                    args.shard.optimizer_shards(args.workers),
-                    args.shard.weight_shards(args.workers),
-                )
-                .offloaded(
-                    &cfg,
-                    args.offload,
-                    args.shard.optimizer_shards(args.workers),
-                ),
-        };
-        let gpus = match ranks {
-            Some((n, schedule)) => format!(" over {n} GPUs ({schedule})"),
-            None => String::new(),
+        // the peak; a rank of several: the hand count (`train::memory::gpu_estimate`).
+        let estimated = gpu_estimate(GpuStep {
+            cfg: &cfg,
+            seq,
+            keep: Keep {
+                checkpoint: policy,
+                offload: args.offload,
+            },
+            optimizer: args.optimizer,
+            shard: args.shard,
+            placement,
+        })?;
+        let m = estimated.memory;
+        let working = estimated.peaks.as_ref().map_or(&[][..], |p| &p.working[..]);
+        let gpus = match placement {
+            Placement::Ranks { gpus, schedule } => format!(" over {gpus} GPUs ({schedule})"),
+            Placement::OneGpu(_) => String::new(),
         };
         if args.json {
             println!(

@@ -196,12 +196,6 @@ impl Peaks {
     }
 }
 
-/// The estimated peak GPU memory of `step` on one GPU (the CUDA backend, one worker, nothing
-/// sharded): the real step run on the counting device.
-pub fn gpu_step_memory(step: Step<'_>) -> Result<StepMemory> {
-    Ok(estimate(step, Precision::Cuda)?.step_memory())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -211,6 +205,11 @@ mod tests {
     use crate::model::{Checkpoint, cost};
     use crate::shape::Mask;
     use std::sync::Arc;
+
+    /// The estimated peak GPU memory of `step` on one GPU (the CUDA backend, one worker).
+    fn gpu_step_memory(step: Step<'_>) -> Result<StepMemory> {
+        Ok(estimate(step, Precision::Cuda)?.step_memory())
+    }
 
     const POLICIES: [Checkpoint; 3] = [Checkpoint::None, Checkpoint::Remat, Checkpoint::Layer];
 

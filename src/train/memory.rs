@@ -1,5 +1,5 @@
 //! The memory a model job needs, checked where it runs before anything of it is allocated: on a
-//! GPU the estimated peak of the step (`sim::gpu_step_memory`) against the opened device's free
+//! GPU the estimated peak of the step ([`gpu_estimate`]) against the opened device's free
 //! memory; on the CPU the model state and activations every worker holds against this
 //! machine's available memory (`resources::CpuTraining`). A run
 //! that would not fit is refused with the figures and a fix, never killed halfway.
@@ -8,6 +8,7 @@ use super::estimate;
 use super::shard::Shard;
 use crate::model::config::Config;
 use crate::model::cost;
+use crate::model::counting::Precision;
 use crate::model::weights::parameters;
 use crate::model::{Checkpoint, Keep, Offload};
 use crate::plan::Schedule;
@@ -69,57 +70,135 @@ impl HostState {
     }
 }
 
-impl MemoryCheck {
-    /// Under a launcher: the GPUs (one process each) the sequence is split across and the
-    /// schedule that splits it; `None`: the whole sequence on this process's device.
-    fn ranks(&self, runtime: &Runtime) -> Option<(usize, Schedule)> {
+/// Where the workers of a step run, which decides how its GPU memory is estimated.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Placement {
+    /// `n` worker threads sharing one GPU, the whole sequence among them: one is a single
+    /// worker; more are virtual workers, each with its own copy of the model's state.
+    OneGpu(usize),
+    /// One rank of a run over `gpus` GPUs, one process (worker) each, the sequence split
+    /// across them by `schedule`.
+    Ranks { gpus: usize, schedule: Schedule },
+}
+
+impl Placement {
+    /// Where `runtime`'s workers run: a launched job's ranks split the sequence by `schedule`.
+    pub fn of(runtime: &Runtime, schedule: Schedule) -> Placement {
         match &runtime.topology {
-            Topology::Ranks(env) => Some((env.world, self.schedule)),
-            Topology::Threads(_) => None,
+            Topology::Ranks(env) => Placement::Ranks {
+                gpus: env.world,
+                schedule,
+            },
+            Topology::Threads(n) => Placement::OneGpu(*n),
         }
     }
 
-    /// The estimated peak GPU memory of this process. One worker on one GPU: the step itself
-    /// run on the counting device (`train::estimate`). Otherwise the hand-written count of
-    /// `model::cost` (pinned to the counted one by `estimate`'s tests): a rank holds its share
-    /// of the sequence and the executor's buffers, and its shard of the optimizer state; threads
-    /// sharing one GPU (virtual workers) each hold their own copy of the model's state (their
-    /// shards add up to one copy of the moments).
-    pub fn gpu_estimate(&self, runtime: &Runtime) -> Result<cost::StepMemory> {
-        if self.ranks(runtime).is_none() && runtime.workers() == 1 {
-            return estimate::gpu_step_memory(estimate::Step {
-                cfg: &self.config,
-                seq: self.seq,
-                keep: Keep {
-                    checkpoint: self.checkpoint,
-                    offload: self.offload,
-                },
-                optimizer: self.optimizer,
-            });
+    /// Workers the sequence is split across.
+    pub fn workers(self) -> usize {
+        match self {
+            Placement::OneGpu(n) => n,
+            Placement::Ranks { gpus, .. } => gpus,
         }
-        let mut need = sim::gpu_step_memory(
-            &self.config,
-            self.seq,
-            self.ranks(runtime),
-            self.checkpoint,
-            self.optimizer,
-        )?
-        .sharded(
-            &self.config,
-            self.shard.optimizer_shards(runtime.workers()),
-            self.shard.weight_shards(runtime.workers()),
-        );
-        let copies = runtime.workers_per_device() as f64;
-        need.weights *= copies;
-        need.grads *= copies;
-        need.optimizer *= copies;
-        let mut need = need.offloaded(
-            &self.config,
-            self.offload,
-            self.shard.optimizer_shards(runtime.workers()),
-        );
-        need.staging *= copies;
-        Ok(need)
+    }
+
+    /// Workers each holding a copy of the model's state (their shard of it) on one GPU.
+    fn per_gpu(self) -> usize {
+        match self {
+            Placement::OneGpu(n) => n,
+            Placement::Ranks { .. } => 1,
+        }
+    }
+
+    /// The GPUs and schedule of a launched run over more than one.
+    fn ranks(self) -> Option<(usize, Schedule)> {
+        match self {
+            Placement::Ranks { gpus, schedule } if gpus > 1 => Some((gpus, schedule)),
+            _ => None,
+        }
+    }
+}
+
+/// One GPU's training step, as much of it as its memory depends on.
+#[derive(Clone, Copy, Debug)]
+pub struct GpuStep<'a> {
+    pub cfg: &'a Config,
+    /// Tokens of the whole sequence.
+    pub seq: usize,
+    pub keep: Keep,
+    /// Whether AdamW's moments exist and an update runs after the backward.
+    pub optimizer: bool,
+    pub shard: Shard,
+    pub placement: Placement,
+}
+
+/// The estimated peak GPU memory of a step, and, when it was counted from the code, the count
+/// itself (with what its working set held at the peak).
+#[derive(Clone, Debug)]
+pub struct GpuEstimate {
+    pub memory: cost::StepMemory,
+    pub peaks: Option<estimate::Peaks>,
+}
+
+/// The estimated peak GPU memory of `step`, decided here for every caller (the start-up check,
+/// `bench train --estimate`). One worker on one GPU: the step itself run on the counting
+/// device (`train::estimate`). Otherwise the hand-written count of `model::cost` (pinned to the
+/// counted one by `estimate`'s tests): a rank holds its share of the sequence and the
+/// executor's buffers, and its shard of the optimizer state; threads sharing one GPU (virtual
+/// workers) each hold their own copy of the model's state (their shards add up to one copy of
+/// the moments).
+pub fn gpu_estimate(step: GpuStep<'_>) -> Result<GpuEstimate> {
+    let (cfg, workers) = (step.cfg, step.placement.workers());
+    if workers == 1 {
+        let peaks = estimate::estimate(
+            estimate::Step {
+                cfg,
+                seq: step.seq,
+                keep: step.keep,
+                optimizer: step.optimizer,
+            },
+            Precision::Cuda,
+        )?;
+        return Ok(GpuEstimate {
+            memory: peaks.step_memory(),
+            peaks: Some(peaks),
+        });
+    }
+    let shards = step.shard.optimizer_shards(workers);
+    let mut need = sim::gpu_step_memory(
+        cfg,
+        step.seq,
+        step.placement.ranks(),
+        step.keep.checkpoint,
+        step.optimizer,
+    )?
+    .sharded(cfg, shards, step.shard.weight_shards(workers));
+    let copies = step.placement.per_gpu() as f64;
+    need.weights *= copies;
+    need.grads *= copies;
+    need.optimizer *= copies;
+    let mut need = need.offloaded(cfg, step.keep.offload, shards);
+    need.staging *= copies;
+    Ok(GpuEstimate {
+        memory: need,
+        peaks: None,
+    })
+}
+
+impl MemoryCheck {
+    /// The estimated peak GPU memory of this process on `runtime` ([`gpu_estimate`]).
+    pub fn gpu_estimate(&self, runtime: &Runtime) -> Result<cost::StepMemory> {
+        Ok(gpu_estimate(GpuStep {
+            cfg: &self.config,
+            seq: self.seq,
+            keep: Keep {
+                checkpoint: self.checkpoint,
+                offload: self.offload,
+            },
+            optimizer: self.optimizer,
+            shard: self.shard,
+            placement: Placement::of(runtime, self.schedule),
+        })?
+        .memory)
     }
 
     /// Refuses the job on `runtime` if it would not fit; on a GPU says the estimate on standard
@@ -151,8 +230,7 @@ impl MemoryCheck {
             );
         }
         let need = self.gpu_estimate(runtime)?;
-        let ranks = self.ranks(runtime);
-        let share = match ranks {
+        let share = match Placement::of(runtime, self.schedule).ranks() {
             Some((workers, schedule)) => format!(" over {workers} GPUs ({schedule}), one rank"),
             None => String::new(),
         };
@@ -323,5 +401,53 @@ mod tests {
             HostState::WeightsAndMoments.bytes(params),
             12.0 * params as f64
         );
+    }
+
+    /// One worker on one GPU is the counted step, with its count, whether a thread or the one
+    /// rank of a launch; several workers (virtual or ranks) are the hand count, without one.
+    #[test]
+    fn one_worker_on_one_gpu_is_counted_and_several_are_not() {
+        let cfg = Config::preset("tiny").unwrap();
+        let step = |placement| GpuStep {
+            cfg: &cfg,
+            seq: 256,
+            keep: Keep {
+                checkpoint: Checkpoint::Remat,
+                offload: Offload::NONE,
+            },
+            optimizer: true,
+            shard: Shard::Optimizer,
+            placement,
+        };
+        let counted = estimate::estimate(
+            estimate::Step {
+                cfg: &cfg,
+                seq: 256,
+                keep: step(Placement::OneGpu(1)).keep,
+                optimizer: true,
+            },
+            Precision::Cuda,
+        )
+        .unwrap();
+        let one_rank = Placement::Ranks {
+            gpus: 1,
+            schedule: Schedule::Zigzag,
+        };
+        for placement in [Placement::OneGpu(1), one_rank] {
+            let e = gpu_estimate(step(placement)).unwrap();
+            assert_eq!(e.peaks.as_ref(), Some(&counted), "{placement:?}");
+            assert_eq!(e.memory.total(), counted.step_memory().total());
+        }
+        let two_ranks = Placement::Ranks {
+            gpus: 2,
+            schedule: Schedule::Balanced,
+        };
+        for placement in [Placement::OneGpu(2), two_ranks] {
+            let e = gpu_estimate(step(placement)).unwrap();
+            assert!(e.peaks.is_none(), "{placement:?}");
+        }
+        // Two virtual workers hold two copies of the weights; two ranks one each.
+        let weights = |p| gpu_estimate(step(p)).unwrap().memory.weights;
+        assert_eq!(weights(Placement::OneGpu(2)), 2.0 * weights(two_ranks));
     }
 }
