@@ -3,8 +3,9 @@
 
 A LLaMA-7B-shaped LlamaForCausalLM (hidden 4096, 32 heads, intermediate 11008, vocabulary 32000,
 32 layers or --layers N) built from a LlamaConfig with random weights (no download), bf16, SDPA
-attention, batch 1. One step = forward with labels + backward, no optimizer step, gradients
-dropped after each step (set to None). Warm-up steps, then the median of timed repeats, each
+attention, batch 1. One step = forward with labels + backward, and with --optimizer adamw
+torch's fused AdamW update (its moments in the parameters' bf16, created by the first step,
+inside the peak); gradients dropped after each step (set to None). Warm-up steps, then the median of timed repeats, each
 bracketed by torch.cuda.synchronize(). Peak memory is torch.cuda.max_memory_allocated over the
 warm-up and repeats. An out-of-memory error is caught and reported as such.
 
@@ -66,7 +67,7 @@ def build(layers, seq):
     return model
 
 
-def measure(model, seq, checkpointing, warmup, repeats):
+def measure(model, seq, checkpointing, warmup, repeats, optimizer=None):
     if checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     else:
@@ -81,6 +82,8 @@ def measure(model, seq, checkpointing, warmup, repeats):
         began = time.perf_counter()
         loss = model(input_ids=ids, labels=ids).loss
         loss.backward()
+        if optimizer is not None:
+            optimizer.step()
         torch.cuda.synchronize()
         if i >= warmup:
             times.append(time.perf_counter() - began)
@@ -96,6 +99,8 @@ def main():
     p.add_argument("--checkpointing", choices=["on", "off", "both"], default="on")
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--optimizer", choices=["none", "adamw"], default="none",
+                   help="adamw: torch.optim.AdamW(fused=True, lr=1e-5) steps after each backward")
     p.add_argument("--out", help="also append the JSON lines here")
     a = p.parse_args()
     seqs = [int(s) for s in a.seq.split(",") if s]
@@ -104,6 +109,9 @@ def main():
     began = time.perf_counter()
     model = build(a.layers, max(seqs))
     built_secs = time.perf_counter() - began
+    optimizer = None
+    if a.optimizer == "adamw":
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
     command = " ".join([sys.executable] + sys.argv)
     for seq in seqs:
         for ckpt in modes:
@@ -113,10 +121,11 @@ def main():
                 "preset": "llama2-7b", "layers": a.layers, "seq": seq,
                 "checkpoint": "hf_gradient_checkpointing" if ckpt else "none",
                 "warmup": a.warmup, "repeats": a.repeats, "build_secs": built_secs,
+                "optimizer": a.optimizer,
                 "command": command,
             }
             try:
-                times, peak = measure(model, seq, ckpt, a.warmup, a.repeats)
+                times, peak = measure(model, seq, ckpt, a.warmup, a.repeats, optimizer)
                 step = statistics.median(times)
                 flops = step_flops(model.config, seq)
                 line.update(

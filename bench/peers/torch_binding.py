@@ -7,8 +7,9 @@
    every error within 2x SDPA's (LSE: SDPA returns none, so within 1e-3 absolute, far above
    the f32 arithmetic's ~1e-5 and far below any indexing bug's O(1));
 2. views: a fused QKV projection's slices and transformers' transposed [batch, heads, seq,
-   head_dim] views, which the kernels read in place, give bit for bit the outputs and
-   gradients of the same values in contiguous tensors (MHA and GQA);
+   head_dim] views, which the kernels read in place, give bit for bit the outputs of the same
+   values in contiguous tensors, and their gradients within one rounding of the dtype (the
+   backward's f32 reductions add in an order that varies from run to run: MHA and GQA);
 3. speed: the binding's forward and backward (on head-major [batch, heads, seq, head_dim]
    views, as transformers calls it, and on [batch, seq, heads, head_dim] `flash_attn`, both
    read in place) against
@@ -245,7 +246,10 @@ def llama():
 
 def views():
     """Fused-QKV slices and transposed views against contiguous copies of the same values:
-    the same kernels on the same numbers, so every output and gradient bit for bit."""
+    the same kernels on the same numbers, so every output bit for bit; the gradients within
+    one rounding of the dtype, relative to their largest element (dQ, and dK, dV under GQA,
+    are f32 sums whose order varies between runs: a first bf16 run failed bit equality under
+    GQA, `results/strided-2026-12-02/call1`)."""
     rows, ok = [], True
     for b, n, h, hk, d, dt in [(2, 1000, 8, 8, 128, torch.bfloat16), (1, 777, 8, 2, 64, torch.float16)]:
         g = torch.Generator(device="cuda").manual_seed(n)
@@ -262,14 +266,21 @@ def views():
         heads_first = [fused[:, :, p].transpose(1, 2).requires_grad_() for p in parts]
         out_hm, _ = distflash.attention.attend_head_major(*heads_first)
         hm_grads = torch.autograd.grad(out_hm, heads_first, dout.transpose(1, 2))
+        unit = 2.0 ** (-8 if dt == torch.bfloat16 else -11)
+
+        def close(a, w):
+            return ((a.double() - w.double()).abs().max() / w.double().abs().max()).item()
+
         row = {
             "shape": [b, n, h, hk, d], "dtype": str(dt),
             "fused_out_equal": torch.equal(out, want),
-            "fused_grads_equal": all(torch.equal(grad[:, :, p], w) for p, w in zip(parts, want_grads)),
             "head_major_out_equal": torch.equal(out_hm.transpose(1, 2), want),
-            "head_major_grads_equal": all(torch.equal(a.transpose(1, 2), w) for a, w in zip(hm_grads, want_grads)),
+            "fused_grads_diff": max(close(grad[:, :, p], w) for p, w in zip(parts, want_grads)),
+            "head_major_grads_diff": max(close(a.transpose(1, 2), w) for a, w in zip(hm_grads, want_grads)),
+            "one_rounding": unit,
         }
-        row["passed"] = all(v for k, v in row.items() if k.endswith("equal"))
+        row["passed"] = (row["fused_out_equal"] and row["head_major_out_equal"]
+                         and row["fused_grads_diff"] <= unit and row["head_major_grads_diff"] <= unit)
         ok &= row["passed"]
         rows.append(row)
         print(json.dumps(row))

@@ -289,43 +289,44 @@ mod tests {
     }
 
     /// Peaks measured on an H200 by `distflash bench train --device cuda --json` (the pool's
-    /// high-water mark, `peak_memory_gib`), llama2-7b, bf16, no optimizer step, at 2c39091
-    /// (`bench/results/memory-dist-2026-12-02`): layers, tokens, policy, offload, GiB.
+    /// high-water mark, `peak_memory_gib`), llama2-7b, bf16, no optimizer step, with the
+    /// attention reading the model's tensors in place and dO in 16 bits
+    /// (`bench/results/strided-2026-12-02/call2`): layers, tokens, policy, offload, GiB.
     const MEASURED_GIB: [(usize, usize, Checkpoint, Offload, f64); 5] = [
         (
             32,
             16384,
             Checkpoint::Remat,
             Offload::NONE,
-            48.09529900550842,
+            48.073944330215454,
         ),
         (
             32,
             16384,
             Checkpoint::Layer,
             Offload::NONE,
-            44.15975213050842,
+            44.138397455215454,
         ),
         (
             32,
             32768,
             Checkpoint::Remat,
             Offload::NONE,
-            58.53676629066467,
+            57.386566400527954,
         ),
         (
             32,
             32768,
             Checkpoint::Layer,
             Offload::NONE,
-            50.66567254066467,
+            49.515472650527954,
         ),
         (
             4,
             524288,
             Checkpoint::Layer,
             Offload::ACTIVATIONS,
-            94.17794060707092,
+            66.05294060707092,
         ),
     ];
 
