@@ -1,7 +1,7 @@
 //! Timings on a GPU that the `distflash` binary does not offer, for re-tuning the kernels:
 //!
 //!   gpu_timing attention --seqs 16384,65536 --head-dims 128   # a kernel variant's TFLOP/s
-//!   gpu_timing layout --seq 16384      # the model adapter's layout changes vs the fast path
+//!   gpu_timing layout --seq 16384      # the model adapter (in place, its roundings) vs the fast path
 //!   gpu_timing ops                     # a few model ops at LLaMA-7B sizes, bf16 and fp16
 //!   gpu_timing spread --seq 131072     # each backward's time, over fresh allocations
 //!

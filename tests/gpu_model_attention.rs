@@ -13,7 +13,8 @@
 //!
 //! and that wrong dtypes and lengths are refused with a sentence. Runs with
 //! `DISTFLASH_GPU_TESTS=1` on a GPU machine (`bench/peers/gpu_tests.sh`); elsewhere each test
-//! prints why it is skipped. The cost of the layout changes is `examples/gpu_timing.rs layout`.
+//! prints why it is skipped. What the adapter adds to the fast path (its roundings) is
+//! `examples/gpu_timing.rs layout`.
 
 mod gpu_common;
 

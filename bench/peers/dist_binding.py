@@ -14,7 +14,11 @@
 2. a torch.distributed group: the NCCL path (distflash's NCCL communicator, its id broadcast
    by the group) in a one-process world, the same check; its refusals (a call before
    init_process_group, a list of chunks, an odd zigzag chunk) answered with the sentence;
-3. errors: ranks of unequal chunks, a CPU tensor, answered with the sentence, no crash.
+3. LSE (`return_lse=True`): every rank's, joined with `join_sequence(..., dim=2)`, against
+   `flash_attn`'s on the whole sequence, virtual ranks 2 and 4 and the one-process NCCL group,
+   both schedules, causal and under documents; pass: within 1e-3 absolute (as
+   torch_binding.py's LSE check), far below an indexing bug's O(1);
+4. errors: ranks of unequal chunks, a CPU tensor, answered with the sentence, no crash.
 
 Writes one JSON object to --out; exit status 1 if any check fails.
     python3 bench/peers/dist_binding.py --out $OUT/dist_binding.json
@@ -133,6 +137,29 @@ def refused(exc, match, fn):
     return False
 
 
+def lse_rows():
+    """dist_flash_attn's LSE, joined, against flash_attn's over the whole sequence."""
+    rows, ok = [], True
+    b, n, h, hk, d, dt = CASES[0]
+    q, k, v, _ = inputs(b, n, h, hk, d, dt, 3500)
+    for mask in [{}, MASKS[0]]:
+        _, want = distflash.flash_attn(q, k, v, return_lse=True, **mask)
+        for world in (2, 4):
+            group = distflash.VirtualGroup(world)
+            for schedule in distflash.SCHEDULES:
+                cut = lambda t: [distflash.split_sequence(t, world, r, schedule) for r in range(world)]  # noqa: E731
+                _, lses = distflash.dist_flash_attn(cut(q), cut(k), cut(v), group=group, schedule=schedule,
+                                                    return_lse=True, **mask)
+                got = distflash.join_sequence(lses, schedule, dim=2)
+                row = {"path": "virtual", "world": world, "schedule": schedule, "mask": mask,
+                       "lse_abs_err": (got - want).abs().max().item()}
+                row["passed"] = row["lse_abs_err"] <= 1e-3
+                ok &= row["passed"]
+                rows.append(row)
+                print(json.dumps(row))
+    return rows, ok
+
+
 def process_group():
     rows, ok = [], True
     b, n, h, hk, d, dt = CASES[0]
@@ -150,6 +177,16 @@ def process_group():
                    "batch": b, "seq": n, "heads": h, "kv_heads": hk, "head_dim": d, "dtype": str(dt)}
             ok &= judge(row, got, ref, sdpa, flash)
             rows.append(row)
+        _, lse = distflash.dist_flash_attn(q, k, v, schedule=schedule, return_lse=True)
+        _, want = distflash.flash_attn(q, k, v, return_lse=True)
+        # One rank's chunk is the whole sequence, in the schedule's order of its parts.
+        want = distflash.split_sequence(want, 1, 0, schedule, dim=2)
+        row = {"path": "torch.distributed (NCCL, world 1)", "schedule": schedule,
+               "lse_abs_err": (lse - want).abs().max().item()}
+        row["passed"] = row["lse_abs_err"] <= 1e-3
+        ok &= row["passed"]
+        rows.append(row)
+        print(json.dumps(row))
     ok &= refused(TypeError, "lists of every rank's chunk go with group=distflash.VirtualGroup",
                   lambda: distflash.dist_flash_attn([q], [k], [v]))
     odd = [t[:, :n - 1].contiguous() for t in (q, k, v)]
@@ -175,15 +212,16 @@ def main():
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     virtual, ok_virtual = virtual_ranks()
+    lse, ok_lse = lse_rows()
     process, ok_process = process_group()
     ok_errors = errors()
     result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-              "virtual": virtual, "process_group": process,
-              "passed": {"virtual": ok_virtual, "process_group": ok_process, "errors": ok_errors}}
+              "virtual": virtual, "lse": lse, "process_group": process,
+              "passed": {"virtual": ok_virtual, "lse": ok_lse, "process_group": ok_process, "errors": ok_errors}}
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1)
-    ok = ok_virtual and ok_process and ok_errors
-    print(f"dist_binding: virtual ranks {'PASS' if ok_virtual else 'FAIL'}, "
+    ok = ok_virtual and ok_lse and ok_process and ok_errors
+    print(f"dist_binding: virtual ranks {'PASS' if ok_virtual else 'FAIL'}, LSE {'PASS' if ok_lse else 'FAIL'}, "
           f"torch.distributed {'PASS' if ok_process else 'FAIL'}, errors {'PASS' if ok_errors else 'FAIL'}")
     sys.exit(0 if ok else 1)
 

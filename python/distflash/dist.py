@@ -251,6 +251,11 @@ def _functions():
             self.out = [o.to(dtype) for o in self.out]  # what the backward's D reads, as flash_attn
             return out
 
+        def lse_rows(self):
+            """LSE of the rank's rows, ``[batch, heads, seq_chunk]`` in the order of its output
+            (under zigzag its two parts one after the other): a copy, the backward keeps its own."""
+            return torch.cat(self.lse, 2)
+
         def backward_chunks(self, dout):
             self.dout = head_major(dout.to(self.qh[0].dtype), self.parts)
             f32 = lambda t: torch.empty(t.shape, dtype=torch.float32, device=t.device)  # noqa: E731
@@ -276,7 +281,8 @@ def _functions():
         return (s.batch, s.seq, s.heads, s.kv_heads, s.head_dim)
 
     class Virtual(torch.autograd.Function):
-        """Every rank of a VirtualGroup: inputs q_0..q_{P-1}, k_0.., v_0..; outputs o_0..o_{P-1}."""
+        """Every rank of a VirtualGroup: inputs q_0..q_{P-1}, k_0.., v_0..; outputs o_0..o_{P-1}
+        and then every rank's LSE (not differentiable)."""
 
         @staticmethod
         def forward(ctx, group, schedule, shape, mask, *qkv):
@@ -289,12 +295,15 @@ def _functions():
                     [r.forward_chunks() for r in ranks], group.timeout, mask_tuple(mask),
                 )
                 outs = tuple(r.output(qkv[0].dtype) for r in ranks)
+                lses = tuple(r.lse_rows() for r in ranks)
             ctx.ranks, ctx.group, ctx.schedule, ctx.shape, ctx.mask = ranks, group, schedule, shape, mask
-            return outs
+            ctx.mark_non_differentiable(*lses)
+            return outs + lses
 
         @staticmethod
-        def backward(ctx, *douts):
+        def backward(ctx, *grads_out):
             ranks, group, shape = ctx.ranks, ctx.group, ctx.shape
+            douts = grads_out[: len(ranks)]
             dev = ranks[0].qh[0].device
             dtype = ranks[0].qh[0].dtype
             with torch.cuda.device(dev):
@@ -306,7 +315,8 @@ def _functions():
             return (None, None, None, None, *(g[0] for g in grads), *(g[1] for g in grads), *(g[2] for g in grads))
 
     class Process(torch.autograd.Function):
-        """This process's rank of a torch.distributed group, over distflash's NCCL communicator."""
+        """This process's rank of a torch.distributed group, over distflash's NCCL communicator:
+        its output and its LSE (not differentiable)."""
 
         @staticmethod
         def forward(ctx, nccl, schedule, shape, mask, q, k, v):
@@ -314,11 +324,13 @@ def _functions():
             with torch.cuda.device(q.device):
                 nccl.run("forward", schedule, shape_tuple(shape), rank.forward_chunks(), mask_tuple(mask))
                 out = rank.output(q.dtype)
+                lse = rank.lse_rows()
             ctx.rank, ctx.nccl, ctx.schedule, ctx.shape, ctx.mask = rank, nccl, schedule, shape, mask
-            return out
+            ctx.mark_non_differentiable(lse)
+            return out, lse
 
         @staticmethod
-        def backward(ctx, dout):
+        def backward(ctx, dout, _dlse):
             rank = ctx.rank
             dtype = rank.qh[0].dtype
             with torch.cuda.device(rank.qh[0].device):
@@ -385,13 +397,16 @@ def _mask_digest(mask):
 
 
 def dist_flash_attn(
-    q, k, v, group=None, schedule="balanced", *, doc_lens=None, cu_seqlens=None, window=None, global_tokens=0,
+    q, k, v, group=None, schedule="balanced", return_lse=False,
+    *, doc_lens=None, cu_seqlens=None, window=None, global_tokens=0,
 ):
     """Causal attention of a sequence split across the ranks of ``group``; each rank passes its
     chunk (any strides: it is copied): CUDA bf16/fp16 ``[batch, seq_chunk, heads, head_dim]`` q and
     ``[batch, seq_chunk, kv_heads, head_dim]`` k, v (GQA/MQA; the head dims of ``flash_attn``),
     as :func:`split_sequence` cuts them. Returns this rank's output, shaped as q, in its dtype;
-    differentiable in q, k and v.
+    differentiable in q, k and v. With ``return_lse=True`` also its LSE ``[batch, heads,
+    seq_chunk]`` (float32, natural log, the rows in the output's order; :func:`join_sequence`
+    with ``dim=2`` puts the ranks' back together).
 
     ``group``: a ``torch.distributed`` process group (None: the default group), one GPU per
     process, over NCCL; or a :class:`VirtualGroup` on one GPU, and then q, k and v are lists of
@@ -408,7 +423,10 @@ def dist_flash_attn(
     if isinstance(group, VirtualGroup):
         shape = check_virtual(group, q, k, v, schedule)
         mask = _checks.check_mask(shape.seq * group.world, **mask_args)
-        return list(_functions()["virtual"].apply(group, schedule, shape, mask, *q, *k, *v))
+        results = _functions()["virtual"].apply(group, schedule, shape, mask, *q, *k, *v)
+        outs, lses = list(results[: group.world]), list(results[group.world:])
+        return (outs, lses) if return_lse else outs
     shape = check_rank(group, q, k, v, schedule)
     nccl, mask = _nccl_group(group, shape, schedule, q.device, mask_args)
-    return _functions()["process"].apply(nccl, schedule, shape, mask, q, k, v)
+    out, lse = _functions()["process"].apply(nccl, schedule, shape, mask, q, k, v)
+    return (out, lse) if return_lse else out
