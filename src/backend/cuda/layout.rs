@@ -1,8 +1,10 @@
 //! Layout changes on the GPU between the model's sequence-major `[rows, heads, head_dim]` and the
-//! kernels' head-major `[heads, rows, head_dim]` (`kernels/layout.cu`), so attention can sit
-//! behind the model's interface without a trip through the host. The output is always 16-bit in
-//! the backend's input dtype; f32 input (gradients from the backward, an f32 dO) is rounded to
-//! nearest in the same pass.
+//! block API's head-major `[heads, rows, head_dim]` (`kernels/layout.cu`), so the distributed
+//! executor (`train::attention::Distributed`) can sit behind the model's interface without a
+//! trip through the host; the whole-sequence path reads the model's tensors in place
+//! (`strides`) and uses only the rounding ([`CudaBackend::round_to_half`]). The output is always
+//! 16-bit in the backend's input dtype; f32 input (gradients from the backward, an f32 dO) is
+//! rounded to nearest in the same pass.
 //!
 //! The kernel's index arithmetic is written again in Rust in the tests here (`source_vector`, line
 //! for line), which check it against `attn::layout`, the host reference every other path uses.

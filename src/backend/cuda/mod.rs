@@ -45,8 +45,9 @@
 //! `strides` (where an attention tensor's elements lie: every layout one kernel reads),
 //! `tma` (the wgmma forward's tensor maps), `blocks` (the [`Backend`] block API), `sequence` (the
 //! whole-sequence fast path), `external` (that path on memory and a stream another library owns:
-//! the Python binding's way in), `layout` (sequence-major ↔ head-major relayouts), `memory` (free
-//! memory and the pool's peak) and `timing` (event-timed medians).
+//! the Python binding's way in), `layout` (sequence-major ↔ head-major relayouts for the
+//! executor, and the gradients' rounding), `memory` (free memory and the pool's peak) and
+//! `timing` (event-timed medians).
 //!
 //! [`Backend`]: crate::backend::Backend
 
