@@ -22,7 +22,8 @@ use distflash::attn::oracle::{self, rel_err};
 use distflash::attn::{Block, Grads, GradsMut, Partial, QuerySide, layout};
 use distflash::backend::Backend;
 use distflash::backend::cuda::{
-    BackwardAddrs, CallStrides, CudaBackend, ForwardAddrs, InputDtype, Tensor, lent_kv_grads_half,
+    BackwardAddrs, CallStrides, CudaBackend, ForwardAddrs, InputDtype, Tensor,
+    sequence_kv_grads_half,
 };
 use distflash::comm::LocalComm;
 use distflash::exec::OwnChunk;
@@ -353,7 +354,7 @@ fn lent_memory_path_matches_the_f64_oracle() -> Result<()> {
             be.upload_f32(&nan(dims.stat_len(seq)))?,
         );
         let kv_grad = || {
-            if lent_kv_grads_half(&dims, seq) {
+            if sequence_kv_grads_half(&dims, seq) {
                 be.upload(&nan(dims.kv_len(seq)))
             } else {
                 be.upload_f32(&nan(dims.kv_len(seq)))

@@ -15,7 +15,8 @@
 //! GPU is touched, so they are testable without one), `RuntimeError` for the device.
 
 use distflash::backend::cuda::{
-    BackwardAddrs, CallStrides, CudaBackend, ForwardAddrs, InputDtype, Strides, lent_kv_grads_half,
+    BackwardAddrs, CallStrides, CudaBackend, ForwardAddrs, InputDtype, Strides,
+    sequence_kv_grads_half,
 };
 use distflash::shape::{Dims, Mask};
 
@@ -198,7 +199,7 @@ fn kv_grads_in_input_dtype(
     kv_heads: usize,
     head_dim: usize,
 ) -> bool {
-    lent_kv_grads_half(&dims(batch, heads, kv_heads, head_dim), seq)
+    sequence_kv_grads_half(&dims(batch, heads, kv_heads, head_dim), seq)
 }
 
 /// The module: `forward`, `backward`, the distributed calls and the head dims the kernels take.

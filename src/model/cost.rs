@@ -337,26 +337,15 @@ fn step_memory_with(
         };
     // The attention backward at its widest, as the kernel runs: dO in sequence order
     // (`activation_zeros`, 16-bit, filled by Wo's `linear_backward`), and then
-    // - on one GPU (`CudaAttention::backward`, tensors read in place): as the kernel runs,
-    //   `causal_backward`'s D (f32 per row and head) and f32 dQ, and dK, dV written in 16 bits
-    //   by the kernel under MHA or accumulated in f32 under GQA; then, D gone, under GQA dK
-    //   rounded beside both f32 accumulators, and last dQ rounded beside the 16-bit dK, dV
-    //   (`model::cuda::attention::moments`): the widest of the three;
+    // - on one GPU (`CudaAttention::backward`, tensors read in place): the widest of its
+    //   moments (`model::cuda::attention::moments`: as the kernel runs, then the roundings of
+    //   the f32 gradients), its returned 16-bit gradients included;
     // - on a rank (the executor): head-major 16-bit Q, K, V, O and dO, a copy of LSE (f32), D
     //   and head-major f32 dQ, dK, dV, and the rank's extra; their 16-bit relayouts come after
     //   the inputs are freed, and that moment is narrower.
     let attention = match path {
         AttentionPath::WholeSequence => {
-            let mha = c.num_attention_heads == c.num_key_value_heads;
-            let kv_grad = if mha { HALF } else { F32 };
-            let kernel = F32 * h + F32 * qw + kv_grad * 2.0 * kw;
-            let round_dk = if mha {
-                0.0
-            } else {
-                F32 * qw + F32 * 2.0 * kw + HALF * kw
-            };
-            let round_dq = F32 * qw + HALF * (qw + 2.0 * kw);
-            t * (HALF * qw + kernel.max(round_dk).max(round_dq))
+            t * HALF * qw + super::cuda::attention::widest_backward(&c.dims(), seq, false) as f64
         }
         AttentionPath::Distributed(extra) => {
             t * (HALF * qw + HALF * (3.0 * qw + 2.0 * kw) + 2.0 * F32 * h + F32 * (qw + 2.0 * kw))

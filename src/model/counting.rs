@@ -11,7 +11,7 @@
 use super::attention::Attention;
 use super::cost::loss_chunk_rows;
 use super::count::{Counter, Kind, Metered, check_len};
-use super::cuda::attention::{Call, Outputs, moments};
+use super::cuda::attention::{Call, moments};
 use super::ops::{AdamW, LossOut, Ops, check_positions, check_rows};
 use super::rope::Rotary;
 use crate::shape::{Dims, Span};
@@ -405,8 +405,8 @@ impl CountingAttention<'_> {
     }
 
     /// Each of the call's moments on the GPU (`moments`): its own buffers, with the returned
-    /// tensors that exist by then (`returned` of the moment's [`Outputs`]) on top.
-    fn spike_moments<'s>(&self, call: Call, returned: impl Fn(Outputs) -> Vec<&'s Shape>) {
+    /// tensors that exist by then (its `held` of `returned`) on top.
+    fn spike_moments(&self, call: Call, returned: &[&Shape]) {
         if !self.device.cuda() {
             return;
         }
@@ -415,7 +415,8 @@ impl CountingAttention<'_> {
             Call::Backward { .. } => "attention_backward workspace",
         };
         for m in moments(&self.dims, self.rows, call) {
-            self.device.spike(what, m.bytes, &returned(m.out));
+            let held: Vec<&Shape> = m.held.iter().map(|&i| returned[i]).collect();
+            self.device.spike(what, m.bytes, &held);
         }
     }
 }
@@ -425,7 +426,7 @@ impl Attention<Shape> for CountingAttention<'_> {
         self.check(q, k, v)?;
         let o = self.device.half(q.len);
         let lse = self.device.wide(self.rows * self.dims.heads);
-        self.spike_moments(Call::Forward, |_| vec![&o, &lse]);
+        self.spike_moments(Call::Forward, &[&o, &lse]);
         Ok((o, lse))
     }
 
@@ -450,19 +451,7 @@ impl Attention<Shape> for CountingAttention<'_> {
         let call = Call::Backward {
             dout_f32: dout.elem == 4,
         };
-        self.spike_moments(call, |out| match out {
-            Outputs::All => vec![&dq, &dk, &dv],
-            Outputs::Grads { dq: with_dq, kv } => {
-                let mut held = vec![];
-                if with_dq {
-                    held.push(&dq);
-                }
-                if kv {
-                    held.extend([&dk, &dv]);
-                }
-                held
-            }
-        });
+        self.spike_moments(call, &[&dq, &dk, &dv]);
         Ok((dq, dk, dv))
     }
 }

@@ -432,7 +432,7 @@ mod tests {
     /// part, to the byte.
     #[test]
     fn the_working_set_at_the_peak_is_told_by_what_made_it() {
-        use crate::model::cuda::attention::{Call, Outputs, moments};
+        use crate::model::cuda::attention::widest_backward;
         let cfg = Config::preset("llama2-7b").unwrap();
         let seq = 131072;
         let keep = Keep {
@@ -452,16 +452,7 @@ mod tests {
         assert_eq!(what, "attention_backward workspace");
         let dims = cfg.dims();
         let grad = 2 * seq * dims.heads * dims.head_dim; // one 16-bit gradient (MHA)
-        let widest = moments(&dims, seq, Call::Backward { dout_f32: false })
-            .iter()
-            .map(|m| match m.out {
-                Outputs::Grads { dq, kv } => {
-                    m.bytes + grad * (usize::from(dq) + 2 * usize::from(kv))
-                }
-                Outputs::All => unreachable!("a backward's moments hold gradients"),
-            })
-            .max()
-            .unwrap();
+        let widest = widest_backward(&dims, seq, false);
         // f32 dQ and three 16-bit gradients: 10 bytes a query element.
         assert_eq!(widest, 5 * grad);
         assert_eq!(largest.bytes, widest);

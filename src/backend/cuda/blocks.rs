@@ -422,7 +422,7 @@ impl CudaBackend {
 /// from its start (no other block adding to the same keys). The model's attention and the
 /// binding then need neither the f32 buffers (8 bytes an element of K and V) nor the rounding
 /// pass after.
-pub fn writes_kv_grads(dims: &Dims, block: Block) -> bool {
+pub(super) fn writes_kv_grads(dims: &Dims, block: Block) -> bool {
     dims.heads == dims.kv_heads && block.q == block.kv && block.q.start == 0
 }
 

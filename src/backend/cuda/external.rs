@@ -14,7 +14,7 @@
 //! head_dim]` tensors and transformers' transposed views go in without a copy). Q, O, dO and
 //! dQ share the query side's strides, K, V, dK and dV the key side's; LSE is `[batch, heads,
 //! seq]` f32. dQ is f32; dK and dV are in the input dtype where the kernel writes them itself
-//! ([`writes_kv_grads`]: one query head per KV head), else f32. The one allocation of the
+//! ([`sequence_kv_grads_half`]: one query head per KV head), else f32. The one allocation of the
 //! backend itself is the backward's D (one f32 per query row), from the stream-ordered pool.
 //!
 //! The distributed call (`dist_flash_attn`) is the exception: the executor allocates, sends,
@@ -23,8 +23,8 @@
 //! ([`CudaBackend::copy_to_lent`]), device to device on the same stream.
 
 use super::strides::CallStrides;
-use super::{CudaBackend, HEAD_DIMS, InputDtype, Tensor, launch, writes_kv_grads};
-use crate::attn::{Block, Grads, Partial};
+use super::{CudaBackend, HEAD_DIMS, InputDtype, Tensor, launch, sequence_kv_grads_half};
+use crate::attn::{Grads, Partial};
 use crate::shape::{Dims, Mask, Precision};
 use anyhow::{Result, bail};
 use std::mem::ManuallyDrop;
@@ -44,7 +44,7 @@ pub struct ForwardAddrs {
     pub lse: u64,
 }
 
-/// Device addresses of one backward call (the gradients overwritten: [`lent_kv_grads_half`]
+/// Device addresses of one backward call (the gradients overwritten: [`sequence_kv_grads_half`]
 /// says in which precision dK and dV are).
 #[derive(Clone, Copy, Debug)]
 pub struct BackwardAddrs {
@@ -83,19 +83,6 @@ impl From<[u64; 9]> for BackwardAddrs {
             dv,
         }
     }
-}
-
-/// Whether a lent backward of `dims` over a whole sequence writes dK and dV in the input
-/// dtype (else f32): how the binding knows what to allocate.
-pub fn lent_kv_grads_half(dims: &Dims, seq: usize) -> bool {
-    let whole = crate::shape::Span { start: 0, len: seq };
-    writes_kv_grads(
-        dims,
-        Block {
-            q: whole,
-            kv: whole,
-        },
-    )
 }
 
 impl ForwardAddrs {
@@ -256,7 +243,7 @@ impl CudaBackend {
     ///
     /// # Safety
     /// As [`Self::causal_forward_lent`], for every address of `addrs` (dQ f32 under Q's
-    /// strides; dK and dV under K's, in the precision [`lent_kv_grads_half`] says).
+    /// strides; dK and dV under K's, in the precision [`sequence_kv_grads_half`] says).
     pub unsafe fn causal_backward_lent(
         &self,
         dims: &Dims,
@@ -268,7 +255,7 @@ impl CudaBackend {
         addrs.check(dims, seq, strides)?;
         let (ql, kvl) = strides.extents(dims, seq, seq);
         let sl = dims.stat_len(seq);
-        let kv_precision = if lent_kv_grads_half(dims, seq) {
+        let kv_precision = if sequence_kv_grads_half(dims, seq) {
             Precision::Input
         } else {
             Precision::F32

@@ -47,8 +47,8 @@ impl CudaBackend {
     }
 
     /// The gradients [`Self::causal_backward`] returns: dQ in f32 under Q's strides; dK and dV
-    /// in the input dtype where the kernel writes them itself ([`writes_kv_grads`]: MHA), else
-    /// in f32 (summed over each KV head's query group), under K's strides.
+    /// in the input dtype where the kernel writes them itself ([`sequence_kv_grads_half`]:
+    /// MHA), else in f32 (summed over each KV head's query group), under K's strides.
     pub fn sequence_grads(
         &self,
         dims: &Dims,
@@ -57,7 +57,7 @@ impl CudaBackend {
     ) -> Result<Grads<Tensor>> {
         let (ql, kvl) = strides.extents(dims, seq, seq);
         let kv = || {
-            if writes_kv_grads(dims, whole(seq)) {
+            if sequence_kv_grads_half(dims, seq) {
                 self.alloc_half(kvl)
             } else {
                 Ok(Tensor::F32(self.alloc_f32(kvl)?))
@@ -131,6 +131,13 @@ impl CudaBackend {
         };
         self.backward_in(dims, whole(seq), mask, strides, query, k, v, grads)
     }
+}
+
+/// Whether a whole-sequence backward of `dims` gets dK and dV in the input dtype, written by
+/// the kernel itself ([`writes_kv_grads`]), rather than f32: what its callers allocate (the
+/// model's attention, the binding) and what the memory count holds.
+pub fn sequence_kv_grads_half(dims: &Dims, seq: usize) -> bool {
+    writes_kv_grads(dims, whole(seq))
 }
 
 /// The block of a whole sequence: every query against every key.

@@ -7,7 +7,7 @@
 //! (`CallStrides::seq_major`): no head-major copies. O comes out sequence-major in the input
 //! dtype; LSE stays as the kernels wrote it (f32, `[heads, rows]`: the model only keeps it for
 //! the backward). The backward's dQ comes out f32 and is rounded to the input dtype; dK and dV
-//! are written in the input dtype by the kernel itself under MHA (`writes_kv_grads`), else
+//! are written in the input dtype by the kernel itself under MHA (`sequence_kv_grads_half`), else
 //! accumulated in f32 and rounded. dO arrives as f32 from the output projection's backward (or
 //! 16-bit) and is rounded first.
 //!
@@ -17,7 +17,7 @@
 
 use crate::attn::{Grads, Partial};
 
-use crate::backend::cuda::{CallStrides, CudaBackend, Tensor, lent_kv_grads_half};
+use crate::backend::cuda::{CallStrides, CudaBackend, Tensor, sequence_kv_grads_half};
 use crate::model::attention::{Attention, WholeSequence};
 use crate::shape::{Dims, Mask};
 use anyhow::{Result, bail};
@@ -39,18 +39,9 @@ pub enum Call {
 pub struct Moment {
     /// Bytes of the call's own buffers.
     pub bytes: usize,
-    /// Which returned tensors exist: the forward's O and LSE, or the backward's dQ, dK and dV
-    /// (16-bit).
-    pub out: Outputs,
-}
-
-/// The returned tensors a [`Moment`] holds.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Outputs {
-    /// The forward's O and LSE.
-    All,
-    /// The backward's: dK and dV or not, dQ or not.
-    Grads { dq: bool, kv: bool },
+    /// The returned tensors that exist by then, as indices into what the call returns: the
+    /// forward's (O, LSE), the backward's 16-bit (dQ, dK, dV).
+    pub held: &'static [usize],
 }
 
 /// The moments of each call that may be its widest:
@@ -66,35 +57,51 @@ pub fn moments(dims: &Dims, rows: usize, call: Call) -> Vec<Moment> {
     let q = rows * dims.heads * dims.head_dim;
     let kv = rows * dims.kv_heads * dims.head_dim;
     let half = crate::model::cost::HALF_BYTES;
-    let grads = |dq, kv| Outputs::Grads { dq, kv };
     match call {
         Call::Forward => vec![Moment {
             bytes: 0,
-            out: Outputs::All,
+            held: &[0, 1],
         }],
         Call::Backward { dout_f32 } => {
-            let direct = lent_kv_grads_half(dims, rows);
+            let direct = sequence_kv_grads_half(dims, rows);
             let kv_f32 = if direct { 0 } else { 4 * 2 * kv };
             let dout = if dout_f32 { half * q } else { 0 };
             let mut m = vec![Moment {
                 bytes: dout + 4 * rows * dims.heads + 4 * q + kv_f32,
-                out: grads(false, direct),
+                held: if direct { &[1, 2] } else { &[] },
             }];
             if !direct {
                 // dK rounded while dV's accumulator is still held (dV's rounding then holds
                 // 2 bytes a K element less).
                 m.push(Moment {
-                    bytes: 4 * q + kv_f32 + half * kv,
-                    out: grads(false, false),
+                    bytes: 4 * q + kv_f32,
+                    held: &[1],
                 });
             }
             m.push(Moment {
                 bytes: 4 * q,
-                out: grads(true, true),
+                held: &[0, 1, 2],
             });
             m
         }
     }
+}
+
+/// The backward's widest moment in bytes, its returned 16-bit gradients included: what the hand
+/// count (`model::cost`) takes for the attention's part.
+pub fn widest_backward(dims: &Dims, rows: usize, dout_f32: bool) -> usize {
+    let half = crate::model::cost::HALF_BYTES;
+    let grads = [
+        dims.heads * dims.head_dim,
+        dims.kv_heads * dims.head_dim,
+        dims.kv_heads * dims.head_dim,
+    ]
+    .map(|width| half * rows * width);
+    moments(dims, rows, Call::Backward { dout_f32 })
+        .iter()
+        .map(|m| m.bytes + m.held.iter().map(|&i| grads[i]).sum::<usize>())
+        .max()
+        .unwrap_or(0)
 }
 
 /// Causal attention of one whole sequence of `rows` tokens on one GPU, under a mask.
