@@ -173,8 +173,26 @@ struct Strides {
     long long batch, head, row;
 };
 
-// Where the CTA's (batch, query head), blockIdx.x = batch·heads + head, starts: its query-side
-// rows (Q, O, dO, dQ under `qs`), its KV head's rows (K, V, dK, dV under `kvs`; query heads share
+// Which (batch·head, tile) a CTA works on. Grids are one-dimensional, `tiles` CTAs per
+// (batch, query head): query tiles in the forward, key slots in the backward. CUDA starts CTAs
+// in index order, so the order decides which CTAs run side by side and share what they read in
+// L2. KEY_MAJOR (FWD_KEY_MAJOR, BWD_KEY_MAJOR from the host) puts one head's CTAs next to each
+// other: a wave of CTAs then streams the same head's K and V (forward) or Q, dO and dQ
+// (backward), a working set of one or two heads instead of every head's at once
+// (bench/notes/kernel-notes.md, v15). Otherwise one tile index of every head comes first.
+struct CtaWork {
+    int bh, tile;
+};
+template <bool KEY_MAJOR>
+__device__ __forceinline__ CtaWork cta_work(int tiles) {
+    const int i = blockIdx.x;
+    if (KEY_MAJOR) return {i / tiles, i % tiles};
+    const int n_bh = gridDim.x / tiles;
+    return {i % n_bh, i / n_bh};
+}
+
+// Where the rows of (batch, query head) bh = batch·heads + head start: its query-side rows
+// (Q, O, dO, dQ under `qs`), its KV head's rows (K, V, dK, dV under `kvs`; query heads share
 // KV heads in groups of heads/kv_heads: GQA, MQA) and its per-row statistics (LSE, D, the
 // running state: always [batch·heads][q_len]). `q_row` and `kv_row` are the rows' strides
 // (below 2^31: the host checks).
@@ -182,15 +200,15 @@ struct HeadRows {
     size_t q, kv, stat;
     int q_row, kv_row;
 };
-// The CTA's batch and KV head within it.
-__device__ __forceinline__ int cta_batch(int heads) { return blockIdx.x / heads; }
-__device__ __forceinline__ int cta_kv_head(int heads, int kv_heads) {
-    return (blockIdx.x % heads) / (heads / kv_heads);
+// The batch and KV head of bh.
+__device__ __forceinline__ int bh_batch(int bh, int heads) { return bh / heads; }
+__device__ __forceinline__ int bh_kv_head(int bh, int heads, int kv_heads) {
+    return (bh % heads) / (heads / kv_heads);
 }
-__device__ __forceinline__ HeadRows head_rows(int heads, int kv_heads, int q_len, Strides qs,
-                                              Strides kvs) {
-    const int bh = blockIdx.x, b = cta_batch(heads), h = bh % heads;
-    const int kvh = cta_kv_head(heads, kv_heads);
+__device__ __forceinline__ HeadRows head_rows(int bh, int heads, int kv_heads, int q_len,
+                                              Strides qs, Strides kvs) {
+    const int b = bh_batch(bh, heads), h = bh % heads;
+    const int kvh = bh_kv_head(bh, heads, kv_heads);
     return {(size_t)(b * qs.batch + h * qs.head), (size_t)(b * kvs.batch + kvh * kvs.head),
             (size_t)bh * q_len, (int)qs.row, (int)kvs.row};
 }
@@ -292,9 +310,9 @@ struct BwdHead {
 __device__ __forceinline__ BwdHead bwd_head(const u16* Q, const u16* K, const u16* V,
                                             const u16* dO, const float* LSE, const float* Dl,
                                             float* dQ, void* dK, void* dV, int kv_direct,
-                                            int heads, int kv_heads, int q_len, Strides qs,
-                                            Strides kvs) {
-    const HeadRows hr = head_rows(heads, kv_heads, q_len, qs, kvs);
+                                            int bh, int heads, int kv_heads, int q_len,
+                                            Strides qs, Strides kvs) {
+    const HeadRows hr = head_rows(bh, heads, kv_heads, q_len, qs, kvs);
     const size_t kv_bytes = hr.kv * (kv_direct ? 2 : 4);
     return {Q + hr.q,
             dO + hr.q,
@@ -332,4 +350,19 @@ __device__ __forceinline__ int2 seeing_query_tiles(int c0, int c1, int q_len, in
     if (!MASKED || !row_start || kv_start + c0 < global) return make_int2(begin, n_qt);
     const int rows = min(max(__ldg(row_end + kv_start + c1 - 1) - q_start, 0), q_len);
     return make_int2(begin, (rows + Q_ROWS - 1) / Q_ROWS);
+}
+
+// Backward: the key tiles a CTA runs, in key slot `slot` of `slots` per head over the block's
+// n_kt key tiles. With as many slots as tiles, one each. With fewer (the host pairs tiles where
+// causality gives them unequal work: `backward_slots`, src/backend/cuda/launch.rs), slot s runs
+// key tile s and then key tile n_kt − 1 − s, the tile that sees the most query tiles with the
+// one that sees the fewest: every CTA then does the same work, so a wave of CTAs starts, walks
+// and ends together on nearby query tiles, which stay in L2 between their readers.
+struct KeyPasses {
+    int n, first, second;
+    __device__ __forceinline__ int tile(int pass) const { return pass == 0 ? first : second; }
+};
+__device__ __forceinline__ KeyPasses key_passes(int slot, int slots, int n_kt) {
+    const int other = n_kt - 1 - slot;
+    return {slots < n_kt && other > slot ? 2 : 1, slot, other};
 }

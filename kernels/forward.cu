@@ -39,13 +39,15 @@ __device__ __forceinline__ void fwd_body(const u16* __restrict__ Q, const u16* _
     const int g = lane / 4, t = lane % 4;
 
     // Heaviest query tiles (most visible keys) first, so the tail of the grid is short.
-    const int r0 = (gridDim.y - 1 - blockIdx.y) * FWD_BQ;
+    const int n_q_tiles = (q_len + FWD_BQ - 1) / FWD_BQ;
+    const CtaWork work = cta_work<FWD_KEY_MAJOR>(n_q_tiles);
+    const int r0 = (n_q_tiles - 1 - work.tile) * FWD_BQ;
     const KvTiles tiles = visible_kv_tiles<FWD_BQ, FWD_BKV>(r0, q_len, kv_len, q_start, kv_start,
                                                             row_start, global);
     const int n_tiles = tiles.n;
     if (STATE && n_tiles == 0) return;  // the block adds nothing to these rows
 
-    const HeadRows hr = head_rows(heads, kv_heads, q_len, qs, kvs);
+    const HeadRows hr = head_rows(work.bh, heads, kv_heads, q_len, qs, kvs);
     const u16* Qh = Q + hr.q;
     const u16* Kh = K + hr.kv;
     const u16* Vh = V + hr.kv;

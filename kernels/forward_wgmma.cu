@@ -58,15 +58,18 @@ __device__ __forceinline__ void fwd_wg_body(const TensorMap* tmQ, const TensorMa
     const int g = lane / 4, t = lane % 4;
 
     // Heaviest query tiles (most visible keys) first, so the tail of the grid is short.
-    const int r0 = (gridDim.y - 1 - blockIdx.y) * WF_BQ;
+    const int n_q_tiles = (q_len + WF_BQ - 1) / WF_BQ;
+    const CtaWork work = cta_work<FWD_KEY_MAJOR>(n_q_tiles);
+    const int r0 = (n_q_tiles - 1 - work.tile) * WF_BQ;
     const KvTiles tiles = visible_kv_tiles<WF_BQ, WF_BKV>(r0, q_len, kv_len, q_start, kv_start,
                                                           row_start, global);
     const int n_tiles = tiles.n;
     if (STATE && n_tiles == 0) return;  // the block adds nothing to these rows
 
     // (Q, K and V come in through their tensor maps, which carry their strides.)
-    const HeadRows hr = head_rows(heads, kv_heads, q_len, qs, kvs);
-    const int b = cta_batch(heads), h = blockIdx.x % heads, kvh = cta_kv_head(heads, kv_heads);
+    const HeadRows hr = head_rows(work.bh, heads, kv_heads, q_len, qs, kvs);
+    const int b = bh_batch(work.bh, heads), h = work.bh % heads;
+    const int kvh = bh_kv_head(work.bh, heads, kv_heads);
 
     constexpr u32 TILE = WF_BKV * D * 2;  // also the Q tile (WF_BQ = WF_BKV)
     unsigned char* gen;

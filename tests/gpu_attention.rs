@@ -547,7 +547,7 @@ fn a_kernel_variant_is_parsed_from_its_keys_and_bad_ones_are_refused() {
     let base = Tuning::for_head_dim(128);
     assert_eq!(gpu_common::tuning::parse("").unwrap(), base);
     let t = gpu_common::tuning::parse(
-        "bwd-warps=4, fwd-wgmma=false,fwd-qreg=true,bwd-key-split=4,bwd-q-stages=1",
+        "bwd-warps=4, fwd-wgmma=false,fwd-qreg=true,bwd-key-split=4,bwd-q-stages=1,bwd-pairs=true,fwd-key-major=false,bwd-key-major=false",
     )
     .unwrap();
     assert_eq!(
@@ -558,6 +558,9 @@ fn a_kernel_variant_is_parsed_from_its_keys_and_bad_ones_are_refused() {
             fwd_q_in_registers: true,
             bwd_key_split: 4,
             bwd_q_stages: 1,
+            bwd_pairs: true,
+            fwd_key_major: false,
+            bwd_key_major: false,
             ..base
         }
     );

@@ -33,6 +33,8 @@ def main():
     ap.add_argument("--seqs", default="4096,16384,65536")
     ap.add_argument("--head-dims", default="128,64")
     ap.add_argument("--heads", type=int, default=32)
+    ap.add_argument("--kv-heads", type=int, default=None,
+                    help="key/value heads (GQA: fewer than --heads; SDPA's enable_gqa)")
     ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
     ap.add_argument("--json")
     ap.add_argument("--default", action="store_true",
@@ -44,8 +46,11 @@ def main():
         for n in [int(x) for x in args.seqs.split(",")]:
             gen = torch.Generator(device="cuda").manual_seed(7)
             shape = (1, args.heads, n, d)
-            q, k, v = [(torch.rand(shape, device="cuda", generator=gen, dtype=torch.float32) * 4 - 2)
-                       .to(dtype).requires_grad_() for _ in range(3)]
+            kv_heads = args.kv_heads or args.heads
+            q, k, v = [(torch.rand(s, device="cuda", generator=gen, dtype=torch.float32) * 4 - 2)
+                       .to(dtype).requires_grad_()
+                       for s in (shape, (1, kv_heads, n, d), (1, kv_heads, n, d))]
+            gqa = {"enable_gqa": True} if kv_heads != args.heads else {}
             dout = (torch.rand(shape, device="cuda", generator=gen) * 2 - 1).to(dtype)
             fwd_flops = 4 * n * n * args.heads * d / 2
             # sdpa_default: no backend forced, PyTorch's own choice (what Hugging Face's SDPA
@@ -57,7 +62,7 @@ def main():
                     continue
                 try:
                     with sdpa_kernel(backend) if backend is not None else contextlib.nullcontext():
-                        run = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)
+                        run = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, **gqa)
                         out = run()
                         grad = lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
                         grad()
@@ -71,7 +76,7 @@ def main():
                 else:
                     tf = lambda flops, ms: flops / (ms * 1e-3) / 1e12
                     line = {"impl": name, "dtype": args.dtype, "seq": n, "heads": args.heads,
-                            "head_dim": d, "fwd_ms": round(f_ms, 4), "bwd_ms": round(b_ms, 4),
+                            "kv_heads": kv_heads, "head_dim": d, "fwd_ms": round(f_ms, 4), "bwd_ms": round(b_ms, 4),
                             "fwd_tflops": round(tf(fwd_flops, f_ms), 1),
                             "bwd_tflops": round(tf(2.5 * fwd_flops, b_ms), 1),
                             "fwdbwd_tflops": round(tf(3.5 * fwd_flops, f_ms + b_ms), 1),

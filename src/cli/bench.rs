@@ -45,6 +45,9 @@ pub enum Target {
         head_dims: Vec<usize>,
         #[arg(long, default_value_t = 32)]
         heads: usize,
+        /// Key/value heads (GQA: a divisor of --heads; default: as many as --heads).
+        #[arg(long)]
+        kv_heads: Option<usize>,
         #[command(flatten)]
         dtype: super::DtypeArg,
         #[command(flatten)]
@@ -94,6 +97,7 @@ pub fn run(target: Target) -> Result<()> {
             seqs,
             head_dims,
             heads,
+            kv_heads,
             dtype,
             mask,
             blocks,
@@ -112,6 +116,7 @@ pub fn run(target: Target) -> Result<()> {
                 seqs: &seqs,
                 head_dims: &head_dims,
                 heads,
+                kv_heads: kv_heads.unwrap_or(heads),
                 layout,
             };
             attention(&shape, dtype.gpu(), &mask, blocks, json)
@@ -149,15 +154,16 @@ struct AttentionShape<'a> {
     seqs: &'a [usize],
     head_dims: &'a [usize],
     heads: usize,
+    kv_heads: usize,
     layout: Layout,
 }
 
-/// The benchmarks' shape: batch 1, as many KV heads as query heads (the published tables').
-fn mha(heads: usize, head_dim: usize) -> Result<Dims> {
+/// The benchmarks' shape: batch 1, `kv_heads` KV heads for `heads` query heads.
+fn batch_one(heads: usize, kv_heads: usize, head_dim: usize) -> Result<Dims> {
     let dims = Dims {
         batch: 1,
         heads,
-        kv_heads: heads,
+        kv_heads,
         head_dim,
     };
     dims.validate()?;
@@ -172,7 +178,7 @@ fn cpu(
     repeats: usize,
     json: bool,
 ) -> Result<()> {
-    let dims = mha(heads, head_dim)?;
+    let dims = batch_one(heads, heads, head_dim)?;
     let gemm = bench::cpu_matmul_gflops(matmul_size, repeats);
     let attention = bench::cpu_attention_forward_gflops(dims, seq_len, repeats);
     let threads = rayon::current_num_threads();
@@ -239,10 +245,10 @@ fn attention(
     let mut file = json.as_deref().map(super::create_output).transpose()?;
     let be = CudaBackend::new(0, dtype)?;
     let command = std::env::args().collect::<Vec<_>>().join(" ");
-    let heads = shape.heads;
+    let (heads, kv_heads) = (shape.heads, shape.kv_heads);
     for &head_dim in shape.head_dims {
         for &seq in shape.seqs {
-            let dims = mha(heads, head_dim)?;
+            let dims = batch_one(heads, kv_heads, head_dim)?;
             let mask = mask_args.mask(seq, 0)?;
             let strides = shape.layout.strides(&dims, seq);
             let t = time_attention(&be, dims, seq, &mask, &strides)?;
@@ -253,7 +259,7 @@ fn attention(
             let tflops = |flops: f64, ms: f64| flops / (ms * 1e-3) / 1e12;
             let line = json!({
                 "impl": "distflash", "dtype": dtype.name(), "seq": seq, "heads": heads,
-                "head_dim": head_dim, "fwd_ms": t.forward_ms, "bwd_ms": t.backward_ms,
+                "kv_heads": kv_heads, "head_dim": head_dim, "fwd_ms": t.forward_ms, "bwd_ms": t.backward_ms,
                 "fwd_tflops": tflops(f, t.forward_ms), "bwd_tflops": tflops(b, t.backward_ms),
                 "fwdbwd_tflops": tflops(f + b, t.forward_ms + t.backward_ms),
                 "reps": t.repeats, "command": command, "mask": mask.to_string(),

@@ -21,7 +21,8 @@ pub fn from_env() -> Result<Option<Tuning>> {
 }
 
 /// `key=value` pairs separated by commas, e.g. `fwd-warps=4,fwd-mtiles=1,fwd-qreg=true,
-/// fwd-wgmma=false,bwd-warps=4,bwd-wgmma=false,bwd-key-split=4,bwd-q-stages=1`; a combination the kernels were not written
+/// fwd-wgmma=false,bwd-warps=4,bwd-wgmma=false,bwd-key-split=4,bwd-q-stages=1,
+/// fwd-key-major=false,bwd-key-major=false,bwd-pairs=false`; a combination the kernels were not written
 /// for is refused by [`Tuning::validate`].
 pub fn parse(spec: &str) -> Result<Tuning> {
     let mut t = Tuning::for_head_dim(128);
@@ -48,8 +49,11 @@ pub fn parse(spec: &str) -> Result<Tuning> {
             "bwd-wgmma" => t.bwd_wgmma = flag()?,
             "bwd-key-split" => t.bwd_key_split = number()?,
             "bwd-q-stages" => t.bwd_q_stages = number()?,
+            "fwd-key-major" => t.fwd_key_major = flag()?,
+            "bwd-key-major" => t.bwd_key_major = flag()?,
+            "bwd-pairs" => t.bwd_pairs = flag()?,
             other => bail!(
-                "unknown key `{other}`: use fwd-warps, fwd-mtiles, fwd-qreg, fwd-wgmma, bwd-warps, bwd-wgmma, bwd-key-split or bwd-q-stages"
+                "unknown key `{other}`: use fwd-warps, fwd-mtiles, fwd-qreg, fwd-wgmma, bwd-warps, bwd-wgmma, bwd-key-split, bwd-q-stages, fwd-key-major, bwd-key-major or bwd-pairs"
             ),
         }
     }

@@ -391,7 +391,10 @@ impl CudaBackend {
             );
         }
         let kv_direct = i32::from(direct);
-        let cfg = launch::backward_config(dims, kvn, &self.tuning(dims.head_dim))?;
+        let tuning = self.tuning(dims.head_dim);
+        let slots = launch::backward_slots(&block, &tuning);
+        let cfg = launch::backward_config(dims, slots, &tuning)?;
+        let slots = i32::try_from(slots).expect("within MAX_CTAS, checked by backward_config");
         let ints = block_ints(dims, block)?;
         let mask = self.mask_args(mask, block)?;
         let scale = dims.scale();
@@ -411,7 +414,7 @@ impl CudaBackend {
         }
         b.arg(&strides.q).arg(&strides.kv);
         mask.push_backward(&mut b);
-        b.arg(&scale);
+        b.arg(&scale).arg(&slots);
         self.launch("the attention block backward", b, cfg)
     }
 }

@@ -2,6 +2,7 @@
 //! sizes mirror the `#define`s in `kernels/forward.cu` and `kernels/backward.cu`; a change there
 //! must change these too (the shared-memory sizes would be wrong otherwise).
 
+use crate::attn::Block;
 use crate::shape::Dims;
 use anyhow::{Result, bail};
 use cudarc::driver::LaunchConfig;
@@ -12,8 +13,9 @@ const FWD_BKV: usize = 64;
 const BWD_BQ: usize = 64;
 /// Rows per block of the row-wise helper kernels (one warp per row).
 const ROWS_PER_BLOCK: usize = 8;
-/// CUDA's limit on `gridDim.y`.
-const MAX_GRID_Y: usize = 65_535;
+/// The most CTAs one attention launch takes: its grid is one-dimensional and the kernels index
+/// it in 32-bit signed arithmetic (`cta_work`, `kernels/common.cuh`).
+const MAX_CTAS: usize = i32::MAX as usize;
 
 /// The head dims the wgmma kernels are written for.
 const WGMMA_HEAD_DIMS: [usize; 2] = [64, 128];
@@ -93,6 +95,18 @@ pub struct Tuning {
     /// Pipeline stages of the mma.sync backward's query tiles (1 or 2): one leaves head dim
     /// 256's K, V, Q and dO tiles within an A100's shared memory ([`Tuning::for_device`]).
     pub bwd_q_stages: usize,
+    /// Launch the forward's CTAs head by head (all query tiles of one head, then the next)
+    /// instead of tile by tile across every head: the CTAs that run together then stream one
+    /// head's K and V, which L2 can hold, not every head's.
+    pub fwd_key_major: bool,
+    /// The same for the backward's CTAs: one head's key slots together, so they read one
+    /// head's Q, dO, LSE and D and add into its dQ.
+    pub bwd_key_major: bool,
+    /// Pair the backward's key tiles where causality gives them unequal work (the longest with
+    /// the shortest, [`backward_slots`]), so that the CTAs of a wave do equal work and stay on
+    /// nearby query tiles from start to end. Off by default: on an H200 at d128 it gained 3–5%
+    /// at 8K, lost 2.5% at 32K and was level at 128K (`bench/notes/kernel-notes.md`, v15).
+    pub bwd_pairs: bool,
 }
 
 impl Tuning {
@@ -122,6 +136,9 @@ impl Tuning {
             bwd_wgmma: WGMMA_HEAD_DIMS.contains(&head_dim),
             bwd_key_split: if wide { 4 } else { 2 },
             bwd_q_stages: 2,
+            fwd_key_major: true,
+            bwd_key_major: true,
+            bwd_pairs: false,
         }
     }
 
@@ -211,7 +228,7 @@ impl Tuning {
     /// The `#define` lines that select this variant in the kernel sources.
     pub(crate) fn defines(&self) -> String {
         format!(
-            "#define FWD_WARPS {}\n#define FWD_MT {}\n#define FWD_QREG {}\n#define FWD_WGMMA {}\n#define BWD_WARPS {}\n#define BWD_WGMMA {}\n#define BWD_KSPLIT {}\n#define BWD_QSTAGES {}\n",
+            "#define FWD_WARPS {}\n#define FWD_MT {}\n#define FWD_QREG {}\n#define FWD_WGMMA {}\n#define BWD_WARPS {}\n#define BWD_WGMMA {}\n#define BWD_KSPLIT {}\n#define BWD_QSTAGES {}\n#define FWD_KEY_MAJOR {}\n#define BWD_KEY_MAJOR {}\n",
             self.fwd_warps,
             self.fwd_mtiles,
             self.fwd_q_in_registers as u8,
@@ -219,7 +236,9 @@ impl Tuning {
             self.bwd_warps,
             self.bwd_wgmma as u8,
             self.bwd_key_split,
-            self.bwd_q_stages
+            self.bwd_q_stages,
+            self.fwd_key_major as u8,
+            self.bwd_key_major as u8
         )
     }
 }
@@ -253,19 +272,16 @@ pub(crate) fn unsupported_head_dim(head_dim: usize) -> String {
     )
 }
 
-fn grid_x(dims: &Dims) -> Result<u32> {
-    u32::try_from(dims.batch * dims.heads)
-        .map_err(|_| anyhow::anyhow!("batch × heads is too large for one launch"))
-}
-
-fn tiles(rows: usize, tile: usize, what: &str) -> Result<u32> {
-    let n = rows.div_ceil(tile);
-    if n > MAX_GRID_Y {
+/// A one-dimensional grid of `per_head` CTAs for each (batch, head), within [`MAX_CTAS`].
+fn grid(dims: &Dims, per_head: usize, what: &str) -> Result<(u32, u32, u32)> {
+    let n = dims.batch * dims.heads * per_head;
+    if n > MAX_CTAS {
         bail!(
-            "{rows} {what} rows need {n} tiles, more than CUDA's grid limit of {MAX_GRID_Y}: split the sequence into chunks"
+            "{} batch × heads × {per_head} {what} make {n} thread blocks, more than one launch takes ({MAX_CTAS}): split the sequence into chunks",
+            dims.batch * dims.heads
         );
     }
-    Ok(n as u32)
+    Ok((n as u32, 1, 1))
 }
 
 /// Dynamic shared memory of the forward kernel: the Q tile and two stages of K and V; the
@@ -281,10 +297,11 @@ pub(crate) fn forward_smem(head_dim: usize, tuning: &Tuning) -> u32 {
     }
 }
 
-/// Forward: one CTA per (batch·head, query tile).
+/// Forward: one CTA per (batch·head, query tile), in the order `fwd_key_major` picks.
 pub(crate) fn forward_config(dims: &Dims, q_rows: usize, tuning: &Tuning) -> Result<LaunchConfig> {
+    let tiles = q_rows.div_ceil(tuning.fwd_rows());
     Ok(LaunchConfig {
-        grid_dim: (grid_x(dims)?, tiles(q_rows, tuning.fwd_rows(), "query")?, 1),
+        grid_dim: grid(dims, tiles, "query tiles")?,
         block_dim: (tuning.fwd_threads() as u32, 1, 1),
         shared_mem_bytes: forward_smem(dims.head_dim, tuning),
     })
@@ -324,18 +341,30 @@ fn backward_keys(tuning: &Tuning) -> usize {
     }
 }
 
-/// Backward: one CTA per (batch·query head, key tile).
-pub(crate) fn backward_config(
-    dims: &Dims,
-    kv_rows: usize,
-    tuning: &Tuning,
-) -> Result<LaunchConfig> {
+/// Key slots per (batch, query head) of the backward of `block`: one per key tile, or, with
+/// `bwd_pairs` where the tiles' work is unequal, half as many, slot s running key tiles s and
+/// n − 1 − s (`key_passes`, `kernels/common.cuh`). The work is unequal where the block holds
+/// the causal diagonal (some key comes after the first query): key tile j then sees the
+/// queries from its own position on, so the first tile does the most work and the last the
+/// least, and each pair does the same. Paired, a wave of CTAs ends together instead of being
+/// refilled one CTA at a time with CTAs that start far behind the others; a causal grid of
+/// fewer CTAs than the GPU has SMs loses nothing either, since the longest CTA took as long as
+/// a pair before.
+pub(crate) fn backward_slots(block: &Block, tuning: &Tuning) -> usize {
+    let tiles = block.kv.len.div_ceil(backward_keys(tuning));
+    let unequal = block.kv.start + block.kv.len > block.q.start + 1;
+    if tuning.bwd_pairs && unequal {
+        tiles.div_ceil(2)
+    } else {
+        tiles
+    }
+}
+
+/// Backward: one CTA per (batch·query head, key slot of [`backward_slots`]), in the order
+/// `bwd_key_major` picks.
+pub(crate) fn backward_config(dims: &Dims, slots: usize, tuning: &Tuning) -> Result<LaunchConfig> {
     Ok(LaunchConfig {
-        grid_dim: (
-            grid_x(dims)?,
-            tiles(kv_rows, backward_keys(tuning), "key")?,
-            1,
-        ),
+        grid_dim: grid(dims, slots, "key slots")?,
         block_dim: (tuning.bwd_threads() as u32, 1, 1),
         shared_mem_bytes: backward_smem(dims.head_dim, tuning),
     })
@@ -381,7 +410,7 @@ mod tests {
             ..Tuning::for_head_dim(128)
         };
         let c = forward_config(&dims(128), 1000, &t).unwrap();
-        assert_eq!(c.grid_dim, (64, 4, 1)); // 1000 rows → 4 tiles of 256 (last partial)
+        assert_eq!(c.grid_dim, (64 * 4, 1, 1)); // 1000 rows → 4 tiles of 256 (last partial)
         assert_eq!(c.block_dim, (256, 1, 1));
         assert_eq!(c.shared_mem_bytes, 128 * 1024);
         assert_eq!(forward_smem(64, &t), 64 * 1024);
@@ -405,7 +434,7 @@ mod tests {
         // each), barriers.
         let wg = Tuning::for_head_dim(128).for_device(128, (9, 0));
         let c = forward_config(&dims(128), 1000, &wg).unwrap();
-        assert_eq!((c.grid_dim.1, c.block_dim.0), (8, 384));
+        assert_eq!((c.grid_dim.0, c.block_dim.0), (64 * 8, 384));
         assert_eq!(c.shared_mem_bytes, (6 * 32 + 1) * 1024 + 128);
     }
 
@@ -442,10 +471,9 @@ mod tests {
             ..t
         };
         assert!(e.validate().unwrap_err().to_string().contains("stages"));
-        assert!(
-            t.defines()
-                .ends_with("#define BWD_KSPLIT 2\n#define BWD_QSTAGES 2\n")
-        );
+        assert!(t.defines().ends_with(
+            "#define BWD_KSPLIT 2\n#define BWD_QSTAGES 2\n#define FWD_KEY_MAJOR 1\n#define BWD_KEY_MAJOR 1\n"
+        ));
     }
 
     #[test]
@@ -458,16 +486,9 @@ mod tests {
         };
         assert!(backward_smem(128, &sync(8)) <= 227 * 1024);
         assert!(2 * backward_smem(128, &sync(4)) <= 227 * 1024);
-        let c = backward_config(&dims(128), 129, &sync(4)).unwrap();
-        assert_eq!(c.grid_dim, (64, 3, 1)); // 64-key tiles
+        let c = backward_config(&dims(128), 3, &sync(4)).unwrap();
+        assert_eq!(c.grid_dim, (64 * 3, 1, 1));
         assert_eq!(c.block_dim, (128, 1, 1));
-        assert_eq!(
-            backward_config(&dims(64), 129, &sync(8))
-                .unwrap()
-                .grid_dim
-                .1,
-            2
-        );
         // wgmma: K, V (32 KiB each), two stages of Q and dO (16 KiB each), dSᵀ (16 KiB),
         // LSE, D and row starts (1.5 KiB), dQ (64 rows of 544 bytes), alignment slack (1 KiB); 128-key tiles
         // of 256 threads.
@@ -477,8 +498,49 @@ mod tests {
             backward_smem(128, &wg),
             (64 + 64 + 16 + 1 + 1) * 1024 + 512 + 64 * 544
         );
-        let c = backward_config(&dims(128), 129, &wg).unwrap();
-        assert_eq!((c.grid_dim.1, c.block_dim.0), (2, 256));
+        let c = backward_config(&dims(128), 2, &wg).unwrap();
+        assert_eq!((c.grid_dim.0, c.block_dim.0), (64 * 2, 256));
+    }
+
+    /// Key tiles pair only where causality makes their work unequal: a block holding the
+    /// diagonal (odd tile counts leave the middle tile alone), never one whose keys all come
+    /// before its queries, and never with `bwd_pairs` off.
+    #[test]
+    fn backward_pairs_unequal_key_tiles() {
+        let wg = Tuning {
+            bwd_pairs: true,
+            ..Tuning::for_head_dim(128).for_device(128, (9, 0))
+        };
+        let span = |start, len| crate::shape::Span { start, len };
+        let diagonal = |len| Block {
+            q: span(0, len),
+            kv: span(0, len),
+        };
+        assert_eq!(backward_slots(&diagonal(1024), &wg), 4); // 8 tiles of 128 keys
+        assert_eq!(backward_slots(&diagonal(1000), &wg), 4); // 8, the last partial
+        assert_eq!(backward_slots(&diagonal(1152), &wg), 5); // 9: tile 4 alone
+        assert_eq!(backward_slots(&diagonal(100), &wg), 1);
+        let before = Block {
+            q: span(1024, 1024),
+            kv: span(0, 1024),
+        };
+        assert_eq!(backward_slots(&before, &wg), 8);
+        let later_keys = Block {
+            q: span(1024, 1024),
+            kv: span(512, 1024),
+        };
+        assert_eq!(backward_slots(&later_keys, &wg), 4);
+        let off = Tuning {
+            bwd_pairs: false,
+            ..wg
+        };
+        assert_eq!(backward_slots(&diagonal(1024), &off), 8);
+        // The mma.sync kernel's 64-key tiles at head dim 256.
+        let sync = Tuning {
+            bwd_pairs: true,
+            ..Tuning::for_head_dim(256).for_device(256, (9, 0))
+        };
+        assert_eq!(backward_slots(&diagonal(1024), &sync), 8);
     }
 
     #[test]
@@ -640,10 +702,12 @@ mod tests {
         d.kv_heads = 5;
         assert!(check_dims(&d).is_err());
         assert!(check_dims(&dims(64)).is_ok());
-        let err = forward_config(&dims(128), 256 * 70_000, &Tuning::for_head_dim(128))
+        let t = Tuning::for_head_dim(128).for_device(128, (9, 0));
+        let err = forward_config(&dims(128), 128 << 26, &t)
             .unwrap_err()
             .to_string();
-        assert!(err.contains("grid limit"), "{err}");
+        assert!(err.contains("split the sequence"), "{err}");
+        assert!(forward_config(&dims(128), 128 << 24, &t).is_ok());
     }
 
     #[test]
