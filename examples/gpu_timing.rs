@@ -72,11 +72,7 @@ enum Cli {
 }
 
 fn open(dtype: InputDtype) -> Result<CudaBackend> {
-    let be = CudaBackend::new(0, dtype)?;
-    match tuning::from_env()? {
-        Some(t) => be.with_tuning(t),
-        None => Ok(be),
-    }
+    tuning::apply(CudaBackend::new(0, dtype)?, tuning::from_env()?)
 }
 
 fn main() -> Result<()> {

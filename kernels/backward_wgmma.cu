@@ -4,21 +4,21 @@
 // as the mma.sync kernel in backward.cu (all three gradients accumulate in f32; dQ and dK carry
 // the softmax scale), which stays the kernel for other GPUs. Head dim 64 or 128.
 //
-// One CTA = one key slot of one (batch, query head) and two warpgroups: one 128-row key tile,
-// or two paired ones in turn (common.cuh, `key_passes`); warpgroup w owns keys 64w..64w+63 of
-// the tile. For each tile the CTA walks the 64-row query tiles that can see its keys; Q, dO,
-// LSE and D stream through a two-stage cp.async pipeline. Per query tile, with every product
-// an m64n64k16 wgmma:
+// One CTA = 128 key rows of one (batch, query head) and two warpgroups; warpgroup w owns keys
+// 64w..64w+63. The CTA walks the 64-row query tiles that can see its keys; Q, dO, LSE and D stream
+// through a two-stage cp.async pipeline. Per query tile, with every product an m64n64k16 wgmma:
 //  1. Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ (A = K or V, B = Q or dO; both K-major in shared memory);
 //  2. Pᵀ = exp2(scale·log2e·Sᵀ − LSE·log2e), dSᵀ = Pᵀ∘(dPᵀ − D) in registers;
-//  3. dV += Pᵀ·dO and dK += dSᵀ·Q with Pᵀ, dSᵀ as register A operands (the accumulator layout of
-//     step 1 is the A fragment layout) and dO, Q read MN-major from the same tiles as step 1;
-//     meanwhile dSᵀ goes to shared memory;
-//  4. dQ(tile) = dS·K (A = dS MN-major from the dSᵀ tile, B = K MN-major): at head dim 128
-//     warpgroup w computes columns 64w..64w+63 over all 128 keys; at head dim 64 each warpgroup
-//     computes all columns over its own 64 keys. The tile goes to shared memory, and at the
-//     start of the next tile bulk reductions (`cp.reduce.async.bulk`, one per row) add it to dQ
-//     in the background; per-thread vector atomics here cost 7% of the backward's speed
+//  3. dV += Pᵀ·dO with Pᵀ as the register A operand (the accumulator layout of step 1 is the A
+//     fragment layout) and dO read MN-major from the same tile as step 1; it runs while dSᵀ goes
+//     to shared memory and the warpgroups meet at the barrier that completes it;
+//  4. dQ(tile) = dS·K (A = dS MN-major from the dSᵀ tile, B = K MN-major), then dK += dSᵀ·Q
+//     (dSᵀ from registers, Q MN-major), which runs while dQ goes to shared memory: no step
+//     waits for an empty tensor pipe after step 1. At head dim 128 warpgroup w computes dQ's
+//     columns 64w..64w+63 over all 128 keys; at head dim 64 each warpgroup computes all columns
+//     over its own 64 keys. At the start of the next tile bulk reductions
+//     (`cp.reduce.async.bulk`, one per row) add the staged tile to dQ in the background;
+//     per-thread vector atomics here cost 7% of the backward's speed
 //     (bench/notes/kernel-notes.md, v7).
 // Compared with the per-warp mma.sync kernel, B operands are read from shared memory once per
 // warpgroup instead of once per warp, which is what limited that kernel (81% shared-memory
@@ -39,13 +39,36 @@
 
 // Adds the dQ tile of query rows row0.. staged in shared memory at sdQ into dQ (rows `stride`
 // elements apart): one bulk reduction per row and part, issued by the first WG_DQ_PARTS × 64
-// threads.
-__device__ __forceinline__ void add_dq_tile(float* dQ, int stride, u32 sdQ, int row0,
-                                            int q_len) {
+// threads. Deterministic, the two parts of head dim 64 would reach a row in either order: the
+// first 64 threads each add part 1 of their row into part 0 and reduce that alone.
+__device__ __forceinline__ void add_dq_tile(float* dQ, int stride, u32 sdQ, unsigned char* pdQ,
+                                            int row0, int q_len) {
     const int row = threadIdx.x % WG_BQ, part = threadIdx.x / WG_BQ;
-    if (part < WG_DQ_PARTS && row0 + row < q_len)
-        bulk_add_f32(dQ + (size_t)(row0 + row) * stride,
-                     sdQ + (part * WG_BQ + row) * WG_DQ_ROW, HEAD_DIM * 4);
+    if (row0 + row >= q_len) return;
+    if (DETERMINISTIC && WG_DQ_PARTS == 2) {
+        if (part > 0) return;
+        float4* mine = reinterpret_cast<float4*>(pdQ + row * WG_DQ_ROW);
+        const float4* other = reinterpret_cast<const float4*>(pdQ + (WG_BQ + row) * WG_DQ_ROW);
+#pragma unroll
+        for (int c = 0; c < HEAD_DIM / 4; ++c) {
+            const float4 a = mine[c], b = other[c];
+            mine[c] = make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
+        }
+        fence_async_smem();
+    } else if (part >= WG_DQ_PARTS) {
+        return;
+    }
+    if (DETERMINISTIC) fence_proxy_async_global();  // after the turn's acquire
+    bulk_add_f32(dQ + (size_t)(row0 + row) * stride, sdQ + (part * WG_BQ + row) * WG_DQ_ROW,
+                 HEAD_DIM * 4);
+}
+
+// Deterministic: this thread's dQ reductions have written dQ (not only read shared memory), and
+// the writes are ordered before the CTA's next pass of a turn.
+__device__ __forceinline__ void finish_dq_adds() {
+    bulk_wait();
+    fence_proxy_async_global();
+    __threadfence();
 }
 
 extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
@@ -55,7 +78,7 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
               void* __restrict__ dV, int kv_direct, int heads, int kv_heads, int q_len,
               int kv_len, int q_start, int kv_start, Strides qs, Strides kvs,
               const int* __restrict__ row_start, const int* __restrict__ row_end, int global,
-              float scale, int slots) {
+              float scale, int* __restrict__ turns) {
     constexpr int D = HEAD_DIM;
     constexpr int DH = D / 64;                  // column atoms of a row
     const int wg = threadIdx.x / 128;           // warpgroup: keys 64·wg.., dQ columns 64·wg..
@@ -64,8 +87,23 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
     const int g = lane / 4, t = lane % 4;
     const float scale_log2 = scale * LOG2E;
 
-    const CtaWork work = cta_work<BWD_KEY_MAJOR>(slots);
-    const KeyPasses passes = key_passes(work.tile, slots, (kv_len + WG_BKV - 1) / WG_BKV);
+    const int n_kt = (kv_len + WG_BKV - 1) / WG_BKV;
+    const CtaWork work = cta_work<BWD_KEY_MAJOR, DETERMINISTIC>(n_kt);
+    const int c0 = work.tile * WG_BKV;
+    int* const dq_turn_row = dq_turns(turns, work.bh, q_len, WG_BQ);  // this head's dQ turns
+
+    // The query tiles that see these keys (all from the first on, without a mask).
+    const int2 seen = seeing_query_tiles<WG_BQ>(c0, min(c0 + WG_BKV, kv_len), q_len, q_start,
+                                                kv_start, row_start, row_end, global);
+    const int t_begin = seen.x, n_qt = seen.y;
+    if (t_begin >= n_qt) {
+        skip_turns<WG_BQ, WG_BKV>(
+            dq_turn_row, kv_turns(turns, work.bh, heads, kv_heads, q_len, WG_BQ, n_kt, kv_direct),
+            t_begin, work.tile, n_kt, q_len, q_start, kv_start, global,
+            kv_turn(work.bh, heads, kv_heads));
+        return;
+    }
+
     const BwdHead op = bwd_head(Q, K, V, dO, LSE, Dl, dQ, dK, dV, kv_direct, work.bh, heads,
                                 kv_heads, q_len, qs, kvs);
 
@@ -86,217 +124,226 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
     const float* fD = reinterpret_cast<const float*>(gen + (sD - base));
     const int* iR = reinterpret_cast<const int*>(gen + (sR - base));
     unsigned char* pdS = gen + (sdS - base);
+    unsigned char* pdQ = gen + (sdQ - base);
 
-    // Each pass: one key tile's gradients. A pass begins after the last one's barrier (every
-    // wgmma done with sK, sV, sdS) and its dQ reductions (bulk_wait), so it may reload them.
-    for (int pass = 0; pass < passes.n; ++pass) {
-        const int c0 = passes.tile(pass) * WG_BKV;
-        // The query tiles that see these keys (all from the first on, without a mask).
-        const int2 seen = seeing_query_tiles<WG_BQ>(c0, min(c0 + WG_BKV, kv_len), q_len, q_start,
-                                                    kv_start, row_start, row_end, global);
-        const int t_begin = seen.x, n_qt = seen.y;
-        if (t_begin >= n_qt) continue;
+    load_tile<WG_BKV, WG_THREADS, true>(sK, op.K, op.kv_row, c0, kv_len);
+    load_tile<WG_BKV, WG_THREADS, true>(sV, op.V, op.kv_row, c0, kv_len);
+    load_tile<WG_BQ, WG_THREADS, true>(sQ, op.Q, op.q_row, t_begin * WG_BQ, q_len);
+    load_tile<WG_BQ, WG_THREADS, true>(sdO, op.dO, op.q_row, t_begin * WG_BQ, q_len);
+    load_vec<WG_BQ>(sL, op.LSE, t_begin * WG_BQ, q_len);
+    load_vec<WG_BQ>(sD, op.D, t_begin * WG_BQ, q_len);
+    load_row_starts<WG_BQ>(sR, row_start, q_start, t_begin * WG_BQ, q_len);
+    cp_commit();
 
-        load_tile<WG_BKV, WG_THREADS, true>(sK, op.K, op.kv_row, c0, kv_len);
-        load_tile<WG_BKV, WG_THREADS, true>(sV, op.V, op.kv_row, c0, kv_len);
-        load_tile<WG_BQ, WG_THREADS, true>(sQ, op.Q, op.q_row, t_begin * WG_BQ, q_len);
-        load_tile<WG_BQ, WG_THREADS, true>(sdO, op.dO, op.q_row, t_begin * WG_BQ, q_len);
-        load_vec<WG_BQ>(sL, op.LSE, t_begin * WG_BQ, q_len);
-        load_vec<WG_BQ>(sD, op.D, t_begin * WG_BQ, q_len);
-        load_row_starts<WG_BQ>(sR, row_start, q_start, t_begin * WG_BQ, q_len);
+    // dK and dV for this warpgroup's 64 keys, as two 64-column halves of the head dim.
+    float dk[DH][32], dv[DH][32];
+#pragma unroll
+    for (int a = 0; a < DH; ++a)
+#pragma unroll
+        for (int i = 0; i < 32; ++i) dk[a][i] = dv[a][i] = 0.f;
+
+    const u32 k_rows = sK + wg * 64 * 128, v_rows = sV + wg * 64 * 128;
+
+    for (int qt = t_begin; qt < n_qt; ++qt) {
+        cp_wait<0>();
+        fence_async_smem();
+        if (DETERMINISTIC && qt > t_begin)
+            wait_dq_turn<WG_BQ, WG_BKV>(dq_turn_row, qt - 1, work.tile, n_kt, q_start, kv_start);
+        __syncthreads();  // tile qt landed; the last tile's wgmmas are done with sdS and its stage
+        if (qt > t_begin) add_dq_tile(op.dQ, op.q_row, sdQ, pdQ, (qt - 1) * WG_BQ, q_len);
+        const int stage = (qt - t_begin) & 1;
+        if (qt + 1 < n_qt) {
+            const int ns = stage ^ 1;
+            const int nr = (qt + 1) * WG_BQ;
+            load_tile<WG_BQ, WG_THREADS, true>(sQ + ns * Q_TILE, op.Q, op.q_row, nr, q_len);
+            load_tile<WG_BQ, WG_THREADS, true>(sdO + ns * Q_TILE, op.dO, op.q_row, nr, q_len);
+            load_vec<WG_BQ>(sL + ns * WG_BQ * 4, op.LSE, nr, q_len);
+            load_vec<WG_BQ>(sD + ns * WG_BQ * 4, op.D, nr, q_len);
+            load_row_starts<WG_BQ>(sR + ns * WG_BQ * 4, row_start, q_start, nr, q_len);
+        }
         cp_commit();
+        const u32 cQ = sQ + stage * Q_TILE, cdO = sdO + stage * Q_TILE;
+        const float* cL = fL + stage * WG_BQ;
+        const float* cD = fD + stage * WG_BQ;
+        const int* cR = iR + stage * WG_BQ;
+        const int r0 = qt * WG_BQ;
 
-        // dK and dV for this warpgroup's 64 keys, as two 64-column halves of the head dim.
-        float dk[DH][32], dv[DH][32];
+        // ---- 1. Sᵀ and dPᵀ: 64 keys × 64 queries, K = head dim (8 steps of 16).
+        float s[32], dp[32];
+        wg_fence();
 #pragma unroll
-        for (int a = 0; a < DH; ++a)
-#pragma unroll
-            for (int i = 0; i < 32; ++i) dk[a][i] = dv[a][i] = 0.f;
+        for (int kk = 0; kk < D / 16; ++kk) {
+            const u32 a_off = (kk / 4) * KV_ATOM + (kk % 4) * 32;  // column atom, 16 columns
+            const u32 b_off = (kk / 4) * Q_ATOM + (kk % 4) * 32;
+            wg_ss<0, 0>(s, wg_desc(k_rows + a_off), wg_desc(cQ + b_off), kk > 0);
+            wg_ss<0, 0>(dp, wg_desc(v_rows + a_off), wg_desc(cdO + b_off), kk > 0);
+        }
+        wg_commit();
+        wg_wait<0>();
+        fence_regs<32>(s);
+        fence_regs<32>(dp);
 
-        const u32 k_rows = sK + wg * 64 * 128, v_rows = sV + wg * 64 * 128;
-
-        for (int qt = t_begin; qt < n_qt; ++qt) {
-            cp_wait<0>();
-            fence_async_smem();
-            // Tile qt landed; the last tile's wgmmas are done with sdS and its stage.
-            __syncthreads();
-            if (qt > t_begin) add_dq_tile(op.dQ, op.q_row, sdQ, (qt - 1) * WG_BQ, q_len);
-            const int stage = (qt - t_begin) & 1;
-            if (qt + 1 < n_qt) {
-                const int ns = stage ^ 1;
-                const int nr = (qt + 1) * WG_BQ;
-                load_tile<WG_BQ, WG_THREADS, true>(sQ + ns * Q_TILE, op.Q, op.q_row, nr, q_len);
-                load_tile<WG_BQ, WG_THREADS, true>(sdO + ns * Q_TILE, op.dO, op.q_row, nr, q_len);
-                load_vec<WG_BQ>(sL + ns * WG_BQ * 4, op.LSE, nr, q_len);
-                load_vec<WG_BQ>(sD + ns * WG_BQ * 4, op.D, nr, q_len);
-                load_row_starts<WG_BQ>(sR + ns * WG_BQ * 4, row_start, q_start, nr, q_len);
-            }
-            cp_commit();
-            const u32 cQ = sQ + stage * Q_TILE, cdO = sdO + stage * Q_TILE;
-            const float* cL = fL + stage * WG_BQ;
-            const float* cD = fD + stage * WG_BQ;
-            const int* cR = iR + stage * WG_BQ;
-            const int r0 = qt * WG_BQ;
-
-            // ---- 1. Sᵀ and dPᵀ: 64 keys × 64 queries, K = head dim (8 steps of 16).
-            float s[32], dp[32];
-            wg_fence();
+        // ---- 2. Pᵀ (masked pairs exactly 0) and dSᵀ, packed as A fragments.
+        const int rs_last = staged_row_start(cR, row_start, min(WG_BQ, q_len - r0) - 1);
+        const bool need_mask = (r0 + WG_BQ > q_len) || (c0 + WG_BKV > kv_len) ||
+                               tile_partly_hidden<WG_BKV>(kv_start + c0, q_start + r0, rs_last,
+                                                         global);
+        const int kl = wg * 64 + wi * 16 + g;  // this thread's key rows kl, kl + 8
+        // The masked module tests pairs in a pass of its own that sets hidden scores to −∞
+        // (the loop below then gives them P = 0 exactly), taken only by the tiles that need it:
+        // with the test inside the softmax loop under a run-time flag, ptxas predicated it onto
+        // every tile of the masked module, whose backward then ran 12.6% under the causal
+        // module's on a nearly causal mask (16K, window 16383: 15.16 against 13.46 ms,
+        // bench/results/offload-256k-2026-12-01). The causal module keeps its diagonal test in
+        // the loop: as a pass, its 128K backward ran 23% slower (1035 against 842 ms,
+        // bench/results/masks-smem-2026-12-01/call3). The mma.sync kernel keeps the test in its
+        // loop in both: as a pass it spilled at head dim 256.
+        if (MASKED && need_mask) {
 #pragma unroll
-            for (int kk = 0; kk < D / 16; ++kk) {
-                const u32 a_off = (kk / 4) * KV_ATOM + (kk % 4) * 32;  // column atom, 16 columns
-                const u32 b_off = (kk / 4) * Q_ATOM + (kk % 4) * 32;
-                wg_ss<0, 0>(s, wg_desc(k_rows + a_off), wg_desc(cQ + b_off), kk > 0);
-                wg_ss<0, 0>(dp, wg_desc(v_rows + a_off), wg_desc(cdO + b_off), kk > 0);
-            }
-            wg_commit();
-            wg_wait<0>();
-            fence_regs<32>(s);
-            fence_regs<32>(dp);
-
-            // ---- 2. Pᵀ (masked pairs exactly 0) and dSᵀ, packed as A fragments.
-            const int rs_last = staged_row_start(cR, row_start, min(WG_BQ, q_len - r0) - 1);
-            const bool need_mask = (r0 + WG_BQ > q_len) || (c0 + WG_BKV > kv_len) ||
-                                   tile_partly_hidden<WG_BKV>(kv_start + c0, q_start + r0, rs_last,
-                                                             global);
-            const int kl = wg * 64 + wi * 16 + g;  // this thread's key rows kl, kl + 8
-            // The masked module tests pairs in a pass of its own that sets hidden scores to −∞
-            // (the loop below then gives them P = 0 exactly), taken only by the tiles that need it:
-            // with the test inside the softmax loop under a run-time flag, ptxas predicated it onto
-            // every tile of the masked module, whose backward then ran 12.6% under the causal
-            // module's on a nearly causal mask (16K, window 16383: 15.16 against 13.46 ms,
-            // bench/results/offload-256k-2026-12-01). The causal module keeps its diagonal test in
-            // the loop: as a pass, its 128K backward ran 23% slower (1035 against 842 ms,
-            // bench/results/masks-smem-2026-12-01/call3). The mma.sync kernel keeps the test in its
-            // loop in both: as a pass it spilled at head dim 256.
-            if (MASKED && need_mask) {
-#pragma unroll
-                for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        const int kr = c0 + kl + (e >= 2 ? 8 : 0);
-                        const int qr = r0 + nt * 8 + 2 * t + (e & 1);
-                        const int rs = staged_row_start(cR, row_start, min(qr, q_len - 1) - r0);
-                        if (qr >= q_len || kr >= kv_len ||
-                            key_hidden(kv_start + kr, q_start + qr, rs, global))
-                            s[nt * 4 + e] = NEG_INF;
-                    }
-            }
-#pragma unroll
-            for (int nt = 0; nt < 8; ++nt) {
-                const int qc = nt * 8 + 2 * t;
-                float lse2[2], dd[2];
-#pragma unroll
-                for (int c = 0; c < 2; ++c) {
-                    const float lse = cL[qc + c];
-                    lse2[c] = lse == NEG_INF ? POS_INF : lse * LOG2E;
-                    dd[c] = cD[qc + c];
-                }
+            for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
-                    float p = exp2f(fmaf(s[nt * 4 + e], scale_log2, -lse2[e & 1]));
-                    if (!MASKED && need_mask) {  // the causal module: the diagonal and the edges
-                        const int kr = c0 + kl + (e >= 2 ? 8 : 0);
-                        const int qr = r0 + qc + (e & 1);
-                        if (qr >= q_len || kr >= kv_len ||
-                            key_hidden(kv_start + kr, q_start + qr, 0, global))
-                            p = 0.f;
-                    }
-                    s[nt * 4 + e] = p;
-                    dp[nt * 4 + e] = p * (dp[nt * 4 + e] - dd[e & 1]);
+                    const int kr = c0 + kl + (e >= 2 ? 8 : 0);
+                    const int qr = r0 + nt * 8 + 2 * t + (e & 1);
+                    const int rs = staged_row_start(cR, row_start, min(qr, q_len - 1) - r0);
+                    if (qr >= q_len || kr >= kv_len ||
+                        key_hidden(kv_start + kr, q_start + qr, rs, global))
+                        s[nt * 4 + e] = NEG_INF;
                 }
-            }
-            u32 pa[4][4], da[4][4];
-#pragma unroll
-            for (int kk = 0; kk < 4; ++kk) {
-                const int n0 = 8 * kk, n1 = 8 * kk + 4;  // accumulator tiles 2kk and 2kk+1
-                pa[kk][0] = pack2(s[n0], s[n0 + 1]);
-                pa[kk][1] = pack2(s[n0 + 2], s[n0 + 3]);
-                pa[kk][2] = pack2(s[n1], s[n1 + 1]);
-                pa[kk][3] = pack2(s[n1 + 2], s[n1 + 3]);
-                da[kk][0] = pack2(dp[n0], dp[n0 + 1]);
-                da[kk][1] = pack2(dp[n0 + 2], dp[n0 + 3]);
-                da[kk][2] = pack2(dp[n1], dp[n1 + 1]);
-                da[kk][3] = pack2(dp[n1 + 2], dp[n1 + 3]);
-            }
-
-            // ---- 3. dV += Pᵀ·dO, dK += dSᵀ·Q (K = 64 queries; B MN-major, one column atom
-            // each).
-            wg_fence();
-#pragma unroll
-            for (int kk = 0; kk < 4; ++kk)
-#pragma unroll
-                for (int a = 0; a < DH; ++a) {
-                    const u32 off = a * Q_ATOM + kk * 16 * 128;
-                    wg_rs(dv[a], pa[kk], wg_desc(cdO + off));
-                    wg_rs(dk[a], da[kk], wg_desc(cQ + off));
-                }
-            wg_commit();
-            // dSᵀ to shared memory for step 4 while those run.
-#pragma unroll
-            for (int kk = 0; kk < 4; ++kk)
-#pragma unroll
-                for (int half = 0; half < 2; ++half) {
-                    const int q = kk * 16 + half * 8 + 2 * t;
-                    *reinterpret_cast<u32*>(pdS + swz128(WG_BKV, kl, q)) = da[kk][2 * half];
-                    *reinterpret_cast<u32*>(pdS + swz128(WG_BKV, kl + 8, q)) = da[kk][2 * half + 1];
-                }
-            fence_async_smem();
-            wg_wait<0>();
-#pragma unroll
-            for (int a = 0; a < DH; ++a) {
-                fence_regs<32>(dv[a]);
-                fence_regs<32>(dk[a]);
-            }
-            fence_regs<16>(&pa[0][0]);
-            fence_regs<16>(&da[0][0]);
-            bulk_wait_read();  // the last tile's dQ has left sdQ
-            __syncthreads();   // dSᵀ complete (both warpgroups); sdQ free
-
-            // ---- 4. dQ(tile) += dS·K. Head dim 128: warpgroup w takes columns 64w..64w+63 over
-            // all 128 keys; head dim 64: all 64 columns over its own 64 keys (both add to dQ).
-            constexpr int DQ_KEYS = DH == 2 ? WG_BKV : 64;
-            const u32 dq_keys = DH == 2 ? 0 : wg * 64 * 128;  // first key row, bytes
-            const u32 dq_atom = DH == 2 ? wg * KV_ATOM : 0;
-            const int dq_col = DH == 2 ? wg * 64 : 0;
-            float acc[32];
-            wg_fence();
-#pragma unroll
-            for (int kk = 0; kk < DQ_KEYS / 16; ++kk)
-                wg_ss<1, 1>(acc, wg_desc(sdS + dq_keys + kk * 16 * 128),
-                            wg_desc(sK + dq_atom + dq_keys + kk * 16 * 128), kk > 0);
-            wg_commit();
-            wg_wait<0>();
-            fence_regs<32>(acc);
-            unsigned char* part = gen + (sdQ - base) + (DH == 2 ? 0 : wg) * WG_BQ * WG_DQ_ROW;
-#pragma unroll
-            for (int i = 0; i < 2; ++i)
-#pragma unroll
-                for (int nt = 0; nt < 8; ++nt)
-                    *reinterpret_cast<float2*>(part + (wi * 16 + g + 8 * i) * WG_DQ_ROW +
-                                               (dq_col + nt * 8 + 2 * t) * 4) =
-                        make_float2(acc[nt * 4 + 2 * i] * scale, acc[nt * 4 + 2 * i + 1] * scale);
-            fence_async_smem();
         }
-        __syncthreads();
-        add_dq_tile(op.dQ, op.q_row, sdQ, (n_qt - 1) * WG_BQ, q_len);
-        bulk_wait();
-
 #pragma unroll
-        for (int i = 0; i < 2; ++i) {
-            const int kr = c0 + wg * 64 + wi * 16 + g + 8 * i;
-            if (kr < kv_len) {
+        for (int nt = 0; nt < 8; ++nt) {
+            const int qc = nt * 8 + 2 * t;
+            float lse2[2], dd[2];
 #pragma unroll
-                for (int a = 0; a < DH; ++a)
-#pragma unroll
-                    for (int nt = 0; nt < 8; ++nt) {
-                        const size_t o = (size_t)kr * op.kv_row + a * 64 + nt * 8 + 2 * t;
-                        const int e = nt * 4 + 2 * i;
-                        put_kv_grad(op.dK, op.kv_direct, o, dk[a][e] * scale,
-                                    dk[a][e + 1] * scale);
-                        put_kv_grad(op.dV, op.kv_direct, o, dv[a][e], dv[a][e + 1]);
-                    }
+            for (int c = 0; c < 2; ++c) {
+                const float lse = cL[qc + c];
+                lse2[c] = lse == NEG_INF ? POS_INF : lse * LOG2E;
+                dd[c] = cD[qc + c];
             }
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                float p = exp2f(fmaf(s[nt * 4 + e], scale_log2, -lse2[e & 1]));
+                if (!MASKED && need_mask) {  // the causal module: the diagonal and the edges
+                    const int kr = c0 + kl + (e >= 2 ? 8 : 0);
+                    const int qr = r0 + qc + (e & 1);
+                    if (qr >= q_len || kr >= kv_len ||
+                        key_hidden(kv_start + kr, q_start + qr, 0, global))
+                        p = 0.f;
+                }
+                s[nt * 4 + e] = p;
+                dp[nt * 4 + e] = p * (dp[nt * 4 + e] - dd[e & 1]);
+            }
+        }
+        u32 pa[4][4], da[4][4];
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) {
+            const int n0 = 8 * kk, n1 = 8 * kk + 4;  // accumulator tiles 2kk and 2kk+1
+            pa[kk][0] = pack2(s[n0], s[n0 + 1]);
+            pa[kk][1] = pack2(s[n0 + 2], s[n0 + 3]);
+            pa[kk][2] = pack2(s[n1], s[n1 + 1]);
+            pa[kk][3] = pack2(s[n1 + 2], s[n1 + 3]);
+            da[kk][0] = pack2(dp[n0], dp[n0 + 1]);
+            da[kk][1] = pack2(dp[n0 + 2], dp[n0 + 3]);
+            da[kk][2] = pack2(dp[n1], dp[n1 + 1]);
+            da[kk][3] = pack2(dp[n1 + 2], dp[n1 + 3]);
+        }
+
+        // ---- 3. dV += Pᵀ·dO (K = 64 queries; B = dO MN-major, one column atom each). It runs
+        // while dSᵀ goes to shared memory and the warpgroups meet at the barrier.
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+            for (int a = 0; a < DH; ++a)
+                wg_rs(dv[a], pa[kk], wg_desc(cdO + a * Q_ATOM + kk * 16 * 128));
+        wg_commit();
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+                const int q = kk * 16 + half * 8 + 2 * t;
+                *reinterpret_cast<u32*>(pdS + swz128(WG_BKV, kl, q)) = da[kk][2 * half];
+                *reinterpret_cast<u32*>(pdS + swz128(WG_BKV, kl + 8, q)) = da[kk][2 * half + 1];
+            }
+        fence_async_smem();
+        if (DETERMINISTIC)
+            finish_dq_adds();
+        else
+            bulk_wait_read();  // the last tile's dQ has left sdQ
+        __syncthreads();       // dSᵀ complete (both warpgroups); sdQ free
+        if (DETERMINISTIC && qt > t_begin && threadIdx.x == 0) pass_turn(dq_turn_row + qt - 1);
+
+        // ---- 4. dQ(tile) = dS·K, then dK += dSᵀ·Q (B = Q MN-major), which runs while dQ goes
+        // to shared memory. dQ at head dim 128: warpgroup w takes columns 64w..64w+63 over all
+        // 128 keys; head dim 64: all 64 columns over its own 64 keys (both add to dQ).
+        constexpr int DQ_KEYS = DH == 2 ? WG_BKV : 64;
+        const u32 dq_keys = DH == 2 ? 0 : wg * 64 * 128;  // first key row, bytes
+        const u32 dq_atom = DH == 2 ? wg * KV_ATOM : 0;
+        const int dq_col = DH == 2 ? wg * 64 : 0;
+        float acc[32];
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < DQ_KEYS / 16; ++kk)
+            wg_ss<1, 1>(acc, wg_desc(sdS + dq_keys + kk * 16 * 128),
+                        wg_desc(sK + dq_atom + dq_keys + kk * 16 * 128), kk > 0);
+        wg_commit();
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+            for (int a = 0; a < DH; ++a)
+                wg_rs(dk[a], da[kk], wg_desc(cQ + a * Q_ATOM + kk * 16 * 128));
+        wg_commit();
+        wg_wait<1>();  // dV and dQ done (groups complete in order); dK may run on
+        fence_regs<32>(acc);
+        unsigned char* part = pdQ + (DH == 2 ? 0 : wg) * WG_BQ * WG_DQ_ROW;
+#pragma unroll
+        for (int i = 0; i < 2; ++i)
+#pragma unroll
+            for (int nt = 0; nt < 8; ++nt)
+                *reinterpret_cast<float2*>(part + (wi * 16 + g + 8 * i) * WG_DQ_ROW +
+                                           (dq_col + nt * 8 + 2 * t) * 4) =
+                    make_float2(acc[nt * 4 + 2 * i] * scale, acc[nt * 4 + 2 * i + 1] * scale);
+        wg_wait<0>();
+#pragma unroll
+        for (int a = 0; a < DH; ++a) {
+            fence_regs<32>(dv[a]);
+            fence_regs<32>(dk[a]);
+        }
+        fence_regs<16>(&pa[0][0]);
+        fence_regs<16>(&da[0][0]);
+        fence_async_smem();
+    }
+    wait_dq_turn<WG_BQ, WG_BKV>(dq_turn_row, n_qt - 1, work.tile, n_kt, q_start, kv_start);
+    __syncthreads();
+    add_dq_tile(op.dQ, op.q_row, sdQ, pdQ, (n_qt - 1) * WG_BQ, q_len);
+    if (DETERMINISTIC) {
+        finish_dq_adds();
+        __syncthreads();
+        pass_last_dq_turns<WG_BQ, WG_BKV>(dq_turn_row, n_qt - 1, work.tile, n_kt, q_len, q_start,
+                                          kv_start, global);
+    } else {
+        bulk_wait();
+    }
+
+    int* const kv_turn_row =
+        kv_turns(turns, work.bh, heads, kv_heads, q_len, WG_BQ, n_kt, kv_direct);
+    wait_kv_turn(kv_turn_row, work.tile, kv_turn(work.bh, heads, kv_heads));
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        const int kr = c0 + wg * 64 + wi * 16 + g + 8 * i;
+        if (kr < kv_len) {
+#pragma unroll
+            for (int a = 0; a < DH; ++a)
+#pragma unroll
+                for (int nt = 0; nt < 8; ++nt) {
+                    const size_t o = (size_t)kr * op.kv_row + a * 64 + nt * 8 + 2 * t;
+                    const int e = nt * 4 + 2 * i;
+                    put_kv_grad(op.dK, op.kv_direct, o, dk[a][e] * scale, dk[a][e + 1] * scale);
+                    put_kv_grad(op.dV, op.kv_direct, o, dv[a][e], dv[a][e + 1]);
+                }
         }
     }
+    pass_kv_turn(kv_turn_row, work.tile);
 }
 #endif  // BWD_WGMMA

@@ -174,21 +174,24 @@ struct Strides {
 };
 
 // Which (batch·head, tile) a CTA works on. Grids are one-dimensional, `tiles` CTAs per
-// (batch, query head): query tiles in the forward, key slots in the backward. CUDA starts CTAs
+// (batch, query head): query tiles in the forward, key tiles in the backward. CUDA starts CTAs
 // in index order, so the order decides which CTAs run side by side and share what they read in
-// L2. KEY_MAJOR (FWD_KEY_MAJOR, BWD_KEY_MAJOR from the host) puts one head's CTAs next to each
-// other: a wave of CTAs then streams the same head's K and V (forward) or Q, dO and dQ
-// (backward), a working set of one or two heads instead of every head's at once
-// (bench/notes/kernel-notes.md, v15). Otherwise one tile index of every head comes first.
+// L2, and which CTAs have started before a given one (DESCENDING, below). KEY_MAJOR
+// (FWD_KEY_MAJOR, BWD_KEY_MAJOR from the host) puts one head's CTAs next to each other: a wave
+// of CTAs then streams the same head's K and V (forward) or Q, dO and dQ (backward), a working
+// set of one or two heads instead of every head's at once (bench/notes/kernel-notes.md, v15). Otherwise one tile index of every head comes first.
+// DESCENDING runs a head's tiles last first: the deterministic backward's turns (below) make a
+// key tile wait only for higher key tiles of its head and for lower heads, which have then
+// started before it.
 struct CtaWork {
     int bh, tile;
 };
-template <bool KEY_MAJOR>
+template <bool KEY_MAJOR, bool DESCENDING = false>
 __device__ __forceinline__ CtaWork cta_work(int tiles) {
     const int i = blockIdx.x;
-    if (KEY_MAJOR) return {i / tiles, i % tiles};
+    if (KEY_MAJOR) return {i / tiles, DESCENDING ? tiles - 1 - i % tiles : i % tiles};
     const int n_bh = gridDim.x / tiles;
-    return {i % n_bh, i / n_bh};
+    return {i % n_bh, DESCENDING ? tiles - 1 - i / n_bh : i / n_bh};
 }
 
 // Where the rows of (batch, query head) bh = batch·heads + head start: its query-side rows
@@ -352,17 +355,123 @@ __device__ __forceinline__ int2 seeing_query_tiles(int c0, int c1, int q_len, in
     return make_int2(begin, (rows + Q_ROWS - 1) / Q_ROWS);
 }
 
-// Backward: the key tiles a CTA runs, in key slot `slot` of `slots` per head over the block's
-// n_kt key tiles. With as many slots as tiles, one each. With fewer (the host pairs tiles where
-// causality gives them unequal work: `backward_slots`, src/backend/cuda/launch.rs), slot s runs
-// key tile s and then key tile n_kt − 1 − s, the tile that sees the most query tiles with the
-// one that sees the fewest: every CTA then does the same work, so a wave of CTAs starts, walks
-// and ends together on nearby query tiles, which stay in L2 between their readers.
-struct KeyPasses {
-    int n, first, second;
-    __device__ __forceinline__ int tile(int pass) const { return pass == 0 ? first : second; }
-};
-__device__ __forceinline__ KeyPasses key_passes(int slot, int slots, int n_kt) {
-    const int other = n_kt - 1 - slot;
-    return {slots < n_kt && other > slot ? 2 : 1, slot, other};
+// ---- The deterministic backward (DETERMINISTIC 1, `CudaBackend::with_deterministic`).
+// Floating-point sums depend on their order, and two things add into one place from several
+// CTAs in an order the scheduler picks: the key tiles of a head into each query tile's dQ, and
+// the query heads of a GQA group into their KV head's dK and dV. Deterministic, each such place
+// has a turn counter (int, zeroed before the launch): a CTA waits until the counter says it is
+// its turn, adds, makes its additions visible and passes the turn on. dQ's turns go from the
+// highest key tile to the lowest (the higher tile reaches a query tile first: it starts at a
+// later one), dK/dV's from the group's first head to its last.
+
+#ifndef DETERMINISTIC
+#define DETERMINISTIC 0
+#endif
+
+// Spins until *turn == want (read with acquire at GPU scope). A turn that never comes is a bug
+// in the turn order; trapping after some seconds fails the launch with an error instead of
+// hanging the GPU.
+__device__ __forceinline__ void wait_turn(const int* turn, int want) {
+    for (int spins = 0;; ++spins) {
+        int now;
+        asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(now) : "l"(turn) : "memory");
+        if (now == want) return;
+        if (spins > (1 << 25)) __trap();
+        __nanosleep(128);
+    }
+}
+// Passes the turn on, after the CTA's additions (each adding thread fenced them, then a CTA
+// barrier): a release increment at GPU scope.
+__device__ __forceinline__ void pass_turn(int* turn) {
+    asm volatile("red.release.gpu.global.add.s32 [%0], 1;" ::"l"(turn) : "memory");
+}
+// The turn of key tile k (KV_ROWS keys) of the block at query tile qt (Q_ROWS rows): the key
+// tiles adding to qt are those whose first seen query tile (`seeing_query_tiles`' begin) is at
+// or before qt, i.e. tiles 0 .. last with last·KV_ROWS < (qt + 1)·Q_ROWS + q_start − kv_start,
+// in descending order. Every such tile adds to qt under causality alone, and under a mask too:
+// the last query tile a key tile sees (`seeing_query_tiles`' end, from row_end) never falls as
+// the key tiles rise, since row_start never falls as the rows do (documents, windows), so the
+// tiles above one that sees qt see it too. Global keys break that (they see every later query,
+// the tiles above them need not): where the block holds any, each key tile also takes its turn
+// at the query tiles after the last it sees, adding nothing (`pass_unseen_dq_turns`).
+template <int Q_ROWS, int KV_ROWS>
+__device__ __forceinline__ int dq_turn(int qt, int k, int n_kt, int q_start, int kv_start) {
+    const int x = (qt + 1) * Q_ROWS + q_start - kv_start;  // > k·KV_ROWS when k adds to qt
+    return min(n_kt - 1, (x - 1) / KV_ROWS) - k;
+}
+// Where the turn counters of one launch live: per (batch·head, query tile) for dQ, then per
+// (batch·KV head, key tile) for dK and dV where a GQA group shares f32 accumulators. Computed
+// where they are used rather than held: registers are what the kernels run short of.
+__device__ __forceinline__ int* dq_turns(int* turns, int bh, int q_len, int q_rows) {
+    return DETERMINISTIC ? turns + (size_t)bh * ((q_len + q_rows - 1) / q_rows) : nullptr;
+}
+__device__ __forceinline__ int* kv_turns(int* turns, int bh, int heads, int kv_heads, int q_len,
+                                         int q_rows, int n_kt, int kv_direct) {
+    if (!DETERMINISTIC || heads == kv_heads || kv_direct) return nullptr;
+    const int batches = gridDim.x / (heads * n_kt);
+    const int n_qt = (q_len + q_rows - 1) / q_rows;
+    return turns + (size_t)batches * heads * n_qt +
+           (size_t)(bh_batch(bh, heads) * kv_heads + bh_kv_head(bh, heads, kv_heads)) * n_kt;
+}
+// This head's place in its GQA group: its turn at the group's dK and dV.
+__device__ __forceinline__ int kv_turn(int bh, int heads, int kv_heads) {
+    return (bh % heads) % (heads / kv_heads);
+}
+// Thread 0 waits for key tile k's turn at query tile qt's dQ; a CTA barrier after this orders
+// every thread's additions after it.
+template <int Q_ROWS, int KV_ROWS>
+__device__ __forceinline__ void wait_dq_turn(const int* dq, int qt, int k, int n_kt,
+                                             int q_start, int kv_start) {
+    if (DETERMINISTIC && threadIdx.x == 0)
+        wait_turn(dq + qt, dq_turn<Q_ROWS, KV_ROWS>(qt, k, n_kt, q_start, kv_start));
+}
+// Thread 0 takes and passes the CTA's turns at query tiles from..end that it does not see,
+// adding nothing: needed only where the block holds global keys (see `dq_turn`), since these
+// turns cost a masked backward most of its speed (a 32K sequence of 16 documents ran at 0.28×
+// the default backward's rate with them, bench/results/determinism-2026-12-02/call2).
+template <int Q_ROWS, int KV_ROWS>
+__device__ __forceinline__ void pass_unseen_dq_turns(int* dq, int from, int k, int n_kt,
+                                                     int q_len, int q_start, int kv_start,
+                                                     int global) {
+    if (!DETERMINISTIC || !MASKED || kv_start >= global || threadIdx.x != 0) return;
+    for (int qt = from; qt < (q_len + Q_ROWS - 1) / Q_ROWS; ++qt) {
+        wait_turn(dq + qt, dq_turn<Q_ROWS, KV_ROWS>(qt, k, n_kt, q_start, kv_start));
+        pass_turn(dq + qt);
+    }
+}
+// After the CTA's additions to its last query tile (fenced by each adding thread, then a CTA
+// barrier): thread 0 passes that turn on, then those of the tiles after it.
+template <int Q_ROWS, int KV_ROWS>
+__device__ __forceinline__ void pass_last_dq_turns(int* dq, int last, int k, int n_kt, int q_len,
+                                                   int q_start, int kv_start, int global) {
+    if (!DETERMINISTIC || threadIdx.x != 0) return;
+    pass_turn(dq + last);
+    pass_unseen_dq_turns<Q_ROWS, KV_ROWS>(dq, last + 1, k, n_kt, q_len, q_start, kv_start,
+                                          global);
+}
+// The turns at dK and dV around the CTA's additions to them (GQA's shared f32 accumulators):
+// every thread waits behind thread 0, and passes after fencing its own additions.
+__device__ __forceinline__ void wait_kv_turn(const int* kv, int k, int place) {
+    if (!DETERMINISTIC || !kv) return;
+    if (threadIdx.x == 0) wait_turn(kv + k, place);
+    __syncthreads();
+}
+__device__ __forceinline__ void pass_kv_turn(int* kv, int k) {
+    if (!DETERMINISTIC || !kv) return;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) pass_turn(kv + k);
+}
+// A key tile that no query tile of the block sees (t_begin >= the seen end) still takes its
+// turns: at the query tiles from t_begin on and at dK/dV, adding nothing. Thread 0 alone.
+template <int Q_ROWS, int KV_ROWS>
+__device__ __forceinline__ void skip_turns(int* dq, int* kv, int t_begin, int k, int n_kt,
+                                           int q_len, int q_start, int kv_start, int global,
+                                           int place) {
+    if (!DETERMINISTIC || threadIdx.x != 0) return;
+    pass_unseen_dq_turns<Q_ROWS, KV_ROWS>(dq, t_begin, k, n_kt, q_len, q_start, kv_start, global);
+    if (kv) {
+        wait_turn(kv + k, place);
+        pass_turn(kv + k);
+    }
 }

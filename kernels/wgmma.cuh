@@ -41,6 +41,11 @@ __device__ __forceinline__ void wg_wait() {
 __device__ __forceinline__ void fence_async_smem() {
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 }
+// Orders this thread's generic-proxy accesses to global memory (a turn's acquire or release)
+// with its async-proxy ones (the bulk reductions): the deterministic backward's dQ.
+__device__ __forceinline__ void fence_proxy_async_global() {
+    asm volatile("fence.proxy.async.global;" ::: "memory");
+}
 // Tells the compiler the registers may change here: reads after a wgmma.wait stay after it.
 template <int N>
 __device__ __forceinline__ void fence_regs(float* r) {

@@ -256,6 +256,117 @@ fn fast_path_matches_the_f64_oracle() -> Result<()> {
     })
 }
 
+/// The deterministic backward (`CudaBackend::with_deterministic`) on sequences long enough
+/// for many key tiles to add into each query tile's dQ at once (8K tokens: 64 tiles of 128
+/// keys, and GQA groups sharing f32 dK and dV through the block API's accumulators): three runs
+/// give the same bits, and they agree with the default backward to within the reordering of
+/// f32 sums (1e-4 relative; a missing or doubled share errs by O(1)). The default backward's
+/// runs are reported as differing or not, for the record.
+#[test]
+fn the_deterministic_backward_repeats_to_the_bit() -> Result<()> {
+    let Some(gpu) = gpu_common::gpu()? else {
+        return Ok(());
+    };
+    let seq = 8192;
+    // Masks with global keys (each key tile then also takes its turns at the query tiles it
+    // does not see) and without (documents; a window).
+    let cases: [(usize, usize, usize, Mask); 7] = [
+        (8, 8, 128, Mask::causal()),
+        (8, 2, 128, Mask::causal()),
+        (4, 4, 64, Mask::causal()),
+        (4, 2, 96, Mask::causal()),
+        (4, 2, 128, Mask::new(seq, &[3000, 1, 5191], Some(2048), 3)?),
+        (4, 2, 128, Mask::new(seq, &[1000, 1, 2500, 4691], None, 0)?),
+        (4, 4, 64, Mask::new(seq, &[], Some(700), 0)?),
+    ];
+    for (heads, kv_heads, head_dim, mask) in cases {
+        let dims = Dims {
+            batch: 1,
+            heads,
+            kv_heads,
+            head_dim,
+        };
+        let x = Inputs::random(dims, seq, 7);
+        let mut runs = Vec::new();
+        for deterministic in [true, false] {
+            let be = gpu
+                .open(InputDtype::Bf16)?
+                .with_deterministic(deterministic)?;
+            let (q, k, v, dout) = (
+                be.upload(&x.q)?,
+                be.upload(&x.k)?,
+                be.upload(&x.v)?,
+                be.upload(&x.dout)?,
+            );
+            let strides = CallStrides::head_major(&dims, seq, seq);
+            let qkv = [&q, &k, &v];
+            let mut fwd = Partial {
+                out: be.upload(&vec![0.0; dims.q_len(seq)])?,
+                lse: be.upload_f32(&vec![0.0; dims.stat_len(seq)])?,
+            };
+            be.causal_forward_into(&dims, seq, &mask, &strides, qkv, &mut fwd)?;
+            let block = Block {
+                q: Span { start: 0, len: seq },
+                kv: Span { start: 0, len: seq },
+            };
+            let delta = be.delta(&dims, seq, &fwd.out, &dout)?;
+            let mut three = Vec::new();
+            for _ in 0..3 {
+                // f32 accumulators for all three: under GQA several heads add into dK and dV.
+                let mut g = Grads {
+                    dq: be.upload_f32(&vec![0.0; dims.q_len(seq)])?,
+                    dk: be.upload_f32(&vec![0.0; dims.kv_len(seq)])?,
+                    dv: be.upload_f32(&vec![0.0; dims.kv_len(seq)])?,
+                };
+                let query = QuerySide {
+                    q: &q,
+                    dout: &dout,
+                    lse: &fwd.lse,
+                    delta: &delta,
+                };
+                let acc = GradsMut {
+                    dq: &mut g.dq,
+                    dk: &mut g.dk,
+                    dv: &mut g.dv,
+                };
+                be.backward_block(&dims, block, &mask, query, &k, &v, acc)?;
+                be.synchronize()?;
+                three.push([
+                    be.download(&g.dq)?,
+                    be.download(&g.dk)?,
+                    be.download(&g.dv)?,
+                ]);
+            }
+            let repeats = three.iter().all(|r| bits(r) == bits(&three[0]));
+            println!(
+                "h={heads} kvh={kv_heads} d={head_dim} {mask} deterministic={deterministic}: three runs {}",
+                if repeats { "the same bits" } else { "differ" }
+            );
+            if deterministic {
+                ensure!(
+                    repeats,
+                    "the deterministic backward gave different bits on the same inputs (h={heads} kvh={kv_heads} d={head_dim} {mask})"
+                );
+            }
+            runs.push(three.swap_remove(0));
+        }
+        for (name, (det, free)) in ["dq", "dk", "dv"].iter().zip(runs[0].iter().zip(&runs[1])) {
+            let free: Vec<f64> = free.iter().map(|&v| f64::from(v)).collect();
+            let e = rel_err(det, &free);
+            ensure!(
+                e <= 1e-4,
+                "deterministic {name} differs from the default backward's by {e:.2e} (h={heads} kvh={kv_heads} d={head_dim} {mask})"
+            );
+        }
+    }
+    Ok(())
+}
+
+/// The bits of a run's gradients, for comparing runs exactly.
+fn bits(grads: &[Vec<f32>; 3]) -> Vec<u32> {
+    grads.iter().flatten().map(|v| v.to_bits()).collect()
+}
+
 /// The case's inputs laid out sequence-major (`[b, s, h, d]`: the model's and torch's layout).
 fn seq_major_inputs(c: &Case) -> Result<[Tensor; 4]> {
     let (d, seq) = (c.dims, c.seq);
@@ -547,7 +658,7 @@ fn a_kernel_variant_is_parsed_from_its_keys_and_bad_ones_are_refused() {
     let base = Tuning::for_head_dim(128);
     assert_eq!(gpu_common::tuning::parse("").unwrap(), base);
     let t = gpu_common::tuning::parse(
-        "bwd-warps=4, fwd-wgmma=false,fwd-qreg=true,bwd-key-split=4,bwd-q-stages=1,bwd-pairs=true,fwd-key-major=false,bwd-key-major=false",
+        "bwd-warps=4, fwd-wgmma=false,fwd-qreg=true,bwd-key-split=4,bwd-q-stages=1,fwd-key-major=false,bwd-key-major=false,deterministic=true",
     )
     .unwrap();
     assert_eq!(
@@ -558,9 +669,9 @@ fn a_kernel_variant_is_parsed_from_its_keys_and_bad_ones_are_refused() {
             fwd_q_in_registers: true,
             bwd_key_split: 4,
             bwd_q_stages: 1,
-            bwd_pairs: true,
             fwd_key_major: false,
             bwd_key_major: false,
+            deterministic: true,
             ..base
         }
     );

@@ -62,6 +62,10 @@ pub enum Target {
         /// the Python binding run) or head-major (`[heads, seq, head_dim]`).
         #[arg(long, value_enum, default_value_t = Layout::SeqMajor)]
         layout: Layout,
+        /// Time the deterministic backward (the same bits on every run; reported as
+        /// `distflash_deterministic`).
+        #[arg(long)]
+        deterministic: bool,
         /// Also write the JSON lines here.
         #[arg(long)]
         json: Option<PathBuf>,
@@ -102,6 +106,7 @@ pub fn run(target: Target) -> Result<()> {
             mask,
             blocks,
             layout,
+            deterministic,
             json,
         } => {
             if device != "cuda" {
@@ -118,6 +123,7 @@ pub fn run(target: Target) -> Result<()> {
                 heads,
                 kv_heads: kv_heads.unwrap_or(heads),
                 layout,
+                deterministic,
             };
             attention(&shape, dtype.gpu(), &mask, blocks, json)
         }
@@ -156,6 +162,7 @@ struct AttentionShape<'a> {
     heads: usize,
     kv_heads: usize,
     layout: Layout,
+    deterministic: bool,
 }
 
 /// The benchmarks' shape: batch 1, `kv_heads` KV heads for `heads` query heads.
@@ -243,7 +250,12 @@ fn attention(
     json: Option<PathBuf>,
 ) -> Result<()> {
     let mut file = json.as_deref().map(super::create_output).transpose()?;
-    let be = CudaBackend::new(0, dtype)?;
+    let be = CudaBackend::new(0, dtype)?.with_deterministic(shape.deterministic)?;
+    let ours = if shape.deterministic {
+        "distflash_deterministic"
+    } else {
+        "distflash"
+    };
     let command = std::env::args().collect::<Vec<_>>().join(" ");
     let (heads, kv_heads) = (shape.heads, shape.kv_heads);
     for &head_dim in shape.head_dims {
@@ -258,7 +270,7 @@ fn attention(
             );
             let tflops = |flops: f64, ms: f64| flops / (ms * 1e-3) / 1e12;
             let line = json!({
-                "impl": "distflash", "dtype": dtype.name(), "seq": seq, "heads": heads,
+                "impl": ours, "dtype": dtype.name(), "seq": seq, "heads": heads,
                 "kv_heads": kv_heads, "head_dim": head_dim, "fwd_ms": t.forward_ms, "bwd_ms": t.backward_ms,
                 "fwd_tflops": tflops(f, t.forward_ms), "bwd_tflops": tflops(b, t.backward_ms),
                 "fwdbwd_tflops": tflops(f + b, t.forward_ms + t.backward_ms),

@@ -48,9 +48,6 @@ impl Gpu {
         let be = CudaBackend::new(0, dtype).with_context(|| {
             format!("{GATE}=1 asks for the GPU tests but GPU 0 cannot be opened: run them on a machine with an NVIDIA GPU, or unset {GATE}")
         })?;
-        match self.tuning {
-            Some(t) => be.with_tuning(t),
-            None => Ok(be),
-        }
+        tuning::apply(be, self.tuning)
     }
 }

@@ -5,10 +5,19 @@
 //! variant applies to every head dim, as the old `cuda_attn --fwd-warps …` flags did.
 
 use anyhow::{Context, Result, bail};
-use distflash::backend::cuda::Tuning;
+use distflash::backend::cuda::{CudaBackend, Tuning};
 
 /// The variable that names a kernel variant.
 pub const VAR: &str = "DISTFLASH_TUNING";
+
+/// `be` with `variant` (from [`from_env`]), if any: its shapes, and the deterministic backward
+/// if it names `deterministic=true` (which the backend keeps apart from the shapes).
+pub fn apply(be: CudaBackend, variant: Option<Tuning>) -> Result<CudaBackend> {
+    match variant {
+        Some(t) => be.with_tuning(t)?.with_deterministic(t.deterministic),
+        None => Ok(be),
+    }
+}
 
 /// The variant in [`VAR`], if it is set and not empty.
 pub fn from_env() -> Result<Option<Tuning>> {
@@ -22,7 +31,7 @@ pub fn from_env() -> Result<Option<Tuning>> {
 
 /// `key=value` pairs separated by commas, e.g. `fwd-warps=4,fwd-mtiles=1,fwd-qreg=true,
 /// fwd-wgmma=false,bwd-warps=4,bwd-wgmma=false,bwd-key-split=4,bwd-q-stages=1,
-/// fwd-key-major=false,bwd-key-major=false,bwd-pairs=false`; a combination the kernels were not written
+/// fwd-key-major=false,bwd-key-major=false,deterministic=true`; a combination the kernels were not written
 /// for is refused by [`Tuning::validate`].
 pub fn parse(spec: &str) -> Result<Tuning> {
     let mut t = Tuning::for_head_dim(128);
@@ -51,9 +60,9 @@ pub fn parse(spec: &str) -> Result<Tuning> {
             "bwd-q-stages" => t.bwd_q_stages = number()?,
             "fwd-key-major" => t.fwd_key_major = flag()?,
             "bwd-key-major" => t.bwd_key_major = flag()?,
-            "bwd-pairs" => t.bwd_pairs = flag()?,
+            "deterministic" => t.deterministic = flag()?,
             other => bail!(
-                "unknown key `{other}`: use fwd-warps, fwd-mtiles, fwd-qreg, fwd-wgmma, bwd-warps, bwd-wgmma, bwd-key-split, bwd-q-stages, fwd-key-major, bwd-key-major or bwd-pairs"
+                "unknown key `{other}`: use fwd-warps, fwd-mtiles, fwd-qreg, fwd-wgmma, bwd-warps, bwd-wgmma, bwd-key-split, bwd-q-stages, fwd-key-major, bwd-key-major or deterministic"
             ),
         }
     }

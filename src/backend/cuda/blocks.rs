@@ -392,9 +392,18 @@ impl CudaBackend {
         }
         let kv_direct = i32::from(direct);
         let tuning = self.tuning(dims.head_dim);
-        let slots = launch::backward_slots(&block, &tuning);
-        let cfg = launch::backward_config(dims, slots, &tuning)?;
-        let slots = i32::try_from(slots).expect("within MAX_CTAS, checked by backward_config");
+        let cfg = launch::backward_config(dims, block.kv.len, &tuning)?;
+        let shared_kv = dims.heads != dims.kv_heads && !direct;
+        let turns = if tuning.deterministic {
+            let n = launch::backward_turns(dims, qn, kvn, shared_kv, &tuning);
+            Some(self.stream.alloc_zeros::<i32>(n).map_err(|e| {
+                anyhow::anyhow!(
+                    "could not allocate the deterministic backward's {n} turn counters: {e:?}"
+                )
+            })?)
+        } else {
+            None
+        };
         let ints = block_ints(dims, block)?;
         let mask = self.mask_args(mask, block)?;
         let scale = dims.scale();
@@ -414,7 +423,12 @@ impl CudaBackend {
         }
         b.arg(&strides.q).arg(&strides.kv);
         mask.push_backward(&mut b);
-        b.arg(&scale).arg(&slots);
+        b.arg(&scale);
+        let no_turns: u64 = 0;
+        match &turns {
+            Some(t) => b.arg(t),
+            None => b.arg(&no_turns),
+        };
         self.launch("the attention block backward", b, cfg)
     }
 }

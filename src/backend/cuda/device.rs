@@ -26,6 +26,8 @@ pub struct CudaBackend {
     pub(super) dtype: InputDtype,
     /// `None`: the per-head-dim default ([`Tuning::for_head_dim`]).
     pub(super) tuning: Option<Tuning>,
+    /// The backward's sums in a fixed order ([`CudaBackend::with_deterministic`]).
+    pub(super) deterministic: bool,
     pub(super) capability: (i32, i32),
     pub(super) ctx: Arc<CudaContext>,
     pub(super) stream: Arc<CudaStream>,
@@ -64,6 +66,7 @@ impl CudaBackend {
             ordinal,
             dtype,
             tuning: None,
+            deterministic: false,
             capability,
             ctx,
             stream,
@@ -86,11 +89,29 @@ impl CudaBackend {
         Ok(self)
     }
 
+    /// Makes the attention backward deterministic (or not again): the same inputs give the same
+    /// gradients to the bit on every run, at some cost in speed ([`Tuning::deterministic`];
+    /// `bench/RESULTS.md` has the rate). Without it dQ, and dK and dV where f32 sums gather
+    /// several CTAs' shares, differ in their last bits from run to run.
+    pub fn with_deterministic(mut self, on: bool) -> Result<Self> {
+        self.deterministic = on;
+        self.kernels
+            .lock()
+            .map_err(|_| anyhow::anyhow!("kernel cache lock poisoned"))?
+            .clear();
+        Ok(self)
+    }
+
     /// The kernel shape variant used for `head_dim` on this device.
     pub fn tuning(&self, head_dim: usize) -> Tuning {
-        self.tuning
+        let t = self
+            .tuning
             .unwrap_or_else(|| Tuning::for_head_dim(head_dim))
-            .for_device(head_dim, self.capability)
+            .for_device(head_dim, self.capability);
+        Tuning {
+            deterministic: self.deterministic,
+            ..t
+        }
     }
 
     /// The input dtype chosen at construction.

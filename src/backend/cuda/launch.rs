@@ -2,7 +2,6 @@
 //! sizes mirror the `#define`s in `kernels/forward.cu` and `kernels/backward.cu`; a change there
 //! must change these too (the shared-memory sizes would be wrong otherwise).
 
-use crate::attn::Block;
 use crate::shape::Dims;
 use anyhow::{Result, bail};
 use cudarc::driver::LaunchConfig;
@@ -99,14 +98,14 @@ pub struct Tuning {
     /// instead of tile by tile across every head: the CTAs that run together then stream one
     /// head's K and V, which L2 can hold, not every head's.
     pub fwd_key_major: bool,
-    /// The same for the backward's CTAs: one head's key slots together, so they read one
+    /// The same for the backward's CTAs: one head's key tiles together, so they read one
     /// head's Q, dO, LSE and D and add into its dQ.
     pub bwd_key_major: bool,
-    /// Pair the backward's key tiles where causality gives them unequal work (the longest with
-    /// the shortest, [`backward_slots`]), so that the CTAs of a wave do equal work and stay on
-    /// nearby query tiles from start to end. Off by default: on an H200 at d128 it gained 3–5%
-    /// at 8K, lost 2.5% at 32K and was level at 128K (`bench/notes/kernel-notes.md`, v15).
-    pub bwd_pairs: bool,
+    /// The backward adds into dQ (and a GQA group into its f32 dK and dV) in a fixed order,
+    /// so that the same inputs give the same bits on every run: each CTA waits for its turn
+    /// at every query tile (`kernels/common.cuh`, "The deterministic backward"). Off by
+    /// default: it costs speed. Set by [`CudaBackend::with_deterministic`](super::CudaBackend::with_deterministic).
+    pub deterministic: bool,
 }
 
 impl Tuning {
@@ -138,7 +137,7 @@ impl Tuning {
             bwd_q_stages: 2,
             fwd_key_major: true,
             bwd_key_major: true,
-            bwd_pairs: false,
+            deterministic: false,
         }
     }
 
@@ -228,7 +227,7 @@ impl Tuning {
     /// The `#define` lines that select this variant in the kernel sources.
     pub(crate) fn defines(&self) -> String {
         format!(
-            "#define FWD_WARPS {}\n#define FWD_MT {}\n#define FWD_QREG {}\n#define FWD_WGMMA {}\n#define BWD_WARPS {}\n#define BWD_WGMMA {}\n#define BWD_KSPLIT {}\n#define BWD_QSTAGES {}\n#define FWD_KEY_MAJOR {}\n#define BWD_KEY_MAJOR {}\n",
+            "#define FWD_WARPS {}\n#define FWD_MT {}\n#define FWD_QREG {}\n#define FWD_WGMMA {}\n#define BWD_WARPS {}\n#define BWD_WGMMA {}\n#define BWD_KSPLIT {}\n#define BWD_QSTAGES {}\n#define FWD_KEY_MAJOR {}\n#define BWD_KEY_MAJOR {}\n#define DETERMINISTIC {}\n",
             self.fwd_warps,
             self.fwd_mtiles,
             self.fwd_q_in_registers as u8,
@@ -238,7 +237,8 @@ impl Tuning {
             self.bwd_key_split,
             self.bwd_q_stages,
             self.fwd_key_major as u8,
-            self.bwd_key_major as u8
+            self.bwd_key_major as u8,
+            self.deterministic as u8
         )
     }
 }
@@ -274,11 +274,11 @@ pub(crate) fn unsupported_head_dim(head_dim: usize) -> String {
 
 /// A one-dimensional grid of `per_head` CTAs for each (batch, head), within [`MAX_CTAS`].
 fn grid(dims: &Dims, per_head: usize, what: &str) -> Result<(u32, u32, u32)> {
-    let n = dims.batch * dims.heads * per_head;
+    let heads = dims.batch * dims.heads;
+    let n = heads * per_head;
     if n > MAX_CTAS {
         bail!(
-            "{} batch × heads × {per_head} {what} make {n} thread blocks, more than one launch takes ({MAX_CTAS}): split the sequence into chunks",
-            dims.batch * dims.heads
+            "{heads} batch × heads × {per_head} {what} make {n} thread blocks, more than one launch takes ({MAX_CTAS}): split the sequence into chunks"
         );
     }
     Ok((n as u32, 1, 1))
@@ -341,33 +341,34 @@ fn backward_keys(tuning: &Tuning) -> usize {
     }
 }
 
-/// Key slots per (batch, query head) of the backward of `block`: one per key tile, or, with
-/// `bwd_pairs` where the tiles' work is unequal, half as many, slot s running key tiles s and
-/// n − 1 − s (`key_passes`, `kernels/common.cuh`). The work is unequal where the block holds
-/// the causal diagonal (some key comes after the first query): key tile j then sees the
-/// queries from its own position on, so the first tile does the most work and the last the
-/// least, and each pair does the same. Paired, a wave of CTAs ends together instead of being
-/// refilled one CTA at a time with CTAs that start far behind the others; a causal grid of
-/// fewer CTAs than the GPU has SMs loses nothing either, since the longest CTA took as long as
-/// a pair before.
-pub(crate) fn backward_slots(block: &Block, tuning: &Tuning) -> usize {
-    let tiles = block.kv.len.div_ceil(backward_keys(tuning));
-    let unequal = block.kv.start + block.kv.len > block.q.start + 1;
-    if tuning.bwd_pairs && unequal {
-        tiles.div_ceil(2)
-    } else {
-        tiles
-    }
-}
-
-/// Backward: one CTA per (batch·query head, key slot of [`backward_slots`]), in the order
-/// `bwd_key_major` picks.
-pub(crate) fn backward_config(dims: &Dims, slots: usize, tuning: &Tuning) -> Result<LaunchConfig> {
+/// Backward: one CTA per (batch·query head, key tile), in the order `bwd_key_major` picks.
+pub(crate) fn backward_config(
+    dims: &Dims,
+    kv_rows: usize,
+    tuning: &Tuning,
+) -> Result<LaunchConfig> {
+    let tiles = kv_rows.div_ceil(backward_keys(tuning));
     Ok(LaunchConfig {
-        grid_dim: grid(dims, slots, "key slots")?,
+        grid_dim: grid(dims, tiles, "key tiles")?,
         block_dim: (tuning.bwd_threads() as u32, 1, 1),
         shared_mem_bytes: backward_smem(dims.head_dim, tuning),
     })
+}
+
+/// Turn counters (i32, zeroed before the launch) of the deterministic backward of a block of
+/// `q_rows` queries and `kv_rows` keys: one per (batch·query head, query tile) for dQ and, where
+/// a GQA group adds into shared f32 dK and dV (`shared_kv`), one per (batch·KV head, key tile).
+/// The layout is `Turns` in `kernels/common.cuh`.
+pub(crate) fn backward_turns(
+    dims: &Dims,
+    q_rows: usize,
+    kv_rows: usize,
+    shared_kv: bool,
+    tuning: &Tuning,
+) -> usize {
+    let dq = dims.batch * dims.heads * q_rows.div_ceil(BWD_BQ);
+    let kv = dims.batch * dims.kv_heads * kv_rows.div_ceil(backward_keys(tuning));
+    dq + if shared_kv { kv } else { 0 }
 }
 
 /// Row-wise helpers: one warp per row.
@@ -472,7 +473,7 @@ mod tests {
         };
         assert!(e.validate().unwrap_err().to_string().contains("stages"));
         assert!(t.defines().ends_with(
-            "#define BWD_KSPLIT 2\n#define BWD_QSTAGES 2\n#define FWD_KEY_MAJOR 1\n#define BWD_KEY_MAJOR 1\n"
+            "#define BWD_KSPLIT 2\n#define BWD_QSTAGES 2\n#define FWD_KEY_MAJOR 1\n#define BWD_KEY_MAJOR 1\n#define DETERMINISTIC 0\n"
         ));
     }
 
@@ -486,7 +487,7 @@ mod tests {
         };
         assert!(backward_smem(128, &sync(8)) <= 227 * 1024);
         assert!(2 * backward_smem(128, &sync(4)) <= 227 * 1024);
-        let c = backward_config(&dims(128), 3, &sync(4)).unwrap();
+        let c = backward_config(&dims(128), 3 * 64, &sync(4)).unwrap();
         assert_eq!(c.grid_dim, (64 * 3, 1, 1));
         assert_eq!(c.block_dim, (128, 1, 1));
         // wgmma: K, V (32 KiB each), two stages of Q and dO (16 KiB each), dSᵀ (16 KiB),
@@ -498,49 +499,36 @@ mod tests {
             backward_smem(128, &wg),
             (64 + 64 + 16 + 1 + 1) * 1024 + 512 + 64 * 544
         );
-        let c = backward_config(&dims(128), 2, &wg).unwrap();
+        let c = backward_config(&dims(128), 2 * 128, &wg).unwrap();
         assert_eq!((c.grid_dim.0, c.block_dim.0), (64 * 2, 256));
     }
 
-    /// Key tiles pair only where causality makes their work unequal: a block holding the
-    /// diagonal (odd tile counts leave the middle tile alone), never one whose keys all come
-    /// before its queries, and never with `bwd_pairs` off.
+    /// The deterministic backward's turn counters: one per (batch·head, 64-row query tile),
+    /// then one per (batch·KV head, key tile) only where a GQA group shares f32 dK and dV; the
+    /// key tiles are the kernel's (128 keys on wgmma, 64 in the mma.sync kernel at head dim 256).
     #[test]
-    fn backward_pairs_unequal_key_tiles() {
-        let wg = Tuning {
-            bwd_pairs: true,
-            ..Tuning::for_head_dim(128).for_device(128, (9, 0))
+    fn deterministic_turns_cover_every_query_tile_and_shared_key_tile() {
+        let gqa = Dims {
+            batch: 2,
+            heads: 8,
+            kv_heads: 2,
+            head_dim: 128,
         };
-        let span = |start, len| crate::shape::Span { start, len };
-        let diagonal = |len| Block {
-            q: span(0, len),
-            kv: span(0, len),
+        let wg = Tuning::for_head_dim(128).for_device(128, (9, 0));
+        assert_eq!(backward_turns(&gqa, 1000, 700, false, &wg), 2 * 8 * 16);
+        assert_eq!(
+            backward_turns(&gqa, 1000, 700, true, &wg),
+            2 * 8 * 16 + 2 * 2 * 6
+        );
+        let sync = Tuning::for_head_dim(256).for_device(256, (9, 0));
+        let d256 = Dims {
+            head_dim: 256,
+            ..gqa
         };
-        assert_eq!(backward_slots(&diagonal(1024), &wg), 4); // 8 tiles of 128 keys
-        assert_eq!(backward_slots(&diagonal(1000), &wg), 4); // 8, the last partial
-        assert_eq!(backward_slots(&diagonal(1152), &wg), 5); // 9: tile 4 alone
-        assert_eq!(backward_slots(&diagonal(100), &wg), 1);
-        let before = Block {
-            q: span(1024, 1024),
-            kv: span(0, 1024),
-        };
-        assert_eq!(backward_slots(&before, &wg), 8);
-        let later_keys = Block {
-            q: span(1024, 1024),
-            kv: span(512, 1024),
-        };
-        assert_eq!(backward_slots(&later_keys, &wg), 4);
-        let off = Tuning {
-            bwd_pairs: false,
-            ..wg
-        };
-        assert_eq!(backward_slots(&diagonal(1024), &off), 8);
-        // The mma.sync kernel's 64-key tiles at head dim 256.
-        let sync = Tuning {
-            bwd_pairs: true,
-            ..Tuning::for_head_dim(256).for_device(256, (9, 0))
-        };
-        assert_eq!(backward_slots(&diagonal(1024), &sync), 8);
+        assert_eq!(
+            backward_turns(&d256, 64, 129, true, &sync),
+            2 * 8 + 2 * 2 * 3
+        );
     }
 
     #[test]
