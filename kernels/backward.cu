@@ -128,7 +128,8 @@ extern "C" __global__ void __launch_bounds__(BWD_THREADS, 8 / BWD_WARPS)
         cp_wait<0>();
         if (DETERMINISTIC && qt > t_begin) __threadfence();  // the last tile's dQ additions
         __syncthreads();  // tile qt landed; phases 2-3 of the last tile are done with sP, sdS
-        if (DETERMINISTIC && qt > t_begin && threadIdx.x == 0) pass_turn(dq_turn_row + qt - 1);
+        if (DETERMINISTIC && qt > t_begin && threadIdx.x == 0)
+            pass_add_turn(dq_turn_row + qt - 1);
         const int stage = BWD_QSTAGES == 2 ? (qt - t_begin) & 1 : 0;
         if (BWD_QSTAGES == 2) {
             if (qt + 1 < n_qt) load_query_tile(qt + 1, stage ^ 1);

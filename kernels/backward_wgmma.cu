@@ -272,7 +272,8 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
         else
             bulk_wait_read();  // the last tile's dQ has left sdQ
         __syncthreads();       // dSᵀ complete (both warpgroups); sdQ free
-        if (DETERMINISTIC && qt > t_begin && threadIdx.x == 0) pass_turn(dq_turn_row + qt - 1);
+        if (DETERMINISTIC && qt > t_begin && threadIdx.x == 0)
+            pass_add_turn(dq_turn_row + qt - 1);
 
         // ---- 4. dQ(tile) = dS·K, then dK += dSᵀ·Q (B = Q MN-major), which runs while dQ goes
         // to shared memory. dQ at head dim 128: warpgroup w takes columns 64w..64w+63 over all

@@ -179,7 +179,8 @@ struct Strides {
 // L2, and which CTAs have started before a given one (DESCENDING, below). KEY_MAJOR
 // (FWD_KEY_MAJOR, BWD_KEY_MAJOR from the host) puts one head's CTAs next to each other: a wave
 // of CTAs then streams the same head's K and V (forward) or Q, dO and dQ (backward), a working
-// set of one or two heads instead of every head's at once (bench/notes/kernel-notes.md, v15). Otherwise one tile index of every head comes first.
+// set of one or two heads instead of every head's at once (bench/notes/kernel-notes.md, v15).
+// Otherwise one tile index of every head comes first.
 // DESCENDING runs a head's tiles last first: the deterministic backward's turns (below) make a
 // key tile wait only for higher key tiles of its head and for lower heads, which have then
 // started before it.
@@ -371,7 +372,7 @@ __device__ __forceinline__ int2 seeing_query_tiles(int c0, int c1, int q_len, in
 // Spins until *turn == want (read with acquire at GPU scope). A turn that never comes is a bug
 // in the turn order; trapping after some seconds fails the launch with an error instead of
 // hanging the GPU.
-__device__ __forceinline__ void wait_turn(const int* turn, int want) {
+__device__ __forceinline__ void wait_add_turn(const int* turn, int want) {
     for (int spins = 0;; ++spins) {
         int now;
         asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(now) : "l"(turn) : "memory");
@@ -382,7 +383,7 @@ __device__ __forceinline__ void wait_turn(const int* turn, int want) {
 }
 // Passes the turn on, after the CTA's additions (each adding thread fenced them, then a CTA
 // barrier): a release increment at GPU scope.
-__device__ __forceinline__ void pass_turn(int* turn) {
+__device__ __forceinline__ void pass_add_turn(int* turn) {
     asm volatile("red.release.gpu.global.add.s32 [%0], 1;" ::"l"(turn) : "memory");
 }
 // The turn of key tile k (KV_ROWS keys) of the block at query tile qt (Q_ROWS rows): the key
@@ -423,7 +424,7 @@ template <int Q_ROWS, int KV_ROWS>
 __device__ __forceinline__ void wait_dq_turn(const int* dq, int qt, int k, int n_kt,
                                              int q_start, int kv_start) {
     if (DETERMINISTIC && threadIdx.x == 0)
-        wait_turn(dq + qt, dq_turn<Q_ROWS, KV_ROWS>(qt, k, n_kt, q_start, kv_start));
+        wait_add_turn(dq + qt, dq_turn<Q_ROWS, KV_ROWS>(qt, k, n_kt, q_start, kv_start));
 }
 // Thread 0 takes and passes the CTA's turns at query tiles from..end that it does not see,
 // adding nothing: needed only where the block holds global keys (see `dq_turn`), since these
@@ -435,8 +436,8 @@ __device__ __forceinline__ void pass_unseen_dq_turns(int* dq, int from, int k, i
                                                      int global) {
     if (!DETERMINISTIC || !MASKED || kv_start >= global || threadIdx.x != 0) return;
     for (int qt = from; qt < (q_len + Q_ROWS - 1) / Q_ROWS; ++qt) {
-        wait_turn(dq + qt, dq_turn<Q_ROWS, KV_ROWS>(qt, k, n_kt, q_start, kv_start));
-        pass_turn(dq + qt);
+        wait_add_turn(dq + qt, dq_turn<Q_ROWS, KV_ROWS>(qt, k, n_kt, q_start, kv_start));
+        pass_add_turn(dq + qt);
     }
 }
 // After the CTA's additions to its last query tile (fenced by each adding thread, then a CTA
@@ -445,7 +446,7 @@ template <int Q_ROWS, int KV_ROWS>
 __device__ __forceinline__ void pass_last_dq_turns(int* dq, int last, int k, int n_kt, int q_len,
                                                    int q_start, int kv_start, int global) {
     if (!DETERMINISTIC || threadIdx.x != 0) return;
-    pass_turn(dq + last);
+    pass_add_turn(dq + last);
     pass_unseen_dq_turns<Q_ROWS, KV_ROWS>(dq, last + 1, k, n_kt, q_len, q_start, kv_start,
                                           global);
 }
@@ -453,14 +454,14 @@ __device__ __forceinline__ void pass_last_dq_turns(int* dq, int last, int k, int
 // every thread waits behind thread 0, and passes after fencing its own additions.
 __device__ __forceinline__ void wait_kv_turn(const int* kv, int k, int place) {
     if (!DETERMINISTIC || !kv) return;
-    if (threadIdx.x == 0) wait_turn(kv + k, place);
+    if (threadIdx.x == 0) wait_add_turn(kv + k, place);
     __syncthreads();
 }
 __device__ __forceinline__ void pass_kv_turn(int* kv, int k) {
     if (!DETERMINISTIC || !kv) return;
     __threadfence();
     __syncthreads();
-    if (threadIdx.x == 0) pass_turn(kv + k);
+    if (threadIdx.x == 0) pass_add_turn(kv + k);
 }
 // A key tile that no query tile of the block sees (t_begin >= the seen end) still takes its
 // turns: at the query tiles from t_begin on and at dK/dV, adding nothing. Thread 0 alone.
@@ -471,7 +472,7 @@ __device__ __forceinline__ void skip_turns(int* dq, int* kv, int t_begin, int k,
     if (!DETERMINISTIC || threadIdx.x != 0) return;
     pass_unseen_dq_turns<Q_ROWS, KV_ROWS>(dq, t_begin, k, n_kt, q_len, q_start, kv_start, global);
     if (kv) {
-        wait_turn(kv + k, place);
-        pass_turn(kv + k);
+        wait_add_turn(kv + k, place);
+        pass_add_turn(kv + k);
     }
 }
