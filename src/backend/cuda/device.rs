@@ -82,24 +82,29 @@ impl CudaBackend {
     pub fn with_tuning(mut self, tuning: Tuning) -> Result<Self> {
         tuning.validate()?;
         self.tuning = Some(tuning);
-        self.kernels
-            .lock()
-            .map_err(|_| anyhow::anyhow!("kernel cache lock poisoned"))?
-            .clear();
+        self.forget_kernels()?;
         Ok(self)
     }
 
     /// Makes the attention backward deterministic (or not again): the same inputs give the same
-    /// gradients to the bit on every run, at some cost in speed ([`Tuning::deterministic`];
-    /// `bench/RESULTS.md` has the rate). Without it dQ, and dK and dV where f32 sums gather
-    /// several CTAs' shares, differ in their last bits from run to run.
+    /// gradients to the bit on every run, at 0.6–0.85× the default backward's speed
+    /// ([`Tuning::deterministic`]; `bench/results/determinism-2026-12-02`). Without it dQ, and
+    /// dK and dV where f32 sums gather several CTAs' shares, differ in their last bits from run
+    /// to run.
     pub fn with_deterministic(mut self, on: bool) -> Result<Self> {
         self.deterministic = on;
+        self.forget_kernels()?;
+        Ok(self)
+    }
+
+    /// Drops the compiled kernels, whose defines a new variant changes; they compile again
+    /// (from the on-disk cache where it has them) at the next launch.
+    fn forget_kernels(&self) -> Result<()> {
         self.kernels
             .lock()
             .map_err(|_| anyhow::anyhow!("kernel cache lock poisoned"))?
             .clear();
-        Ok(self)
+        Ok(())
     }
 
     /// The kernel shape variant used for `head_dim` on this device.
