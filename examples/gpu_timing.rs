@@ -72,7 +72,11 @@ enum Cli {
 }
 
 fn open(dtype: InputDtype) -> Result<CudaBackend> {
-    tuning::apply(CudaBackend::new(0, dtype)?, tuning::from_env()?)
+    let be = CudaBackend::new(0, dtype)?;
+    match tuning::from_env()? {
+        Some(t) => be.with_tuning(t),
+        None => Ok(be),
+    }
 }
 
 fn main() -> Result<()> {

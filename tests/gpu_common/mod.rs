@@ -48,6 +48,9 @@ impl Gpu {
         let be = CudaBackend::new(0, dtype).with_context(|| {
             format!("{GATE}=1 asks for the GPU tests but GPU 0 cannot be opened: run them on a machine with an NVIDIA GPU, or unset {GATE}")
         })?;
-        tuning::apply(be, self.tuning)
+        match self.tuning {
+            Some(t) => be.with_tuning(t),
+            None => Ok(be),
+        }
     }
 }

@@ -5,19 +5,10 @@
 //! variant applies to every head dim, as the old `cuda_attn --fwd-warps …` flags did.
 
 use anyhow::{Context, Result, bail};
-use distflash::backend::cuda::{CudaBackend, Tuning};
+use distflash::backend::cuda::Tuning;
 
 /// The variable that names a kernel variant.
 pub const VAR: &str = "DISTFLASH_TUNING";
-
-/// `be` with `variant` (from [`from_env`]), if any: its shapes, and the deterministic backward
-/// if it names `deterministic=true` (which the backend keeps apart from the shapes).
-pub fn apply(be: CudaBackend, variant: Option<Tuning>) -> Result<CudaBackend> {
-    match variant {
-        Some(t) => be.with_tuning(t)?.with_deterministic(t.deterministic),
-        None => Ok(be),
-    }
-}
 
 /// The variant in [`VAR`], if it is set and not empty.
 pub fn from_env() -> Result<Option<Tuning>> {

@@ -78,10 +78,12 @@ impl CudaBackend {
     }
 
     /// Selects another kernel shape variant for every head dim (see [`Tuning`]); for re-tuning
-    /// on other GPUs.
+    /// on other GPUs. Its `deterministic` applies too, as [`Self::with_deterministic`] would set
+    /// it.
     pub fn with_tuning(mut self, tuning: Tuning) -> Result<Self> {
         tuning.validate()?;
         self.tuning = Some(tuning);
+        self.deterministic = tuning.deterministic;
         self.forget_kernels()?;
         Ok(self)
     }

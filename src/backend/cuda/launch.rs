@@ -358,7 +358,7 @@ pub(crate) fn backward_config(
 /// Turn counters (i32, zeroed before the launch) of the deterministic backward of a block of
 /// `q_rows` queries and `kv_rows` keys: one per (batch·query head, query tile) for dQ and, where
 /// a GQA group adds into shared f32 dK and dV (`shared_kv`), one per (batch·KV head, key tile).
-/// The layout is `Turns` in `kernels/common.cuh`.
+/// The layout is `dq_turns` and `kv_turns` in `kernels/common.cuh`.
 pub(crate) fn backward_turns(
     dims: &Dims,
     q_rows: usize,
@@ -487,9 +487,16 @@ mod tests {
         };
         assert!(backward_smem(128, &sync(8)) <= 227 * 1024);
         assert!(2 * backward_smem(128, &sync(4)) <= 227 * 1024);
-        let c = backward_config(&dims(128), 3 * 64, &sync(4)).unwrap();
-        assert_eq!(c.grid_dim, (64 * 3, 1, 1));
+        let c = backward_config(&dims(128), 129, &sync(4)).unwrap();
+        assert_eq!(c.grid_dim, (64 * 3, 1, 1)); // 64-key tiles, the last partial
         assert_eq!(c.block_dim, (128, 1, 1));
+        assert_eq!(
+            backward_config(&dims(64), 129, &sync(8))
+                .unwrap()
+                .grid_dim
+                .0,
+            64 * 2
+        );
         // wgmma: K, V (32 KiB each), two stages of Q and dO (16 KiB each), dSᵀ (16 KiB),
         // LSE, D and row starts (1.5 KiB), dQ (64 rows of 544 bytes), alignment slack (1 KiB); 128-key tiles
         // of 256 threads.
@@ -499,7 +506,7 @@ mod tests {
             backward_smem(128, &wg),
             (64 + 64 + 16 + 1 + 1) * 1024 + 512 + 64 * 544
         );
-        let c = backward_config(&dims(128), 2 * 128, &wg).unwrap();
+        let c = backward_config(&dims(128), 129, &wg).unwrap();
         assert_eq!((c.grid_dim.0, c.block_dim.0), (64 * 2, 256));
     }
 
