@@ -181,13 +181,14 @@ struct Strides {
 // of CTAs then streams the same head's K and V (forward) or Q, dO and dQ (backward), a working
 // set of one or two heads instead of every head's at once (bench/notes/kernel-notes.md, v15).
 // Otherwise one tile index of every head comes first.
-// DESCENDING runs a head's tiles last first: the deterministic backward's turns (below) make a
-// key tile wait only for higher key tiles of its head and for lower heads, which have then
-// started before it.
+// DESCENDING runs a head's tiles last first: the forward's heaviest query tiles (the most
+// visible keys) then start first, so the tail of the grid is short; and the deterministic
+// backward's turns (below), which make a key tile wait only for higher key tiles of its head
+// and for lower heads, wait only for CTAs that have started before.
 struct CtaWork {
     int bh, tile;
 };
-template <bool KEY_MAJOR, bool DESCENDING = false>
+template <bool KEY_MAJOR, bool DESCENDING>
 __device__ __forceinline__ CtaWork cta_work(int tiles) {
     const int i = blockIdx.x;
     if (KEY_MAJOR) return {i / tiles, DESCENDING ? tiles - 1 - i % tiles : i % tiles};

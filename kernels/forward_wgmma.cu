@@ -59,8 +59,8 @@ __device__ __forceinline__ void fwd_wg_body(const TensorMap* tmQ, const TensorMa
 
     // Heaviest query tiles (most visible keys) first, so the tail of the grid is short.
     const int n_q_tiles = (q_len + WF_BQ - 1) / WF_BQ;
-    const CtaWork work = cta_work<FWD_KEY_MAJOR>(n_q_tiles);
-    const int r0 = (n_q_tiles - 1 - work.tile) * WF_BQ;
+    const CtaWork work = cta_work<FWD_KEY_MAJOR, true>(n_q_tiles);
+    const int r0 = work.tile * WF_BQ;
     const KvTiles tiles = visible_kv_tiles<WF_BQ, WF_BKV>(r0, q_len, kv_len, q_start, kv_start,
                                                           row_start, global);
     const int n_tiles = tiles.n;
