@@ -2,7 +2,8 @@
 // (`wgmma`, sm_90a), causal by absolute position and under the optional mask of common.cuh
 // (query tiles that see none of a CTA's keys skipped, partly hidden ones masked). Same contract
 // as the mma.sync kernel in backward.cu (all three gradients accumulate in f32; dQ and dK carry
-// the softmax scale), which stays the kernel for other GPUs. Head dim 64 or 128.
+// the softmax scale), which stays the kernel for other GPUs. Head dims up to 128: 80 and 96
+// run in the tiles of 128 (WG_DIM, wgmma.cuh), their extra columns zeros.
 //
 // One CTA = 128 key rows of one (batch, query head) and two warpgroups; warpgroup w owns keys
 // 64w..64w+63. The CTA walks the 64-row query tiles that can see its keys; Q, dO, LSE and D stream
@@ -14,8 +15,8 @@
 //     to shared memory and the warpgroups meet at the barrier that completes it;
 //  4. dQ(tile) = dS·K (A = dS MN-major from the dSᵀ tile, B = K MN-major), then dK += dSᵀ·Q
 //     (dSᵀ from registers, Q MN-major), which runs while dQ goes to shared memory: no step
-//     waits for an empty tensor pipe after step 1. At head dim 128 warpgroup w computes dQ's
-//     columns 64w..64w+63 over all 128 keys; at head dim 64 each warpgroup computes all columns
+//     waits for an empty tensor pipe after step 1. In tiles of 128 columns warpgroup w computes
+//     dQ's columns 64w..64w+63 over all 128 keys; at head dim 64 each warpgroup computes all columns
 //     over its own 64 keys. At the start of the next tile bulk reductions
 //     (`cp.reduce.async.bulk`, one per row) add the staged tile to dQ in the background;
 //     per-thread vector atomics here cost 7% of the backward's speed
@@ -31,11 +32,11 @@
 #define WG_BKV 128
 #define WG_BQ 64
 #define WG_THREADS 256
-// dQ leaves through shared memory: at head dim 128 in one part (each warpgroup fills its 64
-// columns), at head dim 64 in one part per warpgroup (each holds a sum over its own keys). Rows
+// dQ leaves through shared memory: in tiles of 128 columns in one part (each warpgroup fills its
+// 64 columns), at head dim 64 in one part per warpgroup (each holds a sum over its own keys). Rows
 // are padded by 32 bytes so that a warp's 8 rows × 4 pairs per store hit distinct banks.
-#define WG_DQ_PARTS (HEAD_DIM == 128 ? 1 : 2)
-#define WG_DQ_ROW (HEAD_DIM * 4 + 32)
+#define WG_DQ_PARTS (WG_DIM == 128 ? 1 : 2)
+#define WG_DQ_ROW (WG_DIM * 4 + 32)
 
 // Adds the dQ tile of query rows row0.. staged in shared memory at sdQ into dQ (rows `stride`
 // elements apart): one bulk reduction per row and part, issued by the first WG_DQ_PARTS × 64
@@ -63,6 +64,14 @@ __device__ __forceinline__ void add_dq_tile(float* dQ, int stride, u32 sdQ, unsi
                  HEAD_DIM * 4);
 }
 
+// acc (dK or dV, D/2 accumulators) += A·B for one 16-query step, A in registers (Pᵀ or dSᵀ)
+// and B the step's 16 rows of Q or dO at b, MN-major: one product per column atom of the tile,
+// the second over the D − 64 columns of the head dim it holds.
+__device__ __forceinline__ void kv_grad_products(float* acc, const u32* a, u32 b) {
+    wg_rs(acc, a, wg_desc(b));
+    if constexpr (WG_DIM == 128) wg_rs_n<HEAD_DIM - 64>(acc + 32, a, wg_desc(b + WG_BQ * 128));
+}
+
 // Deterministic: this thread's dQ reductions have written dQ (not only read shared memory), and
 // the writes are ordered before the CTA's next pass of a turn.
 __device__ __forceinline__ void finish_dq_adds() {
@@ -80,7 +89,7 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
               const int* __restrict__ row_start, const int* __restrict__ row_end, int global,
               float scale, int* __restrict__ turns) {
     constexpr int D = HEAD_DIM;
-    constexpr int DH = D / 64;                  // column atoms of a row
+    constexpr int DH = WG_DIM / 64;             // column atoms of a tile row
     const int wg = threadIdx.x / 128;           // warpgroup: keys 64·wg.., dQ columns 64·wg..
     const int wi = (threadIdx.x / 32) % 4;      // warp within the warpgroup: rows 16·wi..
     const int lane = threadIdx.x % 32;
@@ -107,7 +116,7 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
     const BwdHead op = bwd_head(Q, K, V, dO, LSE, Dl, dQ, dK, dV, kv_direct, work.bh, heads,
                                 kv_heads, q_len, qs, kvs);
 
-    constexpr u32 KV_TILE = WG_BKV * D * 2, Q_TILE = WG_BQ * D * 2;
+    constexpr u32 KV_TILE = WG_BKV * WG_DIM * 2, Q_TILE = WG_BQ * WG_DIM * 2;
     constexpr u32 KV_ATOM = WG_BKV * 128, Q_ATOM = WG_BQ * 128;  // one column atom, bytes
     unsigned char* gen;
     const u32 base = smem_base1024(&gen);
@@ -126,21 +135,20 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
     unsigned char* pdS = gen + (sdS - base);
     unsigned char* pdQ = gen + (sdQ - base);
 
-    load_tile<WG_BKV, WG_THREADS, true>(sK, op.K, op.kv_row, c0, kv_len);
-    load_tile<WG_BKV, WG_THREADS, true>(sV, op.V, op.kv_row, c0, kv_len);
-    load_tile<WG_BQ, WG_THREADS, true>(sQ, op.Q, op.q_row, t_begin * WG_BQ, q_len);
-    load_tile<WG_BQ, WG_THREADS, true>(sdO, op.dO, op.q_row, t_begin * WG_BQ, q_len);
+    load_tile<WG_BKV, WG_THREADS, true, WG_DIM>(sK, op.K, op.kv_row, c0, kv_len);
+    load_tile<WG_BKV, WG_THREADS, true, WG_DIM>(sV, op.V, op.kv_row, c0, kv_len);
+    load_tile<WG_BQ, WG_THREADS, true, WG_DIM>(sQ, op.Q, op.q_row, t_begin * WG_BQ, q_len);
+    load_tile<WG_BQ, WG_THREADS, true, WG_DIM>(sdO, op.dO, op.q_row, t_begin * WG_BQ, q_len);
     load_vec<WG_BQ>(sL, op.LSE, t_begin * WG_BQ, q_len);
     load_vec<WG_BQ>(sD, op.D, t_begin * WG_BQ, q_len);
     load_row_starts<WG_BQ>(sR, row_start, q_start, t_begin * WG_BQ, q_len);
     cp_commit();
 
-    // dK and dV for this warpgroup's 64 keys, as two 64-column halves of the head dim.
-    float dk[DH][32], dv[DH][32];
+    // dK and dV for this warpgroup's 64 keys (accumulator layout over the head dim: its first
+    // column atom, then the rest, D − 64 columns, where the tile has a second).
+    float dk[D / 2], dv[D / 2];
 #pragma unroll
-    for (int a = 0; a < DH; ++a)
-#pragma unroll
-        for (int i = 0; i < 32; ++i) dk[a][i] = dv[a][i] = 0.f;
+    for (int i = 0; i < D / 2; ++i) dk[i] = dv[i] = 0.f;
 
     const u32 k_rows = sK + wg * 64 * 128, v_rows = sV + wg * 64 * 128;
 
@@ -155,8 +163,8 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
         if (qt + 1 < n_qt) {
             const int ns = stage ^ 1;
             const int nr = (qt + 1) * WG_BQ;
-            load_tile<WG_BQ, WG_THREADS, true>(sQ + ns * Q_TILE, op.Q, op.q_row, nr, q_len);
-            load_tile<WG_BQ, WG_THREADS, true>(sdO + ns * Q_TILE, op.dO, op.q_row, nr, q_len);
+            load_tile<WG_BQ, WG_THREADS, true, WG_DIM>(sQ + ns * Q_TILE, op.Q, op.q_row, nr, q_len);
+            load_tile<WG_BQ, WG_THREADS, true, WG_DIM>(sdO + ns * Q_TILE, op.dO, op.q_row, nr, q_len);
             load_vec<WG_BQ>(sL + ns * WG_BQ * 4, op.LSE, nr, q_len);
             load_vec<WG_BQ>(sD + ns * WG_BQ * 4, op.D, nr, q_len);
             load_row_starts<WG_BQ>(sR + ns * WG_BQ * 4, row_start, q_start, nr, q_len);
@@ -168,7 +176,7 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
         const int* cR = iR + stage * WG_BQ;
         const int r0 = qt * WG_BQ;
 
-        // ---- 1. Sᵀ and dPᵀ: 64 keys × 64 queries, K = head dim (8 steps of 16).
+        // ---- 1. Sᵀ and dPᵀ: 64 keys × 64 queries, K = head dim (steps of 16; none over the padding).
         float s[32], dp[32];
         wg_fence();
 #pragma unroll
@@ -249,14 +257,13 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
             da[kk][3] = pack2(dp[n1 + 2], dp[n1 + 3]);
         }
 
-        // ---- 3. dV += Pᵀ·dO (K = 64 queries; B = dO MN-major, one column atom each). It runs
-        // while dSᵀ goes to shared memory and the warpgroups meet at the barrier.
+        // ---- 3. dV += Pᵀ·dO (K = 64 queries; B = dO MN-major, one product per column atom,
+        // the second only over the head dim's columns). It runs while dSᵀ goes to shared memory
+        // and the warpgroups meet at the barrier.
         wg_fence();
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk)
-#pragma unroll
-            for (int a = 0; a < DH; ++a)
-                wg_rs(dv[a], pa[kk], wg_desc(cdO + a * Q_ATOM + kk * 16 * 128));
+            kv_grad_products(dv, pa[kk], cdO + kk * 16 * 128);
         wg_commit();
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk)
@@ -276,7 +283,7 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
             pass_add_turn(dq_turn_row + qt - 1);
 
         // ---- 4. dQ(tile) = dS·K, then dK += dSᵀ·Q (B = Q MN-major), which runs while dQ goes
-        // to shared memory. dQ at head dim 128: warpgroup w takes columns 64w..64w+63 over all
+        // to shared memory. dQ in tiles of 128 columns: warpgroup w takes columns 64w..64w+63 over all
         // 128 keys; head dim 64: all 64 columns over its own 64 keys (both add to dQ).
         constexpr int DQ_KEYS = DH == 2 ? WG_BKV : 64;
         const u32 dq_keys = DH == 2 ? 0 : wg * 64 * 128;  // first key row, bytes
@@ -290,10 +297,7 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
                         wg_desc(sK + dq_atom + dq_keys + kk * 16 * 128), kk > 0);
         wg_commit();
 #pragma unroll
-        for (int kk = 0; kk < 4; ++kk)
-#pragma unroll
-            for (int a = 0; a < DH; ++a)
-                wg_rs(dk[a], da[kk], wg_desc(cQ + a * Q_ATOM + kk * 16 * 128));
+        for (int kk = 0; kk < 4; ++kk) kv_grad_products(dk, da[kk], cQ + kk * 16 * 128);
         wg_commit();
         wg_wait<1>();  // dV and dQ done (groups complete in order); dK may run on
         fence_regs<32>(acc);
@@ -306,11 +310,8 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
                                            (dq_col + nt * 8 + 2 * t) * 4) =
                     make_float2(acc[nt * 4 + 2 * i] * scale, acc[nt * 4 + 2 * i + 1] * scale);
         wg_wait<0>();
-#pragma unroll
-        for (int a = 0; a < DH; ++a) {
-            fence_regs<32>(dv[a]);
-            fence_regs<32>(dk[a]);
-        }
+        fence_regs<D / 2>(dv);
+        fence_regs<D / 2>(dk);
         fence_regs<16>(&pa[0][0]);
         fence_regs<16>(&da[0][0]);
         fence_async_smem();
@@ -335,14 +336,12 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
         const int kr = c0 + wg * 64 + wi * 16 + g + 8 * i;
         if (kr < kv_len) {
 #pragma unroll
-            for (int a = 0; a < DH; ++a)
-#pragma unroll
-                for (int nt = 0; nt < 8; ++nt) {
-                    const size_t o = (size_t)kr * op.kv_row + a * 64 + nt * 8 + 2 * t;
-                    const int e = nt * 4 + 2 * i;
-                    put_kv_grad(op.dK, op.kv_direct, o, dk[a][e] * scale, dk[a][e + 1] * scale);
-                    put_kv_grad(op.dV, op.kv_direct, o, dv[a][e], dv[a][e + 1]);
-                }
+            for (int nt = 0; nt < D / 8; ++nt) {
+                const size_t o = (size_t)kr * op.kv_row + nt * 8 + 2 * t;
+                const int e = nt * 4 + 2 * i;
+                put_kv_grad(op.dK, op.kv_direct, o, dk[e] * scale, dk[e + 1] * scale);
+                put_kv_grad(op.dV, op.kv_direct, o, dv[e], dv[e + 1]);
+            }
         }
     }
     pass_kv_turn(kv_turn_row, work.tile);

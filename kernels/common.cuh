@@ -100,7 +100,8 @@ __device__ __forceinline__ u32 swz128(int rows, int row, int col) {
 // elements apart (HEAD_DIM head-major, heads·HEAD_DIM sequence-major: `Strides`), into a
 // swizzled shared tile with cp.async, in the mma.sync kernels' layout (`swz`) or, with ATOMS, in
 // the wgmma kernels' (`swz128`); rows past `rows_total` become zeros (never garbage: P·V with
-// P = 0 must stay finite).
+// P = 0 must stay finite). A tile COLS wide (the wgmma kernels' WG_DIM, wgmma.cuh) has its
+// columns past HEAD_DIM zero-filled the same way, so products over them add nothing.
 //
 // Where THREADS is a multiple of the row's 16-byte chunks and the rows between one thread's
 // chunks (STEP) a multiple of 8, each thread copies one column chunk of every STEP-th row: the
@@ -109,12 +110,14 @@ __device__ __forceinline__ u32 swz128(int rows, int row, int col) {
 // instructions and one address add each. (Indexing chunks by a strided `i` instead cost as many
 // instructions per tile as the forward's softmax: bench/notes/kernel-notes.md, v7.) Other
 // shapes (head dims 80, 96, 192; 256 with 4 warps) take that strided loop.
-template <int ROWS, int THREADS, bool ATOMS = false>
+template <int ROWS, int THREADS, bool ATOMS = false, int COLS = HEAD_DIM>
 __device__ __forceinline__ void load_tile(u32 dst, const u16* base, int stride, int row0,
                                           int rows_total) {
-    constexpr int CHUNKS = HEAD_DIM / 8;          // 16-byte chunks per row
+    static_assert(ATOMS ? COLS >= HEAD_DIM && COLS % 64 == 0 : COLS == HEAD_DIM,
+                  "only the wgmma tiles (ATOMS) are padded, to whole column atoms");
+    constexpr int CHUNKS = COLS / 8;              // 16-byte chunks per row
     constexpr int STEP = THREADS / CHUNKS;        // rows between one thread's chunks
-    constexpr int ROW_BYTES = ATOMS ? 128 : HEAD_DIM * 2;  // within one column atom
+    constexpr int ROW_BYTES = ATOMS ? 128 : COLS * 2;  // within one column atom
     if constexpr (THREADS % CHUNKS == 0 && STEP % 8 == 0) {
         constexpr int ITERS = (ROWS + STEP - 1) / STEP;
         const int r = threadIdx.x / CHUNKS, c = threadIdx.x % CHUNKS;
@@ -122,7 +125,12 @@ __device__ __forceinline__ void load_tile(u32 dst, const u16* base, int stride, 
         const u16* src = base + (size_t)(row0 + r) * stride + c * 8;
         const size_t step = (size_t)STEP * stride;
         // (ROWS % STEP != 0: the last pass covers only the first rows of the split.)
-        if (row0 + ROWS <= rows_total) {
+        if (COLS > HEAD_DIM && c * 8 >= HEAD_DIM) {  // padding columns: zeros
+#pragma unroll
+            for (int k = 0; k < ITERS; ++k)
+                if (ROWS % STEP == 0 || r + k * STEP < ROWS)
+                    cp_async16(at + k * STEP * ROW_BYTES, base, 0);
+        } else if (row0 + ROWS <= rows_total) {
 #pragma unroll
             for (int k = 0; k < ITERS; ++k)
                 if (ROWS % STEP == 0 || r + k * STEP < ROWS)
@@ -145,7 +153,7 @@ __device__ __forceinline__ void load_tile(u32 dst, const u16* base, int stride, 
             const int i = threadIdx.x + k * THREADS;
             if ((ROWS * CHUNKS) % THREADS == 0 || i < ROWS * CHUNKS) {
                 const int r = i / CHUNKS, c = i % CHUNKS;
-                const bool ok = row0 + r < rows_total;
+                const bool ok = row0 + r < rows_total && c * 8 < HEAD_DIM;
                 const u32 at = dst + (ATOMS ? swz128(ROWS, r, c * 8) : swz<HEAD_DIM>(r, c * 8));
                 const u16* src = base + (size_t)(row0 + r) * stride + c * 8;
                 cp_async16(at, ok ? src : base, ok ? 16 : 0);

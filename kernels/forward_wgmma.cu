@@ -3,7 +3,8 @@
 // (row_start, global: wholly hidden key tiles skipped, partly hidden ones masked element by
 // element). Same entry points and contract as forward.cu (fwd_final: fresh state, writes O and
 // LSE; fwd_state: folds the block into a running state), which stays the kernel for other GPUs.
-// Head dim 64 or 128.
+// Head dims up to 128: 80 and 96 run in the tiles of 128 (WG_DIM, wgmma.cuh), their extra
+// columns zeros; S sums over the real columns only.
 //
 // One CTA = 128 query rows of one (batch, head): two warpgroups that compute (warpgroup w owns
 // rows 64w..64w+63) and a third that only loads (one thread of it; the warpgroup gives its
@@ -15,7 +16,7 @@
 //                from shared memory, both K-major;
 //   online softmax in registers (base 2, scale·log2 e folded in), P packed to 16 bits as the
 //                register A operand of the next product (accumulator layout = A layout);
-//   O += P·V     one m64n{64,128}k16 wgmma per 16 keys (N = head dim), B = V read MN-major.
+//   O += P·V     one m64nDk16 wgmma per 16 keys (N = D, the head dim), B = V read MN-major.
 // The products of P·V are issued one tile late, together with the next tile's S, in the
 // warpgroup's ping-pong turn (wgmma.cuh; FlashAttention-3's schedule): the softmax of tile j then
 // runs under this warpgroup's own P·V of tile j−1 and under the other warpgroup's products, and
@@ -32,13 +33,12 @@
 #define WF_THREADS 384  // two computing warpgroups and the loading one
 
 // Issues O += P·V for one 128-key tile (not committed): K = 128 keys (8 steps), N = head dim (V
-// read MN-major from the tile at v, column atoms WF_BKV·128 bytes apart).
-template <int DH>
+// read MN-major from the tile at v, column atoms WF_BKV·128 bytes apart; none of its padding).
 __device__ __forceinline__ void pv_products(float* o, const u32 (*pa)[4], u32 v) {
     wg_fence();
 #pragma unroll
     for (int kk = 0; kk < WF_BKV / 16; ++kk)
-        wg_rs_atoms<DH>(o, pa[kk], wg_desc(v + kk * 16 * 128, WF_BKV * 128));
+        wg_rs_n<HEAD_DIM>(o, pa[kk], wg_desc(v + kk * 16 * 128, WF_BKV * 128));
 }
 
 template <bool STATE>
@@ -51,7 +51,6 @@ __device__ __forceinline__ void fwd_wg_body(const TensorMap* tmQ, const TensorMa
                                             const int* __restrict__ row_start, int global,
                                             float scale_log2) {
     constexpr int D = HEAD_DIM;
-    constexpr int DH = D / 64;                  // column atoms of a Q, K or V row
     constexpr u32 ATOM = WF_BKV * 128;          // one column atom of a 128-row tile, bytes
     const int wg = threadIdx.x / 128, wi = (threadIdx.x / 32) % 4;
     const int lane = threadIdx.x % 32;
@@ -71,7 +70,7 @@ __device__ __forceinline__ void fwd_wg_body(const TensorMap* tmQ, const TensorMa
     const int b = bh_batch(work.bh, heads), h = work.bh % heads;
     const int kvh = bh_kv_head(work.bh, heads, kv_heads);
 
-    constexpr u32 TILE = WF_BKV * D * 2;  // also the Q tile (WF_BQ = WF_BKV)
+    constexpr u32 TILE = WF_BKV * WG_DIM * 2;  // also the Q tile (WF_BQ = WF_BKV)
     unsigned char* gen;
     const u32 sQ = smem_base1024(&gen);
     const u32 sK = sQ + TILE;       // two stages: tile j in stage j % 2
@@ -104,8 +103,8 @@ __device__ __forceinline__ void fwd_wg_body(const TensorMap* tmQ, const TensorMa
     regs_claim<240>();
     const bool releaser = threadIdx.x % 128 == 0;  // arrives for its warpgroup
 
-    // This thread's rows: wrow + g and wrow + g + 8; accumulator element [half][4·nt + e] is
-    // row + 8·(e ≥ 2), column 64·half + 8·nt + 2t + (e & 1).
+    // This thread's rows: wrow + g and wrow + g + 8; accumulator element 4·nt + e is
+    // row + 8·(e ≥ 2), column 8·nt + 2t + (e & 1) (of O; of S, with halves of 64 keys).
     const int wrow = wg * 64 + wi * 16;
     // Where the mask starts this thread's rows (rs) and the warp's last row (rs_warp).
     int rs[2];
@@ -113,7 +112,7 @@ __device__ __forceinline__ void fwd_wg_body(const TensorMap* tmQ, const TensorMa
     for (int i = 0; i < 2; ++i)
         rs[i] = row_start_at(row_start, q_start + min(r0 + wrow + g + 8 * i, q_len - 1));
     const int rs_warp = row_start_at(row_start, q_start + min(r0 + wrow + 16, q_len) - 1);
-    float o[DH][32];  // head-dim halves (column atoms)
+    float o[D / 2];
     float m[2], l[2];
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
@@ -123,15 +122,12 @@ __device__ __forceinline__ void fwd_wg_body(const TensorMap* tmQ, const TensorMa
         m[i] = ok ? Mst[srow] * LOG2E : NEG_INF;
         l[i] = (ok && t == 0) ? Lst[srow] : 0.f;  // one lane per row carries the stored sum
 #pragma unroll
-        for (int hf = 0; hf < DH; ++hf)
-#pragma unroll
-            for (int nt = 0; nt < 8; ++nt) {
-                float2 a = make_float2(0.f, 0.f);
-                if (ok)
-                    a = *reinterpret_cast<const float2*>(ACC + srow * D + hf * 64 + nt * 8 + 2 * t);
-                o[hf][nt * 4 + 2 * i] = a.x;
-                o[hf][nt * 4 + 2 * i + 1] = a.y;
-            }
+        for (int nt = 0; nt < D / 8; ++nt) {
+            float2 a = make_float2(0.f, 0.f);
+            if (ok) a = *reinterpret_cast<const float2*>(ACC + srow * D + nt * 8 + 2 * t);
+            o[nt * 4 + 2 * i] = a.x;
+            o[nt * 4 + 2 * i + 1] = a.y;
+        }
     }
 
     const u32 q_rows = sQ + wg * 64 * 128;
@@ -158,7 +154,7 @@ __device__ __forceinline__ void fwd_wg_body(const TensorMap* tmQ, const TensorMa
         }
         wg_commit();
         if (!first) {
-            pv_products<DH>(o[0], pa, sV + ((j - 1) % 3) * TILE);
+            pv_products(o, pa, sV + ((j - 1) % 3) * TILE);
             wg_commit();
         }
         pass_turn(wg);
@@ -219,13 +215,11 @@ __device__ __forceinline__ void fwd_wg_body(const TensorMap* tmQ, const TensorMa
 
         // The previous tile's P·V is done: O, the P registers and its V stage are free.
         wg_wait<0>();
-        fence_regs<32 * DH>(&o[0][0]);
+        fence_regs<D / 2>(o);
         fence_regs<32>(&pa[0][0]);
         if (releaser && !first) mbar_arrive(stage_bar<3>(freeV, j - 1));
 #pragma unroll
-        for (int hf = 0; hf < DH; ++hf)
-#pragma unroll
-            for (int e = 0; e < 32; ++e) o[hf][e] *= alpha[(e % 4) / 2];
+        for (int e = 0; e < D / 2; ++e) o[e] *= alpha[(e % 4) / 2];
 #pragma unroll
         for (int kk = 0; kk < 8; ++kk) {
             const float* p = s[kk / 4] + (kk % 4) * 8;  // accumulator tiles 2kk, 2kk+1
@@ -239,10 +233,10 @@ __device__ __forceinline__ void fwd_wg_body(const TensorMap* tmQ, const TensorMa
     for (int j = 1; j < n_tiles; ++j) tile(j, false);
     if (n_tiles > 0) {  // the last tile's P·V
         stage_wait<3>(barV, n_tiles - 1);
-        pv_products<DH>(o[0], pa, sV + ((n_tiles - 1) % 3) * TILE);
+        pv_products(o, pa, sV + ((n_tiles - 1) % 3) * TILE);
         wg_commit();
         wg_wait<0>();
-        fence_regs<32 * DH>(&o[0][0]);
+        fence_regs<D / 2>(o);
     }
     pingpong_end(wg);
 
@@ -260,20 +254,16 @@ __device__ __forceinline__ void fwd_wg_body(const TensorMap* tmQ, const TensorMa
                 Lst[srow] = lt;
             }
 #pragma unroll
-            for (int hf = 0; hf < DH; ++hf)
-#pragma unroll
-                for (int nt = 0; nt < 8; ++nt)
-                    *reinterpret_cast<float2*>(ACC + srow * D + hf * 64 + nt * 8 + 2 * t) =
-                        make_float2(o[hf][nt * 4 + 2 * i], o[hf][nt * 4 + 2 * i + 1]);
+            for (int nt = 0; nt < D / 8; ++nt)
+                *reinterpret_cast<float2*>(ACC + srow * D + nt * 8 + 2 * t) =
+                    make_float2(o[nt * 4 + 2 * i], o[nt * 4 + 2 * i + 1]);
         } else {
             const float inv = lt > 0.f ? 1.f / lt : 0.f;
             if (t == 0) LSE[srow] = lt > 0.f ? (m[i] + __log2f(lt)) * LN2 : NEG_INF;
 #pragma unroll
-            for (int hf = 0; hf < DH; ++hf)
-#pragma unroll
-                for (int nt = 0; nt < 8; ++nt)
-                    *reinterpret_cast<u32*>(O + hr.q + row * hr.q_row + hf * 64 + nt * 8 + 2 * t) =
-                        pack2(o[hf][nt * 4 + 2 * i] * inv, o[hf][nt * 4 + 2 * i + 1] * inv);
+            for (int nt = 0; nt < D / 8; ++nt)
+                *reinterpret_cast<u32*>(O + hr.q + row * hr.q_row + nt * 8 + 2 * t) =
+                    pack2(o[nt * 4 + 2 * i] * inv, o[nt * 4 + 2 * i + 1] * inv);
         }
     }
 }

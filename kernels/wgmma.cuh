@@ -6,8 +6,11 @@
 // needs the 1024-byte step between groups of 8 rows.
 
 #if FWD_WGMMA || BWD_WGMMA
-#if HEAD_DIM != 64 && HEAD_DIM != 128
-#error "the wgmma kernels are written for head dims 64 and 128"
+// WG_DIM (set by the host with HEAD_DIM: src/backend/cuda/launch.rs, wgmma_tile_dim) is the
+// width of the kernels' tiles and accumulators, whole column atoms of 64: head dims 80 and 96 run
+// in tiles of 128 whose extra columns are zeros.
+#if (WG_DIM != 64 && WG_DIM != 128) || HEAD_DIM > WG_DIM || HEAD_DIM % 16 != 0
+#error "the wgmma kernels take head dims up to 128 in tiles of 64 or 128 columns"
 #endif
 
 typedef unsigned long long u64;
@@ -115,6 +118,21 @@ __device__ __forceinline__ void wg_rs(float* d, const u32* a, u64 b) {
     "%38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, "  \
     "%56, %57, %58, %59, %60, %61, %62, %63}"
 
+// Register lists of the narrower and in-between products (wg_rs_n).
+#define WG_R8 "{%0, %1, %2, %3, %4, %5, %6, %7}"
+#define WG_R16 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}"
+#define WG_R40                                                                                  \
+    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, " \
+    "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, "  \
+    "%38, %39}"
+#define WG_R48                                                                                  \
+    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, " \
+    "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, "  \
+    "%38, %39, %40, %41, %42, %43, %44, %45, %46, %47}"
+#define WG_D8_OUT(d)                                                                        \
+    "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),      \
+        "+f"(d[7])
+
 // The same products with N = 128 (d: 64×128 f32, the two 64-column halves of wg_ss/wg_rs's
 // layout one after the other). One instruction reads A once for 128 columns instead of twice.
 template <int TA, int TB>
@@ -154,7 +172,7 @@ __device__ __forceinline__ void bulk_wait() { asm volatile("cp.async.bulk.wait_g
 
 // ---- Tensor memory accelerator (TMA) loads, completed on shared-memory barriers (mbarrier).
 //
-// A tile of rows × HEAD_DIM 16-bit values is HEAD_DIM/64 boxes of 64 columns × rows, each
+// A tile of rows × WG_DIM 16-bit values is WG_DIM/64 boxes of 64 columns × rows, each
 // landing as one column atom in the 128-byte swizzle that wg_desc describes (the host encodes
 // the tensor maps with that swizzle: src/backend/cuda/tma.rs). One thread issues the copies of a
 // whole tile, where cp.async took 16 per thread per tile and the address arithmetic with them.
@@ -230,24 +248,50 @@ __device__ __forceinline__ void tma_load(u32 dst, const TensorMap* map, int col,
         "l"(reinterpret_cast<u64>(map)), "r"(col), "r"(row), "r"(head), "r"(batch), "r"(bar)
         : "memory");
 }
-// Loads rows row0.. of (batch, head) (ROWS × HEAD_DIM, rows past the end as zeros) into the
-// swizzled tile at dst, all column atoms on barrier bar, which this call arms for the bytes.
+// Loads rows row0.. of (batch, head) (ROWS × WG_DIM; rows past the end and columns past
+// HEAD_DIM as zeros, the map's out-of-bounds fill) into the swizzled tile at dst, all column
+// atoms on barrier bar, which this call arms for the bytes (a box's bytes count in full, filled
+// or not).
 template <int ROWS>
 __device__ __forceinline__ void tma_tile(u32 dst, const TensorMap* map, int row0, int head,
                                          int batch, u32 bar) {
-    mbar_expect_bytes(bar, ROWS * HEAD_DIM * 2);
+    mbar_expect_bytes(bar, ROWS * WG_DIM * 2);
 #pragma unroll
-    for (int a = 0; a < HEAD_DIM / 64; ++a)
+    for (int a = 0; a < WG_DIM / 64; ++a)
         tma_load(dst + a * ROWS * 128, map, a * 64, row0, head, batch, bar);
 }
 
-// d += A·B over the 64·ATOMS columns of B (MN-major, column atoms `lbo` bytes apart in b).
-template <int ATOMS>
-__device__ __forceinline__ void wg_rs_atoms(float* d, const u32* a, u64 b) {
-    if constexpr (ATOMS == 2)
-        wg_rs128(d, a, b);
-    else
+// d += A·B over N columns of B (MN-major, column atoms `lbo` bytes apart in b), A in registers
+// as for wg_rs: d holds N/2 accumulators per thread, column 8·nt + 2t + (e & 1) at 4·nt + e, the
+// layout of wg_rs's and wg_rs128's. N = head dim (forward P·V) or what a head dim leaves past its
+// first column atom (16 or 32 of 80 or 96: the backward's dK and dV), so products whose output
+// spans the head dim compute none of the zero columns a tile of 128 pads it with.
+// One m64n{N}k16 product with A in registers (a) and B from shared memory (b): `regs` lists the
+// N/2 accumulator operands, `tail` numbers A's four registers and B after them, and the
+// variadic part binds the accumulators.
+#define WG_RS_N_ASM(N, regs, tail, ...)                                                      \
+    asm volatile("wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." MMA_AB "." MMA_AB " " regs \
+                 ", " tail ", 1, 1, 1, 1;\n"                                                 \
+                 : __VA_ARGS__                                                               \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b))
+
+template <int N>
+__device__ __forceinline__ void wg_rs_n(float* d, const u32* a, u64 b) {
+    static_assert(N == 16 || N == 32 || N == 64 || N == 80 || N == 96 || N == 128,
+                  "no wgmma product written for this width");
+    if constexpr (N == 64)
         wg_rs(d, a, b);
+    else if constexpr (N == 128)
+        wg_rs128(d, a, b);
+    else if constexpr (N == 16)
+        WG_RS_N_ASM(16, WG_R8, "{%8, %9, %10, %11}, %12", WG_D8_OUT(d));
+    else if constexpr (N == 32)
+        WG_RS_N_ASM(32, WG_R16, "{%16, %17, %18, %19}, %20", WG_D8_OUT(d), WG_D8_OUT((d + 8)));
+    else if constexpr (N == 80)
+        WG_RS_N_ASM(80, WG_R40, "{%40, %41, %42, %43}, %44", WG_D32_OUT(d), WG_D8_OUT((d + 32)));
+    else
+        WG_RS_N_ASM(96, WG_R48, "{%48, %49, %50, %51}, %52", WG_D32_OUT(d), WG_D8_OUT((d + 32)),
+                    WG_D8_OUT((d + 40)));
 }
 
 #endif  // FWD_WGMMA || BWD_WGMMA

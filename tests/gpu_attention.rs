@@ -39,10 +39,11 @@ const TOLERANCE: f64 = 2e-2;
 /// (dtype, batch, heads, kv heads, head dim, rows).
 type Shape = (InputDtype, usize, usize, usize, usize, usize);
 
-/// Causal cases: head dims 64 and 128 (wgmma on Hopper), then the mma.sync-only head dims 80,
-/// 96 (a partial swizzle group per row, unequal column parts in the backward), 192 and 256
-/// (16-row forward warps, 64-key backward tiles; 256 single-buffered off Hopper), each in bf16
-/// and fp16 and with GQA or MQA.
+/// Causal cases: head dims 64 and 128, then 80 and 96 (on Hopper wgmma in tiles of 128 whose
+/// padding must add nothing; on the mma.sync kernels a partial swizzle group per row, unequal
+/// column parts in the backward), then the mma.sync-only 192 and 256 (16-row forward warps,
+/// 64-key backward tiles; 256 single-buffered off Hopper), each in bf16 and fp16 and with GQA
+/// or MQA.
 const CASES: [Shape; 13] = [
     (InputDtype::Bf16, 1, 4, 4, 128, 300),
     (InputDtype::F16, 2, 8, 2, 64, 257),

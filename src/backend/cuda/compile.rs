@@ -6,7 +6,7 @@
 //! (including the `#define`s that select head dim and dtype), the options, the architecture and
 //! the NVRTC version.
 
-use super::launch::{Masking, Tuning};
+use super::launch::{Masking, Tuning, wgmma_cols};
 use anyhow::{Context, Result, bail};
 use cudarc::nvrtc::{CompileError, CompileOptions, Ptx};
 use std::path::{Path, PathBuf};
@@ -30,8 +30,9 @@ pub(crate) fn kernel_source(
 ) -> String {
     let dtype = if bf16 { "DTYPE_BF16" } else { "DTYPE_F16" };
     let masked = masking as u8;
+    let wg_dim = wgmma_cols(head_dim);
     format!(
-        "#define HEAD_DIM {head_dim}\n#define {dtype}\n#define MASKED {masked}\n{}{HALF}\n{COMMON}\n{WGMMA}\n{FORWARD}\n{FORWARD_WGMMA}\n{BACKWARD}\n{BACKWARD_WGMMA}\n{ROWS}\n{LAYOUT}",
+        "#define HEAD_DIM {head_dim}\n#define WG_DIM {wg_dim}\n#define {dtype}\n#define MASKED {masked}\n{}{HALF}\n{COMMON}\n{WGMMA}\n{FORWARD}\n{FORWARD_WGMMA}\n{BACKWARD}\n{BACKWARD_WGMMA}\n{ROWS}\n{LAYOUT}",
         tuning.defines()
     )
 }
@@ -268,7 +269,13 @@ mod tests {
         if !nvrtc_present() {
             return;
         }
-        for (head_dim, bf16) in [(128, true), (128, false), (64, true)] {
+        for (head_dim, bf16) in [
+            (128, true),
+            (128, false),
+            (96, true),
+            (80, true),
+            (64, true),
+        ] {
             let t = Tuning::for_head_dim(head_dim).for_device(head_dim, (9, 0));
             for masking in Masking::BOTH {
                 let what = format!("d{head_dim}, bf16={bf16}, {masking:?}");
@@ -322,8 +329,9 @@ mod tests {
     /// The deterministic backward (`Tuning::deterministic`) compiles in both modules, on the
     /// wgmma kernels without serialisation, and on the mma.sync kernels for sm_80 and for a
     /// head dim Hopper runs on them. The wgmma kernels do not spill, except the masked module
-    /// at head dim 128 (36-64 bytes, varying with any change: its baseline is at the edge of
-    /// the 255 registers), asserted here so that a fix shows.
+    /// in tiles of 128 columns (head dim 128: 36-64 bytes, varying with any change: its
+    /// baseline is at the edge of the 255 registers; 96: 44 bytes), asserted here so that a fix
+    /// shows.
     #[test]
     fn deterministic_kernels_compile() {
         if !nvrtc_present() {
@@ -332,8 +340,9 @@ mod tests {
         for (head_dim, capability, arch) in [
             (128, (9, 0), "sm_90a"),
             (64, (9, 0), "sm_90a"),
-            (128, (8, 0), "sm_80"),
             (96, (9, 0), "sm_90a"),
+            (128, (8, 0), "sm_80"),
+            (192, (9, 0), "sm_90a"),
         ] {
             let t = Tuning {
                 deterministic: true,
@@ -347,7 +356,7 @@ mod tests {
                 if t.bwd_wgmma {
                     assert!(!report.contains("serialized"), "{what}:\n{report}");
                     let spilled = spills(&report, &what);
-                    if (head_dim, masking) == (128, Masking::Masked) {
+                    if head_dim > 64 && masking == Masking::Masked {
                         assert!(
                             !spilled.is_empty(),
                             "{what} no longer spills: update this test"
@@ -380,8 +389,10 @@ mod tests {
         let t = Tuning::for_head_dim(128);
         let s = kernel_source(128, true, &t, Masking::Causal);
         assert!(s.starts_with(
-            "#define HEAD_DIM 128\n#define DTYPE_BF16\n#define MASKED 0\n#define FWD_WARPS 8\n"
+            "#define HEAD_DIM 128\n#define WG_DIM 128\n#define DTYPE_BF16\n#define MASKED 0\n#define FWD_WARPS 8\n"
         ));
+        assert!(kernel_source(96, true, &t, Masking::Causal).contains("#define WG_DIM 128\n"));
+        assert!(kernel_source(192, true, &t, Masking::Causal).contains("#define WG_DIM 192\n"));
         assert!(kernel_source(128, true, &t, Masking::Masked).contains("#define MASKED 1\n"));
         assert!(s.contains("#define FWD_WGMMA 1\n#define BWD_WARPS 8\n#define BWD_WGMMA 1\n"));
         assert!(kernel_source(64, false, &t, Masking::Causal).contains("#define DTYPE_F16"));

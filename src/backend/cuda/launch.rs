@@ -16,8 +16,20 @@ const ROWS_PER_BLOCK: usize = 8;
 /// it in 32-bit signed arithmetic (`cta_work`, `kernels/common.cuh`).
 const MAX_CTAS: usize = i32::MAX as usize;
 
-/// The head dims the wgmma kernels are written for.
-const WGMMA_HEAD_DIMS: [usize; 2] = [64, 128];
+/// The head dim the wgmma kernels' shared tiles and accumulators have for a model's `head_dim`
+/// (`WG_DIM` in `kernels/wgmma.cuh`), or `None` where they do not run. Their tiles are column
+/// atoms of 64 in the 128-byte swizzle, so 80 and 96 run in tiles of 128 whose extra columns are
+/// zeros (TMA's out-of-bounds fill, cp.async's zero fill): exact, and only the products whose
+/// output spans the head dim pay for the padding (those that sum over it stop at `head_dim`).
+/// FlashAttention-3 rounds head dims up the same way. Above 128 the dK and dV accumulators of a
+/// 128-key tile do not fit a warpgroup's registers.
+pub(crate) fn wgmma_tile_dim(head_dim: usize) -> Option<usize> {
+    match head_dim {
+        64 => Some(64),
+        80 | 96 | 128 => Some(128),
+        _ => None,
+    }
+}
 /// Query rows per wgmma forward CTA (`WF_BQ`), also its key rows per stage (`WF_BKV`).
 pub(crate) const WGMMA_FWD_ROWS: usize = 128;
 /// The wgmma forward's TMA barriers (eleven of 8 bytes: Q, K and V stages full, K and V stages
@@ -28,7 +40,7 @@ const WGMMA_FWD_BARRIERS: usize = 128;
 const WGMMA_ALIGN_SLACK: usize = 1024;
 
 /// Head dims the kernels are instantiated for: the mma.sync kernels take any of them (on every
-/// GPU from sm_80), the wgmma kernels 64 and 128 on sm_90.
+/// GPU from sm_80), the wgmma kernels those up to 128 on sm_90 ([`wgmma_tile_dim`]).
 pub const HEAD_DIMS: [usize; 6] = [64, 80, 96, 128, 192, 256];
 
 /// Opt-in dynamic shared memory per block (bytes) of a compute capability: 227 KiB on Hopper
@@ -86,7 +98,7 @@ pub struct Tuning {
     pub bwd_warps: usize,
     /// The backward on Hopper's warpgroup MMA (`kernels/backward_wgmma.cu`: two warpgroups,
     /// 128-key tiles) instead of the mma.sync kernel; used only where [`Tuning::for_device`]
-    /// keeps it (compute capability 9.0, head dim 128).
+    /// keeps it (compute capability 9.0, head dims up to 128: [`wgmma_tile_dim`]).
     pub bwd_wgmma: bool,
     /// Backward warps sharing 32 keys (2 or 4; the mma.sync backward): 4 halves the dK and dV
     /// registers per thread, which head dims above 128 need not to spill.
@@ -117,8 +129,8 @@ impl Tuning {
     /// At head dims 96, 192 and 256 the f32 accumulators would spill at that shape (O is rows ×
     /// head dim over a warp's 32 lanes, dK and dV keys × head dim; ptxas's counts are checked by
     /// `compile.rs`'s tests): there the forward warps own 16 rows each, and above 128 the
-    /// backward's 32 keys are shared by 4 warps (64-key tiles). 128 keeps its measured shape
-    /// (on Hopper it runs on wgmma). The new shapes are chosen to fit registers and shared
+    /// backward's 32 keys are shared by 4 warps (64-key tiles). 128 keeps its measured shape.
+    /// On Hopper head dims up to 128 run on the wgmma kernels instead. The new shapes are chosen to fit registers and shared
     /// memory, not yet timed against alternatives.
     pub fn for_head_dim(head_dim: usize) -> Tuning {
         let wide = head_dim > 128;
@@ -130,9 +142,9 @@ impl Tuning {
                 1
             },
             fwd_q_in_registers: head_dim <= 64,
-            fwd_wgmma: WGMMA_HEAD_DIMS.contains(&head_dim),
+            fwd_wgmma: wgmma_tile_dim(head_dim).is_some(),
             bwd_warps: 8,
-            bwd_wgmma: WGMMA_HEAD_DIMS.contains(&head_dim),
+            bwd_wgmma: wgmma_tile_dim(head_dim).is_some(),
             bwd_key_split: if wide { 4 } else { 2 },
             bwd_q_stages: 2,
             fwd_key_major: true,
@@ -148,7 +160,7 @@ impl Tuning {
     /// runs with 4 warps (half the query rows) and the backward single-buffers its query tiles,
     /// each only if that then fits (otherwise loading the kernels names the bytes refused).
     pub fn for_device(self, head_dim: usize, capability: (i32, i32)) -> Tuning {
-        let wgmma = WGMMA_HEAD_DIMS.contains(&head_dim) && capability == (9, 0);
+        let wgmma = wgmma_tile_dim(head_dim).is_some() && capability == (9, 0);
         let mut t = Tuning {
             fwd_wgmma: self.fwd_wgmma && wgmma,
             bwd_wgmma: self.bwd_wgmma && wgmma,
@@ -286,10 +298,10 @@ fn grid(dims: &Dims, per_head: usize, what: &str) -> Result<(u32, u32, u32)> {
 
 /// Dynamic shared memory of the forward kernel: the Q tile and two stages of K and V; the
 /// wgmma kernel has a third stage of V (its P·V runs one tile late), its TMA barriers and 1 KiB
-/// of slack to align the tiles to 1024 bytes.
+/// of slack to align the tiles to 1024 bytes; its tiles are [`wgmma_tile_dim`] wide.
 pub(crate) fn forward_smem(head_dim: usize, tuning: &Tuning) -> u32 {
     if tuning.fwd_wgmma {
-        ((WGMMA_FWD_ROWS + 5 * WGMMA_FWD_ROWS) * head_dim * 2
+        ((WGMMA_FWD_ROWS + 5 * WGMMA_FWD_ROWS) * wgmma_cols(head_dim) * 2
             + WGMMA_FWD_BARRIERS
             + WGMMA_ALIGN_SLACK) as u32
     } else {
@@ -312,23 +324,30 @@ pub(crate) fn forward_config(dims: &Dims, q_rows: usize, tuning: &Tuning) -> Res
 /// only, reserved in both so one size serves), and the Pᵀ and dSᵀ tiles (16-bit). The wgmma kernel keeps no Pᵀ tile (Pᵀ stays in
 /// registers) but stages each query tile's dQ (f32 rows padded by 32 bytes; one copy per
 /// warpgroup at head dim 64, where each sums over its own keys) for the bulk reduction into
-/// global memory, and needs 1 KiB of slack to align its tiles to 1024 bytes.
+/// global memory, and needs 1 KiB of slack to align its tiles to 1024 bytes. Its tiles are
+/// [`wgmma_tile_dim`] wide.
 pub(crate) fn backward_smem(head_dim: usize, tuning: &Tuning) -> u32 {
     let bkv = backward_keys(tuning);
-    let stages = if tuning.bwd_wgmma {
-        2
+    let (stages, cols) = if tuning.bwd_wgmma {
+        (2, wgmma_cols(head_dim))
     } else {
-        tuning.bwd_q_stages
+        (tuning.bwd_q_stages, head_dim)
     };
-    let tiles = 2 * bkv * head_dim * 2 + stages * BWD_BQ * (2 * head_dim * 2 + 3 * 4);
+    let tiles = 2 * bkv * cols * 2 + stages * BWD_BQ * (2 * cols * 2 + 3 * 4);
     let scores = if tuning.bwd_wgmma { 1 } else { 2 } * bkv * BWD_BQ * 2;
     let wgmma_extra = if tuning.bwd_wgmma {
-        let dq_parts = if head_dim == 128 { 1 } else { 2 };
-        dq_parts * BWD_BQ * (head_dim * 4 + 32) + WGMMA_ALIGN_SLACK
+        let dq_parts = if cols == 128 { 1 } else { 2 };
+        dq_parts * BWD_BQ * (cols * 4 + 32) + WGMMA_ALIGN_SLACK
     } else {
         0
     };
     (tiles + scores + wgmma_extra) as u32
+}
+
+/// The wgmma kernels' tile width for `head_dim` ([`wgmma_tile_dim`]; [`Tuning::for_device`]
+/// selects them only where it has one, and `kernels/wgmma.cuh` refuses to compile any other).
+pub(crate) fn wgmma_cols(head_dim: usize) -> usize {
+    wgmma_tile_dim(head_dim).unwrap_or(head_dim)
 }
 
 /// Key rows per backward CTA: 32 per `bwd_key_split` warps in the mma.sync kernel, 64 per
@@ -549,9 +568,23 @@ mod tests {
             !t.for_device(128, (10, 0)).bwd_wgmma,
             "sm_90a code runs only on 9.0"
         );
-        assert!(
-            !t.for_device(96, (9, 0)).bwd_wgmma,
-            "written for head dims 64 and 128"
+        for d in [80, 96] {
+            let t = Tuning::for_head_dim(d).for_device(d, (9, 0));
+            assert!(
+                t.fwd_wgmma && t.bwd_wgmma,
+                "d{d} runs in zero-padded tiles of 128"
+            );
+        }
+        for d in [192, 256] {
+            let t = Tuning::for_head_dim(d).for_device(d, (9, 0));
+            assert!(
+                !t.fwd_wgmma && !t.bwd_wgmma,
+                "d{d}: no wgmma kernel above 128"
+            );
+        }
+        assert_eq!(
+            [64, 80, 96, 128, 192].map(wgmma_tile_dim),
+            [Some(64), Some(128), Some(128), Some(128), None]
         );
         let t64 = Tuning::for_head_dim(64).for_device(64, (9, 0));
         assert!(t64.fwd_wgmma && t64.bwd_wgmma);
@@ -618,9 +651,16 @@ mod tests {
         let t = Tuning::for_head_dim(192).for_device(192, (8, 0));
         assert_eq!((t.fwd_warps, t.bwd_q_stages, t.bwd_key_split), (8, 2, 4));
         for d in [80, 96] {
-            let t = Tuning::for_head_dim(d).for_device(d, (9, 0));
+            let t = Tuning::for_head_dim(d).for_device(d, (8, 0));
             assert_eq!((backward_keys(&t), t.bwd_key_split), (128, 2));
             assert_eq!(forward_smem(d, &t) as usize, (t.fwd_rows() + 256) * d * 2);
+            // On Hopper their wgmma tiles are those of head dim 128.
+            let (h, h128) = (
+                Tuning::for_head_dim(d).for_device(d, (9, 0)),
+                Tuning::for_head_dim(128).for_device(128, (9, 0)),
+            );
+            assert_eq!(forward_smem(d, &h), forward_smem(128, &h128));
+            assert_eq!(backward_smem(d, &h), backward_smem(128, &h128));
         }
         // 64 and 128 keep their measured shapes everywhere.
         for d in [64, 128] {

@@ -25,8 +25,8 @@
 //!   benchmarks.
 //!
 //! Shapes: head dims 64, 80, 96, 128, 192 and 256 (others are refused with a sentence; the
-//! wgmma kernels take 64 and 128, the other head dims run on the mma.sync kernels on Hopper
-//! too), bf16 or fp16, any batch, MHA/GQA/MQA, any lengths (tiles past the end are zero-filled
+//! wgmma kernels take those up to 128, 80 and 96 in zero-padded tiles of 128; 192 and 256 run
+//! on the mma.sync kernels on Hopper too), bf16 or fp16, any batch, MHA/GQA/MQA, any lengths (tiles past the end are zero-filled
 //! and masked).
 //!
 //! Masks: both ways in take a [`Mask`](crate::shape::Mask) (packed documents, a sliding window,

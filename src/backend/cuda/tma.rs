@@ -3,7 +3,9 @@
 //! A tensor map tells the GPU's tensor memory accelerator how a tensor lies in global memory and
 //! which box one load copies; the kernel then moves a whole K or V tile with one instruction per
 //! 64 columns instead of 16 cp.async per thread, and the 128-byte swizzle it lands in is the
-//! layout the kernel's wgmma descriptors read. The shape arithmetic is plain and tested without a
+//! layout the kernel's wgmma descriptors read. A head dim that is not a multiple of 64 (80, 96)
+//! ends in a box that reaches past the row, whose extra columns land as zeros: the kernel's
+//! padded tile. The shape arithmetic is plain and tested without a
 //! GPU; the encoding is the driver's (`cuTensorMapEncodeTiled`).
 
 use super::strides::Strides;
@@ -43,13 +45,11 @@ impl TileMapShape {
         [batch, heads, rows, head_dim]: [usize; 4],
         box_rows: usize,
     ) -> Result<Self> {
-        if batch == 0 || heads == 0 || rows == 0 {
+        if batch == 0 || heads == 0 || rows == 0 || head_dim == 0 {
             bail!(
-                "a tensor map needs at least one row of one head ({batch} × {heads} × {rows} rows)"
+                "a tensor map needs at least one row of one head \
+                 ({batch} × {heads} × {rows} rows of {head_dim})"
             );
-        }
-        if !head_dim.is_multiple_of(BOX_COLUMNS) {
-            bail!("TMA tiles need a head dim that is a multiple of {BOX_COLUMNS}, not {head_dim}");
         }
         if !(1..=256).contains(&box_rows) {
             bail!("a TMA box has 1 to 256 rows, not {box_rows}");
@@ -127,6 +127,13 @@ mod tests {
         let sm = Strides::seq_major(8, 1000, 128);
         let s = TileMapShape::new(&sm, [2, 8, 1000, 128], 128).unwrap();
         assert_eq!(s.strides, [2048, 256, 2_048_000]);
+        // Head dim 80: the second box of 64 columns reaches past the row (the kernel's padding,
+        // filled with zeros); rows stay 160 bytes apart.
+        let hm80 = Strides::head_major(8, 1000, 80);
+        let s = TileMapShape::new(&hm80, [2, 8, 1000, 80], 128).unwrap();
+        assert_eq!(s.dims, [80, 1000, 8, 2]);
+        assert_eq!(s.strides, [160, 160_000, 1_280_000]);
+        assert_eq!(s.box_dims, [64, 128, 1, 1]);
     }
 
     #[test]
@@ -134,10 +141,7 @@ mod tests {
         let hm = Strides::head_major(1, 10, 128);
         assert!(TileMapShape::new(&hm, [0, 1, 10, 128], 128).is_err());
         assert!(TileMapShape::new(&hm, [1, 1, 0, 128], 128).is_err());
-        let err = TileMapShape::new(&hm, [1, 1, 10, 96], 128)
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("multiple of 64"), "{err}");
+        assert!(TileMapShape::new(&hm, [1, 1, 10, 0], 128).is_err());
         assert!(TileMapShape::new(&hm, [1, 1, 10, 128], 257).is_err());
         let odd = Strides { row: 132, ..hm };
         let err = TileMapShape::new(&odd, [1, 1, 10, 128], 128)
