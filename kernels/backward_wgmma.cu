@@ -16,8 +16,8 @@
 //  4. dQ(tile) = dS·K (A = dS MN-major from the dSᵀ tile, B = K MN-major), then dK += dSᵀ·Q
 //     (dSᵀ from registers, Q MN-major), which runs while dQ goes to shared memory: no step
 //     waits for an empty tensor pipe after step 1. In tiles of 128 columns warpgroup w computes
-//     dQ's columns 64w..64w+63 over all 128 keys; at head dim 64 each warpgroup computes all columns
-//     over its own 64 keys. At the start of the next tile bulk reductions
+//     dQ's columns 64w..64w+63 over all 128 keys; at head dim 64 each warpgroup computes all
+//     columns over its own 64 keys. At the start of the next tile bulk reductions
 //     (`cp.reduce.async.bulk`, one per row) add the staged tile to dQ in the background;
 //     per-thread vector atomics here cost 7% of the backward's speed
 //     (bench/notes/kernel-notes.md, v7).
@@ -163,8 +163,10 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
         if (qt + 1 < n_qt) {
             const int ns = stage ^ 1;
             const int nr = (qt + 1) * WG_BQ;
-            load_tile<WG_BQ, WG_THREADS, true, WG_DIM>(sQ + ns * Q_TILE, op.Q, op.q_row, nr, q_len);
-            load_tile<WG_BQ, WG_THREADS, true, WG_DIM>(sdO + ns * Q_TILE, op.dO, op.q_row, nr, q_len);
+            load_tile<WG_BQ, WG_THREADS, true, WG_DIM>(sQ + ns * Q_TILE, op.Q, op.q_row, nr,
+                                                       q_len);
+            load_tile<WG_BQ, WG_THREADS, true, WG_DIM>(sdO + ns * Q_TILE, op.dO, op.q_row, nr,
+                                                       q_len);
             load_vec<WG_BQ>(sL + ns * WG_BQ * 4, op.LSE, nr, q_len);
             load_vec<WG_BQ>(sD + ns * WG_BQ * 4, op.D, nr, q_len);
             load_row_starts<WG_BQ>(sR + ns * WG_BQ * 4, row_start, q_start, nr, q_len);
@@ -176,7 +178,8 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
         const int* cR = iR + stage * WG_BQ;
         const int r0 = qt * WG_BQ;
 
-        // ---- 1. Sᵀ and dPᵀ: 64 keys × 64 queries, K = head dim (steps of 16; none over the padding).
+        // ---- 1. Sᵀ and dPᵀ: 64 keys × 64 queries, K = head dim (steps of 16, none over the
+        // padding).
         float s[32], dp[32];
         wg_fence();
 #pragma unroll
@@ -283,8 +286,8 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
             pass_add_turn(dq_turn_row + qt - 1);
 
         // ---- 4. dQ(tile) = dS·K, then dK += dSᵀ·Q (B = Q MN-major), which runs while dQ goes
-        // to shared memory. dQ in tiles of 128 columns: warpgroup w takes columns 64w..64w+63 over all
-        // 128 keys; head dim 64: all 64 columns over its own 64 keys (both add to dQ).
+        // to shared memory. dQ in tiles of 128 columns: warpgroup w takes columns 64w..64w+63
+        // over all 128 keys; head dim 64: all 64 columns over its own 64 keys (both add to dQ).
         constexpr int DQ_KEYS = DH == 2 ? WG_BKV : 64;
         const u32 dq_keys = DH == 2 ? 0 : wg * 64 * 128;  // first key row, bytes
         const u32 dq_atom = DH == 2 ? wg * KV_ATOM : 0;

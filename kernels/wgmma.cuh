@@ -261,11 +261,6 @@ __device__ __forceinline__ void tma_tile(u32 dst, const TensorMap* map, int row0
         tma_load(dst + a * ROWS * 128, map, a * 64, row0, head, batch, bar);
 }
 
-// d += A·B over N columns of B (MN-major, column atoms `lbo` bytes apart in b), A in registers
-// as for wg_rs: d holds N/2 accumulators per thread, column 8·nt + 2t + (e & 1) at 4·nt + e, the
-// layout of wg_rs's and wg_rs128's. N = head dim (forward P·V) or what a head dim leaves past its
-// first column atom (16 or 32 of 80 or 96: the backward's dK and dV), so products whose output
-// spans the head dim compute none of the zero columns a tile of 128 pads it with.
 // One m64n{N}k16 product with A in registers (a) and B from shared memory (b): `regs` lists the
 // N/2 accumulator operands, `tail` numbers A's four registers and B after them, and the
 // variadic part binds the accumulators.
@@ -275,6 +270,11 @@ __device__ __forceinline__ void tma_tile(u32 dst, const TensorMap* map, int row0
                  : __VA_ARGS__                                                               \
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b))
 
+// d += A·B over N columns of B (MN-major, column atoms `lbo` bytes apart in b), A in registers
+// as for wg_rs: d holds N/2 accumulators per thread, column 8·nt + 2t + (e & 1) at 4·nt + e, the
+// layout of wg_rs's and wg_rs128's. N = head dim (forward P·V) or what a head dim leaves past its
+// first column atom (16 or 32 of 80 or 96: the backward's dK and dV), so products whose output
+// spans the head dim compute none of the zero columns a tile of 128 pads it with.
 template <int N>
 __device__ __forceinline__ void wg_rs_n(float* d, const u32* a, u64 b) {
     static_assert(N == 16 || N == 32 || N == 64 || N == 80 || N == 96 || N == 128,

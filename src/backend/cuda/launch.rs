@@ -130,8 +130,8 @@ impl Tuning {
     /// head dim over a warp's 32 lanes, dK and dV keys × head dim; ptxas's counts are checked by
     /// `compile.rs`'s tests): there the forward warps own 16 rows each, and above 128 the
     /// backward's 32 keys are shared by 4 warps (64-key tiles). 128 keeps its measured shape.
-    /// On Hopper head dims up to 128 run on the wgmma kernels instead. The new shapes are chosen to fit registers and shared
-    /// memory, not yet timed against alternatives.
+    /// On Hopper head dims up to 128 run on the wgmma kernels instead. The new shapes are
+    /// chosen to fit registers and shared memory, not yet timed against alternatives.
     pub fn for_head_dim(head_dim: usize) -> Tuning {
         let wide = head_dim > 128;
         Tuning {
