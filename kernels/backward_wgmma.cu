@@ -17,14 +17,17 @@
 //     (dSᵀ from registers, Q MN-major), which runs while dQ goes to shared memory: no step
 //     waits for an empty tensor pipe after step 1. In tiles of 128 columns warpgroup w computes
 //     dQ's columns 64w..64w+63 over all 128 keys; at head dim 64 each warpgroup computes all
-//     columns over its own 64 keys. At the start of the next tile bulk reductions
-//     (`cp.reduce.async.bulk`, one per row) add the staged tile to dQ in the background;
-//     per-thread vector atomics here cost 7% of the backward's speed
-//     (bench/notes/kernel-notes.md, v7).
+//     columns over its own 64 keys. At the start of the next tile one thread's TMA reductions
+//     (`cp.reduce.async.bulk.tensor`, one per 32 columns) add the staged tile to dQ in the
+//     background; per-thread vector atomics here cost 7% of the backward's speed, and one bulk
+//     reduction per row 2·32 serial issues in two warps, which the others waited for at their
+//     next wgmma and the dSᵀ barrier (bench/notes/kernel-notes.md, v7 and v18).
 // Compared with the per-warp mma.sync kernel, B operands are read from shared memory once per
 // warpgroup instead of once per warp, which is what limited that kernel (81% shared-memory
 // throughput, bench/notes/kernel-notes.md).
 //
+// The parameters are backward.cu's (the host launches either kernel the same way; dQ's pointer
+// goes unused here), then the tensor map of dQ that the reductions write through.
 // Tiles and wgmma helpers: wgmma.cuh.
 
 #if BWD_WGMMA
@@ -32,36 +35,52 @@
 #define WG_BKV 128
 #define WG_BQ 64
 #define WG_THREADS 256
-// dQ leaves through shared memory: in tiles of 128 columns in one part (each warpgroup fills its
-// 64 columns), at head dim 64 in one part per warpgroup (each holds a sum over its own keys). Rows
-// are padded by 32 bytes so that a warp's 8 rows × 4 pairs per store hit distinct banks.
+// dQ leaves through shared memory in its TMA reductions' layout: boxes of 32 f32 columns × 64
+// rows (8 KiB) in the 128-byte swizzle, WG_DIM / 32 of them a part. Tiles of 128 columns have
+// one part (each warpgroup fills its 64 columns), head dim 64 one per warpgroup (each holds a
+// sum over its own keys).
 #define WG_DQ_PARTS (WG_DIM == 128 ? 1 : 2)
-#define WG_DQ_ROW (WG_DIM * 4 + 32)
+#define WG_DQ_BOX (WG_BQ * 128)
+#define WG_DQ_PART (WG_DIM / 32 * WG_DQ_BOX)
 
-// Adds the dQ tile of query rows row0.. staged in shared memory at sdQ into dQ (rows `stride`
-// elements apart): one bulk reduction per row and part, issued by the first WG_DQ_PARTS × 64
-// threads. Deterministic, the two parts of head dim 64 would reach a row in either order: the
-// first 64 threads each add part 1 of their row into part 0 and reduce that alone.
-__device__ __forceinline__ void add_dq_tile(float* dQ, int stride, u32 sdQ, unsigned char* pdQ,
-                                            int row0, int q_len) {
-    const int row = threadIdx.x % WG_BQ, part = threadIdx.x / WG_BQ;
-    if (row0 + row >= q_len) return;
+// Byte offset of dQ's (row, col) within a part: box col / 32, rows of 128 bytes, their 16-byte
+// chunks XORed by row % 8 (the swizzle of the host's map). A warp's 8 rows × 4 pairs of one
+// store land on distinct banks.
+__device__ __forceinline__ u32 sdq_offset(int row, int col) {
+    return (u32)((col / 32) * WG_DQ_BOX + row * 128 + ((((col % 32) / 4) ^ (row % 8)) << 4) +
+                 (col % 4) * 4);
+}
+
+// Adds the dQ tile of query rows row0.. of (batch, head) staged at sdQ into dQ through its
+// tensor map: thread 0 issues one TMA reduction per 32 columns of the head dim and part (rows
+// past the end and padding columns fall outside the map and are not written), as one bulk
+// group. Deterministic, the two parts of head dim 64 would reach dQ in either order: the first
+// 64 threads add part 1 of their row into part 0 first, and thread 0 reduces that alone.
+__device__ __forceinline__ void add_dq_tile(const TensorMap* map, u32 sdQ, unsigned char* pdQ,
+                                            int row0, int head, int batch) {
+    constexpr int PARTS = DETERMINISTIC ? 1 : WG_DQ_PARTS;
     if (DETERMINISTIC && WG_DQ_PARTS == 2) {
-        if (part > 0) return;
-        float4* mine = reinterpret_cast<float4*>(pdQ + row * WG_DQ_ROW);
-        const float4* other = reinterpret_cast<const float4*>(pdQ + (WG_BQ + row) * WG_DQ_ROW);
+        if (threadIdx.x >= WG_BQ) return;
+        const int row = threadIdx.x;
 #pragma unroll
-        for (int c = 0; c < HEAD_DIM / 4; ++c) {
-            const float4 a = mine[c], b = other[c];
-            mine[c] = make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
+        for (int c = 0; c < HEAD_DIM; c += 4) {
+            float4* mine = reinterpret_cast<float4*>(pdQ + sdq_offset(row, c));
+            const float4 a = *mine;
+            const float4 b = *reinterpret_cast<const float4*>(pdQ + WG_DQ_PART + sdq_offset(row, c));
+            *mine = make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
         }
         fence_async_smem();
-    } else if (part >= WG_DQ_PARTS) {
-        return;
+        named_sync(1, WG_BQ);  // the first two warps: part 0 complete
     }
+    if (threadIdx.x != 0) return;
     if (DETERMINISTIC) fence_proxy_async_global();  // after the turn's acquire
-    bulk_add_f32(dQ + (size_t)(row0 + row) * stride, sdQ + (part * WG_BQ + row) * WG_DQ_ROW,
-                 HEAD_DIM * 4);
+#pragma unroll
+    for (int part = 0; part < PARTS; ++part)
+#pragma unroll
+        for (int c = 0; c < HEAD_DIM; c += 32)
+            tma_reduce_add(sdQ + part * WG_DQ_PART + (c / 32) * WG_DQ_BOX, map, c, row0, head,
+                           batch);
+    bulk_commit();
 }
 
 // acc (dK or dV, D/2 accumulators) += A·B for one 16-query step, A in registers (Pᵀ or dSᵀ)
@@ -87,7 +106,7 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
               void* __restrict__ dV, int kv_direct, int heads, int kv_heads, int q_len,
               int kv_len, int q_start, int kv_start, Strides qs, Strides kvs,
               const int* __restrict__ row_start, const int* __restrict__ row_end, int global,
-              float scale, int* __restrict__ turns) {
+              float scale, int* __restrict__ turns, const __grid_constant__ TensorMap tmdQ) {
     constexpr int D = HEAD_DIM;
     constexpr int DH = WG_DIM / 64;             // column atoms of a tile row
     const int wg = threadIdx.x / 128;           // warpgroup: keys 64·wg.., dQ columns 64·wg..
@@ -115,6 +134,7 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
 
     const BwdHead op = bwd_head(Q, K, V, dO, LSE, Dl, dQ, dK, dV, kv_direct, work.bh, heads,
                                 kv_heads, q_len, qs, kvs);
+    const int head = work.bh % heads, batch = bh_batch(work.bh, heads);  // dQ's map coordinates
 
     constexpr u32 KV_TILE = WG_BKV * WG_DIM * 2, Q_TILE = WG_BQ * WG_DIM * 2;
     constexpr u32 KV_ATOM = WG_BKV * 128, Q_ATOM = WG_BQ * 128;  // one column atom, bytes
@@ -125,10 +145,10 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
     const u32 sQ = sV + KV_TILE;            // two stages
     const u32 sdO = sQ + 2 * Q_TILE;        // two stages
     const u32 sdS = sdO + 2 * Q_TILE;       // dSᵀ [key][query], 128-byte rows
-    const u32 sL = sdS + WG_BKV * WG_BQ * 2;  // two stages of LSE, then two of D
+    const u32 sdQ = sdS + WG_BKV * WG_BQ * 2;  // the last tile's dQ, WG_DQ_PARTS parts
+    const u32 sL = sdQ + WG_DQ_PARTS * WG_DQ_PART;  // two stages of LSE, then two of D
     const u32 sD = sL + 2 * WG_BQ * 4;
     const u32 sR = sD + 2 * WG_BQ * 4;      // two stages of the rows' mask starts
-    const u32 sdQ = sR + 2 * WG_BQ * 4;     // the last tile's dQ, WG_DQ_PARTS × 64 rows
     const float* fL = reinterpret_cast<const float*>(gen + (sL - base));
     const float* fD = reinterpret_cast<const float*>(gen + (sD - base));
     const int* iR = reinterpret_cast<const int*>(gen + (sR - base));
@@ -158,7 +178,7 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
         if (DETERMINISTIC && qt > t_begin)
             wait_dq_turn<WG_BQ, WG_BKV>(dq_turn_row, qt - 1, work.tile, n_kt, q_start, kv_start);
         __syncthreads();  // tile qt landed; the last tile's wgmmas are done with sdS and its stage
-        if (qt > t_begin) add_dq_tile(op.dQ, op.q_row, sdQ, pdQ, (qt - 1) * WG_BQ, q_len);
+        if (qt > t_begin) add_dq_tile(&tmdQ, sdQ, pdQ, (qt - 1) * WG_BQ, head, batch);
         const int stage = (qt - t_begin) & 1;
         if (qt + 1 < n_qt) {
             const int ns = stage ^ 1;
@@ -179,7 +199,7 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
         const int r0 = qt * WG_BQ;
 
         // ---- 1. Sᵀ and dPᵀ: 64 keys × 64 queries, K = head dim (steps of 16, none over the
-        // padding).
+        // padding), in two groups: Pᵀ's exponentials (step 2) run while dPᵀ's products do.
         float s[32], dp[32];
         wg_fence();
 #pragma unroll
@@ -187,12 +207,17 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
             const u32 a_off = (kk / 4) * KV_ATOM + (kk % 4) * 32;  // column atom, 16 columns
             const u32 b_off = (kk / 4) * Q_ATOM + (kk % 4) * 32;
             wg_ss<0, 0>(s, wg_desc(k_rows + a_off), wg_desc(cQ + b_off), kk > 0);
+        }
+        wg_commit();
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) {
+            const u32 a_off = (kk / 4) * KV_ATOM + (kk % 4) * 32;
+            const u32 b_off = (kk / 4) * Q_ATOM + (kk % 4) * 32;
             wg_ss<0, 0>(dp, wg_desc(v_rows + a_off), wg_desc(cdO + b_off), kk > 0);
         }
         wg_commit();
-        wg_wait<0>();
+        wg_wait<1>();  // Sᵀ (dPᵀ may run on)
         fence_regs<32>(s);
-        fence_regs<32>(dp);
 
         // ---- 2. Pᵀ (masked pairs exactly 0) and dSᵀ, packed as A fragments.
         const int rs_last = staged_row_start(cR, row_start, min(WG_BQ, q_len - r0) - 1);
@@ -225,12 +250,11 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
 #pragma unroll
         for (int nt = 0; nt < 8; ++nt) {
             const int qc = nt * 8 + 2 * t;
-            float lse2[2], dd[2];
+            float lse2[2];
 #pragma unroll
             for (int c = 0; c < 2; ++c) {
                 const float lse = cL[qc + c];
                 lse2[c] = lse == NEG_INF ? POS_INF : lse * LOG2E;
-                dd[c] = cD[qc + c];
             }
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
@@ -243,9 +267,15 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
                         p = 0.f;
                 }
                 s[nt * 4 + e] = p;
-                dp[nt * 4 + e] = p * (dp[nt * 4 + e] - dd[e & 1]);
             }
         }
+        wg_wait<0>();  // dPᵀ
+        fence_regs<32>(dp);
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+                dp[nt * 4 + e] = s[nt * 4 + e] * (dp[nt * 4 + e] - cD[nt * 8 + 2 * t + (e & 1)]);
         u32 pa[4][4], da[4][4];
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk) {
@@ -304,14 +334,18 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
         wg_commit();
         wg_wait<1>();  // dV and dQ done (groups complete in order); dK may run on
         fence_regs<32>(acc);
-        unsigned char* part = pdQ + (DH == 2 ? 0 : wg) * WG_BQ * WG_DQ_ROW;
+        // This thread's pairs: rows wi·16 + g (+ 8), columns dq_col + 8·nt + 2t, whose 16-byte
+        // chunk in the swizzle is (2·(nt % 4) + t / 2) ^ g = 2·(nt % 4) ^ (t / 2 ^ g): one base
+        // address and an XOR with a constant per store (sdq_offset's hoisted per nt held four
+        // more registers across the loop, and the masked module spilled).
+        const u32 dq_at = sdQ + (DH == 2 ? 0 : wg) * WG_DQ_PART + (dq_col / 32) * WG_DQ_BOX +
+                          (wi * 16 + g) * 128 + (((t / 2) ^ g) << 4) + (t % 2) * 8;
 #pragma unroll
         for (int i = 0; i < 2; ++i)
 #pragma unroll
             for (int nt = 0; nt < 8; ++nt)
-                *reinterpret_cast<float2*>(part + (wi * 16 + g + 8 * i) * WG_DQ_ROW +
-                                           (dq_col + nt * 8 + 2 * t) * 4) =
-                    make_float2(acc[nt * 4 + 2 * i] * scale, acc[nt * 4 + 2 * i + 1] * scale);
+                st_shared_f32x2((dq_at ^ ((2 * (nt % 4)) << 4)) + (nt / 4) * WG_DQ_BOX + i * 1024,
+                                acc[nt * 4 + 2 * i] * scale, acc[nt * 4 + 2 * i + 1] * scale);
         wg_wait<0>();
         fence_regs<D / 2>(dv);
         fence_regs<D / 2>(dk);
@@ -321,7 +355,7 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
     }
     wait_dq_turn<WG_BQ, WG_BKV>(dq_turn_row, n_qt - 1, work.tile, n_kt, q_start, kv_start);
     __syncthreads();
-    add_dq_tile(op.dQ, op.q_row, sdQ, pdQ, (n_qt - 1) * WG_BQ, q_len);
+    add_dq_tile(&tmdQ, sdQ, pdQ, (n_qt - 1) * WG_BQ, head, batch);
     if (DETERMINISTIC) {
         finish_dq_adds();
         __syncthreads();

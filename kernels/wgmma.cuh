@@ -152,16 +152,10 @@ __device__ __forceinline__ void wg_rs128(float* d, const u32* a, u64 b) {
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
 }
 
-// Adds `bytes` of f32 from shared memory into global memory (the TMA unit does the reads and the
-// reduction in L2, asynchronously: one instruction instead of a vector atomic per thread and
-// pair), as this thread's next bulk group. The shared source must have been written before a
-// fence_async_smem and must not change until bulk_wait_read says the group has been read.
-__device__ __forceinline__ void bulk_add_f32(float* dst, u32 src, u32 bytes) {
-    asm volatile(
-        "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n"
-        "cp.async.bulk.commit_group;" ::"l"(dst),
-        "r"(src), "r"(bytes)
-        : "memory");
+// Stores two f32 at shared address `at` (a u32 address, for arithmetic the generic pointer
+// would hide from the compiler).
+__device__ __forceinline__ void st_shared_f32x2(u32 at, float x, float y) {
+    asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(at), "f"(x), "f"(y) : "memory");
 }
 // This thread's bulk groups have read their shared source (they may still be writing).
 __device__ __forceinline__ void bulk_wait_read() {
@@ -237,6 +231,28 @@ template <int STAGES>
 __device__ __forceinline__ void stage_wait(u32 bars, int n) {
     mbar_wait(stage_bar<STAGES>(bars, n), (n / STAGES) & 1);
 }
+// Adds the box of `map` (f32) at (column, row, head, batch) from shared memory at src into global
+// memory: the TMA unit reads it and does the reduction in L2, asynchronously, one instruction
+// instead of a vector atomic per thread and pair. It joins this thread's open bulk group
+// (bulk_commit closes it). src must have been written before a fence_async_smem (and a barrier,
+// where other threads wrote it) and must not change until bulk_wait_read says it has been read.
+__device__ __forceinline__ void tma_reduce_add(u32 src, const TensorMap* map, int col, int row,
+                                               int head, int batch) {
+    asm volatile(
+        "cp.reduce.async.bulk.tensor.4d.global.shared::cta.add.tile.bulk_group "
+        "[%0, {%1, %2, %3, %4}], [%5];" ::"l"(reinterpret_cast<u64>(map)),
+        "r"(col), "r"(row), "r"(head), "r"(batch), "r"(src)
+        : "memory");
+}
+__device__ __forceinline__ void bulk_commit() {
+    asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+}
+// A barrier of the first `threads` threads (whole warps) only, on hardware barrier `id` (0 is
+// __syncthreads').
+__device__ __forceinline__ void named_sync(int id, int threads) {
+    asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
 // Copies the box at (column, row, head, batch) of `map` to shared memory at dst; completes on
 // bar. The map is four-dimensional ([batch][heads][rows][HEAD_DIM] under the tensor's strides,
 // src/backend/cuda/tma.rs), so one kernel reads head-major and sequence-major tensors alike.

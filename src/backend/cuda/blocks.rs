@@ -51,15 +51,23 @@ impl CudaBackend {
         }
         let rows = launch::WGMMA_FWD_ROWS;
         let (b, d) = (dims.batch, dims.head_dim);
-        let q_shape = tma::TileMapShape::new(&strides.q, [b, dims.heads, block.q.len, d], rows)?;
-        let kv_shape =
-            tma::TileMapShape::new(&strides.kv, [b, dims.kv_heads, block.kv.len, d], rows)?;
-        let bf16 = self.dtype == InputDtype::Bf16;
+        let element = match self.dtype {
+            InputDtype::Bf16 => tma::MapElement::Bf16,
+            InputDtype::F16 => tma::MapElement::F16,
+        };
+        let q_shape =
+            tma::TileMapShape::new(&strides.q, [b, dims.heads, block.q.len, d], rows, element)?;
+        let kv_shape = tma::TileMapShape::new(
+            &strides.kv,
+            [b, dims.kv_heads, block.kv.len, d],
+            rows,
+            element,
+        )?;
         let ptr = |t: &CudaSlice<u16>| t.device_ptr(&self.stream).0;
         Ok(Some([
-            q_shape.encode(ptr(q), bf16)?,
-            kv_shape.encode(ptr(k), bf16)?,
-            kv_shape.encode(ptr(v), bf16)?,
+            q_shape.encode(ptr(q))?,
+            kv_shape.encode(ptr(k))?,
+            kv_shape.encode(ptr(v))?,
         ]))
     }
 
@@ -384,6 +392,16 @@ impl CudaBackend {
         let k = half(k, dt, kvl, "K")?;
         let v = half(v, dt, kvl, "V")?;
         let dq = f32_mut(grads.dq, ql, "dQ")?;
+        let tuning = self.tuning(dims.head_dim);
+        // The wgmma kernel adds its dQ tiles through a tensor map (f32, the query side's strides).
+        let dq_map = if tuning.bwd_wgmma {
+            let shape = [dims.batch, dims.heads, qn, dims.head_dim];
+            let rows = launch::WGMMA_BWD_QUERY_ROWS;
+            let map = tma::TileMapShape::new(&strides.q, shape, rows, tma::MapElement::F32)?;
+            Some(map.encode(dq.device_ptr(&self.stream).0)?)
+        } else {
+            None
+        };
         let direct = matches!(grads.dk, Tensor::Half { .. });
         if direct && !writes_kv_grads(dims, block) {
             bail!(
@@ -391,7 +409,6 @@ impl CudaBackend {
             );
         }
         let kv_direct = i32::from(direct);
-        let tuning = self.tuning(dims.head_dim);
         let cfg = launch::backward_config(dims, block.kv.len, &tuning)?;
         let shared_kv = dims.heads != dims.kv_heads && !direct;
         let turns = if tuning.deterministic {
@@ -429,6 +446,9 @@ impl CudaBackend {
             Some(t) => b.arg(t),
             None => b.arg(&no_turns),
         };
+        if let Some(map) = &dq_map {
+            b.arg(map);
+        }
         self.launch("the attention block backward", b, cfg)
     }
 }

@@ -10,6 +10,8 @@ use cudarc::driver::LaunchConfig;
 const FWD_BKV: usize = 64;
 /// Query rows per backward inner step (`BWD_BQ`).
 const BWD_BQ: usize = 64;
+/// The wgmma backward's query tile (`WG_BQ`): the rows of one TMA reduction into dQ.
+pub(crate) const WGMMA_BWD_QUERY_ROWS: usize = BWD_BQ;
 /// Rows per block of the row-wise helper kernels (one warp per row).
 const ROWS_PER_BLOCK: usize = 8;
 /// The most CTAs one attention launch takes: its grid is one-dimensional and the kernels index
@@ -321,11 +323,11 @@ pub(crate) fn forward_config(dims: &Dims, q_rows: usize, tuning: &Tuning) -> Res
 
 /// Dynamic shared memory of the backward kernel: the K and V tiles, `bwd_q_stages` stages (the
 /// wgmma kernel: two) of Q, dO, LSE, D and the rows' mask starts (read by the masked module
-/// only, reserved in both so one size serves), and the Pᵀ and dSᵀ tiles (16-bit). The wgmma kernel keeps no Pᵀ tile (Pᵀ stays in
-/// registers) but stages each query tile's dQ (f32 rows padded by 32 bytes; one copy per
-/// warpgroup at head dim 64, where each sums over its own keys) for the bulk reduction into
-/// global memory, and needs 1 KiB of slack to align its tiles to 1024 bytes. Its tiles are
-/// [`wgmma_tile_dim`] wide.
+/// only, reserved in both so one size serves), and the Pᵀ and dSᵀ tiles (16-bit). The wgmma
+/// kernel keeps no Pᵀ tile (Pᵀ stays in registers) but stages each query tile's dQ (f32, one
+/// copy per warpgroup at head dim 64, where each sums over its own keys) for the TMA reduction
+/// into global memory, and needs 1 KiB of slack to align its tiles to 1024 bytes. Its tiles
+/// are [`wgmma_tile_dim`] wide.
 pub(crate) fn backward_smem(head_dim: usize, tuning: &Tuning) -> u32 {
     let bkv = backward_keys(tuning);
     let (stages, cols) = if tuning.bwd_wgmma {
@@ -337,7 +339,7 @@ pub(crate) fn backward_smem(head_dim: usize, tuning: &Tuning) -> u32 {
     let scores = if tuning.bwd_wgmma { 1 } else { 2 } * bkv * BWD_BQ * 2;
     let wgmma_extra = if tuning.bwd_wgmma {
         let dq_parts = if cols == 128 { 1 } else { 2 };
-        dq_parts * BWD_BQ * (cols * 4 + 32) + WGMMA_ALIGN_SLACK
+        dq_parts * BWD_BQ * cols * 4 + WGMMA_ALIGN_SLACK
     } else {
         0
     };
@@ -517,13 +519,13 @@ mod tests {
             64 * 2
         );
         // wgmma: K, V (32 KiB each), two stages of Q and dO (16 KiB each), dSᵀ (16 KiB),
-        // LSE, D and row starts (1.5 KiB), dQ (64 rows of 544 bytes), alignment slack (1 KiB); 128-key tiles
-        // of 256 threads.
+        // LSE, D and row starts (1.5 KiB), dQ (64 rows of 512 bytes), alignment slack (1 KiB);
+        // 128-key tiles of 256 threads.
         let wg = Tuning::for_head_dim(128).for_device(128, (9, 0));
         assert!(wg.bwd_wgmma);
         assert_eq!(
             backward_smem(128, &wg),
-            (64 + 64 + 16 + 1 + 1) * 1024 + 512 + 64 * 544
+            (64 + 64 + 16 + 1 + 1) * 1024 + 512 + 64 * 512
         );
         let c = backward_config(&dims(128), 129, &wg).unwrap();
         assert_eq!((c.grid_dim.0, c.block_dim.0), (64 * 2, 256));
@@ -590,7 +592,7 @@ mod tests {
         assert!(t64.fwd_wgmma && t64.bwd_wgmma);
         assert_eq!(
             backward_smem(64, &t64),
-            (32 + 32 + 16 + 1 + 1) * 1024 + 512 + 2 * 64 * 288
+            (32 + 32 + 16 + 1 + 1) * 1024 + 512 + 2 * 64 * 256
         );
         assert_eq!(forward_smem(64, &t64), (6 * 16 + 1) * 1024 + 128);
         let off = Tuning {
