@@ -6,8 +6,9 @@
 // run in the tiles of 128 (WG_DIM, wgmma.cuh), their extra columns zeros.
 //
 // One CTA = 128 key rows of one (batch, query head) and two warpgroups; warpgroup w owns keys
-// 64w..64w+63. The CTA walks the 64-row query tiles that can see its keys; Q, dO, LSE and D stream
-// through a two-stage cp.async pipeline. Per query tile, with every product an m64n64k16 wgmma:
+// 64w..64w+63. The CTA walks the 64-row query tiles that can see its keys, which stream through
+// two stages: Q and dO by cp.async (by TMA in padded tiles), LSE and D by cp.async. Per query
+// tile, with every product an m64n64k16 wgmma:
 //  1. Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ (A = K or V, B = Q or dO; both K-major in shared memory);
 //  2. Pᵀ = exp2(scale·log2e·Sᵀ − LSE·log2e), dSᵀ = Pᵀ∘(dPᵀ − D) in registers;
 //  3. dV += Pᵀ·dO with Pᵀ as the register A operand (the accumulator layout of step 1 is the A
@@ -26,8 +27,9 @@
 // warpgroup instead of once per warp, which is what limited that kernel (81% shared-memory
 // throughput, bench/notes/kernel-notes.md).
 //
-// The parameters are backward.cu's (the host launches either kernel the same way; dQ's pointer
-// goes unused here), then the tensor map of dQ that the reductions write through.
+// The parameters are backward.cu's (the host launches either kernel the same way; the pointers
+// to Q, dO and dQ go unused here), then the tensor maps that Q and dO are loaded and dQ is
+// reduced through.
 // Tiles and wgmma helpers: wgmma.cuh.
 
 #if BWD_WGMMA
@@ -99,6 +101,12 @@ __device__ __forceinline__ void finish_dq_adds() {
     __threadfence();
 }
 
+// The tensor maps the host passes after the other parameters, back to back (the wgmma kernels'
+// maps in blocks.rs): Q's and dO's for the loads of padded tiles, dQ's for the reductions.
+struct BwdMaps {
+    TensorMap q, dO, dQ;
+};
+
 extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
     bwd_block(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* __restrict__ V,
               const u16* __restrict__ dO, const float* __restrict__ LSE,
@@ -106,7 +114,7 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
               void* __restrict__ dV, int kv_direct, int heads, int kv_heads, int q_len,
               int kv_len, int q_start, int kv_start, Strides qs, Strides kvs,
               const int* __restrict__ row_start, const int* __restrict__ row_end, int global,
-              float scale, int* __restrict__ turns, const __grid_constant__ TensorMap tmdQ) {
+              float scale, int* __restrict__ turns, const __grid_constant__ BwdMaps maps) {
     constexpr int D = HEAD_DIM;
     constexpr int DH = WG_DIM / 64;             // column atoms of a tile row
     const int wg = threadIdx.x / 128;           // warpgroup: keys 64·wg.., dQ columns 64·wg..
@@ -134,7 +142,7 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
 
     const BwdHead op = bwd_head(Q, K, V, dO, LSE, Dl, dQ, dK, dV, kv_direct, work.bh, heads,
                                 kv_heads, q_len, qs, kvs);
-    const int head = work.bh % heads, batch = bh_batch(work.bh, heads);  // dQ's map coordinates
+    const int head = work.bh % heads, batch = bh_batch(work.bh, heads);  // in the tensor maps
 
     constexpr u32 KV_TILE = WG_BKV * WG_DIM * 2, Q_TILE = WG_BQ * WG_DIM * 2;
     constexpr u32 KV_ATOM = WG_BKV * 128, Q_ATOM = WG_BQ * 128;  // one column atom, bytes
@@ -149,16 +157,40 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
     const u32 sL = sdQ + WG_DQ_PARTS * WG_DQ_PART;  // two stages of LSE, then two of D
     const u32 sD = sL + 2 * WG_BQ * 4;
     const u32 sR = sD + 2 * WG_BQ * 4;      // two stages of the rows' mask starts
+    const u32 barQ = sR + 2 * WG_BQ * 4;    // per stage: its Q and dO have landed (TMA)
     const float* fL = reinterpret_cast<const float*>(gen + (sL - base));
     const float* fD = reinterpret_cast<const float*>(gen + (sD - base));
     const int* iR = reinterpret_cast<const int*>(gen + (sR - base));
     unsigned char* pdS = gen + (sdS - base);
     unsigned char* pdQ = gen + (sdQ - base);
 
+    // Loads a query tile's Q and dO into a stage. Padded tiles (head dims 80, 96) come by TMA
+    // from thread 0, two arrivals on the stage's barrier, each arming its tile's bytes (rows past
+    // the end and padding columns land as zeros): 1.12× the backward's speed at d96 against
+    // cp.async's 16 copies per thread and tile, zero-filled ones included. At 64 and 128 the
+    // cp.async copies stay (with TMA the same speed, and ptxas spilled 12–80 bytes at 128):
+    // bench/notes/kernel-notes.md, v18.
+    constexpr bool QUERY_TMA = WG_DIM != HEAD_DIM;
+    auto load_query_tile = [&](int st, int row0) {
+        if constexpr (QUERY_TMA) {
+            if (threadIdx.x != 0) return;
+            tma_tile<WG_BQ>(sQ + st * Q_TILE, &maps.q, row0, head, batch, barQ + 8 * st);
+            tma_tile<WG_BQ>(sdO + st * Q_TILE, &maps.dO, row0, head, batch, barQ + 8 * st);
+        } else {
+            load_tile<WG_BQ, WG_THREADS, true, WG_DIM>(sQ + st * Q_TILE, op.Q, op.q_row, row0,
+                                                       q_len);
+            load_tile<WG_BQ, WG_THREADS, true, WG_DIM>(sdO + st * Q_TILE, op.dO, op.q_row, row0,
+                                                       q_len);
+        }
+    };
+    if (QUERY_TMA && threadIdx.x == 0) {
+        mbar_init(barQ, 2);
+        mbar_init(barQ + 8, 2);
+        fence_mbar_init();  // the loop's first barrier shows them to the other threads
+    }
     load_tile<WG_BKV, WG_THREADS, true, WG_DIM>(sK, op.K, op.kv_row, c0, kv_len);
     load_tile<WG_BKV, WG_THREADS, true, WG_DIM>(sV, op.V, op.kv_row, c0, kv_len);
-    load_tile<WG_BQ, WG_THREADS, true, WG_DIM>(sQ, op.Q, op.q_row, t_begin * WG_BQ, q_len);
-    load_tile<WG_BQ, WG_THREADS, true, WG_DIM>(sdO, op.dO, op.q_row, t_begin * WG_BQ, q_len);
+    load_query_tile(0, t_begin * WG_BQ);
     load_vec<WG_BQ>(sL, op.LSE, t_begin * WG_BQ, q_len);
     load_vec<WG_BQ>(sD, op.D, t_begin * WG_BQ, q_len);
     load_row_starts<WG_BQ>(sR, row_start, q_start, t_begin * WG_BQ, q_len);
@@ -177,16 +209,15 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
         fence_async_smem();
         if (DETERMINISTIC && qt > t_begin)
             wait_dq_turn<WG_BQ, WG_BKV>(dq_turn_row, qt - 1, work.tile, n_kt, q_start, kv_start);
-        __syncthreads();  // tile qt landed; the last tile's wgmmas are done with sdS and its stage
-        if (qt > t_begin) add_dq_tile(&tmdQ, sdQ, pdQ, (qt - 1) * WG_BQ, head, batch);
+        __syncthreads();  // tile qt's copies landed; the last tile's wgmmas are done with sdS and
+                          // its stage
+        if (QUERY_TMA) stage_wait<2>(barQ, qt - t_begin);  // tile qt's Q and dO
+        if (qt > t_begin) add_dq_tile(&maps.dQ, sdQ, pdQ, (qt - 1) * WG_BQ, head, batch);
         const int stage = (qt - t_begin) & 1;
         if (qt + 1 < n_qt) {
             const int ns = stage ^ 1;
             const int nr = (qt + 1) * WG_BQ;
-            load_tile<WG_BQ, WG_THREADS, true, WG_DIM>(sQ + ns * Q_TILE, op.Q, op.q_row, nr,
-                                                       q_len);
-            load_tile<WG_BQ, WG_THREADS, true, WG_DIM>(sdO + ns * Q_TILE, op.dO, op.q_row, nr,
-                                                       q_len);
+            load_query_tile(ns, nr);
             load_vec<WG_BQ>(sL + ns * WG_BQ * 4, op.LSE, nr, q_len);
             load_vec<WG_BQ>(sD + ns * WG_BQ * 4, op.D, nr, q_len);
             load_row_starts<WG_BQ>(sR + ns * WG_BQ * 4, row_start, q_start, nr, q_len);
@@ -355,7 +386,7 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
     }
     wait_dq_turn<WG_BQ, WG_BKV>(dq_turn_row, n_qt - 1, work.tile, n_kt, q_start, kv_start);
     __syncthreads();
-    add_dq_tile(&tmdQ, sdQ, pdQ, (n_qt - 1) * WG_BQ, head, batch);
+    add_dq_tile(&maps.dQ, sdQ, pdQ, (n_qt - 1) * WG_BQ, head, batch);
     if (DETERMINISTIC) {
         finish_dq_adds();
         __syncthreads();

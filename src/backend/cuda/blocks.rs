@@ -51,10 +51,7 @@ impl CudaBackend {
         }
         let rows = launch::WGMMA_FWD_ROWS;
         let (b, d) = (dims.batch, dims.head_dim);
-        let element = match self.dtype {
-            InputDtype::Bf16 => tma::MapElement::Bf16,
-            InputDtype::F16 => tma::MapElement::F16,
-        };
+        let element = self.map_element();
         let q_shape =
             tma::TileMapShape::new(&strides.q, [b, dims.heads, block.q.len, d], rows, element)?;
         let kv_shape = tma::TileMapShape::new(
@@ -68,6 +65,39 @@ impl CudaBackend {
             q_shape.encode(ptr(q))?,
             kv_shape.encode(ptr(k))?,
             kv_shape.encode(ptr(v))?,
+        ]))
+    }
+
+    /// The tensor-map element of the inputs' 16-bit type.
+    fn map_element(&self) -> tma::MapElement {
+        match self.dtype {
+            InputDtype::Bf16 => tma::MapElement::Bf16,
+            InputDtype::F16 => tma::MapElement::F16,
+        }
+    }
+
+    /// The tensor maps the wgmma backward loads Q and dO and adds its dQ tiles (f32) through,
+    /// all under the query side's strides; none for the mma.sync kernel.
+    fn backward_maps(
+        &self,
+        dims: &Dims,
+        q_len: usize,
+        strides: &CallStrides,
+        [q, dout]: [&CudaSlice<u16>; 2],
+        dq: &CudaSlice<f32>,
+        tuning: &Tuning,
+    ) -> Result<Option<[tma::TensorMap; 3]>> {
+        if !tuning.bwd_wgmma {
+            return Ok(None);
+        }
+        let shape = [dims.batch, dims.heads, q_len, dims.head_dim];
+        let rows = launch::WGMMA_BWD_QUERY_ROWS;
+        let half = tma::TileMapShape::new(&strides.q, shape, rows, self.map_element())?;
+        let f32 = tma::TileMapShape::new(&strides.q, shape, rows, tma::MapElement::F32)?;
+        Ok(Some([
+            half.encode(q.device_ptr(&self.stream).0)?,
+            half.encode(dout.device_ptr(&self.stream).0)?,
+            f32.encode(dq.device_ptr(&self.stream).0)?,
         ]))
     }
 
@@ -139,7 +169,7 @@ impl ForwardGeometry {
     }
 }
 
-/// The wgmma forward's last arguments: its tensor maps, when it is the kernel in use.
+/// The wgmma kernels' last arguments: their tensor maps, when they are the kernels in use.
 fn push_maps<'a>(b: &mut LaunchArgs<'a>, maps: &'a Option<[tma::TensorMap; 3]>) {
     for map in maps.iter().flatten() {
         b.arg(map);
@@ -393,15 +423,7 @@ impl CudaBackend {
         let v = half(v, dt, kvl, "V")?;
         let dq = f32_mut(grads.dq, ql, "dQ")?;
         let tuning = self.tuning(dims.head_dim);
-        // The wgmma kernel adds its dQ tiles through a tensor map (f32, the query side's strides).
-        let dq_map = if tuning.bwd_wgmma {
-            let shape = [dims.batch, dims.heads, qn, dims.head_dim];
-            let rows = launch::WGMMA_BWD_QUERY_ROWS;
-            let map = tma::TileMapShape::new(&strides.q, shape, rows, tma::MapElement::F32)?;
-            Some(map.encode(dq.device_ptr(&self.stream).0)?)
-        } else {
-            None
-        };
+        let maps = self.backward_maps(dims, qn, strides, [q, dout], dq, &tuning)?;
         let direct = matches!(grads.dk, Tensor::Half { .. });
         if direct && !writes_kv_grads(dims, block) {
             bail!(
@@ -446,9 +468,7 @@ impl CudaBackend {
             Some(t) => b.arg(t),
             None => b.arg(&no_turns),
         };
-        if let Some(map) = &dq_map {
-            b.arg(map);
-        }
+        push_maps(&mut b, &maps);
         self.launch("the attention block backward", b, cfg)
     }
 }

@@ -40,6 +40,8 @@ const WGMMA_FWD_BARRIERS: usize = 128;
 /// Extra dynamic shared memory of the wgmma kernels: they round their base up to the 1024-byte
 /// boundary their swizzled tiles need (`smem_base1024`).
 const WGMMA_ALIGN_SLACK: usize = 1024;
+/// The wgmma backward's TMA barriers: one per stage of Q and dO (8 bytes each).
+const WGMMA_BWD_BARRIERS: usize = 16;
 
 /// Head dims the kernels are instantiated for: the mma.sync kernels take any of them (on every
 /// GPU from sm_80), the wgmma kernels those up to 128 on sm_90 ([`wgmma_tile_dim`]).
@@ -326,8 +328,9 @@ pub(crate) fn forward_config(dims: &Dims, q_rows: usize, tuning: &Tuning) -> Res
 /// only, reserved in both so one size serves), and the Pᵀ and dSᵀ tiles (16-bit). The wgmma
 /// kernel keeps no Pᵀ tile (Pᵀ stays in registers) but stages each query tile's dQ (f32, one
 /// copy per warpgroup at head dim 64, where each sums over its own keys) for the TMA reduction
-/// into global memory, and needs 1 KiB of slack to align its tiles to 1024 bytes. Its tiles
-/// are [`wgmma_tile_dim`] wide.
+/// into global memory, has the TMA barriers of its Q and dO stages (padded tiles load them by
+/// TMA), and needs 1 KiB of slack to align its tiles to 1024 bytes. Its tiles are
+/// [`wgmma_tile_dim`] wide.
 pub(crate) fn backward_smem(head_dim: usize, tuning: &Tuning) -> u32 {
     let bkv = backward_keys(tuning);
     let (stages, cols) = if tuning.bwd_wgmma {
@@ -339,7 +342,7 @@ pub(crate) fn backward_smem(head_dim: usize, tuning: &Tuning) -> u32 {
     let scores = if tuning.bwd_wgmma { 1 } else { 2 } * bkv * BWD_BQ * 2;
     let wgmma_extra = if tuning.bwd_wgmma {
         let dq_parts = if cols == 128 { 1 } else { 2 };
-        dq_parts * BWD_BQ * cols * 4 + WGMMA_ALIGN_SLACK
+        dq_parts * BWD_BQ * cols * 4 + WGMMA_BWD_BARRIERS + WGMMA_ALIGN_SLACK
     } else {
         0
     };
@@ -519,13 +522,13 @@ mod tests {
             64 * 2
         );
         // wgmma: K, V (32 KiB each), two stages of Q and dO (16 KiB each), dSᵀ (16 KiB),
-        // LSE, D and row starts (1.5 KiB), dQ (64 rows of 512 bytes), alignment slack (1 KiB);
-        // 128-key tiles of 256 threads.
+        // LSE, D and row starts (1.5 KiB), dQ (64 rows of 512 bytes), alignment slack (1 KiB),
+        // two TMA barriers; 128-key tiles of 256 threads.
         let wg = Tuning::for_head_dim(128).for_device(128, (9, 0));
         assert!(wg.bwd_wgmma);
         assert_eq!(
             backward_smem(128, &wg),
-            (64 + 64 + 16 + 1 + 1) * 1024 + 512 + 64 * 512
+            (64 + 64 + 16 + 1 + 1) * 1024 + 512 + 64 * 512 + 16
         );
         let c = backward_config(&dims(128), 129, &wg).unwrap();
         assert_eq!((c.grid_dim.0, c.block_dim.0), (64 * 2, 256));
@@ -592,7 +595,7 @@ mod tests {
         assert!(t64.fwd_wgmma && t64.bwd_wgmma);
         assert_eq!(
             backward_smem(64, &t64),
-            (32 + 32 + 16 + 1 + 1) * 1024 + 512 + 2 * 64 * 256
+            (32 + 32 + 16 + 1 + 1) * 1024 + 512 + 2 * 64 * 256 + 16
         );
         assert_eq!(forward_smem(64, &t64), (6 * 16 + 1) * 1024 + 128);
         let off = Tuning {
