@@ -45,7 +45,7 @@ __device__ __forceinline__ void fence_async_smem() {
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 }
 // Orders this thread's generic-proxy accesses to global memory (a turn's acquire or release)
-// with its async-proxy ones (the bulk reductions): the deterministic backward's dQ.
+// with its async-proxy ones (the TMA reductions): the deterministic backward's dQ.
 __device__ __forceinline__ void fence_proxy_async_global() {
     asm volatile("fence.proxy.async.global;" ::: "memory");
 }

@@ -17,7 +17,7 @@
 //!
 //! Two ways in:
 //! - the [`Backend`] block API (`forward_block` folds a block into an f32 running state in
-//!   place, `backward_block` accumulates f32 gradients with atomics or bulk reductions), which
+//!   place, `backward_block` accumulates f32 gradients with atomics or TMA reductions), which
 //!   `exec` drives for distributed schedules;
 //! - [`CudaBackend::causal_forward`] / [`CudaBackend::causal_backward`]: a whole causal sequence
 //!   (under a mask) in one forward launch (state in registers, O and LSE written once) and one
