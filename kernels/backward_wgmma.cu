@@ -7,8 +7,8 @@
 //
 // One CTA = 128 key rows of one (batch, query head) and two warpgroups; warpgroup w owns keys
 // 64w..64w+63. The CTA walks the 64-row query tiles that can see its keys, which stream through
-// two stages: Q and dO by cp.async (by TMA in padded tiles), LSE and D by cp.async. Per query
-// tile, with every product an m64n64k16 wgmma:
+// two stages: Q and dO by TMA (one thread, on a barrier per stage), LSE and D by cp.async. Per
+// query tile, with every product an m64n64k16 wgmma:
 //  1. Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ (A = K or V, B = Q or dO; both K-major in shared memory);
 //  2. Pᵀ = exp2(scale·log2e·Sᵀ − LSE·log2e), dSᵀ = Pᵀ∘(dPᵀ − D) in registers;
 //  3. dV += Pᵀ·dO with Pᵀ as the register A operand (the accumulator layout of step 1 is the A
@@ -102,7 +102,7 @@ __device__ __forceinline__ void finish_dq_adds() {
 }
 
 // The tensor maps the host passes after the other parameters, back to back (the wgmma kernels'
-// maps in blocks.rs): Q's and dO's for the loads of padded tiles, dQ's for the reductions.
+// maps in blocks.rs): Q's and dO's for the loads, dQ's for the reductions.
 struct BwdMaps {
     TensorMap q, dO, dQ;
 };
@@ -157,40 +157,30 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
     const u32 sL = sdQ + WG_DQ_PARTS * WG_DQ_PART;  // two stages of LSE, then two of D
     const u32 sD = sL + 2 * WG_BQ * 4;
     const u32 sR = sD + 2 * WG_BQ * 4;      // two stages of the rows' mask starts
-    const u32 barQ = sR + 2 * WG_BQ * 4;    // per stage: its Q and dO have landed (TMA)
+    const u32 barQ = sR + 2 * WG_BQ * 4;    // per stage: its Q and dO tiles have landed
     const float* fL = reinterpret_cast<const float*>(gen + (sL - base));
     const float* fD = reinterpret_cast<const float*>(gen + (sD - base));
     const int* iR = reinterpret_cast<const int*>(gen + (sR - base));
     unsigned char* pdS = gen + (sdS - base);
     unsigned char* pdQ = gen + (sdQ - base);
 
-    // Loads a query tile's Q and dO into a stage. Padded tiles (head dims 80, 96) come by TMA
-    // from thread 0, two arrivals on the stage's barrier, each arming its tile's bytes (rows past
-    // the end and padding columns land as zeros): 1.12× the backward's speed at d96 against
-    // cp.async's 16 copies per thread and tile, zero-filled ones included. At 64 and 128 the
-    // cp.async copies stay (with TMA the same speed, and ptxas spilled 12–80 bytes at 128):
-    // bench/notes/kernel-notes.md, v18.
-    constexpr bool QUERY_TMA = WG_DIM != HEAD_DIM;
+    // Thread 0 loads a query tile's Q and dO into a stage by TMA (two arrivals on its barrier,
+    // each arming its tile's bytes; rows past the end and padding columns land as zeros), in
+    // place of 16 cp.async per thread and tile: 1.12× the backward's speed at d96, whose copies
+    // included zero fills, and level at 64 and 128 (bench/notes/kernel-notes.md, v18).
     auto load_query_tile = [&](int st, int row0) {
-        if constexpr (QUERY_TMA) {
-            if (threadIdx.x != 0) return;
-            tma_tile<WG_BQ>(sQ + st * Q_TILE, &maps.q, row0, head, batch, barQ + 8 * st);
-            tma_tile<WG_BQ>(sdO + st * Q_TILE, &maps.dO, row0, head, batch, barQ + 8 * st);
-        } else {
-            load_tile<WG_BQ, WG_THREADS, true, WG_DIM>(sQ + st * Q_TILE, op.Q, op.q_row, row0,
-                                                       q_len);
-            load_tile<WG_BQ, WG_THREADS, true, WG_DIM>(sdO + st * Q_TILE, op.dO, op.q_row, row0,
-                                                       q_len);
-        }
+        if (threadIdx.x != 0) return;
+        tma_tile<WG_BQ>(sQ + st * Q_TILE, &maps.q, row0, head, batch, barQ + 8 * st);
+        tma_tile<WG_BQ>(sdO + st * Q_TILE, &maps.dO, row0, head, batch, barQ + 8 * st);
     };
-    if (QUERY_TMA && threadIdx.x == 0) {
+    if (threadIdx.x == 0) {
         mbar_init(barQ, 2);
         mbar_init(barQ + 8, 2);
         fence_mbar_init();  // the loop's first barrier shows them to the other threads
     }
+    load_query_tile(0, t_begin * WG_BQ);
     load_tile<WG_BKV, WG_THREADS, true, WG_DIM>(sK, op.K, op.kv_row, c0, kv_len);
     load_tile<WG_BKV, WG_THREADS, true, WG_DIM>(sV, op.V, op.kv_row, c0, kv_len);
-    load_query_tile(0, t_begin * WG_BQ);
     load_vec<WG_BQ>(sL, op.LSE, t_begin * WG_BQ, q_len);
     load_vec<WG_BQ>(sD, op.D, t_begin * WG_BQ, q_len);
     load_row_starts<WG_BQ>(sR, row_start, q_start, t_begin * WG_BQ, q_len);
@@ -209,9 +199,9 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
         fence_async_smem();
         if (DETERMINISTIC && qt > t_begin)
             wait_dq_turn<WG_BQ, WG_BKV>(dq_turn_row, qt - 1, work.tile, n_kt, q_start, kv_start);
-        __syncthreads();  // tile qt's copies landed; the last tile's wgmmas are done with sdS and
+        __syncthreads();  // tile qt's vectors landed; the last tile's wgmmas are done with sdS and
                           // its stage
-        if (QUERY_TMA) stage_wait<2>(barQ, qt - t_begin);  // tile qt's Q and dO
+        stage_wait<2>(barQ, qt - t_begin);  // tile qt's Q and dO
         if (qt > t_begin) add_dq_tile(&maps.dQ, sdQ, pdQ, (qt - 1) * WG_BQ, head, batch);
         const int stage = (qt - t_begin) & 1;
         if (qt + 1 < n_qt) {

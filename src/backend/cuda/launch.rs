@@ -328,9 +328,8 @@ pub(crate) fn forward_config(dims: &Dims, q_rows: usize, tuning: &Tuning) -> Res
 /// only, reserved in both so one size serves), and the Pᵀ and dSᵀ tiles (16-bit). The wgmma
 /// kernel keeps no Pᵀ tile (Pᵀ stays in registers) but stages each query tile's dQ (f32, one
 /// copy per warpgroup at head dim 64, where each sums over its own keys) for the TMA reduction
-/// into global memory, has the TMA barriers of its Q and dO stages (padded tiles load them by
-/// TMA), and needs 1 KiB of slack to align its tiles to 1024 bytes. Its tiles are
-/// [`wgmma_tile_dim`] wide.
+/// into global memory, has the TMA barriers of its Q and dO stages, and needs 1 KiB of slack to
+/// align its tiles to 1024 bytes. Its tiles are [`wgmma_tile_dim`] wide.
 pub(crate) fn backward_smem(head_dim: usize, tuning: &Tuning) -> u32 {
     let bkv = backward_keys(tuning);
     let (stages, cols) = if tuning.bwd_wgmma {
