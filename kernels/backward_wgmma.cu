@@ -68,7 +68,8 @@ __device__ __forceinline__ void add_dq_tile(const TensorMap* map, u32 sdQ, unsig
         for (int c = 0; c < HEAD_DIM; c += 4) {
             float4* mine = reinterpret_cast<float4*>(pdQ + sdq_offset(row, c));
             const float4 a = *mine;
-            const float4 b = *reinterpret_cast<const float4*>(pdQ + WG_DQ_PART + sdq_offset(row, c));
+            const float4 b =
+                *reinterpret_cast<const float4*>(pdQ + WG_DQ_PART + sdq_offset(row, c));
             *mine = make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
         }
         fence_async_smem();

@@ -10,7 +10,7 @@ use cudarc::driver::LaunchConfig;
 const FWD_BKV: usize = 64;
 /// Query rows per backward inner step (`BWD_BQ`).
 const BWD_BQ: usize = 64;
-/// The wgmma backward's query tile (`WG_BQ`): the rows of one TMA reduction into dQ.
+/// The wgmma backward's query tile (`WG_BQ`): the rows of one TMA box of Q, dO and dQ.
 pub(crate) const WGMMA_BWD_QUERY_ROWS: usize = BWD_BQ;
 /// Rows per block of the row-wise helper kernels (one warp per row).
 const ROWS_PER_BLOCK: usize = 8;
