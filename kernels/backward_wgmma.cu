@@ -18,11 +18,13 @@
 //     (dSᵀ from registers, Q MN-major), which runs while dQ goes to shared memory: no step
 //     waits for an empty tensor pipe after step 1. In tiles of 128 columns warpgroup w computes
 //     dQ's columns 64w..64w+63 over all 128 keys; at head dim 64 each warpgroup computes all
-//     columns over its own 64 keys. At the start of the next tile one thread's TMA reductions
-//     (`cp.reduce.async.bulk.tensor`, one per 32 columns) add the staged tile to dQ in the
-//     background; per-thread vector atomics here cost 7% of the backward's speed, and one bulk
-//     reduction per row 2·32 serial issues in two warps, which the others waited for at their
-//     next wgmma and the dSᵀ barrier (bench/notes/kernel-notes.md, v7 and v18).
+//     columns over its own 64 keys. At the start of the next tile the first thread of each
+//     warpgroup issues the TMA reductions (`cp.reduce.async.bulk.tensor`, one per 32 of the
+//     columns its warpgroup stored) that add the staged tile to dQ in the background;
+//     per-thread vector atomics here cost 7% of the backward's speed, one bulk reduction per
+//     row 2·32 serial issues in two warps, which the others waited for at their next wgmma and
+//     the dSᵀ barrier, and one thread issuing all of a tile's reductions 2% at head dim 128 and
+//     8% at 64 (bench/notes/kernel-notes.md, v7, v18 and v19).
 // Compared with the per-warp mma.sync kernel, B operands are read from shared memory once per
 // warpgroup instead of once per warp, which is what limited that kernel (81% shared-memory
 // throughput, bench/notes/kernel-notes.md).
@@ -54,14 +56,15 @@ __device__ __forceinline__ u32 sdq_offset(int row, int col) {
 }
 
 // Adds the dQ tile of query rows row0.. of (batch, head) staged at sdQ into dQ through its
-// tensor map: thread 0 issues one TMA reduction per 32 columns of the head dim and part (rows
-// past the end and padding columns fall outside the map and are not written), as one bulk
-// group. Deterministic, the two parts of head dim 64 would reach dQ in either order: the first
-// 64 threads add part 1 of their row into part 0 first, and thread 0 reduces that alone.
+// tensor map: the first thread of each warpgroup issues one TMA reduction per 32 of the columns
+// its warpgroup stored (64; part wg at head dim 64), as one bulk group; rows past the end and
+// padding columns fall outside the map and are not written. Deterministic, the two parts of
+// head dim 64 would reach dQ in either order: the first 64 threads add part 1 of their row into
+// part 0 first, and thread 0 reduces that alone.
 __device__ __forceinline__ void add_dq_tile(const TensorMap* map, u32 sdQ, unsigned char* pdQ,
                                             int row0, int head, int batch) {
-    constexpr int PARTS = DETERMINISTIC ? 1 : WG_DQ_PARTS;
-    if (DETERMINISTIC && WG_DQ_PARTS == 2) {
+    const bool summed = DETERMINISTIC && WG_DQ_PARTS == 2;
+    if (summed) {
         if (threadIdx.x >= WG_BQ) return;
         const int row = threadIdx.x;
 #pragma unroll
@@ -75,14 +78,16 @@ __device__ __forceinline__ void add_dq_tile(const TensorMap* map, u32 sdQ, unsig
         fence_async_smem();
         named_sync(1, WG_BQ);  // the first two warps: part 0 complete
     }
-    if (threadIdx.x != 0) return;
+    if (threadIdx.x % 128 != 0 || (summed && threadIdx.x != 0)) return;
     if (DETERMINISTIC) fence_proxy_async_global();  // after the turn's acquire
+    const int wg = threadIdx.x / 128;
+    const int col0 = WG_DQ_PARTS == 1 ? 64 * wg : 0;  // the first of its warpgroup's columns
+    const u32 part = sdQ + (WG_DQ_PARTS == 1 ? 0 : wg) * WG_DQ_PART;
 #pragma unroll
-    for (int part = 0; part < PARTS; ++part)
-#pragma unroll
-        for (int c = 0; c < HEAD_DIM; c += 32)
-            tma_reduce_add(sdQ + part * WG_DQ_PART + (c / 32) * WG_DQ_BOX, map, c, row0, head,
-                           batch);
+    for (int i = 0; i < 2; ++i) {
+        const int c = col0 + 32 * i;
+        if (c < HEAD_DIM) tma_reduce_add(part + (c / 32) * WG_DQ_BOX, map, c, row0, head, batch);
+    }
     bulk_commit();
 }
 
