@@ -5,11 +5,12 @@
 //! A tensor map tells the GPU's tensor memory accelerator how a tensor lies in global memory and
 //! which box one copy moves; a kernel then loads a whole tile with one instruction per 64
 //! columns instead of 16 cp.async per thread, into the 128-byte swizzle its wgmma descriptors
-//! read, and the backward adds a dQ tile from one thread with one instruction per 32 f32
-//! columns instead of one bulk reduction per row. A head dim that is not a multiple of a
-//! box (80, 96) ends in a box that reaches past the row: its extra columns load as zeros (the
-//! forward's padded tile) and are not written by a reduction. The shape arithmetic is plain and
-//! tested without a GPU; the encoding is the driver's (`cuTensorMapEncodeTiled`).
+//! read, and the backward adds a dQ tile with one instruction per 32 f32 columns, from the
+//! first thread of each warpgroup, instead of one bulk reduction per row. A head dim that is
+//! not a multiple of a box (80, 96) ends in a box that reaches past the row: its extra columns
+//! load as zeros (the forward's padded tile) and are not written by a reduction. The shape
+//! arithmetic is plain and tested without a GPU; the encoding is the driver's
+//! (`cuTensorMapEncodeTiled`).
 
 use super::strides::Strides;
 use anyhow::{Result, anyhow, bail};
