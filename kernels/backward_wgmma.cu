@@ -91,6 +91,18 @@ __device__ __forceinline__ void add_dq_tile(const TensorMap* map, u32 sdQ, unsig
     bulk_commit();
 }
 
+// acc = A·Bᵀ over the head dim for step 1 (Sᵀ or dPᵀ): A this warpgroup's 64 rows of K or V at
+// a, B the query tile's Q or dO at b, both K-major; 16 columns a step, none over the padding,
+// the step's offset within its column atom of 128 bytes.
+__device__ __forceinline__ void head_dim_product(float* acc, u32 a, u32 b) {
+#pragma unroll
+    for (int kk = 0; kk < HEAD_DIM / 16; ++kk) {
+        const u32 col = (kk % 4) * 32;
+        wg_ss<0, 0>(acc, wg_desc(a + (kk / 4) * (WG_BKV * 128) + col),
+                    wg_desc(b + (kk / 4) * (WG_BQ * 128) + col), kk > 0);
+    }
+}
+
 // acc (dK or dV, D/2 accumulators) += A·B for one 16-query step, A in registers (Pᵀ or dSᵀ)
 // and B the step's 16 rows of Q or dO at b, MN-major: one product per column atom of the tile,
 // the second over the D − 64 columns of the head dim it holds.
@@ -151,7 +163,7 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
     const int head = work.bh % heads, batch = bh_batch(work.bh, heads);  // in the tensor maps
 
     constexpr u32 KV_TILE = WG_BKV * WG_DIM * 2, Q_TILE = WG_BQ * WG_DIM * 2;
-    constexpr u32 KV_ATOM = WG_BKV * 128, Q_ATOM = WG_BQ * 128;  // one column atom, bytes
+    constexpr u32 KV_ATOM = WG_BKV * 128;  // one column atom of K or V, bytes
     unsigned char* gen;
     const u32 base = smem_base1024(&gen);
     const u32 sK = base;
@@ -229,19 +241,9 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
         // padding), in two groups: Pᵀ's exponentials (step 2) run while dPᵀ's products do.
         float s[32], dp[32];
         wg_fence();
-#pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk) {
-            const u32 a_off = (kk / 4) * KV_ATOM + (kk % 4) * 32;  // column atom, 16 columns
-            const u32 b_off = (kk / 4) * Q_ATOM + (kk % 4) * 32;
-            wg_ss<0, 0>(s, wg_desc(k_rows + a_off), wg_desc(cQ + b_off), kk > 0);
-        }
+        head_dim_product(s, k_rows, cQ);
         wg_commit();
-#pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk) {
-            const u32 a_off = (kk / 4) * KV_ATOM + (kk % 4) * 32;
-            const u32 b_off = (kk / 4) * Q_ATOM + (kk % 4) * 32;
-            wg_ss<0, 0>(dp, wg_desc(v_rows + a_off), wg_desc(cdO + b_off), kk > 0);
-        }
+        head_dim_product(dp, v_rows, cdO);
         wg_commit();
         wg_wait<1>();  // Sᵀ (dPᵀ may run on)
         fence_regs<32>(s);

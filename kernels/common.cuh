@@ -184,24 +184,36 @@ struct Strides {
 // Which (batch·head, tile) a CTA works on. Grids are one-dimensional, `tiles` CTAs per
 // (batch, query head): query tiles in the forward, key tiles in the backward. CUDA starts CTAs
 // in index order, so the order decides which CTAs run side by side and share what they read in
-// L2, and which CTAs have started before a given one (DESCENDING, below). KEY_MAJOR
-// (FWD_KEY_MAJOR, BWD_KEY_MAJOR from the host) puts one head's CTAs next to each other: a wave
-// of CTAs then streams the same head's K and V (forward) or Q, dO and dQ (backward), a working
-// set of one or two heads instead of every head's at once (bench/notes/kernel-notes.md, v15).
-// Otherwise one tile index of every head comes first.
+// L2, which start last (the grid's tail), and which CTAs have started before a given one
+// (DESCENDING, below).
+// KEY_MAJOR (FWD_KEY_MAJOR, BWD_KEY_MAJOR from the host) takes the heads in groups, one tile
+// index of each head in the group, then the next index; a group holds as many heads as their
+// CTAs fill NUM_SMS (the device's SMs, from the host) at most, and at least one head:
+// - From 16K tokens on, a head's tiles fill the device alone: CTAs go head by head, and a wave
+//   streams one head's K and V (forward) or Q, dO and dQ (backward), not every head's at once
+//   (bench/notes/kernel-notes.md, v15).
+// - Shorter heads share a wave, their tiles interleaved, so that the causal grid's CTAs of
+//   unequal lengths start longest first across the group and the last to start are short: head
+//   by head, the last head's longest CTAs started near the end (at 4K the backward ran 0.90×
+//   and the forward 0.91× this order's speed, bench/notes/kernel-notes.md, v20).
+// Without KEY_MAJOR, one tile index of every head comes first (one group of every head).
 // DESCENDING runs a head's tiles last first: the forward's heaviest query tiles (the most
 // visible keys) then start first, so the tail of the grid is short; and the deterministic
 // backward's turns (below), which make a key tile wait only for higher key tiles of its head
-// and for lower heads, wait only for CTAs that have started before.
+// and for lower heads, wait only for CTAs that have started before (both come earlier in a
+// group, and earlier groups wholly before).
 struct CtaWork {
     int bh, tile;
 };
 template <bool KEY_MAJOR, bool DESCENDING>
 __device__ __forceinline__ CtaWork cta_work(int tiles) {
     const int i = blockIdx.x;
-    if (KEY_MAJOR) return {i / tiles, DESCENDING ? tiles - 1 - i % tiles : i % tiles};
     const int n_bh = gridDim.x / tiles;
-    return {i % n_bh, DESCENDING ? tiles - 1 - i / n_bh : i / n_bh};
+    const int group = KEY_MAJOR ? max(1, NUM_SMS / tiles) : n_bh;
+    const int g = i / (group * tiles), r = i % (group * tiles);
+    const int width = min(group, n_bh - g * group);  // the last group may hold fewer heads
+    const int t = r / width;
+    return {g * group + r % width, DESCENDING ? tiles - 1 - t : t};
 }
 
 // Where the rows of (batch, query head) bh = batch·heads + head start: its query-side rows

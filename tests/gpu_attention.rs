@@ -43,8 +43,10 @@ type Shape = (InputDtype, usize, usize, usize, usize, usize);
 /// padding must add nothing; on the mma.sync kernels a partial swizzle group per row, unequal
 /// column parts in the backward), then the mma.sync-only 192 and 256 (16-row forward warps,
 /// 64-key backward tiles; 256 single-buffered off Hopper), each in bf16 and fp16 and with GQA
-/// or MQA.
-const CASES: [Shape; 13] = [
+/// or MQA. The last has more heads than a group of its short heads' CTAs holds (`cta_work`
+/// in `kernels/common.cuh` groups as many as fill the device's SMs), so that its last group
+/// is partial.
+const CASES: [Shape; 14] = [
     (InputDtype::Bf16, 1, 4, 4, 128, 300),
     (InputDtype::F16, 2, 8, 2, 64, 257),
     (InputDtype::Bf16, 1, 4, 1, 128, 200),
@@ -58,6 +60,7 @@ const CASES: [Shape; 13] = [
     (InputDtype::F16, 1, 2, 1, 192, 97),
     (InputDtype::F16, 1, 4, 1, 256, 271),
     (InputDtype::Bf16, 1, 2, 2, 256, 130),
+    (InputDtype::Bf16, 1, 48, 16, 128, 300),
 ];
 
 /// Masked cases: a shape, then the mask's document lengths (empty: one document), window and

@@ -22,17 +22,20 @@ const ROWS: &str = include_str!("../../../kernels/rows.cu");
 const LAYOUT: &str = include_str!("../../../kernels/layout.cu");
 
 /// The full translation unit for one kernel variant: the selecting `#define`s, then the sources.
+/// `sms` is the device's SM count, which orders the CTAs of short heads (`cta_work` in
+/// `kernels/common.cuh`).
 pub(crate) fn kernel_source(
     head_dim: usize,
     bf16: bool,
     tuning: &Tuning,
     masking: Masking,
+    sms: usize,
 ) -> String {
     let dtype = if bf16 { "DTYPE_BF16" } else { "DTYPE_F16" };
     let masked = masking as u8;
     let wg_dim = wgmma_cols(head_dim);
     format!(
-        "#define HEAD_DIM {head_dim}\n#define WG_DIM {wg_dim}\n#define {dtype}\n#define MASKED {masked}\n{}{HALF}\n{COMMON}\n{WGMMA}\n{FORWARD}\n{FORWARD_WGMMA}\n{BACKWARD}\n{BACKWARD_WGMMA}\n{ROWS}\n{LAYOUT}",
+        "#define HEAD_DIM {head_dim}\n#define WG_DIM {wg_dim}\n#define {dtype}\n#define MASKED {masked}\n#define NUM_SMS {sms}\n{}{HALF}\n{COMMON}\n{WGMMA}\n{FORWARD}\n{FORWARD_WGMMA}\n{BACKWARD}\n{BACKWARD_WGMMA}\n{ROWS}\n{LAYOUT}",
         tuning.defines()
     )
 }
@@ -163,6 +166,9 @@ fn store(path: &Path, text: &str) -> Result<()> {
 mod tests {
     use super::*;
 
+    /// The SMs of the H200 the kernels are timed on, for the sources compiled here.
+    const H200_SMS: usize = 132;
+
     #[test]
     fn key_changes_with_every_input() {
         let opts = compile_options(9, 0);
@@ -204,7 +210,7 @@ mod tests {
                 for (major, minor) in [(9, 0), (8, 0)] {
                     let t = Tuning::for_head_dim(head_dim).for_device(head_dim, (major, minor));
                     for masking in Masking::BOTH {
-                        let src = kernel_source(head_dim, bf16, &t, masking);
+                        let src = kernel_source(head_dim, bf16, &t, masking, H200_SMS);
                         let ptx =
                             compile(&src, compile_options(major, minor)).unwrap_or_else(|e| {
                                 panic!("d{head_dim} sm{major}{minor} {masking:?}: {e}")
@@ -283,7 +289,10 @@ mod tests {
             let t = Tuning::for_head_dim(head_dim).for_device(head_dim, (9, 0));
             for masking in Masking::BOTH {
                 let what = format!("d{head_dim}, bf16={bf16}, {masking:?}");
-                let report = ptxas_report(&kernel_source(head_dim, bf16, &t, masking), "sm_90a");
+                let report = ptxas_report(
+                    &kernel_source(head_dim, bf16, &t, masking, H200_SMS),
+                    "sm_90a",
+                );
                 assert!(!report.contains("serialized"), "{what}:\n{report}");
                 let spilled = spills(&report, &what);
                 if head_dim == 128 && masking == Masking::Masked {
@@ -321,7 +330,7 @@ mod tests {
                     continue; // the test above
                 }
                 for masking in Masking::BOTH {
-                    let source = kernel_source(head_dim, true, &t, masking);
+                    let source = kernel_source(head_dim, true, &t, masking, H200_SMS);
                     let report = ptxas_report(&source, arch);
                     let found = spills(&report, &format!("d{head_dim}, {arch}, {masking:?}"));
                     if [(128, "sm_80"), (256, "sm_90a")].contains(&(head_dim, arch)) {
@@ -342,9 +351,9 @@ mod tests {
     /// wgmma kernels without serialisation, and on the mma.sync kernels for sm_80 and for a
     /// head dim Hopper runs on them. The wgmma kernels do not spill, except the masked module
     /// in tiles of 128 columns (head dim 128: 12-72 bytes, varying with any change: its
-    /// baseline is at the edge of the 255 registers; 96: 12-44 bytes) and, since Sᵀ and dPᵀ
-    /// became two commit groups, the causal module at 128 (40 bytes; 16 since each warpgroup
-    /// issues its own dQ reductions), asserted here so that a fix shows.
+    /// baseline is at the edge of the 255 registers; 96: 12-44 bytes), asserted here so that a
+    /// fix shows. The causal module at 128 spilled from kernels v18 (40 bytes, then 16) until
+    /// the CTAs of short heads went in groups (v20).
     #[test]
     fn deterministic_kernels_compile() {
         if !nvrtc_present() {
@@ -363,13 +372,13 @@ mod tests {
             };
             for masking in Masking::BOTH {
                 let what = format!("deterministic d{head_dim}, {arch}, {masking:?}");
-                let source = kernel_source(head_dim, true, &t, masking);
+                let source = kernel_source(head_dim, true, &t, masking, H200_SMS);
                 assert!(source.contains("#define DETERMINISTIC 1\n"));
                 let report = ptxas_report(&source, arch);
                 if t.bwd_wgmma {
                     assert!(!report.contains("serialized"), "{what}:\n{report}");
                     let spilled = spills(&report, &what);
-                    if head_dim > 64 && (masking == Masking::Masked || head_dim == 128) {
+                    if head_dim > 64 && masking == Masking::Masked {
                         assert!(
                             !spilled.is_empty(),
                             "{what} no longer spills: update this test"
@@ -400,15 +409,24 @@ mod tests {
     #[test]
     fn source_selects_variant() {
         let t = Tuning::for_head_dim(128);
-        let s = kernel_source(128, true, &t, Masking::Causal);
+        let s = kernel_source(128, true, &t, Masking::Causal, H200_SMS);
         assert!(s.starts_with(
-            "#define HEAD_DIM 128\n#define WG_DIM 128\n#define DTYPE_BF16\n#define MASKED 0\n#define FWD_WARPS 8\n"
+            "#define HEAD_DIM 128\n#define WG_DIM 128\n#define DTYPE_BF16\n#define MASKED 0\n#define NUM_SMS 132\n#define FWD_WARPS 8\n"
         ));
-        assert!(kernel_source(96, true, &t, Masking::Causal).contains("#define WG_DIM 128\n"));
-        assert!(kernel_source(192, true, &t, Masking::Causal).contains("#define WG_DIM 192\n"));
-        assert!(kernel_source(128, true, &t, Masking::Masked).contains("#define MASKED 1\n"));
+        assert!(
+            kernel_source(96, true, &t, Masking::Causal, H200_SMS).contains("#define WG_DIM 128\n")
+        );
+        assert!(
+            kernel_source(192, true, &t, Masking::Causal, H200_SMS)
+                .contains("#define WG_DIM 192\n")
+        );
+        assert!(
+            kernel_source(128, true, &t, Masking::Masked, H200_SMS).contains("#define MASKED 1\n")
+        );
         assert!(s.contains("#define FWD_WGMMA 1\n#define BWD_WARPS 8\n#define BWD_WGMMA 1\n"));
-        assert!(kernel_source(64, false, &t, Masking::Causal).contains("#define DTYPE_F16"));
+        assert!(
+            kernel_source(64, false, &t, Masking::Causal, H200_SMS).contains("#define DTYPE_F16")
+        );
         assert!(s.contains("fwd_final") && s.contains("bwd_block") && s.contains("merge_rows"));
         assert!(s.contains("relayout_half") && s.contains("relayout_f32_half"));
         assert!(compile_options(9, 0)[0].ends_with("compute_90a"));

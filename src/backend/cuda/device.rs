@@ -6,6 +6,7 @@ use super::launch::Masking;
 use super::mask::DeviceMask;
 use super::{InputDtype, Kernels, Tensor, Tuning};
 use anyhow::{Result, bail};
+use cudarc::driver::sys::CUdevice_attribute;
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, LaunchArgs, LaunchConfig};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -29,6 +30,9 @@ pub struct CudaBackend {
     /// The backward's sums in a fixed order ([`CudaBackend::with_deterministic`]).
     pub(super) deterministic: bool,
     pub(super) capability: (i32, i32),
+    /// Its SMs: the kernels order the CTAs of short heads so that a wave of them fills these
+    /// (`kernels/common.cuh`, `cta_work`).
+    pub(super) sms: usize,
     pub(super) ctx: Arc<CudaContext>,
     pub(super) stream: Arc<CudaStream>,
     pub(super) kernels: Mutex<HashMap<(usize, Masking), Arc<Kernels>>>,
@@ -61,6 +65,9 @@ impl CudaBackend {
                 capability.1
             );
         }
+        let sms = ctx
+            .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .map_err(|e| anyhow::anyhow!("could not query CUDA device {ordinal}: {e:?}"))?;
         let stream = ctx.default_stream();
         let backend = CudaBackend {
             ordinal,
@@ -68,6 +75,7 @@ impl CudaBackend {
             tuning: None,
             deterministic: false,
             capability,
+            sms: sms.max(1) as usize,
             ctx,
             stream,
             kernels: Mutex::new(HashMap::new()),

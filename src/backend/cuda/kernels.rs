@@ -36,7 +36,7 @@ impl CudaBackend {
         }
         let tuning = self.tuning(head_dim);
         let bf16 = self.dtype == InputDtype::Bf16;
-        let source = compile::kernel_source(head_dim, bf16, &tuning, masking);
+        let source = compile::kernel_source(head_dim, bf16, &tuning, masking, self.sms);
         let ptx = compile::compile_cached(&source, self.capability.0, self.capability.1)?;
         let module = self
             .ctx

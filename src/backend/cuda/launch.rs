@@ -112,7 +112,9 @@ pub struct Tuning {
     pub bwd_q_stages: usize,
     /// Launch the forward's CTAs head by head (all query tiles of one head, then the next)
     /// instead of tile by tile across every head: the CTAs that run together then stream one
-    /// head's K and V, which L2 can hold, not every head's.
+    /// head's K and V, which L2 can hold, not every head's. Heads with fewer tiles than the
+    /// device has SMs go in groups that fill them, tile by tile within a group, so that the
+    /// longest CTAs start first (`cta_work` in `kernels/common.cuh`).
     pub fwd_key_major: bool,
     /// The same for the backward's CTAs: one head's key tiles together, so they read one
     /// head's Q, dO, LSE and D and add into its dQ.
