@@ -194,8 +194,8 @@ struct Strides {
 //   (bench/notes/kernel-notes.md, v15).
 // - Shorter heads share a wave, their tiles interleaved, so that the causal grid's CTAs of
 //   unequal lengths start longest first across the group and the last to start are short: head
-//   by head, the last head's longest CTAs started near the end (at 4K the backward ran 0.90×
-//   and the forward 0.91× this order's speed, bench/notes/kernel-notes.md, v20).
+//   by head, the last head's longest CTAs started near the end (at 4K the backward ran 0.91×
+//   and the forward 0.92× this order's speed, bench/notes/kernel-notes.md, v20).
 // Without KEY_MAJOR, one tile index of every head comes first (one group of every head).
 // DESCENDING runs a head's tiles last first: the forward's heaviest query tiles (the most
 // visible keys) then start first, so the tail of the grid is short; and the deterministic
