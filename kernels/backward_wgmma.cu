@@ -5,26 +5,33 @@
 // the softmax scale), which stays the kernel for other GPUs. Head dims up to 128: 80 and 96
 // run in the tiles of 128 (WG_DIM, wgmma.cuh), their extra columns zeros.
 //
-// One CTA = 128 key rows of one (batch, query head) and two warpgroups; warpgroup w owns keys
-// 64w..64w+63. The CTA walks the 64-row query tiles that can see its keys, which stream through
-// two stages: Q and dO by TMA (one thread, on a barrier per stage), LSE and D by cp.async. Per
-// query tile, with every product an m64n64k16 wgmma:
+// One CTA = 128 key rows of one (batch, query head): two warpgroups that compute (warpgroup w
+// owns keys 64w..64w+63) and a third that gives them its registers and splits in two warps: one
+// loads the 64-row query tiles that can see the CTA's keys into two stages (Q and dO by TMA,
+// LSE, D and row starts by cp.async, all onto the stage's "full" barrier; the computing
+// warpgroups release a stage on its "empty" one), the other adds each tile's dQ, staged in
+// shared memory, into global memory by TMA reductions (`cp.reduce.async.bulk.tensor`, one per 32
+// columns). There is no CTA-wide barrier in the loop. Per query tile, with every product an
+// m64n64k16 wgmma:
 //  1. Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ (A = K or V, B = Q or dO; both K-major in shared memory);
-//  2. Pᵀ = exp2(scale·log2e·Sᵀ − LSE·log2e), dSᵀ = Pᵀ∘(dPᵀ − D) in registers;
+//  2. Pᵀ = exp2(scale·log2e·Sᵀ − LSE·log2e), dSᵀ = Pᵀ∘(dPᵀ − D) in registers, and dSᵀ into
+//     shared memory;
 //  3. dV += Pᵀ·dO with Pᵀ as the register A operand (the accumulator layout of step 1 is the A
-//     fragment layout) and dO read MN-major from the same tile as step 1; it runs while dSᵀ goes
-//     to shared memory and the warpgroups meet at the barrier that completes it;
-//  4. dQ(tile) = dS·K (A = dS MN-major from the dSᵀ tile, B = K MN-major), then dK += dSᵀ·Q
-//     (dSᵀ from registers, Q MN-major), which runs while dQ goes to shared memory: no step
-//     waits for an empty tensor pipe after step 1. In tiles of 128 columns warpgroup w computes
-//     dQ's columns 64w..64w+63 over all 128 keys; at head dim 64 each warpgroup computes all
-//     columns over its own 64 keys. At the start of the next tile the first thread of each
-//     warpgroup issues the TMA reductions (`cp.reduce.async.bulk.tensor`, one per 32 of the
-//     columns its warpgroup stored) that add the staged tile to dQ in the background;
-//     per-thread vector atomics here cost 7% of the backward's speed, one bulk reduction per
-//     row 2·32 serial issues in two warps, which the others waited for at their next wgmma and
-//     the dSᵀ barrier, and one thread issuing all of a tile's reductions 2% at head dim 128 and
-//     8% at 64 (bench/notes/kernel-notes.md, v7, v18 and v19).
+//     fragment layout) and dO read MN-major from the same tile as step 1; then the previous
+//     tile's dQ = dS·K (A = dS MN-major from its dSᵀ buffer, B = K MN-major); then dK += dSᵀ·Q
+//     (dSᵀ from registers, Q MN-major), which runs while that dQ goes to shared memory. In tiles
+//     of 128 columns warpgroup w computes dQ's columns 64w..64w+63 over all 128 keys, so it
+//     needs the other warpgroup's dSᵀ; at head dim 64 each warpgroup computes all columns over
+//     its own 64 keys.
+// The warpgroups issue steps 1 and 3 in ping-pong turns (wgmma.cuh, FlashAttention-3's schedule
+// of the forward), so one's exponentials run under the other's products. dQ runs one tile late
+// so that neither waits for the other's dSᵀ: the other warpgroup wrote the previous tile's
+// before its own turn of step 3 on that tile, which came before this one. For dQ, per-thread
+// vector atomics cost 7% of the backward's speed and per-row bulk reductions 2·32 serial issues
+// in two warps (bench/notes/kernel-notes.md, v7 and v18). The loading and reducing warps alone,
+// in place of loads and reductions issued by the computing warpgroups between CTA barriers,
+// lost 1–2% at head dim 128 and 8% at 64; with the turns and the late dQ the backward gained
+// 3–9% at 128, 7% at 96, and is level at 64 (v21).
 // Compared with the per-warp mma.sync kernel, B operands are read from shared memory once per
 // warpgroup instead of once per warp, which is what limited that kernel (81% shared-memory
 // throughput, bench/notes/kernel-notes.md).
@@ -38,7 +45,22 @@
 
 #define WG_BKV 128
 #define WG_BQ 64
-#define WG_THREADS 256
+// Two warpgroups compute; a third loads (its first warp) and adds dQ (its second).
+#define WG_CONSUMERS 256
+#define WG_THREADS 384
+#define WG_LOADER (WG_CONSUMERS / 32)
+#define WG_REDUCER (WG_LOADER + 1)
+// Hardware barriers besides 0 (__syncthreads') and the ping-pong turns' 1 and 2 (wgmma.cuh):
+// the computing warpgroups' own; those between them and the reducing warp, a query tile's dQ
+// is staged (one for both warpgroups, which only arrive) and a warpgroup's share has been read
+// by the reductions (one per warpgroup, which waits); and the deterministic GQA turn at dK and
+// dV (`kv_turns`).
+#define BAR_COMPUTE 3
+#define BAR_DQ_FULL 4
+#define BAR_DQ_EMPTY 5  // and 6
+#define BAR_KV_TURN 7
+#define DQ_HANDOFF (WG_CONSUMERS + 32)
+#define DQ_RETURN (128 + 32)
 // dQ leaves through shared memory in its TMA reductions' layout: boxes of 32 f32 columns × 64
 // rows (8 KiB) in the 128-byte swizzle, WG_DIM / 32 of them a part. Tiles of 128 columns have
 // one part (each warpgroup fills its 64 columns), head dim 64 one per warpgroup (each holds a
@@ -55,39 +77,39 @@ __device__ __forceinline__ u32 sdq_offset(int row, int col) {
                  (col % 4) * 4);
 }
 
-// Adds the dQ tile of query rows row0.. of (batch, head) staged at sdQ into dQ through its
-// tensor map: the first thread of each warpgroup issues one TMA reduction per 32 of the columns
-// its warpgroup stored (64; part wg at head dim 64), as one bulk group; rows past the end and
-// padding columns fall outside the map and are not written. Deterministic, the two parts of
-// head dim 64 would reach dQ in either order: the first 64 threads add part 1 of their row into
-// part 0 first, and thread 0 reduces that alone.
+// The reducing warp adds the dQ tile of query rows row0.. of (batch, head) staged at sdQ into
+// dQ through its tensor map: its first lane issues one TMA reduction per 32 columns of each
+// part, as one bulk group; rows past the end and padding columns fall outside the map and are
+// not written. Deterministic, the two parts of head dim 64 would reach dQ in either order: the
+// warp adds part 1 into part 0 first, and only part 0 is reduced; and the lane has waited for
+// the CTA's turn (`wait_dq_turn`), after whose acquire fence_proxy_async_global orders the
+// reductions.
 __device__ __forceinline__ void add_dq_tile(const TensorMap* map, u32 sdQ, unsigned char* pdQ,
                                             int row0, int head, int batch) {
-    const bool summed = DETERMINISTIC && WG_DQ_PARTS == 2;
+    const int lane = threadIdx.x % 32;
+    constexpr bool summed = DETERMINISTIC && WG_DQ_PARTS == 2;
     if (summed) {
-        if (threadIdx.x >= WG_BQ) return;
-        const int row = threadIdx.x;
-#pragma unroll
-        for (int c = 0; c < HEAD_DIM; c += 4) {
-            float4* mine = reinterpret_cast<float4*>(pdQ + sdq_offset(row, c));
-            const float4 a = *mine;
-            const float4 b =
-                *reinterpret_cast<const float4*>(pdQ + WG_DQ_PART + sdq_offset(row, c));
-            *mine = make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
-        }
+        // Loops kept rolled: this warp runs in 24 registers (wgmma.cuh, regs_release).
+#pragma unroll 1
+        for (int row = lane; row < WG_BQ; row += 32)
+#pragma unroll 2
+            for (int c = 0; c < HEAD_DIM; c += 4) {
+                float4* mine = reinterpret_cast<float4*>(pdQ + sdq_offset(row, c));
+                const float4 a = *mine;
+                const float4 b =
+                    *reinterpret_cast<const float4*>(pdQ + WG_DQ_PART + sdq_offset(row, c));
+                *mine = make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
+            }
         fence_async_smem();
-        named_sync(1, WG_BQ);  // the first two warps: part 0 complete
+        __syncwarp();  // part 0 complete
     }
-    if (threadIdx.x % 128 != 0 || (summed && threadIdx.x != 0)) return;
+    if (lane != 0) return;
     if (DETERMINISTIC) fence_proxy_async_global();  // after the turn's acquire
-    const int wg = threadIdx.x / 128;
-    const int col0 = WG_DQ_PARTS == 1 ? 64 * wg : 0;  // the first of its warpgroup's columns
-    const u32 part = sdQ + (WG_DQ_PARTS == 1 ? 0 : wg) * WG_DQ_PART;
 #pragma unroll
-    for (int i = 0; i < 2; ++i) {
-        const int c = col0 + 32 * i;
-        if (c < HEAD_DIM) tma_reduce_add(part + (c / 32) * WG_DQ_BOX, map, c, row0, head, batch);
-    }
+    for (int p = 0; p < (summed ? 1 : WG_DQ_PARTS); ++p)
+#pragma unroll
+        for (int c = 0; c < HEAD_DIM; c += 32)
+            tma_reduce_add(sdQ + p * WG_DQ_PART + (c / 32) * WG_DQ_BOX, map, c, row0, head, batch);
     bulk_commit();
 }
 
@@ -164,44 +186,110 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
 
     constexpr u32 KV_TILE = WG_BKV * WG_DIM * 2, Q_TILE = WG_BQ * WG_DIM * 2;
     constexpr u32 KV_ATOM = WG_BKV * 128;  // one column atom of K or V, bytes
+    constexpr u32 DS_TILE = WG_BKV * WG_BQ * 2;
     unsigned char* gen;
     const u32 base = smem_base1024(&gen);
     const u32 sK = base;
     const u32 sV = sK + KV_TILE;
     const u32 sQ = sV + KV_TILE;            // two stages
     const u32 sdO = sQ + 2 * Q_TILE;        // two stages
-    const u32 sdS = sdO + 2 * Q_TILE;       // dSᵀ [key][query], 128-byte rows
-    const u32 sdQ = sdS + WG_BKV * WG_BQ * 2;  // the last tile's dQ, WG_DQ_PARTS parts
+    const u32 sdS = sdO + 2 * Q_TILE;       // three of dSᵀ [key][query], 128-byte rows
+    const u32 sdQ = sdS + 3 * DS_TILE;      // a tile's dQ, WG_DQ_PARTS parts
     const u32 sL = sdQ + WG_DQ_PARTS * WG_DQ_PART;  // two stages of LSE, then two of D
     const u32 sD = sL + 2 * WG_BQ * 4;
     const u32 sR = sD + 2 * WG_BQ * 4;      // two stages of the rows' mask starts
-    const u32 barQ = sR + 2 * WG_BQ * 4;    // per stage: its Q and dO tiles have landed
+    // Barriers (8 bytes each), per stage: "full" (its Q, dO, LSE, D and row starts have
+    // landed: two arrivals arming the tiles' bytes, one per loading lane for the vectors) and
+    // "empty" (both computing warpgroups are done with it). Tile n uses stage n % 2.
+    const u32 full = sR + 2 * WG_BQ * 4, empty = full + 16;
     const float* fL = reinterpret_cast<const float*>(gen + (sL - base));
     const float* fD = reinterpret_cast<const float*>(gen + (sD - base));
     const int* iR = reinterpret_cast<const int*>(gen + (sR - base));
-    unsigned char* pdS = gen + (sdS - base);
     unsigned char* pdQ = gen + (sdQ - base);
 
-    // Thread 0 loads a query tile's Q and dO into a stage by TMA (two arrivals on its barrier,
-    // each arming its tile's bytes; rows past the end and padding columns land as zeros), in
-    // place of 16 cp.async per thread and tile: 1.12× the backward's speed at d96, whose copies
-    // included zero fills, and level at 64 and 128 (bench/notes/kernel-notes.md, v18).
-    auto load_query_tile = [&](int st, int row0) {
-        if (threadIdx.x != 0) return;
-        tma_tile<WG_BQ>(sQ + st * Q_TILE, &maps.q, row0, head, batch, barQ + 8 * st);
-        tma_tile<WG_BQ>(sdO + st * Q_TILE, &maps.dO, row0, head, batch, barQ + 8 * st);
-    };
     if (threadIdx.x == 0) {
-        mbar_init(barQ, 2);
-        mbar_init(barQ + 8, 2);
-        fence_mbar_init();  // the loop's first barrier shows them to the other threads
+        for (int st = 0; st < 2; ++st) {
+            mbar_init(full + 8 * st, 2 + 32);
+            mbar_init(empty + 8 * st, 2);
+        }
+        fence_mbar_init();
     }
-    load_query_tile(0, t_begin * WG_BQ);
-    load_tile<WG_BKV, WG_THREADS, true, WG_DIM>(sK, op.K, op.kv_row, c0, kv_len);
-    load_tile<WG_BKV, WG_THREADS, true, WG_DIM>(sV, op.V, op.kv_row, c0, kv_len);
-    load_vec<WG_BQ>(sL, op.LSE, t_begin * WG_BQ, q_len);
-    load_vec<WG_BQ>(sD, op.D, t_begin * WG_BQ, q_len);
-    load_row_starts<WG_BQ>(sR, row_start, q_start, t_begin * WG_BQ, q_len);
+    __syncthreads();  // the barriers, for every thread; the last CTA-wide barrier
+
+    // The third warpgroup keeps few registers (wgmma.cuh, regs_release) and splits in two
+    // warps that run ahead of the computing ones, so that neither a load nor dQ's reductions
+    // wait for the tile that needs them, and the computing warpgroups meet no CTA barrier.
+    if (wg == 2) {
+        regs_release<24>();
+        const int warp = threadIdx.x / 32;
+        if (warp == WG_LOADER) {
+            // Tile n's Q and dO by TMA (its first lane: rows past the end and padding columns
+            // land as zeros; in place of 16 cp.async per thread and tile, 1.12× the backward's
+            // speed at d96: bench/notes/kernel-notes.md, v18), its LSE, D and row starts by
+            // cp.async from every lane; into stage n % 2 once tile n − 2 is done with it.
+            for (int n = 0; t_begin + n < n_qt; ++n) {
+                const int st = n & 1, row0 = (t_begin + n) * WG_BQ;
+                if (n >= 2) stage_wait<2>(empty, n - 2);
+                const u32 bar = stage_bar<2>(full, n);
+                if (lane == 0) {
+                    tma_tile<WG_BQ>(sQ + st * Q_TILE, &maps.q, row0, head, batch, bar);
+                    tma_tile<WG_BQ>(sdO + st * Q_TILE, &maps.dO, row0, head, batch, bar);
+                }
+                load_vec<WG_BQ>(sL + st * WG_BQ * 4, op.LSE, row0, q_len, lane, 32);
+                load_vec<WG_BQ>(sD + st * WG_BQ * 4, op.D, row0, q_len, lane, 32);
+                load_row_starts<WG_BQ>(sR + st * WG_BQ * 4, row_start, q_start, row0, q_len,
+                                       lane, 32);
+                cp_async_arrive(bar);
+            }
+        } else if (warp == WG_REDUCER) {
+            // Each tile's dQ as the computing warpgroups stage it: sdQ is free again once the
+            // reductions have read it (the first tile finds it free), so that they run under
+            // the next tile's products. Deterministic, in the CTA's turn at each query tile,
+            // then at the tiles after the last it sees.
+            constexpr int R = WG_CONSUMERS + 32;  // this warp's first thread: the adder
+            named_arrive(BAR_DQ_EMPTY, DQ_RETURN);
+            named_arrive(BAR_DQ_EMPTY + 1, DQ_RETURN);
+            for (int qt = t_begin; qt < n_qt; ++qt) {
+                named_sync(BAR_DQ_FULL, DQ_HANDOFF);
+                wait_dq_turn<WG_BQ, WG_BKV, R>(dq_turn_row, qt, work.tile, n_kt, q_start,
+                                               kv_start);
+                add_dq_tile(&maps.dQ, sdQ, pdQ, qt * WG_BQ, head, batch);
+                if (lane == 0) {
+                    if (DETERMINISTIC) {
+                        finish_dq_adds();
+                        pass_add_turn(dq_turn_row + qt);
+                    } else {
+                        bulk_wait_read();
+                    }
+                }
+                __syncwarp();
+                if (qt + 1 < n_qt) {
+                    named_arrive(BAR_DQ_EMPTY, DQ_RETURN);
+                    named_arrive(BAR_DQ_EMPTY + 1, DQ_RETURN);
+                }
+            }
+            if (lane == 0 && !DETERMINISTIC) bulk_wait();  // sdQ stays until it is read
+            pass_unseen_dq_turns<WG_BQ, WG_BKV, R>(dq_turn_row, n_qt, work.tile, n_kt, q_len,
+                                                   q_start, kv_start, global);
+            // Deterministic GQA: the CTA's turn at its group's shared dK and dV, taken here
+            // (the computing warpgroups add once it comes, and fence before they arrive),
+            // since a thread of theirs spinning for it spilled 740 bytes of their registers.
+            int* const kv = kv_turns(turns, work.bh, heads, kv_heads, q_len, WG_BQ, n_kt,
+                                     kv_direct);
+            if (kv) {
+                if (lane == 0) wait_add_turn(kv + work.tile, kv_turn(work.bh, heads, kv_heads));
+                __syncwarp();
+                named_arrive(BAR_KV_TURN, DQ_HANDOFF);
+                named_sync(BAR_KV_TURN, DQ_HANDOFF);
+                if (lane == 0) pass_add_turn(kv + work.tile);
+            }
+        }
+        return;
+    }
+    regs_claim<240>();
+
+    load_tile<WG_BKV, WG_CONSUMERS, true, WG_DIM>(sK, op.K, op.kv_row, c0, kv_len);
+    load_tile<WG_BKV, WG_CONSUMERS, true, WG_DIM>(sV, op.V, op.kv_row, c0, kv_len);
     cp_commit();
 
     // dK and dV for this warpgroup's 64 keys (accumulator layout over the head dim: its first
@@ -211,40 +299,66 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
     for (int i = 0; i < D / 2; ++i) dk[i] = dv[i] = 0.f;
 
     const u32 k_rows = sK + wg * 64 * 128, v_rows = sV + wg * 64 * 128;
+    cp_wait<0>();
+    fence_async_smem();
+    named_sync(BAR_COMPUTE, WG_CONSUMERS);  // K and V landed
 
-    for (int qt = t_begin; qt < n_qt; ++qt) {
-        cp_wait<0>();
+    // dQ of tile n (query rows of tile t_begin + n) = dS·K from dSᵀ buffer n % 3, not
+    // committed. In tiles of 128 columns warpgroup w takes columns 64w..64w+63 over all 128
+    // keys; at head dim 64 all 64 columns over its own 64 keys (both add to dQ).
+    constexpr int DQ_KEYS = DH == 2 ? WG_BKV : 64;
+    const u32 dq_keys = DH == 2 ? 0 : wg * 64 * 128;  // first key row, bytes
+    const u32 dq_atom = DH == 2 ? wg * KV_ATOM : 0;
+    const int dq_col = DH == 2 ? wg * 64 : 0;
+    auto dq_products = [&](float* acc, int n) {
+        const u32 ds = sdS + (n % 3) * DS_TILE;
+#pragma unroll
+        for (int kk = 0; kk < DQ_KEYS / 16; ++kk)
+            wg_ss<1, 1>(acc, wg_desc(ds + dq_keys + kk * 16 * 128),
+                        wg_desc(sK + dq_atom + dq_keys + kk * 16 * 128), kk > 0);
+    };
+    // Stages this warpgroup's share of a tile's dQ for the reducing warp, once its reductions
+    // have read the last tile's. This thread's pairs: rows wi·16 + g (+ 8), columns dq_col +
+    // 8·nt + 2t, whose 16-byte chunk in the swizzle is (2·(nt % 4) + t / 2) ^ g = 2·(nt % 4) ^
+    // (t / 2 ^ g): one base address and an XOR with a constant per store (sdq_offset's hoisted
+    // per nt held four more registers across the loop, and the masked module spilled).
+    auto stage_dq = [&](const float* acc) {
+        const u32 dq_at = sdQ + (DH == 2 ? 0 : wg) * WG_DQ_PART + (dq_col / 32) * WG_DQ_BOX +
+                          (wi * 16 + g) * 128 + (((t / 2) ^ g) << 4) + (t % 2) * 8;
+        named_sync(BAR_DQ_EMPTY + wg, DQ_RETURN);
+#pragma unroll
+        for (int i = 0; i < 2; ++i)
+#pragma unroll
+            for (int nt = 0; nt < 8; ++nt)
+                st_shared_f32x2((dq_at ^ ((2 * (nt % 4)) << 4)) + (nt / 4) * WG_DQ_BOX + i * 1024,
+                                acc[nt * 4 + 2 * i] * scale, acc[nt * 4 + 2 * i + 1] * scale);
         fence_async_smem();
-        if (DETERMINISTIC && qt > t_begin)
-            wait_dq_turn<WG_BQ, WG_BKV>(dq_turn_row, qt - 1, work.tile, n_kt, q_start, kv_start);
-        __syncthreads();  // tile qt's vectors landed; the last tile's wgmmas are done with sdS and
-                          // its stage
-        stage_wait<2>(barQ, qt - t_begin);  // tile qt's Q and dO
-        if (qt > t_begin) add_dq_tile(&maps.dQ, sdQ, pdQ, (qt - 1) * WG_BQ, head, batch);
-        const int stage = (qt - t_begin) & 1;
-        if (qt + 1 < n_qt) {
-            const int ns = stage ^ 1;
-            const int nr = (qt + 1) * WG_BQ;
-            load_query_tile(ns, nr);
-            load_vec<WG_BQ>(sL + ns * WG_BQ * 4, op.LSE, nr, q_len);
-            load_vec<WG_BQ>(sD + ns * WG_BQ * 4, op.D, nr, q_len);
-            load_row_starts<WG_BQ>(sR + ns * WG_BQ * 4, row_start, q_start, nr, q_len);
-        }
-        cp_commit();
+        named_arrive(BAR_DQ_FULL, DQ_HANDOFF);
+    };
+
+    // One query tile n in two ping-pong turns (wgmma.cuh): Sᵀ and dPᵀ in the first; dV, the
+    // last tile's dQ and dK in the second. `first` is a constant at each call (tile 0 has no
+    // dQ before it), as in the forward: ptxas turns a commit after a conditional wgmma into an
+    // extra group.
+    auto tile = [&](const int n, const bool first) {
+        const int stage = n & 1;
+        stage_wait<2>(full, n);  // tile n's Q, dO, LSE, D and row starts
         const u32 cQ = sQ + stage * Q_TILE, cdO = sdO + stage * Q_TILE;
         const float* cL = fL + stage * WG_BQ;
         const float* cD = fD + stage * WG_BQ;
         const int* cR = iR + stage * WG_BQ;
-        const int r0 = qt * WG_BQ;
+        const int r0 = (t_begin + n) * WG_BQ;
 
         // ---- 1. Sᵀ and dPᵀ: 64 keys × 64 queries, K = head dim (steps of 16, none over the
         // padding), in two groups: Pᵀ's exponentials (step 2) run while dPᵀ's products do.
         float s[32], dp[32];
+        take_turn(wg);
         wg_fence();
         head_dim_product(s, k_rows, cQ);
         wg_commit();
         head_dim_product(dp, v_rows, cdO);
         wg_commit();
+        pass_turn(wg);
         wg_wait<1>();  // Sᵀ (dPᵀ may run on)
         fence_regs<32>(s);
 
@@ -318,85 +432,68 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
             da[kk][2] = pack2(dp[n1], dp[n1 + 1]);
             da[kk][3] = pack2(dp[n1 + 2], dp[n1 + 3]);
         }
-
-        // ---- 3. dV += Pᵀ·dO (K = 64 queries; B = dO MN-major, one product per column atom,
-        // the second only over the head dim's columns). It runs while dSᵀ goes to shared memory
-        // and the warpgroups meet at the barrier.
-        wg_fence();
-#pragma unroll
-        for (int kk = 0; kk < 4; ++kk)
-            kv_grad_products(dv, pa[kk], cdO + kk * 16 * 128);
-        wg_commit();
+        // dSᵀ into buffer n % 3, before this warpgroup's second turn: the other warpgroup's dQ
+        // of this tile comes in its second turn after that (turns alternate), and the last
+        // reader of the buffer, dQ of tile n − 3, finished before the other warpgroup's first
+        // turn of tile n − 1 ended.
+        const u32 cdS = sdS + (n % 3) * DS_TILE;
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk)
 #pragma unroll
             for (int half = 0; half < 2; ++half) {
                 const int q = kk * 16 + half * 8 + 2 * t;
-                *reinterpret_cast<u32*>(pdS + swz128(WG_BKV, kl, q)) = da[kk][2 * half];
-                *reinterpret_cast<u32*>(pdS + swz128(WG_BKV, kl + 8, q)) = da[kk][2 * half + 1];
+                st_shared_u32(cdS + swz128(WG_BKV, kl, q), da[kk][2 * half]);
+                st_shared_u32(cdS + swz128(WG_BKV, kl + 8, q), da[kk][2 * half + 1]);
             }
         fence_async_smem();
-        if (DETERMINISTIC)
-            finish_dq_adds();
-        else
-            bulk_wait_read();  // the last tile's dQ has left sdQ
-        __syncthreads();       // dSᵀ complete (both warpgroups); sdQ free
-        if (DETERMINISTIC && qt > t_begin && threadIdx.x == 0)
-            pass_add_turn(dq_turn_row + qt - 1);
 
-        // ---- 4. dQ(tile) = dS·K, then dK += dSᵀ·Q (B = Q MN-major), which runs while dQ goes
-        // to shared memory. dQ in tiles of 128 columns: warpgroup w takes columns 64w..64w+63
-        // over all 128 keys; head dim 64: all 64 columns over its own 64 keys (both add to dQ).
-        constexpr int DQ_KEYS = DH == 2 ? WG_BKV : 64;
-        const u32 dq_keys = DH == 2 ? 0 : wg * 64 * 128;  // first key row, bytes
-        const u32 dq_atom = DH == 2 ? wg * KV_ATOM : 0;
-        const int dq_col = DH == 2 ? wg * 64 : 0;
+        // ---- 3. dV += Pᵀ·dO (K = 64 queries; B = dO MN-major, one product per column atom,
+        // the second only over the head dim's columns), the last tile's dQ, and dK += dSᵀ·Q
+        // (B = Q MN-major), which runs while that dQ goes to shared memory.
         float acc[32];
+        take_turn(wg);
         wg_fence();
 #pragma unroll
-        for (int kk = 0; kk < DQ_KEYS / 16; ++kk)
-            wg_ss<1, 1>(acc, wg_desc(sdS + dq_keys + kk * 16 * 128),
-                        wg_desc(sK + dq_atom + dq_keys + kk * 16 * 128), kk > 0);
+        for (int kk = 0; kk < 4; ++kk)
+            kv_grad_products(dv, pa[kk], cdO + kk * 16 * 128);
+        if (!first) dq_products(acc, n - 1);
         wg_commit();
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk) kv_grad_products(dk, da[kk], cQ + kk * 16 * 128);
         wg_commit();
+        pass_turn(wg);
         wg_wait<1>();  // dV and dQ done (groups complete in order); dK may run on
-        fence_regs<32>(acc);
-        // This thread's pairs: rows wi·16 + g (+ 8), columns dq_col + 8·nt + 2t, whose 16-byte
-        // chunk in the swizzle is (2·(nt % 4) + t / 2) ^ g = 2·(nt % 4) ^ (t / 2 ^ g): one base
-        // address and an XOR with a constant per store (sdq_offset's hoisted per nt held four
-        // more registers across the loop, and the masked module spilled).
-        const u32 dq_at = sdQ + (DH == 2 ? 0 : wg) * WG_DQ_PART + (dq_col / 32) * WG_DQ_BOX +
-                          (wi * 16 + g) * 128 + (((t / 2) ^ g) << 4) + (t % 2) * 8;
-#pragma unroll
-        for (int i = 0; i < 2; ++i)
-#pragma unroll
-            for (int nt = 0; nt < 8; ++nt)
-                st_shared_f32x2((dq_at ^ ((2 * (nt % 4)) << 4)) + (nt / 4) * WG_DQ_BOX + i * 1024,
-                                acc[nt * 4 + 2 * i] * scale, acc[nt * 4 + 2 * i + 1] * scale);
-        wg_wait<0>();
         fence_regs<D / 2>(dv);
-        fence_regs<D / 2>(dk);
         fence_regs<16>(&pa[0][0]);
+        if (!first) {
+            fence_regs<32>(acc);
+            stage_dq(acc);
+        }
+        wg_wait<0>();
+        fence_regs<D / 2>(dk);
         fence_regs<16>(&da[0][0]);
-        fence_async_smem();
+        if (threadIdx.x % 128 == 0) mbar_arrive(stage_bar<2>(empty, n));  // for its warpgroup
+    };
+    const int tiles = n_qt - t_begin;
+    pingpong_start(wg);
+    tile(0, true);
+    for (int n = 1; n < tiles; ++n) tile(n, false);
+    {  // the last tile's dQ, in a turn of its own
+        float acc[32];
+        take_turn(wg);
+        wg_fence();
+        dq_products(acc, tiles - 1);
+        wg_commit();
+        pass_turn(wg);
+        wg_wait<0>();
+        fence_regs<32>(acc);
+        stage_dq(acc);
     }
-    wait_dq_turn<WG_BQ, WG_BKV>(dq_turn_row, n_qt - 1, work.tile, n_kt, q_start, kv_start);
-    __syncthreads();
-    add_dq_tile(&maps.dQ, sdQ, pdQ, (n_qt - 1) * WG_BQ, head, batch);
-    if (DETERMINISTIC) {
-        finish_dq_adds();
-        __syncthreads();
-        pass_last_dq_turns<WG_BQ, WG_BKV>(dq_turn_row, n_qt - 1, work.tile, n_kt, q_len, q_start,
-                                          kv_start, global);
-    } else {
-        bulk_wait();
-    }
+    pingpong_end(wg);
 
-    int* const kv_turn_row =
-        kv_turns(turns, work.bh, heads, kv_heads, q_len, WG_BQ, n_kt, kv_direct);
-    wait_kv_turn(kv_turn_row, work.tile, kv_turn(work.bh, heads, kv_heads));
+    const bool kv_turns_taken =
+        kv_turns(turns, work.bh, heads, kv_heads, q_len, WG_BQ, n_kt, kv_direct) != nullptr;
+    if (kv_turns_taken) named_sync(BAR_KV_TURN, DQ_HANDOFF);  // the reducing warp has the turn
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
         const int kr = c0 + wg * 64 + wi * 16 + g + 8 * i;
@@ -410,6 +507,9 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
             }
         }
     }
-    pass_kv_turn(kv_turn_row, work.tile);
+    if (kv_turns_taken) {
+        __threadfence();
+        named_arrive(BAR_KV_TURN, DQ_HANDOFF);  // it passes the turn on
+    }
 }
 #endif  // BWD_WGMMA

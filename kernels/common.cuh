@@ -162,10 +162,13 @@ __device__ __forceinline__ void load_tile(u32 dst, const u16* base, int stride, 
     }
 }
 
-// Copies `n` f32 values starting at index row0 (zeros past rows_total) into shared memory.
+// Copies `n` f32 values starting at index row0 (zeros past rows_total) into shared memory,
+// spread over the CTA's threads or over `lanes` threads of which this is number `lane` (the
+// wgmma backward's loading warp).
 template <int N>
-__device__ __forceinline__ void load_vec(u32 dst, const float* base, int row0, int rows_total) {
-    for (int i = threadIdx.x; i < N; i += blockDim.x) {
+__device__ __forceinline__ void load_vec(u32 dst, const float* base, int row0, int rows_total,
+                                         int lane = threadIdx.x, int lanes = blockDim.x) {
+    for (int i = lane; i < N; i += lanes) {
         const bool ok = row0 + i < rows_total;
         cp_async4(dst + i * 4, base + (ok ? row0 + i : 0), ok ? 4 : 0);
     }
@@ -266,9 +269,11 @@ __device__ __forceinline__ int row_start_at(const int* row_start, int pos) {
 // global memory. Nothing is loaded in the causal module or without a mask.
 template <int N>
 __device__ __forceinline__ void load_row_starts(u32 dst, const int* row_start, int q_start,
-                                                int row0, int q_len) {
+                                                int row0, int q_len, int lane = threadIdx.x,
+                                                int lanes = blockDim.x) {
     if (MASKED && row_start)
-        load_vec<N>(dst, reinterpret_cast<const float*>(row_start + q_start), row0, q_len);
+        load_vec<N>(dst, reinterpret_cast<const float*>(row_start + q_start), row0, q_len, lane,
+                    lanes);
 }
 
 // Row i of a tile's row starts staged by load_row_starts (0 without a mask).
@@ -439,23 +444,24 @@ __device__ __forceinline__ int* kv_turns(int* turns, int bh, int heads, int kv_h
 __device__ __forceinline__ int kv_turn(int bh, int heads, int kv_heads) {
     return (bh % heads) % (heads / kv_heads);
 }
-// Thread 0 waits for key tile k's turn at query tile qt's dQ; a CTA barrier after this orders
-// every thread's additions after it.
-template <int Q_ROWS, int KV_ROWS>
+// Thread ADDER (the one that adds, or that hands the CTA's additions on) waits for key tile
+// k's turn at query tile qt's dQ; with several adding threads, a CTA barrier after this orders
+// their additions after it.
+template <int Q_ROWS, int KV_ROWS, int ADDER = 0>
 __device__ __forceinline__ void wait_dq_turn(const int* dq, int qt, int k, int n_kt,
                                              int q_start, int kv_start) {
-    if (DETERMINISTIC && threadIdx.x == 0)
+    if (DETERMINISTIC && threadIdx.x == ADDER)
         wait_add_turn(dq + qt, dq_turn<Q_ROWS, KV_ROWS>(qt, k, n_kt, q_start, kv_start));
 }
-// Thread 0 takes and passes the CTA's turns at query tiles from..end that it does not see,
+// Thread ADDER takes and passes the CTA's turns at query tiles from..end that it does not see,
 // adding nothing: needed only where the block holds global keys (see `dq_turn`), since these
 // turns cost a masked backward most of its speed (a 32K sequence of 16 documents ran at 0.28×
 // the default backward's rate with them, bench/results/determinism-2026-12-02/call2).
-template <int Q_ROWS, int KV_ROWS>
+template <int Q_ROWS, int KV_ROWS, int ADDER = 0>
 __device__ __forceinline__ void pass_unseen_dq_turns(int* dq, int from, int k, int n_kt,
                                                      int q_len, int q_start, int kv_start,
                                                      int global) {
-    if (!DETERMINISTIC || !MASKED || kv_start >= global || threadIdx.x != 0) return;
+    if (!DETERMINISTIC || !MASKED || kv_start >= global || threadIdx.x != ADDER) return;
     for (int qt = from; qt < (q_len + Q_ROWS - 1) / Q_ROWS; ++qt) {
         wait_add_turn(dq + qt, dq_turn<Q_ROWS, KV_ROWS>(qt, k, n_kt, q_start, kv_start));
         pass_add_turn(dq + qt);

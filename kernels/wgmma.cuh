@@ -152,6 +152,10 @@ __device__ __forceinline__ void wg_rs128(float* d, const u32* a, u64 b) {
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
 }
 
+// Stores a u32 (two packed 16-bit values) at shared address `at`.
+__device__ __forceinline__ void st_shared_u32(u32 at, u32 x) {
+    asm volatile("st.shared.u32 [%0], %1;" ::"r"(at), "r"(x) : "memory");
+}
 // Stores two f32 at shared address `at` (a u32 address, for arithmetic the generic pointer
 // would hide from the compiler).
 __device__ __forceinline__ void st_shared_f32x2(u32 at, float x, float y) {
@@ -251,6 +255,17 @@ __device__ __forceinline__ void bulk_commit() {
 // __syncthreads').
 __device__ __forceinline__ void named_sync(int id, int threads) {
     asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
+// Arrives on hardware barrier `id` without waiting: the other side of a named_sync of
+// `threads` threads, for a producer handing work to a consumer.
+__device__ __forceinline__ void named_arrive(int id, int threads) {
+    asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+// Arrives on `bar` once this thread's cp.async copies so far have landed (counted among the
+// arrivals the barrier was initialised with).
+__device__ __forceinline__ void cp_async_arrive(u32 bar) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(bar) : "memory");
 }
 
 // Copies the box at (column, row, head, batch) of `map` to shared memory at dst; completes on

@@ -40,8 +40,11 @@ const WGMMA_FWD_BARRIERS: usize = 128;
 /// Extra dynamic shared memory of the wgmma kernels: they round their base up to the 1024-byte
 /// boundary their swizzled tiles need (`smem_base1024`).
 const WGMMA_ALIGN_SLACK: usize = 1024;
-/// The wgmma backward's TMA barriers: one per stage of Q and dO (8 bytes each).
-const WGMMA_BWD_BARRIERS: usize = 16;
+/// The wgmma backward's TMA barriers: per stage of its query tiles, "full" and "empty" (8 bytes
+/// each).
+const WGMMA_BWD_BARRIERS: usize = 32;
+/// Key rows per wgmma backward CTA (`WG_BKV`): 64 per computing warpgroup.
+const WGMMA_BWD_KEYS: usize = 128;
 
 /// Head dims the kernels are instantiated for: the mma.sync kernels take any of them (on every
 /// GPU from sm_80), the wgmma kernels those up to 128 on sm_90 ([`wgmma_tile_dim`]).
@@ -201,7 +204,8 @@ impl Tuning {
 
     /// Threads per backward CTA as launched.
     pub fn bwd_threads(&self) -> usize {
-        32 * if self.bwd_wgmma { 8 } else { self.bwd_warps }
+        // wgmma: two warpgroups that compute and one that loads and adds dQ (`WG_THREADS`).
+        32 * if self.bwd_wgmma { 12 } else { self.bwd_warps }
     }
 
     /// Rejects combinations the kernels were not written for.
@@ -328,10 +332,11 @@ pub(crate) fn forward_config(dims: &Dims, q_rows: usize, tuning: &Tuning) -> Res
 /// Dynamic shared memory of the backward kernel: the K and V tiles, `bwd_q_stages` stages (the
 /// wgmma kernel: two) of Q, dO, LSE, D and the rows' mask starts (read by the masked module
 /// only, reserved in both so one size serves), and the Pᵀ and dSᵀ tiles (16-bit). The wgmma
-/// kernel keeps no Pᵀ tile (Pᵀ stays in registers) but stages each query tile's dQ (f32, one
-/// copy per warpgroup at head dim 64, where each sums over its own keys) for the TMA reduction
-/// into global memory, has the TMA barriers of its Q and dO stages, and needs 1 KiB of slack to
-/// align its tiles to 1024 bytes. Its tiles are [`wgmma_tile_dim`] wide.
+/// kernel keeps no Pᵀ tile (Pᵀ stays in registers) but three of dSᵀ (its warpgroups take turns
+/// half a tile apart, and a tile's dQ runs in the next tile's turn), stages each query tile's dQ (f32, one copy
+/// per warpgroup at head dim 64, where each sums over its own keys) for the TMA reduction into
+/// global memory, has the barriers of its query-tile stages, and needs 1 KiB of slack to align
+/// its tiles to 1024 bytes. Its tiles are [`wgmma_tile_dim`] wide.
 pub(crate) fn backward_smem(head_dim: usize, tuning: &Tuning) -> u32 {
     let bkv = backward_keys(tuning);
     let (stages, cols) = if tuning.bwd_wgmma {
@@ -340,7 +345,7 @@ pub(crate) fn backward_smem(head_dim: usize, tuning: &Tuning) -> u32 {
         (tuning.bwd_q_stages, head_dim)
     };
     let tiles = 2 * bkv * cols * 2 + stages * BWD_BQ * (2 * cols * 2 + 3 * 4);
-    let scores = if tuning.bwd_wgmma { 1 } else { 2 } * bkv * BWD_BQ * 2;
+    let scores = if tuning.bwd_wgmma { 3 } else { 2 } * bkv * BWD_BQ * 2;
     let wgmma_extra = if tuning.bwd_wgmma {
         let dq_parts = if cols == 128 { 1 } else { 2 };
         dq_parts * BWD_BQ * cols * 4 + WGMMA_BWD_BARRIERS + WGMMA_ALIGN_SLACK
@@ -360,7 +365,7 @@ pub(crate) fn wgmma_cols(head_dim: usize) -> usize {
 /// warpgroup in the wgmma one.
 fn backward_keys(tuning: &Tuning) -> usize {
     if tuning.bwd_wgmma {
-        tuning.bwd_threads() / 2
+        WGMMA_BWD_KEYS
     } else {
         32 * tuning.bwd_warps / tuning.bwd_key_split
     }
@@ -522,17 +527,17 @@ mod tests {
                 .0,
             64 * 2
         );
-        // wgmma: K, V (32 KiB each), two stages of Q and dO (16 KiB each), dSᵀ (16 KiB),
-        // LSE, D and row starts (1.5 KiB), dQ (64 rows of 512 bytes), alignment slack (1 KiB),
-        // two TMA barriers; 128-key tiles of 256 threads.
+        // wgmma: K, V (32 KiB each), two stages of Q and dO (16 KiB each), three dSᵀ (16 KiB
+        // each), LSE, D and row starts (1.5 KiB), dQ (64 rows of 512 bytes), alignment slack
+        // (1 KiB), four barriers; 128-key tiles of 384 threads.
         let wg = Tuning::for_head_dim(128).for_device(128, (9, 0));
         assert!(wg.bwd_wgmma);
         assert_eq!(
             backward_smem(128, &wg),
-            (64 + 64 + 16 + 1 + 1) * 1024 + 512 + 64 * 512 + 16
+            (64 + 64 + 48 + 1 + 1) * 1024 + 512 + 64 * 512 + 32
         );
         let c = backward_config(&dims(128), 129, &wg).unwrap();
-        assert_eq!((c.grid_dim.0, c.block_dim.0), (64 * 2, 256));
+        assert_eq!((c.grid_dim.0, c.block_dim.0), (64 * 2, 384));
     }
 
     /// The deterministic backward's turn counters: one per (batch·head, 64-row query tile),
@@ -596,7 +601,7 @@ mod tests {
         assert!(t64.fwd_wgmma && t64.bwd_wgmma);
         assert_eq!(
             backward_smem(64, &t64),
-            (32 + 32 + 16 + 1 + 1) * 1024 + 512 + 2 * 64 * 256 + 16
+            (32 + 32 + 48 + 1 + 1) * 1024 + 512 + 2 * 64 * 256 + 32
         );
         assert_eq!(forward_smem(64, &t64), (6 * 16 + 1) * 1024 + 128);
         let off = Tuning {
