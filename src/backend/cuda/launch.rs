@@ -97,14 +97,14 @@ pub struct Tuning {
     pub fwd_mtiles: usize,
     /// Keep Q's fragments in registers (true) or re-read them from shared memory per tile.
     pub fwd_q_in_registers: bool,
-    /// The forward on Hopper's warpgroup MMA (`kernels/forward_wgmma.cu`: two warpgroups,
-    /// 128 query rows, 128-key tiles) instead of the mma.sync kernel the three fields above
+    /// The forward on Hopper's warpgroup MMA (`kernels/forward_wgmma.cu`: two computing
+    /// warpgroups and one that loads, 128 query rows, 128-key tiles) instead of the mma.sync kernel the three fields above
     /// shape; used only where [`Tuning::for_device`] keeps it.
     pub fwd_wgmma: bool,
     /// Warps per backward CTA (4 or 8), each owning 16 key rows (the mma.sync backward).
     pub bwd_warps: usize,
-    /// The backward on Hopper's warpgroup MMA (`kernels/backward_wgmma.cu`: two warpgroups,
-    /// 128-key tiles) instead of the mma.sync kernel; used only where [`Tuning::for_device`]
+    /// The backward on Hopper's warpgroup MMA (`kernels/backward_wgmma.cu`: two computing
+    /// warpgroups in ping-pong turns and one that loads and adds dQ, 128-key tiles) instead of the mma.sync kernel; used only where [`Tuning::for_device`]
     /// keeps it (compute capability 9.0, head dims up to 128: [`wgmma_tile_dim`]).
     pub bwd_wgmma: bool,
     /// Backward warps sharing 32 keys (2 or 4; the mma.sync backward): 4 halves the dK and dV
