@@ -246,9 +246,12 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
             // reductions have read it (the first tile finds it free), so that they run under
             // the next tile's products. Deterministic, in the CTA's turn at each query tile,
             // then at the tiles after the last it sees.
-            constexpr int R = WG_CONSUMERS + 32;  // this warp's first thread: the adder
-            named_arrive(BAR_DQ_EMPTY, DQ_RETURN);
-            named_arrive(BAR_DQ_EMPTY + 1, DQ_RETURN);
+            constexpr int R = WG_REDUCER * 32;  // this warp's first thread: the adder
+            // sdQ is free for both computing warpgroups' next shares.
+            auto sdq_read = [] {
+                for (int w = 0; w < 2; ++w) named_arrive(BAR_DQ_EMPTY + w, DQ_RETURN);
+            };
+            sdq_read();
             for (int qt = t_begin; qt < n_qt; ++qt) {
                 named_sync(BAR_DQ_FULL, DQ_HANDOFF);
                 wait_dq_turn<WG_BQ, WG_BKV, R>(dq_turn_row, qt, work.tile, n_kt, q_start,
@@ -263,10 +266,7 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
                     }
                 }
                 __syncwarp();
-                if (qt + 1 < n_qt) {
-                    named_arrive(BAR_DQ_EMPTY, DQ_RETURN);
-                    named_arrive(BAR_DQ_EMPTY + 1, DQ_RETURN);
-                }
+                if (qt + 1 < n_qt) sdq_read();
             }
             if (lane == 0 && !DETERMINISTIC) bulk_wait();  // sdQ stays until it is read
             pass_unseen_dq_turns<WG_BQ, WG_BKV, R>(dq_turn_row, n_qt, work.tile, n_kt, q_len,
