@@ -3,7 +3,8 @@
 // (query tiles that see none of a CTA's keys skipped, partly hidden ones masked). Same contract
 // as the mma.sync kernel in backward.cu (all three gradients accumulate in f32; dQ and dK carry
 // the softmax scale), which stays the kernel for other GPUs. Head dims up to 128: 80 and 96
-// run in the tiles of 128 (WG_DIM, wgmma.cuh), their extra columns zeros.
+// run in the tiles of 128 (WG_DIM, wgmma.cuh), their extra columns zeros; 192 and 256 have a
+// kernel of their own, backward_wgmma_wide.cu. What the two share: backward_wgmma.cuh.
 //
 // One CTA = 128 key rows of one (batch, query head): two warpgroups that compute (warpgroup w
 // owns keys 64w..64w+63) and a third that gives them its registers and splits in two warps: one
@@ -35,47 +36,14 @@
 // Compared with the per-warp mma.sync kernel, B operands are read from shared memory once per
 // warpgroup instead of once per warp, which is what limited that kernel (81% shared-memory
 // throughput, bench/notes/kernel-notes.md).
-//
-// The parameters are backward.cu's (the host launches either kernel the same way; the pointers
-// to Q, dO and dQ go unused here), then the tensor maps that Q and dO are loaded and dQ is
-// reduced through.
-// Tiles and wgmma helpers: wgmma.cuh.
 
-#if BWD_WGMMA
+#if BWD_WGMMA && !WIDE_HEADS
 
-#define WG_BKV 128
-#define WG_BQ 64
-// Two warpgroups compute; a third loads (its first warp) and adds dQ (its second).
-#define WG_CONSUMERS 256
-#define WG_THREADS 384
-#define WG_LOADER (WG_CONSUMERS / 32)
-#define WG_REDUCER (WG_LOADER + 1)
-// Hardware barriers besides 0 (__syncthreads') and the ping-pong turns' 1 and 2 (wgmma.cuh):
-// the computing warpgroups' own; those between them and the reducing warp, a query tile's dQ
-// is staged (one for both warpgroups, which only arrive) and a warpgroup's share has been read
-// by the reductions (one per warpgroup, which waits); and the deterministic GQA turn at dK and
-// dV (`kv_turns`).
-#define BAR_COMPUTE 3
-#define BAR_DQ_FULL 4
-#define BAR_DQ_EMPTY 5  // and 6
-#define BAR_KV_TURN 7
-#define DQ_HANDOFF (WG_CONSUMERS + 32)
-#define DQ_RETURN (128 + 32)
-// dQ leaves through shared memory in its TMA reductions' layout: boxes of 32 f32 columns × 64
-// rows (8 KiB) in the 128-byte swizzle, WG_DIM / 32 of them a part. Tiles of 128 columns have
-// one part (each warpgroup fills its 64 columns), head dim 64 one per warpgroup (each holds a
-// sum over its own keys).
+// dQ's staged tile has WG_DIM / 32 boxes a part: tiles of 128 columns have one part (each
+// warpgroup fills its 64 columns), head dim 64 one per warpgroup (each holds a sum over its own
+// keys).
 #define WG_DQ_PARTS (WG_DIM == 128 ? 1 : 2)
-#define WG_DQ_BOX (WG_BQ * 128)
 #define WG_DQ_PART (WG_DIM / 32 * WG_DQ_BOX)
-
-// Byte offset of dQ's (row, col) within a part: box col / 32, rows of 128 bytes, their 16-byte
-// chunks XORed by row % 8 (the swizzle of the host's map). A warp's 8 rows × 4 pairs of one
-// store land on distinct banks.
-__device__ __forceinline__ u32 sdq_offset(int row, int col) {
-    return (u32)((col / 32) * WG_DQ_BOX + row * 128 + ((((col % 32) / 4) ^ (row % 8)) << 4) +
-                 (col % 4) * 4);
-}
 
 // The reducing warp adds the dQ tile of query rows row0.. of (batch, head) staged at sdQ into
 // dQ through its tensor map: its first lane issues one TMA reduction per 32 columns of each
@@ -113,18 +81,6 @@ __device__ __forceinline__ void add_dq_tile(const TensorMap* map, u32 sdQ, unsig
     bulk_commit();
 }
 
-// acc = A·Bᵀ over the head dim for step 1 (Sᵀ or dPᵀ): A this warpgroup's 64 rows of K or V at
-// a, B the query tile's Q or dO at b, both K-major; 16 columns a step, none over the padding,
-// the step's offset within its column atom of 128 bytes.
-__device__ __forceinline__ void head_dim_product(float* acc, u32 a, u32 b) {
-#pragma unroll
-    for (int kk = 0; kk < HEAD_DIM / 16; ++kk) {
-        const u32 col = (kk % 4) * 32;
-        wg_ss<0, 0>(acc, wg_desc(a + (kk / 4) * (WG_BKV * 128) + col),
-                    wg_desc(b + (kk / 4) * (WG_BQ * 128) + col), kk > 0);
-    }
-}
-
 // acc (dK or dV, D/2 accumulators) += A·B for one 16-query step, A in registers (Pᵀ or dSᵀ)
 // and B the step's 16 rows of Q or dO at b, MN-major: one product per column atom of the tile,
 // the second over the D − 64 columns of the head dim it holds.
@@ -133,28 +89,7 @@ __device__ __forceinline__ void kv_grad_products(float* acc, const u32* a, u32 b
     if constexpr (WG_DIM == 128) wg_rs_n<HEAD_DIM - 64>(acc + 32, a, wg_desc(b + WG_BQ * 128));
 }
 
-// Deterministic: this thread's dQ reductions have written dQ (not only read shared memory), and
-// the writes are ordered before the CTA's next pass of a turn.
-__device__ __forceinline__ void finish_dq_adds() {
-    bulk_wait();
-    fence_proxy_async_global();
-    __threadfence();
-}
-
-// The tensor maps the host passes after the other parameters, back to back (the wgmma kernels'
-// maps in blocks.rs): Q's and dO's for the loads, dQ's for the reductions.
-struct BwdMaps {
-    TensorMap q, dO, dQ;
-};
-
-extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
-    bwd_block(const u16* __restrict__ Q, const u16* __restrict__ K, const u16* __restrict__ V,
-              const u16* __restrict__ dO, const float* __restrict__ LSE,
-              const float* __restrict__ Dl, float* __restrict__ dQ, void* __restrict__ dK,
-              void* __restrict__ dV, int kv_direct, int heads, int kv_heads, int q_len,
-              int kv_len, int q_start, int kv_start, Strides qs, Strides kvs,
-              const int* __restrict__ row_start, const int* __restrict__ row_end, int global,
-              float scale, int* __restrict__ turns, const __grid_constant__ BwdMaps maps) {
+extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) bwd_block(BWD_BLOCK_PARAMS) {
     constexpr int D = HEAD_DIM;
     constexpr int DH = WG_DIM / 64;             // column atoms of a tile row
     const int wg = threadIdx.x / 128;           // warpgroup: keys 64·wg.., dQ columns 64·wg..
@@ -163,22 +98,13 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
     const int g = lane / 4, t = lane % 4;
     const float scale_log2 = scale * LOG2E;
 
-    const int n_kt = (kv_len + WG_BKV - 1) / WG_BKV;
-    const CtaWork work = cta_work<BWD_KEY_MAJOR, DETERMINISTIC>(n_kt);
-    const int c0 = work.tile * WG_BKV;
-    int* const dq_turn_row = dq_turns(turns, work.bh, q_len, WG_BQ);  // this head's dQ turns
-
-    // The query tiles that see these keys (all from the first on, without a mask).
-    const int2 seen = seeing_query_tiles<WG_BQ>(c0, min(c0 + WG_BKV, kv_len), q_len, q_start,
-                                                kv_start, row_start, row_end, global);
-    const int t_begin = seen.x, n_qt = seen.y;
-    if (t_begin >= n_qt) {
-        skip_turns<WG_BQ, WG_BKV>(
-            dq_turn_row, kv_turns(turns, work.bh, heads, kv_heads, q_len, WG_BQ, n_kt, kv_direct),
-            t_begin, work.tile, n_kt, q_len, q_start, kv_start, global,
-            kv_turn(work.bh, heads, kv_heads));
+    BwdCta cta;
+    if (!bwd_cta(&cta, heads, kv_heads, q_len, kv_len, q_start, kv_start, row_start, row_end,
+                 global, turns, kv_direct))
         return;
-    }
+    const CtaWork work = cta.work;
+    const int n_kt = cta.n_kt, c0 = cta.c0, t_begin = cta.t_begin, n_qt = cta.n_qt;
+    int* const dq_turn_row = cta.dq_turn_row;
 
     const BwdHead op = bwd_head(Q, K, V, dO, LSE, Dl, dQ, dK, dV, kv_direct, work.bh, heads,
                                 kv_heads, q_len, qs, kvs);
@@ -208,10 +134,7 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
     unsigned char* pdQ = gen + (sdQ - base);
 
     if (threadIdx.x == 0) {
-        for (int st = 0; st < 2; ++st) {
-            mbar_init(full + 8 * st, 2 + 32);
-            mbar_init(empty + 8 * st, 2);
-        }
+        init_ring(full, empty, 2, 2 + 32);  // Q's and dO's tiles, every lane's vectors
         fence_mbar_init();
     }
     __syncthreads();  // the barriers, for every thread; the last CTA-wide barrier
@@ -268,21 +191,8 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
                 __syncwarp();
                 if (qt + 1 < n_qt) sdq_read();
             }
-            if (lane == 0 && !DETERMINISTIC) bulk_wait();  // sdQ stays until it is read
-            pass_unseen_dq_turns<WG_BQ, WG_BKV, R>(dq_turn_row, n_qt, work.tile, n_kt, q_len,
-                                                   q_start, kv_start, global);
-            // Deterministic GQA: the CTA's turn at its group's shared dK and dV, taken here
-            // (the computing warpgroups add once it comes, and fence before they arrive),
-            // since a thread of theirs spinning for it spilled 740 bytes of their registers.
-            int* const kv = kv_turns(turns, work.bh, heads, kv_heads, q_len, WG_BQ, n_kt,
-                                     kv_direct);
-            if (kv) {
-                if (lane == 0) wait_add_turn(kv + work.tile, kv_turn(work.bh, heads, kv_heads));
-                __syncwarp();
-                named_arrive(BAR_KV_TURN, DQ_HANDOFF);
-                named_sync(BAR_KV_TURN, DQ_HANDOFF);
-                if (lane == 0) pass_add_turn(kv + work.tile);
-            }
+            reducer_finish(cta, turns, heads, kv_heads, q_len, q_start, kv_start, global,
+                           kv_direct);
         }
         return;
     }
@@ -318,20 +228,13 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
                         wg_desc(sK + dq_atom + dq_keys + kk * 16 * 128), kk > 0);
     };
     // Stages this warpgroup's share of a tile's dQ for the reducing warp, once its reductions
-    // have read the last tile's. This thread's pairs: rows wi·16 + g (+ 8), columns dq_col +
-    // 8·nt + 2t, whose 16-byte chunk in the swizzle is (2·(nt % 4) + t / 2) ^ g = 2·(nt % 4) ^
-    // (t / 2 ^ g): one base address and an XOR with a constant per store (sdq_offset's hoisted
-    // per nt held four more registers across the loop, and the masked module spilled).
+    // have read the last tile's: columns dq_col.. of its part.
+    const u32 dq_at = dq_pairs_base(sdQ + (DH == 2 ? 0 : wg) * WG_DQ_PART +
+                                        (dq_col / 32) * WG_DQ_BOX,
+                                    wi * 16 + g);
     auto stage_dq = [&](const float* acc) {
-        const u32 dq_at = sdQ + (DH == 2 ? 0 : wg) * WG_DQ_PART + (dq_col / 32) * WG_DQ_BOX +
-                          (wi * 16 + g) * 128 + (((t / 2) ^ g) << 4) + (t % 2) * 8;
         named_sync(BAR_DQ_EMPTY + wg, DQ_RETURN);
-#pragma unroll
-        for (int i = 0; i < 2; ++i)
-#pragma unroll
-            for (int nt = 0; nt < 8; ++nt)
-                st_shared_f32x2((dq_at ^ ((2 * (nt % 4)) << 4)) + (nt / 4) * WG_DQ_BOX + i * 1024,
-                                acc[nt * 4 + 2 * i] * scale, acc[nt * 4 + 2 * i + 1] * scale);
+        store_dq_pairs<8>(dq_at, acc, scale);
         fence_async_smem();
         named_arrive(BAR_DQ_FULL, DQ_HANDOFF);
     };
@@ -363,55 +266,9 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
         fence_regs<32>(s);
 
         // ---- 2. Pᵀ (masked pairs exactly 0) and dSᵀ, packed as A fragments.
-        const int rs_last = staged_row_start(cR, row_start, min(WG_BQ, q_len - r0) - 1);
-        const bool need_mask = (r0 + WG_BQ > q_len) || (c0 + WG_BKV > kv_len) ||
-                               tile_partly_hidden<WG_BKV>(kv_start + c0, q_start + r0, rs_last,
-                                                         global);
         const int kl = wg * 64 + wi * 16 + g;  // this thread's key rows kl, kl + 8
-        // The masked module tests pairs in a pass of its own that sets hidden scores to −∞
-        // (the loop below then gives them P = 0 exactly), taken only by the tiles that need it:
-        // with the test inside the softmax loop under a run-time flag, ptxas predicated it onto
-        // every tile of the masked module, whose backward then ran 12.6% under the causal
-        // module's on a nearly causal mask (16K, window 16383: 15.16 against 13.46 ms,
-        // bench/results/offload-256k-2026-12-01). The causal module keeps its diagonal test in
-        // the loop: as a pass, its 128K backward ran 23% slower (1035 against 842 ms,
-        // bench/results/masks-smem-2026-12-01/call3). The mma.sync kernel keeps the test in its
-        // loop in both: as a pass it spilled at head dim 256.
-        if (MASKED && need_mask) {
-#pragma unroll
-            for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int kr = c0 + kl + (e >= 2 ? 8 : 0);
-                    const int qr = r0 + nt * 8 + 2 * t + (e & 1);
-                    const int rs = staged_row_start(cR, row_start, min(qr, q_len - 1) - r0);
-                    if (qr >= q_len || kr >= kv_len ||
-                        key_hidden(kv_start + kr, q_start + qr, rs, global))
-                        s[nt * 4 + e] = NEG_INF;
-                }
-        }
-#pragma unroll
-        for (int nt = 0; nt < 8; ++nt) {
-            const int qc = nt * 8 + 2 * t;
-            float lse2[2];
-#pragma unroll
-            for (int c = 0; c < 2; ++c) {
-                const float lse = cL[qc + c];
-                lse2[c] = lse == NEG_INF ? POS_INF : lse * LOG2E;
-            }
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                float p = exp2f(fmaf(s[nt * 4 + e], scale_log2, -lse2[e & 1]));
-                if (!MASKED && need_mask) {  // the causal module: the diagonal and the edges
-                    const int kr = c0 + kl + (e >= 2 ? 8 : 0);
-                    const int qr = r0 + qc + (e & 1);
-                    if (qr >= q_len || kr >= kv_len ||
-                        key_hidden(kv_start + kr, q_start + qr, 0, global))
-                        p = 0.f;
-                }
-                s[nt * 4 + e] = p;
-            }
-        }
+        scores_to_probs(s, cL, cR, row_start, r0, c0, kl, q_len, kv_len, q_start, kv_start,
+                        global, scale_log2);
         wg_wait<0>();  // dPᵀ
         fence_regs<32>(dp);
 #pragma unroll
@@ -420,31 +277,13 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
             for (int e = 0; e < 4; ++e)
                 dp[nt * 4 + e] = s[nt * 4 + e] * (dp[nt * 4 + e] - cD[nt * 8 + 2 * t + (e & 1)]);
         u32 pa[4][4], da[4][4];
-#pragma unroll
-        for (int kk = 0; kk < 4; ++kk) {
-            const int n0 = 8 * kk, n1 = 8 * kk + 4;  // accumulator tiles 2kk and 2kk+1
-            pa[kk][0] = pack2(s[n0], s[n0 + 1]);
-            pa[kk][1] = pack2(s[n0 + 2], s[n0 + 3]);
-            pa[kk][2] = pack2(s[n1], s[n1 + 1]);
-            pa[kk][3] = pack2(s[n1 + 2], s[n1 + 3]);
-            da[kk][0] = pack2(dp[n0], dp[n0 + 1]);
-            da[kk][1] = pack2(dp[n0 + 2], dp[n0 + 3]);
-            da[kk][2] = pack2(dp[n1], dp[n1 + 1]);
-            da[kk][3] = pack2(dp[n1 + 2], dp[n1 + 3]);
-        }
+        pack_fragments(pa, s);
+        pack_fragments(da, dp);
         // dSᵀ into buffer n % 3, before this warpgroup's second turn: the other warpgroup's dQ
         // of this tile comes in its second turn after that (turns alternate), and the last
         // reader of the buffer, dQ of tile n − 3, finished before the other warpgroup's first
         // turn of tile n − 1 ended.
-        const u32 cdS = sdS + (n % 3) * DS_TILE;
-#pragma unroll
-        for (int kk = 0; kk < 4; ++kk)
-#pragma unroll
-            for (int half = 0; half < 2; ++half) {
-                const int q = kk * 16 + half * 8 + 2 * t;
-                st_shared_u32(cdS + swz128(WG_BKV, kl, q), da[kk][2 * half]);
-                st_shared_u32(cdS + swz128(WG_BKV, kl + 8, q), da[kk][2 * half + 1]);
-            }
+        store_score_fragments(sdS + (n % 3) * DS_TILE, da, kl);
         fence_async_smem();
 
         // ---- 3. dV += Pᵀ·dO (K = 64 queries; B = dO MN-major, one product per column atom,
@@ -491,9 +330,7 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
     }
     pingpong_end(wg);
 
-    const bool kv_turns_taken =
-        kv_turns(turns, work.bh, heads, kv_heads, q_len, WG_BQ, n_kt, kv_direct) != nullptr;
-    if (kv_turns_taken) named_sync(BAR_KV_TURN, DQ_HANDOFF);  // the reducing warp has the turn
+    const bool kv_turns_taken = kv_turn_begin(cta, turns, heads, kv_heads, q_len, kv_direct);
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
         const int kr = c0 + wg * 64 + wi * 16 + g + 8 * i;
@@ -507,9 +344,6 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
             }
         }
     }
-    if (kv_turns_taken) {
-        __threadfence();
-        named_arrive(BAR_KV_TURN, DQ_HANDOFF);  // it passes the turn on
-    }
+    kv_turn_end(kv_turns_taken);
 }
-#endif  // BWD_WGMMA
+#endif  // BWD_WGMMA && !WIDE_HEADS

@@ -3,16 +3,18 @@
 // (row_start, global: wholly hidden key tiles skipped, partly hidden ones masked element by
 // element). Same entry points and contract as forward.cu (fwd_final: fresh state, writes O and
 // LSE; fwd_state: folds the block into a running state), which stays the kernel for other GPUs.
-// Head dims up to 128: 80 and 96 run in the tiles of 128 (WG_DIM, wgmma.cuh), their extra
+// Head dims 64 to 256: 80 and 96 run in the tiles of 128 (WG_DIM, wgmma.cuh), their extra
 // columns zeros; S sums over the real columns only.
 //
 // One CTA = 128 query rows of one (batch, head): two warpgroups that compute (warpgroup w owns
 // rows 64w..64w+63) and a third that only loads (one thread of it; the warpgroup gives its
-// registers to the other two). Tiles of 128 keys stream in through its TMA loads, each stage
+// registers to the other two). Tiles of WF_BKV keys (128; 64 at head dims 192 and 256, whose O
+// takes 96 or 128 registers a thread and whose five K and V stages would not fit shared memory
+// at 128) stream in through its TMA loads, each stage
 // with a barrier that says it is full and one on which both computing warpgroups say they are
 // done with it (two stages of K, three of V: see below). There is no CTA-wide barrier in the
 // loop, so one warpgroup can run up to a tile ahead of the other. Per tile j:
-//   S = Q·Kᵀ     one m64n128k16 wgmma per 16 head-dim columns, A = Q and B = K
+//   S = Q·Kᵀ     one m64n{WF_BKV}k16 wgmma per 16 head-dim columns, A = Q and B = K
 //                from shared memory, both K-major;
 //   online softmax in registers (base 2, scale·log2 e folded in), P packed to 16 bits as the
 //                register A operand of the next product (accumulator layout = A layout);
@@ -29,11 +31,11 @@
 #if FWD_WGMMA
 
 #define WF_BQ 128
-#define WF_BKV 128
+#define WF_BKV (WIDE_HEADS ? 64 : 128)
 #define WF_THREADS 384  // two computing warpgroups and the loading one
 
-// Issues O += P·V for one 128-key tile (not committed): K = 128 keys (8 steps), N = head dim (V
-// read MN-major from the tile at v, column atoms WF_BKV·128 bytes apart; none of its padding).
+// Issues O += P·V for one key tile (not committed): K = WF_BKV keys (steps of 16), N = head dim
+// (V read MN-major from the tile at v, column atoms WF_BKV·128 bytes apart; none of its padding).
 __device__ __forceinline__ void pv_products(float* o, const u32 (*pa)[4], u32 v) {
     wg_fence();
 #pragma unroll
@@ -51,7 +53,8 @@ __device__ __forceinline__ void fwd_wg_body(const TensorMap* tmQ, const TensorMa
                                             const int* __restrict__ row_start, int global,
                                             float scale_log2) {
     constexpr int D = HEAD_DIM;
-    constexpr u32 ATOM = WF_BKV * 128;          // one column atom of a 128-row tile, bytes
+    constexpr int HALVES = WF_BKV / 64;  // S's accumulators: one set of 32 per 64 keys
+    constexpr u32 Q_ATOM = WF_BQ * 128, K_ATOM = WF_BKV * 128;  // one column atom of a tile
     const int wg = threadIdx.x / 128, wi = (threadIdx.x / 32) % 4;
     const int lane = threadIdx.x % 32;
     const int g = lane / 4, t = lane % 4;
@@ -70,10 +73,10 @@ __device__ __forceinline__ void fwd_wg_body(const TensorMap* tmQ, const TensorMa
     const int b = bh_batch(work.bh, heads), h = work.bh % heads;
     const int kvh = bh_kv_head(work.bh, heads, kv_heads);
 
-    constexpr u32 TILE = WF_BKV * WG_DIM * 2;  // also the Q tile (WF_BQ = WF_BKV)
+    constexpr u32 Q_TILE = WF_BQ * WG_DIM * 2, TILE = WF_BKV * WG_DIM * 2;  // TILE: K's, V's
     unsigned char* gen;
     const u32 sQ = smem_base1024(&gen);
-    const u32 sK = sQ + TILE;       // two stages: tile j in stage j % 2
+    const u32 sK = sQ + Q_TILE;     // two stages: tile j in stage j % 2
     const u32 sV = sK + 2 * TILE;   // three stages: tile j in stage j % 3
     // Barriers (8 bytes each): Q full, K's stages full, V's full, K's empty, V's empty. The
     // n-th load into a stage ends phase n of its full barrier and the n-th release phase n of
@@ -131,7 +134,7 @@ __device__ __forceinline__ void fwd_wg_body(const TensorMap* tmQ, const TensorMa
     }
 
     const u32 q_rows = sQ + wg * 64 * 128;
-    u32 pa[8][4];  // P of the previous tile as A fragments, one per 16 keys
+    u32 pa[WF_BKV / 16][4];  // P of the previous tile as A fragments, one per 16 keys
     pingpong_start(wg);
     // One tile. The first has no previous P·V and is a separate inlined copy (`first` is a
     // constant at each call): ptxas turns a commit after a conditional wgmma into an extra group,
@@ -142,15 +145,20 @@ __device__ __forceinline__ void fwd_wg_body(const TensorMap* tmQ, const TensorMa
         if (!first) stage_wait<3>(barV, j - 1);
         const u32 cK = sK + (j & 1) * TILE;
 
-        // In this warpgroup's turn: S = Q·Kᵀ for 64 rows × 128 keys (one m64n128k16 per 16
-        // head-dim columns), then O += P·V of the previous tile.
-        float s[2][32];
+        // In this warpgroup's turn: S = Q·Kᵀ for 64 rows × WF_BKV keys (one m64n{WF_BKV}k16
+        // per 16 head-dim columns), then O += P·V of the previous tile.
+        float s[HALVES][32];
         take_turn(wg);
         wg_fence();
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk) {
-            const u32 off = (kk / 4) * ATOM + (kk % 4) * 32;  // column atom, 16 columns
-            wg_ss128<0, 0>(s[0], wg_desc(q_rows + off), wg_desc(cK + off), kk > 0);
+            const u32 col = (kk % 4) * 32;  // 16 columns within column atom kk / 4
+            const u64 q = wg_desc(q_rows + (kk / 4) * Q_ATOM + col);
+            const u64 k = wg_desc(cK + (kk / 4) * K_ATOM + col);
+            if constexpr (HALVES == 2)
+                wg_ss128<0, 0>(s[0], q, k, kk > 0);
+            else
+                wg_ss<0, 0>(s[0], q, k, kk > 0);
         }
         wg_commit();
         if (!first) {
@@ -162,8 +170,7 @@ __device__ __forceinline__ void fwd_wg_body(const TensorMap* tmQ, const TensorMa
             wg_wait<0>();
         else
             wg_wait<1>();
-        fence_regs<32>(s[0]);
-        fence_regs<32>(s[1]);
+        fence_regs<32 * HALVES>(s[0]);
         if (releaser) mbar_arrive(stage_bar<2>(freeK, j));
 
         const int c0 = tiles.at(j) * WF_BKV;
@@ -172,7 +179,7 @@ __device__ __forceinline__ void fwd_wg_body(const TensorMap* tmQ, const TensorMa
                                                           rs_warp, global);
         if (need_mask) {
 #pragma unroll
-            for (int hf = 0; hf < 2; ++hf)
+            for (int hf = 0; hf < HALVES; ++hf)
 #pragma unroll
                 for (int e = 0; e < 32; ++e) {
                     const int hi = (e % 4) >= 2 ? 1 : 0;
@@ -188,7 +195,7 @@ __device__ __forceinline__ void fwd_wg_body(const TensorMap* tmQ, const TensorMa
         for (int i = 0; i < 2; ++i) {
             float mx = NEG_INF;
 #pragma unroll
-            for (int hf = 0; hf < 2; ++hf)
+            for (int hf = 0; hf < HALVES; ++hf)
 #pragma unroll
                 for (int nt = 0; nt < 8; ++nt)
                     mx = fmaxf(mx, fmaxf(s[hf][nt * 4 + 2 * i], s[hf][nt * 4 + 2 * i + 1]));
@@ -201,7 +208,7 @@ __device__ __forceinline__ void fwd_wg_body(const TensorMap* tmQ, const TensorMa
             m[i] = m_new;
             float sum = 0.f;
 #pragma unroll
-            for (int hf = 0; hf < 2; ++hf)
+            for (int hf = 0; hf < HALVES; ++hf)
 #pragma unroll
                 for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
@@ -216,12 +223,12 @@ __device__ __forceinline__ void fwd_wg_body(const TensorMap* tmQ, const TensorMa
         // The previous tile's P·V is done: O, the P registers and its V stage are free.
         wg_wait<0>();
         fence_regs<D / 2>(o);
-        fence_regs<32>(&pa[0][0]);
+        fence_regs<WF_BKV / 4>(&pa[0][0]);
         if (releaser && !first) mbar_arrive(stage_bar<3>(freeV, j - 1));
 #pragma unroll
         for (int e = 0; e < D / 2; ++e) o[e] *= alpha[(e % 4) / 2];
 #pragma unroll
-        for (int kk = 0; kk < 8; ++kk) {
+        for (int kk = 0; kk < WF_BKV / 16; ++kk) {
             const float* p = s[kk / 4] + (kk % 4) * 8;  // accumulator tiles 2kk, 2kk+1
             pa[kk][0] = pack2(p[0], p[1]);
             pa[kk][1] = pack2(p[2], p[3]);

@@ -8,10 +8,13 @@
 #if FWD_WGMMA || BWD_WGMMA
 // WG_DIM (set by the host with HEAD_DIM: src/backend/cuda/launch.rs, wgmma_tile_dim) is the
 // width of the kernels' tiles and accumulators, whole column atoms of 64: head dims 80 and 96 run
-// in tiles of 128 whose extra columns are zeros.
-#if (WG_DIM != 64 && WG_DIM != 128) || HEAD_DIM > WG_DIM || HEAD_DIM % 16 != 0
-#error "the wgmma kernels take head dims up to 128 in tiles of 64 or 128 columns"
+// in tiles of 128 whose extra columns are zeros; 192 and 256 in tiles of their own width, with
+// 64-key tiles (WIDE_HEADS: their accumulators and tiles are twice as large).
+#if (WG_DIM != 64 && WG_DIM != 128 && WG_DIM != 192 && WG_DIM != 256) || HEAD_DIM > WG_DIM || \
+    HEAD_DIM % 16 != 0
+#error "the wgmma kernels take head dims up to 256 in tiles of 64, 128, 192 or 256 columns"
 #endif
+#define WIDE_HEADS (WG_DIM > 128)
 
 typedef unsigned long long u64;
 
@@ -129,6 +132,22 @@ __device__ __forceinline__ void wg_rs(float* d, const u32* a, u64 b) {
     "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, " \
     "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, "  \
     "%38, %39, %40, %41, %42, %43, %44, %45, %46, %47}"
+#define WG_R96 \
+    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, " \
+    "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, " \
+    "%36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, " \
+    "%53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, " \
+    "%70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, " \
+    "%87, %88, %89, %90, %91, %92, %93, %94, %95}"
+#define WG_R128 \
+    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, " \
+    "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, " \
+    "%36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, " \
+    "%53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, " \
+    "%70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, " \
+    "%87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, " \
+    "%103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, " \
+    "%117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}"
 #define WG_D8_OUT(d)                                                                        \
     "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),      \
         "+f"(d[7])
@@ -160,6 +179,17 @@ __device__ __forceinline__ void st_shared_u32(u32 at, u32 x) {
 // would hide from the compiler).
 __device__ __forceinline__ void st_shared_f32x2(u32 at, float x, float y) {
     asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(at), "f"(x), "f"(y) : "memory");
+}
+// Loads a u32 and two f32 from shared address `at`.
+__device__ __forceinline__ u32 ld_shared_u32(u32 at) {
+    u32 x;
+    asm volatile("ld.shared.u32 %0, [%1];" : "=r"(x) : "r"(at) : "memory");
+    return x;
+}
+__device__ __forceinline__ float2 ld_shared_f32x2(u32 at) {
+    float2 v;
+    asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "r"(at) : "memory");
+    return v;
 }
 // This thread's bulk groups have read their shared source (they may still be writing).
 __device__ __forceinline__ void bulk_wait_read() {
@@ -308,7 +338,8 @@ __device__ __forceinline__ void tma_tile(u32 dst, const TensorMap* map, int row0
 // spans the head dim compute none of the zero columns a tile of 128 pads it with.
 template <int N>
 __device__ __forceinline__ void wg_rs_n(float* d, const u32* a, u64 b) {
-    static_assert(N == 16 || N == 32 || N == 64 || N == 80 || N == 96 || N == 128,
+    static_assert(N == 16 || N == 32 || N == 64 || N == 80 || N == 96 || N == 128 || N == 192 ||
+                      N == 256,
                   "no wgmma product written for this width");
     if constexpr (N == 64)
         wg_rs(d, a, b);
@@ -320,9 +351,35 @@ __device__ __forceinline__ void wg_rs_n(float* d, const u32* a, u64 b) {
         WG_RS_N_ASM(32, WG_R16, "{%16, %17, %18, %19}, %20", WG_D8_OUT(d), WG_D8_OUT((d + 8)));
     else if constexpr (N == 80)
         WG_RS_N_ASM(80, WG_R40, "{%40, %41, %42, %43}, %44", WG_D32_OUT(d), WG_D8_OUT((d + 32)));
-    else
+    else if constexpr (N == 96)
         WG_RS_N_ASM(96, WG_R48, "{%48, %49, %50, %51}, %52", WG_D32_OUT(d), WG_D8_OUT((d + 32)),
                     WG_D8_OUT((d + 40)));
+    else if constexpr (N == 192)
+        WG_RS_N_ASM(192, WG_R96, "{%96, %97, %98, %99}, %100", WG_D32_OUT(d),
+                    WG_D32_OUT((d + 32)), WG_D32_OUT((d + 64)));
+    else
+        WG_RS_N_ASM(256, WG_R128, "{%128, %129, %130, %131}, %132", WG_D32_OUT(d),
+                    WG_D32_OUT((d + 32)), WG_D32_OUT((d + 64)), WG_D32_OUT((d + 96)));
+}
+
+// d (N/2 accumulators, wg_rs_n's layout) = d·[accumulate] + A·B over N columns of B, A and B
+// from shared memory as for wg_ss (the B operand's column atoms `lbo` bytes apart where N spans
+// two): the wide backward's dQ over a warpgroup's columns of the head dim
+// (backward_wgmma_wide.cu).
+template <int N, int TA, int TB>
+__device__ __forceinline__ void wg_ss_n(float* d, u64 a, u64 b, int accumulate) {
+    static_assert(N == 32 || N == 64 || N == 128, "no wgmma product written for this width");
+    if constexpr (N == 64)
+        wg_ss<TA, TB>(d, a, b, accumulate);
+    else if constexpr (N == 128)
+        wg_ss128<TA, TB>(d, a, b, accumulate);
+    else
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n32k16.f32." MMA_AB "." MMA_AB " " WG_R16
+            ", %16, %17, p, 1, 1, %19, %20;\n}\n"
+            : WG_D8_OUT(d), WG_D8_OUT((d + 8))
+            : "l"(a), "l"(b), "r"(accumulate), "n"(TA), "n"(TB));
 }
 
 #endif  // FWD_WGMMA || BWD_WGMMA

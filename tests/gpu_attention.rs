@@ -274,11 +274,13 @@ fn the_deterministic_backward_repeats_to_the_bit() -> Result<()> {
     let seq = 8192;
     // Masks with global keys (each key tile then also takes its turns at the query tiles it
     // does not see) and without (documents; a window).
-    let cases: [(usize, usize, usize, Mask); 7] = [
+    let cases: [(usize, usize, usize, Mask); 9] = [
         (8, 8, 128, Mask::causal()),
         (8, 2, 128, Mask::causal()),
         (4, 4, 64, Mask::causal()),
         (4, 2, 96, Mask::causal()),
+        (4, 2, 256, Mask::causal()),
+        (4, 4, 192, Mask::new(seq, &[3000, 1, 5191], Some(2048), 3)?),
         (4, 2, 128, Mask::new(seq, &[3000, 1, 5191], Some(2048), 3)?),
         (4, 2, 128, Mask::new(seq, &[1000, 1, 2500, 4691], None, 0)?),
         (4, 4, 64, Mask::new(seq, &[], Some(700), 0)?),

@@ -49,15 +49,18 @@ impl CudaBackend {
         if !tuning.fwd_wgmma {
             return Ok(None);
         }
-        let rows = launch::WGMMA_FWD_ROWS;
         let (b, d) = (dims.batch, dims.head_dim);
         let element = self.map_element();
-        let q_shape =
-            tma::TileMapShape::new(&strides.q, [b, dims.heads, block.q.len, d], rows, element)?;
+        let q_shape = tma::TileMapShape::new(
+            &strides.q,
+            [b, dims.heads, block.q.len, d],
+            launch::WGMMA_FWD_ROWS,
+            element,
+        )?;
         let kv_shape = tma::TileMapShape::new(
             &strides.kv,
             [b, dims.kv_heads, block.kv.len, d],
-            rows,
+            launch::wgmma_fwd_keys(d),
             element,
         )?;
         let ptr = |t: &CudaSlice<u16>| t.device_ptr(&self.stream).0;

@@ -17,7 +17,9 @@ const WGMMA: &str = include_str!("../../../kernels/wgmma.cuh");
 const FORWARD: &str = include_str!("../../../kernels/forward.cu");
 const FORWARD_WGMMA: &str = include_str!("../../../kernels/forward_wgmma.cu");
 const BACKWARD: &str = include_str!("../../../kernels/backward.cu");
+const BACKWARD_WGMMA_SHARED: &str = include_str!("../../../kernels/backward_wgmma.cuh");
 const BACKWARD_WGMMA: &str = include_str!("../../../kernels/backward_wgmma.cu");
+const BACKWARD_WGMMA_WIDE: &str = include_str!("../../../kernels/backward_wgmma_wide.cu");
 const ROWS: &str = include_str!("../../../kernels/rows.cu");
 const LAYOUT: &str = include_str!("../../../kernels/layout.cu");
 
@@ -35,7 +37,7 @@ pub(crate) fn kernel_source(
     let masked = masking as u8;
     let wg_dim = wgmma_cols(head_dim);
     format!(
-        "#define HEAD_DIM {head_dim}\n#define WG_DIM {wg_dim}\n#define {dtype}\n#define MASKED {masked}\n#define NUM_SMS {sms}\n{}{HALF}\n{COMMON}\n{WGMMA}\n{FORWARD}\n{FORWARD_WGMMA}\n{BACKWARD}\n{BACKWARD_WGMMA}\n{ROWS}\n{LAYOUT}",
+        "#define HEAD_DIM {head_dim}\n#define WG_DIM {wg_dim}\n#define {dtype}\n#define MASKED {masked}\n#define NUM_SMS {sms}\n{}{HALF}\n{COMMON}\n{WGMMA}\n{FORWARD}\n{FORWARD_WGMMA}\n{BACKWARD}\n{BACKWARD_WGMMA_SHARED}\n{BACKWARD_WGMMA}\n{BACKWARD_WGMMA_WIDE}\n{ROWS}\n{LAYOUT}",
         tuning.defines()
     )
 }
@@ -269,13 +271,15 @@ mod tests {
     /// no register spills (a spilled accumulator of an in-flight wgmma) and no serialisation of
     /// the wgmma pipeline (ptxas's C7510-C7515 notes, e.g. when a non-wgmma instruction touches
     /// an accumulator before its wait). Checked where NVRTC is installed (CI installs it from
-    /// PyPI), without a GPU. Known exception, asserted so that a fix shows: the backward at head
-    /// dim 128, whose computing warpgroups have 240 registers since a third loads and adds dQ
-    /// (kernels v21: 52 bytes causal, 68 masked), and which with them ran 3–9% faster than v20,
-    /// spill-free causal at 255 (`bench/results/bwd-producer-2026-12-03`, call 3). The masked
-    /// module had spilled since its Q and dO loaded by TMA (v18: 80 bytes, v19: 64). (ptxas's
-    /// C7519 notes, a fence it adds before the first tile's dK and dV products because their
-    /// accumulators' zeros are set just before them, are not serialisation.)
+    /// PyPI), without a GPU. Known exceptions, asserted so that a fix shows: the backward at
+    /// head dims 128, 192 and 256, whose computing warpgroups have 240 registers since a third
+    /// loads and adds dQ. At 128 (kernels v21) 40 bytes causal and 44 masked since v22 (52 and
+    /// 68 in v21, which ran 3–9% faster than v20, spill-free causal at 255:
+    /// `bench/results/bwd-producer-2026-12-03`, call 3); at 192 8 and 16 bytes, at 256 48 and 60
+    /// (v22, the wide backward: loop-invariant addresses reloaded a few times a tile,
+    /// `bench/notes/kernel-notes.md`). (ptxas's C7519 notes, a fence it adds before the first
+    /// tile's dK and dV products because their accumulators' zeros are set just before them,
+    /// are not serialisation.)
     #[test]
     fn wgmma_kernels_neither_spill_nor_serialize() {
         if !nvrtc_present() {
@@ -287,8 +291,12 @@ mod tests {
             (96, true),
             (80, true),
             (64, true),
+            (192, true),
+            (256, true),
+            (256, false),
         ] {
             let t = Tuning::for_head_dim(head_dim).for_device(head_dim, (9, 0));
+            assert!(t.fwd_wgmma && t.bwd_wgmma);
             for masking in Masking::BOTH {
                 let what = format!("d{head_dim}, bf16={bf16}, {masking:?}");
                 let report = ptxas_report(
@@ -297,11 +305,11 @@ mod tests {
                 );
                 assert!(!report.contains("serialized"), "{what}:\n{report}");
                 let spilled = spills(&report, &what);
-                if head_dim == 128 {
+                if [128, 192, 256].contains(&head_dim) {
                     assert!(
                         spilled.len() == 1 && spilled[0].starts_with("bwd_block"),
-                        "{what}: the backward alone spills at 128, or no longer: update this \
-                         test ({spilled:#?})"
+                        "{what}: the backward alone spills at 128, 192 and 256, or no longer: \
+                         update this test ({spilled:#?})"
                     );
                 } else {
                     assert!(spilled.is_empty(), "{spilled:#?}");
@@ -311,14 +319,10 @@ mod tests {
     }
 
     /// The mma.sync kernels keep their f32 accumulators (O, dK, dV: head dim wide) in
-    /// registers at every head dim, as chosen for sm_80 and, where the wgmma kernels do not
-    /// cover the head dim, for sm_90: a spill would put them in local memory on every tile.
-    /// Known exceptions, asserted to still spill so that a fix shows here: head dim 128 at
-    /// sm_80 (72 bytes in the forward, 24 in the backward) with the shape measured best on the
-    /// H200, kept as it was; and head dim 256's backward at sm_90a (12 bytes causal, 4 masked)
-    /// since its grid became one-dimensional (the CTA's head and key tile are now divided out
-    /// of one index instead of read from two), timed against the spill-free build in
-    /// `bench/results/determinism-2026-12-02`.
+    /// registers at every head dim, as chosen for sm_80 (on sm_90 every head dim runs on the
+    /// wgmma kernels): a spill would put them in local memory on every tile. Known exception,
+    /// asserted to still spill so that a fix shows here: head dim 128 (72 bytes in the forward,
+    /// 24 in the backward) with the shape measured best on the H200, kept as it was.
     #[test]
     fn mma_sync_kernels_do_not_spill() {
         if !nvrtc_present() {
@@ -326,23 +330,19 @@ mod tests {
         }
         let mut spilled = Vec::new();
         for head_dim in crate::backend::cuda::HEAD_DIMS {
-            for (capability, arch) in [((8, 0), "sm_80"), ((9, 0), "sm_90a")] {
-                let t = Tuning::for_head_dim(head_dim).for_device(head_dim, capability);
-                if t.fwd_wgmma || t.bwd_wgmma {
-                    continue; // the test above
-                }
-                for masking in Masking::BOTH {
-                    let source = kernel_source(head_dim, true, &t, masking, H200_SMS);
-                    let report = ptxas_report(&source, arch);
-                    let found = spills(&report, &format!("d{head_dim}, {arch}, {masking:?}"));
-                    if [(128, "sm_80"), (256, "sm_90a")].contains(&(head_dim, arch)) {
-                        assert!(
-                            !found.is_empty(),
-                            "d{head_dim} at {arch} no longer spills: update this test"
-                        );
-                    } else {
-                        spilled.extend(found);
-                    }
+            let t = Tuning::for_head_dim(head_dim).for_device(head_dim, (8, 0));
+            assert!(!t.fwd_wgmma && !t.bwd_wgmma);
+            for masking in Masking::BOTH {
+                let source = kernel_source(head_dim, true, &t, masking, H200_SMS);
+                let report = ptxas_report(&source, "sm_80");
+                let found = spills(&report, &format!("d{head_dim}, sm_80, {masking:?}"));
+                if head_dim == 128 {
+                    assert!(
+                        !found.is_empty(),
+                        "d128 at sm_80 no longer spills: update this test"
+                    );
+                } else {
+                    spilled.extend(found);
                 }
             }
         }
@@ -350,11 +350,11 @@ mod tests {
     }
 
     /// The deterministic backward (`Tuning::deterministic`) compiles in both modules, on the
-    /// wgmma kernels without serialisation, and on the mma.sync kernels for sm_80 and for a
-    /// head dim Hopper runs on them. Of the wgmma kernels only the causal module at head dim 96
-    /// does not spill; asserted so that a fix shows: both modules at 64 (4 bytes since kernels
-    /// v21) and 128 (48-68 bytes in 240 registers, v21; the causal one spilled from v18 to v20
-    /// as well), and the masked one at 96 (4-44 bytes, varying with any change).
+    /// wgmma kernels without serialisation, and on the mma.sync kernels for sm_80. Of the wgmma
+    /// kernels only the causal module at head dim 96 does not spill; asserted so that a fix
+    /// shows: both modules at 64 (4 bytes since kernels v21), 128 (44 bytes in 240 registers,
+    /// v22; the causal one spilled from v18 on), 192 (16 and 28) and 256 (56 and 68), and the
+    /// masked one at 96 (4-44 bytes, varying with any change).
     #[test]
     fn deterministic_kernels_compile() {
         if !nvrtc_present() {
@@ -366,6 +366,8 @@ mod tests {
             (96, (9, 0), "sm_90a"),
             (128, (8, 0), "sm_80"),
             (192, (9, 0), "sm_90a"),
+            (256, (9, 0), "sm_90a"),
+            (256, (8, 0), "sm_80"),
         ] {
             let t = Tuning {
                 deterministic: true,

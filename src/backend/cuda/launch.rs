@@ -23,17 +23,29 @@ const MAX_CTAS: usize = i32::MAX as usize;
 /// atoms of 64 in the 128-byte swizzle, so 80 and 96 run in tiles of 128 whose extra columns are
 /// zeros (TMA's out-of-bounds fill, cp.async's zero fill): exact, and only the products whose
 /// output spans the head dim pay for the padding (those that sum over it stop at `head_dim`).
-/// FlashAttention-3 rounds head dims up the same way. Above 128 the dK and dV accumulators of a
-/// 128-key tile do not fit a warpgroup's registers.
+/// FlashAttention-3 rounds head dims up the same way. 192 and 256 run in tiles of their own
+/// width, with half the keys a tile ([`wgmma_wide`]).
 pub(crate) fn wgmma_tile_dim(head_dim: usize) -> Option<usize> {
     match head_dim {
         64 => Some(64),
         80 | 96 | 128 => Some(128),
+        192 | 256 => Some(head_dim),
         _ => None,
     }
 }
-/// Query rows per wgmma forward CTA (`WF_BQ`), also its key rows per stage (`WF_BKV`).
+/// Whether the wgmma kernels run `head_dim` in their wide shape (`WIDE_HEADS` in
+/// `kernels/wgmma.cuh`): key tiles of 64 instead of 128, since at 192 and 256 a warpgroup's f32
+/// accumulators over a row of the head dim (O; dK and dV) take 96 or 128 registers a thread,
+/// and the forward's five K and V stages of 128 keys would not fit shared memory.
+pub(crate) fn wgmma_wide(head_dim: usize) -> bool {
+    wgmma_cols(head_dim) > 128
+}
+/// Query rows per wgmma forward CTA (`WF_BQ`).
 pub(crate) const WGMMA_FWD_ROWS: usize = 128;
+/// Key rows per wgmma forward stage (`WF_BKV`): the rows of one TMA box of K and V.
+pub(crate) fn wgmma_fwd_keys(head_dim: usize) -> usize {
+    if wgmma_wide(head_dim) { 64 } else { 128 }
+}
 /// The wgmma forward's TMA barriers (eleven of 8 bytes: Q, K and V stages full, K and V stages
 /// free), rounded up.
 const WGMMA_FWD_BARRIERS: usize = 128;
@@ -43,8 +55,21 @@ const WGMMA_ALIGN_SLACK: usize = 1024;
 /// The wgmma backward's TMA barriers: per stage of its query tiles, "full" and "empty" (8 bytes
 /// each).
 const WGMMA_BWD_BARRIERS: usize = 32;
-/// Key rows per wgmma backward CTA (`WG_BKV`): 64 per computing warpgroup.
-const WGMMA_BWD_KEYS: usize = 128;
+/// Key rows per wgmma backward CTA (`WG_BKV` in `kernels/backward_wgmma.cuh`): 64 per
+/// computing warpgroup, or 64 shared by both where the head dim is wide ([`wgmma_wide`]).
+fn wgmma_bwd_keys(head_dim: usize) -> usize {
+    if wgmma_wide(head_dim) { 64 } else { 128 }
+}
+/// The wide wgmma backward's rings (`WW_Q_STAGES`, `WW_DO_STAGES` and `WW_DQ_BUFFERS` in
+/// `kernels/backward_wgmma_wide.cu`): stages of Q and of dO, and staged shares of dQ. Two of
+/// each at head dim 192; at 256 one dO tile and one share, as 227 KiB hold.
+fn wide_backward_rings(head_dim: usize) -> (usize, usize, usize) {
+    if head_dim == 256 {
+        (2, 1, 1)
+    } else {
+        (2, 2, 2)
+    }
+}
 
 /// Head dims the kernels are instantiated for: the mma.sync kernels take any of them (on every
 /// GPU from sm_80), the wgmma kernels those up to 128 on sm_90 ([`wgmma_tile_dim`]).
@@ -308,10 +333,11 @@ fn grid(dims: &Dims, per_head: usize, what: &str) -> Result<(u32, u32, u32)> {
 
 /// Dynamic shared memory of the forward kernel: the Q tile and two stages of K and V; the
 /// wgmma kernel has a third stage of V (its P·V runs one tile late), its TMA barriers and 1 KiB
-/// of slack to align the tiles to 1024 bytes; its tiles are [`wgmma_tile_dim`] wide.
+/// of slack to align the tiles to 1024 bytes; its tiles are [`wgmma_tile_dim`] wide, its K and
+/// V tiles [`wgmma_fwd_keys`] long.
 pub(crate) fn forward_smem(head_dim: usize, tuning: &Tuning) -> u32 {
     if tuning.fwd_wgmma {
-        ((WGMMA_FWD_ROWS + 5 * WGMMA_FWD_ROWS) * wgmma_cols(head_dim) * 2
+        ((WGMMA_FWD_ROWS + 5 * wgmma_fwd_keys(head_dim)) * wgmma_cols(head_dim) * 2
             + WGMMA_FWD_BARRIERS
             + WGMMA_ALIGN_SLACK) as u32
     } else {
@@ -338,7 +364,19 @@ pub(crate) fn forward_config(dims: &Dims, q_rows: usize, tuning: &Tuning) -> Res
 /// global memory, has the barriers of its query-tile stages, and needs 1 KiB of slack to align
 /// its tiles to 1024 bytes. Its tiles are [`wgmma_tile_dim`] wide.
 pub(crate) fn backward_smem(head_dim: usize, tuning: &Tuning) -> u32 {
-    let bkv = backward_keys(tuning);
+    let bkv = backward_keys(head_dim, tuning);
+    if tuning.bwd_wgmma && wgmma_wide(head_dim) {
+        // K and V; the rings of Q and dO; Pᵀ in f32 and dSᵀ in 16 bits; the staged shares of
+        // dQ (half the head dim each, f32); LSE and row starts per Q stage, D per dO stage; a
+        // full and an empty barrier per stage; the alignment slack.
+        let (q_stages, do_stages, dq_shares) = wide_backward_rings(head_dim);
+        let tiles = (2 * bkv + (q_stages + do_stages) * BWD_BQ) * head_dim * 2;
+        let scores = bkv * BWD_BQ * (4 + 2);
+        let dq = dq_shares * BWD_BQ * head_dim / 2 * 4;
+        let vectors = (2 * q_stages + do_stages) * BWD_BQ * 4;
+        let barriers = 2 * (q_stages + do_stages) * 8;
+        return (tiles + scores + dq + vectors + barriers + WGMMA_ALIGN_SLACK) as u32;
+    }
     let (stages, cols) = if tuning.bwd_wgmma {
         (2, wgmma_cols(head_dim))
     } else {
@@ -361,11 +399,11 @@ pub(crate) fn wgmma_cols(head_dim: usize) -> usize {
     wgmma_tile_dim(head_dim).unwrap_or(head_dim)
 }
 
-/// Key rows per backward CTA: 32 per `bwd_key_split` warps in the mma.sync kernel, 64 per
-/// warpgroup in the wgmma one.
-fn backward_keys(tuning: &Tuning) -> usize {
+/// Key rows per backward CTA: 32 per `bwd_key_split` warps in the mma.sync kernel; in the wgmma
+/// ones 64 per warpgroup, or 64 at wide head dims.
+fn backward_keys(head_dim: usize, tuning: &Tuning) -> usize {
     if tuning.bwd_wgmma {
-        WGMMA_BWD_KEYS
+        wgmma_bwd_keys(head_dim)
     } else {
         32 * tuning.bwd_warps / tuning.bwd_key_split
     }
@@ -377,7 +415,7 @@ pub(crate) fn backward_config(
     kv_rows: usize,
     tuning: &Tuning,
 ) -> Result<LaunchConfig> {
-    let tiles = kv_rows.div_ceil(backward_keys(tuning));
+    let tiles = kv_rows.div_ceil(backward_keys(dims.head_dim, tuning));
     Ok(LaunchConfig {
         grid_dim: grid(dims, tiles, "key tiles")?,
         block_dim: (tuning.bwd_threads() as u32, 1, 1),
@@ -397,7 +435,7 @@ pub(crate) fn backward_turns(
     tuning: &Tuning,
 ) -> usize {
     let dq = dims.batch * dims.heads * q_rows.div_ceil(BWD_BQ);
-    let kv = dims.batch * dims.kv_heads * kv_rows.div_ceil(backward_keys(tuning));
+    let kv = dims.batch * dims.kv_heads * kv_rows.div_ceil(backward_keys(dims.head_dim, tuning));
     dq + if shared_kv { kv } else { 0 }
 }
 
@@ -542,7 +580,8 @@ mod tests {
 
     /// The deterministic backward's turn counters: one per (batch·head, 64-row query tile),
     /// then one per (batch·KV head, key tile) only where a GQA group shares f32 dK and dV; the
-    /// key tiles are the kernel's (128 keys on wgmma, 64 in the mma.sync kernel at head dim 256).
+    /// key tiles are the kernel's (128 keys on wgmma, 64 in its wide shape at head dim 256 and
+    /// in the mma.sync kernel there).
     #[test]
     fn deterministic_turns_cover_every_query_tile_and_shared_key_tile() {
         let gqa = Dims {
@@ -557,15 +596,14 @@ mod tests {
             backward_turns(&gqa, 1000, 700, true, &wg),
             2 * 8 * 16 + 2 * 2 * 6
         );
-        let sync = Tuning::for_head_dim(256).for_device(256, (9, 0));
         let d256 = Dims {
             head_dim: 256,
             ..gqa
         };
-        assert_eq!(
-            backward_turns(&d256, 64, 129, true, &sync),
-            2 * 8 + 2 * 2 * 3
-        );
+        for capability in [(9, 0), (8, 0)] {
+            let t = Tuning::for_head_dim(256).for_device(256, capability);
+            assert_eq!(backward_turns(&d256, 64, 129, true, &t), 2 * 8 + 2 * 2 * 3);
+        }
     }
 
     #[test]
@@ -589,13 +627,32 @@ mod tests {
         for d in [192, 256] {
             let t = Tuning::for_head_dim(d).for_device(d, (9, 0));
             assert!(
-                !t.fwd_wgmma && !t.bwd_wgmma,
-                "d{d}: no wgmma kernel above 128"
+                t.fwd_wgmma && t.bwd_wgmma,
+                "d{d} runs in tiles of its own width"
             );
+            assert!(wgmma_wide(d) && !wgmma_wide(128));
+            assert_eq!((wgmma_fwd_keys(d), backward_keys(d, &t)), (64, 64));
+            let off = Tuning::for_head_dim(d).for_device(d, (8, 0));
+            assert!(!off.fwd_wgmma && !off.bwd_wgmma);
         }
         assert_eq!(
-            [64, 80, 96, 128, 192].map(wgmma_tile_dim),
-            [Some(64), Some(128), Some(128), Some(128), None]
+            [64, 80, 96, 128, 192, 256, 112].map(wgmma_tile_dim),
+            [
+                Some(64),
+                Some(128),
+                Some(128),
+                Some(128),
+                Some(192),
+                Some(256),
+                None
+            ]
+        );
+        assert_eq!(
+            (
+                wgmma_fwd_keys(128),
+                backward_keys(128, &t.for_device(128, (9, 0)))
+            ),
+            (128, 128)
         );
         let t64 = Tuning::for_head_dim(64).for_device(64, (9, 0));
         assert!(t64.fwd_wgmma && t64.bwd_wgmma);
@@ -634,7 +691,7 @@ mod tests {
                 );
                 assert_eq!(head_dim % 16, 0);
                 if !t.bwd_wgmma {
-                    assert_eq!(backward_keys(&t) % 32, 0);
+                    assert_eq!(backward_keys(head_dim, &t) % 32, 0);
                 }
             }
         }
@@ -648,22 +705,31 @@ mod tests {
         );
         assert_eq!(forward_smem(256, &a100), (64 + 256) * 512);
         assert_eq!(backward_smem(256, &a100), 4 * 32 * 1024 + 768 + 16 * 1024);
-        assert_eq!(backward_keys(&a100), 64);
-        // On Hopper the wider shapes fit: 8 warps (192 KiB), two stages (209 KiB).
+        assert_eq!(backward_keys(256, &a100), 64);
+        // On Hopper the wgmma kernels' wide shapes (64-key tiles). The forward: Q (128 rows),
+        // two stages of K and three of V (64 rows each), barriers, slack. The backward: K, V;
+        // at 256 two Q tiles and one dO tile, at 192 two of each (64 rows); Pᵀ (f32) and dSᵀ;
+        // one staged share of dQ at 256 (64 rows × 128 f32), two at 192 (64 × 96); LSE and row
+        // starts per Q stage, D per dO stage; barriers; slack. Both about 218 KiB.
         let h100 = Tuning::for_head_dim(256).for_device(256, (9, 0));
-        assert_eq!((h100.fwd_warps, h100.bwd_q_stages), (8, 2));
-        assert!(!h100.fwd_wgmma && !h100.bwd_wgmma);
-        assert_eq!(forward_smem(256, &h100), (128 + 256) * 512);
+        assert!(h100.fwd_wgmma && h100.bwd_wgmma);
+        assert_eq!(forward_smem(256, &h100), (128 + 5 * 64) * 512 + 128 + 1024);
         assert_eq!(
             backward_smem(256, &h100),
-            (2 * 32 + 4 * 32) * 1024 + 1536 + 16 * 1024
+            (2 + 2 + 1) * 32 * 1024 + 24 * 1024 + 32 * 1024 + 5 * 256 + 48 + 1024
+        );
+        let h192 = Tuning::for_head_dim(192).for_device(192, (9, 0));
+        assert_eq!(forward_smem(192, &h192), (128 + 5 * 64) * 384 + 128 + 1024);
+        assert_eq!(
+            backward_smem(192, &h192),
+            (2 + 2 + 2) * 24 * 1024 + 24 * 1024 + 2 * 24 * 1024 + 6 * 256 + 64 + 1024
         );
         // 192 fits an A100 with both stages; 80 and 96 keep 128-key backward tiles.
         let t = Tuning::for_head_dim(192).for_device(192, (8, 0));
         assert_eq!((t.fwd_warps, t.bwd_q_stages, t.bwd_key_split), (8, 2, 4));
         for d in [80, 96] {
             let t = Tuning::for_head_dim(d).for_device(d, (8, 0));
-            assert_eq!((backward_keys(&t), t.bwd_key_split), (128, 2));
+            assert_eq!((backward_keys(d, &t), t.bwd_key_split), (128, 2));
             assert_eq!(forward_smem(d, &t) as usize, (t.fwd_rows() + 256) * d * 2);
             // On Hopper their wgmma tiles are those of head dim 128.
             let (h, h128) = (

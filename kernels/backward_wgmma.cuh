@@ -1,0 +1,276 @@
+// What the two wgmma backward kernels share: backward_wgmma.cu (head dims up to 128: a CTA of
+// 128 keys, 64 for each computing warpgroup) and backward_wgmma_wide.cu (192 and 256: a CTA of
+// 64 keys, whose two computing warpgroups split the work of every tile between them). Both have
+// two computing warpgroups and a third whose first warp loads the query tiles and whose second
+// adds dQ by TMA reductions; both take backward.cu's parameters (the host launches every
+// backward kernel the same way; the pointers to Q, dO and dQ go unused), then the tensor maps
+// that Q and dO are loaded and dQ is reduced through. Here: the CTA's shape and place, the
+// hardware barriers both use, dQ's staging layout, the score products, the probabilities, dSᵀ's
+// tile, and the deterministic turns at the ends of a CTA.
+// Tiles and wgmma helpers: wgmma.cuh.
+
+#if BWD_WGMMA
+
+#define WG_BQ 64
+// Keys per CTA: 64 per computing warpgroup; at head dims 192 and 256 the two share 64 (their
+// dK and dV over a row of the head dim would not fit one warpgroup's registers).
+#define WG_BKV (WIDE_HEADS ? 64 : 128)
+// Two warpgroups compute; a third loads (its first warp) and adds dQ (its second).
+#define WG_CONSUMERS 256
+#define WG_THREADS 384
+#define WG_LOADER (WG_CONSUMERS / 32)
+#define WG_REDUCER (WG_LOADER + 1)
+// Hardware barriers besides 0 (__syncthreads') and the ping-pong turns' 1 and 2 (wgmma.cuh):
+// the computing warpgroups' own (3); those between them and the reducing warp: a query tile's
+// dQ is staged (4: the narrow kernel's, where both warpgroups arrive; the wide kernel has one per
+// warpgroup, BAR_DQ_FULL_OF) and a warpgroup's share has been read by the reductions (5 and 6,
+// one per warpgroup, which waits); the deterministic GQA turn at dK and dV (7, `kv_turns`).
+#define BAR_COMPUTE 3
+#define BAR_DQ_FULL 4
+#define BAR_DQ_EMPTY 5  // and 6
+#define BAR_KV_TURN 7
+#define DQ_HANDOFF (WG_CONSUMERS + 32)
+#define DQ_RETURN (128 + 32)
+// dQ leaves through shared memory in its TMA reductions' layout: boxes of 32 f32 columns × 64
+// rows (8 KiB) in the 128-byte swizzle.
+#define WG_DQ_BOX (WG_BQ * 128)
+
+// The parameters of both kernels' entry point, bwd_block.
+#define BWD_BLOCK_PARAMS                                                                       \
+    const u16 *__restrict__ Q, const u16 *__restrict__ K, const u16 *__restrict__ V,          \
+        const u16 *__restrict__ dO, const float *__restrict__ LSE,                            \
+        const float *__restrict__ Dl, float *__restrict__ dQ, void *__restrict__ dK,          \
+        void *__restrict__ dV, int kv_direct, int heads, int kv_heads, int q_len, int kv_len, \
+        int q_start, int kv_start, Strides qs, Strides kvs, const int *__restrict__ row_start, \
+        const int *__restrict__ row_end, int global, float scale, int *__restrict__ turns,    \
+        const __grid_constant__ BwdMaps maps
+
+// The tensor maps the host passes after the other parameters, back to back (the wgmma kernels'
+// maps in blocks.rs): Q's and dO's for the loads, dQ's for the reductions.
+struct BwdMaps {
+    TensorMap q, dO, dQ;
+};
+
+// Where a CTA works: its (batch·head, key tile) of the n_kt, its first key c0, the query tiles
+// [t_begin, n_qt) that see its keys (all from the first on, without a mask), and its head's dQ
+// turns (deterministic mode).
+struct BwdCta {
+    CtaWork work;
+    int n_kt, c0, t_begin, n_qt;
+    int* dq_turn_row;
+};
+// The CTA's place; false when no query of the block sees its keys, after taking the turns it
+// owes (the CTA then has nothing to compute).
+__device__ __forceinline__ bool bwd_cta(BwdCta* cta, int heads, int kv_heads, int q_len,
+                                        int kv_len, int q_start, int kv_start,
+                                        const int* row_start, const int* row_end, int global,
+                                        int* turns, int kv_direct) {
+    const int n_kt = (kv_len + WG_BKV - 1) / WG_BKV;
+    const CtaWork work = cta_work<BWD_KEY_MAJOR, DETERMINISTIC>(n_kt);
+    const int c0 = work.tile * WG_BKV;
+    int* const dq_turn_row = dq_turns(turns, work.bh, q_len, WG_BQ);
+    const int2 seen = seeing_query_tiles<WG_BQ>(c0, min(c0 + WG_BKV, kv_len), q_len, q_start,
+                                                kv_start, row_start, row_end, global);
+    *cta = {work, n_kt, c0, seen.x, seen.y, dq_turn_row};
+    if (seen.x < seen.y) return true;
+    skip_turns<WG_BQ, WG_BKV>(
+        dq_turn_row, kv_turns(turns, work.bh, heads, kv_heads, q_len, WG_BQ, n_kt, kv_direct),
+        seen.x, work.tile, n_kt, q_len, q_start, kv_start, global,
+        kv_turn(work.bh, heads, kv_heads));
+    return false;
+}
+
+// Initialises the barriers (8 bytes each) of a ring of `stages` stages of query tiles: stage
+// st's "full" at full + 8·st, whose phase ends with `arrivals` arrivals (one arming each TMA
+// tile's bytes, one per loading lane for the vectors it copies), and its "empty" at
+// empty + 8·st, whose phase ends when both computing warpgroups are done with it. Thread 0;
+// fence_mbar_init and a CTA barrier follow.
+__device__ __forceinline__ void init_ring(u32 full, u32 empty, int stages, int arrivals) {
+    for (int st = 0; st < stages; ++st) {
+        mbar_init(full + 8 * st, arrivals);
+        mbar_init(empty + 8 * st, 2);
+    }
+}
+
+// Byte offset of dQ's (row, col) within a staged tile: box col / 32, rows of 128 bytes, their
+// 16-byte chunks XORed by row % 8 (the swizzle of the host's map). A warp's 8 rows × 4 pairs of
+// one store land on distinct banks.
+__device__ __forceinline__ u32 sdq_offset(int row, int col) {
+    return (u32)((col / 32) * WG_DQ_BOX + row * 128 + ((((col % 32) / 4) ^ (row % 8)) << 4) +
+                 (col % 4) * 4);
+}
+
+// acc = A·Bᵀ over the head dim for step 1 (Sᵀ or dPᵀ): A 64 rows of K or V at a (in a tile of
+// WG_BKV rows), B the query tile's Q or dO at b, both K-major; 16 columns a step, none over the
+// padding, the step's offset within its column atom of 128 bytes.
+__device__ __forceinline__ void head_dim_product(float* acc, u32 a, u32 b) {
+#pragma unroll
+    for (int kk = 0; kk < HEAD_DIM / 16; ++kk) {
+        const u32 col = (kk % 4) * 32;
+        wg_ss<0, 0>(acc, wg_desc(a + (kk / 4) * (WG_BKV * 128) + col),
+                    wg_desc(b + (kk / 4) * (WG_BQ * 128) + col), kk > 0);
+    }
+}
+
+// Step 2's first half: this thread's Sᵀ (keys kl and kl + 8 of the CTA's tile at c0, in the
+// accumulator layout, against query rows r0 + 8·nt + 2t (+ 1)) becomes Pᵀ in place, from the
+// query tile's staged LSE (cL) and row starts (cR); pairs the mask hides, and rows or keys past
+// the block, exactly 0.
+__device__ __forceinline__ void scores_to_probs(float* s, const float* cL, const int* cR,
+                                                const int* row_start, int r0, int c0, int kl,
+                                                int q_len, int kv_len, int q_start,
+                                                int kv_start, int global, float scale_log2) {
+    const int t = threadIdx.x % 4;
+    const int rs_last = staged_row_start(cR, row_start, min(WG_BQ, q_len - r0) - 1);
+    const bool need_mask = (r0 + WG_BQ > q_len) || (c0 + WG_BKV > kv_len) ||
+                           tile_partly_hidden<WG_BKV>(kv_start + c0, q_start + r0, rs_last,
+                                                     global);
+    // The masked module tests pairs in a pass of its own that sets hidden scores to −∞ (the loop
+    // below then gives them P = 0 exactly), taken only by the tiles that need it: with the test
+    // inside the softmax loop under a run-time flag, ptxas predicated it onto every tile of the
+    // masked module, whose backward then ran 12.6% under the causal module's on a nearly causal
+    // mask (16K, window 16383: 15.16 against 13.46 ms, bench/results/offload-256k-2026-12-01).
+    // The causal module keeps its diagonal test in the loop: as a pass, its 128K backward ran
+    // 23% slower (1035 against 842 ms, bench/results/masks-smem-2026-12-01/call3). The mma.sync
+    // kernel keeps the test in its loop in both: as a pass it spilled at head dim 256.
+    if (MASKED && need_mask) {
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int kr = c0 + kl + (e >= 2 ? 8 : 0);
+                const int qr = r0 + nt * 8 + 2 * t + (e & 1);
+                const int rs = staged_row_start(cR, row_start, min(qr, q_len - 1) - r0);
+                if (qr >= q_len || kr >= kv_len ||
+                    key_hidden(kv_start + kr, q_start + qr, rs, global))
+                    s[nt * 4 + e] = NEG_INF;
+            }
+    }
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) {
+        const int qc = nt * 8 + 2 * t;
+        float lse2[2];
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+            const float lse = cL[qc + c];
+            lse2[c] = lse == NEG_INF ? POS_INF : lse * LOG2E;
+        }
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            float p = exp2f(fmaf(s[nt * 4 + e], scale_log2, -lse2[e & 1]));
+            if (!MASKED && need_mask) {  // the causal module: the diagonal and the edges
+                const int kr = c0 + kl + (e >= 2 ? 8 : 0);
+                const int qr = r0 + qc + (e & 1);
+                if (qr >= q_len || kr >= kv_len ||
+                    key_hidden(kv_start + kr, q_start + qr, 0, global))
+                    p = 0.f;
+            }
+            s[nt * 4 + e] = p;
+        }
+    }
+}
+
+// 32 accumulators of a 64 × 64 product (Pᵀ or dSᵀ) as the A fragments of four 16-column steps
+// (the accumulator layout is the fragment layout): x[kk] holds accumulator tiles 2kk and 2kk+1.
+__device__ __forceinline__ void pack_fragments(u32 (*x)[4], const float* v) {
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+        const int n0 = 8 * kk, n1 = 8 * kk + 4;
+        x[kk][0] = pack2(v[n0], v[n0 + 1]);
+        x[kk][1] = pack2(v[n0 + 2], v[n0 + 3]);
+        x[kk][2] = pack2(v[n1], v[n1 + 1]);
+        x[kk][3] = pack2(v[n1 + 2], v[n1 + 3]);
+    }
+}
+
+// Where this thread's pairs of a tile of dSᵀ go ([key][query], 64 queries of 16 bits: one
+// 128-byte row a key in the 128-byte swizzle, the layout of wgmma's descriptors; the tile
+// 1024-byte aligned): the pair of fragment register r of step kk, for key row kl (r even) or
+// kl + 8 (r odd), lies at score_pair_at(score_pairs_base(tile, kl), kk, r). Its 16-byte chunk
+// is (2kk + r / 2) ^ (kl % 8), so one base per thread and an XOR with a constant per pair
+// (addresses held per pair cost the wide kernel's registers).
+__device__ __forceinline__ u32 score_pairs_base(u32 tile, int kl) {
+    return tile + kl * 128 + ((kl % 8) << 4) + 4 * (threadIdx.x % 4);
+}
+__device__ __forceinline__ u32 score_pair_at(u32 base, int kk, int r) {
+    return (base ^ ((2 * kk + r / 2) << 4)) + (r & 1) * 1024;
+}
+// This thread's A fragments of dSᵀ (or any 64-query tile of scores) into the tile at `tile`.
+__device__ __forceinline__ void store_score_fragments(u32 tile, const u32 (*x)[4], int kl) {
+    const u32 base = score_pairs_base(tile, kl);
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) st_shared_u32(score_pair_at(base, kk, r), x[kk][r]);
+}
+
+// Stages this thread's pairs of a dQ tile (NT accumulator tiles of 8 columns: wg_rs's layout,
+// times the softmax scale) in sdq_offset's layout, from `at` = dq_pairs_base of the tile's first
+// column: rows 16·wi + g (+ 8), columns 8·nt + 2t from there. The pair's 16-byte chunk is
+// (2·(nt % 4) + t / 2) ^ g = 2·(nt % 4) ^ (t / 2 ^ g): one base address and an XOR with a
+// constant per store (sdq_offset's per pair held four more registers across the narrow kernel's
+// loop, and its masked module spilled).
+__device__ __forceinline__ u32 dq_pairs_base(u32 tile, int row) {
+    const int g = (threadIdx.x % 32) / 4, t = threadIdx.x % 4;
+    return tile + row * 128 + (((t / 2) ^ g) << 4) + (t % 2) * 8;
+}
+template <int NT>
+__device__ __forceinline__ void store_dq_pairs(u32 at, const float* acc, float scale) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+            st_shared_f32x2((at ^ ((2 * (nt % 4)) << 4)) + (nt / 4) * WG_DQ_BOX + i * 1024,
+                            acc[nt * 4 + 2 * i] * scale, acc[nt * 4 + 2 * i + 1] * scale);
+}
+
+// Deterministic: this thread's dQ reductions have written dQ (not only read shared memory), and
+// the writes are ordered before the CTA's next pass of a turn.
+__device__ __forceinline__ void finish_dq_adds() {
+    bulk_wait();
+    fence_proxy_async_global();
+    __threadfence();
+}
+
+// The reducing warp after its last query tile: its reductions finish (their shared tile stays
+// until they have read it), then it takes the deterministic turns the CTA still owes: dQ's at
+// query tiles it does not see (global keys), and its GQA group's at dK and dV, which it takes
+// for the computing warpgroups (they add once it comes and fence before they arrive,
+// `kv_turn_begin`/`kv_turn_end`), since a thread of theirs spinning for it spilled 740 bytes of
+// their registers.
+__device__ __forceinline__ void reducer_finish(const BwdCta& cta, int* turns, int heads,
+                                               int kv_heads, int q_len, int q_start,
+                                               int kv_start, int global, int kv_direct) {
+    constexpr int R = WG_REDUCER * 32;  // this warp's first thread: the adder
+    const int lane = threadIdx.x % 32;
+    if (lane == 0 && !DETERMINISTIC) bulk_wait();
+    pass_unseen_dq_turns<WG_BQ, WG_BKV, R>(cta.dq_turn_row, cta.n_qt, cta.work.tile, cta.n_kt,
+                                           q_len, q_start, kv_start, global);
+    int* const kv = kv_turns(turns, cta.work.bh, heads, kv_heads, q_len, WG_BQ, cta.n_kt,
+                             kv_direct);
+    if (kv) {
+        if (lane == 0) wait_add_turn(kv + cta.work.tile, kv_turn(cta.work.bh, heads, kv_heads));
+        __syncwarp();
+        named_arrive(BAR_KV_TURN, DQ_HANDOFF);
+        named_sync(BAR_KV_TURN, DQ_HANDOFF);
+        if (lane == 0) pass_add_turn(kv + cta.work.tile);
+    }
+}
+// The computing warpgroups' side of that turn, around their additions to dK and dV: whether
+// they take part (deterministic GQA), and if so the reducing warp has the turn.
+__device__ __forceinline__ bool kv_turn_begin(const BwdCta& cta, int* turns, int heads,
+                                              int kv_heads, int q_len, int kv_direct) {
+    const bool taken = kv_turns(turns, cta.work.bh, heads, kv_heads, q_len, WG_BQ, cta.n_kt,
+                                kv_direct) != nullptr;
+    if (taken) named_sync(BAR_KV_TURN, DQ_HANDOFF);
+    return taken;
+}
+// Their additions are made visible and the reducing warp passes the turn on.
+__device__ __forceinline__ void kv_turn_end(bool taken) {
+    if (taken) {
+        __threadfence();
+        named_arrive(BAR_KV_TURN, DQ_HANDOFF);
+    }
+}
+
+#endif  // BWD_WGMMA
