@@ -16,7 +16,7 @@
 //  - then each accumulates over its half of the head dim's columns: dV += Pᵀ·dO and
 //    dK += dSᵀ·Q (Pᵀ and dSᵀ as register A operands, warpgroup 0 reading dSᵀ back from the
 //    tile), and dQ = dS·K (dS read MN-major from the tile), whose share it stages for the
-//    reducing warp.
+//    reducing warp; at 256 a tile late, where it fills a wait (WW_DQ_LATE).
 // So each warpgroup issues two and a half of a tile's five 64 × 64 × head-dim products and holds
 // dK and dV over half the columns (64 + 64 registers a thread at 256). The columns: at 256,
 // warpgroup w has 128w..128w+127 (column atoms 2w and 2w+1); at 192, column atom w and half w of
@@ -24,9 +24,10 @@
 // The third warpgroup loads and reduces as in backward_wgmma.cu, except that Q and dO come in
 // rings of their own: Q's with LSE and the row starts, released once both warpgroups are done
 // with dK, and dO's with D, released once both are done with dV (the earlier). At head dim 256
-// shared memory holds two Q tiles, one dO tile and one warpgroup's share of dQ (216 KiB with K,
-// V, Pᵀ and dSᵀ), so dO's ring has one stage there and the two shares of dQ go through the
-// staging tile in turns; at 192 every ring has two stages and each warpgroup a staging tile.
+// shared memory holds two Q tiles, one dO tile and one warpgroup's share of dQ (224 KiB with K,
+// V, Pᵀ and two dSᵀ tiles), so dO's ring has one stage there and the two shares of dQ go through
+// the staging tile in turns; at 192 every ring has two stages and each warpgroup a staging tile
+// (218 KiB with one dSᵀ tile).
 
 #if BWD_WGMMA && WIDE_HEADS
 
@@ -37,6 +38,14 @@
 #define WW_DO_STAGES (HEAD_DIM == 256 ? 1 : 2)
 #define WW_DQ_BUFFERS (HEAD_DIM == 256 ? 1 : 2)  // staged dQ shares: one per warpgroup, or shared
 #define WW_DQ_SHARE (WW_HALF / 32 * WG_DQ_BOX)  // bytes of one staged share
+// dQ one tile late: each warpgroup computes a tile's share of dQ in the next tile, where it
+// fills a wait: warpgroup 1's beside warpgroup 0's Sᵀ (1's dPᵀ then runs under 0's
+// exponentials), warpgroup 0's beside its dV while 1 forms dSᵀ; dSᵀ then needs two tiles. At
+// 256 the backward ran 4–5% faster so; at 192 4–5% slower (not profiled; its dQ's n32 products
+// read shared memory at twice the rate of Sᵀ's beside them), so there each tile's dQ follows its
+// dK and dV (bench/results/wide-2026-12-04, call 2).
+#define WW_DQ_LATE (HEAD_DIM == 256)
+#define WW_DS_TILES (WW_DQ_LATE ? 2 : 1)
 // Hardware barriers besides backward_wgmma.cuh's: Pᵀ is in shared memory (warpgroup 0 arrives,
 // 1 waits), dSᵀ is (1 arrives, 0 waits), and warpgroup w's share of dQ is staged (10 + w: it
 // arrives, the reducing warp waits). BAR_DQ_EMPTY + w: the staging tile may take w's share.
@@ -116,8 +125,8 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) bwd_block(BWD_BLOCK_
     const u32 sQ = sV + KV_TILE;                    // WW_Q_STAGES stages
     const u32 sdO = sQ + WW_Q_STAGES * Q_TILE;      // WW_DO_STAGES stages
     const u32 sP = sdO + WW_DO_STAGES * Q_TILE;     // Pᵀ, f32, thread by thread
-    const u32 sdS = sP + P_TILE;                    // dSᵀ [key][query], 128-byte rows
-    const u32 sdQ = sdS + DS_TILE;                  // WW_DQ_BUFFERS staged shares of dQ
+    const u32 sdS = sP + P_TILE;                    // WW_DS_TILES of dSᵀ [key][query]
+    const u32 sdQ = sdS + WW_DS_TILES * DS_TILE;    // WW_DQ_BUFFERS staged shares of dQ
     const u32 sL = sdQ + WW_DQ_BUFFERS * WW_DQ_SHARE;  // LSE and row starts: Q's stages
     const u32 sR = sL + WW_Q_STAGES * VEC;
     const u32 sD = sR + WW_Q_STAGES * VEC;          // D: dO's stages
@@ -160,29 +169,32 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) bwd_block(BWD_BLOCK_
                 cp_async_arrive(dbar);
             }
         } else if (warp == WG_REDUCER) {
-            // Each query tile's dQ, a warpgroup's share at a time (0, then 1), as they are
-            // staged; a share's staging tile is free again once its reductions have read it.
+            // Each query tile's dQ, a warpgroup's share at a time in the order they are staged
+            // (with the late dQ 1's first: it stages at the start of the next tile, 0 in its
+            // middle); a share's staging tile is free again once its reductions have read it.
             // Deterministic, in the CTA's turn at each query tile, held over both shares.
             constexpr int R = WG_REDUCER * 32;  // this warp's first thread: the adder
+            constexpr int FIRST = WW_DQ_LATE ? 1 : 0;
             const auto free_share = [](int w) { named_arrive(BAR_DQ_EMPTY + w, DQ_RETURN); };
-            free_share(0);
-            if (WW_DQ_BUFFERS == 2) free_share(1);
+            free_share(FIRST);
+            if (WW_DQ_BUFFERS == 2) free_share(1 - FIRST);
             for (int qt = cta.t_begin; qt < cta.n_qt; ++qt)
-                for (int w = 0; w < 2; ++w) {
+                for (int k = 0; k < 2; ++k) {
+                    const int w = k == 0 ? FIRST : 1 - FIRST;
                     named_sync(BAR_DQ_FULL_OF + w, DQ_RETURN);
-                    if (w == 0)
+                    if (k == 0)
                         wait_dq_turn<WG_BQ, WG_BKV, R>(cta.dq_turn_row, qt, cta.work.tile,
                                                        cta.n_kt, q_start, kv_start);
                     if (lane == 0) {
                         // After the turn's acquire (deterministic), the reductions.
-                        if (DETERMINISTIC && w == 0) fence_proxy_async_global();
+                        if (DETERMINISTIC && k == 0) fence_proxy_async_global();
                         const u32 share = sdQ + (WW_DQ_BUFFERS == 2 ? w : 0) * WW_DQ_SHARE;
 #pragma unroll
                         for (int b = 0; b < WW_HALF / 32; ++b)
                             tma_reduce_add(share + b * WG_DQ_BOX, &maps.dQ,
                                            owned_column(w, 32 * b), qt * WG_BQ, head, batch);
                         bulk_commit();
-                        if (DETERMINISTIC && w == 1) {
+                        if (DETERMINISTIC && k == 1) {
                             finish_dq_adds();
                             pass_add_turn(cta.dq_turn_row + qt);
                         } else {
@@ -194,7 +206,7 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) bwd_block(BWD_BLOCK_
                     // each), or the other warpgroup's (one tile, in turns).
                     if (WW_DQ_BUFFERS == 2) {
                         if (qt + 1 < cta.n_qt) free_share(w);
-                    } else if (w == 0 || qt + 1 < cta.n_qt) {
+                    } else if (k == 0 || qt + 1 < cta.n_qt) {
                         free_share(1 - w);
                     }
                 }
@@ -229,10 +241,27 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) bwd_block(BWD_BLOCK_
         named_arrive(BAR_DQ_FULL_OF + wg, DQ_RETURN);
     };
 
-    for (int n = 0; cta.t_begin + n < cta.n_qt; ++n) {
+    // dQ of tile n (query rows of tile t_begin + n) over this warpgroup's columns, from its dSᵀ
+    // tile, into acc (not committed); and the same issued, waited for and staged.
+    auto dq_products = [&](float* acc, int n) {
+        dq_share_products(acc, sdS + (n % WW_DS_TILES) * DS_TILE, sK, wg);
+    };
+    auto dq_share = [&](int n) {
+        float acc[WW_HALF / 2];
+        wg_fence();
+        dq_products(acc, n);
+        wg_commit();
+        wg_wait<0>();
+        fence_regs<WW_HALF / 2>(acc);
+        stage_dq(acc);
+    };
+    // One query tile n; `first` is a constant at each call (tile 0 has no dQ before it): a
+    // wgmma under a run-time condition made ptxas serialise the pipeline (C7520) and spill.
+    auto tile = [&](const int n, const bool first) {
         const int qst = n % WW_Q_STAGES, dst = n % WW_DO_STAGES;
         const u32 cQ = sQ + qst * Q_TILE, cdO = sdO + dst * Q_TILE;
-        float acc[WW_HALF / 2];
+        const u32 cdS = sdS + (n % WW_DS_TILES) * DS_TILE;
+        const bool late = WW_DQ_LATE && !first;  // this tile computes the last one's dQ
         if (wg == 0) {
             // Sᵀ, then Pᵀ for warpgroup 1 (f32) and for dV (16-bit fragments).
             stage_wait<WW_Q_STAGES>(q_full, n);
@@ -250,33 +279,35 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) bwd_block(BWD_BLOCK_
             named_arrive(BAR_P_READY, WG_CONSUMERS);
             u32 pa[4][4];
             pack_fragments(pa, s);
-            // dV += Pᵀ·dO while warpgroup 1 forms dSᵀ.
+            // dV += Pᵀ·dO (and the late dQ) while warpgroup 1 forms dSᵀ.
             stage_wait<WW_DO_STAGES>(do_full, n);
+            float acc[WW_HALF / 2];
             wg_fence();
 #pragma unroll
             for (int kk = 0; kk < 4; ++kk) share_products(dv, pa[kk], cdO + kk * 16 * 128, 0);
+            if (late) dq_products(acc, n - 1);
             wg_commit();
-            named_sync(BAR_DS_READY, WG_CONSUMERS);
-            u32 da[4][4];
-            load_score_fragments(da, sdS, kl);
             wg_wait<0>();
             fence_regs<WW_HALF / 2>(dv);
             fence_regs<16>(&pa[0][0]);
             if (me == 0) mbar_arrive(stage_bar<WW_DO_STAGES>(do_empty, n));
-            // dK += dSᵀ·Q, then dQ = dS·K over this warpgroup's columns.
+            if (late) {
+                fence_regs<WW_HALF / 2>(acc);
+                stage_dq(acc);
+            }
+            // dK += dSᵀ·Q over this warpgroup's columns.
+            named_sync(BAR_DS_READY, WG_CONSUMERS);
+            u32 da[4][4];
+            load_score_fragments(da, cdS, kl);
             wg_fence();
 #pragma unroll
             for (int kk = 0; kk < 4; ++kk) share_products(dk, da[kk], cQ + kk * 16 * 128, 0);
             wg_commit();
             wg_wait<0>();
-            fence_regs<WW_HALF / 2>(dk);
             fence_regs<16>(&da[0][0]);
-            wg_fence();
-            dq_share_products(acc, sdS, sK, 0);
-            wg_commit();
-            wg_wait<0>();
         } else {
-            // dPᵀ, then dSᵀ from warpgroup 0's Pᵀ.
+            // (The late dQ beside warpgroup 0's Sᵀ,) dPᵀ, then dSᵀ from warpgroup 0's Pᵀ.
+            if (late) dq_share(n - 1);
             stage_wait<WW_DO_STAGES>(do_full, n);
             float dp[32];
             wg_fence();
@@ -302,11 +333,10 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) bwd_block(BWD_BLOCK_
             u32 pa[4][4], da[4][4];
             pack_fragments(pa, p);
             pack_fragments(da, dp);
-            store_score_fragments(sdS, da, kl);
+            store_score_fragments(cdS, da, kl);
             fence_async_smem();
             named_arrive(BAR_DS_READY, WG_CONSUMERS);
-            // dV and dK, then dQ over this warpgroup's columns (dQ's accumulators only once
-            // the fragments are free: at 256 the three together spilled).
+            // dV and dK over this warpgroup's columns.
             stage_wait<WW_Q_STAGES>(q_full, n);
             wg_fence();
 #pragma unroll
@@ -316,18 +346,21 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) bwd_block(BWD_BLOCK_
             wg_commit();
             wg_wait<0>();
             fence_regs<WW_HALF / 2>(dv);
-            fence_regs<WW_HALF / 2>(dk);
             fence_regs<16>(&pa[0][0]);
             fence_regs<16>(&da[0][0]);
             if (me == 0) mbar_arrive(stage_bar<WW_DO_STAGES>(do_empty, n));
-            wg_fence();
-            dq_share_products(acc, sdS, sK, 1);
-            wg_commit();
-            wg_wait<0>();
         }
-        fence_regs<WW_HALF / 2>(acc);
+        fence_regs<WW_HALF / 2>(dk);
         if (me == 0) mbar_arrive(stage_bar<WW_Q_STAGES>(q_empty, n));
-        stage_dq(acc);
+        if (!WW_DQ_LATE) dq_share(n);  // dQ after dK and dV
+    };
+    const int tiles = cta.n_qt - cta.t_begin;
+    if (WW_DQ_LATE) {
+        tile(0, true);
+        for (int n = 1; n < tiles; ++n) tile(n, false);
+        dq_share(tiles - 1);
+    } else {
+        for (int n = 0; n < tiles; ++n) tile(n, false);  // one copy: `first` changes nothing
     }
 
     const bool kv_turns_taken = kv_turn_begin(cta, turns, heads, kv_heads, q_len, kv_direct);

@@ -60,19 +60,39 @@ const WGMMA_BWD_BARRIERS: usize = 32;
 fn wgmma_bwd_keys(head_dim: usize) -> usize {
     if wgmma_wide(head_dim) { 64 } else { 128 }
 }
-/// The wide wgmma backward's rings (`WW_Q_STAGES`, `WW_DO_STAGES` and `WW_DQ_BUFFERS` in
-/// `kernels/backward_wgmma_wide.cu`): stages of Q and of dO, and staged shares of dQ. Two of
-/// each at head dim 192; at 256 one dO tile and one share, as 227 KiB hold.
-fn wide_backward_rings(head_dim: usize) -> (usize, usize, usize) {
+/// The wide wgmma backward's buffers (`WW_Q_STAGES`, `WW_DO_STAGES`, `WW_DQ_BUFFERS` and
+/// `WW_DS_TILES` in `kernels/backward_wgmma_wide.cu`).
+struct WideBuffers {
+    /// Stages of Q's ring and of dO's.
+    q_stages: usize,
+    do_stages: usize,
+    /// Staged shares of dQ (one per warpgroup, or one they take in turns).
+    dq_shares: usize,
+    /// dSᵀ tiles (two where dQ runs a tile late).
+    ds_tiles: usize,
+}
+/// Two of each at head dim 192 but one dSᵀ tile; at 256 one dO tile and one dQ share, as 227
+/// KiB hold, and two dSᵀ tiles for its late dQ.
+fn wide_backward_buffers(head_dim: usize) -> WideBuffers {
     if head_dim == 256 {
-        (2, 1, 1)
+        WideBuffers {
+            q_stages: 2,
+            do_stages: 1,
+            dq_shares: 1,
+            ds_tiles: 2,
+        }
     } else {
-        (2, 2, 2)
+        WideBuffers {
+            q_stages: 2,
+            do_stages: 2,
+            dq_shares: 2,
+            ds_tiles: 1,
+        }
     }
 }
 
 /// Head dims the kernels are instantiated for: the mma.sync kernels take any of them (on every
-/// GPU from sm_80), the wgmma kernels those up to 128 on sm_90 ([`wgmma_tile_dim`]).
+/// GPU from sm_80), and so do the wgmma kernels on sm_90 ([`wgmma_tile_dim`]).
 pub const HEAD_DIMS: [usize; 6] = [64, 80, 96, 128, 192, 256];
 
 /// Opt-in dynamic shared memory per block (bytes) of a compute capability: 227 KiB on Hopper
@@ -123,14 +143,17 @@ pub struct Tuning {
     /// Keep Q's fragments in registers (true) or re-read them from shared memory per tile.
     pub fwd_q_in_registers: bool,
     /// The forward on Hopper's warpgroup MMA (`kernels/forward_wgmma.cu`: two computing
-    /// warpgroups and one that loads, 128 query rows, 128-key tiles) instead of the mma.sync kernel the three fields above
-    /// shape; used only where [`Tuning::for_device`] keeps it.
+    /// warpgroups and one that loads, 128 query rows, key tiles of 128, or 64 at head dims 192
+    /// and 256) instead of the mma.sync kernel the three fields above shape; used only where
+    /// [`Tuning::for_device`] keeps it.
     pub fwd_wgmma: bool,
     /// Warps per backward CTA (4 or 8), each owning 16 key rows (the mma.sync backward).
     pub bwd_warps: usize,
     /// The backward on Hopper's warpgroup MMA (`kernels/backward_wgmma.cu`: two computing
-    /// warpgroups in ping-pong turns and one that loads and adds dQ, 128-key tiles) instead of the mma.sync kernel; used only where [`Tuning::for_device`]
-    /// keeps it (compute capability 9.0, head dims up to 128: [`wgmma_tile_dim`]).
+    /// warpgroups in ping-pong turns and one that loads and adds dQ, 128-key tiles; at head
+    /// dims 192 and 256 `backward_wgmma_wide.cu`, 64-key tiles whose work the computing
+    /// warpgroups split) instead of the mma.sync kernel; used only where [`Tuning::for_device`]
+    /// keeps it (compute capability 9.0: [`wgmma_tile_dim`]).
     pub bwd_wgmma: bool,
     /// Backward warps sharing 32 keys (2 or 4; the mma.sync backward): 4 halves the dK and dV
     /// registers per thread, which head dims above 128 need not to spill.
@@ -164,7 +187,7 @@ impl Tuning {
     /// head dim over a warp's 32 lanes, dK and dV keys × head dim; ptxas's counts are checked by
     /// `compile.rs`'s tests): there the forward warps own 16 rows each, and above 128 the
     /// backward's 32 keys are shared by 4 warps (64-key tiles). 128 keeps its measured shape.
-    /// On Hopper head dims up to 128 run on the wgmma kernels instead. The new shapes are
+    /// On Hopper every head dim runs on the wgmma kernels instead. The mma.sync shapes are
     /// chosen to fit registers and shared memory, not yet timed against alternatives.
     pub fn for_head_dim(head_dim: usize) -> Tuning {
         let wide = head_dim > 128;
@@ -369,12 +392,12 @@ pub(crate) fn backward_smem(head_dim: usize, tuning: &Tuning) -> u32 {
         // K and V; the rings of Q and dO; Pᵀ in f32 and dSᵀ in 16 bits; the staged shares of
         // dQ (half the head dim each, f32); LSE and row starts per Q stage, D per dO stage; a
         // full and an empty barrier per stage; the alignment slack.
-        let (q_stages, do_stages, dq_shares) = wide_backward_rings(head_dim);
-        let tiles = (2 * bkv + (q_stages + do_stages) * BWD_BQ) * head_dim * 2;
-        let scores = bkv * BWD_BQ * (4 + 2);
-        let dq = dq_shares * BWD_BQ * head_dim / 2 * 4;
-        let vectors = (2 * q_stages + do_stages) * BWD_BQ * 4;
-        let barriers = 2 * (q_stages + do_stages) * 8;
+        let b = wide_backward_buffers(head_dim);
+        let tiles = (2 * bkv + (b.q_stages + b.do_stages) * BWD_BQ) * head_dim * 2;
+        let scores = bkv * BWD_BQ * (4 + 2 * b.ds_tiles);
+        let dq = b.dq_shares * BWD_BQ * head_dim / 2 * 4;
+        let vectors = (2 * b.q_stages + b.do_stages) * BWD_BQ * 4;
+        let barriers = 2 * (b.q_stages + b.do_stages) * 8;
         return (tiles + scores + dq + vectors + barriers + WGMMA_ALIGN_SLACK) as u32;
     }
     let (stages, cols) = if tuning.bwd_wgmma {
@@ -708,15 +731,16 @@ mod tests {
         assert_eq!(backward_keys(256, &a100), 64);
         // On Hopper the wgmma kernels' wide shapes (64-key tiles). The forward: Q (128 rows),
         // two stages of K and three of V (64 rows each), barriers, slack. The backward: K, V;
-        // at 256 two Q tiles and one dO tile, at 192 two of each (64 rows); Pᵀ (f32) and dSᵀ;
-        // one staged share of dQ at 256 (64 rows × 128 f32), two at 192 (64 × 96); LSE and row
-        // starts per Q stage, D per dO stage; barriers; slack. Both about 218 KiB.
+        // at 256 two Q tiles and one dO tile, at 192 two of each (64 rows); Pᵀ (f32) and dSᵀ
+        // (two at 256, for its late dQ); one staged share of dQ at 256 (64 rows × 128 f32), two
+        // at 192 (64 × 96); LSE and row starts per Q stage, D per dO stage; barriers; slack.
+        // 226 and 218 KiB.
         let h100 = Tuning::for_head_dim(256).for_device(256, (9, 0));
         assert!(h100.fwd_wgmma && h100.bwd_wgmma);
         assert_eq!(forward_smem(256, &h100), (128 + 5 * 64) * 512 + 128 + 1024);
         assert_eq!(
             backward_smem(256, &h100),
-            (2 + 2 + 1) * 32 * 1024 + 24 * 1024 + 32 * 1024 + 5 * 256 + 48 + 1024
+            (2 + 2 + 1) * 32 * 1024 + 32 * 1024 + 32 * 1024 + 5 * 256 + 48 + 1024
         );
         let h192 = Tuning::for_head_dim(192).for_device(192, (9, 0));
         assert_eq!(forward_smem(192, &h192), (128 + 5 * 64) * 384 + 128 + 1024);

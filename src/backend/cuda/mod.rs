@@ -24,10 +24,10 @@
 //!   backward launch (plus the D = rowsum(dO∘O) pre-pass), for single-GPU training and
 //!   benchmarks.
 //!
-//! Shapes: head dims 64, 80, 96, 128, 192 and 256 (others are refused with a sentence; the
-//! wgmma kernels take those up to 128, 80 and 96 in zero-padded tiles of 128; 192 and 256 run
-//! on the mma.sync kernels on Hopper too), bf16 or fp16, any batch, MHA/GQA/MQA, any lengths
-//! (tiles past the end are zero-filled and masked).
+//! Shapes: head dims 64, 80, 96, 128, 192 and 256 (others are refused with a sentence; on
+//! Hopper the wgmma kernels take all of them, 80 and 96 in zero-padded tiles of 128, 192 and 256
+//! with 64-key tiles), bf16 or fp16, any batch, MHA/GQA/MQA, any lengths (tiles past the end are
+//! zero-filled and masked).
 //!
 //! Masks: both ways in take a [`Mask`](crate::shape::Mask) (packed documents, a sliding window,
 //! global tokens), which the kernels read as one int per position (`mask`: where each query's

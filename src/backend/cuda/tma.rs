@@ -1,6 +1,6 @@
 //! Tensor maps for the TMA copies of the Hopper kernels: the forward's loads of Q, K and V
 //! (`kernels/forward_wgmma.cu`), the backward's loads of Q and dO and its reductions into dQ
-//! (`kernels/backward_wgmma.cu`).
+//! (`kernels/backward_wgmma.cu`, `backward_wgmma_wide.cu`).
 //!
 //! A tensor map tells the GPU's tensor memory accelerator how a tensor lies in global memory and
 //! which box one copy moves; a kernel then loads a whole tile with one instruction per 64
