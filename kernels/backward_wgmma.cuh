@@ -170,19 +170,6 @@ __device__ __forceinline__ void scores_to_probs(float* s, const float* cL, const
     }
 }
 
-// 32 accumulators of a 64 × 64 product (Pᵀ or dSᵀ) as the A fragments of four 16-column steps
-// (the accumulator layout is the fragment layout): x[kk] holds accumulator tiles 2kk and 2kk+1.
-__device__ __forceinline__ void pack_fragments(u32 (*x)[4], const float* v) {
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {
-        const int n0 = 8 * kk, n1 = 8 * kk + 4;
-        x[kk][0] = pack2(v[n0], v[n0 + 1]);
-        x[kk][1] = pack2(v[n0 + 2], v[n0 + 3]);
-        x[kk][2] = pack2(v[n1], v[n1 + 1]);
-        x[kk][3] = pack2(v[n1 + 2], v[n1 + 3]);
-    }
-}
-
 // Where this thread's pairs of a tile of dSᵀ go ([key][query], 64 queries of 16 bits: one
 // 128-byte row a key in the 128-byte swizzle, the layout of wgmma's descriptors; the tile
 // 1024-byte aligned): the pair of fragment register r of step kk, for key row kl (r even) or

@@ -58,6 +58,11 @@
 __device__ __forceinline__ u32 piece_offset(int wg, int p, u32 atom) {
     return p == 0 ? (HEAD_DIM == 256 ? 2 * wg : wg) * atom : 2 * atom + wg * 64;
 }
+// Where warpgroup w's share of a query tile's dQ is staged, in the staging tiles at sdQ: its own
+// tile, or the one both take in turns.
+__device__ __forceinline__ u32 dq_share_tile(u32 sdQ, int w) {
+    return sdQ + (WW_DQ_BUFFERS == 2 ? w : 0) * WW_DQ_SHARE;
+}
 // The head-dim column of warpgroup wg's accumulator column c (0 <= c < WW_HALF).
 __device__ __forceinline__ int owned_column(int wg, int c) {
     return c < WW_N0 ? (HEAD_DIM == 256 ? 128 : 64) * wg + c : 128 + 32 * wg + (c - WW_N0);
@@ -188,10 +193,9 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) bwd_block(BWD_BLOCK_
                     if (lane == 0) {
                         // After the turn's acquire (deterministic), the reductions.
                         if (DETERMINISTIC && k == 0) fence_proxy_async_global();
-                        const u32 share = sdQ + (WW_DQ_BUFFERS == 2 ? w : 0) * WW_DQ_SHARE;
 #pragma unroll
                         for (int b = 0; b < WW_HALF / 32; ++b)
-                            tma_reduce_add(share + b * WG_DQ_BOX, &maps.dQ,
+                            tma_reduce_add(dq_share_tile(sdQ, w) + b * WG_DQ_BOX, &maps.dQ,
                                            owned_column(w, 32 * b), qt * WG_BQ, head, batch);
                         bulk_commit();
                         if (DETERMINISTIC && k == 1) {
@@ -233,7 +237,7 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) bwd_block(BWD_BLOCK_
     const int kl = wi * 16 + g;
     const u32 p_at = sP + me * 8;
     // Stages this warpgroup's share of a query tile's dQ once the staging tile is free for it.
-    const u32 dq_at = dq_pairs_base(sdQ + (WW_DQ_BUFFERS == 2 ? wg : 0) * WW_DQ_SHARE, kl);
+    const u32 dq_at = dq_pairs_base(dq_share_tile(sdQ, wg), kl);
     auto stage_dq = [&](const float* acc) {
         named_sync(BAR_DQ_EMPTY + wg, DQ_RETURN);
         store_dq_pairs<WW_HALF / 8>(dq_at, acc, scale);

@@ -153,12 +153,8 @@ __device__ __forceinline__ void fwd_wg_body(const TensorMap* tmQ, const TensorMa
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk) {
             const u32 col = (kk % 4) * 32;  // 16 columns within column atom kk / 4
-            const u64 q = wg_desc(q_rows + (kk / 4) * Q_ATOM + col);
-            const u64 k = wg_desc(cK + (kk / 4) * K_ATOM + col);
-            if constexpr (HALVES == 2)
-                wg_ss128<0, 0>(s[0], q, k, kk > 0);
-            else
-                wg_ss<0, 0>(s[0], q, k, kk > 0);
+            wg_ss_n<WF_BKV, 0, 0>(s[0], wg_desc(q_rows + (kk / 4) * Q_ATOM + col),
+                                  wg_desc(cK + (kk / 4) * K_ATOM + col), kk > 0);
         }
         wg_commit();
         if (!first) {
@@ -228,13 +224,7 @@ __device__ __forceinline__ void fwd_wg_body(const TensorMap* tmQ, const TensorMa
 #pragma unroll
         for (int e = 0; e < D / 2; ++e) o[e] *= alpha[(e % 4) / 2];
 #pragma unroll
-        for (int kk = 0; kk < WF_BKV / 16; ++kk) {
-            const float* p = s[kk / 4] + (kk % 4) * 8;  // accumulator tiles 2kk, 2kk+1
-            pa[kk][0] = pack2(p[0], p[1]);
-            pa[kk][1] = pack2(p[2], p[3]);
-            pa[kk][2] = pack2(p[4], p[5]);
-            pa[kk][3] = pack2(p[6], p[7]);
-        }
+        for (int hf = 0; hf < HALVES; ++hf) pack_fragments(pa + 4 * hf, s[hf]);
     };
     if (n_tiles > 0) tile(0, true);
     for (int j = 1; j < n_tiles; ++j) tile(j, false);

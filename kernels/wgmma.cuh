@@ -171,6 +171,20 @@ __device__ __forceinline__ void wg_rs128(float* d, const u32* a, u64 b) {
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
 }
 
+// 32 accumulators of a product 64 wide (P or Pᵀ, dSᵀ) as the register A fragments of four
+// 16-column steps of the next product (the accumulator layout is the fragment layout): x[kk]
+// holds accumulator tiles 2kk and 2kk+1, rounded to 16 bits.
+__device__ __forceinline__ void pack_fragments(u32 (*x)[4], const float* v) {
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+        const int n0 = 8 * kk, n1 = 8 * kk + 4;
+        x[kk][0] = pack2(v[n0], v[n0 + 1]);
+        x[kk][1] = pack2(v[n0 + 2], v[n0 + 3]);
+        x[kk][2] = pack2(v[n1], v[n1 + 1]);
+        x[kk][3] = pack2(v[n1 + 2], v[n1 + 3]);
+    }
+}
+
 // Stores a u32 (two packed 16-bit values) at shared address `at`.
 __device__ __forceinline__ void st_shared_u32(u32 at, u32 x) {
     asm volatile("st.shared.u32 [%0], %1;" ::"r"(at), "r"(x) : "memory");
@@ -364,8 +378,8 @@ __device__ __forceinline__ void wg_rs_n(float* d, const u32* a, u64 b) {
 
 // d (N/2 accumulators, wg_rs_n's layout) = d·[accumulate] + A·B over N columns of B, A and B
 // from shared memory as for wg_ss (the B operand's column atoms `lbo` bytes apart where N spans
-// two): the wide backward's dQ over a warpgroup's columns of the head dim
-// (backward_wgmma_wide.cu).
+// two): the forward's S over 64 or 128 keys, and the wide backward's dQ over a warpgroup's
+// columns of the head dim (backward_wgmma_wide.cu).
 template <int N, int TA, int TB>
 __device__ __forceinline__ void wg_ss_n(float* d, u64 a, u64 b, int accumulate) {
     static_assert(N == 32 || N == 64 || N == 128, "no wgmma product written for this width");

@@ -60,7 +60,7 @@ impl CudaBackend {
         let kv_shape = tma::TileMapShape::new(
             &strides.kv,
             [b, dims.kv_heads, block.kv.len, d],
-            launch::wgmma_fwd_keys(d),
+            launch::wgmma_keys(d),
             element,
         )?;
         let ptr = |t: &CudaSlice<u16>| t.device_ptr(&self.stream).0;

@@ -40,12 +40,15 @@ pub(crate) fn wgmma_tile_dim(head_dim: usize) -> Option<usize> {
 pub(crate) fn wgmma_wide(head_dim: usize) -> bool {
     wgmma_cols(head_dim) > 128
 }
-/// Query rows per wgmma forward CTA (`WF_BQ`).
-pub(crate) const WGMMA_FWD_ROWS: usize = 128;
-/// Key rows per wgmma forward stage (`WF_BKV`): the rows of one TMA box of K and V.
-pub(crate) fn wgmma_fwd_keys(head_dim: usize) -> usize {
+/// Key rows per tile of the wgmma kernels: the forward's K and V stages (`WF_BKV`, the rows of
+/// one TMA box of K and V) and the backward's CTA (`WG_BKV` in `kernels/backward_wgmma.cuh`: 64
+/// per computing warpgroup, or 64 shared by both). 64 where the head dim is wide
+/// ([`wgmma_wide`]), 128 elsewhere.
+pub(crate) fn wgmma_keys(head_dim: usize) -> usize {
     if wgmma_wide(head_dim) { 64 } else { 128 }
 }
+/// Query rows per wgmma forward CTA (`WF_BQ`).
+pub(crate) const WGMMA_FWD_ROWS: usize = 128;
 /// The wgmma forward's TMA barriers (eleven of 8 bytes: Q, K and V stages full, K and V stages
 /// free), rounded up.
 const WGMMA_FWD_BARRIERS: usize = 128;
@@ -55,11 +58,6 @@ const WGMMA_ALIGN_SLACK: usize = 1024;
 /// The wgmma backward's TMA barriers: per stage of its query tiles, "full" and "empty" (8 bytes
 /// each).
 const WGMMA_BWD_BARRIERS: usize = 32;
-/// Key rows per wgmma backward CTA (`WG_BKV` in `kernels/backward_wgmma.cuh`): 64 per
-/// computing warpgroup, or 64 shared by both where the head dim is wide ([`wgmma_wide`]).
-fn wgmma_bwd_keys(head_dim: usize) -> usize {
-    if wgmma_wide(head_dim) { 64 } else { 128 }
-}
 /// The wide wgmma backward's buffers (`WW_Q_STAGES`, `WW_DO_STAGES`, `WW_DQ_BUFFERS` and
 /// `WW_DS_TILES` in `kernels/backward_wgmma_wide.cu`).
 struct WideBuffers {
@@ -357,10 +355,10 @@ fn grid(dims: &Dims, per_head: usize, what: &str) -> Result<(u32, u32, u32)> {
 /// Dynamic shared memory of the forward kernel: the Q tile and two stages of K and V; the
 /// wgmma kernel has a third stage of V (its P·V runs one tile late), its TMA barriers and 1 KiB
 /// of slack to align the tiles to 1024 bytes; its tiles are [`wgmma_tile_dim`] wide, its K and
-/// V tiles [`wgmma_fwd_keys`] long.
+/// V tiles [`wgmma_keys`] long.
 pub(crate) fn forward_smem(head_dim: usize, tuning: &Tuning) -> u32 {
     if tuning.fwd_wgmma {
-        ((WGMMA_FWD_ROWS + 5 * wgmma_fwd_keys(head_dim)) * wgmma_cols(head_dim) * 2
+        ((WGMMA_FWD_ROWS + 5 * wgmma_keys(head_dim)) * wgmma_cols(head_dim) * 2
             + WGMMA_FWD_BARRIERS
             + WGMMA_ALIGN_SLACK) as u32
     } else {
@@ -426,7 +424,7 @@ pub(crate) fn wgmma_cols(head_dim: usize) -> usize {
 /// ones 64 per warpgroup, or 64 at wide head dims.
 fn backward_keys(head_dim: usize, tuning: &Tuning) -> usize {
     if tuning.bwd_wgmma {
-        wgmma_bwd_keys(head_dim)
+        wgmma_keys(head_dim)
     } else {
         32 * tuning.bwd_warps / tuning.bwd_key_split
     }
@@ -654,7 +652,7 @@ mod tests {
                 "d{d} runs in tiles of its own width"
             );
             assert!(wgmma_wide(d) && !wgmma_wide(128));
-            assert_eq!((wgmma_fwd_keys(d), backward_keys(d, &t)), (64, 64));
+            assert_eq!((wgmma_keys(d), backward_keys(d, &t)), (64, 64));
             let off = Tuning::for_head_dim(d).for_device(d, (8, 0));
             assert!(!off.fwd_wgmma && !off.bwd_wgmma);
         }
@@ -672,7 +670,7 @@ mod tests {
         );
         assert_eq!(
             (
-                wgmma_fwd_keys(128),
+                wgmma_keys(128),
                 backward_keys(128, &t.for_device(128, (9, 0)))
             ),
             (128, 128)
