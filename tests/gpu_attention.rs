@@ -44,9 +44,9 @@ type Shape = (InputDtype, usize, usize, usize, usize, usize);
 /// column parts in the backward), then 192 and 256 (on Hopper the wide wgmma kernels: 64-key
 /// tiles, the backward's columns split between its warpgroups, 192's in a piece half a column
 /// atom wide; elsewhere 16-row forward warps, 64-key backward tiles, 256 single-buffered), each
-/// in bf16 and fp16 and with GQA or MQA. The last has more heads than a group of its short heads' CTAs holds (`cta_work`
-/// in `kernels/common.cuh` groups as many as fill the device's SMs), so that its last group
-/// is partial.
+/// in bf16 and fp16 and with GQA or MQA. The last has more heads than a group of its short
+/// heads' CTAs holds (`cta_work` in `kernels/common.cuh` groups as many as fill the device's
+/// SMs), so that its last group is partial.
 const CASES: [Shape; 14] = [
     (InputDtype::Bf16, 1, 4, 4, 128, 300),
     (InputDtype::F16, 2, 8, 2, 64, 257),
@@ -264,10 +264,9 @@ fn fast_path_matches_the_f64_oracle() -> Result<()> {
 /// The deterministic backward (`CudaBackend::with_deterministic`) on sequences long enough
 /// for many key tiles to add into each query tile's dQ at once (8K tokens: 64 tiles of 128
 /// keys, 128 of 64 at head dims 192 and 256, and GQA groups sharing f32 dK and dV through the
-/// block API's accumulators): three runs
-/// give the same bits, and they agree with the default backward to within the reordering of
-/// f32 sums (1e-4 relative; a missing or doubled share errs by O(1)). The default backward's
-/// runs are reported as differing or not, for the record.
+/// block API's accumulators): three runs give the same bits, and they agree with the default
+/// backward to within the reordering of f32 sums (1e-4 relative; a missing or doubled share
+/// errs by O(1)). The default backward's runs are reported as differing or not, for the record.
 #[test]
 fn the_deterministic_backward_repeats_to_the_bit() -> Result<()> {
     let Some(gpu) = gpu_common::gpu()? else {
