@@ -203,12 +203,27 @@ __device__ __forceinline__ u32 dq_pairs_base(u32 tile, int row) {
 }
 template <int NT>
 __device__ __forceinline__ void store_dq_pairs(u32 at, const float* acc, float scale) {
+    // A 64-bit store is served a half warp (rows g = 0..3 or 4..7) at a time, and rows g and
+    // g ^ 1 XOR their chunks within one pair: stored alike, they share banks (four wavefronts a
+    // store instead of two). So at step k of a box, threads of odd rows store their tile k ^ 2:
+    // the half warp's rows then cover the box's four pairs of chunks once.
+    const bool odd = (threadIdx.x / 4) % 2;
+    const u32 base = at ^ (odd ? 4 << 4 : 0);
 #pragma unroll
-    for (int i = 0; i < 2; ++i)
+    for (int b = 0; b < NT / 4; ++b) {
+        float v[4][4];  // [step][pair element]: tile 4b + (step ^ 2·odd), by selects
 #pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
-            st_shared_f32x2((at ^ ((2 * (nt % 4)) << 4)) + (nt / 4) * WG_DQ_BOX + i * 1024,
-                            acc[nt * 4 + 2 * i] * scale, acc[nt * 4 + 2 * i + 1] * scale);
+        for (int k = 0; k < 4; ++k)
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+                v[k][e] = odd ? acc[(4 * b + (k ^ 2)) * 4 + e] : acc[(4 * b + k) * 4 + e];
+#pragma unroll
+        for (int i = 0; i < 2; ++i)
+#pragma unroll
+            for (int k = 0; k < 4; ++k)
+                st_shared_f32x2((base ^ ((2 * k) << 4)) + b * WG_DQ_BOX + i * 1024,
+                                v[k][2 * i] * scale, v[k][2 * i + 1] * scale);
+    }
 }
 
 // Deterministic: this thread's dQ reductions have written dQ (not only read shared memory), and

@@ -273,11 +273,11 @@ mod tests {
     /// instruction touches an accumulator before its wait, or a wgmma is issued under a run-time
     /// condition). Checked where NVRTC is installed (CI installs it from PyPI), without a GPU.
     /// Known exception, asserted so that a fix shows: the backward at head dim 128, whose
-    /// computing warpgroups have 240 registers since a third loads and adds dQ: 40 bytes causal
-    /// and 44 masked since v22 (52 and 68 in v21, which ran 3–9% faster than v20, spill-free
-    /// causal at 255: `bench/results/bwd-producer-2026-12-03`, call 3). (ptxas's C7519 notes, a
-    /// fence it adds before the first tile's dK and dV products because their accumulators'
-    /// zeros are set just before them, are not serialisation.)
+    /// computing warpgroups have 240 registers since a third loads and adds dQ: 24 bytes causal
+    /// and 28 masked since v23 (40 and 44 in v22; 52 and 68 in v21, which ran 3–9% faster than
+    /// v20, spill-free causal at 255: `bench/results/bwd-producer-2026-12-03`, call 3).
+    /// (ptxas's C7519 notes, a fence it adds before the first tile's dK and dV products because
+    /// their accumulators' zeros are set just before them, are not serialisation.)
     #[test]
     fn wgmma_kernels_neither_spill_nor_serialize() {
         if !nvrtc_present() {
@@ -350,9 +350,9 @@ mod tests {
     /// The deterministic backward (`Tuning::deterministic`) compiles in both modules, on the
     /// wgmma kernels without serialisation, and on the mma.sync kernels for sm_80. Which wgmma
     /// modules spill is asserted, so that a change shows: both at 64 (4 bytes since kernels
-    /// v21) and 128 (44 bytes in 240 registers, v22; the causal one spilled from v18 on), the
-    /// masked ones at 96 (4-44 bytes, varying with any change) and 192 (20 bytes, v22); neither
-    /// at 256.
+    /// v21) and 128 (28-32 bytes in 240 registers, v23; the causal one spilled from v18 on),
+    /// the masked ones at 96 (4-44 bytes, varying with any change) and 192 (8 bytes, v23; 20 in
+    /// v22); neither at 256.
     #[test]
     fn deterministic_kernels_compile() {
         if !nvrtc_present() {
