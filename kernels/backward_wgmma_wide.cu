@@ -34,18 +34,17 @@
 #define WW_HALF (HEAD_DIM / 2)                  // columns of a warpgroup's share
 #define WW_N0 (HEAD_DIM == 256 ? 128 : 64)      // of its first piece: whole column atoms
 #define WW_N1 (WW_HALF - WW_N0)                 // of its second: half an atom (192), or none
-#define WW_Q_STAGES 2
-#define WW_DO_STAGES (HEAD_DIM == 256 ? 1 : 2)
-#define WW_DQ_BUFFERS (HEAD_DIM == 256 ? 1 : 2)  // staged dQ shares: one per warpgroup, or shared
+// The buffers and dQ's schedule come from the host (`WideBackward` in src/backend/cuda/
+// launch.rs, which sizes shared memory from the same values, and says why each): WW_Q_STAGES and
+// WW_DO_STAGES, the stages of Q's and dO's rings; WW_DQ_BUFFERS, the staged dQ shares (one per
+// warpgroup, or one they take in turns); WW_DQ_LATE, whether each warpgroup computes a tile's
+// share of dQ in the next tile, where it fills a wait (warpgroup 1's beside warpgroup 0's Sᵀ,
+// 0's beside its dV while 1 forms dSᵀ); WW_DS_TILES, the dSᵀ tiles that needs.
+#if !defined(WW_Q_STAGES) || !defined(WW_DO_STAGES) || !defined(WW_DQ_BUFFERS) || \
+    !defined(WW_DQ_LATE) || !defined(WW_DS_TILES)
+#error "the wide backward's buffers are defined by the host (WideBackward::defines)"
+#endif
 #define WW_DQ_SHARE (WW_HALF / 32 * WG_DQ_BOX)  // bytes of one staged share
-// dQ one tile late: each warpgroup computes a tile's share of dQ in the next tile, where it
-// fills a wait: warpgroup 1's beside warpgroup 0's Sᵀ (1's dPᵀ then runs under 0's
-// exponentials), warpgroup 0's beside its dV while 1 forms dSᵀ; dSᵀ then needs two tiles. At
-// 256 the backward ran 4–5% faster so; at 192 4–5% slower (not profiled; its dQ's n32 products
-// read shared memory at twice the rate of Sᵀ's beside them), so there each tile's dQ follows its
-// dK and dV (bench/results/wide-2026-12-04, call 2).
-#define WW_DQ_LATE (HEAD_DIM == 256)
-#define WW_DS_TILES (WW_DQ_LATE ? 2 : 1)
 // Hardware barriers besides backward_wgmma.cuh's: Pᵀ is in shared memory (warpgroup 0 arrives,
 // 1 waits), dSᵀ is (1 arrives, 0 waits), and warpgroup w's share of dQ is staged (10 + w: it
 // arrives, the reducing warp waits). BAR_DQ_EMPTY + w: the staging tile may take w's share.

@@ -6,7 +6,7 @@
 //! (including the `#define`s that select head dim and dtype), the options, the architecture and
 //! the NVRTC version.
 
-use super::launch::{Masking, Tuning, wgmma_cols};
+use super::launch::{Masking, Tuning, WideBackward, wgmma_cols, wgmma_wide};
 use anyhow::{Context, Result, bail};
 use cudarc::nvrtc::{CompileError, CompileOptions, Ptx};
 use std::path::{Path, PathBuf};
@@ -36,8 +36,13 @@ pub(crate) fn kernel_source(
     let dtype = if bf16 { "DTYPE_BF16" } else { "DTYPE_F16" };
     let masked = masking as u8;
     let wg_dim = wgmma_cols(head_dim);
+    let wide = if wgmma_wide(head_dim) {
+        WideBackward::for_head_dim(head_dim).defines()
+    } else {
+        String::new()
+    };
     format!(
-        "#define HEAD_DIM {head_dim}\n#define WG_DIM {wg_dim}\n#define {dtype}\n#define MASKED {masked}\n#define NUM_SMS {sms}\n{}{HALF}\n{COMMON}\n{WGMMA}\n{FORWARD}\n{FORWARD_WGMMA}\n{BACKWARD}\n{BACKWARD_WGMMA_SHARED}\n{BACKWARD_WGMMA}\n{BACKWARD_WGMMA_WIDE}\n{ROWS}\n{LAYOUT}",
+        "#define HEAD_DIM {head_dim}\n#define WG_DIM {wg_dim}\n#define {dtype}\n#define MASKED {masked}\n#define NUM_SMS {sms}\n{}{wide}{HALF}\n{COMMON}\n{WGMMA}\n{FORWARD}\n{FORWARD_WGMMA}\n{BACKWARD}\n{BACKWARD_WGMMA_SHARED}\n{BACKWARD_WGMMA}\n{BACKWARD_WGMMA_WIDE}\n{ROWS}\n{LAYOUT}",
         tuning.defines()
     )
 }
@@ -425,6 +430,17 @@ mod tests {
         );
         assert!(
             kernel_source(128, true, &t, Masking::Masked, H200_SMS).contains("#define MASKED 1\n")
+        );
+        // The wide backward's buffers, from the host's one decision (`WideBackward`).
+        assert!(!s.contains("#define WW_Q_STAGES"));
+        assert!(
+            kernel_source(256, true, &t, Masking::Causal, H200_SMS).contains(
+                "#define WW_Q_STAGES 2\n#define WW_DO_STAGES 1\n#define WW_DQ_BUFFERS 1\n#define WW_DQ_LATE 1\n#define WW_DS_TILES 2\n"
+            )
+        );
+        assert!(
+            kernel_source(192, true, &t, Masking::Causal, H200_SMS)
+                .contains("#define WW_DQ_LATE 0\n#define WW_DS_TILES 1\n")
         );
         assert!(s.contains("#define FWD_WGMMA 1\n#define BWD_WARPS 8\n#define BWD_WGMMA 1\n"));
         assert!(

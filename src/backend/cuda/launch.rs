@@ -58,34 +58,52 @@ const WGMMA_ALIGN_SLACK: usize = 1024;
 /// The wgmma backward's TMA barriers: per stage of its query tiles, "full" and "empty" (8 bytes
 /// each).
 const WGMMA_BWD_BARRIERS: usize = 32;
-/// The wide wgmma backward's buffers (`WW_Q_STAGES`, `WW_DO_STAGES`, `WW_DQ_BUFFERS` and
-/// `WW_DS_TILES` in `kernels/backward_wgmma_wide.cu`).
-struct WideBuffers {
+/// The wide wgmma backward's buffers and dQ schedule (`kernels/backward_wgmma_wide.cu`), decided
+/// here once: the kernel takes them as `#define`s ([`WideBackward::defines`]) and
+/// [`backward_smem`] sizes its shared memory from the same values. At head dim 192: two stages
+/// of Q and of dO, a staged dQ share per warpgroup, one dSᵀ tile, and each tile's dQ after its
+/// dK and dV. At 256, as 227 KiB hold: one dO stage and one dQ share that the warpgroups take in
+/// turns; and dQ a tile late, where it fills a wait (warpgroup 1's share beside warpgroup 0's
+/// Sᵀ, whose exponentials then run under 1's dPᵀ; 0's beside its dV while 1 forms dSᵀ), which
+/// needs a second dSᵀ tile. Late, the backward ran 4–5% faster at 256 and 4–5% slower at 192,
+/// whose dQ products of 32 columns read shared memory at twice the rate of the Sᵀ beside them
+/// (`bench/results/wide-2026-12-04`, call 2).
+pub(crate) struct WideBackward {
     /// Stages of Q's ring and of dO's.
     q_stages: usize,
     do_stages: usize,
     /// Staged shares of dQ (one per warpgroup, or one they take in turns).
     dq_shares: usize,
-    /// dSᵀ tiles (two where dQ runs a tile late).
-    ds_tiles: usize,
+    /// Whether each tile's dQ is computed in the next tile.
+    dq_late: bool,
 }
-/// Two of each at head dim 192 but one dSᵀ tile; at 256 one dO tile and one dQ share, as 227
-/// KiB hold, and two dSᵀ tiles for its late dQ.
-fn wide_backward_buffers(head_dim: usize) -> WideBuffers {
-    if head_dim == 256 {
-        WideBuffers {
+
+impl WideBackward {
+    pub(crate) fn for_head_dim(head_dim: usize) -> WideBackward {
+        let wide = head_dim == 256;
+        WideBackward {
             q_stages: 2,
-            do_stages: 1,
-            dq_shares: 1,
-            ds_tiles: 2,
+            do_stages: if wide { 1 } else { 2 },
+            dq_shares: if wide { 1 } else { 2 },
+            dq_late: wide,
         }
-    } else {
-        WideBuffers {
-            q_stages: 2,
-            do_stages: 2,
-            dq_shares: 2,
-            ds_tiles: 1,
-        }
+    }
+
+    /// dSᵀ tiles: a late dQ reads tile n's while tile n + 1's is written.
+    fn ds_tiles(&self) -> usize {
+        if self.dq_late { 2 } else { 1 }
+    }
+
+    /// The `#define` lines that give the kernel these choices.
+    pub(crate) fn defines(&self) -> String {
+        format!(
+            "#define WW_Q_STAGES {}\n#define WW_DO_STAGES {}\n#define WW_DQ_BUFFERS {}\n#define WW_DQ_LATE {}\n#define WW_DS_TILES {}\n",
+            self.q_stages,
+            self.do_stages,
+            self.dq_shares,
+            self.dq_late as u8,
+            self.ds_tiles()
+        )
     }
 }
 
@@ -380,19 +398,20 @@ pub(crate) fn forward_config(dims: &Dims, q_rows: usize, tuning: &Tuning) -> Res
 /// wgmma kernel: two) of Q, dO, LSE, D and the rows' mask starts (read by the masked module
 /// only, reserved in both so one size serves), and the Pᵀ and dSᵀ tiles (16-bit). The wgmma
 /// kernel keeps no Pᵀ tile (Pᵀ stays in registers) but three of dSᵀ (its warpgroups take turns
-/// half a tile apart, and a tile's dQ runs in the next tile's turn), stages each query tile's dQ (f32, one copy
-/// per warpgroup at head dim 64, where each sums over its own keys) for the TMA reduction into
-/// global memory, has the barriers of its query-tile stages, and needs 1 KiB of slack to align
-/// its tiles to 1024 bytes. Its tiles are [`wgmma_tile_dim`] wide.
+/// half a tile apart, and a tile's dQ runs in the next tile's turn), stages each query tile's
+/// dQ (f32, one copy per warpgroup at head dim 64, where each sums over its own keys) for the
+/// TMA reduction into global memory, has the barriers of its query-tile stages, and needs 1 KiB
+/// of slack to align its tiles to 1024 bytes. Its tiles are [`wgmma_tile_dim`] wide; the wide
+/// kernel's buffers are [`WideBackward`]'s.
 pub(crate) fn backward_smem(head_dim: usize, tuning: &Tuning) -> u32 {
     let bkv = backward_keys(head_dim, tuning);
     if tuning.bwd_wgmma && wgmma_wide(head_dim) {
         // K and V; the rings of Q and dO; Pᵀ in f32 and dSᵀ in 16 bits; the staged shares of
         // dQ (half the head dim each, f32); LSE and row starts per Q stage, D per dO stage; a
         // full and an empty barrier per stage; the alignment slack.
-        let b = wide_backward_buffers(head_dim);
+        let b = WideBackward::for_head_dim(head_dim);
         let tiles = (2 * bkv + (b.q_stages + b.do_stages) * BWD_BQ) * head_dim * 2;
-        let scores = bkv * BWD_BQ * (4 + 2 * b.ds_tiles);
+        let scores = bkv * BWD_BQ * (4 + 2 * b.ds_tiles());
         let dq = b.dq_shares * BWD_BQ * head_dim / 2 * 4;
         let vectors = (2 * b.q_stages + b.do_stages) * BWD_BQ * 4;
         let barriers = 2 * (b.q_stages + b.do_stages) * 8;
