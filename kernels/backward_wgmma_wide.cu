@@ -244,11 +244,11 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) bwd_block(BWD_BLOCK_
         named_arrive(BAR_DQ_FULL_OF + wg, DQ_RETURN);
     };
 
+    // Tile n's dSᵀ tile: the late dQ reads tile n − 1's while tile n's is written.
+    const auto ds_tile = [&](int n) { return sdS + (n % WW_DS_TILES) * DS_TILE; };
     // dQ of tile n (query rows of tile t_begin + n) over this warpgroup's columns, from its dSᵀ
     // tile, into acc (not committed); and the same issued, waited for and staged.
-    auto dq_products = [&](float* acc, int n) {
-        dq_share_products(acc, sdS + (n % WW_DS_TILES) * DS_TILE, sK, wg);
-    };
+    auto dq_products = [&](float* acc, int n) { dq_share_products(acc, ds_tile(n), sK, wg); };
     auto dq_share = [&](int n) {
         float acc[WW_HALF / 2];
         wg_fence();
@@ -263,7 +263,7 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) bwd_block(BWD_BLOCK_
     auto tile = [&](const int n, const bool first) {
         const int qst = n % WW_Q_STAGES, dst = n % WW_DO_STAGES;
         const u32 cQ = sQ + qst * Q_TILE, cdO = sdO + dst * Q_TILE;
-        const u32 cdS = sdS + (n % WW_DS_TILES) * DS_TILE;
+        const u32 cdS = ds_tile(n);
         const bool late = WW_DQ_LATE && !first;  // this tile computes the last one's dQ
         if (wg == 0) {
             // Sᵀ, then Pᵀ for warpgroup 1 (f32) and for dV (16-bit fragments).

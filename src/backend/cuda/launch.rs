@@ -80,12 +80,12 @@ pub(crate) struct WideBackward {
 
 impl WideBackward {
     pub(crate) fn for_head_dim(head_dim: usize) -> WideBackward {
-        let wide = head_dim == 256;
+        let at_256 = head_dim == 256;
         WideBackward {
             q_stages: 2,
-            do_stages: if wide { 1 } else { 2 },
-            dq_shares: if wide { 1 } else { 2 },
-            dq_late: wide,
+            do_stages: if at_256 { 1 } else { 2 },
+            dq_shares: if at_256 { 1 } else { 2 },
+            dq_late: at_256,
         }
     }
 
