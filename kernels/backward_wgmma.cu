@@ -81,34 +81,38 @@ __device__ __forceinline__ void add_dq_tile(const TensorMap* map, u32 sdQ, unsig
     bulk_commit();
 }
 
-// acc (dK or dV, D/2 accumulators) += A·B for one 16-query step, A in registers (Pᵀ or dSᵀ)
-// and B the step's 16 rows of Q or dO at b, MN-major: one product per column atom of the tile,
-// the second over the D − 64 columns of the head dim it holds.
-__device__ __forceinline__ void kv_grad_products(float* acc, const u32* a, u32 b) {
-    wg_rs(acc, a, wg_desc(b));
-    if constexpr (WG_DIM == 128) wg_rs_n<HEAD_DIM - 64>(acc + 32, a, wg_desc(b + WG_BQ * 128));
+// acc (dK or dV, D/2 accumulators) += A·B over a 64-query tile, A in registers (Pᵀ or dSᵀ, one
+// fragment per 16-query step) and B the tile's Q or dO (descriptor b), MN-major: per step one
+// product per column atom of the tile, the second over the D − 64 columns of the head dim it
+// holds.
+__device__ __forceinline__ void kv_grad_products(float* acc, const u32 (*a)[4], u64 b) {
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+        const u64 step = wg_desc_at(b, kk * 16 * 128);
+        wg_rs(acc, a[kk], step);
+        if constexpr (WG_DIM == 128)
+            wg_rs_n<HEAD_DIM - 64>(acc + 32, a[kk], wg_desc_at(step, WG_BQ * 128));
+    }
 }
 
 extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) bwd_block(BWD_BLOCK_PARAMS) {
     constexpr int D = HEAD_DIM;
     constexpr int DH = WG_DIM / 64;             // column atoms of a tile row
-    const int wg = threadIdx.x / 128;           // warpgroup: keys 64·wg.., dQ columns 64·wg..
+    const int wg = warpgroup_index();           // warpgroup: keys 64·wg.., dQ columns 64·wg..
     const int wi = (threadIdx.x / 32) % 4;      // warp within the warpgroup: rows 16·wi..
     const int lane = threadIdx.x % 32;
     const int g = lane / 4, t = lane % 4;
     const float scale_log2 = scale * LOG2E;
 
     BwdCta cta;
-    if (!bwd_cta(&cta, heads, kv_heads, q_len, kv_len, q_start, kv_start, row_start, row_end,
-                 global, turns, kv_direct))
+    if (!bwd_cta(&cta, Q, K, V, dO, LSE, Dl, dQ, dK, dV, kv_direct, heads, kv_heads, q_len,
+                 kv_len, q_start, kv_start, qs, kvs, row_start, row_end, global, turns))
         return;
     const CtaWork work = cta.work;
     const int n_kt = cta.n_kt, c0 = cta.c0, t_begin = cta.t_begin, n_qt = cta.n_qt;
     int* const dq_turn_row = cta.dq_turn_row;
-
-    const BwdHead op = bwd_head(Q, K, V, dO, LSE, Dl, dQ, dK, dV, kv_direct, work.bh, heads,
-                                kv_heads, q_len, qs, kvs);
-    const int head = work.bh % heads, batch = bh_batch(work.bh, heads);  // in the tensor maps
+    const BwdHead op = cta.op;
+    const int head = cta.head, batch = cta.batch;
 
     constexpr u32 KV_TILE = WG_BKV * WG_DIM * 2, Q_TILE = WG_BQ * WG_DIM * 2;
     constexpr u32 KV_ATOM = WG_BKV * 128;  // one column atom of K or V, bytes
@@ -220,12 +224,13 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) bwd_block(BWD_BLOCK_
     const u32 dq_keys = DH == 2 ? 0 : wg * 64 * 128;  // first key row, bytes
     const u32 dq_atom = DH == 2 ? wg * KV_ATOM : 0;
     const int dq_col = DH == 2 ? wg * 64 : 0;
+    const u64 dq_k = wg_desc(sK + dq_atom + dq_keys);
     auto dq_products = [&](float* acc, int n) {
-        const u32 ds = sdS + (n % 3) * DS_TILE;
+        const u64 ds = wg_desc(sdS + (n % 3) * DS_TILE + dq_keys);
 #pragma unroll
         for (int kk = 0; kk < DQ_KEYS / 16; ++kk)
-            wg_ss<1, 1>(acc, wg_desc(ds + dq_keys + kk * 16 * 128),
-                        wg_desc(sK + dq_atom + dq_keys + kk * 16 * 128), kk > 0);
+            wg_ss<1, 1>(acc, wg_desc_at(ds, kk * 16 * 128), wg_desc_at(dq_k, kk * 16 * 128),
+                        kk > 0);
     };
     // Stages this warpgroup's share of a tile's dQ for the reducing warp, once its reductions
     // have read the last tile's: columns dq_col.. of its part.
@@ -271,11 +276,7 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) bwd_block(BWD_BLOCK_
                         global, scale_log2);
         wg_wait<0>();  // dPᵀ
         fence_regs<32>(dp);
-#pragma unroll
-        for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e)
-                dp[nt * 4 + e] = s[nt * 4 + e] * (dp[nt * 4 + e] - cD[nt * 8 + 2 * t + (e & 1)]);
+        scores_grad(dp, s, cD);
         u32 pa[4][4], da[4][4];
         pack_fragments(pa, s);
         pack_fragments(da, dp);
@@ -292,13 +293,10 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) bwd_block(BWD_BLOCK_
         float acc[32];
         take_turn(wg);
         wg_fence();
-#pragma unroll
-        for (int kk = 0; kk < 4; ++kk)
-            kv_grad_products(dv, pa[kk], cdO + kk * 16 * 128);
+        kv_grad_products(dv, pa, wg_desc(cdO));
         if (!first) dq_products(acc, n - 1);
         wg_commit();
-#pragma unroll
-        for (int kk = 0; kk < 4; ++kk) kv_grad_products(dk, da[kk], cQ + kk * 16 * 128);
+        kv_grad_products(dk, da, wg_desc(cQ));
         wg_commit();
         pass_turn(wg);
         wg_wait<1>();  // dV and dQ done (groups complete in order); dK may run on

@@ -52,32 +52,48 @@ struct BwdMaps {
 };
 
 // Where a CTA works: its (batch·head, key tile) of the n_kt, its first key c0, the query tiles
-// [t_begin, n_qt) that see its keys (all from the first on, without a mask), and its head's dQ
-// turns (deterministic mode).
+// [t_begin, n_qt) that see its keys (all from the first on, without a mask), its head's dQ turns
+// (deterministic mode), its operands (BwdHead) and its (head, batch) in the tensor maps.
 struct BwdCta {
     CtaWork work;
     int n_kt, c0, t_begin, n_qt;
     int* dq_turn_row;
+    BwdHead op;
+    int head, batch;
 };
-// The CTA's place; false when no query of the block sees its keys, after taking the turns it
-// owes (the CTA then has nothing to compute).
-__device__ __forceinline__ bool bwd_cta(BwdCta* cta, int heads, int kv_heads, int q_len,
-                                        int kv_len, int q_start, int kv_start,
+// The CTA's place, from bwd_block's parameters (both kernels' prologue); false when no query of
+// the block sees its keys, after taking the turns it owes (the CTA then has nothing to compute).
+__device__ __forceinline__ bool bwd_cta(BwdCta* cta, const u16* Q, const u16* K, const u16* V,
+                                        const u16* dO, const float* LSE, const float* Dl,
+                                        float* dQ, void* dK, void* dV, int kv_direct, int heads,
+                                        int kv_heads, int q_len, int kv_len, int q_start,
+                                        int kv_start, Strides qs, Strides kvs,
                                         const int* row_start, const int* row_end, int global,
-                                        int* turns, int kv_direct) {
+                                        int* turns) {
     const int n_kt = (kv_len + WG_BKV - 1) / WG_BKV;
     const CtaWork work = cta_work<BWD_KEY_MAJOR, DETERMINISTIC>(n_kt);
     const int c0 = work.tile * WG_BKV;
     int* const dq_turn_row = dq_turns(turns, work.bh, q_len, WG_BQ);
     const int2 seen = seeing_query_tiles<WG_BQ>(c0, min(c0 + WG_BKV, kv_len), q_len, q_start,
                                                 kv_start, row_start, row_end, global);
-    *cta = {work, n_kt, c0, seen.x, seen.y, dq_turn_row};
-    if (seen.x < seen.y) return true;
-    skip_turns<WG_BQ, WG_BKV>(
-        dq_turn_row, kv_turns(turns, work.bh, heads, kv_heads, q_len, WG_BQ, n_kt, kv_direct),
-        seen.x, work.tile, n_kt, q_len, q_start, kv_start, global,
-        kv_turn(work.bh, heads, kv_heads));
-    return false;
+    if (seen.x >= seen.y) {
+        skip_turns<WG_BQ, WG_BKV>(
+            dq_turn_row, kv_turns(turns, work.bh, heads, kv_heads, q_len, WG_BQ, n_kt, kv_direct),
+            seen.x, work.tile, n_kt, q_len, q_start, kv_start, global,
+            kv_turn(work.bh, heads, kv_heads));
+        return false;
+    }
+    *cta = {work,
+            n_kt,
+            c0,
+            seen.x,
+            seen.y,
+            dq_turn_row,
+            bwd_head(Q, K, V, dO, LSE, Dl, dQ, dK, dV, kv_direct, work.bh, heads, kv_heads, q_len,
+                     qs, kvs),
+            work.bh % heads,
+            bh_batch(work.bh, heads)};
+    return true;
 }
 
 // Initialises the barriers (8 bytes each) of a ring of `stages` stages of query tiles: stage
@@ -104,11 +120,41 @@ __device__ __forceinline__ u32 sdq_offset(int row, int col) {
 // WG_BKV rows), B the query tile's Q or dO at b, both K-major; 16 columns a step, none over the
 // padding, the step's offset within its column atom of 128 bytes.
 __device__ __forceinline__ void head_dim_product(float* acc, u32 a, u32 b) {
+    const u64 da = wg_desc(a), db = wg_desc(b);
 #pragma unroll
     for (int kk = 0; kk < HEAD_DIM / 16; ++kk) {
         const u32 col = (kk % 4) * 32;
-        wg_ss<0, 0>(acc, wg_desc(a + (kk / 4) * (WG_BKV * 128) + col),
-                    wg_desc(b + (kk / 4) * (WG_BQ * 128) + col), kk > 0);
+        wg_ss<0, 0>(acc, wg_desc_at(da, (kk / 4) * (WG_BKV * 128) + col),
+                    wg_desc_at(db, (kk / 4) * (WG_BQ * 128) + col), kk > 0);
+    }
+}
+
+// Pᵀ = exp2(scale·log2e·Sᵀ − LSE·log2e) in place for scores_to_probs; with TEST_PAIRS, pairs
+// of hidden keys (causal module) and rows or keys past the block are exactly 0. Rows whose LSE is
+// −∞ (no visible key) give 0 too.
+template <bool TEST_PAIRS>
+__device__ __forceinline__ void exp_scores(float* s, const float* cL, int r0, int c0, int kl,
+                                           int q_len, int kv_len, int q_start, int kv_start,
+                                           int global, float scale_log2) {
+    const int t = threadIdx.x % 4;
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) {
+        const int qc = nt * 8 + 2 * t;
+        const float2 lse = *reinterpret_cast<const float2*>(cL + qc);  // 8-byte aligned: qc even
+        const float lse2[2] = {lse.x == NEG_INF ? POS_INF : lse.x * LOG2E,
+                               lse.y == NEG_INF ? POS_INF : lse.y * LOG2E};
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            float p = exp2f(fmaf(s[nt * 4 + e], scale_log2, -lse2[e & 1]));
+            if (TEST_PAIRS) {
+                const int kr = c0 + kl + (e >= 2 ? 8 : 0);
+                const int qr = r0 + qc + (e & 1);
+                if (qr >= q_len || kr >= kv_len ||
+                    key_hidden(kv_start + kr, q_start + qr, 0, global))
+                    p = 0.f;
+            }
+            s[nt * 4 + e] = p;
+        }
     }
 }
 
@@ -146,27 +192,26 @@ __device__ __forceinline__ void scores_to_probs(float* s, const float* cL, const
                     s[nt * 4 + e] = NEG_INF;
             }
     }
+    // The causal module's tiles on the diagonal or the edges test every pair; the others take a
+    // copy of the loop without the test (one branch a tile, where a test per pair cost 32).
+    if (!MASKED && need_mask)
+        exp_scores<true>(s, cL, r0, c0, kl, q_len, kv_len, q_start, kv_start, global,
+                         scale_log2);
+    else
+        exp_scores<false>(s, cL, r0, c0, kl, q_len, kv_len, q_start, kv_start, global,
+                          scale_log2);
+}
+
+// Step 2's second half: dSᵀ = Pᵀ∘(dPᵀ − D) in place of this thread's dPᵀ (accumulator layout,
+// query columns 8·nt + 2t and + 1), from its Pᵀ and the query tile's staged D (cD).
+__device__ __forceinline__ void scores_grad(float* dp, const float* p, const float* cD) {
+    const int t = threadIdx.x % 4;
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt) {
-        const int qc = nt * 8 + 2 * t;
-        float lse2[2];
+        const float2 d = *reinterpret_cast<const float2*>(cD + nt * 8 + 2 * t);  // qc even
 #pragma unroll
-        for (int c = 0; c < 2; ++c) {
-            const float lse = cL[qc + c];
-            lse2[c] = lse == NEG_INF ? POS_INF : lse * LOG2E;
-        }
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            float p = exp2f(fmaf(s[nt * 4 + e], scale_log2, -lse2[e & 1]));
-            if (!MASKED && need_mask) {  // the causal module: the diagonal and the edges
-                const int kr = c0 + kl + (e >= 2 ? 8 : 0);
-                const int qr = r0 + qc + (e & 1);
-                if (qr >= q_len || kr >= kv_len ||
-                    key_hidden(kv_start + kr, q_start + qr, 0, global))
-                    p = 0.f;
-            }
-            s[nt * 4 + e] = p;
-        }
+        for (int e = 0; e < 4; ++e)
+            dp[nt * 4 + e] = p[nt * 4 + e] * (dp[nt * 4 + e] - ((e & 1) ? d.y : d.x));
     }
 }
 

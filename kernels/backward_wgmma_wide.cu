@@ -68,13 +68,18 @@ __device__ __forceinline__ int owned_column(int wg, int c) {
 }
 
 // acc (dK or dV over warpgroup wg's columns, WW_HALF / 2 accumulators: its first piece, then
-// its second) += A·B for one 16-query step: A in registers (Pᵀ or dSᵀ), B the step's 16 rows of
-// Q or dO at b, MN-major.
-__device__ __forceinline__ void share_products(float* acc, const u32* a, u32 b, int wg) {
+// its second) += A·B over a 64-query tile: A in registers (Pᵀ or dSᵀ, one fragment per 16-query
+// step), B the tile's Q or dO at b, MN-major.
+__device__ __forceinline__ void share_products(float* acc, const u32 (*a)[4], u32 b, int wg) {
     constexpr u32 ATOM = WG_BQ * 128;
-    wg_rs_n<WW_N0>(acc, a, wg_desc(b + piece_offset(wg, 0, ATOM), ATOM));
-    if constexpr (WW_N1 > 0)
-        wg_rs_n<WW_N1>(acc + WW_N0 / 2, a, wg_desc(b + piece_offset(wg, 1, ATOM)));
+    const u64 b0 = wg_desc(b + piece_offset(wg, 0, ATOM), ATOM);
+    const u64 b1 = wg_desc(b + piece_offset(wg, 1, ATOM));
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+        wg_rs_n<WW_N0>(acc, a[kk], wg_desc_at(b0, kk * 16 * 128));
+        if constexpr (WW_N1 > 0)
+            wg_rs_n<WW_N1>(acc + WW_N0 / 2, a[kk], wg_desc_at(b1, kk * 16 * 128));
+    }
 }
 
 // dQ over warpgroup wg's columns (WW_HALF / 2 accumulators) = dS·K, not committed: K = the
@@ -82,14 +87,14 @@ __device__ __forceinline__ void share_products(float* acc, const u32* a, u32 b, 
 // k, MN-major.
 __device__ __forceinline__ void dq_share_products(float* acc, u32 ds, u32 k, int wg) {
     constexpr u32 ATOM = WG_BKV * 128;
+    const u64 a0 = wg_desc(ds), b0 = wg_desc(k + piece_offset(wg, 0, ATOM), ATOM);
+    const u64 b1 = wg_desc(k + piece_offset(wg, 1, ATOM));
 #pragma unroll
     for (int kk = 0; kk < WG_BKV / 16; ++kk) {
-        const u64 a = wg_desc(ds + kk * 16 * 128);
-        const u32 rows = k + kk * 16 * 128;
-        wg_ss_n<WW_N0, 1, 1>(acc, a, wg_desc(rows + piece_offset(wg, 0, ATOM), ATOM), kk > 0);
+        const u64 a = wg_desc_at(a0, kk * 16 * 128);
+        wg_ss_n<WW_N0, 1, 1>(acc, a, wg_desc_at(b0, kk * 16 * 128), kk > 0);
         if constexpr (WW_N1 > 0)
-            wg_ss_n<WW_N1, 1, 1>(acc + WW_N0 / 2, a, wg_desc(rows + piece_offset(wg, 1, ATOM)),
-                                 kk > 0);
+            wg_ss_n<WW_N1, 1, 1>(acc + WW_N0 / 2, a, wg_desc_at(b1, kk * 16 * 128), kk > 0);
     }
 }
 
@@ -104,7 +109,7 @@ __device__ __forceinline__ void load_score_fragments(u32 (*x)[4], u32 tile, int 
 }
 
 extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) bwd_block(BWD_BLOCK_PARAMS) {
-    const int wg = threadIdx.x / 128;       // 0: the scores, 1: their gradients; 2: loads, dQ
+    const int wg = warpgroup_index();       // 0: the scores, 1: their gradients; 2: loads, dQ
     const int me = threadIdx.x % 128;       // thread within the warpgroup
     const int wi = me / 32;                 // warp within the warpgroup: rows 16·wi..
     const int lane = threadIdx.x % 32;
@@ -112,12 +117,11 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) bwd_block(BWD_BLOCK_
     const float scale_log2 = scale * LOG2E;
 
     BwdCta cta;
-    if (!bwd_cta(&cta, heads, kv_heads, q_len, kv_len, q_start, kv_start, row_start, row_end,
-                 global, turns, kv_direct))
+    if (!bwd_cta(&cta, Q, K, V, dO, LSE, Dl, dQ, dK, dV, kv_direct, heads, kv_heads, q_len,
+                 kv_len, q_start, kv_start, qs, kvs, row_start, row_end, global, turns))
         return;
-    const BwdHead op = bwd_head(Q, K, V, dO, LSE, Dl, dQ, dK, dV, kv_direct, cta.work.bh, heads,
-                                kv_heads, q_len, qs, kvs);
-    const int head = cta.work.bh % heads, batch = bh_batch(cta.work.bh, heads);  // tensor maps
+    const BwdHead op = cta.op;
+    const int head = cta.head, batch = cta.batch;
 
     constexpr u32 KV_TILE = WG_BKV * HEAD_DIM * 2, Q_TILE = WG_BQ * HEAD_DIM * 2;
     constexpr u32 P_TILE = WG_BKV * WG_BQ * 4, DS_TILE = WG_BKV * WG_BQ * 2;
@@ -286,8 +290,7 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) bwd_block(BWD_BLOCK_
             stage_wait<WW_DO_STAGES>(do_full, n);
             float acc[WW_HALF / 2];
             wg_fence();
-#pragma unroll
-            for (int kk = 0; kk < 4; ++kk) share_products(dv, pa[kk], cdO + kk * 16 * 128, 0);
+            share_products(dv, pa, cdO, 0);
             if (late) dq_products(acc, n - 1);
             wg_commit();
             wg_wait<0>();
@@ -303,8 +306,7 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) bwd_block(BWD_BLOCK_
             u32 da[4][4];
             load_score_fragments(da, cdS, kl);
             wg_fence();
-#pragma unroll
-            for (int kk = 0; kk < 4; ++kk) share_products(dk, da[kk], cQ + kk * 16 * 128, 0);
+            share_products(dk, da, cQ, 0);
             wg_commit();
             wg_wait<0>();
             fence_regs<16>(&da[0][0]);
@@ -326,13 +328,7 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) bwd_block(BWD_BLOCK_
                 p[2 * i] = x.x;
                 p[2 * i + 1] = x.y;
             }
-            const float* cD = fD + dst * WG_BQ;
-#pragma unroll
-            for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-                for (int e = 0; e < 4; ++e)
-                    dp[nt * 4 + e] =
-                        p[nt * 4 + e] * (dp[nt * 4 + e] - cD[nt * 8 + 2 * t + (e & 1)]);
+            scores_grad(dp, p, fD + dst * WG_BQ);
             u32 pa[4][4], da[4][4];
             pack_fragments(pa, p);
             pack_fragments(da, dp);
@@ -342,10 +338,8 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) bwd_block(BWD_BLOCK_
             // dV and dK over this warpgroup's columns.
             stage_wait<WW_Q_STAGES>(q_full, n);
             wg_fence();
-#pragma unroll
-            for (int kk = 0; kk < 4; ++kk) share_products(dv, pa[kk], cdO + kk * 16 * 128, 1);
-#pragma unroll
-            for (int kk = 0; kk < 4; ++kk) share_products(dk, da[kk], cQ + kk * 16 * 128, 1);
+            share_products(dv, pa, cdO, 1);
+            share_products(dk, da, cQ, 1);
             wg_commit();
             wg_wait<0>();
             fence_regs<WW_HALF / 2>(dv);

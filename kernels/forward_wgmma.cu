@@ -38,9 +38,9 @@
 // (V read MN-major from the tile at v, column atoms WF_BKV·128 bytes apart; none of its padding).
 __device__ __forceinline__ void pv_products(float* o, const u32 (*pa)[4], u32 v) {
     wg_fence();
+    const u64 dv = wg_desc(v, WF_BKV * 128);
 #pragma unroll
-    for (int kk = 0; kk < WF_BKV / 16; ++kk)
-        wg_rs_n<HEAD_DIM>(o, pa[kk], wg_desc(v + kk * 16 * 128, WF_BKV * 128));
+    for (int kk = 0; kk < WF_BKV / 16; ++kk) wg_rs_n<HEAD_DIM>(o, pa[kk], wg_desc_at(dv, kk * 16 * 128));
 }
 
 template <bool STATE>
@@ -55,7 +55,7 @@ __device__ __forceinline__ void fwd_wg_body(const TensorMap* tmQ, const TensorMa
     constexpr int D = HEAD_DIM;
     constexpr int HALVES = WF_BKV / 64;  // S's accumulators: one set of 32 per 64 keys
     constexpr u32 Q_ATOM = WF_BQ * 128, K_ATOM = WF_BKV * 128;  // one column atom of a tile
-    const int wg = threadIdx.x / 128, wi = (threadIdx.x / 32) % 4;
+    const int wg = warpgroup_index(), wi = (threadIdx.x / 32) % 4;
     const int lane = threadIdx.x % 32;
     const int g = lane / 4, t = lane % 4;
 
@@ -133,7 +133,7 @@ __device__ __forceinline__ void fwd_wg_body(const TensorMap* tmQ, const TensorMa
         }
     }
 
-    const u32 q_rows = sQ + wg * 64 * 128;
+    const u64 dq = wg_desc(sQ + wg * 64 * 128);  // this warpgroup's 64 rows of Q
     u32 pa[WF_BKV / 16][4];  // P of the previous tile as A fragments, one per 16 keys
     pingpong_start(wg);
     // One tile. The first has no previous P·V and is a separate inlined copy (`first` is a
@@ -148,13 +148,14 @@ __device__ __forceinline__ void fwd_wg_body(const TensorMap* tmQ, const TensorMa
         // In this warpgroup's turn: S = Q·Kᵀ for 64 rows × WF_BKV keys (one m64n{WF_BKV}k16
         // per 16 head-dim columns), then O += P·V of the previous tile.
         float s[HALVES][32];
+        const u64 dk = wg_desc(cK);
         take_turn(wg);
         wg_fence();
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk) {
             const u32 col = (kk % 4) * 32;  // 16 columns within column atom kk / 4
-            wg_ss_n<WF_BKV, 0, 0>(s[0], wg_desc(q_rows + (kk / 4) * Q_ATOM + col),
-                                  wg_desc(cK + (kk / 4) * K_ATOM + col), kk > 0);
+            wg_ss_n<WF_BKV, 0, 0>(s[0], wg_desc_at(dq, (kk / 4) * Q_ATOM + col),
+                                  wg_desc_at(dk, (kk / 4) * K_ATOM + col), kk > 0);
         }
         wg_commit();
         if (!first) {

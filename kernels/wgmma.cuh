@@ -34,6 +34,15 @@ __device__ __forceinline__ u64 wg_desc(u32 addr, u32 lbo = 1024) {
     return (u64)((addr & 0x3FFFF) >> 4) | ((u64)(lbo >> 4) << 16) | ((u64)(1024 >> 4) << 32) |
            (1ull << 62);
 }
+// The descriptor `desc` moved `bytes` (a multiple of 16) further into shared memory: the start
+// address is its low 14 bits in units of 16 bytes and every shared address lies below 256 KiB,
+// so the offset adds to the low word alone. The products of a tile step through their operands
+// this way, one add each: built afresh per product (mask, shift, or, for both operands), ptxas
+// spent eight instructions a product and kept the loop-invariant ones in registers across the
+// backward's loop, where they spilled (bench/notes/kernel-notes.md, v24).
+__device__ __forceinline__ u64 wg_desc_at(u64 desc, u32 bytes) {
+    return (desc & ~0xFFFFFFFFull) | (u32)((u32)desc + (bytes >> 4));
+}
 
 __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wg_commit() {
@@ -42,6 +51,14 @@ __device__ __forceinline__ void wg_commit() {
 template <int N>
 __device__ __forceinline__ void wg_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+}
+// This thread's warpgroup (threadIdx.x / 128) as a value the compiler knows to be the same in
+// every lane of the warp: a shuffle from lane 0, as CUTLASS's canonical_warp_group_idx. The
+// tiles' addresses and descriptors derived from it then live in uniform registers, where wgmma
+// reads descriptors from; derived from threadIdx directly, ptxas kept them per thread and moved
+// them across (two R2UR) before every product.
+__device__ __forceinline__ int warpgroup_index() {
+    return __shfl_sync(0xffffffff, threadIdx.x / 128, 0);
 }
 // Ordinary shared stores (cp.async, st.shared) become visible to wgmma's async proxy.
 __device__ __forceinline__ void fence_async_smem() {
