@@ -208,7 +208,7 @@ __device__ __forceinline__ void scores_grad(float* dp, const float* p, const flo
     const int t = threadIdx.x % 4;
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt) {
-        const float2 d = *reinterpret_cast<const float2*>(cD + nt * 8 + 2 * t);  // qc even
+        const float2 d = *reinterpret_cast<const float2*>(cD + nt * 8 + 2 * t);  // 8-byte aligned
 #pragma unroll
         for (int e = 0; e < 4; ++e)
             dp[nt * 4 + e] = p[nt * 4 + e] * (dp[nt * 4 + e] - ((e & 1) ? d.y : d.x));
