@@ -122,11 +122,9 @@ __device__ __forceinline__ u32 sdq_offset(int row, int col) {
 __device__ __forceinline__ void head_dim_product(float* acc, u32 a, u32 b) {
     const u64 da = wg_desc(a), db = wg_desc(b);
 #pragma unroll
-    for (int kk = 0; kk < HEAD_DIM / 16; ++kk) {
-        const u32 col = (kk % 4) * 32;
-        wg_ss<0, 0>(acc, wg_desc_at(da, (kk / 4) * (WG_BKV * 128) + col),
-                    wg_desc_at(db, (kk / 4) * (WG_BQ * 128) + col), kk > 0);
-    }
+    for (int kk = 0; kk < HEAD_DIM / 16; ++kk)
+        wg_ss<0, 0>(acc, wg_desc_at(da, kmajor_step(kk, WG_BKV)),
+                    wg_desc_at(db, kmajor_step(kk, WG_BQ)), kk > 0);
 }
 
 // Pᵀ = exp2(scale·log2e·Sᵀ − LSE·log2e) in place for scores_to_probs; with TEST_PAIRS, pairs

@@ -52,10 +52,12 @@
 #define BAR_DS_READY 9
 #define BAR_DQ_FULL_OF 10  // and 11
 
-// Byte offset, in a tile whose column atoms are `atom` bytes apart, of the first column of
-// piece p (0 or 1) of warpgroup wg's columns.
-__device__ __forceinline__ u32 piece_offset(int wg, int p, u32 atom) {
-    return p == 0 ? (HEAD_DIM == 256 ? 2 * wg : wg) * atom : 2 * atom + wg * 64;
+// The descriptor of piece p (0 or 1) of warpgroup wg's columns in the MN-major tile at `tile`,
+// whose column atoms are `atom` bytes apart: piece 0 is whole atoms (two at 256, `atom` apart
+// in one product), piece 1 half of the third (192).
+__device__ __forceinline__ u64 piece_desc(u32 tile, int wg, int p, u32 atom) {
+    return p == 0 ? wg_desc(tile + (HEAD_DIM == 256 ? 2 * wg : wg) * atom, atom)
+                  : wg_desc(tile + 2 * atom + wg * 64);
 }
 // Where warpgroup w's share of a query tile's dQ is staged, in the staging tiles at sdQ: its own
 // tile, or the one both take in turns.
@@ -72,8 +74,7 @@ __device__ __forceinline__ int owned_column(int wg, int c) {
 // step), B the tile's Q or dO at b, MN-major.
 __device__ __forceinline__ void share_products(float* acc, const u32 (*a)[4], u32 b, int wg) {
     constexpr u32 ATOM = WG_BQ * 128;
-    const u64 b0 = wg_desc(b + piece_offset(wg, 0, ATOM), ATOM);
-    const u64 b1 = wg_desc(b + piece_offset(wg, 1, ATOM));
+    const u64 b0 = piece_desc(b, wg, 0, ATOM), b1 = piece_desc(b, wg, 1, ATOM);
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) {
         wg_rs_n<WW_N0>(acc, a[kk], wg_desc_at(b0, kk * 16 * 128));
@@ -87,8 +88,7 @@ __device__ __forceinline__ void share_products(float* acc, const u32 (*a)[4], u3
 // k, MN-major.
 __device__ __forceinline__ void dq_share_products(float* acc, u32 ds, u32 k, int wg) {
     constexpr u32 ATOM = WG_BKV * 128;
-    const u64 a0 = wg_desc(ds), b0 = wg_desc(k + piece_offset(wg, 0, ATOM), ATOM);
-    const u64 b1 = wg_desc(k + piece_offset(wg, 1, ATOM));
+    const u64 a0 = wg_desc(ds), b0 = piece_desc(k, wg, 0, ATOM), b1 = piece_desc(k, wg, 1, ATOM);
 #pragma unroll
     for (int kk = 0; kk < WG_BKV / 16; ++kk) {
         const u64 a = wg_desc_at(a0, kk * 16 * 128);

@@ -40,7 +40,8 @@ __device__ __forceinline__ void pv_products(float* o, const u32 (*pa)[4], u32 v)
     wg_fence();
     const u64 dv = wg_desc(v, WF_BKV * 128);
 #pragma unroll
-    for (int kk = 0; kk < WF_BKV / 16; ++kk) wg_rs_n<HEAD_DIM>(o, pa[kk], wg_desc_at(dv, kk * 16 * 128));
+    for (int kk = 0; kk < WF_BKV / 16; ++kk)
+        wg_rs_n<HEAD_DIM>(o, pa[kk], wg_desc_at(dv, kk * 16 * 128));
 }
 
 template <bool STATE>
@@ -54,7 +55,6 @@ __device__ __forceinline__ void fwd_wg_body(const TensorMap* tmQ, const TensorMa
                                             float scale_log2) {
     constexpr int D = HEAD_DIM;
     constexpr int HALVES = WF_BKV / 64;  // S's accumulators: one set of 32 per 64 keys
-    constexpr u32 Q_ATOM = WF_BQ * 128, K_ATOM = WF_BKV * 128;  // one column atom of a tile
     const int wg = warpgroup_index(), wi = (threadIdx.x / 32) % 4;
     const int lane = threadIdx.x % 32;
     const int g = lane / 4, t = lane % 4;
@@ -152,11 +152,9 @@ __device__ __forceinline__ void fwd_wg_body(const TensorMap* tmQ, const TensorMa
         take_turn(wg);
         wg_fence();
 #pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk) {
-            const u32 col = (kk % 4) * 32;  // 16 columns within column atom kk / 4
-            wg_ss_n<WF_BKV, 0, 0>(s[0], wg_desc_at(dq, (kk / 4) * Q_ATOM + col),
-                                  wg_desc_at(dk, (kk / 4) * K_ATOM + col), kk > 0);
-        }
+        for (int kk = 0; kk < D / 16; ++kk)
+            wg_ss_n<WF_BKV, 0, 0>(s[0], wg_desc_at(dq, kmajor_step(kk, WF_BQ)),
+                                  wg_desc_at(dk, kmajor_step(kk, WF_BKV)), kk > 0);
         wg_commit();
         if (!first) {
             pv_products(o, pa, sV + ((j - 1) % 3) * TILE);

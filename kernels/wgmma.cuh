@@ -43,6 +43,12 @@ __device__ __forceinline__ u64 wg_desc(u32 addr, u32 lbo = 1024) {
 __device__ __forceinline__ u64 wg_desc_at(u64 desc, u32 bytes) {
     return (desc & ~0xFFFFFFFFull) | (u32)((u32)desc + (bytes >> 4));
 }
+// Byte offset of the k-th 16-column step of a K-major tile of `rows` rows: column atom k / 4
+// (rows · 128 bytes each), 32 bytes a step within its 128-byte rows. Where the products that
+// sum over the head dim (S, Sᵀ, dPᵀ) step through Q, K, V and dO.
+__device__ __forceinline__ u32 kmajor_step(int k, u32 rows) {
+    return (k / 4) * rows * 128 + (k % 4) * 32;
+}
 
 __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wg_commit() {
