@@ -15,8 +15,8 @@
 // columns). There is no CTA-wide barrier in the loop. Per query tile, with every product an
 // m64n64k16 wgmma:
 //  1. Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ (A = K or V, B = Q or dO; both K-major in shared memory);
-//  2. Pᵀ = exp2(scale·log2e·Sᵀ − LSE·log2e), dSᵀ = Pᵀ∘(dPᵀ − D) in registers, and dSᵀ into
-//     shared memory;
+//  2. Pᵀ = exp2(scale·log2e·Sᵀ − LSE·log2e), dSᵀ = Pᵀ∘(dPᵀ − D) times the softmax scale (so
+//     that dQ and dK carry it) in registers, and dSᵀ into shared memory;
 //  3. dV += Pᵀ·dO with Pᵀ as the register A operand (the accumulator layout of step 1 is the A
 //     fragment layout) and dO read MN-major from the same tile as step 1; then the previous
 //     tile's dQ = dS·K (A = dS MN-major from its dSᵀ buffer, B = K MN-major); then dK += dSᵀ·Q
@@ -153,7 +153,8 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) bwd_block(BWD_BLOCK_
             // Tile n's Q and dO by TMA (its first lane: rows past the end and padding columns
             // land as zeros; in place of 16 cp.async per thread and tile, 1.12× the backward's
             // speed at d96: bench/notes/kernel-notes.md, v18), its LSE, D and row starts by
-            // cp.async from every lane; into stage n % 2 once tile n − 2 is done with it.
+            // cp.async from every lane, the first two then formed for the computing warpgroups
+            // (form_row_vectors); into stage n % 2 once tile n − 2 is done with it.
             for (int n = 0; t_begin + n < n_qt; ++n) {
                 const int st = n & 1, row0 = (t_begin + n) * WG_BQ;
                 if (n >= 2) stage_wait<2>(empty, n - 2);
@@ -166,7 +167,7 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) bwd_block(BWD_BLOCK_
                 load_vec<WG_BQ>(sD + st * WG_BQ * 4, op.D, row0, q_len, lane, 32);
                 load_row_starts<WG_BQ>(sR + st * WG_BQ * 4, row_start, q_start, row0, q_len,
                                        lane, 32);
-                cp_async_arrive(bar);
+                form_row_vectors<true, true>(sL + st * WG_BQ * 4, sD + st * WG_BQ * 4, scale, bar);
             }
         } else if (warp == WG_REDUCER) {
             // Each tile's dQ as the computing warpgroups stage it: sdQ is free again once the
@@ -239,7 +240,7 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) bwd_block(BWD_BLOCK_
                                     wi * 16 + g);
     auto stage_dq = [&](const float* acc) {
         named_sync(BAR_DQ_EMPTY + wg, DQ_RETURN);
-        store_dq_pairs<8>(dq_at, acc, scale);
+        store_dq_pairs<8>(dq_at, acc);
         fence_async_smem();
         named_arrive(BAR_DQ_FULL, DQ_HANDOFF);
     };
@@ -276,7 +277,7 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) bwd_block(BWD_BLOCK_
                         global, scale_log2);
         wg_wait<0>();  // dPᵀ
         fence_regs<32>(dp);
-        scores_grad(dp, s, cD);
+        scores_grad(dp, s, cD, scale);
         u32 pa[4][4], da[4][4];
         pack_fragments(pa, s);
         pack_fragments(da, dp);
@@ -337,7 +338,7 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) bwd_block(BWD_BLOCK_
             for (int nt = 0; nt < D / 8; ++nt) {
                 const size_t o = (size_t)kr * op.kv_row + nt * 8 + 2 * t;
                 const int e = nt * 4 + 2 * i;
-                put_kv_grad(op.dK, op.kv_direct, o, dk[e] * scale, dk[e + 1] * scale);
+                put_kv_grad(op.dK, op.kv_direct, o, dk[e], dk[e + 1]);  // dSᵀ had the scale
                 put_kv_grad(op.dV, op.kv_direct, o, dv[e], dv[e + 1]);
             }
         }

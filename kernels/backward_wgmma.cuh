@@ -127,9 +127,34 @@ __device__ __forceinline__ void head_dim_product(float* acc, u32 a, u32 b) {
                     wg_desc_at(db, kmajor_step(kk, WG_BQ)), kk > 0);
 }
 
-// Pᵀ = exp2(scale·log2e·Sᵀ − LSE·log2e) in place for scores_to_probs; with TEST_PAIRS, pairs
-// of hidden keys (causal module) and rows or keys past the block are exactly 0. Rows whose LSE is
-// −∞ (no visible key) give 0 too.
+// The loading warp's part in a query tile's per-row vectors, once its cp.async copies of them
+// (load_vec: rows lane, lane + 32 of each) have landed: it waits for its own copies and puts its
+// rows of the LSE (at shared address lse, with FORM_LSE) into base 2, +∞ for a row that sees no
+// key (LSE −∞: its probabilities come out 0), and of D (at d, with FORM_D) times the softmax
+// scale, so that scores_grad's dSᵀ carries the scale and dQ and dK need no product of their own.
+// Then it arrives on the stage's barrier `bar` (a release: these values and the row starts
+// copied beside them are visible to the computing warpgroups that wait on it). In the computing
+// warpgroups these were 48 and 32 instructions a thread and tile (v26,
+// bench/notes/kernel-notes.md); the loading warp has the time to spare, though not the
+// registers for generic pointers (24: with them it spilled).
+template <bool FORM_LSE, bool FORM_D>
+__device__ __forceinline__ void form_row_vectors(u32 lse, u32 d, float scale, u32 bar) {
+    cp_wait_all();
+    const int lane = threadIdx.x % 32;
+#pragma unroll
+    for (int i = lane; i < WG_BQ; i += 32) {
+        if (FORM_LSE) {
+            const float x = ld_shared_f32(lse + 4 * i);
+            st_shared_f32(lse + 4 * i, x == NEG_INF ? POS_INF : x * LOG2E);
+        }
+        if (FORM_D) st_shared_f32(d + 4 * i, ld_shared_f32(d + 4 * i) * scale);
+    }
+    mbar_arrive(bar);
+}
+
+// Pᵀ = exp2(scale·log2e·Sᵀ − LSE·log2e) in place for scores_to_probs, from the LSE staged in
+// base 2 (form_row_vectors); with TEST_PAIRS, pairs of hidden keys (causal module) and rows or
+// keys past the block are exactly 0. Rows with no visible key (staged +∞) give 0 too.
 template <bool TEST_PAIRS>
 __device__ __forceinline__ void exp_scores(float* s, const float* cL, int r0, int c0, int kl,
                                            int q_len, int kv_len, int q_start, int kv_start,
@@ -138,12 +163,10 @@ __device__ __forceinline__ void exp_scores(float* s, const float* cL, int r0, in
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt) {
         const int qc = nt * 8 + 2 * t;
-        const float2 lse = *reinterpret_cast<const float2*>(cL + qc);  // 8-byte aligned: qc even
-        const float lse2[2] = {lse.x == NEG_INF ? POS_INF : lse.x * LOG2E,
-                               lse.y == NEG_INF ? POS_INF : lse.y * LOG2E};
+        const float2 lse2 = *reinterpret_cast<const float2*>(cL + qc);  // 8-byte aligned: qc even
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-            float p = exp2f(fmaf(s[nt * 4 + e], scale_log2, -lse2[e & 1]));
+            float p = exp2f(fmaf(s[nt * 4 + e], scale_log2, (e & 1) ? -lse2.y : -lse2.x));
             if (TEST_PAIRS) {
                 const int kr = c0 + kl + (e >= 2 ? 8 : 0);
                 const int qr = r0 + qc + (e & 1);
@@ -158,8 +181,8 @@ __device__ __forceinline__ void exp_scores(float* s, const float* cL, int r0, in
 
 // Step 2's first half: this thread's Sᵀ (keys kl and kl + 8 of the CTA's tile at c0, in the
 // accumulator layout, against query rows r0 + 8·nt + 2t (+ 1)) becomes Pᵀ in place, from the
-// query tile's staged LSE (cL) and row starts (cR); pairs the mask hides, and rows or keys past
-// the block, exactly 0.
+// query tile's staged LSE (cL, base 2) and row starts (cR); pairs the mask hides, and rows or
+// keys past the block, exactly 0.
 __device__ __forceinline__ void scores_to_probs(float* s, const float* cL, const int* cR,
                                                 const int* row_start, int r0, int c0, int kl,
                                                 int q_len, int kv_len, int q_start,
@@ -200,16 +223,19 @@ __device__ __forceinline__ void scores_to_probs(float* s, const float* cL, const
                           scale_log2);
 }
 
-// Step 2's second half: dSᵀ = Pᵀ∘(dPᵀ − D) in place of this thread's dPᵀ (accumulator layout,
-// query columns 8·nt + 2t and + 1), from its Pᵀ and the query tile's staged D (cD).
-__device__ __forceinline__ void scores_grad(float* dp, const float* p, const float* cD) {
+// Step 2's second half: dSᵀ = Pᵀ∘(dPᵀ − D), times the softmax scale, in place of this thread's
+// dPᵀ (accumulator layout, query columns 8·nt + 2t and + 1), from its Pᵀ and the query tile's D
+// staged times the scale (cD, form_row_vectors): Pᵀ∘(scale·dPᵀ − scale·D), a fused multiply-add
+// where the difference was a subtraction, so the scale costs nothing here.
+__device__ __forceinline__ void scores_grad(float* dp, const float* p, const float* cD,
+                                            float scale) {
     const int t = threadIdx.x % 4;
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt) {
         const float2 d = *reinterpret_cast<const float2*>(cD + nt * 8 + 2 * t);  // 8-byte aligned
 #pragma unroll
         for (int e = 0; e < 4; ++e)
-            dp[nt * 4 + e] = p[nt * 4 + e] * (dp[nt * 4 + e] - ((e & 1) ? d.y : d.x));
+            dp[nt * 4 + e] = p[nt * 4 + e] * fmaf(dp[nt * 4 + e], scale, (e & 1) ? -d.y : -d.x);
     }
 }
 
@@ -235,17 +261,17 @@ __device__ __forceinline__ void store_score_fragments(u32 tile, const u32 (*x)[4
 }
 
 // Stages this thread's pairs of a dQ tile (NT accumulator tiles of 8 columns: wg_rs's layout,
-// times the softmax scale) in sdq_offset's layout, from `at` = dq_pairs_base of the tile's first
-// column: rows 16·wi + g (+ 8), columns 8·nt + 2t from there. The pair's 16-byte chunk is
-// (2·(nt % 4) + t / 2) ^ g = 2·(nt % 4) ^ (t / 2 ^ g): one base address and an XOR with a
-// constant per store (sdq_offset's per pair held four more registers across the narrow kernel's
-// loop, and its masked module spilled).
+// carrying the softmax scale from dSᵀ) in sdq_offset's layout, from `at` = dq_pairs_base of the
+// tile's first column: rows 16·wi + g (+ 8), columns 8·nt + 2t from there. The pair's 16-byte
+// chunk is (2·(nt % 4) + t / 2) ^ g = 2·(nt % 4) ^ (t / 2 ^ g): one base address and an XOR
+// with a constant per store (sdq_offset's per pair held four more registers across the narrow
+// kernel's loop, and its masked module spilled).
 __device__ __forceinline__ u32 dq_pairs_base(u32 tile, int row) {
     const int g = (threadIdx.x % 32) / 4, t = threadIdx.x % 4;
     return tile + row * 128 + (((t / 2) ^ g) << 4) + (t % 2) * 8;
 }
 template <int NT>
-__device__ __forceinline__ void store_dq_pairs(u32 at, const float* acc, float scale) {
+__device__ __forceinline__ void store_dq_pairs(u32 at, const float* acc) {
     // A 64-bit store is served a half warp (rows g = 0..3 or 4..7) at a time, and rows g and
     // g ^ 1 XOR their chunks within one pair: stored alike, they share banks (four wavefronts a
     // store instead of two). So at step k of a box, threads of odd rows store their tile k ^ 2:
@@ -265,7 +291,7 @@ __device__ __forceinline__ void store_dq_pairs(u32 at, const float* acc, float s
 #pragma unroll
             for (int k = 0; k < 4; ++k)
                 st_shared_f32x2((base ^ ((2 * k) << 4)) + b * WG_DQ_BOX + i * 1024,
-                                v[k][2 * i] * scale, v[k][2 * i + 1] * scale);
+                                v[k][2 * i], v[k][2 * i + 1]);
     }
 }
 

@@ -12,7 +12,8 @@
 //    hold the same pairs of the 64 × 64 tile), so dS is formed from P unrounded, as in the
 //    other kernels;
 //  - warpgroup 1 (the gradients of the scores): dPᵀ = V·dOᵀ at the same time, then, once Pᵀ
-//    is there, dSᵀ = Pᵀ∘(dPᵀ − D), which it writes to shared memory as a 16-bit tile;
+//    is there, dSᵀ = Pᵀ∘(dPᵀ − D) times the softmax scale, which it writes to shared memory as
+//    a 16-bit tile;
 //  - then each accumulates over its half of the head dim's columns: dV += Pᵀ·dO and
 //    dK += dSᵀ·Q (Pᵀ and dSᵀ as register A operands, warpgroup 0 reading dSᵀ back from the
 //    tile), and dQ = dS·K (dS read MN-major from the tile), whose share it stages for the
@@ -168,13 +169,13 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) bwd_block(BWD_BLOCK_
                 if (lane == 0) tma_tile<WG_BQ>(sQ + qst * Q_TILE, &maps.q, row0, head, batch, qbar);
                 load_vec<WG_BQ>(sL + qst * VEC, op.LSE, row0, q_len, lane, 32);
                 load_row_starts<WG_BQ>(sR + qst * VEC, row_start, q_start, row0, q_len, lane, 32);
-                cp_async_arrive(qbar);
+                form_row_vectors<true, false>(sL + qst * VEC, 0, scale, qbar);
                 if (n >= WW_DO_STAGES) stage_wait<WW_DO_STAGES>(do_empty, n - WW_DO_STAGES);
                 const u32 dbar = stage_bar<WW_DO_STAGES>(do_full, n);
                 if (lane == 0)
                     tma_tile<WG_BQ>(sdO + dst * Q_TILE, &maps.dO, row0, head, batch, dbar);
                 load_vec<WG_BQ>(sD + dst * VEC, op.D, row0, q_len, lane, 32);
-                cp_async_arrive(dbar);
+                form_row_vectors<false, true>(0, sD + dst * VEC, scale, dbar);
             }
         } else if (warp == WG_REDUCER) {
             // Each query tile's dQ, a warpgroup's share at a time in the order they are staged
@@ -243,7 +244,7 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) bwd_block(BWD_BLOCK_
     const u32 dq_at = dq_pairs_base(dq_share_tile(sdQ, wg), kl);
     auto stage_dq = [&](const float* acc) {
         named_sync(BAR_DQ_EMPTY + wg, DQ_RETURN);
-        store_dq_pairs<WW_HALF / 8>(dq_at, acc, scale);
+        store_dq_pairs<WW_HALF / 8>(dq_at, acc);
         fence_async_smem();
         named_arrive(BAR_DQ_FULL_OF + wg, DQ_RETURN);
     };
@@ -328,7 +329,7 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) bwd_block(BWD_BLOCK_
                 p[2 * i] = x.x;
                 p[2 * i + 1] = x.y;
             }
-            scores_grad(dp, p, fD + dst * WG_BQ);
+            scores_grad(dp, p, fD + dst * WG_BQ, scale);
             u32 pa[4][4], da[4][4];
             pack_fragments(pa, p);
             pack_fragments(da, dp);
@@ -369,7 +370,7 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) bwd_block(BWD_BLOCK_
             for (int nt = 0; nt < WW_HALF / 8; ++nt) {
                 const size_t o = (size_t)kr * op.kv_row + owned_column(wg, nt * 8 + 2 * t);
                 const int e = nt * 4 + 2 * i;
-                put_kv_grad(op.dK, op.kv_direct, o, dk[e] * scale, dk[e + 1] * scale);
+                put_kv_grad(op.dK, op.kv_direct, o, dk[e], dk[e + 1]);  // dSᵀ had the scale
                 put_kv_grad(op.dV, op.kv_direct, o, dv[e], dv[e + 1]);
             }
         }

@@ -53,6 +53,8 @@ template <int N>
 __device__ __forceinline__ void cp_wait() {
     asm volatile("cp.async.wait_group %0;" ::"n"(N));
 }
+// Waits for every cp.async this thread has issued, committed to a group or not.
+__device__ __forceinline__ void cp_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 
 // Vector atomic add of two adjacent f32 (sm_90): the gradient accumulators.
 __device__ __forceinline__ void red_add2(float* p, float a, float b) {

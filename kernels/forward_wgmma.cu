@@ -18,6 +18,7 @@
 //                from shared memory, both K-major;
 //   online softmax in registers (base 2, scale·log2 e folded in), P packed to 16 bits as the
 //                register A operand of the next product (accumulator layout = A layout);
+//                at head dims 192 and 256 O is rescaled lazily (LAZY_RESCALE);
 //   O += P·V     one m64nDk16 wgmma per 16 keys (N = D, the head dim), B = V read MN-major.
 // The products of P·V are issued one tile late, together with the next tile's S, in the
 // warpgroup's ping-pong turn (wgmma.cuh; FlashAttention-3's schedule): the softmax of tile j then
@@ -33,6 +34,17 @@
 #define WF_BQ 128
 #define WF_BKV (WIDE_HEADS ? 64 : 128)
 #define WF_THREADS 384  // two computing warpgroups and the loading one
+
+// Whether a row rescales O lazily: only once its maximum (base 2) has grown by more than
+// RESCALE_SLACK, which it then moves to; until then P stays below 2^8, which bf16 and fp16 hold
+// at their full precision and whose sums f32 holds without overflow at any length, and a warp
+// whose rows all kept their maxima skips O's multiplies (FlashAttention-4's threshold). At head
+// dims 192 and 256, where O takes 96 or 128 multiplies a thread and tile, the forward gained
+// 5–7% (v28, bench/results/lse-scale-2026-12-04, call 3); at 128 it lost 1.4–3% (v27 and v28,
+// calls 2 and 3), at 96 it was level and at 64 gained 1.4% (v28), so the narrow tiles rescale
+// every time a maximum moves (64 as in the tables of call 4, made without it).
+#define LAZY_RESCALE WIDE_HEADS
+#define RESCALE_SLACK 8.0f
 
 // Issues O += P·V for one key tile (not committed): K = WF_BKV keys (steps of 16), N = head dim
 // (V read MN-major from the tile at v, column atoms WF_BKV·128 bytes apart; none of its padding).
@@ -185,7 +197,13 @@ __device__ __forceinline__ void fwd_wg_body(const TensorMap* tmQ, const TensorMa
                 }
         }
 
+        // Each row's new maximum (base 2, scaled). Under LAZY_RESCALE a row moves to it only
+        // when it grew by more than RESCALE_SLACK, else keeps its old one, with which its P and
+        // sum stay consistent; the decision is the row's own, so its exponentials wait for
+        // nothing but its maximum, and O's multiplies are skipped warp by warp, once no row of
+        // the warp grew (a vote they wait for anyway).
         float alpha[2];
+        bool grew = false;
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
             float mx = NEG_INF;
@@ -197,10 +215,14 @@ __device__ __forceinline__ void fwd_wg_body(const TensorMap* tmQ, const TensorMa
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
             const float m_new = fmaxf(m[i], mx * scale_log2);
+            // (−∞ + slack is −∞: a row's first visible key grows its maximum.)
+            const bool grow = !LAZY_RESCALE || m_new > m[i] + RESCALE_SLACK;
+            grew |= grow;
+            const float m_to = grow ? m_new : m[i];
             // No visible key yet: keep exponents finite (avoid −∞ − (−∞)).
-            const float m_use = m_new == NEG_INF ? 0.f : m_new;
-            alpha[i] = exp2f(m[i] - m_use);
-            m[i] = m_new;
+            const float m_use = m_to == NEG_INF ? 0.f : m_to;
+            alpha[i] = exp2f(m[i] - m_use);  // exactly 1 where the row kept its maximum
+            m[i] = m_to;
             float sum = 0.f;
 #pragma unroll
             for (int hf = 0; hf < HALVES; ++hf)
@@ -214,14 +236,17 @@ __device__ __forceinline__ void fwd_wg_body(const TensorMap* tmQ, const TensorMa
                     }
             l[i] = l[i] * alpha[i] + sum;
         }
+        const bool rescale = !LAZY_RESCALE || __any_sync(0xffffffff, grew);
 
         // The previous tile's P·V is done: O, the P registers and its V stage are free.
         wg_wait<0>();
         fence_regs<D / 2>(o);
         fence_regs<WF_BKV / 4>(&pa[0][0]);
         if (releaser && !first) mbar_arrive(stage_bar<3>(freeV, j - 1));
+        if (rescale) {
 #pragma unroll
-        for (int e = 0; e < D / 2; ++e) o[e] *= alpha[(e % 4) / 2];
+            for (int e = 0; e < D / 2; ++e) o[e] *= alpha[(e % 4) / 2];
+        }
 #pragma unroll
         for (int hf = 0; hf < HALVES; ++hf) pack_fragments(pa + 4 * hf, s[hf]);
     };

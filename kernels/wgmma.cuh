@@ -212,15 +212,23 @@ __device__ __forceinline__ void pack_fragments(u32 (*x)[4], const float* v) {
 __device__ __forceinline__ void st_shared_u32(u32 at, u32 x) {
     asm volatile("st.shared.u32 [%0], %1;" ::"r"(at), "r"(x) : "memory");
 }
-// Stores two f32 at shared address `at` (a u32 address, for arithmetic the generic pointer
-// would hide from the compiler).
+// Stores one or two f32 at shared address `at` (a u32 address, for arithmetic the generic
+// pointer would hide from the compiler, and one register where a generic pointer takes two).
+__device__ __forceinline__ void st_shared_f32(u32 at, float x) {
+    asm volatile("st.shared.f32 [%0], %1;" ::"r"(at), "f"(x) : "memory");
+}
 __device__ __forceinline__ void st_shared_f32x2(u32 at, float x, float y) {
     asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(at), "f"(x), "f"(y) : "memory");
 }
-// Loads a u32 and two f32 from shared address `at`.
+// Loads a u32, an f32 and two f32 from shared address `at`.
 __device__ __forceinline__ u32 ld_shared_u32(u32 at) {
     u32 x;
     asm volatile("ld.shared.u32 %0, [%1];" : "=r"(x) : "r"(at) : "memory");
+    return x;
+}
+__device__ __forceinline__ float ld_shared_f32(u32 at) {
+    float x;
+    asm volatile("ld.shared.f32 %0, [%1];" : "=f"(x) : "r"(at) : "memory");
     return x;
 }
 __device__ __forceinline__ float2 ld_shared_f32x2(u32 at) {
@@ -328,11 +336,6 @@ __device__ __forceinline__ void named_sync(int id, int threads) {
 // `threads` threads, for a producer handing work to a consumer.
 __device__ __forceinline__ void named_arrive(int id, int threads) {
     asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
-}
-// Arrives on `bar` once this thread's cp.async copies so far have landed (counted among the
-// arrivals the barrier was initialised with).
-__device__ __forceinline__ void cp_async_arrive(u32 bar) {
-    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(bar) : "memory");
 }
 
 // Copies the box at (column, row, head, batch) of `map` to shared memory at dst; completes on

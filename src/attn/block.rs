@@ -15,6 +15,12 @@ use rayon::prelude::*;
 const Q_TILE: usize = 64;
 /// Key rows per inner step; bounds the score tile at `Q_TILE × KV_TILE`.
 const KV_TILE: usize = 128;
+/// How far (natural log) a row's running max may grow before its accumulator is rescaled to
+/// it: the GPU forward's rule at head dims 192 and 256 (`LAZY_RESCALE` and `RESCALE_SLACK` in
+/// kernels/forward_wgmma.cu, 8 in base 2), which skips the rescale on nearly every tile; here at
+/// every head dim, so that the f64-checked CPU tests cover it. Until then the row keeps its old
+/// max, with which its probabilities (below 2^8) and sum stay consistent.
+const RESCALE_SLACK: f32 = 8.0 * std::f32::consts::LN_2;
 
 /// Folds block `block` into `state` under `mask`: the online-softmax update of
 /// FlashAttention, per tile.
@@ -143,16 +149,24 @@ fn forward_tile(
                 row.fill(0.0); // nothing visible yet: state stays empty, the row adds nothing
                 continue;
             }
-            let alpha = (m[r] - m_new).exp();
+            // A first visible key always grows the max (−∞ + slack is −∞).
+            let grow = m_new > m[r] + RESCALE_SLACK;
+            let mut alpha = 1.0;
+            if grow {
+                alpha = (m[r] - m_new).exp();
+                m[r] = m_new;
+            }
+            let m_use = m[r];
             let mut sum = 0.0;
             row.mapv_inplace(|x| {
-                let p = (x - m_new).exp();
+                let p = (x - m_use).exp();
                 sum += p;
                 p
             });
             l[r] = l[r] * alpha + sum;
-            m[r] = m_new;
-            acc.row_mut(r).mapv_inplace(|x| x * alpha);
+            if grow {
+                acc.row_mut(r).mapv_inplace(|x| x * alpha);
+            }
         }
         general_mat_mul(1.0, &s, &vt, 1.0, acc);
     }
@@ -282,4 +296,72 @@ fn view(data: &[f32], rows: usize, cols: usize) -> ArrayView2<'_, f32> {
 
 fn add(dst: &mut [f32], src: &[f32]) {
     dst.iter_mut().zip(src).for_each(|(a, b)| *a += b);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::attn::{merge::finalize, oracle};
+    use rand::rngs::StdRng;
+    use rand::{RngExt, SeedableRng};
+
+    /// The lazy rescale against the f64 oracle, on scores built to take both of its branches:
+    /// every row's scores climb 3 (natural log) per key tile, less than RESCALE_SLACK (5.5), so
+    /// rows keep a stale max with probabilities above 1 for a tile and rescale the next; and the
+    /// keys of tile 3 jump by 100 more, which must rescale at once: against a stale max their
+    /// exponentials overflow f32 (e^88.7). A row that skipped a rescale it needed, or rescaled
+    /// its accumulator without its sum, is off by a factor of e^3 or more, or infinite. The
+    /// bound on O: scores up to ~115 rounded in f32 (ulp 2^-23 relative, a few times over in the
+    /// dot product) move each exponential by a few 1e-5 relative; 5e-6 measured.
+    #[test]
+    fn forward_rescales_lazily_and_stays_exact() {
+        let dims = Dims {
+            batch: 1,
+            heads: 2,
+            kv_heads: 1,
+            head_dim: 8,
+        };
+        let (seq, d) = (5 * KV_TILE + 17, dims.head_dim);
+        let mut rng = StdRng::seed_from_u64(11);
+        let mut uniform =
+            |n: usize| -> Vec<f32> { (0..n).map(|_| rng.random_range(-1.0..1.0)).collect() };
+        let (mut q, mut k, v) = (
+            uniform(dims.q_len(seq)),
+            uniform(dims.kv_len(seq)),
+            uniform(dims.kv_len(seq)),
+        );
+        // Column 0 of every query is 1 and column 0 of key j its climb over the softmax scale,
+        // so that score (i, j) = random part + climb(j).
+        q.chunks_mut(d).for_each(|row| row[0] = 1.0);
+        for (j, row) in k.chunks_mut(d).enumerate() {
+            let jump = if j / KV_TILE == 3 { 100.0 } else { 0.0 };
+            row[0] = (3.0 * j as f32 / KV_TILE as f32 + jump) / dims.scale();
+        }
+        let mask = Mask::causal();
+        let block = Block {
+            q: Span { start: 0, len: seq },
+            kv: Span { start: 0, len: seq },
+        };
+        let mut state = RunningState {
+            m: vec![f32::NEG_INFINITY; dims.stat_len(seq)],
+            l: vec![0.0; dims.stat_len(seq)],
+            acc: vec![0.0; dims.q_len(seq)],
+        };
+        forward_block(&dims, block, &mask, &q, &k, &v, &mut state);
+        let got = finalize(d, state);
+        let want = oracle::forward(&oracle::Problem {
+            dims,
+            seq,
+            mask: &mask,
+            q: &q,
+            k: &k,
+            v: &v,
+            dout: &[],
+        });
+        let (e_out, e_lse) = (
+            oracle::rel_err(&got.out, &want.out),
+            oracle::rel_err(&got.lse, &want.lse),
+        );
+        assert!(e_out < 5e-5 && e_lse < 1e-6, "out {e_out:e}, lse {e_lse:e}");
+    }
 }
