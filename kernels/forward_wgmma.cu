@@ -18,7 +18,7 @@
 //                from shared memory, both K-major;
 //   online softmax in registers (base 2, scale·log2 e folded in), P packed to 16 bits as the
 //                register A operand of the next product (accumulator layout = A layout);
-//                at head dims 192 and 256 O is rescaled lazily (LAZY_RESCALE);
+//                at head dims 64, 192 and 256 O is rescaled lazily (LAZY_RESCALE);
 //   O += P·V     one m64nDk16 wgmma per 16 keys (N = D, the head dim), B = V read MN-major.
 // The products of P·V are issued one tile late, together with the next tile's S, in the
 // warpgroup's ping-pong turn (wgmma.cuh; FlashAttention-3's schedule): the softmax of tile j then
@@ -40,10 +40,10 @@
 // at their full precision and whose sums f32 holds without overflow at any length, and a warp
 // whose rows all kept their maxima skips O's multiplies (FlashAttention-4's threshold). At head
 // dims 192 and 256, where O takes 96 or 128 multiplies a thread and tile, the forward gained
-// 5–7% (v28, bench/results/lse-scale-2026-12-04, call 3); at 128 it lost 1.4–3% (v27 and v28,
-// calls 2 and 3), at 96 it was level and at 64 gained 1.4% (v28), so the narrow tiles rescale
-// every time a maximum moves (64 as in the tables of call 4, made without it).
-#define LAZY_RESCALE WIDE_HEADS
+// 5–7% (v28, bench/results/lse-scale-2026-12-04, call 3), and at 64 1.4%; at 128 it lost 1.4–3%
+// (v27 and v28, calls 2 and 3) and at 96 it was level, so those tiles rescale every time a
+// maximum moves.
+#define LAZY_RESCALE (WIDE_HEADS || HEAD_DIM == 64)
 #define RESCALE_SLACK 8.0f
 
 // Issues O += P·V for one key tile (not committed): K = WF_BKV keys (steps of 16), N = head dim

@@ -16,10 +16,10 @@ const Q_TILE: usize = 64;
 /// Key rows per inner step; bounds the score tile at `Q_TILE × KV_TILE`.
 const KV_TILE: usize = 128;
 /// How far (natural log) a row's running max may grow before its accumulator is rescaled to
-/// it: the GPU forward's rule at head dims 192 and 256 (`LAZY_RESCALE` and `RESCALE_SLACK` in
-/// kernels/forward_wgmma.cu, 8 in base 2), which skips the rescale on nearly every tile; here at
-/// every head dim, so that the f64-checked CPU tests cover it. Until then the row keeps its old
-/// max, with which its probabilities (below 2^8) and sum stay consistent.
+/// it: the GPU forward's rule at head dims 64, 192 and 256 (`LAZY_RESCALE` and `RESCALE_SLACK`
+/// in kernels/forward_wgmma.cu, 8 in base 2), which skips the rescale on nearly every tile;
+/// here at every head dim, so that the f64-checked CPU tests cover it. Until then the row keeps
+/// its old max, with which its probabilities (below 2^8) and sum stay consistent.
 const RESCALE_SLACK: f32 = 8.0 * std::f32::consts::LN_2;
 
 /// Folds block `block` into `state` under `mask`: the online-softmax update of
