@@ -329,20 +329,15 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) bwd_block(BWD_BLOCK_
     }
     pingpong_end(wg);
 
-    const bool kv_turns_taken = kv_turn_begin(cta, turns, heads, kv_heads, q_len, kv_direct);
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-        const int kr = c0 + wg * 64 + wi * 16 + g + 8 * i;
-        if (kr < kv_len) {
-#pragma unroll
-            for (int nt = 0; nt < D / 8; ++nt) {
-                const size_t o = (size_t)kr * op.kv_row + nt * 8 + 2 * t;
-                const int e = nt * 4 + 2 * i;
-                put_kv_grad(op.dK, op.kv_direct, o, dk[e], dk[e + 1]);  // dSᵀ had the scale
-                put_kv_grad(op.dV, op.kv_direct, o, dv[e], dv[e + 1]);
-            }
-        }
-    }
-    kv_turn_end(kv_turns_taken);
+    // dK and dV through shared memory from K's tile on (f32: over V's and the query stages too).
+    static_assert(2 * kv_stage_tile<false>() <= 2 * KV_TILE + 4 * Q_TILE, "dK, dV staging");
+    const int kl = wg * 64 + wi * 16 + g;
+    auto column = [&](int nt) { return nt * 8 + 2 * t; };
+    if (op.kv_direct)
+        kv_grads_out<true, D / 8>(dk, dv, kl, column, cta, turns, heads, kv_heads, q_len,
+                                  kv_len);
+    else
+        kv_grads_out<false, D / 8>(dk, dv, kl, column, cta, turns, heads, kv_heads, q_len,
+                                   kv_len);
 }
 #endif  // BWD_WGMMA && !WIDE_HEADS

@@ -6,7 +6,7 @@
 // backward kernel the same way; the pointers to Q, dO and dQ go unused), then the tensor maps
 // that Q and dO are loaded and dQ is reduced through. Here: the CTA's shape and place, the
 // hardware barriers both use, dQ's staging layout, the score products, the probabilities, dSᵀ's
-// tile, and the deterministic turns at the ends of a CTA.
+// tile, the deterministic turns at the ends of a CTA, and dK's and dV's way out.
 // Tiles and wgmma helpers: wgmma.cuh.
 
 #if BWD_WGMMA
@@ -24,11 +24,16 @@
 // the computing warpgroups' own (3); those between them and the reducing warp: a query tile's
 // dQ is staged (4: the narrow kernel's, where both warpgroups arrive; the wide kernel has one per
 // warpgroup, BAR_DQ_FULL_OF) and a warpgroup's share has been read by the reductions (5 and 6,
-// one per warpgroup, which waits); the deterministic GQA turn at dK and dV (7, `kv_turns`).
+// one per warpgroup, which waits); the deterministic GQA turn at dK and dV (7: the reducing
+// warp has it; 12: the computing warpgroups have added, `kv_turns`). Each hand-over in one
+// direction has a barrier of its own: a warp that arrives on a barrier and then waits on it
+// again may count twice in one phase if the other side has not come yet, which hung the
+// deterministic GQA backward once the computing warpgroups reached the turn later (kernels v31).
 #define BAR_COMPUTE 3
 #define BAR_DQ_FULL 4
 #define BAR_DQ_EMPTY 5  // and 6
 #define BAR_KV_TURN 7
+#define BAR_KV_ADDED 12
 #define DQ_HANDOFF (WG_CONSUMERS + 32)
 #define DQ_RETURN (128 + 32)
 // dQ leaves through shared memory in its TMA reductions' layout: boxes of 32 f32 columns × 64
@@ -303,8 +308,9 @@ __device__ __forceinline__ void finish_dq_adds() {
     __threadfence();
 }
 
-// The reducing warp after its last query tile: its reductions finish (their shared tile stays
-// until they have read it), then it takes the deterministic turns the CTA still owes: dQ's at
+// The reducing warp after its last query tile: its reductions have read their shared tile
+// (deterministic, they have finished: finish_dq_adds; otherwise their writes complete with the
+// grid, as a TMA store's do), then it takes the deterministic turns the CTA still owes: dQ's at
 // query tiles it does not see (global keys), and its GQA group's at dK and dV, which it takes
 // for the computing warpgroups (they add once it comes and fence before they arrive,
 // `kv_turn_begin`/`kv_turn_end`), since a thread of theirs spinning for it spilled 740 bytes of
@@ -314,7 +320,7 @@ __device__ __forceinline__ void reducer_finish(const BwdCta& cta, int* turns, in
                                                int kv_start, int global, int kv_direct) {
     constexpr int R = WG_REDUCER * 32;  // this warp's first thread: the adder
     const int lane = threadIdx.x % 32;
-    if (lane == 0 && !DETERMINISTIC) bulk_wait();
+    if (lane == 0 && !DETERMINISTIC) bulk_wait_read();  // the writes finish with the grid
     pass_unseen_dq_turns<WG_BQ, WG_BKV, R>(cta.dq_turn_row, cta.n_qt, cta.work.tile, cta.n_kt,
                                            q_len, q_start, kv_start, global);
     int* const kv = kv_turns(turns, cta.work.bh, heads, kv_heads, q_len, WG_BQ, cta.n_kt,
@@ -323,7 +329,7 @@ __device__ __forceinline__ void reducer_finish(const BwdCta& cta, int* turns, in
         if (lane == 0) wait_add_turn(kv + cta.work.tile, kv_turn(cta.work.bh, heads, kv_heads));
         __syncwarp();
         named_arrive(BAR_KV_TURN, DQ_HANDOFF);
-        named_sync(BAR_KV_TURN, DQ_HANDOFF);
+        named_sync(BAR_KV_ADDED, DQ_HANDOFF);
         if (lane == 0) pass_add_turn(kv + cta.work.tile);
     }
 }
@@ -340,8 +346,97 @@ __device__ __forceinline__ bool kv_turn_begin(const BwdCta& cta, int* turns, int
 __device__ __forceinline__ void kv_turn_end(bool taken) {
     if (taken) {
         __threadfence();
-        named_arrive(BAR_KV_TURN, DQ_HANDOFF);
+        named_arrive(BAR_KV_ADDED, DQ_HANDOFF);
     }
+}
+
+// ---- dK and dV out of the CTA, through shared memory. Stored from the accumulators, each
+// warp-wide store wrote 4 bytes into each of 8 rows (8 cache lines a store, 64 stores a thread
+// for the two gradients): ~10K cycles a CTA, the length of two query tiles, where a CTA at 8K
+// runs 65 (bench/results/short-bwd-2026-12-04, call 1). Staged first, the tile leaves in 16-byte
+// vectors, a warp's 32 of them covering whole rows: stored in 16 bits (`kv_direct`), or added
+// into the f32 accumulator of a GQA group by vector reductions.
+
+// Bytes of one staged tile: WG_BKV key rows of WG_DIM columns, 16- or 32-bit.
+template <bool DIRECT>
+__host__ __device__ constexpr u32 kv_stage_tile() {
+    return WG_BKV * WG_DIM * (DIRECT ? 2 : 4);
+}
+// Byte offset of 16-byte chunk `chunk` of staged row `row`: rows of WG_DIM elements (a multiple
+// of 128 bytes), the chunks XORed by row % 8 (16-bit) or 2·(row % 8) (32-bit, where a
+// half-warp's pairs span two chunks a row), so that a warp's pairs (8 rows × 4 pairs) and a
+// quarter-warp's reads of 8 chunks of a row fall on distinct banks.
+template <bool DIRECT>
+__device__ __forceinline__ u32 kv_stage_offset(int row, int chunk) {
+    const int swizzle = DIRECT ? row % 8 : (row % 8) << 1;
+    return (u32)(row * (WG_DIM * (DIRECT ? 2 : 4)) + ((chunk ^ swizzle) << 4));
+}
+// Stages the pair (x, y) of key row `row`, columns col and col + 1 (col even).
+template <bool DIRECT>
+__device__ __forceinline__ void stage_kv_pair(u32 tile, int row, int col, float x, float y) {
+    constexpr int PER_CHUNK = DIRECT ? 8 : 4;
+    const u32 at = tile + kv_stage_offset<DIRECT>(row, col / PER_CHUNK) +
+                   (col % PER_CHUNK) * (DIRECT ? 2 : 4);
+    if (DIRECT)
+        st_shared_u32(at, pack2(x, y));
+    else
+        st_shared_f32x2(at, x, y);
+}
+// Adds four f32 at `p` (16-byte aligned) in one reduction.
+__device__ __forceinline__ void red_add4(float* p, uint4 v) {
+    asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(p), "f"(__uint_as_float(v.x)),
+                 "f"(__uint_as_float(v.y)), "f"(__uint_as_float(v.z)), "f"(__uint_as_float(v.w))
+                 : "memory");
+}
+// The computing threads write (16-bit) or add (f32) the staged rows [0, rows) into g, the head's
+// dK or dV, row r at element first + r·kv_row: the head dim's chunks of each row, one vector a
+// thread, consecutive threads along a row.
+template <bool DIRECT>
+__device__ __forceinline__ void kv_grad_out(u32 tile, void* g, size_t first, int kv_row,
+                                            int rows) {
+    constexpr int PER_CHUNK = DIRECT ? 8 : 4;
+    constexpr int CHUNKS = HEAD_DIM / PER_CHUNK;  // of a row, over the head dim
+    static_assert(WG_BKV * CHUNKS % WG_CONSUMERS == 0, "whole passes");
+#pragma unroll
+    for (int pass = 0; pass < WG_BKV * CHUNKS / WG_CONSUMERS; ++pass) {
+        const int i = pass * WG_CONSUMERS + threadIdx.x;
+        const int row = i / CHUNKS, c = i % CHUNKS;
+        if (row >= rows) break;
+        const uint4 v = ld_shared_u32x4(tile + kv_stage_offset<DIRECT>(row, c));
+        const size_t o = first + (size_t)row * kv_row + c * PER_CHUNK;
+        if (DIRECT)
+            *reinterpret_cast<uint4*>(reinterpret_cast<u16*>(g) + o) = v;
+        else
+            red_add4(reinterpret_cast<float*>(g) + o, v);
+    }
+}
+// The end of both kernels' computing warpgroups, once their last products have completed: this
+// thread's NT column groups of dK and dV (accumulator element 4·nt + 2i + {0, 1}: key row
+// kl + 8i of the CTA, columns column(nt)..+1) staged from the base of shared memory on (K's
+// tile in both kernels; free, since both warpgroups are done with K, V and the query stages the
+// staging overlays, all below the dSᵀ tiles), then out, in the deterministic GQA turn where
+// there is one (kv_turn_begin/kv_turn_end, above).
+template <bool DIRECT, int NT, class Column>
+__device__ __forceinline__ void kv_grads_out(const float* dk, const float* dv, int kl,
+                                             Column column, const BwdCta& cta, int* turns,
+                                             int heads, int kv_heads, int q_len, int kv_len) {
+    const u32 sdK = smem_base1024_again(), sdV = sdK + kv_stage_tile<DIRECT>();
+    named_sync(BAR_COMPUTE, WG_CONSUMERS);  // both warpgroups' products have read the tiles
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            const int e = nt * 4 + 2 * i;
+            stage_kv_pair<DIRECT>(sdK, kl + 8 * i, column(nt), dk[e], dk[e + 1]);
+            stage_kv_pair<DIRECT>(sdV, kl + 8 * i, column(nt), dv[e], dv[e + 1]);
+        }
+    named_sync(BAR_COMPUTE, WG_CONSUMERS);  // staged
+    const bool taken = kv_turn_begin(cta, turns, heads, kv_heads, q_len, cta.op.kv_direct);
+    const int rows = min(WG_BKV, kv_len - cta.c0);
+    const size_t first = (size_t)cta.c0 * cta.op.kv_row;
+    kv_grad_out<DIRECT>(sdK, cta.op.dK, first, cta.op.kv_row, rows);  // dSᵀ had the scale
+    kv_grad_out<DIRECT>(sdV, cta.op.dV, first, cta.op.kv_row, rows);
+    kv_turn_end(taken);
 }
 
 #endif  // BWD_WGMMA

@@ -26,6 +26,14 @@ __device__ __forceinline__ u32 smem_base1024(unsigned char** generic) {
     *generic = smem + (base - raw);
     return base;
 }
+// The same base, read again where it is called (volatile: never kept from an earlier read), for
+// code after a kernel's main loop: a base held through the loop in a uniform register pushed
+// the loop's wgmma descriptors out of theirs (d128 backward loop 778 -> 797 instructions).
+__device__ __forceinline__ u32 smem_base1024_again() {
+    u32 raw;
+    asm volatile("mov.u32 %0, smem;" : "=r"(raw));
+    return (raw + 1023u) & ~1023u;
+}
 
 // Shared-memory matrix descriptor: start address, 1024-byte step between 8-row groups, 128B
 // swizzle. `lbo`, the leading offset, matters only to an MN-major operand wider than 64
@@ -220,7 +228,7 @@ __device__ __forceinline__ void st_shared_f32(u32 at, float x) {
 __device__ __forceinline__ void st_shared_f32x2(u32 at, float x, float y) {
     asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(at), "f"(x), "f"(y) : "memory");
 }
-// Loads a u32, an f32 and two f32 from shared address `at`.
+// Loads a u32, an f32, two f32 and 16 bytes from shared address `at`.
 __device__ __forceinline__ u32 ld_shared_u32(u32 at) {
     u32 x;
     asm volatile("ld.shared.u32 %0, [%1];" : "=r"(x) : "r"(at) : "memory");
@@ -234,6 +242,14 @@ __device__ __forceinline__ float ld_shared_f32(u32 at) {
 __device__ __forceinline__ float2 ld_shared_f32x2(u32 at) {
     float2 v;
     asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "r"(at) : "memory");
+    return v;
+}
+__device__ __forceinline__ uint4 ld_shared_u32x4(u32 at) {
+    uint4 v;
+    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "r"(at)
+                 : "memory");
     return v;
 }
 // This thread's bulk groups have read their shared source (they may still be writing).
