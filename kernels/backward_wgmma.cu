@@ -333,11 +333,6 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) bwd_block(BWD_BLOCK_
     static_assert(2 * kv_stage_tile<false>() <= 2 * KV_TILE + 4 * Q_TILE, "dK, dV staging");
     const int kl = wg * 64 + wi * 16 + g;
     auto column = [&](int nt) { return nt * 8 + 2 * t; };
-    if (op.kv_direct)
-        kv_grads_out<true, D / 8>(dk, dv, kl, column, cta, turns, heads, kv_heads, q_len,
-                                  kv_len);
-    else
-        kv_grads_out<false, D / 8>(dk, dv, kl, column, cta, turns, heads, kv_heads, q_len,
-                                   kv_len);
+    kv_grads_out<D / 8>(dk, dv, kl, column, cta, turns, heads, kv_heads, q_len, kv_len);
 }
 #endif  // BWD_WGMMA && !WIDE_HEADS

@@ -357,10 +357,13 @@ __device__ __forceinline__ void kv_turn_end(bool taken) {
 // vectors, a warp's 32 of them covering whole rows: stored in 16 bits (`kv_direct`), or added
 // into the f32 accumulator of a GQA group by vector reductions.
 
-// Bytes of one staged tile: WG_BKV key rows of WG_DIM columns, 16- or 32-bit.
+// Bytes of one staged element (16-bit, or f32 for GQA's accumulators) and of one staged tile:
+// WG_BKV key rows of WG_DIM columns.
+template <bool DIRECT>
+constexpr int KV_ELEM = DIRECT ? 2 : 4;
 template <bool DIRECT>
 __host__ __device__ constexpr u32 kv_stage_tile() {
-    return WG_BKV * WG_DIM * (DIRECT ? 2 : 4);
+    return WG_BKV * WG_DIM * KV_ELEM<DIRECT>;
 }
 // Byte offset of 16-byte chunk `chunk` of staged row `row`: rows of WG_DIM elements (a multiple
 // of 128 bytes), the chunks XORed by row % 8 (16-bit) or 2·(row % 8) (32-bit, where a
@@ -369,24 +372,18 @@ __host__ __device__ constexpr u32 kv_stage_tile() {
 template <bool DIRECT>
 __device__ __forceinline__ u32 kv_stage_offset(int row, int chunk) {
     const int swizzle = DIRECT ? row % 8 : (row % 8) << 1;
-    return (u32)(row * (WG_DIM * (DIRECT ? 2 : 4)) + ((chunk ^ swizzle) << 4));
+    return (u32)(row * (WG_DIM * KV_ELEM<DIRECT>) + ((chunk ^ swizzle) << 4));
 }
 // Stages the pair (x, y) of key row `row`, columns col and col + 1 (col even).
 template <bool DIRECT>
 __device__ __forceinline__ void stage_kv_pair(u32 tile, int row, int col, float x, float y) {
-    constexpr int PER_CHUNK = DIRECT ? 8 : 4;
+    constexpr int PER_CHUNK = 16 / KV_ELEM<DIRECT>;
     const u32 at = tile + kv_stage_offset<DIRECT>(row, col / PER_CHUNK) +
-                   (col % PER_CHUNK) * (DIRECT ? 2 : 4);
+                   (col % PER_CHUNK) * KV_ELEM<DIRECT>;
     if (DIRECT)
         st_shared_u32(at, pack2(x, y));
     else
         st_shared_f32x2(at, x, y);
-}
-// Adds four f32 at `p` (16-byte aligned) in one reduction.
-__device__ __forceinline__ void red_add4(float* p, uint4 v) {
-    asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(p), "f"(__uint_as_float(v.x)),
-                 "f"(__uint_as_float(v.y)), "f"(__uint_as_float(v.z)), "f"(__uint_as_float(v.w))
-                 : "memory");
 }
 // The computing threads write (16-bit) or add (f32) the staged rows [0, rows) into g, the head's
 // dK or dV, row r at element first + r·kv_row: the head dim's chunks of each row, one vector a
@@ -394,7 +391,7 @@ __device__ __forceinline__ void red_add4(float* p, uint4 v) {
 template <bool DIRECT>
 __device__ __forceinline__ void kv_grad_out(u32 tile, void* g, size_t first, int kv_row,
                                             int rows) {
-    constexpr int PER_CHUNK = DIRECT ? 8 : 4;
+    constexpr int PER_CHUNK = 16 / KV_ELEM<DIRECT>;
     constexpr int CHUNKS = HEAD_DIM / PER_CHUNK;  // of a row, over the head dim
     static_assert(WG_BKV * CHUNKS % WG_CONSUMERS == 0, "whole passes");
 #pragma unroll
@@ -415,11 +412,11 @@ __device__ __forceinline__ void kv_grad_out(u32 tile, void* g, size_t first, int
 // kl + 8i of the CTA, columns column(nt)..+1) staged from the base of shared memory on (K's
 // tile in both kernels; free, since both warpgroups are done with K, V and the query stages the
 // staging overlays, all below the dSᵀ tiles), then out, in the deterministic GQA turn where
-// there is one (kv_turn_begin/kv_turn_end, above).
+// there is one (kv_turn_begin/kv_turn_end, above). In 16 bits or in f32 (DIRECT: kv_grads_out).
 template <bool DIRECT, int NT, class Column>
-__device__ __forceinline__ void kv_grads_out(const float* dk, const float* dv, int kl,
-                                             Column column, const BwdCta& cta, int* turns,
-                                             int heads, int kv_heads, int q_len, int kv_len) {
+__device__ __forceinline__ void kv_grads_out_as(const float* dk, const float* dv, int kl,
+                                                Column column, const BwdCta& cta, int* turns,
+                                                int heads, int kv_heads, int q_len, int kv_len) {
     const u32 sdK = smem_base1024_again(), sdV = sdK + kv_stage_tile<DIRECT>();
     named_sync(BAR_COMPUTE, WG_CONSUMERS);  // both warpgroups' products have read the tiles
 #pragma unroll
@@ -437,6 +434,15 @@ __device__ __forceinline__ void kv_grads_out(const float* dk, const float* dv, i
     kv_grad_out<DIRECT>(sdK, cta.op.dK, first, cta.op.kv_row, rows);  // dSᵀ had the scale
     kv_grad_out<DIRECT>(sdV, cta.op.dV, first, cta.op.kv_row, rows);
     kv_turn_end(taken);
+}
+template <int NT, class Column>
+__device__ __forceinline__ void kv_grads_out(const float* dk, const float* dv, int kl,
+                                             Column column, const BwdCta& cta, int* turns,
+                                             int heads, int kv_heads, int q_len, int kv_len) {
+    if (cta.op.kv_direct)
+        kv_grads_out_as<true, NT>(dk, dv, kl, column, cta, turns, heads, kv_heads, q_len, kv_len);
+    else
+        kv_grads_out_as<false, NT>(dk, dv, kl, column, cta, turns, heads, kv_heads, q_len, kv_len);
 }
 
 #endif  // BWD_WGMMA

@@ -366,11 +366,6 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) bwd_block(BWD_BLOCK_
                                                     WW_DO_STAGES * Q_TILE + P_TILE,
                   "dK, dV staging");
     auto column = [&](int nt) { return owned_column(wg, nt * 8 + 2 * t); };
-    if (op.kv_direct)
-        kv_grads_out<true, WW_HALF / 8>(dk, dv, kl, column, cta, turns, heads, kv_heads,
-                                        q_len, kv_len);
-    else
-        kv_grads_out<false, WW_HALF / 8>(dk, dv, kl, column, cta, turns, heads, kv_heads,
-                                         q_len, kv_len);
+    kv_grads_out<WW_HALF / 8>(dk, dv, kl, column, cta, turns, heads, kv_heads, q_len, kv_len);
 }
 #endif  // BWD_WGMMA && WIDE_HEADS

@@ -65,6 +65,13 @@ __device__ __forceinline__ void red_add2(float* p, float a, float b) {
     atomicAdd(p + 1, b);
 #endif
 }
+// Four adjacent f32 (`p` 16-byte aligned, sm_90 only: the wgmma backward's dK and dV), the
+// 16 bytes as they were staged.
+__device__ __forceinline__ void red_add4(float* p, uint4 v) {
+    asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(p), "f"(__uint_as_float(v.x)),
+                 "f"(__uint_as_float(v.y)), "f"(__uint_as_float(v.z)), "f"(__uint_as_float(v.w))
+                 : "memory");
+}
 
 // Byte offset of element (row, col) in a row-major tile of 16-bit values with ROW_ELEMS per
 // row, its 16-byte chunks XOR-swizzled by row so that ldmatrix's 8 rows (from a multiple of 8)

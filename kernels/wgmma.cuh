@@ -18,11 +18,13 @@
 
 typedef unsigned long long u64;
 
+// A shared address rounded up to the 1024-byte boundary that the 128-byte swizzle's tiles need.
+__device__ __forceinline__ u32 align1024(u32 a) { return (a + 1023u) & ~1023u; }
 // The dynamic shared memory rounded up to a 1024-byte boundary (launches add 1 KiB of slack):
 // returns its shared-space address and sets `generic` to the same byte as a generic pointer.
 __device__ __forceinline__ u32 smem_base1024(unsigned char** generic) {
     const u32 raw = smem_addr(smem);
-    const u32 base = (raw + 1023u) & ~1023u;
+    const u32 base = align1024(raw);
     *generic = smem + (base - raw);
     return base;
 }
@@ -32,7 +34,7 @@ __device__ __forceinline__ u32 smem_base1024(unsigned char** generic) {
 __device__ __forceinline__ u32 smem_base1024_again() {
     u32 raw;
     asm volatile("mov.u32 %0, smem;" : "=r"(raw));
-    return (raw + 1023u) & ~1023u;
+    return align1024(raw);
 }
 
 // Shared-memory matrix descriptor: start address, 1024-byte step between 8-row groups, 128B
