@@ -45,6 +45,9 @@ enum Cli {
         head_dims: Vec<usize>,
         #[arg(long, default_value_t = 32)]
         heads: usize,
+        /// KV heads (GQA, MQA); default: as many as query heads.
+        #[arg(long)]
+        kv_heads: Option<usize>,
         #[arg(long, default_value = "bf16")]
         dtype: InputDtype,
         /// Also write the JSON lines here.
@@ -85,9 +88,16 @@ fn main() -> Result<()> {
             seqs,
             head_dims,
             heads,
+            kv_heads,
             dtype,
             json,
-        } => attention(&open(dtype)?, &seqs, &head_dims, heads, json.as_deref()),
+        } => attention(
+            &open(dtype)?,
+            &seqs,
+            &head_dims,
+            (heads, kv_heads.unwrap_or(heads)),
+            json.as_deref(),
+        ),
         Cli::Layout { seq } => layout_cost(&open(InputDtype::Bf16)?, seq),
         Cli::Spread { seq, rounds, reps } => spread(&open(InputDtype::Bf16)?, seq, rounds, reps),
         Cli::Ops => {
@@ -103,7 +113,7 @@ fn attention(
     be: &CudaBackend,
     seqs: &[usize],
     head_dims: &[usize],
-    heads: usize,
+    (heads, kv_heads): (usize, usize),
     json: Option<&std::path::Path>,
 ) -> Result<()> {
     let mut lines = vec![];
@@ -112,7 +122,7 @@ fn attention(
             let dims = Dims {
                 batch: 1,
                 heads,
-                kv_heads: heads,
+                kv_heads,
                 head_dim,
             };
             dims.validate()?;
@@ -125,6 +135,7 @@ fn attention(
             let tflops = |flops: f64, ms: f64| flops / (ms * 1e-3) / 1e12;
             let line = json!({
                 "impl": "distflash", "dtype": be.dtype().name(), "seq": seq, "heads": heads,
+                "kv_heads": kv_heads,
                 "head_dim": head_dim, "tuning": format!("{:?}", be.tuning(head_dim)),
                 "fwd_ms": t.forward_ms, "bwd_ms": t.backward_ms,
                 "fwd_tflops": tflops(f, t.forward_ms), "bwd_tflops": tflops(b, t.backward_ms),

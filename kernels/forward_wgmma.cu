@@ -34,6 +34,15 @@
 #define WF_BQ 128
 #define WF_BKV (WIDE_HEADS ? 64 : 128)
 #define WF_THREADS 384  // two computing warpgroups and the loading one
+// Hardware barriers besides 0 (__syncthreads') and the ping-pong turns' 1 and 2 (wgmma.cuh): a
+// computing warpgroup's O is staged (3 and 4, one per warpgroup).
+#define BAR_O_STAGED 3
+// Whether O leaves fwd_final through shared memory in 16-byte vectors along whole rows (from
+// head dim 128), or each thread stores its pairs of 4 bytes, a warp-wide store over 8 rows (8
+// cache lines), as the backward's dK and dV did before kernels v31. Staged, the forward ran
+// +1.7% at 8K for d128 and +1-2% for d192 and d256, level from 32K, and -1.2 to -1.8% for d64
+// (bench/results/short-bwd-2026-12-04, call 4; why d64 loses was not measured).
+#define O_STAGED (HEAD_DIM >= 128)
 
 // Whether a row rescales O lazily: only once its maximum (base 2) has grown by more than
 // RESCALE_SLACK, which it then moves to; until then P stays below 2^8, which bf16 and fp16 hold
@@ -261,11 +270,13 @@ __device__ __forceinline__ void fwd_wg_body(const TensorMap* tmQ, const TensorMa
     }
     pingpong_end(wg);
 
+    float inv[2];  // 1 / the row's sum (fwd_final)
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
         float lt = l[i];
         lt += __shfl_xor_sync(0xffffffff, lt, 1);
         lt += __shfl_xor_sync(0xffffffff, lt, 2);
+        inv[i] = lt > 0.f ? 1.f / lt : 0.f;
         const int row = r0 + wrow + g + 8 * i;
         if (row >= q_len) continue;
         const size_t srow = hr.stat + row;
@@ -279,12 +290,45 @@ __device__ __forceinline__ void fwd_wg_body(const TensorMap* tmQ, const TensorMa
                 *reinterpret_cast<float2*>(ACC + srow * D + nt * 8 + 2 * t) =
                     make_float2(o[nt * 4 + 2 * i], o[nt * 4 + 2 * i + 1]);
         } else {
-            const float inv = lt > 0.f ? 1.f / lt : 0.f;
             if (t == 0) LSE[srow] = lt > 0.f ? (m[i] + __log2f(lt)) * LN2 : NEG_INF;
+            if (!O_STAGED) {
 #pragma unroll
-            for (int nt = 0; nt < D / 8; ++nt)
-                *reinterpret_cast<u32*>(O + hr.q + row * hr.q_row + nt * 8 + 2 * t) =
-                    pack2(o[nt * 4 + 2 * i] * inv, o[nt * 4 + 2 * i + 1] * inv);
+                for (int nt = 0; nt < D / 8; ++nt)
+                    *reinterpret_cast<u32*>(O + hr.q + row * hr.q_row + nt * 8 + 2 * t) =
+                        pack2(o[nt * 4 + 2 * i] * inv[i], o[nt * 4 + 2 * i + 1] * inv[i]);
+            }
+        }
+    }
+    if (!STATE && O_STAGED) {
+        // O leaves through this warpgroup's rows of Q's tile, which only its own products read
+        // (all complete): staged as the TMA boxes hold Q (64 columns a box, 128-byte rows, 16-byte
+        // chunks XORed by row % 8: a warp's 8 rows × 4 pairs on distinct banks), then written in
+        // 16-byte vectors along whole rows.
+        const u32 mine = smem_base1024_again() + wg * 64 * 128;  // sQ, read afresh
+        auto at = [&](int row, int chunk) {
+            return mine + (chunk / 8) * (WF_BQ * 128) + row * 128 +
+                   (((chunk % 8) ^ (row % 8)) << 4);
+        };
+#pragma unroll
+        for (int nt = 0; nt < D / 8; ++nt)
+#pragma unroll
+            for (int i = 0; i < 2; ++i) {
+                const int row = wi * 16 + g + 8 * i;
+                st_shared_u32(at(row, nt) + 4 * t,
+                              pack2(o[nt * 4 + 2 * i] * inv[i], o[nt * 4 + 2 * i + 1] * inv[i]));
+            }
+        named_sync(BAR_O_STAGED + wg, 128);
+        constexpr int CHUNKS = D / 8;  // of a row
+        static_assert(64 * CHUNKS % 128 == 0, "whole passes");
+        const int rows = min(64, q_len - (r0 + wg * 64));
+        u16* const out = O + hr.q + (size_t)(r0 + wg * 64) * hr.q_row;
+#pragma unroll
+        for (int pass = 0; pass < 64 * CHUNKS / 128; ++pass) {
+            const int k = pass * 128 + threadIdx.x % 128;
+            const int row = k / CHUNKS, c = k % CHUNKS;
+            if (row >= rows) break;
+            *reinterpret_cast<uint4*>(out + (size_t)row * hr.q_row + c * 8) =
+                ld_shared_u32x4(at(row, c));
         }
     }
 }
