@@ -26,7 +26,8 @@
 // the tensor cores never wait for a softmax. The rescale of O by the new maximum waits for that
 // P·V, so after tile j, O is the usual accumulator less P_j·V_j, which the next turn (or the one
 // after the loop) adds. V of tile j−1 is still being read while tile j+1 loads, hence its third
-// stage.
+// stage. After the loop fwd_final divides O by the rows' sums and writes it and the LSE; from
+// head dim 128 O leaves through the warpgroup's rows of Q's tile in shared memory (O_STAGED).
 // Tiles and wgmma helpers: wgmma.cuh.
 
 #if FWD_WGMMA
