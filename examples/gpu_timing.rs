@@ -22,7 +22,7 @@ use clap::Parser;
 use distflash::attn::{self, layout};
 use distflash::backend::Backend;
 use distflash::backend::cuda::{
-    CallStrides, CudaBackend, InputDtype, median_ms, time_attention, upload_random,
+    CallStrides, CudaBackend, InputDtype, median_ms, run_times_ms, time_attention, upload_random,
 };
 use distflash::inputs::Inputs;
 use distflash::model::attention::Attention;
@@ -71,6 +71,10 @@ enum Cli {
         rounds: usize,
         #[arg(long, default_value_t = 4)]
         reps: usize,
+        /// Run a round's reps back to back, as `attention` times them (each still timed),
+        /// instead of waiting for each before the next.
+        #[arg(long)]
+        back_to_back: bool,
     },
 }
 
@@ -99,7 +103,12 @@ fn main() -> Result<()> {
             json.as_deref(),
         ),
         Cli::Layout { seq } => layout_cost(&open(InputDtype::Bf16)?, seq),
-        Cli::Spread { seq, rounds, reps } => spread(&open(InputDtype::Bf16)?, seq, rounds, reps),
+        Cli::Spread {
+            seq,
+            rounds,
+            reps,
+            back_to_back,
+        } => spread(&open(InputDtype::Bf16)?, seq, rounds, reps, back_to_back),
         Cli::Ops => {
             for dtype in [InputDtype::Bf16, InputDtype::F16] {
                 ops(&CudaOps::new(open(dtype)?)?)?;
@@ -153,7 +162,13 @@ fn attention(
     Ok(())
 }
 
-fn spread(be: &CudaBackend, seq: usize, rounds: usize, reps: usize) -> Result<()> {
+fn spread(
+    be: &CudaBackend,
+    seq: usize,
+    rounds: usize,
+    reps: usize,
+    back_to_back: bool,
+) -> Result<()> {
     let dims = Dims {
         batch: 1,
         heads: 32,
@@ -170,20 +185,27 @@ fn spread(be: &CudaBackend, seq: usize, rounds: usize, reps: usize) -> Result<()
         let fwd = be.causal_forward(&dims, seq, &mask, &strides, qkv)?;
         let mut grads =
             be.causal_backward(&dims, seq, &mask, &strides, qkv, fwd.as_ref(), &dout)?;
-        let mut times = Vec::with_capacity(reps);
-        for _ in 0..reps {
-            times.push(median_ms(be, 1, &mut || {
-                let f = fwd.as_ref();
-                be.causal_backward_into(&dims, seq, &mask, &strides, qkv, f, &dout, &mut grads)
-            })?);
-        }
+        let mut backward = || {
+            let f = fwd.as_ref();
+            be.causal_backward_into(&dims, seq, &mask, &strides, qkv, f, &dout, &mut grads)
+        };
+        let times = if back_to_back {
+            run_times_ms(be, reps, &mut backward)?
+        } else {
+            (0..reps)
+                .map(|_| median_ms(be, 1, &mut backward))
+                .collect::<Result<Vec<_>>>()?
+        };
         let forward = median_ms(be, 1, &mut || {
             be.causal_forward(&dims, seq, &mask, &strides, qkv)
                 .map(drop)
         })?;
         println!(
             "{}",
-            json!({"seq": seq, "round": round, "bwd_ms": times, "fwd_ms": forward})
+            json!({
+                "seq": seq, "round": round, "back_to_back": back_to_back,
+                "bwd_ms": times, "fwd_ms": forward,
+            })
         );
         kept.push((q, k, v, dout, fwd, grads));
     }

@@ -74,7 +74,7 @@ pub use sequence::sequence_kv_grads_half;
 pub use strides::{CallStrides, Strides};
 pub use tensor::{InputDtype, Tensor};
 pub use timing::{
-    AttentionTiming, BlockKind, median_ms, time_attention, time_block, upload_random,
+    AttentionTiming, BlockKind, median_ms, run_times_ms, time_attention, time_block, upload_random,
 };
 
 use kernels::Kernels;

@@ -24,23 +24,38 @@ pub fn median_ms(
     repeats: usize,
     f: &mut dyn FnMut() -> Result<()>,
 ) -> Result<f64> {
+    let mut times = run_times_ms(be, repeats, f)?;
+    times.sort_by(f64::total_cmp);
+    Ok(times[times.len() / 2])
+}
+
+/// Each of `repeats` runs of `f` (at least one), back to back on the backend's stream, in
+/// milliseconds: an event before the first and after each, so that run i is the time between
+/// events i and i + 1 and the stream never waits for the host in between.
+pub fn run_times_ms(
+    be: &CudaBackend,
+    repeats: usize,
+    f: &mut dyn FnMut() -> Result<()>,
+) -> Result<Vec<f64>> {
     let event = || {
         be.stream()
             .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
             .map_err(|e| anyhow!("could not record a CUDA event: {e:?}"))
     };
-    let mut times = Vec::with_capacity(repeats);
+    let mut events = vec![event()?];
     for _ in 0..repeats.max(1) {
-        let start = event()?;
         f()?;
-        let end = event()?;
-        let ms = start
-            .elapsed_ms(&end)
-            .map_err(|e| anyhow!("could not read a CUDA event: {e:?}"))?;
-        times.push(ms as f64);
+        events.push(event()?);
     }
-    times.sort_by(f64::total_cmp);
-    Ok(times[times.len() / 2])
+    events
+        .windows(2)
+        .map(|pair| {
+            pair[0]
+                .elapsed_ms(&pair[1])
+                .map(f64::from)
+                .map_err(|e| anyhow!("could not read a CUDA event: {e:?}"))
+        })
+        .collect()
 }
 
 /// Random Q, K, V and dO of `rows` rows (`Inputs::random` of `seed`) on the device; the host
