@@ -70,21 +70,42 @@ pub fn upload_random(be: &CudaBackend, dims: Dims, rows: usize, seed: u64) -> Re
     ])
 }
 
+/// Device time each measured operation runs before it is timed, in milliseconds. Under full
+/// load an H200's SM clock steps down at its power limit after ~25 ms and again after that:
+/// the 8K backward ran 621–627 TFLOP/s for its first 24–31 ms, then 545–596
+/// (`bench/results/gqa-cta-2026-12-04`, call 5), so a median of 30 runs from a cold start read
+/// 550–615 from process to process. After a second of the same work the timing reads the clock
+/// a training step's sustained load runs at; `bench/peers/sdpa_bench.py` loads its peers alike.
+const WARM_MS: f64 = 1000.0;
+
+/// Runs `f` back to back for about [`WARM_MS`] of device time, `first_ms` a run.
+fn warm(be: &CudaBackend, first_ms: f64, f: &mut dyn FnMut() -> Result<()>) -> Result<()> {
+    let runs = (WARM_MS / first_ms.max(1e-3)).ceil() as usize;
+    for _ in 0..runs {
+        f()?;
+    }
+    be.synchronize()
+}
+
 /// The median forward time and the repeats it took: as many that the measurement lasts about a
-/// second (3 to 30), after a first run that also warms up.
+/// second (3 to 30), after a first run and [`WARM_MS`] of load.
 fn time_forward(be: &CudaBackend, forward: &mut dyn FnMut() -> Result<()>) -> Result<(f64, usize)> {
     let first = median_ms(be, 1, forward)?;
+    warm(be, first, forward)?;
     let repeats = ((1000.0 / first.max(1e-3)) as usize).clamp(3, 30);
     Ok((median_ms(be, repeats, forward)?, repeats))
 }
 
-/// The median backward time over the forward's repeats, with the forward's figure.
+/// The median backward time over the forward's repeats, after [`WARM_MS`] of backward load,
+/// with the forward's figure.
 fn time_backward(
     be: &CudaBackend,
     forward_ms: f64,
     repeats: usize,
     backward: &mut dyn FnMut() -> Result<()>,
 ) -> Result<AttentionTiming> {
+    let first = median_ms(be, 1, backward)?;
+    warm(be, first, backward)?;
     let backward_ms = median_ms(be, repeats, backward)?;
     be.synchronize()?;
     Ok(AttentionTiming {
