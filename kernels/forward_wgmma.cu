@@ -42,7 +42,8 @@
 // head dim 128), or each thread stores its pairs of 4 bytes, a warp-wide store over 8 rows (8
 // cache lines), as the backward's dK and dV did before kernels v31. Staged, the forward ran
 // +1.7% at 8K for d128 and +1-2% for d192 and d256, level from 32K, and -1.2 to -1.8% for d64
-// (bench/results/short-bwd-2026-12-04, call 4; why d64 loses was not measured).
+// (bench/results/short-bwd-2026-12-04, call 4; why d64 loses was not measured); kept from 128
+// on, +1.2% at 8K for d128 and +0.6% from 32K (bench/results/gqa-cta-2026-12-04, call 2).
 #define O_STAGED (HEAD_DIM >= 128)
 
 // Whether a row rescales O lazily: only once its maximum (base 2) has grown by more than

@@ -31,7 +31,7 @@ pub fn median_ms(
 
 /// Each of `repeats` runs of `f` (at least one), back to back on the backend's stream, in
 /// milliseconds: an event before the first and after each, so that run i is the time between
-/// events i and i + 1 and the stream never waits for the host in between.
+/// events i and i + 1, with no synchronisation between runs.
 pub fn run_times_ms(
     be: &CudaBackend,
     repeats: usize,
