@@ -4,8 +4,8 @@
 # 16-bit SDPA), then our timing sweep and PyTorch SDPA's on the same shapes, then the table.
 # Run from the repository root on the GPU machine with $OUT set:
 #   BIN=.dev/distflash bash bench/peers/attention_session.sh
-# Files in $OUT (a device call returns at most eight): checks.log (every --check output),
-# torch_check.log, distflash.jsonl, sdpa.jsonl, RESULTS.md; the console log is the caller's.
+# Files in $OUT: checks.log (every --check output), torch_check.log, then attention_tables.sh's
+# (ours.jsonl, sdpa.jsonl, their logs, RESULTS.md); the console log is the caller's.
 set -u
 BIN=${BIN:-.dev/distflash}
 SEQS=${BENCH_SEQS:-4096,16384,65536}
@@ -34,8 +34,5 @@ for sched in "4 balanced" "8 zigzag" "3 unbalanced"; do
   echo "exit $?: $(grep -o '"passed": [a-z]*' /tmp/check.json)"
   { echo "=== virtual workers $1 $2"; cat /tmp/check.json; } >> "$OUT/checks.log"
 done
-step "bench distflash"
-timeout 400 "$BIN" bench attention --device cuda --seqs "$SEQS" --head-dims "$DIMS" --json "$OUT/distflash.jsonl" 2>&1 | tail -n 8
-step "bench sdpa"
-timeout 400 python3 bench/peers/sdpa_bench.py --seqs "$SEQS" --head-dims "$DIMS" --json "$OUT/sdpa.jsonl" 2>&1 | tail -n 14
-"$BIN" bench report --results "$OUT" --out "$OUT/RESULTS.md" && cat "$OUT/RESULTS.md"
+step "bench distflash and sdpa"
+BIN="$BIN" TIMEOUT=400 bash bench/peers/attention_tables.sh "$OUT" "$SEQS" "$DIMS"

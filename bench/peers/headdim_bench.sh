@@ -7,8 +7,8 @@
 # Run from the repository root on the GPU machine with $OUT set (carry [".dev"]):
 #   BIN=.dev/distflash bash bench/peers/headdim_bench.sh
 # HEADDIM_SEQS (default 8192,32768) and HEADDIM_DIMS (default all six) narrow it.
-# Files in $OUT: checks.log, distflash.jsonl, sdpa.jsonl, RESULTS.md. Exit status non-zero if
-# a check failed.
+# Files in $OUT: checks.log, then attention_tables.sh's (ours.jsonl, sdpa.jsonl, their logs,
+# RESULTS.md). Exit status non-zero if a check or a timer failed.
 set -u
 BIN=${BIN:-.dev/distflash}
 SEQS=${HEADDIM_SEQS:-8192,32768}
@@ -30,11 +30,6 @@ for d in ${DIMS//,/ }; do
     { echo "=== d=$d $shape"; cat /tmp/check.json; } >> "$OUT/checks.log"
   done
 done
-step "bench distflash"
-timeout 240 "$BIN" bench attention --device cuda --seqs "$SEQS" --head-dims "$DIMS" --heads 32 \
-  --json "$OUT/distflash.jsonl" 2>&1 | tail -n 12
-step "bench sdpa"
-timeout 240 python3 bench/peers/sdpa_bench.py --seqs "$SEQS" --head-dims "$DIMS" --heads 32 \
-  --json "$OUT/sdpa.jsonl" 2>&1 | tail -n 24
-"$BIN" bench report --results "$OUT" --out "$OUT/RESULTS.md" && cat "$OUT/RESULTS.md"
+step "bench distflash and sdpa"
+BIN="$BIN" bash bench/peers/attention_tables.sh "$OUT" "$SEQS" "$DIMS" --heads 32 || status=1
 exit $status
