@@ -22,10 +22,13 @@ import torch.nn.functional as F
 WARM_MS = 1000.0
 
 
-def warm(fn, first_ms):
-    for _ in range(int(-(-WARM_MS // max(first_ms, 1e-3)))):
+def warm_up(fn):
+    """Times a first run of fn, then runs it for about WARM_MS; returns the first run's time."""
+    first = time_ms(fn, 1)
+    for _ in range(int(-(-WARM_MS // max(first, 1e-3)))):
         fn()
     torch.cuda.synchronize()
+    return first
 
 
 def time_ms(fn, reps):
@@ -80,11 +83,10 @@ def main():
                         grad = lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
                         grad()
                         torch.cuda.synchronize()
-                        first = time_ms(run, 1)
+                        first = warm_up(run)
                         reps = max(3, min(30, int(1000 / max(first, 1e-3))))
-                        warm(run, first)
                         f_ms = time_ms(run, reps)
-                        warm(grad, time_ms(grad, 1))
+                        warm_up(grad)
                         b_ms = time_ms(grad, reps)
                 except RuntimeError as e:  # a backend that refuses a shape is reported, not fatal
                     line = {"impl": name, "seq": n, "head_dim": d, "error": str(e).splitlines()[0]}

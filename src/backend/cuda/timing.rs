@@ -78,20 +78,21 @@ pub fn upload_random(be: &CudaBackend, dims: Dims, rows: usize, seed: u64) -> Re
 /// a training step's sustained load runs at; `bench/peers/sdpa_bench.py` loads its peers alike.
 const WARM_MS: f64 = 1000.0;
 
-/// Runs `f` back to back for about [`WARM_MS`] of device time, `first_ms` a run.
-fn warm(be: &CudaBackend, first_ms: f64, f: &mut dyn FnMut() -> Result<()>) -> Result<()> {
-    let runs = (WARM_MS / first_ms.max(1e-3)).ceil() as usize;
-    for _ in 0..runs {
+/// Times a first run of `f`, then runs it back to back for about [`WARM_MS`] of device time;
+/// returns the first run's time.
+fn warm_up(be: &CudaBackend, f: &mut dyn FnMut() -> Result<()>) -> Result<f64> {
+    let first = median_ms(be, 1, f)?;
+    for _ in 0..(WARM_MS / first.max(1e-3)).ceil() as usize {
         f()?;
     }
-    be.synchronize()
+    be.synchronize()?;
+    Ok(first)
 }
 
 /// The median forward time and the repeats it took: as many that the measurement lasts about a
 /// second (3 to 30), after a first run and [`WARM_MS`] of load.
 fn time_forward(be: &CudaBackend, forward: &mut dyn FnMut() -> Result<()>) -> Result<(f64, usize)> {
-    let first = median_ms(be, 1, forward)?;
-    warm(be, first, forward)?;
+    let first = warm_up(be, forward)?;
     let repeats = ((1000.0 / first.max(1e-3)) as usize).clamp(3, 30);
     Ok((median_ms(be, repeats, forward)?, repeats))
 }
@@ -104,8 +105,7 @@ fn time_backward(
     repeats: usize,
     backward: &mut dyn FnMut() -> Result<()>,
 ) -> Result<AttentionTiming> {
-    let first = median_ms(be, 1, backward)?;
-    warm(be, first, backward)?;
+    warm_up(be, backward)?;
     let backward_ms = median_ms(be, repeats, backward)?;
     be.synchronize()?;
     Ok(AttentionTiming {
