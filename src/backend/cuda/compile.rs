@@ -257,6 +257,70 @@ mod tests {
         String::from_utf8_lossy(&bytes).into_owned()
     }
 
+    /// Not a check but a tool (run with `--ignored`; `bench/peers/sass_dump.sh` does): writes
+    /// every Hopper variant's machine code (head dims × dtypes × maskings × deterministic, for
+    /// an H200's 132 SMs) as `DIR/d{head_dim}_{bf16|f16}_{causal|masked}[_det].cubin`, DIR
+    /// from `DISTFLASH_CUBIN_DIR`. Disassembled, two trees' files say whether a change to the
+    /// kernels' source changed what the GPU runs, without a GPU.
+    #[test]
+    #[ignore]
+    fn write_every_variant_cubin() {
+        use cudarc::nvrtc::{result, sys};
+        use rayon::prelude::*;
+        let dir = PathBuf::from(std::env::var("DISTFLASH_CUBIN_DIR").expect("DISTFLASH_CUBIN_DIR"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut variants = vec![];
+        for deterministic in [false, true] {
+            for head_dim in crate::backend::cuda::HEAD_DIMS {
+                for bf16 in [true, false] {
+                    for masking in Masking::BOTH {
+                        variants.push((deterministic, head_dim, bf16, masking));
+                    }
+                }
+            }
+        }
+        variants
+            .par_iter()
+            .for_each(|&(deterministic, head_dim, bf16, masking)| {
+                let t = Tuning {
+                    deterministic,
+                    ..Tuning::for_head_dim(head_dim).for_device(head_dim, (9, 0))
+                };
+                let source = kernel_source(head_dim, bf16, &t, masking, H200_SMS);
+                let src = std::ffi::CString::new(source).unwrap();
+                let prog = result::create_program(&src, None).unwrap();
+                let options = [
+                    "--gpu-architecture=sm_90a",
+                    "--use_fast_math",
+                    "--std=c++17",
+                ];
+                // SAFETY: `prog` was just created; the buffer has the size NVRTC reports for its
+                // cubin; `prog` is destroyed only after its last use.
+                let cubin = unsafe {
+                    result::compile_program(prog, &options).unwrap();
+                    let mut size = 0usize;
+                    sys::nvrtcGetCUBINSize(prog, &mut size).result().unwrap();
+                    let mut bytes = vec![0u8; size];
+                    sys::nvrtcGetCUBIN(prog, bytes.as_mut_ptr().cast())
+                        .result()
+                        .unwrap();
+                    result::destroy_program(prog).unwrap();
+                    bytes
+                };
+                let name = format!(
+                    "d{head_dim}_{}_{}{}.cubin",
+                    if bf16 { "bf16" } else { "f16" },
+                    if masking == Masking::Masked {
+                        "masked"
+                    } else {
+                        "causal"
+                    },
+                    if deterministic { "_det" } else { "" }
+                );
+                std::fs::write(dir.join(name), cubin).unwrap();
+            });
+    }
+
     /// The attention kernels in ptxas's `report` that spilled registers, each with its line.
     fn spills(report: &str, what: &str) -> Vec<String> {
         let mut found = Vec::new();
