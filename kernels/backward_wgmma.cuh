@@ -393,19 +393,16 @@ __device__ __forceinline__ void kv_grad_out(u32 tile, void* g, size_t first, int
                                             int rows) {
     constexpr int PER_CHUNK = 16 / KV_ELEM<DIRECT>;
     constexpr int CHUNKS = HEAD_DIM / PER_CHUNK;  // of a row, over the head dim
-    static_assert(WG_BKV * CHUNKS % WG_CONSUMERS == 0, "whole passes");
-#pragma unroll
-    for (int pass = 0; pass < WG_BKV * CHUNKS / WG_CONSUMERS; ++pass) {
-        const int i = pass * WG_CONSUMERS + threadIdx.x;
-        const int row = i / CHUNKS, c = i % CHUNKS;
-        if (row >= rows) break;
-        const uint4 v = ld_shared_u32x4(tile + kv_stage_offset<DIRECT>(row, c));
-        const size_t o = first + (size_t)row * kv_row + c * PER_CHUNK;
-        if (DIRECT)
-            *reinterpret_cast<uint4*>(reinterpret_cast<u16*>(g) + o) = v;
-        else
-            red_add4(reinterpret_cast<float*>(g) + o, v);
-    }
+    staged_rows_out<WG_BKV, CHUNKS, WG_CONSUMERS>(
+        threadIdx.x, rows,
+        [&](int row, int c) { return tile + kv_stage_offset<DIRECT>(row, c); },
+        [&](int row, int c, uint4 v) {
+            const size_t o = first + (size_t)row * kv_row + c * PER_CHUNK;
+            if (DIRECT)
+                *reinterpret_cast<uint4*>(reinterpret_cast<u16*>(g) + o) = v;
+            else
+                red_add4(reinterpret_cast<float*>(g) + o, v);
+        });
 }
 // The end of both kernels' computing warpgroups, once their last products have completed: this
 // thread's NT column groups of dK and dV (accumulator element 4·nt + 2i + {0, 1}: key row

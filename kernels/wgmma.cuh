@@ -254,6 +254,23 @@ __device__ __forceinline__ uint4 ld_shared_u32x4(u32 at) {
                  : "memory");
     return v;
 }
+// Writes a tile staged in shared memory out along whole rows: rows [0, rows) of ROWS rows of
+// CHUNKS 16-byte chunks, one chunk a thread and pass, consecutive threads along a row, so that a
+// warp's stores cover whole rows (cache lines) where each thread's own accumulator pairs would
+// spread a warp's stores over 8 rows. `at(row, chunk)` is a chunk's shared address (the staging's
+// swizzle) and `put(row, chunk, v)` stores or adds it. The backward's dK and dV leave this way
+// (THREADS: both computing warpgroups), 16-bit or added into f32.
+template <int ROWS, int CHUNKS, int THREADS, class At, class Put>
+__device__ __forceinline__ void staged_rows_out(int thread, int rows, At at, Put put) {
+    static_assert(ROWS * CHUNKS % THREADS == 0, "whole passes");
+#pragma unroll
+    for (int pass = 0; pass < ROWS * CHUNKS / THREADS; ++pass) {
+        const int i = pass * THREADS + thread;
+        const int row = i / CHUNKS, chunk = i % CHUNKS;
+        if (row >= rows) break;
+        put(row, chunk, ld_shared_u32x4(at(row, chunk)));
+    }
+}
 // This thread's bulk groups have read their shared source (they may still be writing).
 __device__ __forceinline__ void bulk_wait_read() {
     asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
