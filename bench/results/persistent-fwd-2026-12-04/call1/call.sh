@@ -24,16 +24,5 @@ LOG=$R/gpu_attention.log TESTS=gpu_attention TIMEOUT=240 bash bench/peers/gpu_te
 grep -h "test result\|FAIL\|panicked" $R/gpu_attention.log | tail -n 3
 LOG=$R/gpu_ops.log TESTS="gpu_ops gpu_model_attention" TIMEOUT=200 bash bench/peers/gpu_tests.sh > $R/gpu_ops.out 2>&1; echo "gpu_ops, gpu_model_attention (v35): exit $?"
 grep -h "test result\|FAIL\|panicked" $R/gpu_ops.log | tail -n 4
-sum() { python3 -c "
-import json,sys
-for r in map(json.loads, open('$1')): print('d%d %dK fwd %.0f bwd %.0f;' % (r['head_dim'], r['seq']//1024, r['fwd_tflops'], r['bwd_tflops']), end=' ')" 2>&1; echo; }
-for round in 1 2; do
-  for v in base v35; do
-    b=.dev/gpu_timing; [ $v = base ] && b=.dev/base/gpu_timing
-    timeout 120 $b attention --seqs 4096,8192,16384,32768,131072 --head-dims 128 --json $R/a_${v}_$round.jsonl > /dev/null 2>$R/a_${v}_$round.err
-    echo "$v round $round d128: exit $? $(sum $R/a_${v}_$round.jsonl)"
-    timeout 100 $b attention --seqs 8192,32768 --head-dims 64,192,256 --json $R/b_${v}_$round.jsonl > /dev/null 2>$R/b_${v}_$round.err
-    echo "$v round $round others: exit $? $(sum $R/b_${v}_$round.jsonl)"
-  done
-done
+bash bench/peers/ab_attention.sh .dev/base .dev 2 4096,8192,16384,32768,131072:128 8192,32768:64,192,256
 tar czf $OUT/runs.tgz -C $OUT runs && rm -rf $R
