@@ -97,7 +97,9 @@ def main():
                             "fwd_tflops": round(tf(fwd_flops, f_ms), 1),
                             "bwd_tflops": round(tf(2.5 * fwd_flops, b_ms), 1),
                             "fwdbwd_tflops": round(tf(3.5 * fwd_flops, f_ms + b_ms), 1),
-                            "reps": reps, "command": "python3 " + " ".join(sys.argv)}
+                            "reps": reps, "torch": torch.__version__,
+                            "cudnn": torch.backends.cudnn.version(),
+                            "command": "python3 " + " ".join(sys.argv)}
                 print(json.dumps(line), flush=True)
                 lines.append(line)
             del q, k, v, dout
