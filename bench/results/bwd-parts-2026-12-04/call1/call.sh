@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Device call 1 (nvidia-h200), carry [".dev"]. NOT RUN YET: no device was lent on 2026-12-04
+# after this was written (see ../README.md). Build: .dev/gpu_timing with
+# ../backward-parts-timer.patch applied (alone, or with the persistent forward's patch:
+# the backward's code is the same in both).
+# Where the d128 backward's time goes at 4K-128K, MHA and GQA 32/8: D, the f32 accumulators
+# cleared, the kernel alone, and the three together, each timed after a second of its own load.
+# Prediction, written before the call: D plus the clearing ~3% of the whole at 8K (MHA: 128 MiB
+# read, 128 MiB cleared, ~75 us of ~2.5 ms; GQA ~3.7%, its f32 dK and dV cleared too), ~1.5% at
+# 16K, under 1% from 32K; the kernel alone ~565-570 TFLOP/s at 8K against the whole's 545-551,
+# so the passes explain under half of the 8K backward's 6-7% shortfall against 16K's.
+set -u
+export DISTFLASH_CACHE_DIR=/tmp/distflash-cache
+R=$OUT/runs; mkdir -p $R
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu --format=csv > $R/gpu.txt
+for kv in 32 8; do
+  timeout 200 .dev/gpu_timing backward-parts --seqs 4096,8192,16384,32768,131072 --head-dims 128 \
+    --kv-heads $kv --json $R/parts_kv$kv.jsonl > $R/parts_kv$kv.log 2>&1
+  echo "kv_heads $kv: exit $?"
+  cat $R/parts_kv$kv.jsonl
+done
+tar czf $OUT/runs.tgz -C $OUT runs && rm -rf $R
