@@ -13,10 +13,19 @@ set -u
 export DISTFLASH_CACHE_DIR=/tmp/distflash-cache
 R=$OUT/runs; mkdir -p $R
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu --format=csv > $R/gpu.txt
+# One length a process, each start and end stamped, so that the SM clock sampled beside them
+# (clocks.csv) can be read per length.
+nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu --format=csv -lms 200 > $R/clocks.csv &
+SMI=$!
 for kv in 32 8; do
-  timeout 200 .dev/gpu_timing backward-parts --seqs 4096,8192,16384,32768,131072 --head-dims 128 \
-    --kv-heads $kv --json $R/parts_kv$kv.jsonl > $R/parts_kv$kv.log 2>&1
-  echo "kv_heads $kv: exit $?"
-  cat $R/parts_kv$kv.jsonl
+  for seq in 4096 8192 16384 32768 131072; do
+    echo "start kv $kv seq $seq $(date +%T.%N)" >> $R/stamps.txt
+    timeout 100 .dev/gpu_timing backward-parts --seqs $seq --head-dims 128 --kv-heads $kv \
+      --json $R/parts_kv${kv}_$seq.jsonl > $R/parts_kv${kv}_$seq.log 2>&1
+    rc=$?
+    echo "end kv $kv seq $seq $(date +%T.%N) exit $rc" >> $R/stamps.txt
+    echo "kv_heads $kv seq $seq: exit $rc $(cat $R/parts_kv${kv}_$seq.jsonl 2>/dev/null)"
+  done
 done
+kill $SMI
 tar czf $OUT/runs.tgz -C $OUT runs && rm -rf $R
