@@ -52,12 +52,14 @@ pub(crate) fn kernel_source(
 /// `compute_90a`, the target with Hopper's own instructions (`wgmma`), which runs only on 9.0.
 pub(crate) fn compile_options(major: i32, minor: i32) -> Vec<String> {
     let arch_specific = if (major, minor) == (9, 0) { "a" } else { "" };
-    vec![
-        format!("--gpu-architecture=compute_{major}{minor}{arch_specific}"),
-        "--use_fast_math".into(),
-        "--std=c++17".into(),
-    ]
+    let arch = format!("--gpu-architecture=compute_{major}{minor}{arch_specific}");
+    std::iter::once(arch)
+        .chain(LANGUAGE_OPTIONS.map(String::from))
+        .collect()
 }
+
+/// The options every compile of the kernels takes besides its target.
+const LANGUAGE_OPTIONS: [&str; 2] = ["--use_fast_math", "--std=c++17"];
 
 /// Cache key: FNV-1a (64-bit) over every input of the compilation, with lengths in between so
 /// that moving text from one field to the next changes the key. FNV is fixed forever, unlike
@@ -232,29 +234,43 @@ mod tests {
         }
     }
 
+    /// `source` compiled by NVRTC to machine code for `arch` (`sm_90a`, `sm_80`) with the
+    /// kernels' options and `extra`: the compile's log and the cubin. Panics, naming `arch`,
+    /// where it fails.
+    fn compile_to_cubin(source: &str, arch: &str, extra: &[&str]) -> (String, Vec<u8>) {
+        use cudarc::nvrtc::{result, sys};
+        let src = std::ffi::CString::new(source).unwrap();
+        let prog = result::create_program(&src, None).unwrap();
+        let target = format!("--gpu-architecture={arch}");
+        let mut options = vec![target.as_str()];
+        options.extend(LANGUAGE_OPTIONS);
+        options.extend(extra);
+        // SAFETY: `prog` was just created and is destroyed only after its last use below; the
+        // cubin's buffer has the size NVRTC reports for it.
+        let (compiled, log, cubin) = unsafe {
+            let compiled = result::compile_program(prog, &options);
+            let log = result::get_program_log(prog).unwrap();
+            let mut cubin = vec![];
+            if compiled.is_ok() {
+                let mut size = 0usize;
+                sys::nvrtcGetCUBINSize(prog, &mut size).result().unwrap();
+                cubin.resize(size, 0u8);
+                sys::nvrtcGetCUBIN(prog, cubin.as_mut_ptr().cast())
+                    .result()
+                    .unwrap();
+            }
+            result::destroy_program(prog).unwrap();
+            (compiled, log, cubin)
+        };
+        compiled.unwrap_or_else(|e| panic!("{arch} compile failed: {e:?}"));
+        let bytes: Vec<u8> = log.iter().map(|&c| c as u8).collect();
+        (String::from_utf8_lossy(&bytes).into_owned(), cubin)
+    }
+
     /// ptxas's report (`--ptxas-options=-v`) for `source` compiled to machine code for `arch`
     /// (`sm_90a`, `sm_80`).
     fn ptxas_report(source: &str, arch: &str) -> String {
-        use cudarc::nvrtc::result;
-        let src = std::ffi::CString::new(source).unwrap();
-        let prog = result::create_program(&src, None).unwrap();
-        let arch = format!("--gpu-architecture={arch}");
-        let options = [
-            arch.as_str(),
-            "--use_fast_math",
-            "--std=c++17",
-            "--ptxas-options=-v",
-        ];
-        // SAFETY: `prog` was just created and is destroyed only after its last use below.
-        let log = unsafe {
-            let compiled = result::compile_program(prog, &options);
-            let log = result::get_program_log(prog).unwrap();
-            result::destroy_program(prog).unwrap();
-            compiled.unwrap_or_else(|e| panic!("{arch} compile failed: {e:?}"));
-            log
-        };
-        let bytes: Vec<u8> = log.iter().map(|&c| c as u8).collect();
-        String::from_utf8_lossy(&bytes).into_owned()
+        compile_to_cubin(source, arch, &["--ptxas-options=-v"]).0
     }
 
     /// Not a check but a tool (run with `--ignored`; `bench/peers/sass_dump.sh` does): writes
@@ -265,7 +281,6 @@ mod tests {
     #[test]
     #[ignore]
     fn write_every_variant_cubin() {
-        use cudarc::nvrtc::{result, sys};
         use rayon::prelude::*;
         let dir = PathBuf::from(std::env::var("DISTFLASH_CUBIN_DIR").expect("DISTFLASH_CUBIN_DIR"));
         std::fs::create_dir_all(&dir).unwrap();
@@ -287,26 +302,7 @@ mod tests {
                     ..Tuning::for_head_dim(head_dim).for_device(head_dim, (9, 0))
                 };
                 let source = kernel_source(head_dim, bf16, &t, masking, H200_SMS);
-                let src = std::ffi::CString::new(source).unwrap();
-                let prog = result::create_program(&src, None).unwrap();
-                let options = [
-                    "--gpu-architecture=sm_90a",
-                    "--use_fast_math",
-                    "--std=c++17",
-                ];
-                // SAFETY: `prog` was just created; the buffer has the size NVRTC reports for its
-                // cubin; `prog` is destroyed only after its last use.
-                let cubin = unsafe {
-                    result::compile_program(prog, &options).unwrap();
-                    let mut size = 0usize;
-                    sys::nvrtcGetCUBINSize(prog, &mut size).result().unwrap();
-                    let mut bytes = vec![0u8; size];
-                    sys::nvrtcGetCUBIN(prog, bytes.as_mut_ptr().cast())
-                        .result()
-                        .unwrap();
-                    result::destroy_program(prog).unwrap();
-                    bytes
-                };
+                let (_, cubin) = compile_to_cubin(&source, "sm_90a", &[]);
                 let name = format!(
                     "d{head_dim}_{}_{}{}.cubin",
                     if bf16 { "bf16" } else { "f16" },
