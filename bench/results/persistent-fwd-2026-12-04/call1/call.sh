@@ -2,7 +2,7 @@
 # Device call 1 (nvidia-h200), carry [".dev"]. NOT RUN YET: no device was lent on 2026-12-04
 # after this was written (see ../README.md for how to build the two builds and run it).
 # Builds:
-#   base = .dev/base/ (main 5cfe154, kernels v34; gpu_timing only)
+#   base = .dev/base/ (main from 5cfe154 on, kernels v34; gpu_timing only)
 #   v35  = .dev/      v34 plus: the wgmma forward's CTAs are persistent, one per SM, taking
 #                     works (a batch·head's 128-row query tile) from an atomic counter, heaviest
 #                     first; two Q buffers up to head dim 192 (one at 256), so that the next
