@@ -20,10 +20,8 @@ set -u
 export PATH=/opt/torch/.venv/bin:$PATH DISTFLASH_CACHE_DIR=/tmp/distflash-cache
 R=$OUT/runs; mkdir -p $R
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu --format=csv > $R/gpu.txt
-LOG=$R/gpu_attention.log TESTS=gpu_attention TIMEOUT=240 bash bench/peers/gpu_tests.sh > /dev/null 2>&1; echo "gpu_attention (v35): exit $?"
-grep -h "test result\|FAIL\|panicked" $R/gpu_attention.log | tail -n 3
-LOG=$R/gpu_ops.log TESTS="gpu_ops gpu_model_attention" TIMEOUT=200 bash bench/peers/gpu_tests.sh > $R/gpu_ops.out 2>&1; echo "gpu_ops, gpu_model_attention (v35): exit $?"
-grep -h "test result\|FAIL\|panicked" $R/gpu_ops.log | tail -n 4
+LOG=$R/gpu_tests.log TIMEOUT=240 bash bench/peers/gpu_tests.sh; echo "gpu tests (v35): exit $?"
+grep -h "test result\|panicked" $R/gpu_tests.log | tail -n 6
 nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu --format=csv -lms 200 > $R/clocks.csv &
 SMI=$!
 bash bench/peers/ab_attention.sh .dev/base .dev 2 4096,8192,16384,32768,131072:128 8192,32768:64,192,256
