@@ -55,7 +55,13 @@ def step_flops(c, seq):
     return 6.0 * matmul * seq + 6.0 * c.num_hidden_layers * seq * seq * q_w
 
 
-def build(layers, seq):
+def build(layers, seq, liger):
+    if liger:
+        # Liger's fused RMSNorm, SwiGLU, RoPE and linear cross-entropy (the logits never exist
+        # whole): it patches transformers' Llama classes, so it must run before the model is made.
+        from liger_kernel.transformers import apply_liger_kernel_to_llama
+        apply_liger_kernel_to_llama(rope=True, rms_norm=True, swiglu=True,
+                                    fused_linear_cross_entropy=True, cross_entropy=False)
     torch.manual_seed(0)
     previous = torch.get_default_dtype()
     torch.set_default_dtype(torch.bfloat16)
@@ -101,13 +107,16 @@ def main():
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--optimizer", choices=["none", "adamw"], default="none",
                    help="adamw: torch.optim.AdamW(fused=True, lr=1e-5) steps after each backward")
+    p.add_argument("--liger", action="store_true",
+                   help="transformers with Liger kernels (liger-kernel installed): fused RMSNorm, "
+                        "SwiGLU, RoPE and linear cross-entropy")
     p.add_argument("--out", help="also append the JSON lines here")
     a = p.parse_args()
     seqs = [int(s) for s in a.seq.split(",") if s]
     modes = {"on": [True], "off": [False], "both": [True, False]}[a.checkpointing]
     out = open(a.out, "a") if a.out else None
     began = time.perf_counter()
-    model = build(a.layers, max(seqs))
+    model = build(a.layers, max(seqs), a.liger)
     built_secs = time.perf_counter() - began
     optimizer = None
     if a.optimizer == "adamw":
@@ -116,7 +125,8 @@ def main():
     for seq in seqs:
         for ckpt in modes:
             line = {
-                "impl": "hf_transformers", "transformers": transformers.__version__,
+                "impl": "hf_transformers_liger" if a.liger else "hf_transformers",
+                "transformers": transformers.__version__,
                 "torch": torch.__version__, "attention": "sdpa", "dtype": "bf16",
                 "preset": "llama2-7b", "layers": a.layers, "seq": seq,
                 "checkpoint": "hf_gradient_checkpointing" if ckpt else "none",
