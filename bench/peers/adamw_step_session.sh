@@ -8,11 +8,14 @@
 # Then distflash's per-op profile (`bench train --profile`, no optimizer) at PROFILE_SEQS and the
 # bf16 GEMM rate of the step's linear shapes through torch, the rate its ideal is counted at.
 # Run from the repository root, with carry [".dev"] (the binary built here into .dev/distflash):
-#   LAYERS=16 SEQS="16384 32768 65536 131072" bash bench/peers/adamw_step_session.sh
+#   SEQS="16384 32768 65536 131072" STACKS="ours hf" bash bench/peers/adamw_step_session.sh
+# (LAYERS: all 32 on a card of over 120 GB, else 16; STACKS: any of ours hf liger profile gemm.)
 # Writes ours.jsonl, hf.jsonl, profile.log, gemm.jsonl and session.log to $OUT.
 set -u
 BIN=${BIN:-.dev/distflash}
-LAYERS=${LAYERS:-16}
+# The whole model where the card holds it (an H200), its first 16 layers on an 80 GB H100.
+total=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -n 1)
+LAYERS=${LAYERS:-$([ "${total:-0}" -gt 120000 ] && echo 32 || echo 16)}
 SEQS=${SEQS:-16384 32768 65536 131072}
 PROFILE_SEQS=${PROFILE_SEQS:-65536 131072}
 STEPS=${STEPS:-3}
