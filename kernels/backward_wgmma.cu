@@ -29,13 +29,13 @@
 // so that neither waits for the other's dSᵀ: the other warpgroup wrote the previous tile's
 // before its own turn of step 3 on that tile, which came before this one. For dQ, per-thread
 // vector atomics cost 7% of the backward's speed and per-row bulk reductions 2·32 serial issues
-// in two warps (bench/notes/kernel-notes.md, v7 and v18). The loading and reducing warps alone,
+// in two warps (bench/HISTORY.md, v7 and v18). The loading and reducing warps alone,
 // in place of loads and reductions issued by the computing warpgroups between CTA barriers,
 // lost 1–2% at head dim 128 and 8% at 64; with the turns and the late dQ the backward gained
 // 3–9% at 128, 7% at 96, and is level at 64 (v21).
 // Compared with the per-warp mma.sync kernel, B operands are read from shared memory once per
 // warpgroup instead of once per warp, which is what limited that kernel (81% shared-memory
-// throughput, bench/notes/kernel-notes.md).
+// throughput, bench/HISTORY.md).
 
 #if BWD_WGMMA && !WIDE_HEADS
 
@@ -152,7 +152,7 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) bwd_block(BWD_BLOCK_
         if (warp == WG_LOADER) {
             // Tile n's Q and dO by TMA (its first lane: rows past the end and padding columns
             // land as zeros; in place of 16 cp.async per thread and tile, 1.12× the backward's
-            // speed at d96: bench/notes/kernel-notes.md, v18), its LSE, D and row starts by
+            // speed at d96: bench/HISTORY.md, v18), its LSE, D and row starts by
             // cp.async from every lane, the first two then formed for the computing warpgroups
             // (form_row_vectors); into stage n % 2 once tile n − 2 is done with it.
             for (int n = 0; t_begin + n < n_qt; ++n) {

@@ -140,7 +140,7 @@ __device__ __forceinline__ void head_dim_product(float* acc, u32 a, u32 b) {
 // Then it arrives on the stage's barrier `bar` (a release: these values and the row starts
 // copied beside them are visible to the computing warpgroups that wait on it). In the computing
 // warpgroups these were 48 and 32 instructions a thread and tile (v26,
-// bench/notes/kernel-notes.md); the loading warp has the time to spare, though not the
+// bench/HISTORY.md); the loading warp has the time to spare, though not the
 // registers for generic pointers (24: with them it spilled).
 template <bool FORM_LSE, bool FORM_D>
 __device__ __forceinline__ void form_row_vectors(u32 lse, u32 d, float scale, u32 bar) {

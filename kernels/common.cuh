@@ -117,7 +117,7 @@ __device__ __forceinline__ u32 swz128(int rows, int row, int col) {
 // swizzle of all of a thread's chunks is that of its first row, and every copy after the first
 // is the first one's addresses plus a constant step, so the loop compiles to bare cp.async
 // instructions and one address add each. (Indexing chunks by a strided `i` instead cost as many
-// instructions per tile as the forward's softmax: bench/notes/kernel-notes.md, v7.) Other
+// instructions per tile as the forward's softmax: bench/HISTORY.md, v7.) Other
 // shapes (head dims 80, 96, 192; 256 with 4 warps) take that strided loop.
 template <int ROWS, int THREADS, bool ATOMS = false, int COLS = HEAD_DIM>
 __device__ __forceinline__ void load_tile(u32 dst, const u16* base, int stride, int row0,
@@ -203,11 +203,11 @@ struct Strides {
 // CTAs fill NUM_SMS (the device's SMs, from the host) at most, and at least one head:
 // - From 16K tokens on, a head's tiles fill the device alone: CTAs go head by head, and a wave
 //   streams one head's K and V (forward) or Q, dO and dQ (backward), not every head's at once
-//   (bench/notes/kernel-notes.md, v15).
+//   (bench/HISTORY.md, v15).
 // - Shorter heads share a wave, their tiles interleaved, so that the causal grid's CTAs of
 //   unequal lengths start longest first across the group and the last to start are short: head
 //   by head, the last head's longest CTAs started near the end (at 4K the backward ran 0.91×
-//   and the forward 0.92× this order's speed, bench/notes/kernel-notes.md, v20).
+//   and the forward 0.92× this order's speed, bench/HISTORY.md, v20).
 // Without KEY_MAJOR, one tile index of every head comes first (one group of every head).
 // DESCENDING runs a head's tiles last first: the forward's heaviest query tiles (the most
 // visible keys) then start first, so the tail of the grid is short; and the deterministic
@@ -263,7 +263,7 @@ __device__ __forceinline__ HeadRows head_rows(int bh, int heads, int kv_heads, i
 // MASKED (0 or 1, defined by the host per module, `src/backend/cuda/kernels.rs`): a module
 // compiled with 0 is the causal one: every helper below folds to its causal constant and the
 // mask arguments go unread, so causal attention runs the code it ran before masks (with the mask
-// read at run time, the causal backward ran 12-17% slower: bench/notes/kernel-notes.md, v11);
+// read at run time, the causal backward ran 12-17% slower: bench/HISTORY.md, v11);
 // a module compiled with 1 reads the mask.
 
 // Where query position `pos` starts seeing local keys (0 without a mask).
@@ -274,7 +274,7 @@ __device__ __forceinline__ int row_start_at(const int* row_start, int pos) {
 // Backward: query rows [row0, row0 + N) of the block's row starts into shared memory at `dst`,
 // in the same cp.async group as the tile's LSE and D (rows past q_len read as 0), where the
 // tile's mask test reads them. Staging them alone did not speed the masked backward (the loads
-// were not its cost: bench/notes/kernel-notes.md, v12); it keeps the test's reads out of
+// were not its cost: bench/HISTORY.md, v12); it keeps the test's reads out of
 // global memory. Nothing is loaded in the causal module or without a mask.
 template <int N>
 __device__ __forceinline__ void load_row_starts(u32 dst, const int* row_start, int q_start,

@@ -49,7 +49,7 @@ __device__ __forceinline__ u64 wg_desc(u32 addr, u32 lbo = 1024) {
 // so the offset adds to the low word alone. The products of a tile step through their operands
 // this way, one add each: built afresh per product (mask, shift, or, for both operands), ptxas
 // spent eight instructions a product and kept the loop-invariant ones in registers across the
-// backward's loop, where they spilled (bench/notes/kernel-notes.md, v24).
+// backward's loop, where they spilled (bench/HISTORY.md, v24).
 __device__ __forceinline__ u64 wg_desc_at(u64 desc, u32 bytes) {
     return (desc & ~0xFFFFFFFFull) | (u32)((u32)desc + (bytes >> 4));
 }
@@ -308,7 +308,7 @@ __device__ __forceinline__ void mbar_expect_bytes(u32 bar, u32 bytes) {
 // with 384 threads may use only 168 registers per thread, so the warpgroup that only loads drops
 // to 24 and the two that compute take 240. A claim waits until released registers cover it, and
 // only the CTA's own count: (168 − 24)·128 = (240 − 168)·256 exactly, so these numbers go
-// together (a backward that released only to 32 hung: bench/notes/kernel-notes.md, v8).
+// together (a backward that released only to 32 hung: bench/HISTORY.md, v8).
 template <int REGS>
 __device__ __forceinline__ void regs_release() {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(REGS));

@@ -1,6 +1,6 @@
 //! distflash: exact distributed FlashAttention (DistFlashAttn) for long-context training.
 //!
-//! The modules follow DESIGN.md's map: `plan` (schedules), `attn` (block math and the f64
+//! The modules follow docs/architecture.md's map: `plan` (schedules), `attn` (block math and the f64
 //! oracle), `comm` (moving buffers between workers), `exec` (running a plan on a backend) and
 //! `backend` (devices).
 

@@ -1,5 +1,5 @@
-//! DESIGN.md's one-way module map, checked: every `crate::…` path in `src/**/*.rs` (a `use` or
-//! a path written inline) must be one its module is allowed to name. An import against the map
+//! The one-way module map of docs/architecture.md, checked: every `crate::…` path in
+//! `src/**/*.rs` (a `use` or a path written inline) must be one its module is allowed to name. An import against the map
 //! fails here with the file, the path and the rule it breaks, so a cycle or a layer reaching
 //! down past its interface cannot come back unnoticed.
 //!
@@ -16,7 +16,8 @@ enum Rule {
     /// Exactly these modules (a first path segment, or `module::submodule` for one part).
     Only(&'static [&'static str]),
     /// Any module listed before it in [`MAP`], except the paths named: the layers whose
-    /// insides are being rewritten, checked only for what DESIGN says they must not know.
+    /// insides are being rewritten, checked only for what docs/architecture.md says they must
+    /// not know.
     Below { except: &'static [&'static str] },
 }
 
@@ -40,7 +41,7 @@ const MAP: &[(&str, Rule)] = &[
     // virtual workers move (`comm::cuda`, `comm::nccl`).
     ("comm", Rule::Only(&["shape", "backend::cuda"])),
     // Running a plan on a backend over a communicator; the threaded driver generates inputs.
-    // Nothing of the model's layers (DESIGN: exec "knows nothing of model layers").
+    // Nothing of the model's layers (docs/architecture.md: exec "knows nothing of model layers").
     ("exec", Rule::Below { except: &[] }),
     // One rank's call on chunks its caller holds (the Python binding's entry): the partition
     // every rank derives alike and the executor's passes over it. Nothing of devices' opening,
@@ -48,7 +49,8 @@ const MAP: &[(&str, Rule)] = &[
     ("rank_attention", Rule::Below { except: &[] }),
     // The model's layers on a device: shapes, attn's `Partial`, and the backend whose context,
     // stream and kernel cache the GPU ops share. Nothing of plans, communication or the
-    // executor (DESIGN: model "knows nothing of how attention is distributed").
+    // executor (docs/architecture.md: model "knows nothing of how attention is
+    // distributed").
     ("model", Rule::Only(&["shape", "attn", "backend"])),
     // Predictions before a run: the plans it replays, block sizes, and the model's memory cost
     // of a rank (its plan-derived share computed here).
@@ -62,8 +64,8 @@ const MAP: &[(&str, Rule)] = &[
     // backends) and communicators below it and runs a job's per-worker function; it knows
     // nothing of what jobs compute (nothing of `train`, `attention_run`).
     ("runtime", Rule::Below { except: &[] }),
-    // The training loop: anything below it but the kernels (DESIGN: train "knows nothing of
-    // kernels"; the CPU backend and the `Backend` trait are fine); its jobs run on the runtime.
+    // The training loop: anything below it but the kernels (docs/architecture.md: train
+    // "knows nothing of kernels"; the CPU backend and the `Backend` trait are fine); its jobs run on the runtime.
     (
         "train",
         Rule::Below {
@@ -254,7 +256,7 @@ fn imports_follow_the_module_map() {
     let (bad, against) = check(&src);
     assert!(
         bad.is_empty(),
-        "imports against DESIGN.md's module map (tests/module_map.rs):\n{}",
+        "imports against docs/architecture.md's module map (tests/module_map.rs):\n{}",
         bad.join("\n")
     );
     for (module, path) in KNOWN {
@@ -286,7 +288,7 @@ fn use_trees_are_expanded_and_comments_ignored() {
 
 #[test]
 fn a_planted_import_against_the_map_is_caught() {
-    // Each of these is an edge DESIGN forbids; each must be reported.
+    // Each of these is an edge docs/architecture.md forbids; each must be reported.
     for (module, path) in [
         ("plan", "attn::Dims"),
         ("attn", "inputs::Inputs"),

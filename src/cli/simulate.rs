@@ -25,13 +25,13 @@ pub struct Args {
     head_dim: usize,
     #[arg(long, default_value_t = 1)]
     batch: usize,
-    /// One device's attention forward rate, TFLOP/s (default: PyTorch FA2 on H200, DESIGN.md).
+    /// One device's attention forward rate, TFLOP/s (default: about PyTorch FA2 on H200; docs/architecture.md).
     #[arg(long, default_value_t = 324.0)]
     fwd_tflops: f64,
     /// One device's attention backward rate, TFLOP/s.
     #[arg(long, default_value_t = 324.0)]
     bwd_tflops: f64,
-    /// Link bandwidth per direction, GB/s (default: NCCL P2P between two H200s, DESIGN.md).
+    /// Link bandwidth per direction, GB/s (default: about NCCL P2P between two H200s; docs/architecture.md).
     #[arg(long, default_value_t = 300.0)]
     link_gbps: f64,
     /// Fixed cost per transfer, microseconds.

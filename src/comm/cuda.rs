@@ -1,7 +1,7 @@
 //! The CUDA tensor as a communicator buffer: its wire size, and the device copy and device-side
 //! sum that let virtual workers sharing one GPU exchange tensors through the in-process
 //! communicator. Here rather than in `backend::cuda` so that the backend knows nothing of
-//! communication (DESIGN's map: `comm` sits above `backend`).
+//! communication (docs/architecture.md's map: `comm` sits above `backend`).
 
 use super::{Buffer, Role, Shared, Src, Wire, check_span};
 use crate::backend::cuda::{InputDtype, Tensor};

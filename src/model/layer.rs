@@ -7,7 +7,8 @@
 //!   x2 = x + o Woᵀ (+ bo);  h2 = rmsnorm(x2)·g2;  g, u = h2 Wgᵀ, h2 Wuᵀ;  m = silu(g)∘u
 //!   out = x2 + m Wdᵀ
 //! Backward runs the same lines upwards. It reads every activation above except `out`; the
-//! policy decides which it finds saved and which it recomputes (DESIGN.md, "Checkpointing"):
+//! policy decides which it finds saved and which it recomputes (docs/architecture.md,
+//! "Checkpoint policies"):
 //! - `none`: all kept.
 //! - `remat`: x, o and lse kept; h1, q, k, v recomputed from x, x2…m from x and o. The attention
 //!   backward runs from the saved o and lse, so attention's forward runs once per step.

@@ -2,8 +2,8 @@
 //! (query chunk, key/value chunk) every worker computes, and which tensors move between whom.
 //!
 //! The sequence is cut into chunks of consecutive rows; each chunk (its Q, K, V) belongs to one
-//! worker. Block (i, j) is needed for j ≤ i. Three schedules are offered (DESIGN.md, "The
-//! schedules"):
+//! worker. Block (i, j) is needed for j ≤ i. The schedules offered (docs/architecture.md,
+//! "Schedules"):
 //! - `unbalanced`: P chunks, worker r owns chunk r. At step t, worker r computes (r, r − t) if
 //!   r ≥ t, fetching K/V from worker r − t. Worker P−1 works P steps, worker 0 one.
 //! - `balanced` (DistFlashAttn): the same chunks; owners still compute offset t at step t, but a

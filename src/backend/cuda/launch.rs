@@ -125,7 +125,7 @@ pub(crate) fn smem_limit(capability: (i32, i32)) -> usize {
 /// Which attention module a launch takes: the causal one, compiled with the mask arguments
 /// folded away (`MASKED 0` in `kernels/common.cuh`), or the one that reads them. Two modules
 /// rather than a run-time test because the test cost plain causal attention 12–17% of its
-/// backward rate on an H200 (`bench/notes/kernel-notes.md`, v11).
+/// backward rate on an H200 (`bench/HISTORY.md`, v11).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) enum Masking {
     Causal = 0,
@@ -149,7 +149,7 @@ impl Masking {
 
 /// Compile-time shape choices of the kernels (they become `#define`s). Each trades registers
 /// against reuse of shared-memory fragments; [`Tuning::for_head_dim`] is the fastest measured on
-/// an H200 (see `bench/notes/kernel-notes.md`), the others stay selectable for re-tuning elsewhere.
+/// an H200 (see `bench/HISTORY.md`), the others stay selectable for re-tuning elsewhere.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Tuning {
     /// Warps per forward CTA (4, 8 or 12).

@@ -36,7 +36,7 @@
 //! backward only the query tiles that see its keys), partly hidden tiles are masked element by
 //! element, and plain causal attention passes no array and runs as before. Kernel tile shapes
 //! are a [`Tuning`], by default the fastest measured on an H200 for the head dim; numbers and
-//! history in `bench/notes/kernel-notes.md`.
+//! history in `bench/HISTORY.md`.
 //!
 //! Files, by what each owns: `device` (opening the GPU, its stream, allocation, launching),
 //! `tensor` (input dtypes, [`Tensor`], argument checks), `compile` (NVRTC and its cache),

@@ -7,7 +7,8 @@
 //! output as is) and any torch view (`[b, s, h, d]` from `flash_attn`, transformers' transposed
 //! `[b, h, s, d]`, a slice of a fused QKV projection). Relayout copies cost as much memory as the
 //! tensors themselves and a pass over each: at 128K tokens of llama2-7b, 5 GiB and a tenth of
-//! the attention's time (bench/notes/gpu-train.md).
+//! the attention's time (`bench/notes/gpu-train.md`, in git history at 40b4b1d:
+//! bench/HISTORY.md).
 
 use crate::shape::Dims;
 use anyhow::{Result, bail};
