@@ -7,6 +7,8 @@ use crate::model::config::Config;
 use crate::model::cost;
 use crate::model::weights::parameters;
 use crate::model::{Checkpoint, Offload};
+use crate::plan::{self, Schedule};
+use crate::runtime::Device;
 use crate::shape::Dims;
 use anyhow::{Result, bail};
 use std::ffi::CString;
@@ -19,6 +21,9 @@ const F64: f64 = 8.0;
 
 /// What a process holds beside its tensors: the binary, thread stacks, the allocator's slack.
 const PROCESS_BYTES: f64 = (64u64 << 20) as f64;
+
+/// Bytes in a MiB, for messages.
+const MIB: f64 = (1u64 << 20) as f64;
 
 /// Bytes in a GiB, for messages.
 const GIB: f64 = (1u64 << 30) as f64;
@@ -78,6 +83,141 @@ fn refuse_above(need: f64, have: f64, what: &str, fix: &str) -> Result<()> {
             "{what} needs {:.1} GiB, {:.1} GiB available: {fix}",
             need / GIB,
             have / GIB
+        );
+    }
+    Ok(())
+}
+
+/// Bytes of a schedule's plans (forward and backward, with their transfers) per block of
+/// chunks, as each copy holds them. Measured (max RSS): `simulate` over 2048 workers holds 77
+/// per block; `attention` over 256 and 512 CPU workers, each thread with its own copy, 83 and
+/// 80 per worker and block.
+const PLAN_BYTES_PER_BLOCK: f64 = 96.0;
+
+/// Most bytes the plans of one command may take, every copy together: they grow with the
+/// square of the chunks (times the threads holding a copy), and building 2 GiB of them
+/// already takes about a minute, so a larger request is refused before it starts.
+const PLAN_BUDGET: f64 = 2.0 * GIB;
+
+/// Bytes of the plans `copies` holders of `workers`' schedule keep (each thread worker keeps
+/// its own; a rank of a launched job, or a simulation, one).
+pub fn plan_bytes(workers: usize, schedule: Schedule, copies: usize) -> f64 {
+    let chunks = schedule.chunks(workers) as f64;
+    PLAN_BYTES_PER_BLOCK * chunks * chunks * copies.max(1) as f64
+}
+
+/// The one rule for splitting a sequence across workers, checked by every command before any
+/// work: `seq` tokens must give each of the schedule's chunks one (the message names the
+/// most workers that would), and the plans of `workers` must fit both the [`PLAN_BUDGET`] and the available memory, else the most
+/// workers whose plans would is named. With `copy_per_worker` every worker is a thread of this
+/// process holding its own copy; otherwise the process holds one.
+pub fn ensure_split(
+    seq: usize,
+    workers: usize,
+    schedule: Schedule,
+    copy_per_worker: bool,
+) -> Result<()> {
+    plan::chunk_sizes(seq, workers, schedule)?;
+    let budget = available().map_or(PLAN_BUDGET, |have| have.min(PLAN_BUDGET));
+    let need = |w: usize| plan_bytes(w, schedule, if copy_per_worker { w } else { 1 });
+    if need(workers) <= budget {
+        return Ok(());
+    }
+    // The need grows with the workers: the most that fit, by bisection.
+    let (mut fits, mut over) = (1, workers);
+    while over - fits > 1 {
+        let mid = fits + (over - fits) / 2;
+        if need(mid) <= budget {
+            fits = mid
+        } else {
+            over = mid
+        }
+    }
+    let holders = match copy_per_worker {
+        true => ", each thread worker holding its own",
+        false => "",
+    };
+    bail!(
+        "the schedule of {workers} workers needs {:.1} GiB of plans (they grow with the square of the workers{holders}), more than the {:.1} GiB allowed: use --workers {fits} or fewer",
+        need(workers) / GIB,
+        budget / GIB
+    )
+}
+
+/// Most bytes a rendered plan may have: a plan grows with the square of its chunks, and one
+/// of 64 MiB (1600 workers of text, 500 of JSON) is far past reading and takes seconds.
+pub const RENDERED_LIMIT: f64 = 64.0 * MIB;
+
+/// Refuses to render a plan (`what`) of an estimated `bytes`, above [`RENDERED_LIMIT`].
+pub fn ensure_rendered(bytes: f64, what: &str, fix: &str) -> Result<()> {
+    if bytes > RENDERED_LIMIT {
+        bail!(
+            "{what} would be about {:.0} MiB, more than the {:.0} MiB a plan is written up to: {fix}",
+            bytes / MIB,
+            RENDERED_LIMIT / MIB
+        );
+    }
+    Ok(())
+}
+
+/// Longest run, in seconds, that is started: beyond a month a request is taken for a typo
+/// (a batch or step count with zeros too many) rather than a plan.
+const LONGEST_RUN_SECS: f64 = 30.0 * 86400.0;
+
+/// Fastest rate (FLOP/s) one device of `device`'s kind could compute at: a CPU core's f32
+/// vector units well run (50 GFLOP/s; the tiny model trains at about 5), or a GPU's 16-bit tensor cores (an H200's
+/// dense peak). Far above what a run achieves, so estimates made with it are the
+/// least a run can take.
+pub fn peak_flops(device: Device) -> f64 {
+    match device {
+        Device::Cpu => {
+            let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+            50e9 * cores as f64
+        }
+        Device::Cuda => cost::H200_BF16_PEAK_TFLOPS * 1e12,
+    }
+}
+
+/// Refuses `what` when `flops` at `rate` (FLOP/s, [`peak_flops`]) would take longer than
+/// [`LONGEST_RUN_SECS`], naming the least time it would take and the fix.
+pub fn ensure_duration(flops: f64, rate: f64, what: &str, fix: &str) -> Result<()> {
+    let secs = flops / rate;
+    if secs > LONGEST_RUN_SECS {
+        bail!(
+            "{what} would take at least {} even at {:.0} GFLOP/s, more than the {} a run may: {fix}",
+            duration(secs),
+            rate / 1e9,
+            duration(LONGEST_RUN_SECS)
+        );
+    }
+    Ok(())
+}
+
+/// Seconds as people say them: "3.2 hours", "41 days", "2.1 years".
+fn duration(secs: f64) -> String {
+    match secs {
+        s if s < 3600.0 => format!("{:.0} minutes", s / 60.0),
+        s if s < 2.0 * 86400.0 => format!("{:.1} hours", s / 3600.0),
+        s if s < 2.0 * 365.0 * 86400.0 => format!("{:.0} days", s / 86400.0),
+        s => format!("{:.1} years", s / (365.0 * 86400.0)),
+    }
+}
+
+/// Processes a launch may start per core: ranks beyond the cores take turns, and many times
+/// over they no longer answer each other within the timeouts.
+const PROCESSES_PER_CORE: usize = 4;
+
+/// Refuses starting `processes` processes on this machine: more than [`PROCESSES_PER_CORE`]
+/// per core, or more than its available memory holds at [`PROCESS_BYTES`] each.
+pub fn ensure_processes(processes: usize) -> Result<()> {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let by_memory = available().map_or(usize::MAX, |have| (have / PROCESS_BYTES) as usize);
+    let most = (cores * PROCESSES_PER_CORE).min(by_memory);
+    if processes > most {
+        bail!(
+            "{processes} processes are too many for this machine ({cores} cores, {:.1} GiB available, {:.0} MiB a process at least): use --nproc-per-node {most} or fewer",
+            available().unwrap_or(0.0) / GIB,
+            PROCESS_BYTES / MIB
         );
     }
     Ok(())

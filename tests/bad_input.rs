@@ -589,3 +589,155 @@ fn a_long_first_step_is_not_silent_when_stderr_is_not_a_terminal() {
         "{err}"
     );
 }
+
+/// Each command with an oversize request: refused at once with one sentence, before any of it
+/// is allocated.
+fn refused_at_once(args: &[&str], words: &[&str]) {
+    let started = Instant::now();
+    let out = distflash(args);
+    fails(&out, 1, words);
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{args:?} took {:?}",
+        started.elapsed()
+    );
+}
+
+#[test]
+fn oversize_worker_counts_and_plans_are_refused_up_front() {
+    let dir = temp_dir("plan-out");
+    let out = dir.join("f");
+    refused_at_once(
+        &[
+            "plan",
+            "--workers",
+            "100000",
+            "--any-size",
+            "--out",
+            out.to_str().unwrap(),
+        ],
+        &[
+            "the plan of 100000 workers would be about",
+            "MiB a plan is written up to: use --workers 1638 or fewer",
+        ],
+    );
+    assert!(!out.exists(), "nothing written");
+    refused_at_once(
+        &["plan", "--workers", "2000", "--any-size"],
+        &["use --workers 1638 or fewer"],
+    );
+    // train's rule: the sequence gives every chunk a token.
+    for cmd in ["attention", "train"] {
+        refused_at_once(
+            &[cmd, "--workers", "100000"],
+            &["is too short for 100000 workers", "use --workers"],
+        );
+    }
+    // Enough tokens, but the plans would not fit.
+    refused_at_once(
+        &["simulate", "--workers", "100000"],
+        &[
+            "the schedule of 100000 workers needs",
+            "GiB of plans",
+            "use --workers",
+        ],
+    );
+    refused_at_once(
+        &["attention", "--seq-len", "100000000", "--workers", "600"],
+        &["each thread worker holding its own", "use --workers"],
+    );
+    refused_at_once(
+        &["bench", "train", "--estimate", "--seq-len", "0"],
+        &["the sequence is empty (0 tokens): give --seq-len of at least 1"],
+    );
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn work_that_would_take_more_than_a_month_is_refused_with_the_estimate() {
+    refused_at_once(
+        &["train", "--batch", "100000000", "--steps", "100000"],
+        &[
+            "training 100000 steps of 100000000 sequences of 128 tokens would take at least",
+            "more than the 30 days a run may: lower --steps, --batch or --seq-len",
+        ],
+    );
+    refused_at_once(
+        &["attention", "--repeats", "100000000", "--seq-len", "100000"],
+        &["would take at least", "lower --repeats or --seq-len"],
+    );
+}
+
+#[test]
+fn a_cpu_gradient_too_large_for_memory_is_refused_before_the_weights_exist() {
+    let dir = temp_dir("grads-7b");
+    let tokens = dir.join("t.json");
+    std::fs::write(&tokens, "[1, 2, 3, 4, 5, 6, 7, 8, 9]").unwrap();
+    let roomy = distflash::resources::available().is_some_and(|b| b > 200.0 * (1u64 << 30) as f64);
+    if !roomy {
+        refused_at_once(
+            &[
+                "grads",
+                "--preset",
+                "llama2-7b",
+                "--tokens",
+                tokens.to_str().unwrap(),
+                "--out",
+                dir.join("g.safetensors").to_str().unwrap(),
+            ],
+            &[
+                "a gradient step of a model of 6.74B parameters on the CPU",
+                "GiB available: use a smaller model",
+            ],
+        );
+    }
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn a_launch_of_more_processes_than_the_machine_holds_is_refused() {
+    refused_at_once(
+        &["launch", "--nproc-per-node", "100000", "--", "attention"],
+        &[
+            "100000 processes are too many for this machine",
+            "use --nproc-per-node",
+        ],
+    );
+}
+
+#[test]
+fn nonsense_numbers_are_refused_where_parsed() {
+    let finite = "is not a finite number of 0 or more";
+    let above = "is not a finite number above 0";
+    let whole = "is not a whole number of 0 or more";
+    let count = "is not a whole number of 1 or more";
+    for (args, flag, reason) in [
+        (
+            &["simulate", "--link-gbps", "nan"][..],
+            "--link-gbps",
+            above,
+        ),
+        (&["simulate", "--link-gbps", "0"], "--link-gbps", above),
+        (&["simulate", "--fwd-tflops", "-2"], "--fwd-tflops", above),
+        (&["simulate", "--latency-us", "inf"], "--latency-us", finite),
+        (&["simulate", "--input-bytes", "0"], "--input-bytes", count),
+        (&["simulate", "--workers", "4,-2"], "--workers", count),
+        // Negative numbers reach the flag's parser instead of being taken for flags.
+        (&["train", "--lr", "-1"], "--lr", finite),
+        (&["train", "--workers", "-3"], "--workers", whole),
+        (&["train", "--batch", "0"], "--batch", count),
+        (&["attention", "--seq-len", "-5"], "--seq-len", whole),
+        (&["attention", "--repeats", "0"], "--repeats", count),
+        (&["plan", "--workers", "-1"], "--workers", whole),
+        (&["bench", "cpu", "--repeats", "0"], "--repeats", count),
+        (
+            &["launch", "--nproc-per-node", "-4", "--", "plan"],
+            "--nproc-per-node",
+            whole,
+        ),
+        (&["grads", "--workers", "-2"], "--workers", whole),
+        (&["train", "--timeout", "0"], "--timeout", count),
+    ] {
+        refused_flag(args, flag, reason);
+    }
+}

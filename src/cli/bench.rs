@@ -1,6 +1,7 @@
 //! `distflash bench`: rates measured on this machine (`cpu`), the single-GPU attention sweep
 //! (`attention`), and the table that sets our results beside the peers' (`report`).
 
+use super::values;
 use anyhow::{Context, Result, bail};
 use clap::Subcommand;
 use distflash::attn;
@@ -18,16 +19,16 @@ use std::path::PathBuf;
 pub enum Target {
     /// f32 GEMM rate and single-worker causal attention forward rate on all CPU cores.
     Cpu {
-        #[arg(long, default_value_t = 4096)]
+        #[arg(long, default_value_t = 4096, value_parser = values::count::<usize>)]
         seq_len: usize,
-        #[arg(long, default_value_t = 8)]
+        #[arg(long, default_value_t = 8, value_parser = values::count::<usize>)]
         heads: usize,
-        #[arg(long, default_value_t = 128)]
+        #[arg(long, default_value_t = 128, value_parser = values::count::<usize>)]
         head_dim: usize,
         /// Side of the square matrices of the GEMM measurement.
-        #[arg(long, default_value_t = 1024)]
+        #[arg(long, default_value_t = 1024, value_parser = values::count::<usize>)]
         matmul_size: usize,
-        #[arg(long, default_value_t = 3)]
+        #[arg(long, default_value_t = 3, value_parser = values::count::<usize>)]
         repeats: usize,
         #[arg(long)]
         json: bool,
@@ -39,14 +40,14 @@ pub enum Target {
         /// Only `cuda` is timed here; the CPU rate is `bench cpu`.
         #[arg(long, default_value = "cuda")]
         device: String,
-        #[arg(long, value_delimiter = ',', default_value = "4096,16384,65536")]
+        #[arg(long, value_delimiter = ',', default_value = "4096,16384,65536", value_parser = values::count::<usize>)]
         seqs: Vec<usize>,
-        #[arg(long, value_delimiter = ',', default_value = "128,64")]
+        #[arg(long, value_delimiter = ',', default_value = "128,64", value_parser = values::whole::<usize>)]
         head_dims: Vec<usize>,
-        #[arg(long, default_value_t = 32)]
+        #[arg(long, default_value_t = 32, value_parser = values::count::<usize>)]
         heads: usize,
         /// Key/value heads (GQA: a divisor of --heads; default: as many as --heads).
-        #[arg(long)]
+        #[arg(long, value_parser = values::whole::<usize>)]
         kv_heads: Option<usize>,
         #[command(flatten)]
         dtype: super::DtypeArg,
@@ -55,7 +56,7 @@ pub enum Target {
         /// Also time the two blocks the distributed schedules compute over P workers' chunks
         /// of seq/P tokens (a chunk against itself, and against an earlier one: the kernels
         /// whose partial results merge by LSE), each rate beside the whole sequence's. Causal.
-        #[arg(long, value_name = "P")]
+        #[arg(long, value_name = "P", value_parser = values::whole::<usize>)]
         blocks: Option<usize>,
         /// How Q, K, V, O and their gradients lie in memory: seq-major (`[seq, heads,
         /// head_dim]`: the model's activations and torch's `[b, s, h, d]`, what training and

@@ -8,11 +8,14 @@ mod launch;
 mod plan;
 mod simulate;
 mod train;
+mod values;
 
 use anyhow::Result;
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use distflash::backend::cuda::InputDtype;
-use distflash::runtime::{Device, Request, Runtime, Waits};
+use distflash::plan::Schedule;
+use distflash::resources;
+use distflash::runtime::{Device, Request, Runtime, Topology, Waits};
 use std::fs::File;
 use std::path::Path;
 use std::time::Duration;
@@ -48,6 +51,32 @@ enum Command {
     Grads(grads::Args),
 }
 
+/// The command line's definition, with every subcommand taking negative numbers as values: `--lr
+/// -1` then reaches the flag's parser (`values`), which names the valid range, instead of
+/// clap taking `-1` for an unknown flag.
+fn command() -> clap::Command {
+    fn negatives(c: clap::Command) -> clap::Command {
+        c.allow_negative_numbers(true).mut_subcommands(negatives)
+    }
+    negatives(Cli::command())
+}
+
+/// Parses a command line (`args` starting with the program's name) under [`command`].
+pub fn try_parse_from<I, T>(args: I) -> Result<Cli, clap::Error>
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    let mut cmd = command();
+    let matches = cmd.try_get_matches_from_mut(args)?;
+    Cli::from_arg_matches(&matches).map_err(|e| e.format(&mut cmd))
+}
+
+/// Parses this process's command line, printing clap's message and exiting on an error.
+pub fn parse() -> Cli {
+    try_parse_from(std::env::args_os()).unwrap_or_else(|e| e.exit())
+}
+
 pub fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Plan(args) => plan::run(args),
@@ -70,6 +99,22 @@ fn create_output(path: &Path) -> Result<File> {
     })
 }
 
+/// [`resources::ensure_split`] for a job on `rt`: thread workers each hold their own plans.
+fn ensure_split(seq: usize, schedule: Schedule, rt: &Runtime) -> Result<()> {
+    let threads = matches!(rt.topology, Topology::Threads(_));
+    resources::ensure_split(seq, rt.workers(), schedule, threads)
+}
+
+/// The fastest `rt`'s devices could compute together ([`resources::peak_flops`]): a launched
+/// job's GPUs add up; threads share one GPU, or this machine's cores.
+fn peak_flops(rt: &Runtime) -> f64 {
+    let devices = match (rt.device, &rt.topology) {
+        (Device::Cuda, Topology::Ranks(env)) => env.world,
+        _ => 1,
+    };
+    resources::peak_flops(rt.device) * devices as f64
+}
+
 /// A hash of this process's arguments: ranks of one job must have been started alike.
 fn args_hash() -> u64 {
     use std::hash::{Hash, Hasher};
@@ -83,11 +128,11 @@ fn args_hash() -> u64 {
 #[derive(clap::Args, Debug, Clone)]
 pub struct WaitArgs {
     /// Seconds a worker (thread or rank) waits for a message before declaring its sender stuck.
-    #[arg(long, default_value_t = 600)]
+    #[arg(long, default_value_t = 600, value_parser = values::count::<u64>)]
     timeout: u64,
     /// Seconds ranks of a multi-process job (`distflash launch`, torchrun) wait for each other
     /// at start-up.
-    #[arg(long, default_value_t = 60)]
+    #[arg(long, default_value_t = 60, value_parser = values::count::<u64>)]
     rendezvous_timeout: u64,
 }
 

@@ -5,12 +5,15 @@
 mod metrics;
 mod progress;
 
+use super::values;
 use anyhow::{Context, Result, bail};
 use distflash::model::config::Config;
+use distflash::model::cost;
 use distflash::model::ops::AdamW;
 use distflash::model::weights::{self, specs};
 use distflash::model::{Checkpoint, Offload};
 use distflash::plan::Schedule;
+use distflash::resources;
 use distflash::runtime::Device;
 use distflash::tensor_file::{self, Named};
 use distflash::train::data::Data;
@@ -40,7 +43,7 @@ pub struct ModelArgs {
     #[arg(long)]
     init_from: Option<PathBuf>,
     /// Seed of random weights (when not --init-from).
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, value_parser = values::whole::<u64>)]
     seed: u64,
 }
 
@@ -97,11 +100,11 @@ pub struct Args {
     /// reported every --eval-every steps and at the last.
     #[arg(long)]
     eval_data: Option<PathBuf>,
-    #[arg(long, default_value_t = 50, value_parser = at_least_one)]
+    #[arg(long, default_value_t = 50, value_parser = values::count::<u64>)]
     eval_every: u64,
     /// Held-out sequences of --seq-len tokens each evaluation averages over (each costs about a
     /// training sequence's forward and backward).
-    #[arg(long, default_value_t = 8, value_parser = at_least_one)]
+    #[arg(long, default_value_t = 8, value_parser = values::count::<u64>)]
     eval_sequences: u64,
     /// The end-of-document token (a token or an id) put after every document [default: the
     /// tokenizer's `</s>`, `<|end_of_text|>`, `<|endoftext|>`, `<eos>` or `<|im_end|>`].
@@ -111,16 +114,16 @@ pub struct Args {
     packing: PackingArgs,
     /// Seed of the data (synthetic sequences, window offsets of bytes, the order of token
     /// windows).
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, value_parser = values::whole::<u64>)]
     data_seed: u64,
     /// Tokens per sequence, split across the workers.
-    #[arg(long, default_value_t = 128)]
+    #[arg(long, default_value_t = 128, value_parser = values::whole::<usize>)]
     seq_len: usize,
     /// Sequences per optimizer step.
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = 8, value_parser = values::count::<usize>)]
     batch: usize,
     /// Workers the sequence is split across [default: WORLD_SIZE under a launcher, else 4].
-    #[arg(long)]
+    #[arg(long, value_parser = values::whole::<usize>)]
     workers: Option<usize>,
     #[command(flatten)]
     place: super::DeviceArgs,
@@ -147,33 +150,33 @@ pub struct Args {
     #[arg(long)]
     shard: Option<Shard>,
     /// Optimizer steps to reach (a resumed run counts its saved steps).
-    #[arg(long, default_value_t = 1000, value_parser = at_least_one)]
+    #[arg(long, default_value_t = 1000, value_parser = values::count::<u64>)]
     steps: u64,
     /// Peak learning rate [default: 1e-2 for models under 100M parameters, such as `tiny`;
     /// larger models must name theirs: 1e-2 makes them diverge, and fine-tuning one usually
     /// takes 1e-5 to 3e-4].
-    #[arg(long, value_parser = non_negative)]
+    #[arg(long, value_parser = values::non_negative)]
     lr: Option<f64>,
     /// Steps of linear warm-up from 0 to the peak rate.
-    #[arg(long, default_value_t = 20)]
+    #[arg(long, default_value_t = 20, value_parser = values::whole::<u64>)]
     warmup: u64,
     /// After the warm-up: constant (the peak), linear or cosine (from the peak down to --min-lr
     /// at --steps).
     #[arg(long, value_enum, default_value = "constant")]
     decay: Decay,
     /// Where linear and cosine decay end.
-    #[arg(long, default_value_t = 0.0, value_parser = non_negative)]
+    #[arg(long, default_value_t = 0.0, value_parser = values::non_negative)]
     min_lr: f64,
-    #[arg(long, default_value_t = 0.0, value_parser = non_negative)]
+    #[arg(long, default_value_t = 0.0, value_parser = values::non_negative)]
     weight_decay: f64,
     /// Largest global gradient norm (0: no clipping).
-    #[arg(long, default_value_t = 1.0, value_parser = non_negative)]
+    #[arg(long, default_value_t = 1.0, value_parser = values::non_negative)]
     clip: f64,
     /// Directory for checkpoints (state.safetensors), metrics.jsonl, loss.svg and the final
     /// model (config.json, model.safetensors, loadable by transformers and --init-from).
     #[arg(long)]
     save_dir: Option<PathBuf>,
-    #[arg(long, default_value_t = 50, value_parser = at_least_one)]
+    #[arg(long, default_value_t = 50, value_parser = values::count::<u64>)]
     save_every: u64,
     /// Continue from a checkpoint file or a save directory, with the model it was saved with (when no --preset or --config names one).
     #[arg(long)]
@@ -213,8 +216,6 @@ impl PackingArgs {
     }
 }
 
-/// A hyper-parameter that must be a finite number, 0 or more (learning rate, weight decay,
-/// clipping norm): NaN or a negative value would train to garbage without a word.
 /// Parameters from which `--lr` must be given: the default 1e-2 suits the small models.
 const LR_DEFAULT_BELOW_PARAMETERS: usize = 100_000_000;
 
@@ -232,25 +233,6 @@ fn peak_lr(asked: Option<f64>, config: &Config, model: &str) -> Result<f64> {
         "{model} has {:.2}B parameters: give its learning rate with --lr (the default 1e-2 suits models under 100M parameters and makes larger ones diverge; fine-tuning usually takes 1e-5 to 3e-4)",
         parameters as f64 / 1e9
     )
-}
-
-fn non_negative(s: &str) -> Result<f64, String> {
-    match s.parse::<f64>() {
-        Ok(x) if x.is_finite() && x >= 0.0 => Ok(x),
-        _ => Err(format!(
-            "{s} is not a finite number of 0 or more: give one such as 0.01"
-        )),
-    }
-}
-
-/// A count that must be 1 or more (steps to reach, steps between checkpoints).
-fn at_least_one(s: &str) -> Result<u64, String> {
-    match s.parse::<u64>() {
-        Ok(n) if n >= 1 => Ok(n),
-        _ => Err(format!(
-            "{s} is not a whole number of 1 or more: give one such as 100"
-        )),
-    }
 }
 
 /// Most steps over which the summary averages loss and recall at the start and the end.
@@ -307,6 +289,7 @@ pub fn run(args: Args) -> Result<()> {
     // Under a launcher rank 0 reports and writes files; the others only train.
     let reporter = rt.is_reporter();
     let (config, init) = args.model.resolve(args.resume.as_deref())?;
+    super::ensure_split(args.seq_len, args.schedule, &rt)?;
     let shard = args.shard.unwrap_or(Shard::default_for(workers, &config));
     let lr = peak_lr(args.lr, &config, &args.model.name(args.resume.as_deref()))?;
     let text = |path: &PathBuf| match &args.tokenizer {
@@ -347,6 +330,18 @@ pub fn run(args: Args) -> Result<()> {
         },
         ignore_estimate: args.ignore_memory_estimate,
     };
+    // This machine's memory (a GPU's is checked once it is opened), then the time.
+    memory.check(&rt, None)?;
+    let flops = args.steps as f64 * args.batch as f64 * cost::step_flops(&config, args.seq_len);
+    resources::ensure_duration(
+        flops,
+        super::peak_flops(&rt),
+        &format!(
+            "training {} steps of {} sequences of {} tokens",
+            args.steps, args.batch, args.seq_len
+        ),
+        "lower --steps, --batch or --seq-len",
+    )?;
     let opts = Options {
         config,
         init,
