@@ -741,3 +741,144 @@ fn nonsense_numbers_are_refused_where_parsed() {
         refused_flag(args, flag, reason);
     }
 }
+
+#[test]
+fn a_min_lr_above_the_peak_is_refused() {
+    let out = distflash(&[
+        "train", "--min-lr", "1", "--lr", "0.01", "--decay", "cosine",
+    ]);
+    fails(
+        &out,
+        1,
+        &[
+            "--min-lr 1 is above the peak learning rate 0.01",
+            "give a --min-lr of 0.01 or less",
+        ],
+    );
+}
+
+#[test]
+fn a_fresh_run_does_not_overwrite_a_finished_one() {
+    let dir = temp_dir("overwrite");
+    assert!(train(&dir, "2", None).status.success());
+    let before = std::fs::read(dir.join("state.safetensors")).unwrap();
+    let out = train(&dir, "3", None);
+    fails(
+        &out,
+        1,
+        &[
+            "holds a run (state.safetensors, metrics.jsonl, model.safetensors)",
+            "continue it with --resume",
+            "replace it with --overwrite",
+        ],
+    );
+    assert_eq!(
+        std::fs::read(dir.join("state.safetensors")).unwrap(),
+        before
+    );
+    // Asked for, it starts afresh there.
+    let out = Command::new(BIN)
+        .args(&TINY[..7])
+        .args(["--steps", "1", "--save-dir"])
+        .arg(&dir)
+        .arg("--overwrite")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(metric_steps(&dir), vec![1]);
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn resuming_a_directory_without_a_checkpoint_says_so() {
+    let dir = temp_dir("no-checkpoint");
+    std::fs::write(dir.join("metrics.jsonl"), "").unwrap();
+    let out = train(&dir, "2", Some(&dir));
+    fails(
+        &out,
+        1,
+        &[
+            "holds no checkpoint yet (its run stopped before the first save",
+            "--overwrite instead of --resume",
+        ],
+    );
+    let missing = dir.join("state-1.safetensors");
+    let out = train(&dir, "2", Some(&missing));
+    fails(
+        &out,
+        1,
+        &[
+            "there is no checkpoint at",
+            "give --resume a run's save directory",
+        ],
+    );
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn settings_that_do_nothing_here_are_warned_of_and_the_run_goes_on() {
+    let out = Command::new(BIN)
+        .args([
+            "train",
+            "--seq-len",
+            "32",
+            "--batch",
+            "1",
+            "--steps",
+            "1",
+            "--json",
+        ])
+        .args([
+            "--workers",
+            "1",
+            "--shard",
+            "full",
+            "--offload",
+            "activations",
+        ])
+        .output()
+        .unwrap();
+    let err = stderr(&out);
+    assert!(out.status.success(), "{err}");
+    let lines: Vec<&str> = err.lines().collect();
+    assert_eq!(lines.len(), 2, "{err}");
+    assert!(lines[0].starts_with("warning: --offload activations moves checkpoints to host memory, where the CPU's already are"), "{err}");
+    assert!(lines[1].starts_with("warning: --shard full cuts the model's state across the workers, but one worker holds every piece"), "{err}");
+}
+
+#[test]
+fn every_output_path_is_checked_before_the_work() {
+    let dir = temp_dir("outputs");
+    let tokens = dir.join("t.json");
+    std::fs::write(&tokens, "[1, 2, 3, 4, 5, 6, 7, 8, 9]").unwrap();
+    let t = tokens.to_str().unwrap();
+    for (args, path) in [
+        (
+            &["grads", "--tokens", t, "--out", "/proc/x/g.safetensors"][..],
+            "/proc/x/g.safetensors",
+        ),
+        (&["plan", "--out", "/proc/x/p.txt"], "/proc/x/p.txt"),
+        (
+            &["attention", "--save", "/proc/x/a.safetensors"],
+            "/proc/x/a.safetensors",
+        ),
+        (
+            &["train", "--steps", "1", "--save-dir", "/proc/x/run"],
+            "/proc/x/run",
+        ),
+    ] {
+        let started = Instant::now();
+        let out = distflash(args);
+        let err = fails(
+            &out,
+            1,
+            &[
+                &format!("cannot write {path}: "),
+                "; choose a writable path",
+            ],
+        );
+        assert_eq!(err.matches("os error").count(), 1, "{err}");
+        assert!(started.elapsed() < Duration::from_secs(5), "{args:?}");
+    }
+    std::fs::remove_dir_all(dir).unwrap();
+}

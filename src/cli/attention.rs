@@ -3,7 +3,6 @@
 //! per-worker load and traffic, an optional check against the f64 oracle under the same mask and
 //! an optional safetensors dump of inputs and results.
 
-use super::create_output;
 use super::values;
 use anyhow::{Result, bail};
 use distflash::attention_run::{self, AttentionRun, Strategy};
@@ -234,11 +233,9 @@ pub fn run(args: Args) -> Result<()> {
         ),
         "lower --repeats or --seq-len",
     )?;
-    let save = args
-        .save
-        .as_deref()
-        .map(|p| create_output(p).map(|_| p))
-        .transpose()?;
+    if let Some(path) = &args.save {
+        super::ensure_writable(path)?;
+    }
     let mask = args.mask.mask(args.seq_len, args.seed)?;
     let mut x = Inputs::random(dims, args.seq_len, args.seed).with_mask(mask)?;
     if rt.device == Device::Cuda {
@@ -260,7 +257,7 @@ pub fn run(args: Args) -> Result<()> {
     };
     let check = args.check.then(|| check(&x, &run, check_tolerance(&rt)));
     let precision = rt.precision();
-    if let Some(path) = save {
+    if let Some(path) = &args.save {
         save_run(path, &x, &run, precision)?;
     }
     let host_timed = rt.device == Device::Cpu;

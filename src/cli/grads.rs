@@ -56,7 +56,13 @@ pub struct Args {
 
 pub fn run(args: Args) -> Result<()> {
     let rt = args.place.runtime(Some(args.workers), |_| 4)?;
+    if rt.is_reporter() {
+        super::ensure_writable(&args.out)?;
+    }
     let (config, init) = args.model.resolve(None)?;
+    if rt.is_reporter() {
+        super::warn_ineffective(rt.device, Offload::NONE, args.shard, rt.workers());
+    }
     let shard = args
         .shard
         .unwrap_or(Shard::default_for(rt.workers(), &config));

@@ -13,9 +13,11 @@ mod values;
 use anyhow::Result;
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use distflash::backend::cuda::InputDtype;
+use distflash::model::Offload;
 use distflash::plan::Schedule;
 use distflash::resources;
 use distflash::runtime::{Device, Request, Runtime, Topology, Waits};
+use distflash::train::shard::Shard;
 use std::fs::File;
 use std::path::Path;
 use std::time::Duration;
@@ -91,12 +93,38 @@ pub fn run(cli: Cli) -> Result<()> {
 
 /// Opens `path` for writing before any work starts, so an unwritable path costs nothing.
 fn create_output(path: &Path) -> Result<File> {
-    File::create(path).map_err(|e| {
-        anyhow::anyhow!(
-            "cannot write {}: {e}; choose a writable path",
-            path.display()
-        )
-    })
+    File::create(path).map_err(|e| cannot_write(path, e))
+}
+
+/// Refuses, before any work starts, an output file the command could not write at its end;
+/// what `path` holds now is left as it is until then.
+fn ensure_writable(path: &Path) -> Result<()> {
+    let existed = path.exists();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(path)
+        .map_err(|e| cannot_write(path, e))?;
+    if !existed {
+        let _ = std::fs::remove_file(path);
+    }
+    Ok(())
+}
+
+/// Creates the output directory `dir` and proves a file can be written in it, before any work
+/// starts.
+fn ensure_writable_dir(dir: &Path) -> Result<()> {
+    std::fs::create_dir_all(dir).map_err(|e| cannot_write(dir, e))?;
+    ensure_writable(&dir.join(format!(".distflash-probe-{}", std::process::id())))
+}
+
+/// The one sentence for an output that cannot be written: the path, the system's reason, the fix.
+fn cannot_write(path: &Path, e: std::io::Error) -> anyhow::Error {
+    anyhow::anyhow!(
+        "cannot write {}: {e}; choose a writable path",
+        path.display()
+    )
 }
 
 /// [`resources::ensure_split`] for a job on `rt`: thread workers each hold their own plans.
@@ -113,6 +141,23 @@ fn peak_flops(rt: &Runtime) -> f64 {
         _ => 1,
     };
     resources::peak_flops(rt.device) * devices as f64
+}
+
+/// Warns (one line on stderr; the run goes on) of settings that are valid but change nothing
+/// useful here: offloaded activations on the CPU, whose activations are in host memory already
+/// (the offload only adds copies), and sharding with a single worker, who holds every piece.
+fn warn_ineffective(device: Device, offload: Offload, shard: Option<Shard>, workers: usize) {
+    if device == Device::Cpu && offload.activations() {
+        eprintln!(
+            "warning: --offload activations moves checkpoints to host memory, where the CPU's already are: here it only adds copies (it saves GPU memory with --device cuda)"
+        );
+    }
+    if let Some(shard) = shard.filter(|&s| s != Shard::None && workers == 1) {
+        eprintln!(
+            "warning: --shard {} cuts the model's state across the workers, but one worker holds every piece: it changes nothing here (use --workers 2 or more to shard)",
+            shard.name()
+        );
+    }
 }
 
 /// A hash of this process's arguments: ranks of one job must have been started alike.

@@ -181,6 +181,10 @@ pub struct Args {
     /// Continue from a checkpoint file or a save directory, with the model it was saved with (when no --preset or --config names one).
     #[arg(long)]
     resume: Option<PathBuf>,
+    /// Start afresh in a --save-dir that holds a run, replacing its checkpoint and metrics
+    /// (without it such a directory is refused: --resume continues it).
+    #[arg(long, conflicts_with = "resume")]
+    overwrite: bool,
     /// Print one JSON line per step and a JSON summary instead of the progress bar.
     #[arg(long)]
     json: bool,
@@ -235,6 +239,48 @@ fn peak_lr(asked: Option<f64>, config: &Config, model: &str) -> Result<f64> {
     )
 }
 
+/// Refuses a fresh run's `--save-dir` that holds another run's files (its checkpoint, metrics
+/// or final model), which the run would overwrite.
+fn ensure_no_run(dir: &Path) -> Result<()> {
+    let files = [
+        state::path_in(dir),
+        dir.join("metrics.jsonl"),
+        dir.join("model.safetensors"),
+    ];
+    let held: Vec<String> = files
+        .iter()
+        .filter(|f| f.exists())
+        .filter_map(|f| Some(f.file_name()?.to_string_lossy().into_owned()))
+        .collect();
+    if !held.is_empty() {
+        bail!(
+            "--save-dir {} holds a run ({}): continue it with --resume {0}, replace it with --overwrite, or choose another directory",
+            dir.display(),
+            held.join(", ")
+        );
+    }
+    Ok(())
+}
+
+/// Refuses a `--resume` that names no checkpoint, saying why: a save directory whose run
+/// stopped before its first save holds none yet.
+fn ensure_checkpoint(resume: &Path) -> Result<()> {
+    let file = state::file_at(resume);
+    if file.exists() {
+        return Ok(());
+    }
+    if resume.is_dir() {
+        bail!(
+            "{} holds no checkpoint yet (its run stopped before the first save, which comes every --save-every steps): start afresh with --save-dir {0} --overwrite instead of --resume",
+            resume.display()
+        );
+    }
+    bail!(
+        "there is no checkpoint at {}: give --resume a run's save directory or its checkpoint file",
+        resume.display()
+    )
+}
+
 /// Most steps over which the summary averages loss and recall at the start and the end.
 const WINDOW: usize = 20;
 
@@ -286,12 +332,32 @@ pub fn run(args: Args) -> Result<()> {
             "--resume continues a checkpoint, which holds its own weights, and --init-from would start from a model's: give one of them"
         );
     }
+    if let Some(resume) = &args.resume {
+        ensure_checkpoint(resume)?;
+    }
     // Under a launcher rank 0 reports and writes files; the others only train.
     let reporter = rt.is_reporter();
+    if let Some(dir) = &args.save_dir
+        && reporter
+    {
+        super::ensure_writable_dir(dir)?;
+        if args.resume.is_none() && !args.overwrite {
+            ensure_no_run(dir)?;
+        }
+    }
     let (config, init) = args.model.resolve(args.resume.as_deref())?;
     super::ensure_split(args.seq_len, args.schedule, &rt)?;
     let shard = args.shard.unwrap_or(Shard::default_for(workers, &config));
     let lr = peak_lr(args.lr, &config, &args.model.name(args.resume.as_deref()))?;
+    if args.min_lr > lr {
+        bail!(
+            "--min-lr {} is above the peak learning rate {lr}, where the decay would climb instead: give a --min-lr of {lr} or less",
+            args.min_lr
+        );
+    }
+    if reporter {
+        super::warn_ineffective(rt.device, args.offload, args.shard, workers);
+    }
     let text = |path: &PathBuf| match &args.tokenizer {
         Some(tokenizer) => Ok(Data::Tokens {
             file: TokenFile::open(path, tokenizer, args.eos_token.as_deref())?,
