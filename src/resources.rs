@@ -266,11 +266,20 @@ pub fn ensure_attention_fits(
         return Ok(());
     };
     let need = attention_bytes(dims, seq, cpu_workers, check);
-    let per_token = (need - PROCESS_BYTES) / seq.max(1) as f64;
-    let longest = ((have - PROCESS_BYTES) / per_token).max(0.0).floor();
+    // The need grows linearly with the sequence, and with the batch.
+    let room = (have - PROCESS_BYTES) / (need - PROCESS_BYTES);
+    let longest = (seq as f64 * room).floor();
+    let shorten = match longest >= 1.0 {
+        true => format!("use --seq-len {longest:.0} or less"),
+        // Not one token fits: the batch (or the heads) is what is too large.
+        false => format!(
+            "use --batch {:.0} or less",
+            (dims.batch as f64 * room).floor()
+        ),
+    };
     let oracle = need - attention_bytes(dims, seq, cpu_workers, false);
     let fix = format!(
-        "use --seq-len {longest:.0} or less{}",
+        "{shorten}{}",
         if check {
             format!(
                 ", or leave out --check (its f64 oracle needs {:.1} GiB of it)",

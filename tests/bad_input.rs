@@ -882,3 +882,75 @@ fn every_output_path_is_checked_before_the_work() {
     }
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+#[test]
+fn an_oversize_batch_is_named_as_the_fix() {
+    let out = distflash(&["attention", "--batch", "100000000"]);
+    fails(
+        &out,
+        1,
+        &[
+            "attention over 2048 tokens needs",
+            "GiB available: use --batch",
+        ],
+    );
+}
+
+#[test]
+fn a_config_of_the_wrong_shape_is_named_as_such() {
+    let dir = temp_dir("configs");
+    let config = dir.join("config.json");
+    let c = config.to_str().unwrap();
+    std::fs::write(&config, "[1, 2]").unwrap();
+    fails(
+        &distflash(&["train", "--config", c]),
+        1,
+        &["the config is an array, not an object: give a Hugging Face config.json"],
+    );
+    let fields = r#"{"vocab_size": 256, "hidden_size": 64, "intermediate_size": 176,
+        "num_attention_heads": 4, "num_hidden_layers": -1}"#;
+    std::fs::write(&config, fields).unwrap();
+    fails(
+        &distflash(&["train", "--config", c]),
+        1,
+        &["'num_hidden_layers' is -1, not a non-negative integer: give a whole number"],
+    );
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn a_model_with_non_finite_weights_is_refused_at_load_naming_the_tensor() {
+    let dir = temp_dir("nan-model");
+    let out = Command::new(BIN)
+        .args(&TINY[..7])
+        .args(["--steps", "1", "--save-dir"])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    // The last value of the file (of whichever tensor lies last) becomes NaN.
+    let model = dir.join("model.safetensors");
+    let mut bytes = std::fs::read(&model).unwrap();
+    let n = bytes.len();
+    bytes[n - 4..].copy_from_slice(&f32::NAN.to_le_bytes());
+    std::fs::write(&model, bytes).unwrap();
+    let out = distflash(
+        &[
+            &TINY[..7],
+            &["--steps", "1", "--init-from", dir.to_str().unwrap()],
+        ]
+        .concat(),
+    );
+    fails(
+        &out,
+        1,
+        &[
+            "tensor '",
+            "holds NaN at element",
+            "the weights are damaged",
+            "start from a model whose weights are all finite",
+        ],
+    );
+    assert!(!stderr(&out).contains("learning rate"), "{}", stderr(&out));
+    std::fs::remove_dir_all(dir).unwrap();
+}
