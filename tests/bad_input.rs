@@ -954,3 +954,35 @@ fn a_model_with_non_finite_weights_is_refused_at_load_naming_the_tensor() {
     assert!(!stderr(&out).contains("learning rate"), "{}", stderr(&out));
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+#[test]
+fn the_progress_fits_80_columns_and_says_its_recall_is_a_moving_average() {
+    let out = distflash(&[
+        "train",
+        "--steps",
+        "30",
+        "--seq-len",
+        "64",
+        "--batch",
+        "4",
+        "--workers",
+        "2",
+    ]);
+    let err = stderr(&out);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains(
+            "recall: share of probes answered right over the last 20 steps (moving average)"
+        ),
+        "{err}"
+    );
+    let last = err.lines().rfind(|l| l.contains("step 30/30")).unwrap();
+    assert!(last.contains("  recall "), "{last}");
+    for line in err.lines() {
+        assert!(
+            line.chars().count() <= 80,
+            "{} columns: {line}",
+            line.chars().count()
+        );
+    }
+}
