@@ -646,6 +646,18 @@ fn oversize_worker_counts_and_plans_are_refused_up_front() {
         &["attention", "--seq-len", "100000000", "--workers", "600"],
         &["each thread worker holding its own", "use --workers"],
     );
+    for args in [
+        &["bench", "cpu", "--matmul-size", "1000000"][..],
+        &["bench", "cpu", "--seq-len", "100000000"],
+    ] {
+        refused_at_once(
+            args,
+            &[
+                "bench cpu (a ",
+                "GiB available: use a smaller --matmul-size or --seq-len",
+            ],
+        );
+    }
     refused_at_once(
         &["bench", "train", "--estimate", "--seq-len", "0"],
         &["the sequence is empty (0 tokens): give --seq-len of at least 1"],

@@ -9,6 +9,8 @@ use distflash::backend::cuda::{
     BlockKind, CallStrides, CudaBackend, InputDtype, time_attention, time_block,
 };
 use distflash::bench;
+use distflash::resources;
+use distflash::runtime::Device;
 use distflash::shape::Dims;
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
@@ -187,6 +189,22 @@ fn cpu(
     json: bool,
 ) -> Result<()> {
     let dims = batch_one(heads, heads, head_dim)?;
+    // The GEMM's three square matrices, then attention's tensors, each alive alone.
+    let side = matmul_size as f64;
+    let gemm_bytes = 3.0 * 4.0 * side * side;
+    let attention_bytes = resources::attention_bytes(&dims, seq_len, 0, false);
+    resources::ensure_fits(
+        gemm_bytes.max(attention_bytes),
+        &format!("bench cpu (a {matmul_size}² GEMM, attention over {seq_len} tokens)"),
+        "use a smaller --matmul-size or --seq-len",
+    )?;
+    let flops = 2.0 * side.powi(3) + attn::causal_forward_flops(&dims, seq_len);
+    resources::ensure_duration(
+        repeats as f64 * flops,
+        resources::peak_flops(Device::Cpu),
+        &format!("bench cpu's {repeats} repeats"),
+        "lower --repeats, --matmul-size or --seq-len",
+    )?;
     let gemm = bench::cpu_matmul_gflops(matmul_size, repeats);
     let attention = bench::cpu_attention_forward_gflops(dims, seq_len, repeats);
     let threads = rayon::current_num_threads();
