@@ -89,10 +89,10 @@ fn refuse_above(need: f64, have: f64, what: &str, fix: &str) -> Result<()> {
 }
 
 /// Bytes of a schedule's plans (forward and backward, with their transfers) per block of
-/// chunks, as each copy holds them. Measured (max RSS): `simulate` over 2048 workers holds 77
-/// per block; `attention` over 256 and 512 CPU workers, each thread with its own copy, 83 and
-/// 80 per worker and block.
-const PLAN_BYTES_PER_BLOCK: f64 = 96.0;
+/// chunks, as each copy holds them, rounded up from what was measured (max RSS): `simulate`
+/// over 2048 workers holds 77 per block; `attention` over 256, 281 and 512 CPU workers, each
+/// thread with its own copy, 83, 105 and 80 per worker and block.
+const PLAN_BYTES_PER_BLOCK: f64 = 112.0;
 
 /// Most bytes the plans of one command may take, every copy together: they grow with the
 /// square of the chunks (times the threads holding a copy), and building 2 GiB of them
@@ -107,21 +107,20 @@ pub fn plan_bytes(workers: usize, schedule: Schedule, copies: usize) -> f64 {
 }
 
 /// The one rule for splitting a sequence across workers, checked by every command before any
-/// work: `seq` tokens must give each of the schedule's chunks one (the message names the
-/// most workers that would), and the plans of `workers` must fit both the [`PLAN_BUDGET`] and the available memory, else the most
-/// workers whose plans would is named. With `copy_per_worker` every worker is a thread of this
-/// process holding its own copy; otherwise the process holds one.
+/// work: `seq` tokens must give each of the schedule's chunks one, and the plans of `workers`
+/// must fit both the [`PLAN_BUDGET`] and the available memory; a refusal names the most
+/// workers that would pass. With `copy_per_worker` every worker is a thread of this process
+/// holding its own copy; otherwise the process holds one.
 pub fn ensure_split(
     seq: usize,
     workers: usize,
     schedule: Schedule,
     copy_per_worker: bool,
 ) -> Result<()> {
-    plan::chunk_sizes(seq, workers, schedule)?;
     let budget = available().map_or(PLAN_BUDGET, |have| have.min(PLAN_BUDGET));
     let need = |w: usize| plan_bytes(w, schedule, if copy_per_worker { w } else { 1 });
     if need(workers) <= budget {
-        return Ok(());
+        return plan::chunk_sizes(seq, workers, schedule).map(drop);
     }
     // The need grows with the workers: the most that fit, by bisection.
     let (mut fits, mut over) = (1, workers);
@@ -132,6 +131,11 @@ pub fn ensure_split(
         } else {
             over = mid
         }
+    }
+    // Name the tighter limit: where the tokens allow fewer workers than the plans, the split's
+    // own sentence (which names that count) is the one to give.
+    if seq / schedule.chunks(1) <= fits {
+        plan::chunk_sizes(seq, workers, schedule)?;
     }
     let holders = match copy_per_worker {
         true => ", each thread worker holding its own",
@@ -165,9 +169,9 @@ pub fn ensure_rendered(bytes: f64, what: &str, fix: &str) -> Result<()> {
 const LONGEST_RUN_SECS: f64 = 30.0 * 86400.0;
 
 /// Fastest rate (FLOP/s) one device of `device`'s kind could compute at: a CPU core's f32
-/// vector units well run (50 GFLOP/s; the tiny model trains at about 5), or a GPU's 16-bit tensor cores (an H200's
-/// dense peak). Far above what a run achieves, so estimates made with it are the
-/// least a run can take.
+/// vector units well run (50 GFLOP/s; the tiny model trains at about 5), or a GPU's 16-bit
+/// tensor cores (an H200's dense peak). Above what a run achieves, so estimates made with it
+/// are the least a run can take.
 pub fn peak_flops(device: Device) -> f64 {
     match device {
         Device::Cpu => {
@@ -483,6 +487,59 @@ mod tests {
         assert!(e.starts_with("saving needs "), "{e}");
         assert!(e.ends_with("GiB available: free some space"), "{e}");
         assert_eq!(disk_free(Path::new("/no/such/dir")), None);
+    }
+
+    #[test]
+    fn a_split_names_the_tighter_of_the_tokens_and_the_plans() {
+        assert!(ensure_split(1024, 8, Schedule::Balanced, true).is_ok());
+        // Too few tokens for the chunks: the split's own sentence.
+        let e = ensure_split(128, 100_000, Schedule::Balanced, false).unwrap_err();
+        assert!(e.to_string().contains("use --workers 128 or fewer"), "{e}");
+        // Tokens enough, plans not: the most workers whose plans fit.
+        let e = ensure_split(1 << 30, 100_000, Schedule::Zigzag, false)
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("the schedule of 100000 workers needs"), "{e}");
+        let most: usize = e
+            .rsplit("--workers ")
+            .next()
+            .unwrap()
+            .split(' ')
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!(
+            plan_bytes(most, Schedule::Zigzag, 1) <= PLAN_BUDGET,
+            "{most}"
+        );
+        assert!(plan_bytes(most + 1, Schedule::Zigzag, 1) > available().unwrap().min(PLAN_BUDGET));
+    }
+
+    #[test]
+    fn durations_are_said_in_the_unit_people_use() {
+        assert_eq!(duration(600.0), "10 minutes");
+        assert_eq!(duration(5.0 * 3600.0), "5.0 hours");
+        assert_eq!(duration(40.0 * 86400.0), "40 days");
+        assert_eq!(duration(3.0 * 365.0 * 86400.0), "3.0 years");
+        assert!(ensure_duration(1e12, 1e12, "this", "do less").is_ok());
+        let e = ensure_duration(1e20, 1e12, "this", "do less")
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            e,
+            "this would take at least 3.2 years even at 1000 GFLOP/s, more than the 30 days a run may: do less"
+        );
+    }
+
+    #[test]
+    fn a_launch_is_bounded_by_the_cores() {
+        let cores = std::thread::available_parallelism().unwrap().get();
+        assert!(ensure_processes(cores).is_ok());
+        let e = ensure_processes(cores * PROCESSES_PER_CORE + 1)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("processes are too many for this machine"), "{e}");
     }
 
     fn dims() -> Dims {

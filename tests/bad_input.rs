@@ -592,15 +592,16 @@ fn a_long_first_step_is_not_silent_when_stderr_is_not_a_terminal() {
 
 /// Each command with an oversize request: refused at once with one sentence, before any of it
 /// is allocated.
-fn refused_at_once(args: &[&str], words: &[&str]) {
+fn refused_at_once(args: &[&str], words: &[&str]) -> String {
     let started = Instant::now();
     let out = distflash(args);
-    fails(&out, 1, words);
+    let err = fails(&out, 1, words);
     assert!(
         started.elapsed() < Duration::from_secs(5),
         "{args:?} took {:?}",
         started.elapsed()
     );
+    err
 }
 
 #[test]
@@ -626,13 +627,23 @@ fn oversize_worker_counts_and_plans_are_refused_up_front() {
         &["plan", "--workers", "2000", "--any-size"],
         &["use --workers 1638 or fewer"],
     );
-    // train's rule: the sequence gives every chunk a token.
-    for cmd in ["attention", "train"] {
-        refused_at_once(
-            &[cmd, "--workers", "100000"],
-            &["is too short for 100000 workers", "use --workers"],
-        );
-    }
+    // train's rule: the sequence gives every chunk a token (128 tokens: 128 workers at most).
+    refused_at_once(
+        &["train", "--workers", "100000"],
+        &[
+            "is too short for 100000 workers",
+            "use --workers 128 or fewer",
+        ],
+    );
+    // Its 2048 tokens would allow 2048 workers, but not their plans, one copy a thread.
+    refused_at_once(
+        &["attention", "--workers", "100000"],
+        &[
+            "the schedule of 100000 workers needs",
+            "each thread worker holding its own",
+            "use --workers",
+        ],
+    );
     // Enough tokens, but the plans would not fit.
     refused_at_once(
         &["simulate", "--workers", "100000"],
@@ -879,18 +890,14 @@ fn every_output_path_is_checked_before_the_work() {
             "/proc/x/run",
         ),
     ] {
-        let started = Instant::now();
-        let out = distflash(args);
-        let err = fails(
-            &out,
-            1,
+        let err = refused_at_once(
+            args,
             &[
                 &format!("cannot write {path}: "),
                 "; choose a writable path",
             ],
         );
         assert_eq!(err.matches("os error").count(), 1, "{err}");
-        assert!(started.elapsed() < Duration::from_secs(5), "{args:?}");
     }
     std::fs::remove_dir_all(dir).unwrap();
 }
