@@ -8,7 +8,6 @@ use crate::model::cost;
 use crate::model::weights::parameters;
 use crate::model::{Checkpoint, Offload};
 use crate::plan::{self, Schedule};
-use crate::runtime::Device;
 use crate::shape::Dims;
 use anyhow::{Result, bail};
 use std::ffi::CString;
@@ -168,22 +167,22 @@ pub fn ensure_rendered(bytes: f64, what: &str, fix: &str) -> Result<()> {
 /// (a batch or step count with zeros too many) rather than a plan.
 const LONGEST_RUN_SECS: f64 = 30.0 * 86400.0;
 
-/// Fastest rate (FLOP/s) one device of `device`'s kind could compute at: a CPU core's f32
-/// vector units well run (50 GFLOP/s; the tiny model trains at about 5), or a GPU's 16-bit
-/// tensor cores (an H200's dense peak). Above what a run achieves, so estimates made with it
-/// are the least a run can take.
-pub fn peak_flops(device: Device) -> f64 {
-    match device {
-        Device::Cpu => {
-            let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-            50e9 * cores as f64
-        }
-        Device::Cuda => cost::H200_BF16_PEAK_TFLOPS * 1e12,
-    }
+/// Fastest rate (FLOP/s) this machine's CPU could compute at: every core's f32 vector units
+/// well run (50 GFLOP/s a core; the tiny model trains at about 5). Above what a run achieves,
+/// so estimates made with it are the least a run can take.
+pub fn cpu_peak_flops() -> f64 {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    50e9 * cores as f64
 }
 
-/// Refuses `what` when `flops` at `rate` (FLOP/s, [`peak_flops`]) would take longer than
-/// [`LONGEST_RUN_SECS`], naming the least time it would take and the fix.
+/// Fastest rate (FLOP/s) one GPU could compute at: 16-bit tensor cores at an H200's dense peak.
+pub fn gpu_peak_flops() -> f64 {
+    cost::H200_BF16_PEAK_TFLOPS * 1e12
+}
+
+/// Refuses `what` when `flops` at `rate` (FLOP/s: [`cpu_peak_flops`], [`gpu_peak_flops`])
+/// would take longer than [`LONGEST_RUN_SECS`], naming the least time it would take and the
+/// fix.
 pub fn ensure_duration(flops: f64, rate: f64, what: &str, fix: &str) -> Result<()> {
     let secs = flops / rate;
     if secs > LONGEST_RUN_SECS {

@@ -10,7 +10,6 @@ use distflash::backend::cuda::{
 };
 use distflash::bench;
 use distflash::resources;
-use distflash::runtime::Device;
 use distflash::shape::Dims;
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
@@ -201,7 +200,7 @@ fn cpu(
     let flops = 2.0 * side.powi(3) + attn::causal_forward_flops(&dims, seq_len);
     resources::ensure_duration(
         repeats as f64 * flops,
-        resources::peak_flops(Device::Cpu),
+        resources::cpu_peak_flops(),
         &format!("bench cpu's {repeats} repeats"),
         "lower --repeats, --matmul-size or --seq-len",
     )?;

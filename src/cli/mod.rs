@@ -133,14 +133,14 @@ fn ensure_split(seq: usize, schedule: Schedule, rt: &Runtime) -> Result<()> {
     resources::ensure_split(seq, rt.workers(), schedule, threads)
 }
 
-/// The fastest `rt`'s devices could compute together ([`resources::peak_flops`]): a launched
-/// job's GPUs add up; threads share one GPU, or this machine's cores.
+/// The fastest `rt`'s devices could compute together: this machine's cores, or its GPUs (a
+/// launched job's add up; threads share one).
 fn peak_flops(rt: &Runtime) -> f64 {
-    let devices = match (rt.device, &rt.topology) {
-        (Device::Cuda, Topology::Ranks(env)) => env.world,
-        _ => 1,
-    };
-    resources::peak_flops(rt.device) * devices as f64
+    match (rt.device, &rt.topology) {
+        (Device::Cpu, _) => resources::cpu_peak_flops(),
+        (Device::Cuda, Topology::Ranks(env)) => resources::gpu_peak_flops() * env.world as f64,
+        (Device::Cuda, Topology::Threads(_)) => resources::gpu_peak_flops(),
+    }
 }
 
 /// Warns (one line on stderr; the run goes on) of settings that are valid but change nothing
