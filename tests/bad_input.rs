@@ -689,6 +689,24 @@ fn work_that_would_take_more_than_a_month_is_refused_with_the_estimate() {
         &["attention", "--repeats", "100000000", "--seq-len", "100000"],
         &["would take at least", "lower --repeats or --seq-len"],
     );
+    refused_at_once(
+        &[
+            "bench",
+            "train",
+            "--device",
+            "cpu",
+            "--preset",
+            "tiny",
+            "--seq-len",
+            "65536",
+            "--repeats",
+            "100000000",
+        ],
+        &[
+            "would take at least",
+            "lower --repeats, --warmup or --seq-len",
+        ],
+    );
 }
 
 #[test]

@@ -211,6 +211,18 @@ pub fn run(args: Args) -> Result<()> {
         .place
         .runtime((args.workers > 1).then_some(args.workers), |_| 1)?;
     let workers = rt.workers();
+    if rt.is_reporter() {
+        super::warn_ineffective(rt.device, args.offload, Some(args.shard), workers);
+    }
+    resources::ensure_duration(
+        (args.warmup + args.repeats) as f64 * cost::step_flops(&cfg, seq),
+        super::peak_flops(&rt),
+        &format!(
+            "bench train's {} steps of {seq} tokens",
+            args.warmup + args.repeats
+        ),
+        "lower --repeats, --warmup or --seq-len",
+    )?;
     let memory = MemoryCheck {
         config: cfg.clone(),
         model: args.preset.clone(),
