@@ -623,10 +623,13 @@ fn oversize_worker_counts_and_plans_are_refused_up_front() {
         ],
     );
     assert!(!out.exists(), "nothing written");
-    refused_at_once(
-        &["plan", "--workers", "2000", "--any-size"],
-        &["use --workers 1638 or fewer"],
-    );
+    // Without --any-size too: adding it would not help.
+    for args in [
+        &["plan", "--workers", "2000", "--any-size"][..],
+        &["plan", "--workers", "2000"],
+    ] {
+        refused_at_once(args, &["use --workers 1638 or fewer"]);
+    }
     // train's rule: the sequence gives every chunk a token (128 tokens: 128 workers at most).
     refused_at_once(
         &["train", "--workers", "100000"],

@@ -60,12 +60,7 @@ impl Format {
 }
 
 pub fn run(args: Args) -> Result<()> {
-    if args.workers > READABLE_WORKERS && !args.any_size {
-        bail!(
-            "the plan of {} workers is too large to read (it grows with the square of the workers; {READABLE_WORKERS} already make 0.4 MB of text): use --workers {READABLE_WORKERS} or fewer, or add --any-size to write it anyway",
-            args.workers
-        );
-    }
+    // Past the size cap --any-size would not help, so that refusal comes first.
     let per_block = args.format.bytes_per_block();
     let blocks = |workers: usize| (args.schedule.chunks(workers) as f64).powi(2);
     let chunks_per_worker = args.schedule.chunks(1) as f64;
@@ -75,6 +70,12 @@ pub fn run(args: Args) -> Result<()> {
         &format!("the plan of {} workers", args.workers),
         &format!("use --workers {most} or fewer"),
     )?;
+    if args.workers > READABLE_WORKERS && !args.any_size {
+        bail!(
+            "the plan of {} workers is too large to read (it grows with the square of the workers; {READABLE_WORKERS} already make 0.4 MB of text): use --workers {READABLE_WORKERS} or fewer, or add --any-size to write it anyway",
+            args.workers
+        );
+    }
     let out = args.out.as_deref().map(create_output).transpose()?;
     let (forward, backward) = match args.seq_len {
         Some(seq) => {
