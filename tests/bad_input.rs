@@ -1026,3 +1026,38 @@ fn the_progress_fits_80_columns_and_says_its_recall_is_a_moving_average() {
         );
     }
 }
+
+/// Every GPU test is `#[ignore]`d with the way to run it, so that `cargo test` on a machine
+/// without a GPU lists it as ignored rather than `ok`; `bench/peers/gpu_tests.sh` runs them
+/// with `--include-ignored`. Only the gate's own checks, which need no GPU, run unasked.
+#[test]
+fn gpu_tests_are_listed_as_ignored_without_a_gpu() {
+    let ignore =
+        "#[ignore = \"needs an NVIDIA GPU: set DISTFLASH_GPU_TESTS=1 and pass --include-ignored\"]";
+    let no_gpu = [
+        "the_gate_runs_only_on_1_and_refuses_what_it_does_not_understand",
+        "a_kernel_variant_is_parsed_from_its_keys_and_bad_ones_are_refused",
+    ];
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut ignored = 0;
+    for file in ["gpu_attention.rs", "gpu_ops.rs", "gpu_model_attention.rs"] {
+        let text = std::fs::read_to_string(root.join("tests").join(file)).unwrap();
+        for test in text.split("#[test]\n").skip(1) {
+            let name = test
+                .lines()
+                .find(|l| l.starts_with("fn "))
+                .unwrap_or_default();
+            if no_gpu.iter().any(|n| name.contains(n)) {
+                continue;
+            }
+            assert!(test.starts_with(ignore), "{file}: {name} is not ignored");
+            ignored += 1;
+        }
+    }
+    assert_eq!(ignored, 24);
+    let script = std::fs::read_to_string(root.join("bench/peers/gpu_tests.sh")).unwrap();
+    assert!(
+        script.contains("--include-ignored"),
+        "gpu_tests.sh must run them"
+    );
+}
