@@ -830,6 +830,11 @@ fn a_fresh_run_does_not_overwrite_a_finished_one() {
         .unwrap();
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(metric_steps(&dir), vec![1]);
+    // The checkpoint is the new run's.
+    assert_ne!(
+        std::fs::read(dir.join("state.safetensors")).unwrap(),
+        before
+    );
     std::fs::remove_dir_all(dir).unwrap();
 }
 

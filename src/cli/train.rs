@@ -181,8 +181,9 @@ pub struct Args {
     /// Continue from a checkpoint file or a save directory, with the model it was saved with (when no --preset or --config names one).
     #[arg(long)]
     resume: Option<PathBuf>,
-    /// Start afresh in a --save-dir that holds a run, replacing its checkpoint and metrics
-    /// (without it such a directory is refused: --resume continues it).
+    /// Start afresh in a --save-dir that holds a run, replacing its checkpoint, metrics and final
+    /// model, removed as training starts (without it such a directory is refused: --resume
+    /// continues it).
     #[arg(long, conflicts_with = "resume")]
     overwrite: bool,
     /// Print one JSON line per step and a JSON summary instead of the progress bar.
@@ -239,15 +240,19 @@ fn peak_lr(asked: Option<f64>, config: &Config, model: &str) -> Result<f64> {
     )
 }
 
-/// Refuses a fresh run's `--save-dir` that holds another run's files (its checkpoint, metrics
-/// or final model), which the run would overwrite.
-fn ensure_no_run(dir: &Path) -> Result<()> {
-    let files = [
+/// The files of a run in its save directory that a fresh run there would replace: its
+/// checkpoint, its metrics and its final model.
+fn run_files(dir: &Path) -> [PathBuf; 3] {
+    [
         state::path_in(dir),
         dir.join("metrics.jsonl"),
         dir.join("model.safetensors"),
-    ];
-    let held: Vec<String> = files
+    ]
+}
+
+/// Refuses a fresh run's `--save-dir` that holds another run's [`run_files`].
+fn ensure_no_run(dir: &Path) -> Result<()> {
+    let held: Vec<String> = run_files(dir)
         .iter()
         .filter(|f| f.exists())
         .filter_map(|f| Some(f.file_name()?.to_string_lossy().into_owned()))
@@ -258,6 +263,15 @@ fn ensure_no_run(dir: &Path) -> Result<()> {
             dir.display(),
             held.join(", ")
         );
+    }
+    Ok(())
+}
+
+/// Removes the [`run_files`] of the run `--overwrite` replaces, so that none of the old run
+/// (a checkpoint to resume by mistake) outlives the start of the new one.
+fn remove_run(dir: &Path) -> Result<()> {
+    for file in run_files(dir).iter().filter(|f| f.exists()) {
+        std::fs::remove_file(file).map_err(|e| super::cannot_write(file, e))?;
     }
     Ok(())
 }
@@ -438,7 +452,12 @@ pub fn run(args: Args) -> Result<()> {
         final_weights: args.save_dir.is_some(),
     };
     let metrics = match &args.save_dir {
-        Some(dir) if reporter => Some(Metrics::open(dir, args.resume.is_some())?),
+        Some(dir) if reporter => {
+            if args.overwrite {
+                remove_run(dir)?;
+            }
+            Some(Metrics::open(dir, args.resume.is_some())?)
+        }
         _ => None,
     };
     let progress =
