@@ -688,6 +688,28 @@ fn work_that_would_take_more_than_a_month_is_refused_with_the_estimate() {
             "more than the 30 days a run may: lower --steps, --batch or --seq-len",
         ],
     );
+    let dir = temp_dir("eval-work");
+    let text = dir.join("text.txt");
+    std::fs::write(&text, "a few words of held-out text").unwrap();
+    let t = text.to_str().unwrap();
+    refused_at_once(
+        &[
+            "train",
+            "--data",
+            t,
+            "--eval-data",
+            t,
+            "--seq-len",
+            "16",
+            "--eval-sequences",
+            "100000000000",
+        ],
+        &[
+            "held-out sequences would take at least",
+            "or --eval-sequences, or raise --eval-every",
+        ],
+    );
+    std::fs::remove_dir_all(dir).unwrap();
     refused_at_once(
         &["attention", "--repeats", "100000000", "--seq-len", "100000"],
         &["would take at least", "lower --repeats or --seq-len"],

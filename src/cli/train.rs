@@ -412,15 +412,30 @@ pub fn run(args: Args) -> Result<()> {
     };
     // This machine's memory (a GPU's is checked once it is opened), then the time.
     memory.check(&rt, None)?;
-    let flops = args.steps as f64 * args.batch as f64 * cost::step_flops(&config, args.seq_len);
+    // Every sequence trained, and every held-out one evaluated (each about a training
+    // sequence's cost), at every --eval-every steps and the last.
+    let evaluated = match &args.eval_data {
+        Some(_) => (args.steps / args.eval_every + 1) * args.eval_sequences,
+        None => 0,
+    };
+    let sequences = args.steps as f64 * args.batch as f64 + evaluated as f64;
     resources::ensure_duration(
-        flops,
+        sequences * cost::step_flops(&config, args.seq_len),
         super::peak_flops(&rt),
         &format!(
-            "training {} steps of {} sequences of {} tokens",
-            args.steps, args.batch, args.seq_len
+            "training {} steps of {} sequences of {} tokens{}",
+            args.steps,
+            args.batch,
+            args.seq_len,
+            match evaluated {
+                0 => String::new(),
+                n => format!(" with {n} held-out sequences"),
+            }
         ),
-        "lower --steps, --batch or --seq-len",
+        match evaluated {
+            0 => "lower --steps, --batch or --seq-len",
+            _ => "lower --steps, --batch, --seq-len or --eval-sequences, or raise --eval-every",
+        },
     )?;
     let opts = Options {
         config,
