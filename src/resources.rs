@@ -7,6 +7,7 @@ use crate::model::config::Config;
 use crate::model::cost;
 use crate::model::weights::parameters;
 use crate::model::{Checkpoint, Offload};
+use crate::plan::{self, Schedule};
 use crate::shape::Dims;
 use anyhow::{Result, bail};
 use std::ffi::CString;
@@ -19,6 +20,9 @@ const F64: f64 = 8.0;
 
 /// What a process holds beside its tensors: the binary, thread stacks, the allocator's slack.
 const PROCESS_BYTES: f64 = (64u64 << 20) as f64;
+
+/// Bytes in a MiB, for messages.
+const MIB: f64 = (1u64 << 20) as f64;
 
 /// Bytes in a GiB, for messages.
 const GIB: f64 = (1u64 << 30) as f64;
@@ -83,6 +87,145 @@ fn refuse_above(need: f64, have: f64, what: &str, fix: &str) -> Result<()> {
     Ok(())
 }
 
+/// Bytes of a schedule's plans (forward and backward, with their transfers) per block of
+/// chunks, as each copy holds them, rounded up from what was measured (max RSS): `simulate`
+/// over 2048 workers holds 77 per block; `attention` over 256, 281 and 512 CPU workers, each
+/// thread with its own copy, 83, 105 and 80 per worker and block.
+const PLAN_BYTES_PER_BLOCK: f64 = 112.0;
+
+/// Most bytes the plans of one command may take, every copy together: they grow with the
+/// square of the chunks (times the threads holding a copy), and building 2 GiB of them
+/// already takes about a minute, so a larger request is refused before it starts.
+const PLAN_BUDGET: f64 = 2.0 * GIB;
+
+/// Bytes of the plans `copies` holders of `workers`' schedule keep (each thread worker keeps
+/// its own; a rank of a launched job, or a simulation, one).
+pub fn plan_bytes(workers: usize, schedule: Schedule, copies: usize) -> f64 {
+    let chunks = schedule.chunks(workers) as f64;
+    PLAN_BYTES_PER_BLOCK * chunks * chunks * copies.max(1) as f64
+}
+
+/// The one rule for splitting a sequence across workers, checked by every command before any
+/// work: `seq` tokens must give each of the schedule's chunks one, and the plans of `workers`
+/// must fit both the [`PLAN_BUDGET`] and the available memory; a refusal names the most
+/// workers that would pass. With `copy_per_worker` every worker is a thread of this process
+/// holding its own copy; otherwise the process holds one.
+pub fn ensure_split(
+    seq: usize,
+    workers: usize,
+    schedule: Schedule,
+    copy_per_worker: bool,
+) -> Result<()> {
+    let budget = available().map_or(PLAN_BUDGET, |have| have.min(PLAN_BUDGET));
+    let need = |w: usize| plan_bytes(w, schedule, if copy_per_worker { w } else { 1 });
+    if need(workers) <= budget {
+        return plan::chunk_sizes(seq, workers, schedule).map(drop);
+    }
+    // The need grows with the workers: the most that fit, by bisection.
+    let (mut fits, mut over) = (1, workers);
+    while over - fits > 1 {
+        let mid = fits + (over - fits) / 2;
+        if need(mid) <= budget {
+            fits = mid
+        } else {
+            over = mid
+        }
+    }
+    // Name the tighter limit: where the tokens allow fewer workers than the plans, the split's
+    // own sentence (which names that count) is the one to give.
+    if seq / schedule.chunks(1) <= fits {
+        plan::chunk_sizes(seq, workers, schedule)?;
+    }
+    let holders = match copy_per_worker {
+        true => ", each thread worker holding its own",
+        false => "",
+    };
+    bail!(
+        "the schedule of {workers} workers needs {:.1} GiB of plans (they grow with the square of the workers{holders}), more than the {:.1} GiB allowed: use --workers {fits} or fewer",
+        need(workers) / GIB,
+        budget / GIB
+    )
+}
+
+/// Most bytes a rendered plan may have: a plan grows with the square of its chunks, and one
+/// of 64 MiB (1600 workers of text, 500 of JSON) is far past reading and takes seconds.
+pub const RENDERED_LIMIT: f64 = 64.0 * MIB;
+
+/// Refuses to render a plan (`what`) of an estimated `bytes`, above [`RENDERED_LIMIT`].
+pub fn ensure_rendered(bytes: f64, what: &str, fix: &str) -> Result<()> {
+    if bytes > RENDERED_LIMIT {
+        bail!(
+            "{what} would be about {:.0} MiB, more than the {:.0} MiB a plan is written up to: {fix}",
+            bytes / MIB,
+            RENDERED_LIMIT / MIB
+        );
+    }
+    Ok(())
+}
+
+/// Longest run, in seconds, that is started: beyond a month a request is taken for a typo
+/// (a batch or step count with zeros too many) rather than a plan.
+const LONGEST_RUN_SECS: f64 = 30.0 * 86400.0;
+
+/// Fastest rate (FLOP/s) this machine's CPU could compute at: every core's f32 vector units
+/// well run (50 GFLOP/s a core; the tiny model trains at about 5). Above what a run achieves,
+/// so estimates made with it are the least a run can take.
+pub fn cpu_peak_flops() -> f64 {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    50e9 * cores as f64
+}
+
+/// Fastest rate (FLOP/s) one GPU could compute at: 16-bit tensor cores at an H200's dense peak.
+pub fn gpu_peak_flops() -> f64 {
+    cost::H200_BF16_PEAK_TFLOPS * 1e12
+}
+
+/// Refuses `what` when `flops` at `rate` (FLOP/s: [`cpu_peak_flops`], [`gpu_peak_flops`])
+/// would take longer than [`LONGEST_RUN_SECS`], naming the least time it would take and the
+/// fix.
+pub fn ensure_duration(flops: f64, rate: f64, what: &str, fix: &str) -> Result<()> {
+    let secs = flops / rate;
+    if secs > LONGEST_RUN_SECS {
+        bail!(
+            "{what} would take at least {} even at {:.0} GFLOP/s, more than the {} a run may: {fix}",
+            duration(secs),
+            rate / 1e9,
+            duration(LONGEST_RUN_SECS)
+        );
+    }
+    Ok(())
+}
+
+/// Seconds as people say them: "3.2 hours", "41 days", "2.1 years".
+fn duration(secs: f64) -> String {
+    match secs {
+        s if s < 3600.0 => format!("{:.0} minutes", s / 60.0),
+        s if s < 2.0 * 86400.0 => format!("{:.1} hours", s / 3600.0),
+        s if s < 2.0 * 365.0 * 86400.0 => format!("{:.0} days", s / 86400.0),
+        s => format!("{:.1} years", s / (365.0 * 86400.0)),
+    }
+}
+
+/// Processes a launch may start per core: ranks beyond the cores take turns, and many times
+/// over they no longer answer each other within the timeouts.
+const PROCESSES_PER_CORE: usize = 4;
+
+/// Refuses starting `processes` processes on this machine: more than [`PROCESSES_PER_CORE`]
+/// per core, or more than its available memory holds at [`PROCESS_BYTES`] each.
+pub fn ensure_processes(processes: usize) -> Result<()> {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let by_memory = available().map_or(usize::MAX, |have| (have / PROCESS_BYTES) as usize);
+    let most = (cores * PROCESSES_PER_CORE).min(by_memory);
+    if processes > most {
+        bail!(
+            "{processes} processes are too many for this machine ({cores} cores, {:.1} GiB available, {:.0} MiB a process at least): use --nproc-per-node {most} or fewer",
+            available().unwrap_or(0.0) / GIB,
+            PROCESS_BYTES / MIB
+        );
+    }
+    Ok(())
+}
+
 /// Host bytes of one `distflash attention` process over `seq` tokens of shape `dims`.
 ///
 /// Always: the inputs Q, K, V and dO (f32, `inputs::Inputs`) and the results O, LSE, dQ, dK, dV
@@ -126,11 +269,20 @@ pub fn ensure_attention_fits(
         return Ok(());
     };
     let need = attention_bytes(dims, seq, cpu_workers, check);
-    let per_token = (need - PROCESS_BYTES) / seq.max(1) as f64;
-    let longest = ((have - PROCESS_BYTES) / per_token).max(0.0).floor();
+    // The need grows linearly with the sequence, and with the batch.
+    let room = (have - PROCESS_BYTES) / (need - PROCESS_BYTES);
+    let longest = (seq as f64 * room).floor();
+    let shorten = match longest >= 1.0 {
+        true => format!("use --seq-len {longest:.0} or less"),
+        // Not one token fits: the batch (or the heads) is what is too large.
+        false => format!(
+            "use --batch {:.0} or less",
+            (dims.batch as f64 * room).floor()
+        ),
+    };
     let oracle = need - attention_bytes(dims, seq, cpu_workers, false);
     let fix = format!(
-        "use --seq-len {longest:.0} or less{}",
+        "{shorten}{}",
         if check {
             format!(
                 ", or leave out --check (its f64 oracle needs {:.1} GiB of it)",
@@ -334,6 +486,59 @@ mod tests {
         assert!(e.starts_with("saving needs "), "{e}");
         assert!(e.ends_with("GiB available: free some space"), "{e}");
         assert_eq!(disk_free(Path::new("/no/such/dir")), None);
+    }
+
+    #[test]
+    fn a_split_names_the_tighter_of_the_tokens_and_the_plans() {
+        assert!(ensure_split(1024, 8, Schedule::Balanced, true).is_ok());
+        // Too few tokens for the chunks: the split's own sentence.
+        let e = ensure_split(128, 100_000, Schedule::Balanced, false).unwrap_err();
+        assert!(e.to_string().contains("use --workers 128 or fewer"), "{e}");
+        // Tokens enough, plans not: the most workers whose plans fit.
+        let e = ensure_split(1 << 30, 100_000, Schedule::Zigzag, false)
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("the schedule of 100000 workers needs"), "{e}");
+        let most: usize = e
+            .rsplit("--workers ")
+            .next()
+            .unwrap()
+            .split(' ')
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!(
+            plan_bytes(most, Schedule::Zigzag, 1) <= PLAN_BUDGET,
+            "{most}"
+        );
+        assert!(plan_bytes(most + 1, Schedule::Zigzag, 1) > available().unwrap().min(PLAN_BUDGET));
+    }
+
+    #[test]
+    fn durations_are_said_in_the_unit_people_use() {
+        assert_eq!(duration(600.0), "10 minutes");
+        assert_eq!(duration(5.0 * 3600.0), "5.0 hours");
+        assert_eq!(duration(40.0 * 86400.0), "40 days");
+        assert_eq!(duration(3.0 * 365.0 * 86400.0), "3.0 years");
+        assert!(ensure_duration(1e12, 1e12, "this", "do less").is_ok());
+        let e = ensure_duration(1e20, 1e12, "this", "do less")
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            e,
+            "this would take at least 3.2 years even at 1000 GFLOP/s, more than the 30 days a run may: do less"
+        );
+    }
+
+    #[test]
+    fn a_launch_is_bounded_by_the_cores() {
+        let cores = std::thread::available_parallelism().unwrap().get();
+        assert!(ensure_processes(cores).is_ok());
+        let e = ensure_processes(cores * PROCESSES_PER_CORE + 1)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("processes are too many for this machine"), "{e}");
     }
 
     fn dims() -> Dims {

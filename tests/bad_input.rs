@@ -589,3 +589,502 @@ fn a_long_first_step_is_not_silent_when_stderr_is_not_a_terminal() {
         "{err}"
     );
 }
+
+/// Each command with an oversize request: refused at once with one sentence, before any of it
+/// is allocated.
+fn refused_at_once(args: &[&str], words: &[&str]) -> String {
+    let started = Instant::now();
+    let out = distflash(args);
+    let err = fails(&out, 1, words);
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{args:?} took {:?}",
+        started.elapsed()
+    );
+    err
+}
+
+#[test]
+fn oversize_worker_counts_and_plans_are_refused_up_front() {
+    let dir = temp_dir("plan-out");
+    let out = dir.join("f");
+    refused_at_once(
+        &[
+            "plan",
+            "--workers",
+            "100000",
+            "--any-size",
+            "--out",
+            out.to_str().unwrap(),
+        ],
+        &[
+            "the plan of 100000 workers would be about",
+            "MiB a plan is written up to: use --workers 1638 or fewer",
+        ],
+    );
+    assert!(!out.exists(), "nothing written");
+    // Without --any-size too: adding it would not help.
+    for args in [
+        &["plan", "--workers", "2000", "--any-size"][..],
+        &["plan", "--workers", "2000"],
+    ] {
+        refused_at_once(args, &["use --workers 1638 or fewer"]);
+    }
+    // train's rule: the sequence gives every chunk a token (128 tokens: 128 workers at most).
+    refused_at_once(
+        &["train", "--workers", "100000"],
+        &[
+            "is too short for 100000 workers",
+            "use --workers 128 or fewer",
+        ],
+    );
+    // Its 2048 tokens would allow 2048 workers, but not their plans, one copy a thread.
+    refused_at_once(
+        &["attention", "--workers", "100000"],
+        &[
+            "the schedule of 100000 workers needs",
+            "each thread worker holding its own",
+            "use --workers",
+        ],
+    );
+    // Enough tokens, but the plans would not fit.
+    refused_at_once(
+        &["simulate", "--workers", "100000"],
+        &[
+            "the schedule of 100000 workers needs",
+            "GiB of plans",
+            "use --workers",
+        ],
+    );
+    refused_at_once(
+        &["attention", "--seq-len", "100000000", "--workers", "600"],
+        &["each thread worker holding its own", "use --workers"],
+    );
+    for args in [
+        &["bench", "cpu", "--matmul-size", "1000000"][..],
+        &["bench", "cpu", "--seq-len", "100000000"],
+    ] {
+        refused_at_once(
+            args,
+            &[
+                "bench cpu (a ",
+                "GiB available: use a smaller --matmul-size or --seq-len",
+            ],
+        );
+    }
+    refused_at_once(
+        &["bench", "train", "--estimate", "--seq-len", "0"],
+        &["the sequence is empty (0 tokens): give --seq-len of at least 1"],
+    );
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn work_that_would_take_more_than_a_month_is_refused_with_the_estimate() {
+    refused_at_once(
+        &["train", "--batch", "100000000", "--steps", "100000"],
+        &[
+            "training 100000 steps of 100000000 sequences of 128 tokens would take at least",
+            "more than the 30 days a run may: lower --steps, --batch or --seq-len",
+        ],
+    );
+    let dir = temp_dir("eval-work");
+    let text = dir.join("text.txt");
+    std::fs::write(&text, "a few words of held-out text").unwrap();
+    let t = text.to_str().unwrap();
+    refused_at_once(
+        &[
+            "train",
+            "--data",
+            t,
+            "--eval-data",
+            t,
+            "--seq-len",
+            "16",
+            "--eval-sequences",
+            "100000000000",
+        ],
+        &[
+            "held-out sequences would take at least",
+            "or --eval-sequences, or raise --eval-every",
+        ],
+    );
+    std::fs::remove_dir_all(dir).unwrap();
+    refused_at_once(
+        &["attention", "--repeats", "100000000", "--seq-len", "100000"],
+        &["would take at least", "lower --repeats or --seq-len"],
+    );
+    refused_at_once(
+        &[
+            "bench",
+            "train",
+            "--device",
+            "cpu",
+            "--preset",
+            "tiny",
+            "--seq-len",
+            "65536",
+            "--repeats",
+            "100000000",
+        ],
+        &[
+            "would take at least",
+            "lower --repeats, --warmup or --seq-len",
+        ],
+    );
+}
+
+#[test]
+fn a_cpu_gradient_too_large_for_memory_is_refused_before_the_weights_exist() {
+    let dir = temp_dir("grads-7b");
+    let tokens = dir.join("t.json");
+    std::fs::write(&tokens, "[1, 2, 3, 4, 5, 6, 7, 8, 9]").unwrap();
+    let roomy = distflash::resources::available().is_some_and(|b| b > 200.0 * (1u64 << 30) as f64);
+    if !roomy {
+        refused_at_once(
+            &[
+                "grads",
+                "--preset",
+                "llama2-7b",
+                "--tokens",
+                tokens.to_str().unwrap(),
+                "--out",
+                dir.join("g.safetensors").to_str().unwrap(),
+            ],
+            &[
+                "a gradient step of a model of 6.74B parameters on the CPU",
+                "GiB available: use a smaller model",
+            ],
+        );
+    }
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn a_launch_of_more_processes_than_the_machine_holds_is_refused() {
+    refused_at_once(
+        &["launch", "--nproc-per-node", "100000", "--", "attention"],
+        &[
+            "100000 processes are too many for this machine",
+            "use --nproc-per-node",
+        ],
+    );
+}
+
+#[test]
+fn nonsense_numbers_are_refused_where_parsed() {
+    let finite = "is not a finite number of 0 or more";
+    let above = "is not a finite number above 0";
+    let whole = "is not a whole number of 0 or more";
+    let count = "is not a whole number of 1 or more";
+    for (args, flag, reason) in [
+        (
+            &["simulate", "--link-gbps", "nan"][..],
+            "--link-gbps",
+            above,
+        ),
+        (&["simulate", "--link-gbps", "0"], "--link-gbps", above),
+        (&["simulate", "--fwd-tflops", "-2"], "--fwd-tflops", above),
+        (&["simulate", "--latency-us", "inf"], "--latency-us", finite),
+        (&["simulate", "--input-bytes", "0"], "--input-bytes", count),
+        (&["simulate", "--workers", "4,-2"], "--workers", count),
+        // Negative numbers reach the flag's parser instead of being taken for flags.
+        (&["train", "--lr", "-1"], "--lr", finite),
+        (&["train", "--workers", "-3"], "--workers", whole),
+        (&["train", "--batch", "0"], "--batch", count),
+        (&["attention", "--seq-len", "-5"], "--seq-len", whole),
+        (&["attention", "--repeats", "0"], "--repeats", count),
+        (&["plan", "--workers", "-1"], "--workers", whole),
+        (&["bench", "cpu", "--repeats", "0"], "--repeats", count),
+        (
+            &["launch", "--nproc-per-node", "-4", "--", "plan"],
+            "--nproc-per-node",
+            whole,
+        ),
+        (&["grads", "--workers", "-2"], "--workers", whole),
+        (&["train", "--timeout", "0"], "--timeout", count),
+    ] {
+        refused_flag(args, flag, reason);
+    }
+}
+
+#[test]
+fn a_min_lr_above_the_peak_is_refused() {
+    let out = distflash(&[
+        "train", "--min-lr", "1", "--lr", "0.01", "--decay", "cosine",
+    ]);
+    fails(
+        &out,
+        1,
+        &[
+            "--min-lr 1 is above the peak learning rate 0.01",
+            "give a --min-lr of 0.01 or less",
+        ],
+    );
+}
+
+#[test]
+fn a_fresh_run_does_not_overwrite_a_finished_one() {
+    let dir = temp_dir("overwrite");
+    assert!(train(&dir, "2", None).status.success());
+    let before = std::fs::read(dir.join("state.safetensors")).unwrap();
+    let out = train(&dir, "3", None);
+    fails(
+        &out,
+        1,
+        &[
+            "holds a run (state.safetensors, metrics.jsonl, model.safetensors)",
+            "continue it with --resume",
+            "replace it with --overwrite",
+        ],
+    );
+    assert_eq!(
+        std::fs::read(dir.join("state.safetensors")).unwrap(),
+        before
+    );
+    // Asked for, it starts afresh there.
+    let out = Command::new(BIN)
+        .args(&TINY[..7])
+        .args(["--steps", "1", "--save-dir"])
+        .arg(&dir)
+        .arg("--overwrite")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(metric_steps(&dir), vec![1]);
+    // The checkpoint is the new run's.
+    assert_ne!(
+        std::fs::read(dir.join("state.safetensors")).unwrap(),
+        before
+    );
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn resuming_a_directory_without_a_checkpoint_says_so() {
+    let dir = temp_dir("no-checkpoint");
+    std::fs::write(dir.join("metrics.jsonl"), "").unwrap();
+    let out = train(&dir, "2", Some(&dir));
+    fails(
+        &out,
+        1,
+        &[
+            "holds no checkpoint yet (its run stopped before the first save",
+            "--overwrite instead of --resume",
+        ],
+    );
+    let missing = dir.join("state-1.safetensors");
+    let out = train(&dir, "2", Some(&missing));
+    fails(
+        &out,
+        1,
+        &[
+            "there is no checkpoint at",
+            "give --resume a run's save directory",
+        ],
+    );
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn settings_that_do_nothing_here_are_warned_of_and_the_run_goes_on() {
+    let out = Command::new(BIN)
+        .args([
+            "train",
+            "--seq-len",
+            "32",
+            "--batch",
+            "1",
+            "--steps",
+            "1",
+            "--json",
+        ])
+        .args([
+            "--workers",
+            "1",
+            "--shard",
+            "full",
+            "--offload",
+            "activations",
+        ])
+        .output()
+        .unwrap();
+    let err = stderr(&out);
+    assert!(out.status.success(), "{err}");
+    let lines: Vec<&str> = err.lines().collect();
+    assert_eq!(lines.len(), 2, "{err}");
+    assert!(lines[0].starts_with("warning: --offload activations moves checkpoints to host memory, where the CPU's already are"), "{err}");
+    assert!(lines[1].starts_with("warning: --shard full cuts the model's state across the workers, but one worker holds every piece"), "{err}");
+}
+
+#[test]
+fn every_output_path_is_checked_before_the_work() {
+    let dir = temp_dir("outputs");
+    let tokens = dir.join("t.json");
+    std::fs::write(&tokens, "[1, 2, 3, 4, 5, 6, 7, 8, 9]").unwrap();
+    let t = tokens.to_str().unwrap();
+    for (args, path) in [
+        (
+            &["grads", "--tokens", t, "--out", "/proc/x/g.safetensors"][..],
+            "/proc/x/g.safetensors",
+        ),
+        (&["plan", "--out", "/proc/x/p.txt"], "/proc/x/p.txt"),
+        (
+            &["attention", "--save", "/proc/x/a.safetensors"],
+            "/proc/x/a.safetensors",
+        ),
+        (
+            &["train", "--steps", "1", "--save-dir", "/proc/x/run"],
+            "/proc/x/run",
+        ),
+    ] {
+        let err = refused_at_once(
+            args,
+            &[
+                &format!("cannot write {path}: "),
+                "; choose a writable path",
+            ],
+        );
+        assert_eq!(err.matches("os error").count(), 1, "{err}");
+    }
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn an_oversize_batch_is_named_as_the_fix() {
+    let out = distflash(&["attention", "--batch", "100000000"]);
+    fails(
+        &out,
+        1,
+        &[
+            "attention over 2048 tokens needs",
+            "GiB available: use --batch",
+        ],
+    );
+}
+
+#[test]
+fn a_config_of_the_wrong_shape_is_named_as_such() {
+    let dir = temp_dir("configs");
+    let config = dir.join("config.json");
+    let c = config.to_str().unwrap();
+    std::fs::write(&config, "[1, 2]").unwrap();
+    fails(
+        &distflash(&["train", "--config", c]),
+        1,
+        &["the config is an array, not an object: give a Hugging Face config.json"],
+    );
+    let fields = r#"{"vocab_size": 256, "hidden_size": 64, "intermediate_size": 176,
+        "num_attention_heads": 4, "num_hidden_layers": -1}"#;
+    std::fs::write(&config, fields).unwrap();
+    fails(
+        &distflash(&["train", "--config", c]),
+        1,
+        &["'num_hidden_layers' is -1, not a non-negative integer: give a whole number"],
+    );
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn a_model_with_non_finite_weights_is_refused_at_load_naming_the_tensor() {
+    let dir = temp_dir("nan-model");
+    let out = Command::new(BIN)
+        .args(&TINY[..7])
+        .args(["--steps", "1", "--save-dir"])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    // The last value of the file (of whichever tensor lies last) becomes NaN.
+    let model = dir.join("model.safetensors");
+    let mut bytes = std::fs::read(&model).unwrap();
+    let n = bytes.len();
+    bytes[n - 4..].copy_from_slice(&f32::NAN.to_le_bytes());
+    std::fs::write(&model, bytes).unwrap();
+    let out = distflash(
+        &[
+            &TINY[..7],
+            &["--steps", "1", "--init-from", dir.to_str().unwrap()],
+        ]
+        .concat(),
+    );
+    fails(
+        &out,
+        1,
+        &[
+            "tensor '",
+            "holds NaN at element",
+            "the weights are damaged",
+            "start from a model whose weights are all finite",
+        ],
+    );
+    assert!(!stderr(&out).contains("learning rate"), "{}", stderr(&out));
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn the_progress_fits_80_columns_and_says_its_recall_is_a_moving_average() {
+    let out = distflash(&[
+        "train",
+        "--steps",
+        "30",
+        "--seq-len",
+        "64",
+        "--batch",
+        "4",
+        "--workers",
+        "2",
+    ]);
+    let err = stderr(&out);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains(
+            "recall: share of probes answered right over the last 20 steps (moving average)"
+        ),
+        "{err}"
+    );
+    let last = err.lines().rfind(|l| l.contains("step 30/30")).unwrap();
+    assert!(last.contains("  recall "), "{last}");
+    for line in err.lines() {
+        assert!(
+            line.chars().count() <= 80,
+            "{} columns: {line}",
+            line.chars().count()
+        );
+    }
+}
+
+/// Every GPU test is `#[ignore]`d with the way to run it, so that `cargo test` on a machine
+/// without a GPU lists it as ignored rather than `ok`; `bench/peers/gpu_tests.sh` runs them
+/// with `--include-ignored`. Only the gate's own checks, which need no GPU, run unasked.
+#[test]
+fn gpu_tests_are_listed_as_ignored_without_a_gpu() {
+    let ignore =
+        "#[ignore = \"needs an NVIDIA GPU: set DISTFLASH_GPU_TESTS=1 and pass --include-ignored\"]";
+    let no_gpu = [
+        "the_gate_runs_only_on_1_and_refuses_what_it_does_not_understand",
+        "a_kernel_variant_is_parsed_from_its_keys_and_bad_ones_are_refused",
+    ];
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut ignored = 0;
+    for file in ["gpu_attention.rs", "gpu_ops.rs", "gpu_model_attention.rs"] {
+        let text = std::fs::read_to_string(root.join("tests").join(file)).unwrap();
+        for test in text.split("#[test]\n").skip(1) {
+            let name = test
+                .lines()
+                .find(|l| l.starts_with("fn "))
+                .unwrap_or_default();
+            if no_gpu.iter().any(|n| name.contains(n)) {
+                continue;
+            }
+            assert!(test.starts_with(ignore), "{file}: {name} is not ignored");
+            ignored += 1;
+        }
+    }
+    assert_eq!(ignored, 24);
+    let script = std::fs::read_to_string(root.join("bench/peers/gpu_tests.sh")).unwrap();
+    assert!(
+        script.contains("--include-ignored"),
+        "gpu_tests.sh must run them"
+    );
+}

@@ -218,6 +218,7 @@ fn wide(t: &[f32]) -> Vec<f64> {
 }
 
 #[test]
+#[ignore = "needs an NVIDIA GPU: set DISTFLASH_GPU_TESTS=1 and pass --include-ignored"]
 fn adapter_forward_is_the_fast_paths_and_its_gradients_within_one_rounding() -> Result<()> {
     each_case(|c| {
         let dt = c.be.dtype();
@@ -259,6 +260,7 @@ fn adapter_forward_is_the_fast_paths_and_its_gradients_within_one_rounding() -> 
 }
 
 #[test]
+#[ignore = "needs an NVIDIA GPU: set DISTFLASH_GPU_TESTS=1 and pass --include-ignored"]
 fn adapter_and_virtual_workers_are_within_one_rounding_of_the_fast_path_against_f64() -> Result<()>
 {
     each_case(|c| {
@@ -307,6 +309,7 @@ fn adapter_and_virtual_workers_are_within_one_rounding_of_the_fast_path_against_
 }
 
 #[test]
+#[ignore = "needs an NVIDIA GPU: set DISTFLASH_GPU_TESTS=1 and pass --include-ignored"]
 fn adapter_refuses_a_tensor_of_the_other_dtype_or_a_wrong_length() -> Result<()> {
     each_case(|c| {
         let other = match c.be.dtype() {

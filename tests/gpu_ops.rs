@@ -78,61 +78,73 @@ fn check(group: fn(&mut Checker) -> Result<()>) -> Result<()> {
 }
 
 #[test]
+#[ignore = "needs an NVIDIA GPU: set DISTFLASH_GPU_TESTS=1 and pass --include-ignored"]
 fn elementwise_ops_match_the_cpu() -> Result<()> {
     check(Checker::elementwise)
 }
 
 #[test]
+#[ignore = "needs an NVIDIA GPU: set DISTFLASH_GPU_TESTS=1 and pass --include-ignored"]
 fn random_weights_are_the_cpu_ones_bit_for_bit() -> Result<()> {
     check(Checker::random_weights)
 }
 
 #[test]
+#[ignore = "needs an NVIDIA GPU: set DISTFLASH_GPU_TESTS=1 and pass --include-ignored"]
 fn embedding_matches_the_cpu_and_refuses_a_token_past_the_vocabulary() -> Result<()> {
     check(Checker::embedding)
 }
 
 #[test]
+#[ignore = "needs an NVIDIA GPU: set DISTFLASH_GPU_TESTS=1 and pass --include-ignored"]
 fn linear_and_its_backward_match_the_cpu() -> Result<()> {
     check(Checker::linear)
 }
 
 #[test]
+#[ignore = "needs an NVIDIA GPU: set DISTFLASH_GPU_TESTS=1 and pass --include-ignored"]
 fn rmsnorm_and_its_backward_match_the_cpu() -> Result<()> {
     check(Checker::norm)
 }
 
 #[test]
+#[ignore = "needs an NVIDIA GPU: set DISTFLASH_GPU_TESTS=1 and pass --include-ignored"]
 fn bias_add_and_its_column_sum_gradient_match_the_cpu() -> Result<()> {
     check(Checker::bias)
 }
 
 #[test]
+#[ignore = "needs an NVIDIA GPU: set DISTFLASH_GPU_TESTS=1 and pass --include-ignored"]
 fn rope_over_two_runs_of_positions_with_llama3_and_yarn_tables_matches_the_cpu() -> Result<()> {
     check(Checker::rope)
 }
 
 #[test]
+#[ignore = "needs an NVIDIA GPU: set DISTFLASH_GPU_TESTS=1 and pass --include-ignored"]
 fn cross_entropy_over_two_chunks_of_rows_matches_the_cpu() -> Result<()> {
     check(Checker::loss)
 }
 
 #[test]
+#[ignore = "needs an NVIDIA GPU: set DISTFLASH_GPU_TESTS=1 and pass --include-ignored"]
 fn adamw_matches_the_cpu() -> Result<()> {
     check(Checker::adamw)
 }
 
 #[test]
+#[ignore = "needs an NVIDIA GPU: set DISTFLASH_GPU_TESTS=1 and pass --include-ignored"]
 fn tiny_models_loss_and_gradients_match_the_cpu_under_every_checkpoint_policy() -> Result<()> {
     check(Checker::model)
 }
 
 #[test]
+#[ignore = "needs an NVIDIA GPU: set DISTFLASH_GPU_TESTS=1 and pass --include-ignored"]
 fn offloaded_checkpoints_give_the_same_loss_and_gradients_on_the_gpu() -> Result<()> {
     check(Checker::offload)
 }
 
 #[test]
+#[ignore = "needs an NVIDIA GPU: set DISTFLASH_GPU_TESTS=1 and pass --include-ignored"]
 fn offloaded_moments_give_the_same_updates_on_the_gpu() -> Result<()> {
     check(Checker::moments)
 }
@@ -146,6 +158,7 @@ fn offloaded_moments_give_the_same_updates_on_the_gpu() -> Result<()> {
 /// the rotary table). The pool rounds allocations by less than a KiB (llama2-7b's peaks matched
 /// the count to the byte), so the bound is 4 KiB; a missed tensor of one f32 a token is 16 KiB.
 #[test]
+#[ignore = "needs an NVIDIA GPU: set DISTFLASH_GPU_TESTS=1 and pass --include-ignored"]
 fn the_counted_estimate_is_the_gpus_own_peak() -> Result<()> {
     let Some(gpu) = gpu_common::gpu()? else {
         return Ok(());
@@ -210,6 +223,7 @@ fn the_counted_estimate_is_the_gpus_own_peak() -> Result<()> {
 /// workers read through views of its memory) holding every worker's piece bit for bit, its
 /// counted bytes the prediction.
 #[test]
+#[ignore = "needs an NVIDIA GPU: set DISTFLASH_GPU_TESTS=1 and pass --include-ignored"]
 fn virtual_workers_collectives_into_buffers_match_the_host_bit_for_bit() -> Result<()> {
     let Some(gpu) = gpu_common::gpu()? else {
         return Ok(());
@@ -320,6 +334,7 @@ fn virtual_workers_collectives_into_buffers_match_the_host_bit_for_bit() -> Resu
 /// (at most 1.5 copies: the pool may round an allocation up, but not to a second copy), and the
 /// copy is freed after the release.
 #[test]
+#[ignore = "needs an NVIDIA GPU: set DISTFLASH_GPU_TESTS=1 and pass --include-ignored"]
 fn virtual_workers_share_one_gathered_copy() -> Result<()> {
     let Some(gpu) = gpu_common::gpu()? else {
         return Ok(());

@@ -57,9 +57,10 @@ const MAP: &[(&str, Rule)] = &[
     ("sim", Rule::Only(&["shape", "attn", "plan", "model"])),
     // Machine rates for reports: the CPU backend's attention forward on generated inputs.
     ("bench", Rule::Only(&["shape", "attn", "backend", "inputs"])),
-    // The host memory a run needs, against this machine's available memory: shapes and the
-    // model's parameter and activation sizes; nothing of devices or topology.
-    ("resources", Rule::Only(&["shape", "model"])),
+    // What a run would take, against this machine: shapes, the model's parameter and
+    // activation sizes, and the sequence split's rule and its plans' size (`plan`); nothing
+    // of devices or topology.
+    ("resources", Rule::Only(&["shape", "model", "plan"])),
     // Where a job runs, decided once: opens the devices (the CPU's and the GPU's model ops,
     // backends) and communicators below it and runs a job's per-worker function; it knows
     // nothing of what jobs compute (nothing of `train`, `attention_run`).

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds here (the GPU machine has no Rust) what a device call runs, into .dev/ (git-ignored),
-# under stable names: the GPU test binaries (tests/gpu_*.rs, run there by gpu_tests.sh), the
+# under stable names: the GPU test binaries (tests/gpu_*.rs, run there by gpu_tests.sh with
+# DISTFLASH_GPU_TESTS=1 and --include-ignored: they are ignored unless asked for), the
 # `distflash` binary and the timing example (examples/gpu_timing.rs), all release builds.
 #   bash bench/peers/build_gpu_tests.sh          # then a device call with carry [".dev"]
 # DEST=.dev/v9 puts them elsewhere (e.g. to carry two builds side by side).

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine: runs the GPU test binaries that build_gpu_tests.sh put in .dev/, with
-# DISTFLASH_GPU_TESTS=1 (so a missing GPU fails them instead of skipping), one test at a time
+# DISTFLASH_GPU_TESTS=1 and --include-ignored (the tests are ignored unless asked for; a
+# missing GPU then fails them instead of skipping), one test at a time
 # and with their printed figures kept, into one log, $OUT/gpu_tests.log. Run from the
 # repository root with $OUT set (device call, carry [".dev"]):
 #   bash bench/peers/gpu_tests.sh                        # all three
@@ -18,7 +19,7 @@ export DISTFLASH_GPU_TESTS=1 DISTFLASH_CACHE_DIR=${DISTFLASH_CACHE_DIR:-/tmp/dis
 status=0
 for t in $TESTS; do
   echo "=== $t $* ${DISTFLASH_TUNING:+(DISTFLASH_TUNING=$DISTFLASH_TUNING)}" >> "$LOG"
-  if timeout "$TIMEOUT" "$BIN_DIR/$t" --test-threads 1 --nocapture "$@" >> "$LOG" 2>&1; then
+  if timeout "$TIMEOUT" "$BIN_DIR/$t" --include-ignored --test-threads 1 --nocapture "$@" >> "$LOG" 2>&1; then
     echo "$t passed"
   else
     echo "$t FAILED (see $(basename "$LOG"))"

@@ -59,7 +59,7 @@ train_run() {
 }
 
 if wanted gpu_ops; then
-  DISTFLASH_GPU_TESTS=1 timeout 300 "$DEV/gpu_ops" offloaded --test-threads 1 --nocapture \
+  DISTFLASH_GPU_TESTS=1 timeout 300 "$DEV/gpu_ops" offloaded --include-ignored --test-threads 1 --nocapture \
     > "$OUT/gpu_ops.log" 2>&1
   echo "gpu_ops offloaded: exit $?" >> "$LOG"
 fi

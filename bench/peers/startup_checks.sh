@@ -39,7 +39,7 @@ timed() {
 }
 
 if wanted gpu_ops; then
-DISTFLASH_GPU_TESTS=1 timeout 300 "${BIN_DIR:-.dev}/gpu_ops" --test-threads 1 --nocapture \
+DISTFLASH_GPU_TESTS=1 timeout 300 "${BIN_DIR:-.dev}/gpu_ops" --include-ignored --test-threads 1 --nocapture \
   > "$OUT/gpu_ops.log" 2>&1
 echo "gpu_ops: exit $?" | tee -a "$LOG"
 grep -E "random|test result|FAIL" "$OUT/gpu_ops.log" >> "$LOG"

@@ -98,6 +98,20 @@ class Shape(NamedTuple):
     device: int
 
 
+def _torch_sees_a_gpu():
+    """Whether torch is installed and sees a CUDA device."""
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+# Whether this machine has a GPU for the kernels: it decides what a tensor off the GPU is told
+# (a function, so that tests can stand in for either machine).
+gpu_present = _torch_sees_a_gpu
+
+
 def _is_tensor(t):
     return all(hasattr(t, a) for a in ("device", "dtype", "shape", "dim"))
 
@@ -105,6 +119,10 @@ def _is_tensor(t):
 def _check_one(t, name):
     if not _is_tensor(t):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.device.type != "cuda" and not gpu_present():
+        raise ValueError(
+            f"{name} is on {t.device.type}, and torch sees no CUDA GPU here: distflash's kernels need an NVIDIA GPU; on this machine use torch.nn.functional.scaled_dot_product_attention, or the CPU reference of the distflash command line (distflash attention --check)"
+        )
     if t.device.type != "cuda":
         raise ValueError(
             f"{name} is on {t.device.type}; distflash's kernels run on CUDA tensors: move it with .cuda()"

@@ -27,13 +27,29 @@ def refused(exc, match, *args, **kw):
         _checks.check_inputs(*args, **kw)
 
 
-def test_wrong_device_dtype_and_type():
+def test_wrong_device_dtype_and_type(monkeypatch):
+    monkeypatch.setattr(_checks, "gpu_present", lambda: True)
     q, k, v = qkv()
     refused(ValueError, r"^q is on cpu; .*\.cuda\(\)$", Tensor(q.shape, device=Device("cpu", None)), k, v)
     refused(TypeError, r"^k is torch.float32; .*\.to\(torch.bfloat16\)$", q, Tensor(k.shape, dtype="float32"), v)
     refused(TypeError, r"^v must be a torch.Tensor, got list$", q, k, [1, 2])
     refused(ValueError, r"must be on one GPU", q, k, Tensor(v.shape, device=Device("cuda", 1)))
     refused(TypeError, r"must have one dtype", q, k, Tensor(v.shape, dtype="float16"))
+
+
+def test_a_tensor_off_the_gpu_on_a_machine_without_one_is_told_what_to_use_instead(monkeypatch):
+    monkeypatch.setattr(_checks, "gpu_present", lambda: False)
+    q, k, v = qkv()
+    cpu = Tensor(q.shape, device=Device("cpu", None))
+    refused(
+        ValueError,
+        r"^q is on cpu, and torch sees no CUDA GPU here: distflash's kernels need an NVIDIA GPU; "
+        r"on this machine use torch.nn.functional.scaled_dot_product_attention, or the CPU "
+        r"reference of the distflash command line \(distflash attention --check\)$",
+        cpu,
+        k,
+        v,
+    )
 
 
 def test_wrong_layout():

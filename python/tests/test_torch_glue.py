@@ -252,7 +252,9 @@ def test_transformers_decoding_with_a_cache_goes_to_sdpa(fake, tmp_path):
         assert err["ours"] <= 2 * err["sdpa"], (i, err)
 
 
-def test_real_cpu_tensors_are_refused_in_a_sentence():
+def test_real_cpu_tensors_are_refused_in_a_sentence(monkeypatch):
+    # As on a GPU machine (test_checks.py has the sentence of a machine without one).
+    monkeypatch.setattr(_checks, "gpu_present", lambda: True)
     q = torch.zeros(1, 8, 4, 64, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match=r"^q is on cpu; .*\.cuda\(\)$"):
         attention.flash_attn(q, q, q)

@@ -3,7 +3,7 @@
 //! per-worker load and traffic, an optional check against the f64 oracle under the same mask and
 //! an optional safetensors dump of inputs and results.
 
-use super::create_output;
+use super::values;
 use anyhow::{Result, bail};
 use distflash::attention_run::{self, AttentionRun, Strategy};
 use distflash::attn::{self, layout, oracle};
@@ -23,34 +23,34 @@ pub struct Args {
     place: super::DeviceArgs,
     /// Workers the sequence is split across [default: WORLD_SIZE under a launcher, else 4 on
     /// the CPU and 1 on CUDA].
-    #[arg(long)]
+    #[arg(long, value_parser = values::whole::<usize>)]
     workers: Option<usize>,
     /// Tokens in the sequence (need not divide by the worker count).
-    #[arg(long, default_value_t = 2048)]
+    #[arg(long, default_value_t = 2048, value_parser = values::whole::<usize>)]
     seq_len: usize,
     /// Query heads.
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = 8, value_parser = values::whole::<usize>)]
     heads: usize,
     /// Key/value heads (GQA when fewer than heads, MQA at 1).
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = 2, value_parser = values::whole::<usize>)]
     kv_heads: usize,
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, default_value_t = 64, value_parser = values::whole::<usize>)]
     head_dim: usize,
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, value_parser = values::whole::<usize>)]
     batch: usize,
     /// `balanced` (DistFlashAttn), `unbalanced`, `zigzag` (a head and a tail chunk per worker) or
     /// `greedy` (blocks assigned by their real cost under the mask).
     #[arg(long, default_value = "balanced")]
     schedule: Schedule,
     /// Timed runs; times reported are their medians (on CUDA after one untimed warm-up run).
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, default_value_t = 1, value_parser = values::count::<u64>)]
     repeats: u64,
     /// Serialise communication with compute (each step fetches its inputs just before it
     /// computes) — the paper's ablation of prefetching.
     #[arg(long)]
     no_overlap: bool,
     /// Seed of the random inputs (and of `--docs random:N`'s lengths).
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, value_parser = values::whole::<u64>)]
     seed: u64,
     #[command(flatten)]
     mask: MaskArgs,
@@ -83,18 +83,18 @@ fn check_tolerance(rt: &Runtime) -> f64 {
 pub struct MaskArgs {
     /// Pack the sequence from documents of these lengths (they must add up to the sequence
     /// length; any lengths, one-token documents included): a token sees only its own document.
-    #[arg(long, value_delimiter = ',', conflicts_with = "docs")]
+    #[arg(long, value_delimiter = ',', conflicts_with = "docs", value_parser = values::whole::<usize>)]
     doc_lens: Vec<usize>,
     /// `random:N`: N documents of random lengths (at least one token each) from the seed.
     #[arg(long)]
     docs: Option<String>,
     /// Causal sliding window: a token sees itself and the W − 1 tokens before it (in its
     /// document).
-    #[arg(long)]
+    #[arg(long, value_parser = values::whole::<usize>)]
     window: Option<usize>,
     /// Global prefix tokens: every later token sees the first G tokens, across documents and
     /// beyond the window.
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, value_parser = values::whole::<usize>)]
     global: usize,
 }
 
@@ -217,12 +217,25 @@ pub fn run(args: Args) -> Result<()> {
         Device::Cpu => rt.workers_per_device(),
         Device::Cuda => 0,
     };
+    super::ensure_split(args.seq_len, args.schedule, &rt)?;
     resources::ensure_attention_fits(&dims, args.seq_len, cpu_workers, args.check)?;
-    let save = args
-        .save
-        .as_deref()
-        .map(|p| create_output(p).map(|_| p))
-        .transpose()?;
+    // Every timed run, and the warm-up on a GPU, computes the whole causal pass.
+    let passes = args.repeats as f64 + f64::from(u8::from(rt.device == Device::Cuda));
+    let flops = passes
+        * (attn::causal_forward_flops(&dims, args.seq_len)
+            + attn::causal_backward_flops(&dims, args.seq_len));
+    resources::ensure_duration(
+        flops,
+        super::peak_flops(&rt),
+        &format!(
+            "{} runs of attention over {} tokens",
+            args.repeats, args.seq_len
+        ),
+        "lower --repeats or --seq-len",
+    )?;
+    if let Some(path) = &args.save {
+        super::ensure_writable(path)?;
+    }
     let mask = args.mask.mask(args.seq_len, args.seed)?;
     let mut x = Inputs::random(dims, args.seq_len, args.seed).with_mask(mask)?;
     if rt.device == Device::Cuda {
@@ -244,7 +257,7 @@ pub fn run(args: Args) -> Result<()> {
     };
     let check = args.check.then(|| check(&x, &run, check_tolerance(&rt)));
     let precision = rt.precision();
-    if let Some(path) = save {
+    if let Some(path) = &args.save {
         save_run(path, &x, &run, precision)?;
     }
     let host_timed = rt.device == Device::Cpu;

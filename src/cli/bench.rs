@@ -1,6 +1,7 @@
 //! `distflash bench`: rates measured on this machine (`cpu`), the single-GPU attention sweep
 //! (`attention`), and the table that sets our results beside the peers' (`report`).
 
+use super::values;
 use anyhow::{Context, Result, bail};
 use clap::Subcommand;
 use distflash::attn;
@@ -8,6 +9,7 @@ use distflash::backend::cuda::{
     BlockKind, CallStrides, CudaBackend, InputDtype, time_attention, time_block,
 };
 use distflash::bench;
+use distflash::resources;
 use distflash::shape::Dims;
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
@@ -18,16 +20,16 @@ use std::path::PathBuf;
 pub enum Target {
     /// f32 GEMM rate and single-worker causal attention forward rate on all CPU cores.
     Cpu {
-        #[arg(long, default_value_t = 4096)]
+        #[arg(long, default_value_t = 4096, value_parser = values::count::<usize>)]
         seq_len: usize,
-        #[arg(long, default_value_t = 8)]
+        #[arg(long, default_value_t = 8, value_parser = values::count::<usize>)]
         heads: usize,
-        #[arg(long, default_value_t = 128)]
+        #[arg(long, default_value_t = 128, value_parser = values::count::<usize>)]
         head_dim: usize,
         /// Side of the square matrices of the GEMM measurement.
-        #[arg(long, default_value_t = 1024)]
+        #[arg(long, default_value_t = 1024, value_parser = values::count::<usize>)]
         matmul_size: usize,
-        #[arg(long, default_value_t = 3)]
+        #[arg(long, default_value_t = 3, value_parser = values::count::<usize>)]
         repeats: usize,
         #[arg(long)]
         json: bool,
@@ -39,14 +41,14 @@ pub enum Target {
         /// Only `cuda` is timed here; the CPU rate is `bench cpu`.
         #[arg(long, default_value = "cuda")]
         device: String,
-        #[arg(long, value_delimiter = ',', default_value = "4096,16384,65536")]
+        #[arg(long, value_delimiter = ',', default_value = "4096,16384,65536", value_parser = values::count::<usize>)]
         seqs: Vec<usize>,
-        #[arg(long, value_delimiter = ',', default_value = "128,64")]
+        #[arg(long, value_delimiter = ',', default_value = "128,64", value_parser = values::whole::<usize>)]
         head_dims: Vec<usize>,
-        #[arg(long, default_value_t = 32)]
+        #[arg(long, default_value_t = 32, value_parser = values::count::<usize>)]
         heads: usize,
         /// Key/value heads (GQA: a divisor of --heads; default: as many as --heads).
-        #[arg(long)]
+        #[arg(long, value_parser = values::whole::<usize>)]
         kv_heads: Option<usize>,
         #[command(flatten)]
         dtype: super::DtypeArg,
@@ -55,7 +57,7 @@ pub enum Target {
         /// Also time the two blocks the distributed schedules compute over P workers' chunks
         /// of seq/P tokens (a chunk against itself, and against an earlier one: the kernels
         /// whose partial results merge by LSE), each rate beside the whole sequence's. Causal.
-        #[arg(long, value_name = "P")]
+        #[arg(long, value_name = "P", value_parser = values::whole::<usize>)]
         blocks: Option<usize>,
         /// How Q, K, V, O and their gradients lie in memory: seq-major (`[seq, heads,
         /// head_dim]`: the model's activations and torch's `[b, s, h, d]`, what training and
@@ -186,6 +188,22 @@ fn cpu(
     json: bool,
 ) -> Result<()> {
     let dims = batch_one(heads, heads, head_dim)?;
+    // The GEMM's three square matrices, then attention's tensors, each alive alone.
+    let side = matmul_size as f64;
+    let gemm_bytes = 3.0 * 4.0 * side * side;
+    let attention_bytes = resources::attention_bytes(&dims, seq_len, 0, false);
+    resources::ensure_fits(
+        gemm_bytes.max(attention_bytes),
+        &format!("bench cpu (a {matmul_size}² GEMM, attention over {seq_len} tokens)"),
+        "use a smaller --matmul-size or --seq-len",
+    )?;
+    let flops = 2.0 * side.powi(3) + attn::causal_forward_flops(&dims, seq_len);
+    resources::ensure_duration(
+        repeats as f64 * flops,
+        resources::cpu_peak_flops(),
+        &format!("bench cpu's {repeats} repeats"),
+        "lower --repeats, --matmul-size or --seq-len",
+    )?;
     let gemm = bench::cpu_matmul_gflops(matmul_size, repeats);
     let attention = bench::cpu_attention_forward_gflops(dims, seq_len, repeats);
     let threads = rayon::current_num_threads();

@@ -3,6 +3,7 @@
 //! peak memory, on the CPU or one GPU. `bench/peers/hf_train_bench.py` measures Hugging Face
 //! transformers the same way, and `bench/peers/train_session.sh` runs both on the same shapes.
 
+use super::values;
 use anyhow::{Result, bail};
 use distflash::model::config::Config;
 use distflash::model::cost::{self, H200_BF16_PEAK_TFLOPS, gib};
@@ -10,6 +11,7 @@ use distflash::model::count::Part;
 use distflash::model::profile::OpTime;
 use distflash::model::{Checkpoint, Keep, Offload};
 use distflash::plan::Schedule;
+use distflash::resources;
 use distflash::runtime::Device;
 use distflash::train::bench::{Runs, StepShape, time_steps};
 use distflash::train::memory::{GpuStep, HostState, MemoryCheck, Placement, gpu_estimate};
@@ -28,9 +30,9 @@ pub struct Args {
     #[arg(long, default_value = "llama2-7b")]
     preset: String,
     /// Run only the first N decoder layers of the preset (when the whole model does not fit).
-    #[arg(long)]
+    #[arg(long, value_parser = values::count::<usize>)]
     layers: Option<usize>,
-    #[arg(long, default_value_t = 16384)]
+    #[arg(long, default_value_t = 16384, value_parser = values::whole::<usize>)]
     seq_len: usize,
     /// none, layer (re-run the layer, attention included) or remat (keep the attention output).
     #[arg(long, default_value = "remat")]
@@ -42,10 +44,10 @@ pub struct Args {
     #[arg(long, default_value = "none")]
     offload: Offload,
     /// Untimed steps first.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, value_parser = values::whole::<usize>)]
     warmup: usize,
     /// Timed steps; the median is reported.
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = 3, value_parser = values::count::<usize>)]
     repeats: usize,
     /// Print one JSON object instead of sentences.
     #[arg(long)]
@@ -56,7 +58,7 @@ pub struct Args {
     /// Workers the sequence is split across (by --schedule): CPU threads, or virtual workers
     /// sharing one GPU. With --estimate: the memory of one GPU of a run over this many GPUs (one
     /// process each). A launched run takes its workers from the launcher.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, value_parser = values::whole::<usize>)]
     workers: usize,
     /// With --estimate: include AdamW's two f32 moments (a training step's state).
     #[arg(long)]
@@ -122,6 +124,7 @@ pub fn run(args: Args) -> Result<()> {
         cfg.validate()?;
     }
     let (seq, policy) = (args.seq_len, args.checkpoint);
+    resources::ensure_split(seq, args.workers, args.schedule, false)?;
     if args.offload.optimizer() && !(args.estimate && args.optimizer) {
         bail!(
             "--offload {} moves AdamW's moments, which bench train counts only with --estimate --optimizer (it times forward and backward without the optimizer): add both, or time the update with train",
@@ -208,6 +211,18 @@ pub fn run(args: Args) -> Result<()> {
         .place
         .runtime((args.workers > 1).then_some(args.workers), |_| 1)?;
     let workers = rt.workers();
+    if rt.is_reporter() {
+        super::warn_ineffective(rt.device, args.offload, Some(args.shard), workers);
+    }
+    resources::ensure_duration(
+        (args.warmup + args.repeats) as f64 * cost::step_flops(&cfg, seq),
+        super::peak_flops(&rt),
+        &format!(
+            "bench train's {} steps of {seq} tokens",
+            args.warmup + args.repeats
+        ),
+        "lower --repeats, --warmup or --seq-len",
+    )?;
     let memory = MemoryCheck {
         config: cfg.clone(),
         model: args.preset.clone(),

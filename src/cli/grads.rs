@@ -3,6 +3,7 @@
 //! `bench/peers/hf_parity.py` script) can compare them with its own.
 
 use super::train::ModelArgs;
+use super::values;
 use anyhow::{Context, Result, bail};
 use distflash::model::weights::specs;
 use distflash::model::{Checkpoint, Keep, Offload};
@@ -24,7 +25,7 @@ pub struct Args {
     /// Where to write the gradients (safetensors, named like the weights).
     #[arg(long)]
     out: PathBuf,
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value_t = 4, value_parser = values::whole::<usize>)]
     workers: usize,
     #[arg(long, default_value = "balanced")]
     schedule: Schedule,
@@ -41,7 +42,7 @@ pub struct Args {
     packing: super::train::PackingArgs,
     /// The id that ends each document of --tokens (and belongs to it), for --documents
     /// separate.
-    #[arg(long)]
+    #[arg(long, value_parser = values::whole::<u32>)]
     eos_token: Option<u32>,
     /// With --device cuda, several workers are virtual workers sharing the GPU.
     #[command(flatten)]
@@ -55,7 +56,13 @@ pub struct Args {
 
 pub fn run(args: Args) -> Result<()> {
     let rt = args.place.runtime(Some(args.workers), |_| 4)?;
+    if rt.is_reporter() {
+        super::ensure_writable(&args.out)?;
+    }
     let (config, init) = args.model.resolve(None)?;
+    if rt.is_reporter() {
+        super::warn_ineffective(rt.device, Offload::NONE, args.shard, rt.workers());
+    }
     let shard = args
         .shard
         .unwrap_or(Shard::default_for(rt.workers(), &config));
@@ -81,6 +88,9 @@ pub fn run(args: Args) -> Result<()> {
         host_state: HostState::Weights,
         ignore_estimate: args.ignore_memory_estimate,
     };
+    super::ensure_split(memory.seq, args.schedule, &rt)?;
+    // The memory check before the weights are made: a 7B model's alone fill gigabytes.
+    memory.check(&rt, None)?;
     let host = train::initial_weights(&config, &init)?;
     let how = (args.schedule, Keep::on_device(args.checkpoint), shard);
     let packing = args.packing.packing();

@@ -1,8 +1,8 @@
 //! `distflash launch`: start one process per worker on this node with the variables torchrun
 //! sets, watch them, and end the job as soon as one fails.
 
+use super::values;
 use anyhow::{Result, anyhow, bail};
-use clap::Parser;
 use std::net::TcpListener;
 use std::os::unix::process::ExitStatusExt;
 use std::process::{Child, Command};
@@ -11,16 +11,16 @@ use std::time::{Duration, Instant};
 #[derive(clap::Args)]
 pub struct Args {
     /// Processes to start on this node (one per GPU or CPU worker).
-    #[arg(long)]
+    #[arg(long, value_parser = values::whole::<usize>)]
     nproc_per_node: usize,
     /// Rank 0's address, which every process connects to.
     #[arg(long, default_value = "127.0.0.1")]
     master_addr: String,
     /// Rank 0's port; by default a free one is picked.
-    #[arg(long)]
+    #[arg(long, value_parser = values::whole::<u16>)]
     master_port: Option<u16>,
     /// Seconds the others get to stop by themselves after one process fails, before being killed.
-    #[arg(long, default_value_t = 5)]
+    #[arg(long, default_value_t = 5, value_parser = values::whole::<u64>)]
     grace_secs: u64,
     /// The distflash command each process runs, after `--`.
     #[arg(last = true, required = true)]
@@ -42,7 +42,7 @@ fn free_port(addr: &str) -> Result<u16> {
 /// once per rank (help and version are printed once, too, and end the launch).
 fn check_command(command: &[String]) {
     let argv = std::iter::once("distflash").chain(command.iter().map(String::as_str));
-    if let Err(e) = super::Cli::try_parse_from(argv) {
+    if let Err(e) = super::try_parse_from(argv) {
         e.exit();
     }
 }
@@ -51,6 +51,7 @@ pub fn run(args: Args) -> Result<()> {
     if args.nproc_per_node == 0 {
         bail!("--nproc-per-node must be at least 1");
     }
+    distflash::resources::ensure_processes(args.nproc_per_node)?;
     check_command(&args.command);
     let free = free_port(&args.master_addr)?;
     let port = args.master_port.unwrap_or(free);

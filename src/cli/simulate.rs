@@ -2,43 +2,45 @@
 //! replaying the plans `exec` runs (see `distflash::sim`), under a mask when one is given.
 
 use super::attention::MaskArgs;
+use super::values;
 use anyhow::Result;
 use distflash::plan::Schedule;
+use distflash::resources;
 use distflash::shape::Dims;
 use distflash::sim::{self, Machine, Workload};
 
 #[derive(clap::Args)]
 pub struct Args {
     /// Worker counts to predict, e.g. 1,2,4,8,16,32,64.
-    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8,16,32,64")]
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8,16,32,64", value_parser = values::count::<usize>)]
     workers: Vec<usize>,
     /// `balanced`, `unbalanced`, `zigzag` or `greedy` (see `plan`).
     #[arg(long, default_value = "balanced")]
     schedule: Schedule,
-    #[arg(long, default_value_t = 131072)]
+    #[arg(long, default_value_t = 131072, value_parser = values::whole::<usize>)]
     seq_len: usize,
-    #[arg(long, default_value_t = 32)]
+    #[arg(long, default_value_t = 32, value_parser = values::count::<usize>)]
     heads: usize,
-    #[arg(long, default_value_t = 32)]
+    #[arg(long, default_value_t = 32, value_parser = values::count::<usize>)]
     kv_heads: usize,
-    #[arg(long, default_value_t = 128)]
+    #[arg(long, default_value_t = 128, value_parser = values::count::<usize>)]
     head_dim: usize,
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, value_parser = values::count::<usize>)]
     batch: usize,
     /// One device's attention forward rate, TFLOP/s (default: about PyTorch FA2 on H200; docs/architecture.md).
-    #[arg(long, default_value_t = 324.0)]
+    #[arg(long, default_value_t = 324.0, value_parser = values::positive)]
     fwd_tflops: f64,
     /// One device's attention backward rate, TFLOP/s.
-    #[arg(long, default_value_t = 324.0)]
+    #[arg(long, default_value_t = 324.0, value_parser = values::positive)]
     bwd_tflops: f64,
     /// Link bandwidth per direction, GB/s (default: about NCCL P2P between two H200s; docs/architecture.md).
-    #[arg(long, default_value_t = 300.0)]
+    #[arg(long, default_value_t = 300.0, value_parser = values::positive)]
     link_gbps: f64,
     /// Fixed cost per transfer, microseconds.
-    #[arg(long, default_value_t = 20.0)]
+    #[arg(long, default_value_t = 20.0, value_parser = values::non_negative)]
     latency_us: f64,
     /// Bytes per input value on the wire (2 for bf16).
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = 2, value_parser = values::count::<usize>)]
     input_bytes: usize,
     /// Serialise communication with compute (the paper's ablation).
     #[arg(long)]
@@ -65,6 +67,9 @@ pub fn run(args: Args) -> Result<()> {
         kv_heads: args.kv_heads,
         head_dim: args.head_dim,
     };
+    for &workers in &args.workers {
+        resources::ensure_split(args.seq_len, workers, args.schedule, false)?;
+    }
     let mask = args.mask.mask(args.seq_len, 0)?;
     let predictions = args
         .workers

@@ -5,12 +5,15 @@
 mod metrics;
 mod progress;
 
+use super::values;
 use anyhow::{Context, Result, bail};
 use distflash::model::config::Config;
+use distflash::model::cost;
 use distflash::model::ops::AdamW;
 use distflash::model::weights::{self, specs};
 use distflash::model::{Checkpoint, Offload};
 use distflash::plan::Schedule;
+use distflash::resources;
 use distflash::runtime::Device;
 use distflash::tensor_file::{self, Named};
 use distflash::train::data::Data;
@@ -40,7 +43,7 @@ pub struct ModelArgs {
     #[arg(long)]
     init_from: Option<PathBuf>,
     /// Seed of random weights (when not --init-from).
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, value_parser = values::whole::<u64>)]
     seed: u64,
 }
 
@@ -97,11 +100,11 @@ pub struct Args {
     /// reported every --eval-every steps and at the last.
     #[arg(long)]
     eval_data: Option<PathBuf>,
-    #[arg(long, default_value_t = 50, value_parser = at_least_one)]
+    #[arg(long, default_value_t = 50, value_parser = values::count::<u64>)]
     eval_every: u64,
     /// Held-out sequences of --seq-len tokens each evaluation averages over (each costs about a
     /// training sequence's forward and backward).
-    #[arg(long, default_value_t = 8, value_parser = at_least_one)]
+    #[arg(long, default_value_t = 8, value_parser = values::count::<u64>)]
     eval_sequences: u64,
     /// The end-of-document token (a token or an id) put after every document [default: the
     /// tokenizer's `</s>`, `<|end_of_text|>`, `<|endoftext|>`, `<eos>` or `<|im_end|>`].
@@ -111,16 +114,16 @@ pub struct Args {
     packing: PackingArgs,
     /// Seed of the data (synthetic sequences, window offsets of bytes, the order of token
     /// windows).
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, value_parser = values::whole::<u64>)]
     data_seed: u64,
     /// Tokens per sequence, split across the workers.
-    #[arg(long, default_value_t = 128)]
+    #[arg(long, default_value_t = 128, value_parser = values::whole::<usize>)]
     seq_len: usize,
     /// Sequences per optimizer step.
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = 8, value_parser = values::count::<usize>)]
     batch: usize,
     /// Workers the sequence is split across [default: WORLD_SIZE under a launcher, else 4].
-    #[arg(long)]
+    #[arg(long, value_parser = values::whole::<usize>)]
     workers: Option<usize>,
     #[command(flatten)]
     place: super::DeviceArgs,
@@ -147,37 +150,42 @@ pub struct Args {
     #[arg(long)]
     shard: Option<Shard>,
     /// Optimizer steps to reach (a resumed run counts its saved steps).
-    #[arg(long, default_value_t = 1000, value_parser = at_least_one)]
+    #[arg(long, default_value_t = 1000, value_parser = values::count::<u64>)]
     steps: u64,
     /// Peak learning rate [default: 5e-3 for models under 100M parameters, such as `tiny`;
     /// larger models must name theirs: such rates make them diverge, and fine-tuning one usually
     /// takes 1e-5 to 3e-4].
-    #[arg(long, value_parser = non_negative)]
+    #[arg(long, value_parser = values::non_negative)]
     lr: Option<f64>,
     /// Steps of linear warm-up from 0 to the peak rate.
-    #[arg(long, default_value_t = 20)]
+    #[arg(long, default_value_t = 20, value_parser = values::whole::<u64>)]
     warmup: u64,
     /// After the warm-up: constant (the peak), linear or cosine (from the peak down to --min-lr
     /// at --steps).
     #[arg(long, value_enum, default_value = "constant")]
     decay: Decay,
     /// Where linear and cosine decay end.
-    #[arg(long, default_value_t = 0.0, value_parser = non_negative)]
+    #[arg(long, default_value_t = 0.0, value_parser = values::non_negative)]
     min_lr: f64,
-    #[arg(long, default_value_t = 0.0, value_parser = non_negative)]
+    #[arg(long, default_value_t = 0.0, value_parser = values::non_negative)]
     weight_decay: f64,
     /// Largest global gradient norm (0: no clipping).
-    #[arg(long, default_value_t = 1.0, value_parser = non_negative)]
+    #[arg(long, default_value_t = 1.0, value_parser = values::non_negative)]
     clip: f64,
     /// Directory for checkpoints (state.safetensors), metrics.jsonl, loss.svg and the final
     /// model (config.json, model.safetensors, loadable by transformers and --init-from).
     #[arg(long)]
     save_dir: Option<PathBuf>,
-    #[arg(long, default_value_t = 50, value_parser = at_least_one)]
+    #[arg(long, default_value_t = 50, value_parser = values::count::<u64>)]
     save_every: u64,
     /// Continue from a checkpoint file or a save directory, with the model it was saved with (when no --preset or --config names one).
     #[arg(long)]
     resume: Option<PathBuf>,
+    /// Start afresh in a --save-dir that holds a run, replacing its checkpoint, metrics and final
+    /// model, removed as training starts (without it such a directory is refused: --resume
+    /// continues it).
+    #[arg(long, conflicts_with = "resume")]
+    overwrite: bool,
     /// Print one JSON line per step and a JSON summary instead of the progress bar.
     #[arg(long)]
     json: bool,
@@ -213,8 +221,6 @@ impl PackingArgs {
     }
 }
 
-/// A hyper-parameter that must be a finite number, 0 or more (learning rate, weight decay,
-/// clipping norm): NaN or a negative value would train to garbage without a word.
 /// Parameters from which `--lr` must be given: the default [`SMALL_MODEL_LR`] suits the small
 /// models only.
 const LR_DEFAULT_BELOW_PARAMETERS: usize = 100_000_000;
@@ -242,23 +248,59 @@ fn peak_lr(asked: Option<f64>, config: &Config, model: &str) -> Result<f64> {
     )
 }
 
-fn non_negative(s: &str) -> Result<f64, String> {
-    match s.parse::<f64>() {
-        Ok(x) if x.is_finite() && x >= 0.0 => Ok(x),
-        _ => Err(format!(
-            "{s} is not a finite number of 0 or more: give one such as 0.01"
-        )),
-    }
+/// The files of a run in its save directory that a fresh run there would replace: its
+/// checkpoint, its metrics and its final model.
+fn run_files(dir: &Path) -> [PathBuf; 3] {
+    [
+        state::path_in(dir),
+        dir.join("metrics.jsonl"),
+        dir.join("model.safetensors"),
+    ]
 }
 
-/// A count that must be 1 or more (steps to reach, steps between checkpoints).
-fn at_least_one(s: &str) -> Result<u64, String> {
-    match s.parse::<u64>() {
-        Ok(n) if n >= 1 => Ok(n),
-        _ => Err(format!(
-            "{s} is not a whole number of 1 or more: give one such as 100"
-        )),
+/// Refuses a fresh run's `--save-dir` that holds another run's [`run_files`].
+fn ensure_no_run(dir: &Path) -> Result<()> {
+    let held: Vec<String> = run_files(dir)
+        .iter()
+        .filter(|f| f.exists())
+        .filter_map(|f| Some(f.file_name()?.to_string_lossy().into_owned()))
+        .collect();
+    if !held.is_empty() {
+        bail!(
+            "--save-dir {} holds a run ({}): continue it with --resume {0}, replace it with --overwrite, or choose another directory",
+            dir.display(),
+            held.join(", ")
+        );
     }
+    Ok(())
+}
+
+/// Removes the [`run_files`] of the run `--overwrite` replaces, so that none of the old run
+/// (a checkpoint to resume by mistake) outlives the start of the new one.
+fn remove_run(dir: &Path) -> Result<()> {
+    for file in run_files(dir).iter().filter(|f| f.exists()) {
+        std::fs::remove_file(file).map_err(|e| super::cannot_write(file, e))?;
+    }
+    Ok(())
+}
+
+/// Refuses a `--resume` that names no checkpoint, saying why: a save directory whose run
+/// stopped before its first save holds none yet.
+fn ensure_checkpoint(resume: &Path) -> Result<()> {
+    let file = state::file_at(resume);
+    if file.exists() {
+        return Ok(());
+    }
+    if resume.is_dir() {
+        bail!(
+            "{} holds no checkpoint yet (its run stopped before the first save, which comes every --save-every steps): start afresh with --save-dir {0} --overwrite instead of --resume",
+            resume.display()
+        );
+    }
+    bail!(
+        "there is no checkpoint at {}: give --resume a run's save directory or its checkpoint file",
+        resume.display()
+    )
 }
 
 /// Most steps over which the summary averages loss and recall at the start and the end.
@@ -312,11 +354,32 @@ pub fn run(args: Args) -> Result<()> {
             "--resume continues a checkpoint, which holds its own weights, and --init-from would start from a model's: give one of them"
         );
     }
+    if let Some(resume) = &args.resume {
+        ensure_checkpoint(resume)?;
+    }
     // Under a launcher rank 0 reports and writes files; the others only train.
     let reporter = rt.is_reporter();
+    if let Some(dir) = &args.save_dir
+        && reporter
+    {
+        super::ensure_writable_dir(dir)?;
+        if args.resume.is_none() && !args.overwrite {
+            ensure_no_run(dir)?;
+        }
+    }
     let (config, init) = args.model.resolve(args.resume.as_deref())?;
+    super::ensure_split(args.seq_len, args.schedule, &rt)?;
     let shard = args.shard.unwrap_or(Shard::default_for(workers, &config));
     let lr = peak_lr(args.lr, &config, &args.model.name(args.resume.as_deref()))?;
+    if args.min_lr > lr {
+        bail!(
+            "--min-lr {} is above the peak learning rate {lr}, where the decay would climb instead: give a --min-lr of {lr} or less",
+            args.min_lr
+        );
+    }
+    if reporter {
+        super::warn_ineffective(rt.device, args.offload, args.shard, workers);
+    }
     let text = |path: &PathBuf| match &args.tokenizer {
         Some(tokenizer) => Ok(Data::Tokens {
             file: TokenFile::open(path, tokenizer, args.eos_token.as_deref())?,
@@ -355,6 +418,33 @@ pub fn run(args: Args) -> Result<()> {
         },
         ignore_estimate: args.ignore_memory_estimate,
     };
+    // This machine's memory (a GPU's is checked once it is opened), then the time.
+    memory.check(&rt, None)?;
+    // Every sequence trained, and every held-out one evaluated (each about a training
+    // sequence's cost), at every --eval-every steps and the last.
+    let evaluated = match &args.eval_data {
+        Some(_) => (args.steps / args.eval_every + 1) * args.eval_sequences,
+        None => 0,
+    };
+    let sequences = args.steps as f64 * args.batch as f64 + evaluated as f64;
+    resources::ensure_duration(
+        sequences * cost::step_flops(&config, args.seq_len),
+        super::peak_flops(&rt),
+        &format!(
+            "training {} steps of {} sequences of {} tokens{}",
+            args.steps,
+            args.batch,
+            args.seq_len,
+            match evaluated {
+                0 => String::new(),
+                n => format!(" with {n} held-out sequences"),
+            }
+        ),
+        match evaluated {
+            0 => "lower --steps, --batch or --seq-len",
+            _ => "lower --steps, --batch, --seq-len or --eval-sequences, or raise --eval-every",
+        },
+    )?;
     let opts = Options {
         config,
         init,
@@ -385,7 +475,12 @@ pub fn run(args: Args) -> Result<()> {
         final_weights: args.save_dir.is_some(),
     };
     let metrics = match &args.save_dir {
-        Some(dir) if reporter => Some(Metrics::open(dir, args.resume.is_some())?),
+        Some(dir) if reporter => {
+            if args.overwrite {
+                remove_run(dir)?;
+            }
+            Some(Metrics::open(dir, args.resume.is_some())?)
+        }
         _ => None,
     };
     let progress =

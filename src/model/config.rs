@@ -162,11 +162,27 @@ impl Config {
     /// architecture, MLP biases, a sliding window, dropout, partial or unknown rotary scaling —
     /// is refused with a sentence naming it, never ignored.
     pub fn from_json(v: &Value) -> Result<Config> {
+        if !v.is_object() {
+            bail!(
+                "the config is {}, not an object: give a Hugging Face config.json, an object of fields such as \"hidden_size\"",
+                json_kind(v)
+            );
+        }
+        // A field that is there but not a count is named as such, never taken for missing
+        // (nor replaced by a default).
+        let given = |key: &str| -> Result<Option<usize>> {
+            match v.get(key).filter(|x| !x.is_null()) {
+                None => Ok(None),
+                Some(x) => match x.as_u64() {
+                    Some(n) => Ok(Some(n as usize)),
+                    None => {
+                        bail!("'{key}' is {x}, not a non-negative integer: give a whole number")
+                    }
+                },
+            }
+        };
         let int = |key: &str| -> Result<usize> {
-            v.get(key)
-                .and_then(Value::as_u64)
-                .map(|x| x as usize)
-                .with_context(|| format!("the config has no integer '{key}'"))
+            given(key)?.with_context(|| format!("the config has no integer '{key}'"))
         };
         let model_type = model_type(v)?;
         refuse_other_math(v)?;
@@ -199,8 +215,8 @@ impl Config {
             intermediate_size: int("intermediate_size")?,
             num_hidden_layers: int("num_hidden_layers")?,
             num_attention_heads: heads,
-            num_key_value_heads: int("num_key_value_heads").unwrap_or(heads),
-            head_dim: int("head_dim").unwrap_or(hidden / heads.max(1)),
+            num_key_value_heads: given("num_key_value_heads")?.unwrap_or(heads),
+            head_dim: given("head_dim")?.unwrap_or(hidden / heads.max(1)),
             rms_norm_eps: v
                 .get("rms_norm_eps")
                 .and_then(Value::as_f64)
@@ -450,6 +466,18 @@ fn refuse_other_math(v: &Value) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// What a JSON value is, for messages: "an array", "a string", ...
+fn json_kind(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
 }
 
 #[cfg(test)]

@@ -19,6 +19,8 @@ use std::path::{Path, PathBuf};
 
 /// The mapped files of a model folder and, per tensor the model uses, where its bytes lie.
 pub struct HfWeights {
+    /// The folder, for messages.
+    source: String,
     maps: Vec<Mmap>,
     home: HashMap<String, Located>,
 }
@@ -112,21 +114,29 @@ impl HfWeights {
             home.insert(s.name.clone(), at.clone());
         }
         Ok(HfWeights {
+            source,
             maps: files.into_iter().map(|(_, map)| map).collect(),
             home,
         })
     }
 
     /// The pieces `spans` (one per tensor, `specs` order) of every parameter on `ops`'s device,
-    /// converted to f32 a piece at a time.
+    /// converted to f32 a piece at a time. A NaN or infinite weight is refused here, naming its
+    /// tensor: trained from, it would surface steps later as a diverged loss.
     pub fn pieces<O: Ops>(&self, ops: &O, c: &Config, spans: &[Span]) -> Result<Weights<O::T>> {
         Weights::build_pieces(c, spans, |_, s, span| {
             let at = &self.home[&s.name];
-            ops.upload(&to_f32(
-                at.dtype,
-                &self.maps[at.file][at.bytes.clone()],
-                span,
-            ))
+            let values = to_f32(at.dtype, &self.maps[at.file][at.bytes.clone()], span);
+            if let Some(i) = values.iter().position(|x| !x.is_finite()) {
+                bail!(
+                    "tensor '{}' in {} holds {} at element {}: the weights are damaged (perhaps saved from a diverged run); start from a model whose weights are all finite",
+                    s.name,
+                    self.source,
+                    values[i],
+                    span.start + i
+                );
+            }
+            ops.upload(&values)
         })
     }
 }

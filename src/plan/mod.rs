@@ -321,7 +321,7 @@ impl Plan {
     /// The blocks on or below the diagonal (query chunk ≥ key chunk, in sequence order) that
     /// no task computes, because the mask hides every pair of them.
     pub fn skipped_blocks(&self) -> Vec<(usize, usize)> {
-        let computed: Vec<(usize, usize)> = self
+        let computed: std::collections::HashSet<(usize, usize)> = self
             .steps
             .iter()
             .flat_map(|s| s.tasks.iter().map(|t| (t.q_chunk, t.kv_chunk)))
@@ -360,9 +360,12 @@ impl Plan {
 
     /// Time of a step in the cost model: its busiest worker.
     pub fn step_cost(&self, step: &Step) -> f64 {
-        (0..self.workers)
-            .map(|w| step.tasks_of(w).map(|t| self.task_cost(&t)).sum::<f64>())
-            .fold(0.0, f64::max)
+        // One pass over the step's tasks (a pass per worker made plans cubic to cost).
+        let mut busy = vec![0.0; self.workers];
+        for t in &step.tasks {
+            busy[t.worker] += self.task_cost(t);
+        }
+        busy.into_iter().fold(0.0, f64::max)
     }
 
     /// Work of one worker computing every block alone, in the cost model: P diagonal halves
@@ -397,7 +400,8 @@ impl Plan {
         for task in self.steps.iter().flat_map(|s| &s.tasks) {
             busy[task.worker] += self.task_cost(task);
         }
-        busy.iter().map(|b| b / self.makespan()).collect()
+        let makespan = self.makespan();
+        busy.iter().map(|b| b / makespan).collect()
     }
 }
 

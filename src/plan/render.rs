@@ -103,8 +103,8 @@ pub fn to_text(plan: &Plan) -> String {
     out.push('\n');
     for (t, step) in plan.steps.iter().enumerate() {
         let _ = write!(out, "{t:<6}");
-        for w in 0..plan.workers {
-            let cell = match cell(plan, step, w) {
+        for tasks in tasks_by_worker(plan, step) {
+            let cell = match cell(plan, &tasks) {
                 Some(c) => format!("{}{}", c.label, if c.helper { "*" } else { "" }),
                 None => "-".into(),
             };
@@ -131,8 +131,8 @@ pub fn to_text(plan: &Plan) -> String {
         out,
         "\n{pass} transfers (fetches are issued one step early):"
     );
-    for (t, step) in plan.steps.iter().enumerate() {
-        let list: Vec<String> = moves_per_step(plan)[t]
+    for (t, (step, moves)) in plan.steps.iter().zip(moves_per_step(plan)).enumerate() {
+        let list: Vec<String> = moves
             .iter()
             .map(|m| {
                 let tr = m.transfer;
@@ -163,8 +163,17 @@ struct Cell {
     helper: bool,
 }
 
-fn cell(plan: &Plan, step: &super::Step, worker: usize) -> Option<Cell> {
-    let tasks: Vec<_> = step.tasks_of(worker).collect();
+/// Each worker's tasks at `step`, gathered in one pass over them: looking each worker's up
+/// separately made rendering cubic in the workers.
+fn tasks_by_worker(plan: &Plan, step: &super::Step) -> Vec<Vec<Task>> {
+    let mut by = vec![Vec::new(); plan.workers];
+    for t in &step.tasks {
+        by[t.worker].push(*t);
+    }
+    by
+}
+
+fn cell(plan: &Plan, tasks: &[Task]) -> Option<Cell> {
     let first = tasks.first()?;
     let list = |pick: fn(&super::Task) -> usize| {
         let mut v: Vec<usize> = tasks.iter().map(pick).collect();
@@ -234,9 +243,9 @@ pub fn to_svg(plan: &Plan) -> String {
             x + cw / 2.0,
             top - 8.0
         );
-        for w in 0..plan.workers {
+        for (w, tasks) in tasks_by_worker(plan, step).iter().enumerate() {
             let y = top + ch * w as f64;
-            let (fill, stroke, dash, label, ink) = match cell(plan, step, w) {
+            let (fill, stroke, dash, label, ink) = match cell(plan, tasks) {
                 Some(c) => (
                     chunk_colour(c.serves, plan.workers),
                     "#333",
