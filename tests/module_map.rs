@@ -926,8 +926,6 @@ const KNOWN_CYCLE_EDGES: &[(&str, &str)] = &[
     ("model::weights", "model::hf_weights"),
     ("train::bench", "train"),
     ("train::shard", "train"),
-    // The Python crate's submodule naming its root's helpers.
-    ("dist", "crate"),
 ];
 
 /// The file-module graph of the crate whose source folder is `dir` and root file `root`.
