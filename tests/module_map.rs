@@ -923,7 +923,6 @@ const KNOWN_CYCLE_EDGES: &[(&str, &str)] = &[
     ("model::cost", "model::cuda::attention"),
     ("model::layer", "model"),
     ("model::offload", "model"),
-    ("model::weights", "model::hf_weights"),
     ("train::bench", "train"),
     ("train::shard", "train"),
 ];

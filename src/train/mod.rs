@@ -23,7 +23,7 @@ use crate::comm::{Communicator, Solo, Wire};
 use crate::model::attention::Attention;
 use crate::model::config::Config;
 use crate::model::cpu::Cpu;
-use crate::model::hf_weights::HfWeights;
+use crate::model::hf_weights::{self, HfWeights};
 use crate::model::ops::{AdamW, Ops};
 use crate::model::weights::{self, Weights, parameters};
 use crate::model::{Checkpoint, Chunk, Keep, Offload, Params, Whole, forward_backward_with};
@@ -160,7 +160,7 @@ pub fn initial_weights(c: &Config, init: &Init) -> Result<Vec<Vec<f32>>> {
     let ops = Cpu::<f32>::new();
     let w = match init {
         Init::Random { seed } => weights::random(&ops, c, *seed)?,
-        Init::HuggingFace(dir) => weights::load_hf(&ops, c, dir)?,
+        Init::HuggingFace(dir) => hf_weights::load_hf(&ops, c, dir)?,
     };
     Ok(w.tensors().into_iter().cloned().collect())
 }
