@@ -920,9 +920,6 @@ const KNOWN_CYCLE_EDGES: &[(&str, &str)] = &[
     ("plan::render", "plan"),
     ("plan::volume", "plan"),
     ("runtime::ranks", "runtime"),
-    ("model::cost", "model::cuda::attention"),
-    ("model::layer", "model"),
-    ("model::offload", "model"),
     ("train::bench", "train"),
     ("train::shard", "train"),
 ];
