@@ -920,8 +920,6 @@ const KNOWN_CYCLE_EDGES: &[(&str, &str)] = &[
     ("plan::render", "plan"),
     ("plan::volume", "plan"),
     ("runtime::ranks", "runtime"),
-    ("train::bench", "train"),
-    ("train::shard", "train"),
 ];
 
 /// The file-module graph of the crate whose source folder is `dir` and root file `root`.
