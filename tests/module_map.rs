@@ -899,9 +899,6 @@ fn cycles(graph: &Graph, skip: &dyn Fn(&str, &str) -> bool) -> Vec<String> {
 /// the marker does not outlive it.
 const KNOWN_CYCLE_EDGES: &[(&str, &str)] = &[
     // Sibling cycles and children naming their room's `mod.rs` (issue 48): to be removed.
-    ("shape::mask", "shape"),
-    ("attn::block", "attn"),
-    ("attn::merge", "attn"),
     ("backend::cpu", "backend"),
     ("backend::cuda::blocks", "backend"),
     ("backend::cuda::layout", "backend"),
