@@ -899,12 +899,9 @@ fn cycles(graph: &Graph, skip: &dyn Fn(&str, &str) -> bool) -> Vec<String> {
 /// the marker does not outlive it.
 const KNOWN_CYCLE_EDGES: &[(&str, &str)] = &[
     // Sibling cycles and children naming their room's `mod.rs` (issue 48): to be removed.
-    ("backend::cpu", "backend"),
-    ("backend::cuda::blocks", "backend"),
-    ("backend::cuda::layout", "backend"),
-    ("backend::cuda::timing", "backend"),
     ("backend::cuda::kernels", "backend::cuda::device"),
     ("backend::cuda::mask", "backend::cuda::device"),
+    ("runtime::ranks", "runtime"),
     ("comm::cuda", "comm"),
     ("comm::endpoint", "comm"),
     ("comm::local", "comm"),
@@ -916,7 +913,6 @@ const KNOWN_CYCLE_EDGES: &[(&str, &str)] = &[
     ("plan::partition", "plan"),
     ("plan::render", "plan"),
     ("plan::volume", "plan"),
-    ("runtime::ranks", "runtime"),
 ];
 
 /// The file-module graph of the crate whose source folder is `dir` and root file `root`.
