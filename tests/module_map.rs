@@ -901,7 +901,6 @@ const KNOWN_CYCLE_EDGES: &[(&str, &str)] = &[
     // Sibling cycles and children naming their room's `mod.rs` (issue 48): to be removed.
     ("backend::cuda::kernels", "backend::cuda::device"),
     ("backend::cuda::mask", "backend::cuda::device"),
-    ("runtime::ranks", "runtime"),
     ("comm::cuda", "comm"),
     ("comm::endpoint", "comm"),
     ("comm::local", "comm"),
