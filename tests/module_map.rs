@@ -908,10 +908,6 @@ const KNOWN_CYCLE_EDGES: &[(&str, &str)] = &[
     ("comm::shared", "comm"),
     ("comm::solo", "comm"),
     ("comm::tcp", "comm"),
-    ("plan::greedy", "plan"),
-    ("plan::partition", "plan"),
-    ("plan::render", "plan"),
-    ("plan::volume", "plan"),
 ];
 
 /// The file-module graph of the crate whose source folder is `dir` and root file `root`.

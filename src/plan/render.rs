@@ -1,7 +1,8 @@
 //! A plan as text (for terminals), JSON (for tools) and SVG (for people reading the paper).
 //! Under a mask each also shows the blocks the plan leaves out (nothing in them is visible).
 
-use super::{Pass, Payload, Plan, Role, Task, Transfer};
+use super::parts::{Pass, Payload, Role, Step, Task, Transfer};
+use super::plans::Plan;
 use serde::Serialize;
 use serde_json::{Value, json};
 use std::fmt::Write;
@@ -163,10 +164,10 @@ struct Cell {
     helper: bool,
 }
 
-fn cell(plan: &Plan, step: &super::Step, worker: usize) -> Option<Cell> {
+fn cell(plan: &Plan, step: &Step, worker: usize) -> Option<Cell> {
     let tasks: Vec<_> = step.tasks_of(worker).collect();
     let first = tasks.first()?;
-    let list = |pick: fn(&super::Task) -> usize| {
+    let list = |pick: fn(&Task) -> usize| {
         let mut v: Vec<usize> = tasks.iter().map(pick).collect();
         v.sort();
         v.dedup();
