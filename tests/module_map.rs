@@ -6,6 +6,10 @@
 //! `super::` paths stay inside a module and are not checked; comments are stripped first (a
 //! doc comment may name anything). The binary (`src/main.rs`, `src/cli/`) sits above every
 //! module and is not checked.
+//!
+//! Below the map, every file is checked too: no cycle between the files of `src/` or of the
+//! Python crate (`python/src/`) at any depth, a child naming its parent `mod.rs`'s own items
+//! included (the rule is written above [`module_graph`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
