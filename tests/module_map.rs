@@ -905,13 +905,6 @@ const KNOWN_CYCLE_EDGES: &[(&str, &str)] = &[
     // Sibling cycles and children naming their room's `mod.rs` (issue 48): to be removed.
     ("backend::cuda::kernels", "backend::cuda::device"),
     ("backend::cuda::mask", "backend::cuda::device"),
-    ("comm::cuda", "comm"),
-    ("comm::endpoint", "comm"),
-    ("comm::local", "comm"),
-    ("comm::nccl", "comm"),
-    ("comm::shared", "comm"),
-    ("comm::solo", "comm"),
-    ("comm::tcp", "comm"),
 ];
 
 /// The file-module graph of the crate whose source folder is `dir` and root file `root`.
