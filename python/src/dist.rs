@@ -14,7 +14,7 @@
 //! plans; only the communicator differs. Chunks are head-major (`[batch, heads, rows,
 //! head_dim]`), one per own chunk, given as their addresses in the order of [`addresses`]; each is copied into an executor tensor first and each result copied out after.
 
-use super::{backend, dims, input_dtype, runtime_error, value_error};
+use crate::shared::{backend, dims, input_dtype, runtime_error, value_error};
 use anyhow::Result;
 use distflash::attn::Partial;
 use distflash::backend::cuda::{BackwardAddrs, CallStrides, CudaBackend, ForwardAddrs, Tensor};

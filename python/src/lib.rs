@@ -15,71 +15,14 @@
 //! GPU is touched, so they are testable without one), `RuntimeError` for the device.
 
 use distflash::backend::cuda::{
-    BackwardAddrs, CallStrides, CudaBackend, ForwardAddrs, InputDtype, Strides,
-    sequence_kv_grads_half,
+    BackwardAddrs, CallStrides, ForwardAddrs, Strides, sequence_kv_grads_half,
 };
 use distflash::shape::{Dims, Mask};
 
 mod dist;
-use pyo3::exceptions::{PyRuntimeError, PyValueError};
+mod shared;
 use pyo3::prelude::*;
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock};
-
-/// One backend per (GPU, dtype, stream): each keeps its loaded kernels, so a call after the
-/// first launches at once. Streams are few (torch's default one, mostly), so the map stays small.
-type Backends = Mutex<HashMap<(usize, InputDtype, usize), Arc<CudaBackend>>>;
-
-fn backends() -> &'static Backends {
-    static BACKENDS: OnceLock<Backends> = OnceLock::new();
-    BACKENDS.get_or_init(|| Mutex::new(HashMap::new()))
-}
-
-/// The backend for `device` in `dtype` on `stream`, opened on first use.
-fn backend(device: usize, dtype: InputDtype, stream: usize) -> PyResult<Arc<CudaBackend>> {
-    let mut map = backends()
-        .lock()
-        .map_err(|_| PyRuntimeError::new_err("distflash's backend cache lock is poisoned"))?;
-    if let Some(b) = map.get(&(device, dtype, stream)) {
-        return Ok(b.clone());
-    }
-    // SAFETY: `stream` is `torch.cuda.current_stream(device).cuda_stream`, a stream of the
-    // device's primary context (the one torch's runtime uses) or 0; torch keeps its streams
-    // alive for the process (its pool never destroys them), as long as this cache lives.
-    let opened =
-        unsafe { CudaBackend::on_borrowed_stream(device, dtype, stream) }.map_err(runtime_error)?;
-    let opened = Arc::new(opened);
-    map.insert((device, dtype, stream), opened.clone());
-    Ok(opened)
-}
-
-/// The dtype from torch's name of it.
-fn input_dtype(name: &str) -> PyResult<InputDtype> {
-    match name {
-        "bfloat16" => Ok(InputDtype::Bf16),
-        "float16" => Ok(InputDtype::F16),
-        other => Err(PyValueError::new_err(format!(
-            "distflash's kernels take bfloat16 or float16 tensors, not {other}; convert with .to(torch.bfloat16)"
-        ))),
-    }
-}
-
-fn dims(batch: usize, heads: usize, kv_heads: usize, head_dim: usize) -> Dims {
-    Dims {
-        batch,
-        heads,
-        kv_heads,
-        head_dim,
-    }
-}
-
-fn runtime_error(e: anyhow::Error) -> PyErr {
-    PyRuntimeError::new_err(format!("{e:#}"))
-}
-
-fn value_error(e: anyhow::Error) -> PyErr {
-    PyValueError::new_err(format!("{e:#}"))
-}
+use shared::{backend, dims, input_dtype, runtime_error, value_error};
 
 /// The kernels' strides of a call from torch's: `q_strides` (of q, out, dout and dq) and
 /// `kv_strides` (of k, v, dk and dv), each (batch, head, sequence) in elements, normalized

@@ -4,7 +4,7 @@
 //! visits (only those any of its rows sees) and which scores inside them count; under plain
 //! causal attention that is the key prefix up to each row, exactly as before masks existed.
 
-use super::{Block, GradsMut, QuerySide, RunningState};
+use super::parts::{Block, GradsMut, QuerySide, RunningState};
 use crate::shape::{Dims, Mask, Span, Visible};
 use ndarray::linalg::general_mat_mul;
 use ndarray::{Array2, ArrayView2, ArrayViewMut2, Axis, s};

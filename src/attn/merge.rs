@@ -1,6 +1,6 @@
 //! Finishing and combining partial attention results, in the numerically stable forms.
 
-use super::{Partial, RunningState};
+use super::parts::{Partial, RunningState};
 use rayon::prelude::*;
 
 /// O = acc / l and LSE = m + ln l per row; a row that saw no key gets O = 0 and LSE = −∞, the

@@ -49,7 +49,7 @@ pub fn step_flops(c: &Config, seq: usize) -> f64 {
 
 /// Bytes of one element: 16-bit weights and activations (and the attention inputs a GPU rank
 /// sends), f32 statistics and gradients.
-pub const HALF_BYTES: usize = 2;
+pub use super::float::HALF_BYTES;
 const HALF: f64 = HALF_BYTES as f64;
 const F32: f64 = 4.0;
 

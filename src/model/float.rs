@@ -40,3 +40,7 @@ impl Float for f64 {
         self
     }
 }
+
+/// Bytes of a 16-bit element: the GPU's weights and activations (and the attention inputs a
+/// GPU rank sends).
+pub const HALF_BYTES: usize = 2;

@@ -6,7 +6,7 @@
 
 use super::config::Config;
 use super::ops::Ops;
-use super::weights::{Weights, specs};
+use super::weights::{Weights, specs, whole_spans};
 use crate::shape::Span;
 use anyhow::{Context, Result, bail};
 use memmap2::Mmap;
@@ -186,6 +186,11 @@ pub fn to_f32(dtype: Dtype, bytes: &[u8], span: Span) -> Vec<f32> {
             .map(|x| half::f16::from_le_bytes([x[0], x[1]]).to_f32())
             .collect(),
     }
+}
+
+/// Loads a Hugging Face model directory's weights whole ([`HfWeights`] maps and checks them).
+pub fn load_hf<O: Ops>(ops: &O, c: &Config, dir: &Path) -> Result<Weights<O::T>> {
+    HfWeights::open(dir, c)?.pieces(ops, c, &whole_spans(c))
 }
 
 #[cfg(test)]

@@ -19,9 +19,9 @@
 //! block at a time; rows are independent there, so only the weight gradients' summation order
 //! changes.
 
-use super::Meter;
 use super::attention::Attention;
 use super::config::Config;
+use super::meter::Meter;
 use super::ops::Ops;
 use super::rope::Rotary;
 use super::weights::LayerWeights;

@@ -18,6 +18,7 @@ pub mod float;
 pub mod hf_weights;
 pub mod init;
 mod layer;
+mod meter;
 pub mod offload;
 pub mod ops;
 pub mod profile;
@@ -25,6 +26,7 @@ pub mod rope;
 pub mod weights;
 
 pub use layer::{Checkpoint, Kept, Layer, mlp_block_rows};
+pub use meter::Meter;
 pub use offload::{Keep, Offload};
 
 use crate::shape::Span;
@@ -33,24 +35,6 @@ use attention::Attention;
 use config::Config;
 use ops::Ops;
 use weights::{LayerWeights, Weights};
-
-/// Bytes of activations held for the backward: current and peak.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct Meter {
-    live: usize,
-    pub peak: usize,
-}
-
-impl Meter {
-    pub(crate) fn hold(&mut self, bytes: usize) {
-        self.live += bytes;
-        self.peak = self.peak.max(self.live);
-    }
-
-    pub(crate) fn release(&mut self, bytes: usize) {
-        self.live -= bytes;
-    }
-}
 
 /// This worker's rows of one sequence: input tokens, next-token targets, where the rows sit in
 /// the whole sequence (runs of positions in row order: one for a contiguous chunk, two for a

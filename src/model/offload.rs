@@ -8,8 +8,8 @@
 //!
 //! Under `--checkpoint none` the checkpoint is every activation, and all of it is offloaded.
 
-use super::Meter;
 use super::layer::{Checkpoint, Kept};
+use super::meter::Meter;
 use super::ops::Ops;
 use anyhow::{Result, bail};
 use std::fmt;

@@ -3,12 +3,10 @@
 //! gradients and optimizer moments.
 
 use super::config::Config;
-use super::hf_weights::HfWeights;
 use super::init;
 use super::ops::Ops;
 use crate::shape::Span;
 use anyhow::{Context, Result, bail};
-use std::path::Path;
 
 /// One decoder layer's weights (linear weights `[out, in]`); the projections' biases exist
 /// where the config has them (`Config::qkv_bias`, `Config::o_bias`).
@@ -353,11 +351,6 @@ pub fn random_pieces<O: Ops>(
             ops.upload(&vec![1.0; span.len])
         }
     })
-}
-
-/// Loads a Hugging Face model directory's weights whole (`hf_weights` maps and checks them).
-pub fn load_hf<O: Ops>(ops: &O, c: &Config, dir: &Path) -> Result<Weights<O::T>> {
-    HfWeights::open(dir, c)?.pieces(ops, c, &whole_spans(c))
 }
 
 #[cfg(test)]

@@ -12,7 +12,7 @@
 //! mask the heavy blocks of a long document spread over the workers holding their keys, where
 //! `balanced`, assigning by offset, leaves them to their query's owner.
 
-use super::Task;
+use super::parts::Task;
 
 /// The steps of the greedy schedule for `p` workers, where block (i, j) costs `cost(i, j)`
 /// (0: nothing visible, left out).

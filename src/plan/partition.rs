@@ -3,7 +3,8 @@
 //! blocks it hides are left out of both). Every layer above (the executor,
 //! the training loop, the simulator, the memory estimate) reads this instead of recomputing it.
 
-use super::{Pass, Plan, Schedule, chunk_sizes};
+use super::parts::{Pass, Schedule};
+use super::plans::{Plan, chunk_sizes};
 use crate::shape::{Mask, Span};
 use anyhow::Result;
 

@@ -1,7 +1,8 @@
 //! A plan as text (for terminals), JSON (for tools) and SVG (for people reading the paper).
 //! Under a mask each also shows the blocks the plan leaves out (nothing in them is visible).
 
-use super::{Pass, Payload, Plan, Role, Task, Transfer};
+use super::parts::{Pass, Payload, Role, Step, Task, Transfer};
+use super::plans::Plan;
 use serde::Serialize;
 use serde_json::{Value, json};
 use std::fmt::Write;
@@ -165,7 +166,7 @@ struct Cell {
 
 /// Each worker's tasks at `step`, gathered in one pass over them: looking each worker's up
 /// separately made rendering cubic in the workers.
-fn tasks_by_worker(plan: &Plan, step: &super::Step) -> Vec<Vec<Task>> {
+fn tasks_by_worker(plan: &Plan, step: &Step) -> Vec<Vec<Task>> {
     let mut by = vec![Vec::new(); plan.workers];
     for t in &step.tasks {
         by[t.worker].push(*t);
@@ -175,7 +176,7 @@ fn tasks_by_worker(plan: &Plan, step: &super::Step) -> Vec<Vec<Task>> {
 
 fn cell(plan: &Plan, tasks: &[Task]) -> Option<Cell> {
     let first = tasks.first()?;
-    let list = |pick: fn(&super::Task) -> usize| {
+    let list = |pick: fn(&Task) -> usize| {
         let mut v: Vec<usize> = tasks.iter().map(pick).collect();
         v.sort();
         v.dedup();

@@ -15,7 +15,8 @@
 //! The closed forms per pass (equal chunks n = N/P) and their relation to the paper's N·d
 //! forward and 2N·d backward are derived in `docs/communication.md`.
 
-use super::{Payload, Plan, Step, Transfer};
+use super::parts::{Payload, Step, Transfer};
+use super::plans::Plan;
 use crate::shape::{Dims, Part, Precision};
 
 /// The tensors `payload` carries for a chunk of `rows` rows, in the order they travel.

@@ -11,19 +11,22 @@
 //! the same code on every topology.
 
 mod device;
+mod job;
 mod ranks;
 mod threads;
 
 pub use device::{Device as ModelDevice, NoFastPath};
+pub use job::{Gather, Job, Waits};
 pub use threads::{collect_results, run_workers};
 
 use crate::backend::cuda::{CudaBackend, HEAD_DIMS, InputDtype};
 use crate::comm::rendezvous::LaunchEnv;
-use crate::comm::{Communicator, LocalComm, PeerFailed, Solo};
+use crate::comm::{LocalComm, Solo};
 use crate::model::cpu::Cpu;
 use crate::model::cuda::CudaOps;
 
 use anyhow::{Result, bail};
+use job::Collect;
 use serde::Serialize;
 use std::time::Duration;
 
@@ -58,14 +61,6 @@ pub enum Topology {
     /// ranks; NCCL between GPU ranks (GPU LOCAL_RANK each), with a TCP mesh beside it for
     /// failures and gathered results.
     Ranks(LaunchEnv),
-}
-
-/// How long workers wait: for each other at a multi-process job's rendezvous, and for a message
-/// once running (never forever: a stuck peer becomes an error).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Waits {
-    pub rendezvous: Duration,
-    pub message: Duration,
 }
 
 /// Where and how a job runs: everything a command decides about devices and workers.
@@ -270,12 +265,14 @@ impl Opened<'_> {
         let rt = self.runtime;
         match (self.gpu, &rt.topology) {
             (None, Topology::Threads(n)) => rt.on_threads(&Cpu::<f32>::new(), *n, job, collect),
-            (None, Topology::Ranks(env)) => ranks::on_cpu_rank(rt, env, job, collect),
+            (None, Topology::Ranks(env)) => {
+                ranks::on_cpu_rank((rt.args_hash, rt.waits), env, job, collect)
+            }
             (Some((backend, _)), Topology::Threads(n)) => {
                 rt.on_threads(&CudaOps::new(backend)?, *n, job, collect)
             }
             (Some((backend, _)), Topology::Ranks(env)) => {
-                ranks::on_gpu_rank(rt, env, backend, job, collect)
+                ranks::on_gpu_rank((rt.args_hash, rt.waits), env, backend, job, collect)
             }
         }
     }
@@ -288,42 +285,6 @@ pub struct OpenedGpu {
     pub free_bytes: usize,
     /// Head dims the attention kernels take.
     pub head_dims: &'static [usize],
-}
-
-/// What the reporter gets back from the workers.
-enum Collect<R> {
-    /// Every worker's output; a rank's travels to rank 0 as f32 parts ([`Gather`]).
-    All {
-        to_parts: fn(&R) -> Vec<Vec<f32>>,
-        from_parts: fn(Vec<Vec<f32>>) -> Result<R>,
-    },
-    /// Worker 0's own; the other ranks only meet it at a closing barrier.
-    Reporter,
-}
-
-/// An output that can travel from a rank to rank 0 over the host mesh, as f32 tensors.
-pub trait Gather: Sized {
-    fn to_parts(&self) -> Vec<Vec<f32>>;
-    fn from_parts(parts: Vec<Vec<f32>>) -> Result<Self>;
-}
-
-/// A job's per-worker function, generic over the device it runs on and the communicator that
-/// joins its workers, so that one function serves every topology.
-pub trait Job: Sync {
-    type Output: Send;
-
-    /// One worker's part: `comm.rank()` of `comm.world()`.
-    fn run<D: ModelDevice, C: Communicator<D::Tensor>>(
-        &self,
-        device: &D,
-        comm: &mut C,
-    ) -> Result<Self::Output>;
-}
-
-/// Whether an error is only another worker's failure reported here (its root cause is
-/// elsewhere, and announcing it again would hide that).
-fn is_peer_failure(e: &anyhow::Error) -> bool {
-    e.chain().any(|c| c.is::<PeerFailed>())
 }
 
 #[cfg(test)]

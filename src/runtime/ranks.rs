@@ -3,7 +3,7 @@
 //! handed out by the rendezvous, with the TCP mesh beside it to carry failures and results),
 //! and the end of the job: a failure announced to every rank, outputs gathered to rank 0.
 
-use super::{Collect, Job, Runtime, is_peer_failure};
+use super::job::{Collect, Job, Waits, is_peer_failure};
 use crate::backend::cuda::CudaBackend;
 use crate::comm::nccl::{self, NcclComm};
 use crate::comm::rendezvous::{self, LaunchEnv};
@@ -17,19 +17,19 @@ const GATHER: Tag = Tag(1 << 50);
 
 /// The TCP mesh of this rank, after a rendezvous that hands out `payload` (rank 0's).
 fn join_mesh(
-    rt: &Runtime,
+    (args_hash, waits): (u64, Waits),
     env: &LaunchEnv,
     payload: impl FnOnce() -> Result<Vec<u8>>,
 ) -> Result<(TcpComm, Vec<u8>)> {
-    let joined = rendezvous::join(env, rt.args_hash, rt.waits.rendezvous, payload)?;
+    let joined = rendezvous::join(env, args_hash, waits.rendezvous, payload)?;
     let payload = joined.payload.clone();
-    let mesh = connect_mesh(joined, rt.waits.rendezvous, rt.waits.message)?;
+    let mesh = connect_mesh(joined, waits.rendezvous, waits.message)?;
     Ok((mesh, payload))
 }
 
 /// Runs `job` as this CPU rank: the TCP mesh carries the tensors too.
 pub(super) fn on_cpu_rank<J: Job>(
-    rt: &Runtime,
+    rt: (u64, Waits),
     env: &LaunchEnv,
     job: &J,
     collect: Collect<J::Output>,
@@ -42,7 +42,7 @@ pub(super) fn on_cpu_rank<J: Job>(
 /// Runs `job` as this GPU rank: NCCL carries the tensors, the TCP mesh ends every rank with the
 /// reason when one fails and carries the outputs to rank 0.
 pub(super) fn on_gpu_rank<J: Job>(
-    rt: &Runtime,
+    rt: (u64, Waits),
     env: &LaunchEnv,
     backend: CudaBackend,
     job: &J,

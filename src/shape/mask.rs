@@ -7,7 +7,7 @@
 //! Here, beside `Span`, because the plans (which blocks hold any visible pair) and the block math
 //! (which pairs to add up) both read it, and `plan` and `attn` import only `shape`.
 
-use super::Span;
+use super::span::Span;
 use anyhow::{Result, bail};
 use serde::Serialize;
 use std::fmt;

@@ -129,7 +129,7 @@ pub fn time_steps(
     if runs.profile && runtime.workers() > 1 {
         bail!("--profile times the ops of one device: run it without a launcher or more workers");
     }
-    let partition = super::model_partition(cfg, shape.seq, shape.schedule, runtime)?;
+    let partition = super::step::model_partition(cfg, shape.seq, shape.schedule, runtime)?;
     let opened = runtime.open()?;
     memory.check(runtime, opened.gpu())?;
     let job = StepBench {
@@ -179,7 +179,7 @@ impl Job for StepBench<'_> {
         // dropped within the step: kept to the next, they would double the gradients' memory.
         let (all_secs, (out, tally)) = timed(self.runs, &sync, || {
             let rows = (&mine[..], Packing::packed());
-            super::reduced_sequence(ops, cfg, &held, &mut attn, rows, &sample, self.keep)
+            super::step::reduced_sequence(ops, cfg, &held, &mut attn, rows, &sample, self.keep)
                 .map(|(out, tally, _grads, _sent)| (out, tally))
         })?;
         let profile = if self.runs.profile {
@@ -236,7 +236,7 @@ fn profile_step<O: Ops>(
     let scale = 1.0 / step.sample.tokens.len().saturating_sub(1).max(1) as f64;
     sync()?;
     let began = Instant::now();
-    super::accumulate(
+    super::step::accumulate(
         &timed,
         step.cfg,
         &mut Whole { w: step.w, grads },
@@ -245,7 +245,7 @@ fn profile_step<O: Ops>(
         step.sample,
         step.keep,
         scale,
-        &mut super::Tally::default(),
+        &mut super::tally::Tally::default(),
     )?;
     sync()?;
     let total = began.elapsed().as_secs_f64();

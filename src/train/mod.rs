@@ -16,17 +16,18 @@ pub mod moments;
 mod parquet_docs;
 pub mod shard;
 pub mod state;
+mod step;
 pub mod svg;
+mod tally;
 pub mod tokens;
 
-use crate::comm::{Communicator, Solo, Wire};
-use crate::model::attention::Attention;
+use crate::comm::{Communicator, Solo};
 use crate::model::config::Config;
 use crate::model::cpu::Cpu;
-use crate::model::hf_weights::HfWeights;
+use crate::model::hf_weights::{self, HfWeights};
 use crate::model::ops::{AdamW, Ops};
 use crate::model::weights::{self, Weights, parameters};
-use crate::model::{Checkpoint, Chunk, Keep, Offload, Params, Whole, forward_backward_with};
+use crate::model::{Checkpoint, Keep, Offload};
 use crate::plan::{Partition, Schedule};
 use crate::resources;
 use crate::runtime::{Job, ModelDevice, Runtime};
@@ -34,7 +35,7 @@ use crate::shape::Span;
 use anyhow::{Context, Result, bail};
 use attention::ModelAttention;
 use data::{Data, Sample};
-use documents::{Documents, Packing, Positions};
+use documents::{Documents, Packing};
 use lr::{Decay, LrSchedule};
 use memory::MemoryCheck;
 use serde::Serialize;
@@ -42,6 +43,8 @@ use shard::{Held, Optimizer, Shard};
 use state::{Part, RunKey, Saved, State};
 use std::path::PathBuf;
 use std::time::Instant;
+use step::{accumulate_held, model_partition, reduce_step, reduced_sequence};
+use tally::{Tally, all_reduce_tally, collectives};
 
 /// Where the first weights come from.
 #[derive(Clone, Debug)]
@@ -160,7 +163,7 @@ pub fn initial_weights(c: &Config, init: &Init) -> Result<Vec<Vec<f32>>> {
     let ops = Cpu::<f32>::new();
     let w = match init {
         Init::Random { seed } => weights::random(&ops, c, *seed)?,
-        Init::HuggingFace(dir) => weights::load_hf(&ops, c, dir)?,
+        Init::HuggingFace(dir) => hf_weights::load_hf(&ops, c, dir)?,
     };
     Ok(w.tensors().into_iter().cloned().collect())
 }
@@ -212,243 +215,6 @@ fn initial_state(o: &Options) -> Result<Start> {
     }))
 }
 
-/// Per-step sums all workers add up: loss, probes right, probes asked.
-#[derive(Default)]
-struct Tally {
-    loss_sum: f64,
-    correct: u64,
-    probes: u64,
-}
-
-/// Forward and backward of this worker's rows of `sample`, the weights taken from and the
-/// gradients handed to `params`.
-#[allow(clippy::too_many_arguments)]
-fn accumulate<O: Ops, A: Attention<O::T>>(
-    ops: &O,
-    cfg: &Config,
-    params: &mut impl Params<O::T, A>,
-    attn: &mut A,
-    (mine, positions): (&[Span], &[Span]),
-    sample: &Sample,
-    keep: Keep,
-    scale: f64,
-    tally: &mut Tally,
-) -> Result<crate::model::Outcome> {
-    let rows = |shift: usize| -> Vec<u32> {
-        mine.iter()
-            .flat_map(|s| &sample.tokens[s.start + shift..s.end() + shift])
-            .copied()
-            .collect()
-    };
-    let (tokens, targets) = (rows(0), rows(1));
-    let chunk = Chunk {
-        tokens: &tokens,
-        targets: &targets,
-        positions,
-        sequence: sample.tokens.len() - 1,
-    };
-    let out = forward_backward_with(ops, cfg, params, attn, chunk, keep, scale)?;
-    tally.loss_sum += out.loss_sum;
-    if let Some(p) = sample.probe
-        && let Some(row) =
-            crate::model::ops::row_positions(mine, tokens.len())?.position(|q| q == p)
-    {
-        tally.probes += 1;
-        tally.correct += (out.argmax[row] == sample.tokens[p + 1]) as u64;
-    }
-    Ok(out)
-}
-
-/// The rotary positions of this worker's rows `mine` of `sample`, and its attention planned for
-/// the sample's documents under `--documents separate` (each worker derives the same mask from
-/// the same sample).
-fn plan_documents<D: ModelDevice, C: Communicator<D::Tensor>>(
-    cfg: &Config,
-    packing: Packing,
-    attn: &mut ModelAttention<'_, D, C>,
-    mine: &[Span],
-    sample: &Sample,
-) -> Result<Vec<Span>> {
-    if packing.documents == Documents::Packed {
-        return Ok(mine.to_vec());
-    }
-    let seq = sample.tokens.len() - 1;
-    let lens = documents::doc_lens(&sample.tokens[..seq], sample.eos);
-    attn.set_mask(&cfg.mask(seq, &lens)?)?;
-    Ok(match packing.positions {
-        Positions::Continue => mine.to_vec(),
-        Positions::Restart => documents::restarted(mine, &lens),
-    })
-}
-
-/// This worker's weights as `held` (whole, or its pieces under `full`, each part gathered for its
-/// use) in the forward and backward of `sample` (its documents as `packing` says), the gradients
-/// (alike: whole, or the pieces, reduced as the backward goes) into `grads`; `fresh` when they
-/// hold [`Held::zero_grads`]'s zeros (nothing accumulated into them yet this step), which lets
-/// `full` write its first sums over them ([`shard::Gathered::fresh`]).
-#[allow(clippy::too_many_arguments)]
-fn accumulate_held<D: ModelDevice, C: Communicator<D::Tensor>>(
-    ops: &D::Ops,
-    cfg: &Config,
-    held: &Held<D::Tensor>,
-    (grads, fresh): (&mut Weights<D::Tensor>, bool),
-    attn: &mut ModelAttention<'_, D, C>,
-    (mine, packing): (&[Span], Packing),
-    sample: &Sample,
-    keep: Keep,
-    scale: f64,
-    tally: &mut Tally,
-) -> Result<crate::model::Outcome> {
-    let positions = plan_documents(cfg, packing, attn, mine, sample)?;
-    let rows = (mine, &positions[..]);
-    let w = &held.w;
-    if held.shard == Shard::Full {
-        let lens = &held.lens;
-        let mut params = shard::Gathered {
-            ops,
-            w,
-            grads,
-            lens,
-            fresh,
-        };
-        return accumulate(
-            ops,
-            cfg,
-            &mut params,
-            attn,
-            rows,
-            sample,
-            keep,
-            scale,
-            tally,
-        );
-    }
-    let mut params = Whole { w, grads };
-    accumulate(
-        ops,
-        cfg,
-        &mut params,
-        attn,
-        rows,
-        sample,
-        keep,
-        scale,
-        tally,
-    )
-}
-
-/// What [`reduced_sequence`] gives: the pass's outcome, the summed tally and gradients, and the
-/// bytes this worker sent during the forward and backward, before the gradients were summed.
-type Reduced<T> = (crate::model::Outcome, Tally, Vec<T>, u64);
-
-/// One sequence's forward and backward on this worker's rows `mine` (gradients of its mean
-/// loss), then the gradients (whole, or this worker's pieces under `--shard grads` and `full`)
-/// and the tally summed over all workers: the step of `distflash grads` and of `bench train`.
-#[allow(clippy::too_many_arguments)]
-fn reduced_sequence<D: ModelDevice, C: Communicator<D::Tensor>>(
-    ops: &D::Ops,
-    cfg: &Config,
-    held: &Held<D::Tensor>,
-    attn: &mut ModelAttention<'_, D, C>,
-    rows: (&[Span], Packing),
-    sample: &Sample,
-    keep: Keep,
-) -> Result<Reduced<D::Tensor>> {
-    let scale = 1.0 / (sample.tokens.len() - 1) as f64;
-    let mut tally = Tally::default();
-    let mut grads = held.zero_grads(ops, cfg)?;
-    let sent = |attn: &mut ModelAttention<'_, D, C>| attn.comm().map_or(0, |c| c.bytes_sent());
-    let before = sent(attn);
-    let out = accumulate_held(
-        ops,
-        cfg,
-        held,
-        (&mut grads, true),
-        attn,
-        rows,
-        sample,
-        keep,
-        scale,
-        &mut tally,
-    )?;
-    let pass_bytes = sent(attn) - before;
-    let reduced = reduce_step(ops, attn, held.shard, grads, &mut tally)?;
-    Ok((out, tally, reduced, pass_bytes))
-}
-
-/// The gradients and the tally summed over the workers: reduce-scattered to this worker's pieces
-/// under `--shard grads` with several workers (under `full` the backward has reduced them),
-/// all-reduced whole otherwise.
-fn reduce_step<D: ModelDevice, C: Communicator<D::Tensor>>(
-    ops: &D::Ops,
-    attn: &mut ModelAttention<'_, D, C>,
-    shard: Shard,
-    mut grads: Weights<D::Tensor>,
-    tally: &mut Tally,
-) -> Result<Vec<D::Tensor>> {
-    // A lone worker on the device's whole-sequence attention has no communicator and nothing
-    // to add.
-    if let Some(comm) = attn.comm() {
-        if matches!(shard, Shard::Grads | Shard::Full) && comm.world() > 1 {
-            return shard::reduce_grads(ops, comm, shard, grads, tally);
-        }
-        all_reduce(ops, comm, &mut grads, tally)?;
-    }
-    Ok(grads.into_tensors())
-}
-
-/// The communicator of `attn` as the sharded optimizer takes it (a lone worker's: `solo`).
-fn collectives<'x, D: ModelDevice, C: Communicator<D::Tensor>>(
-    attn: &'x mut ModelAttention<'_, D, C>,
-    solo: &'x mut Solo,
-) -> &'x mut dyn Communicator<D::Tensor> {
-    match attn.comm() {
-        Some(comm) => comm,
-        None => solo,
-    }
-}
-
-/// Sums gradients and the tally over all workers, on the device the gradients live on (the tally
-/// travels as a three-element f32 tensor of that device).
-fn all_reduce<O, C>(
-    ops: &O,
-    comm: &mut C,
-    grads: &mut Weights<O::T>,
-    tally: &mut Tally,
-) -> Result<()>
-where
-    O: Ops,
-    O::T: Wire,
-    C: Communicator<O::T> + ?Sized,
-{
-    for g in grads.tensors_mut() {
-        comm.all_reduce_sum(g)?;
-    }
-    all_reduce_tally(ops, comm, tally)
-}
-
-/// Sums the tally over all workers.
-fn all_reduce_tally<O, C>(ops: &O, comm: &mut C, tally: &mut Tally) -> Result<()>
-where
-    O: Ops,
-    O::T: Wire,
-    C: Communicator<O::T> + ?Sized,
-{
-    let mut t = ops.upload_state(&[
-        tally.loss_sum as f32,
-        tally.correct as f32,
-        tally.probes as f32,
-    ])?;
-    comm.all_reduce_sum(&mut t)?;
-    let t = ops.download(&t)?;
-    *tally = Tally {
-        loss_sum: t[0] as f64,
-        correct: t[1] as u64,
-        probes: t[2] as u64,
-    };
-    Ok(())
-}
-
 /// The gradients of the mean loss of one sequence, without an update: the check against other
 /// implementations (`distflash grads`, tests).
 pub struct Gradients {
@@ -461,20 +227,6 @@ pub struct Gradients {
     /// summed: attention's keys, values and their gradients (and, under `--shard full`, the
     /// layers' weight gathers and gradient reduce-scatters). Masked-out blocks move nothing.
     pub pass_bytes_sent: u64,
-}
-
-/// The chunks and plans of sequences of `seq` tokens on `runtime`'s workers, under the model's
-/// attention mask (Mistral's sliding window: the executor, or the GPU's whole-sequence kernels,
-/// apply it to every block; under `--documents separate` each sequence's documents replace the
-/// plans, `plan_documents`).
-fn model_partition(
-    cfg: &Config,
-    seq: usize,
-    schedule: Schedule,
-    runtime: &Runtime,
-) -> Result<Partition> {
-    let mask = cfg.mask(seq, &[])?;
-    Partition::masked(seq, runtime.workers(), schedule, &mask)
 }
 
 /// Loss and gradients of `weights` (host, `specs` order) on `tokens` (inputs and, shifted by

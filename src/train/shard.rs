@@ -18,7 +18,7 @@
 use super::attention::ModelAttention;
 use super::moments::Moments;
 use super::state::Part;
-use super::{Tally, all_reduce, all_reduce_tally, collectives};
+use super::tally::{Tally, all_reduce, all_reduce_tally, collectives};
 use crate::comm::{Buffer, Communicator, Shared, Solo, shard_span, shard_spans};
 use crate::model::config::Config;
 use crate::model::ops::{AdamW, Ops};

@@ -56,7 +56,7 @@ pub struct Moment {
 pub fn moments(dims: &Dims, rows: usize, call: Call) -> Vec<Moment> {
     let q = rows * dims.heads * dims.head_dim;
     let kv = rows * dims.kv_heads * dims.head_dim;
-    let half = crate::model::cost::HALF_BYTES;
+    let half = crate::model::float::HALF_BYTES;
     match call {
         Call::Forward => vec![Moment {
             bytes: 0,
@@ -90,7 +90,7 @@ pub fn moments(dims: &Dims, rows: usize, call: Call) -> Vec<Moment> {
 /// The backward's widest moment in bytes, its returned 16-bit gradients included: what the hand
 /// count (`model::cost`) takes for the attention's part.
 pub fn widest_backward(dims: &Dims, rows: usize, dout_f32: bool) -> usize {
-    let half = crate::model::cost::HALF_BYTES;
+    let half = crate::model::float::HALF_BYTES;
     let grads = [
         dims.heads * dims.head_dim,
         dims.kv_heads * dims.head_dim,
