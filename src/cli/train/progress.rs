@@ -164,7 +164,12 @@ impl Progress {
     /// Ends the display with the last numbers.
     pub fn finish(&self) {
         match &self.shown {
-            Shown::Bar(bar) => bar.finish(),
+            Shown::Bar(bar) => {
+                bar.finish();
+                // indicatif leaves the cursor at the end of the bar's line: without a newline
+                // the summary (on stdout) would start on it.
+                eprintln!();
+            }
             Shown::Line(line) => {
                 let mut l = line.lock().expect("progress never panics");
                 l.done = true;
