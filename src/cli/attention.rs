@@ -20,7 +20,7 @@ use std::path::PathBuf;
 #[derive(clap::Args)]
 pub struct Args {
     #[command(flatten)]
-    place: super::DeviceArgs,
+    place: super::args::DeviceArgs,
     /// Workers the sequence is split across [default: WORLD_SIZE under a launcher, else 4 on
     /// the CPU and 1 on CUDA].
     #[arg(long, value_parser = values::whole::<usize>)]
@@ -217,7 +217,7 @@ pub fn run(args: Args) -> Result<()> {
         Device::Cpu => rt.workers_per_device(),
         Device::Cuda => 0,
     };
-    super::ensure_split(args.seq_len, args.schedule, &rt)?;
+    super::checks::ensure_split(args.seq_len, args.schedule, &rt)?;
     resources::ensure_attention_fits(&dims, args.seq_len, cpu_workers, args.check)?;
     // Every timed run, and the warm-up on a GPU, computes the whole causal pass.
     let passes = args.repeats as f64 + f64::from(u8::from(rt.device == Device::Cuda));
@@ -226,7 +226,7 @@ pub fn run(args: Args) -> Result<()> {
             + attn::causal_backward_flops(&dims, args.seq_len));
     resources::ensure_duration(
         flops,
-        super::peak_flops(&rt),
+        super::checks::peak_flops(&rt),
         &format!(
             "{} runs of attention over {} tokens",
             args.repeats, args.seq_len
@@ -234,7 +234,7 @@ pub fn run(args: Args) -> Result<()> {
         "lower --repeats or --seq-len",
     )?;
     if let Some(path) = &args.save {
-        super::ensure_writable(path)?;
+        super::outputs::ensure_writable(path)?;
     }
     let mask = args.mask.mask(args.seq_len, args.seed)?;
     let mut x = Inputs::random(dims, args.seq_len, args.seed).with_mask(mask)?;

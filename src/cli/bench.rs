@@ -51,7 +51,7 @@ pub enum Target {
         #[arg(long, value_parser = values::whole::<usize>)]
         kv_heads: Option<usize>,
         #[command(flatten)]
-        dtype: super::DtypeArg,
+        dtype: super::args::DtypeArg,
         #[command(flatten)]
         mask: super::attention::MaskArgs,
         /// Also time the two blocks the distributed schedules compute over P workers' chunks
@@ -267,7 +267,10 @@ fn attention(
     blocks: Option<usize>,
     json: Option<PathBuf>,
 ) -> Result<()> {
-    let mut file = json.as_deref().map(super::create_output).transpose()?;
+    let mut file = json
+        .as_deref()
+        .map(super::outputs::create_output)
+        .transpose()?;
     let be = CudaBackend::new(0, dtype)?.with_deterministic(shape.deterministic)?;
     let ours = if shape.deterministic {
         "distflash_deterministic"

@@ -25,7 +25,7 @@ const FLOPS_FORMULA: &str = "6*N*T + 6*L*T^2*H*d (PaLM, attention halved for the
 #[derive(clap::Args)]
 pub struct Args {
     #[command(flatten)]
-    place: super::DeviceArgs,
+    place: super::args::DeviceArgs,
     /// A built-in model shape: tiny, llama2-7b, llama-7b-gqa, llama-7b-33h.
     #[arg(long, default_value = "llama2-7b")]
     preset: String,
@@ -212,11 +212,11 @@ pub fn run(args: Args) -> Result<()> {
         .runtime((args.workers > 1).then_some(args.workers), |_| 1)?;
     let workers = rt.workers();
     if rt.is_reporter() {
-        super::warn_ineffective(rt.device, args.offload, Some(args.shard), workers);
+        super::checks::warn_ineffective(rt.device, args.offload, Some(args.shard), workers);
     }
     resources::ensure_duration(
         (args.warmup + args.repeats) as f64 * cost::step_flops(&cfg, seq),
-        super::peak_flops(&rt),
+        super::checks::peak_flops(&rt),
         &format!(
             "bench train's {} steps of {seq} tokens",
             args.warmup + args.repeats

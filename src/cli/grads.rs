@@ -46,7 +46,7 @@ pub struct Args {
     eos_token: Option<u32>,
     /// With --device cuda, several workers are virtual workers sharing the GPU.
     #[command(flatten)]
-    place: super::DeviceArgs,
+    place: super::args::DeviceArgs,
     /// Start on the GPU even when the estimated peak exceeds the free memory (the estimate adds a
     /// 1.5 GiB allowance to the step's tensors; a run that really does not fit then fails at an
     /// allocation).
@@ -57,11 +57,11 @@ pub struct Args {
 pub fn run(args: Args) -> Result<()> {
     let rt = args.place.runtime(Some(args.workers), |_| 4)?;
     if rt.is_reporter() {
-        super::ensure_writable(&args.out)?;
+        super::outputs::ensure_writable(&args.out)?;
     }
     let (config, init) = args.model.resolve(None)?;
     if rt.is_reporter() {
-        super::warn_ineffective(rt.device, Offload::NONE, args.shard, rt.workers());
+        super::checks::warn_ineffective(rt.device, Offload::NONE, args.shard, rt.workers());
     }
     let shard = args
         .shard
@@ -88,7 +88,7 @@ pub fn run(args: Args) -> Result<()> {
         host_state: HostState::Weights,
         ignore_estimate: args.ignore_memory_estimate,
     };
-    super::ensure_split(memory.seq, args.schedule, &rt)?;
+    super::checks::ensure_split(memory.seq, args.schedule, &rt)?;
     // The memory check before the weights are made: a 7B model's alone fill gigabytes.
     memory.check(&rt, None)?;
     let host = train::initial_weights(&config, &init)?;

@@ -38,16 +38,9 @@ fn free_port(addr: &str) -> Result<u16> {
     Ok(listener.local_addr()?.port())
 }
 
-/// Refuses a command the ranks could not parse, printing clap's message once here rather than
-/// once per rank (help and version are printed once, too, and end the launch).
-fn check_command(command: &[String]) {
-    let argv = std::iter::once("distflash").chain(command.iter().map(String::as_str));
-    if let Err(e) = super::try_parse_from(argv) {
-        e.exit();
-    }
-}
-
-pub fn run(args: Args) -> Result<()> {
+/// Launches `args`'s ranks; `check_command` refuses (and exits on) a command they could not
+/// parse, before any rank starts.
+pub fn run(args: Args, check_command: fn(&[String])) -> Result<()> {
     if args.nproc_per_node == 0 {
         bail!("--nproc-per-node must be at least 1");
     }

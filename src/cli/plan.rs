@@ -2,7 +2,7 @@
 //! and the mask flags) of the blocks a mask leaves visible.
 
 use super::attention::MaskArgs;
-use super::create_output;
+use super::outputs::create_output;
 use super::values;
 use anyhow::{Result, bail};
 use clap::ValueEnum;

@@ -24,7 +24,7 @@ use distflash::train::shard::Shard;
 use distflash::train::tokens::TokenFile;
 use distflash::train::{self, Eval, Init, Options, StepReport, state, svg};
 use metrics::Metrics;
-use progress::Progress;
+use progress::{Progress, WINDOW};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -126,7 +126,7 @@ pub struct Args {
     #[arg(long, value_parser = values::whole::<usize>)]
     workers: Option<usize>,
     #[command(flatten)]
-    place: super::DeviceArgs,
+    place: super::args::DeviceArgs,
     /// `balanced` (DistFlashAttn), `unbalanced` or `zigzag` (each worker a head and a tail chunk:
     /// balanced at any worker count, the one to use on 2 GPUs).
     #[arg(long, default_value = "balanced")]
@@ -279,7 +279,7 @@ fn ensure_no_run(dir: &Path) -> Result<()> {
 /// (a checkpoint to resume by mistake) outlives the start of the new one.
 fn remove_run(dir: &Path) -> Result<()> {
     for file in run_files(dir).iter().filter(|f| f.exists()) {
-        std::fs::remove_file(file).map_err(|e| super::cannot_write(file, e))?;
+        std::fs::remove_file(file).map_err(|e| super::outputs::cannot_write(file, e))?;
     }
     Ok(())
 }
@@ -302,9 +302,6 @@ fn ensure_checkpoint(resume: &Path) -> Result<()> {
         resume.display()
     )
 }
-
-/// Most steps over which the summary averages loss and recall at the start and the end.
-const WINDOW: usize = 20;
 
 #[derive(Serialize)]
 struct Summary {
@@ -362,13 +359,13 @@ pub fn run(args: Args) -> Result<()> {
     if let Some(dir) = &args.save_dir
         && reporter
     {
-        super::ensure_writable_dir(dir)?;
+        super::outputs::ensure_writable_dir(dir)?;
         if args.resume.is_none() && !args.overwrite {
             ensure_no_run(dir)?;
         }
     }
     let (config, init) = args.model.resolve(args.resume.as_deref())?;
-    super::ensure_split(args.seq_len, args.schedule, &rt)?;
+    super::checks::ensure_split(args.seq_len, args.schedule, &rt)?;
     let shard = args.shard.unwrap_or(Shard::default_for(workers, &config));
     let lr = peak_lr(args.lr, &config, &args.model.name(args.resume.as_deref()))?;
     if args.min_lr > lr {
@@ -378,7 +375,7 @@ pub fn run(args: Args) -> Result<()> {
         );
     }
     if reporter {
-        super::warn_ineffective(rt.device, args.offload, args.shard, workers);
+        super::checks::warn_ineffective(rt.device, args.offload, args.shard, workers);
     }
     let text = |path: &PathBuf| match &args.tokenizer {
         Some(tokenizer) => Ok(Data::Tokens {
@@ -429,7 +426,7 @@ pub fn run(args: Args) -> Result<()> {
     let sequences = args.steps as f64 * args.batch as f64 + evaluated as f64;
     resources::ensure_duration(
         sequences * cost::step_flops(&config, args.seq_len),
-        super::peak_flops(&rt),
+        super::checks::peak_flops(&rt),
         &format!(
             "training {} steps of {} sequences of {} tokens{}",
             args.steps,

@@ -1,12 +1,15 @@
 //! What `distflash train` shows while it runs.
 
-use super::WINDOW;
 use distflash::train::StepReport;
 use indicatif::{ProgressBar, ProgressStyle};
 use std::collections::VecDeque;
 use std::io::IsTerminal;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+/// Most steps over which the summary averages loss and recall at the start and the end, and
+/// the bar its recall.
+pub(super) const WINDOW: usize = 20;
 
 /// How often the plain-text progress line is printed when stderr is not a terminal.
 const LINE_EVERY: Duration = Duration::from_secs(5);
