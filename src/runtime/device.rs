@@ -16,11 +16,11 @@ use crate::shape::{Dims, Mask};
 use anyhow::Result;
 
 /// A device: this machine's cores (f32) or one GPU.
-pub trait Device: Sync {
+pub trait ModelDevice: Sync {
     type Tensor: Buffer + Clone + Send + Sync;
     type Ops: Ops<T = Self::Tensor>;
     type Backend: ModelEdge<Tensor = Self::Tensor>;
-    /// The whole-sequence attention of [`Device::whole_sequence`].
+    /// The whole-sequence attention of [`ModelDevice::whole_sequence`].
     type Whole<'a>: WholeSequence<Self::Tensor>
     where
         Self: 'a;
@@ -64,7 +64,7 @@ impl<T> Attention<T> for NoFastPath {
     }
 }
 
-impl Device for Cpu<f32> {
+impl ModelDevice for Cpu<f32> {
     type Tensor = Vec<f32>;
     type Ops = Cpu<f32>;
     type Backend = CpuBackend;
@@ -83,7 +83,7 @@ impl Device for Cpu<f32> {
     }
 }
 
-impl Device for CudaOps {
+impl ModelDevice for CudaOps {
     type Tensor = Tensor;
     type Ops = CudaOps;
     type Backend = CudaBackend;

@@ -2,7 +2,7 @@
 //! reporter, how long its workers wait for each other, and a peer's failure told apart from
 //! one's own (a leaf: the topologies' runners build on it).
 
-use super::device::Device as ModelDevice;
+use super::device::ModelDevice;
 use crate::comm::{Communicator, PeerFailed};
 use anyhow::Result;
 use std::time::Duration;

@@ -15,7 +15,7 @@ mod job;
 mod ranks;
 mod threads;
 
-pub use device::{Device as ModelDevice, NoFastPath};
+pub use device::{ModelDevice, NoFastPath};
 pub use job::{Gather, Job, Waits};
 pub use threads::{collect_results, run_workers};
 
