@@ -70,18 +70,10 @@ fn broken_links(page: &Path) -> Vec<String> {
 
 /// Every `.md` file under `dir`, recursively, sorted.
 fn markdown_under(dir: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    let Ok(entries) = fs::read_dir(dir) else {
-        return out;
-    };
-    for entry in entries.flatten() {
-        let path = entry.path();
-        if path.is_dir() {
-            out.extend(markdown_under(&path));
-        } else if path.extension().is_some_and(|e| e == "md") {
-            out.push(path);
-        }
-    }
+    let mut out: Vec<PathBuf> = files_under(dir)
+        .into_iter()
+        .filter(|p| p.extension().is_some_and(|e| e == "md"))
+        .collect();
     out.sort();
     out
 }
