@@ -167,11 +167,16 @@ pub fn ensure_rendered(bytes: f64, what: &str, fix: &str) -> Result<()> {
 /// (a batch or step count with zeros too many) rather than a plan.
 const LONGEST_RUN_SECS: f64 = 30.0 * 86400.0;
 
+/// This machine's cores (1 where the system does not say).
+fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
 /// Fastest rate (FLOP/s) this machine's CPU could compute at: every core's f32 vector units
 /// well run (50 GFLOP/s a core; the tiny model trains at about 5). Above what a run achieves,
 /// so estimates made with it are the least a run can take.
 pub fn cpu_peak_flops() -> f64 {
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let cores = cores();
     50e9 * cores as f64
 }
 
@@ -213,7 +218,7 @@ const PROCESSES_PER_CORE: usize = 4;
 /// Refuses starting `processes` processes on this machine: more than [`PROCESSES_PER_CORE`]
 /// per core, or more than its available memory holds at [`PROCESS_BYTES`] each.
 pub fn ensure_processes(processes: usize) -> Result<()> {
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let cores = cores();
     let by_memory = available().map_or(usize::MAX, |have| (have / PROCESS_BYTES) as usize);
     let most = (cores * PROCESSES_PER_CORE).min(by_memory);
     if processes > most {
