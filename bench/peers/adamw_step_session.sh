@@ -9,7 +9,9 @@
 # bf16 GEMM rate of the step's linear shapes through torch, the rate its ideal is counted at.
 # Run from the repository root, with carry [".dev"] (the binary built here into .dev/distflash):
 #   SEQS="16384 32768 65536 131072" STACKS="ours hf" bash bench/peers/adamw_step_session.sh
-# (LAYERS: all 32 on a card of over 120 GB, else 16; STACKS: any of ours hf liger profile gemm.)
+# (LAYERS: all 32 on a card of over 120 GB, else 16; STACKS: any of ours hf liger profile gemm;
+# OFFLOAD: distflash's --offload, by default none where the estimate fits the card, else
+# activations; `all` for the longest lengths, where AdamW's moments wait in host memory too.)
 # Writes ours.jsonl, hf.jsonl, profile.log, gemm.jsonl and session.log to $OUT.
 set -u
 BIN=${BIN:-.dev/distflash}
@@ -20,6 +22,7 @@ SEQS=${SEQS:-16384 32768 65536 131072}
 PROFILE_SEQS=${PROFILE_SEQS:-65536 131072}
 STEPS=${STEPS:-3}
 STACKS=${STACKS:-ours hf liger profile gemm}
+OFFLOAD=${OFFLOAD:-auto}
 PEERS=$(dirname "$0")
 LOG="$OUT/session.log"
 export PATH=/opt/torch/.venv/bin:$PATH DISTFLASH_CACHE_DIR=${DISTFLASH_CACHE_DIR:-/tmp/distflash-cache}
@@ -36,16 +39,16 @@ JSON
 has() { case " $STACKS " in *" $1 "*) return 0;; esac; return 1; }
 if has ours; then
   for n in $SEQS; do
-    offload=none
-    "$BIN" bench train --estimate --optimizer --layers "$LAYERS" --seq-len "$n" --json \
+    offload=$([ "$OFFLOAD" = auto ] && echo none || echo "$OFFLOAD")
+    "$BIN" bench train --estimate --optimizer --layers "$LAYERS" --seq-len "$n" --offload "$offload" --json \
         > /tmp/est.json 2>> "$LOG"
     # Free memory as the CUDA context leaves it: the device's total less ~1.5 GiB.
     free=$(nvidia-smi --query-gpu=memory.free --format=csv,noheader,nounits | head -n 1)
     need=$(python3 -c "import json;print(int(json.load(open('/tmp/est.json'))['estimated_gib']*1024))" 2>/dev/null || echo 0)
-    [ "$need" -gt $((free - 1536)) ] && offload=activations
+    [ "$OFFLOAD" = auto ] && [ "$need" -gt $((free - 1536)) ] && offload=activations
     echo "=== distflash seq $n layers $LAYERS remat offload $offload (estimate $need MiB, free $free MiB)" | tee -a "$LOG"
     began=$(date +%s.%N)
-    timeout 300 "$BIN" train --device cuda --config "$CFG" --seq-len "$n" --batch 1 \
+    timeout "${RUN_TIMEOUT:-300}" "$BIN" train --device cuda --config "$CFG" --seq-len "$n" --batch 1 \
         --steps "$STEPS" --lr 1e-5 --warmup 1 --checkpoint remat --offload "$offload" --json \
         > /tmp/ours.jsonl 2>> "$LOG"
     echo "exit $? in $(python3 -c "import time;print(round(time.time()-$began,1))") s" | tee -a "$LOG"
@@ -54,7 +57,7 @@ if has ours; then
 fi
 hf_run() {
   echo "=== transformers $* seqs $SEQS layers $LAYERS" | tee -a "$LOG"
-  timeout 400 python3 "$PEERS/hf_train_bench.py" --seq "$(echo $SEQS | tr ' ' ',')" \
+  timeout "${HF_TIMEOUT:-400}" python3 "$PEERS/hf_train_bench.py" --seq "$(echo $SEQS | tr ' ' ',')" \
     --layers "$LAYERS" --optimizer adamw --warmup 1 --repeats $((STEPS - 1)) "$@" \
     --out "$OUT/hf.jsonl" >> "$LOG" 2>&1 || echo "transformers $* failed: $(tail -n 3 "$LOG")"
 }
