@@ -9,11 +9,12 @@ use distflash::model::rope::RopeScaling;
 use distflash::model::weights::{Weights, specs};
 use distflash::model::{Checkpoint, Chunk, Keep, Offload, forward_backward};
 use distflash::plan::Schedule;
-use distflash::runtime::Runtime;
+use distflash::runtime::{Device, Runtime};
 use distflash::shape::Span;
 use distflash::train::documents::{Packing, Positions, restarted};
 use distflash::train::memory::{HostState, MemoryCheck};
-use distflash::train::shard::Shard;
+use distflash::train::step_plan::Shard;
+use distflash::train::step_plan::{Asked, Purpose, StepPlan};
 use distflash::train::{Gradients, SequenceDocuments};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
@@ -43,21 +44,23 @@ fn gradients_of(
     (schedule, keep, documents): (Schedule, Keep, &SequenceDocuments),
     timeout: Duration,
 ) -> anyhow::Result<Gradients> {
+    let asked = Asked {
+        schedule,
+        checkpoint: keep.checkpoint,
+        offload: keep.offload,
+        shard: Some(Shard::None),
+    };
+    let plan = StepPlan::resolve(asked, Purpose::Gradients, workers, c, Device::Cpu)?.plan;
     let memory = MemoryCheck {
         config: c.clone(),
         model: "small".into(),
         seq: tokens.len() - 1,
-        schedule,
-        checkpoint: keep.checkpoint,
-        offload: keep.offload,
-        optimizer: false,
-        shard: Shard::None,
+        plan,
         host_state: HostState::Weights,
         ignore_estimate: false,
     };
     let rt = Runtime::cpu_threads(workers, timeout);
-    let how = (schedule, keep, Shard::None);
-    let g = distflash::train::gradients(c, weights, tokens, how, documents, &memory, &rt)?;
+    let g = distflash::train::gradients(c, weights, tokens, &plan, documents, &memory, &rt)?;
     Ok(g.expect("worker threads report"))
 }
 

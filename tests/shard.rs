@@ -5,14 +5,15 @@
 
 mod common;
 
-use common::{tiny_options, train_on_threads, trajectory};
+use common::{sharded, tiny_options_with, train_on_threads, trajectory};
 use distflash::comm::rendezvous::{LaunchEnv, join};
 use distflash::comm::{
     Communicator, all_gather_bytes, connect_mesh, reduce_scatter_bytes, shard_span, shard_spans,
 };
 use distflash::runtime::run_workers;
 use distflash::train::data::Data;
-use distflash::train::shard::Shard;
+use distflash::train::step_plan::Asked;
+use distflash::train::step_plan::Shard;
 use distflash::train::{Options, StepReport, state};
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -365,21 +366,39 @@ fn collectives_into_buffers_refuse_wrong_lengths_with_a_sentence() {
     );
 }
 
-/// Losses and gradient norms of every step, and the final weights, of `o` on `workers` threads.
-fn run(o: &Options, workers: usize) -> (Vec<(f64, f64)>, Vec<Vec<f32>>) {
+/// Losses and gradient norms of every step, and the final weights, of `o` on the threads of its
+/// plan.
+fn run(o: &Options) -> (Vec<(f64, f64)>, Vec<Vec<f32>>) {
     let steps = Mutex::new(Vec::new());
     let on_step = |r: &StepReport| steps.lock().unwrap().push((r.loss, r.grad_norm));
-    let w = train_on_threads(o, workers, on_step).unwrap();
+    let w = train_on_threads(o, on_step).unwrap();
     (steps.into_inner().unwrap(), w)
 }
 
-/// The small training job of the other suites with sharding `shard`, saving every 5 steps.
-fn options(shard: Shard, steps: u64, save_dir: Option<&Path>, resume: Option<&Path>) -> Options {
+/// The small training job of the other suites as `asked` on `workers` threads, saving every 5
+/// steps.
+fn options_with(
+    asked: Asked,
+    workers: usize,
+    steps: u64,
+    save_dir: Option<&Path>,
+    resume: Option<&Path>,
+) -> Options {
     Options {
-        shard,
         save_every: 5,
-        ..tiny_options(steps, save_dir, resume)
+        ..tiny_options_with(asked, workers, steps, save_dir, resume)
     }
+}
+
+/// [`options_with`] sharded as `shard`.
+fn options(
+    shard: Shard,
+    workers: usize,
+    steps: u64,
+    save_dir: Option<&Path>,
+    resume: Option<&Path>,
+) -> Options {
+    options_with(sharded(shard), workers, steps, save_dir, resume)
 }
 
 fn temp_dir(name: &str) -> PathBuf {
@@ -428,13 +447,13 @@ fn assert_close(
 #[test]
 fn sharded_training_follows_the_unsharded_trajectory_on_one_to_four_threads() {
     for workers in 1..=4 {
-        let none = run(&options(Shard::None, 10, None, None), workers);
+        let none = run(&options(Shard::None, workers, 10, None, None));
         assert!(none.0[9].0 < none.0[0].0, "the loss falls: {:?}", none.0);
         for shard in [Shard::Optimizer, Shard::Grads, Shard::Full] {
             let what = format!("{workers} workers, --shard {}", shard.name());
             assert_close(
                 &what,
-                &run(&options(shard, 10, None, None), workers),
+                &run(&options(shard, workers, 10, None, None)),
                 &none,
                 1e-5,
             );
@@ -443,11 +462,11 @@ fn sharded_training_follows_the_unsharded_trajectory_on_one_to_four_threads() {
     for workers in [2, 3] {
         let unclipped = |shard| Options {
             clip: 0.0,
-            ..options(shard, 4, None, None)
+            ..options(shard, workers, 4, None, None)
         };
-        let none = run(&unclipped(Shard::None), workers);
+        let none = run(&unclipped(Shard::None));
         for shard in [Shard::Optimizer, Shard::Grads] {
-            let got = run(&unclipped(shard), workers);
+            let got = run(&unclipped(shard));
             let losses = |r: &(Vec<(f64, f64)>, _)| r.0.iter().map(|s| s.0).collect::<Vec<_>>();
             assert_eq!(
                 losses(&got),
@@ -471,16 +490,16 @@ fn sharded_training_follows_the_unsharded_trajectory_on_one_to_four_threads() {
 /// the threaded test's bound (for its reasons).
 #[test]
 fn a_tied_model_trains_sharded_on_the_unsharded_trajectory() {
-    let tied = |shard| {
-        let mut o = options(shard, 6, None, None);
+    let tied = |shard, workers| {
+        let mut o = options(shard, workers, 6, None, None);
         o.config.tie_word_embeddings = true;
         o
     };
     for workers in [2, 3] {
-        let none = run(&tied(Shard::None), workers);
+        let none = run(&tied(Shard::None, workers));
         assert!(none.0[5].0 < none.0[0].0, "the loss falls: {:?}", none.0);
         let what = format!("tied, {workers} workers, --shard full");
-        assert_close(&what, &run(&tied(Shard::Full), workers), &none, 1e-5);
+        assert_close(&what, &run(&tied(Shard::Full, workers)), &none, 1e-5);
     }
 }
 
@@ -489,8 +508,8 @@ fn a_tied_model_trains_sharded_on_the_unsharded_trajectory() {
 #[test]
 fn a_sharded_checkpoint_resumes_with_other_worker_counts() {
     let dir = temp_dir("resume");
-    let whole = run(&options(Shard::Optimizer, 10, None, None), 2);
-    let first = run(&options(Shard::Full, 5, Some(&dir), None), 2);
+    let whole = run(&options(Shard::Optimizer, 2, 10, None, None));
+    let first = run(&options(Shard::Full, 2, 5, Some(&dir), None));
     assert_close(
         "the first half",
         &first,
@@ -498,7 +517,7 @@ fn a_sharded_checkpoint_resumes_with_other_worker_counts() {
         1e-5,
     );
     let key = state::RunKey {
-        config: options(Shard::None, 0, None, None).config,
+        config: options(Shard::None, 1, 0, None, None).config,
         data: Data::Synthetic { seed: 2 }.describe(),
         seq_len: 48,
         batch: 2,
@@ -511,7 +530,7 @@ fn a_sharded_checkpoint_resumes_with_other_worker_counts() {
         "the saved weights are the run's"
     );
     let unsharded = temp_dir("resume-unsharded");
-    run(&options(Shard::None, 5, Some(&unsharded), None), 2);
+    run(&options(Shard::None, 2, 5, Some(&unsharded), None));
     let reference = state::load(&state::path_in(&unsharded), &key).unwrap();
     let moments = |s: &state::Saved, part| s.whole(part).unwrap();
     for (what, part) in [
@@ -529,7 +548,7 @@ fn a_sharded_checkpoint_resumes_with_other_worker_counts() {
     let good = std::fs::read(state::path_in(&dir)).unwrap();
     std::fs::write(dir.join("state.tmp"), &good[..good.len() / 3]).unwrap();
     for (workers, shard) in [(4, Shard::Full), (1, Shard::Grads), (4, Shard::None)] {
-        let rest = run(&options(shard, 10, None, Some(&dir)), workers);
+        let rest = run(&options(shard, workers, 10, None, Some(&dir)));
         let what = format!("resumed on {workers} workers, --shard {}", shard.name());
         let tail = (whole.0[5..].to_vec(), whole.1.clone());
         assert_close(&what, &rest, &tail, 1e-5);
@@ -631,6 +650,8 @@ fn sharded_gradients_are_the_all_reduced_ones() {
             "tiny",
             "--seq-len",
             "32",
+            "--workers",
+            "2",
         ])
         .args([
             "--repeats",
@@ -722,14 +743,17 @@ fn offloaded_training_follows_the_same_trajectory_bit_for_bit() {
         }
     }
     for (shard, checkpoint, workers, offloads) in cases {
-        let o = |offload| Options {
-            checkpoint,
-            offload,
-            ..options(shard, 3, None, None)
+        let o = |offload| {
+            let asked = Asked {
+                checkpoint,
+                offload,
+                ..sharded(shard)
+            };
+            options_with(asked, workers, 3, None, None)
         };
-        let kept = run(&o(Offload::NONE), workers);
+        let kept = run(&o(Offload::NONE));
         for offload in offloads {
-            let got = run(&o(offload), workers);
+            let got = run(&o(offload));
             let what = format!(
                 "--offload {offload} --shard {} --checkpoint {checkpoint}, {workers} workers",
                 shard.name()
@@ -747,20 +771,23 @@ fn offloaded_training_follows_the_same_trajectory_bit_for_bit() {
 fn offloaded_moments_are_saved_and_resumed() {
     use distflash::model::Offload;
     let key = state::RunKey {
-        config: options(Shard::None, 0, None, None).config,
+        config: options(Shard::None, 1, 0, None, None).config,
         data: Data::Synthetic { seed: 2 }.describe(),
         seq_len: 48,
         batch: 2,
     };
     for (workers, shard) in [(1, Shard::None), (2, Shard::Optimizer)] {
-        let o = |offload, steps, save: Option<&Path>, resume: Option<&Path>| Options {
-            offload,
-            ..options(shard, steps, save, resume)
+        let o = |offload, steps, save: Option<&Path>, resume: Option<&Path>| {
+            let asked = Asked {
+                offload,
+                ..sharded(shard)
+            };
+            options_with(asked, workers, steps, save, resume)
         };
-        let whole = run(&o(Offload::NONE, 10, None, None), workers);
+        let whole = run(&o(Offload::NONE, 10, None, None));
         let (plain, offloaded) = (temp_dir("moments-plain"), temp_dir("moments-offloaded"));
-        run(&o(Offload::NONE, 5, Some(&plain), None), workers);
-        let first = run(&o(Offload::OPTIMIZER, 5, Some(&offloaded), None), workers);
+        run(&o(Offload::NONE, 5, Some(&plain), None));
+        let first = run(&o(Offload::OPTIMIZER, 5, Some(&offloaded), None));
         assert_eq!(first.0, whole.0[..5], "{workers} workers: the first half");
         let load = |dir: &Path| state::load(&state::path_in(dir), &key).unwrap();
         let (a, b) = (load(&offloaded), load(&plain));
@@ -776,7 +803,7 @@ fn offloaded_moments_are_saved_and_resumed() {
             );
         }
         for offload in [Offload::OPTIMIZER, Offload::NONE, Offload::ALL] {
-            let rest = run(&o(offload, 10, None, Some(&offloaded)), workers);
+            let rest = run(&o(offload, 10, None, Some(&offloaded)));
             let what = format!("{workers} workers, resumed with --offload {offload}");
             assert_eq!(rest.0, whole.0[5..], "{what}: losses and gradient norms");
             assert_eq!(rest.1, whole.1, "{what}: final weights");

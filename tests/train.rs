@@ -4,16 +4,25 @@
 
 mod common;
 
-use common::{distflash, temp_dir, tiny_options as options, train_on_threads, train_returning};
+use common::{distflash, sharded, temp_dir, tiny_options, tiny_options_with};
+use common::{train_on_threads, train_returning};
 use distflash::model::config::Config;
 use distflash::plan::Schedule;
 use distflash::train::documents::{Packing, Positions};
+use distflash::train::step_plan::Asked;
+use distflash::train::step_plan::Shard;
 use distflash::train::{Options, StepReport, state};
+use std::path::Path;
 use std::sync::Mutex;
 
-/// `train::train` on 3 CPU worker threads.
+/// The small training job on 3 CPU worker threads.
+fn options(steps: u64, save_dir: Option<&Path>, resume: Option<&Path>) -> Options {
+    tiny_options(3, steps, save_dir, resume)
+}
+
+/// `train::train` on the threads of `o`'s plan.
 fn train(o: &Options, on_step: impl Fn(&StepReport) + Sync) -> anyhow::Result<Vec<Vec<f32>>> {
-    train_on_threads(o, 3, on_step)
+    train_on_threads(o, on_step)
 }
 
 fn run(o: &Options) -> (Vec<f64>, Vec<Vec<f32>>) {
@@ -32,7 +41,7 @@ fn a_run_without_final_weights_takes_the_same_steps() {
         ..options(3, None, None)
     };
     let losses = Mutex::new(Vec::new());
-    let got = train_returning(&o, 3, |r: &StepReport| losses.lock().unwrap().push(r.loss)).unwrap();
+    let got = train_returning(&o, |r: &StepReport| losses.lock().unwrap().push(r.loss)).unwrap();
     assert!(got.is_none());
     assert_eq!(losses.into_inner().unwrap(), want);
 }
@@ -42,10 +51,11 @@ fn zigzag_workers_train_like_balanced_ones() {
     // Each zigzag worker holds a head and a tail chunk: two runs of positions (rotary
     // embeddings, targets, the recall probe's row) and two chunks through distflash.
     let balanced = options(4, None, None);
-    let zigzag = Options {
+    let asked = Asked {
         schedule: Schedule::Zigzag,
-        ..options(4, None, None)
+        ..sharded(Shard::None)
     };
+    let zigzag = tiny_options_with(asked, 3, 4, None, None);
     let (want, _) = run(&balanced);
     let (got, _) = run(&zigzag);
     assert_eq!(got.len(), want.len());
@@ -64,7 +74,8 @@ fn one_worker_follows_the_threaded_trajectory() {
     let o = options(3, None, None);
     let (three, _) = run(&o);
     let one = Mutex::new(Vec::new());
-    train_on_threads(&o, 1, |r: &StepReport| one.lock().unwrap().push(r.loss)).unwrap();
+    let alone = tiny_options(1, 3, None, None);
+    train_on_threads(&alone, |r: &StepReport| one.lock().unwrap().push(r.loss)).unwrap();
     let one = one.into_inner().unwrap();
     assert_eq!(one.len(), three.len());
     for (a, b) in one.iter().zip(&three) {

@@ -9,13 +9,13 @@ use distflash::model::config::Config;
 use distflash::model::cost::{self, H200_BF16_PEAK_TFLOPS, gib};
 use distflash::model::count::Part;
 use distflash::model::profile::OpTime;
-use distflash::model::{Checkpoint, Keep, Offload};
-use distflash::plan::Schedule;
+use distflash::model::{Checkpoint, Offload};
 use distflash::resources;
 use distflash::runtime::Device;
-use distflash::train::bench::{Runs, StepShape, time_steps};
+use distflash::train::bench::{Runs, time_steps};
 use distflash::train::memory::{GpuStep, HostState, MemoryCheck, Placement, gpu_estimate};
-use distflash::train::shard::Shard;
+use distflash::train::step_plan::Purpose;
+use distflash::train::step_plan::Shard;
 use serde::Serialize;
 use serde_json::Value;
 
@@ -34,15 +34,6 @@ pub struct Args {
     layers: Option<usize>,
     #[arg(long, default_value_t = 16384, value_parser = values::whole::<usize>)]
     seq_len: usize,
-    /// none, layer (re-run the layer, attention included) or remat (keep the attention output).
-    #[arg(long, default_value = "remat")]
-    checkpoint: Checkpoint,
-    /// none, activations (each layer's checkpoint waits in pinned host memory between its
-    /// forward and its backward, two layers' on the GPU at once), optimizer (with --estimate
-    /// --optimizer: AdamW's moments in pinned host memory, streamed through the GPU by the
-    /// update), or both: activations,optimizer (or all).
-    #[arg(long, default_value = "none")]
-    offload: Offload,
     /// Untimed steps first.
     #[arg(long, default_value_t = 1, value_parser = values::whole::<usize>)]
     warmup: usize,
@@ -63,20 +54,15 @@ pub struct Args {
     /// With --estimate: include AdamW's two f32 moments (a training step's state).
     #[arg(long)]
     optimizer: bool,
-    /// Model state each GPU keeps only its piece of: none, optimizer (ZeRO-1: the AdamW
-    /// moments, with --estimate --optimizer), grads (ZeRO-2: also the gradients, which a timed
-    /// step reduce-scatters instead of all-reducing) or full (ZeRO-3: also the weights, each
-    /// layer's gathered for its use). `none` by default: the step as the recorded figures and
-    /// the peers' benchmarks measure it.
-    #[arg(long, default_value = "none")]
-    shard: Shard,
     /// After the timed steps, run one more with the device waited for after every op and print
     /// where its time went (per op: calls, seconds, share). One device only.
     #[arg(long)]
     profile: bool,
-    /// Under a launcher (one process per device): `balanced`, `unbalanced` or `zigzag`.
-    #[arg(long, default_value = "balanced")]
-    schedule: Schedule,
+    /// The step's flags, as `train` takes them (`--offload optimizer` with --estimate
+    /// --optimizer only: the timed step runs no optimizer; `--shard grads` and `full` time the
+    /// reduce-scatter, `optimizer` the all-reduce as `none`).
+    #[command(flatten)]
+    step: super::step::StepArgs,
     /// Start on the GPU even when the estimated peak exceeds the free memory (the estimate adds a
     /// 1.5 GiB allowance to the step's tensors; a run that really does not fit then fails at an
     /// allocation).
@@ -123,34 +109,29 @@ pub fn run(args: Args) -> Result<()> {
         cfg.num_hidden_layers = n;
         cfg.validate()?;
     }
-    let (seq, policy) = (args.seq_len, args.checkpoint);
-    resources::ensure_split(seq, args.workers, args.schedule, false)?;
-    if args.offload.optimizer() && !(args.estimate && args.optimizer) {
-        bail!(
-            "--offload {} moves AdamW's moments, which bench train counts only with --estimate --optimizer (it times forward and backward without the optimizer): add both, or time the update with train",
-            args.offload
-        );
-    }
+    let seq = args.seq_len;
+    resources::ensure_split(seq, args.workers, args.step.schedule(), false)?;
     if args.estimate {
         let placement = match args.workers {
             0 => bail!("--workers must be at least 1"),
             1 => Placement::OneGpu(1),
             n => Placement::Ranks {
                 gpus: n,
-                schedule: args.schedule,
+                schedule: args.step.schedule(),
             },
         };
+        let purpose = Purpose::Estimate {
+            optimizer: args.optimizer,
+        };
+        let plan = args
+            .step
+            .plan(purpose, args.workers, &cfg, Device::Cuda, true)?;
         // One GPU: the step run on the counting device, with what its working set holds at
         // the peak; a rank of several: the hand count (`train::memory::gpu_estimate`).
         let estimated = gpu_estimate(GpuStep {
             cfg: &cfg,
             seq,
-            keep: Keep {
-                checkpoint: policy,
-                offload: args.offload,
-            },
-            optimizer: args.optimizer,
-            shard: args.shard,
+            plan,
             placement,
         })?;
         let m = estimated.memory;
@@ -162,21 +143,12 @@ pub fn run(args: Args) -> Result<()> {
         if args.json {
             println!(
                 "{}",
-                serde_json::json!({"preset": args.preset, "layers": cfg.num_hidden_layers, "seq": seq, "workers": args.workers, "schedule": args.schedule, "checkpoint": policy, "offload": args.offload, "optimizer": args.optimizer, "shard": args.shard, "estimated_bytes": m, "estimated_gib": gib(m.total()),
+                serde_json::json!({"preset": args.preset, "layers": cfg.num_hidden_layers, "seq": seq, "workers": args.workers, "schedule": plan.schedule(), "checkpoint": plan.checkpoint(), "offload": plan.offload(), "optimizer": plan.has_optimizer(), "shard": plan.shard(), "estimated_bytes": m, "estimated_gib": gib(m.total()),
                     "working_at_peak": working.iter().map(|(what, p)| serde_json::json!({"made_by": what, "tensors": p.tensors, "bytes": p.bytes})).collect::<Vec<_>>()})
             );
         } else {
-            let adamw = match (args.optimizer, args.shard) {
-                (false, _) => String::new(),
-                (true, Shard::None) => ", AdamW".into(),
-                (true, s) => format!(", AdamW with --shard {}", s.name()),
-            };
-            let offload = match args.offload {
-                Offload::NONE => String::new(),
-                o => format!(", offload {o}"),
-            };
             println!(
-                "{} ({} layers) at {seq} tokens{gpus}, checkpoint {policy}{offload}{adamw}: {} on {}",
+                "{} ({} layers) at {seq} tokens{gpus}, {plan}: {} on {}",
                 args.preset,
                 cfg.num_hidden_layers,
                 m.describe(),
@@ -211,9 +183,13 @@ pub fn run(args: Args) -> Result<()> {
         .place
         .runtime((args.workers > 1).then_some(args.workers), |_| 1)?;
     let workers = rt.workers();
-    if rt.is_reporter() {
-        super::checks::warn_ineffective(rt.device, args.offload, Some(args.shard), workers);
-    }
+    let plan = args.step.plan(
+        Purpose::TimedStep,
+        workers,
+        &cfg,
+        rt.device,
+        rt.is_reporter(),
+    )?;
     resources::ensure_duration(
         (args.warmup + args.repeats) as f64 * cost::step_flops(&cfg, seq),
         super::checks::peak_flops(&rt),
@@ -227,22 +203,11 @@ pub fn run(args: Args) -> Result<()> {
         config: cfg.clone(),
         model: args.preset.clone(),
         seq,
-        schedule: args.schedule,
-        checkpoint: policy,
-        offload: args.offload,
-        optimizer: false,
-        shard: args.shard,
+        plan,
         host_state: HostState::None,
         ignore_estimate: args.ignore_memory_estimate,
     };
-    let shape = StepShape {
-        seq,
-        schedule: args.schedule,
-        policy,
-        offload: args.offload,
-        shard: args.shard,
-    };
-    let Some(steps) = time_steps(&cfg, shape, runs, &memory, &rt)? else {
+    let Some(steps) = time_steps(&cfg, seq, &plan, runs, &memory, &rt)? else {
         return Ok(()); // a rank other than 0: rank 0 reports its own times
     };
     let peak = steps.peak_bytes.map(|b| gib(b as f64));
@@ -260,9 +225,9 @@ pub fn run(args: Args) -> Result<()> {
         layers: cfg.num_hidden_layers,
         seq,
         workers,
-        checkpoint: policy,
-        offload: args.offload,
-        shard: args.shard,
+        checkpoint: plan.checkpoint(),
+        offload: plan.offload(),
+        shard: plan.shard(),
         warmup: args.warmup,
         repeats: args.repeats,
         step_secs: steps.step_secs,

@@ -6,13 +6,11 @@ use super::train::ModelArgs;
 use super::values;
 use anyhow::{Context, Result, bail};
 use distflash::model::weights::specs;
-use distflash::model::{Checkpoint, Keep, Offload};
-use distflash::plan::Schedule;
 use distflash::tensor_file::{self, Named};
 use distflash::train;
 use distflash::train::documents::Documents;
 use distflash::train::memory::{HostState, MemoryCheck};
-use distflash::train::shard::Shard;
+use distflash::train::step_plan::Purpose;
 use std::path::PathBuf;
 
 #[derive(clap::Args)]
@@ -27,17 +25,11 @@ pub struct Args {
     out: PathBuf,
     #[arg(long, default_value_t = 4, value_parser = values::whole::<usize>)]
     workers: usize,
-    #[arg(long, default_value = "balanced")]
-    schedule: Schedule,
-    #[arg(long, default_value = "remat")]
-    checkpoint: Checkpoint,
-    /// grads: reduce-scatter the gradients (each worker sums its 1/workers piece) and gather
-    /// them whole for the file, instead of all-reducing them; full: also shard the weights,
-    /// each layer's gathered for its use, its gradients reduce-scattered as the backward makes
-    /// them; none and optimizer all-reduce (no optimizer runs here) [default: full with several
-    /// workers, none with one].
-    #[arg(long)]
-    shard: Option<Shard>,
+    /// The step's flags, as `train` takes them (no optimizer runs here: `--offload optimizer`
+    /// is refused, and `--shard optimizer` all-reduces as `none` does; sharded gradients are
+    /// gathered whole for the file).
+    #[command(flatten)]
+    step: super::step::StepArgs,
     #[command(flatten)]
     packing: super::train::PackingArgs,
     /// The id that ends each document of --tokens (and belongs to it), for --documents
@@ -60,12 +52,13 @@ pub fn run(args: Args) -> Result<()> {
         super::outputs::ensure_writable(&args.out)?;
     }
     let (config, init) = args.model.resolve(None)?;
-    if rt.is_reporter() {
-        super::checks::warn_ineffective(rt.device, Offload::NONE, args.shard, rt.workers());
-    }
-    let shard = args
-        .shard
-        .unwrap_or(Shard::default_for(rt.workers(), &config));
+    let plan = args.step.plan(
+        Purpose::Gradients,
+        rt.workers(),
+        &config,
+        rt.device,
+        rt.is_reporter(),
+    )?;
     let text = std::fs::read_to_string(&args.tokens)
         .with_context(|| format!("cannot read {}", args.tokens.display()))?;
     let tokens: Vec<u32> = serde_json::from_str(&text)
@@ -80,19 +73,14 @@ pub fn run(args: Args) -> Result<()> {
         config: config.clone(),
         model: args.model.name(None),
         seq: tokens.len().saturating_sub(1),
-        schedule: args.schedule,
-        checkpoint: args.checkpoint,
-        offload: Offload::NONE,
-        optimizer: false,
-        shard,
+        plan,
         host_state: HostState::Weights,
         ignore_estimate: args.ignore_memory_estimate,
     };
-    super::checks::ensure_split(memory.seq, args.schedule, &rt)?;
+    super::checks::ensure_split(memory.seq, plan.schedule(), &rt)?;
     // The memory check before the weights are made: a 7B model's alone fill gigabytes.
     memory.check(&rt, None)?;
     let host = train::initial_weights(&config, &init)?;
-    let how = (args.schedule, Keep::on_device(args.checkpoint), shard);
     let packing = args.packing.packing();
     if packing.documents == Documents::Separate && args.eos_token.is_none() {
         bail!(
@@ -103,7 +91,8 @@ pub fn run(args: Args) -> Result<()> {
         eos: args.eos_token,
         packing,
     };
-    let Some(g) = train::gradients(&config, &host, &tokens, how, &documents, &memory, &rt)? else {
+    let Some(g) = train::gradients(&config, &host, &tokens, &plan, &documents, &memory, &rt)?
+    else {
         return Ok(()); // a rank other than 0: rank 0 writes the gradients
     };
     let specs = specs(&config);
@@ -124,7 +113,7 @@ pub fn run(args: Args) -> Result<()> {
             "tokens": tokens.len() - 1,
             "workers": rt.workers(),
             "device": rt.device,
-            "checkpoint": args.checkpoint,
+            "checkpoint": plan.checkpoint(),
             "attention_forwards_per_layer": g.attention_forwards_per_layer,
             "peak_activation_bytes": g.peak_activation_bytes,
             "pass_bytes_sent": g.pass_bytes_sent,

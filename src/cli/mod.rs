@@ -14,6 +14,7 @@ mod values;
 mod args;
 mod checks;
 mod outputs;
+mod step;
 
 use anyhow::Result;
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};

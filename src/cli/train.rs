@@ -12,7 +12,6 @@ use distflash::model::cost;
 use distflash::model::ops::AdamW;
 use distflash::model::weights::{self, specs};
 use distflash::model::{Checkpoint, Offload};
-use distflash::plan::Schedule;
 use distflash::resources;
 use distflash::runtime::Device;
 use distflash::tensor_file::{self, Named};
@@ -20,7 +19,7 @@ use distflash::train::data::Data;
 use distflash::train::documents::{Documents, Packing, Positions};
 use distflash::train::lr::Decay;
 use distflash::train::memory::{HostState, MemoryCheck};
-use distflash::train::shard::Shard;
+use distflash::train::step_plan::Purpose;
 use distflash::train::tokens::TokenFile;
 use distflash::train::{self, Eval, Init, Options, StepReport, state, svg};
 use metrics::Metrics;
@@ -127,28 +126,8 @@ pub struct Args {
     workers: Option<usize>,
     #[command(flatten)]
     place: super::args::DeviceArgs,
-    /// `balanced` (DistFlashAttn), `unbalanced` or `zigzag` (each worker a head and a tail chunk:
-    /// balanced at any worker count, the one to use on 2 GPUs).
-    #[arg(long, default_value = "balanced")]
-    schedule: Schedule,
-    /// What layers keep for the backward: none, layer (re-run the layer) or remat (keep the
-    /// attention output: attention's forward runs once).
-    #[arg(long, default_value = "remat")]
-    checkpoint: Checkpoint,
-    /// What waits in host memory during a step: none; activations (each layer's checkpoint
-    /// goes to host memory as its forward ends and comes back one layer ahead of its backward,
-    /// so the device holds two layers' instead of all); optimizer (AdamW's two f32 moments live
-    /// in pinned host memory and the update streams them through the device a tensor at a time,
-    /// two tensors' on it at once); or both, activations,optimizer (or all). The same losses,
-    /// gradients and weights, bit for bit.
-    #[arg(long, default_value = "none")]
-    offload: Offload,
-    /// Model state each worker keeps only its 1/workers piece of: none, optimizer (ZeRO-1: the
-    /// AdamW moments), grads (ZeRO-2: also the gradients after the backward) or full (ZeRO-3:
-    /// also the weights, each layer's gathered for its use). The trajectory is the unsharded
-    /// one [default: full with several workers, none with one].
-    #[arg(long)]
-    shard: Option<Shard>,
+    #[command(flatten)]
+    step: super::step::StepArgs,
     /// Optimizer steps to reach (a resumed run counts its saved steps).
     #[arg(long, default_value_t = 1000, value_parser = values::count::<u64>)]
     steps: u64,
@@ -365,17 +344,16 @@ pub fn run(args: Args) -> Result<()> {
         }
     }
     let (config, init) = args.model.resolve(args.resume.as_deref())?;
-    super::checks::ensure_split(args.seq_len, args.schedule, &rt)?;
-    let shard = args.shard.unwrap_or(Shard::default_for(workers, &config));
+    super::checks::ensure_split(args.seq_len, args.step.schedule(), &rt)?;
+    let plan = args
+        .step
+        .plan(Purpose::Train, workers, &config, rt.device, reporter)?;
     let lr = peak_lr(args.lr, &config, &args.model.name(args.resume.as_deref()))?;
     if args.min_lr > lr {
         bail!(
             "--min-lr {} is above the peak learning rate {lr}, where the decay would climb instead: give a --min-lr of {lr} or less",
             args.min_lr
         );
-    }
-    if reporter {
-        super::checks::warn_ineffective(rt.device, args.offload, args.shard, workers);
     }
     let text = |path: &PathBuf| match &args.tokenizer {
         Some(tokenizer) => Ok(Data::Tokens {
@@ -403,11 +381,7 @@ pub fn run(args: Args) -> Result<()> {
         config: config.clone(),
         model: args.model.name(args.resume.as_deref()),
         seq: args.seq_len,
-        schedule: args.schedule,
-        checkpoint: args.checkpoint,
-        offload: args.offload,
-        optimizer: true,
-        shard,
+        plan,
         // Without a save nothing of the state comes to the host (`Options::final_weights`).
         host_state: match args.save_dir {
             Some(_) => HostState::WeightsAndMoments,
@@ -448,10 +422,7 @@ pub fn run(args: Args) -> Result<()> {
         data,
         seq_len: args.seq_len,
         batch: args.batch,
-        schedule: args.schedule,
-        shard,
-        checkpoint: args.checkpoint,
-        offload: args.offload,
+        plan,
         steps: args.steps,
         adamw: AdamW {
             lr,
@@ -543,8 +514,8 @@ pub fn run(args: Args) -> Result<()> {
         workers,
         seq_len: args.seq_len,
         batch: args.batch,
-        checkpoint: args.checkpoint,
-        offload: args.offload,
+        checkpoint: plan.checkpoint(),
+        offload: plan.offload(),
         loss_first: mean(list.iter().take(window).map(|r| r.loss)),
         loss_last: mean(tail.iter().map(|r| r.loss)),
         recall_accuracy_last: (probes > 0)

@@ -7,7 +7,8 @@ use super::attention::ModelAttention;
 use super::data::Sample;
 use super::documents::Packing;
 use super::memory::MemoryCheck;
-use super::shard::{Held, Shard};
+use super::shard::Held;
+use super::step_plan::StepPlan;
 use crate::backend::Backend;
 use crate::comm::Communicator;
 use crate::model::attention::Attention;
@@ -15,8 +16,8 @@ use crate::model::config::Config;
 use crate::model::ops::Ops;
 use crate::model::profile::{OpTime, Profile, Profiled, ProfiledAttention};
 use crate::model::weights::Weights;
-use crate::model::{Checkpoint, Keep, Offload, Whole, weights};
-use crate::plan::{Partition, Schedule};
+use crate::model::{Keep, Whole, weights};
+use crate::plan::Partition;
 use crate::runtime::{Job, ModelDevice, Runtime};
 use crate::shape::Span;
 use anyhow::{Result, bail};
@@ -98,27 +99,15 @@ fn median(xs: &[f64]) -> f64 {
     sorted[sorted.len() / 2]
 }
 
-/// What to time: one random sequence of `seq` tokens with random weights, split across the
-/// runtime's workers by `schedule`.
-#[derive(Clone, Copy, Debug)]
-pub struct StepShape {
-    pub seq: usize,
-    pub schedule: Schedule,
-    pub policy: Checkpoint,
-    /// What of each layer's checkpoint waits in host memory.
-    pub offload: Offload,
-    /// `Shard::Grads`: the gradients reduce-scattered instead of all-reduced (no optimizer runs
-    /// here, so `optimizer` times as `none`).
-    pub shard: Shard,
-}
-
-/// Times forward+backward of one random sequence as `shape` says on `runtime`'s workers, each
-/// step followed by the gradient all-reduce a training step needs when there are several (timed
-/// with the step: it is part of what several devices cost); no optimizer runs. The reporter's
+/// Times forward+backward of one random sequence of `seq` tokens with random weights as `plan`
+/// says on `runtime`'s workers, each step followed by the gradient all-reduce a training step
+/// needs when there are several (timed with the step: it is part of what several devices cost;
+/// reduce-scattered where the plan shards the gradients); no optimizer runs. The reporter's
 /// times (`None` on the other ranks of a launched job, which time their own chunks alike).
 pub fn time_steps(
     cfg: &Config,
-    shape: StepShape,
+    seq: usize,
+    plan: &StepPlan,
     runs: Runs,
     memory: &MemoryCheck,
     runtime: &Runtime,
@@ -129,17 +118,14 @@ pub fn time_steps(
     if runs.profile && runtime.workers() > 1 {
         bail!("--profile times the ops of one device: run it without a launcher or more workers");
     }
-    let partition = super::step::model_partition(cfg, shape.seq, shape.schedule, runtime)?;
+    plan.ensure_workers(runtime.workers())?;
+    let partition = super::step::model_partition(cfg, seq, plan.schedule(), runtime)?;
     let opened = runtime.open()?;
     memory.check(runtime, opened.gpu())?;
     let job = StepBench {
         cfg,
         partition,
-        keep: Keep {
-            checkpoint: shape.policy,
-            offload: shape.offload,
-        },
-        shard: shape.shard,
+        plan,
         runs,
     };
     opened.run_reporter(&job)
@@ -149,8 +135,7 @@ pub fn time_steps(
 struct StepBench<'a> {
     cfg: &'a Config,
     partition: Partition,
-    keep: Keep,
-    shard: Shard,
+    plan: &'a StepPlan,
     runs: Runs,
 }
 
@@ -164,22 +149,21 @@ impl Job for StepBench<'_> {
     ) -> Result<StepTiming> {
         let (ops, cfg, seq) = (device.ops(), self.cfg, self.partition.seq());
         let (w, tokens) = random_inputs(ops, cfg, seq)?;
-        let ranks = (comm.rank(), comm.world());
-        let held = Held::from_device(ops, cfg, w, self.shard, ranks)?;
+        let held = Held::from_device(ops, cfg, w, self.plan, comm.rank())?;
         let sample = Sample {
             tokens,
             probe: None,
             eos: None,
         };
         let mine = self.partition.own_spans(comm.rank());
-        let sync = || device.backend().synchronize();
+        let (sync, keep) = (|| device.backend().synchronize(), self.plan.keep());
         device.reset_peak_memory()?;
         let mut attn = ModelAttention::new(device, comm, cfg.dims(), &self.partition)?;
         // Fresh gradients each step, as in training (summed ones would double every step),
         // dropped within the step: kept to the next, they would double the gradients' memory.
         let (all_secs, (out, tally)) = timed(self.runs, &sync, || {
             let rows = (&mine[..], Packing::packed());
-            super::step::reduced_sequence(ops, cfg, &held, &mut attn, rows, &sample, self.keep)
+            super::step::reduced_sequence(ops, cfg, &held, &mut attn, rows, &sample, keep)
                 .map(|(out, tally, _grads, _sent)| (out, tally))
         })?;
         let profile = if self.runs.profile {
@@ -189,7 +173,7 @@ impl Job for StepBench<'_> {
                 w: &held.w,
                 sample: &sample,
                 mine: &mine,
-                keep: self.keep,
+                keep,
             };
             Some(profile_step(ops, &mut grads, &mut attn, step, &sync)?)
         } else {
@@ -262,6 +246,9 @@ fn profile_step<O: Ops>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::Checkpoint;
+    use crate::runtime::Device;
+    use crate::train::step_plan::{Asked, Purpose};
 
     fn runs(warmup: usize, repeats: usize, profile: bool) -> Runs {
         Runs {
@@ -277,27 +264,21 @@ mod tests {
         policy: Checkpoint,
         runs: Runs,
     ) -> Result<StepTiming> {
-        let shape = StepShape {
-            seq,
-            schedule: Schedule::Balanced,
-            policy,
-            offload: Offload::NONE,
-            shard: Shard::None,
+        let asked = Asked {
+            checkpoint: policy,
+            ..Asked::default()
         };
+        let plan = StepPlan::resolve(asked, Purpose::TimedStep, 1, cfg, Device::Cpu)?.plan;
         let memory = MemoryCheck {
             config: cfg.clone(),
             model: "tiny".into(),
             seq,
-            schedule: Schedule::Balanced,
-            checkpoint: policy,
-            offload: Offload::NONE,
-            optimizer: false,
-            shard: Shard::None,
+            plan,
             host_state: crate::train::memory::HostState::None,
             ignore_estimate: false,
         };
         let rt = Runtime::cpu_threads(1, std::time::Duration::from_secs(60));
-        Ok(time_steps(cfg, shape, runs, &memory, &rt)?.expect("one worker reports"))
+        Ok(time_steps(cfg, seq, &plan, runs, &memory, &rt)?.expect("one worker reports"))
     }
 
     #[test]

@@ -5,12 +5,11 @@
 //! that would not fit is refused with the figures and a fix, never killed halfway.
 
 use super::estimate;
-use super::shard::Shard;
+use super::step_plan::StepPlan;
 use crate::model::config::Config;
 use crate::model::cost;
 use crate::model::counting::Precision;
 use crate::model::weights::parameters;
-use crate::model::{Checkpoint, Keep, Offload};
 use crate::plan::Schedule;
 use crate::resources::{self, CpuTraining};
 use crate::runtime::{Device, OpenedGpu, Runtime, Topology};
@@ -25,18 +24,11 @@ pub struct MemoryCheck {
     pub model: String,
     /// Tokens of the whole sequence.
     pub seq: usize,
-    pub schedule: Schedule,
-    pub checkpoint: Checkpoint,
-    /// What waits in host memory: offloaded checkpoints leave two layers' on the GPU and need
-    /// pinned host memory for all of them; offloaded moments leave two tensors' on the GPU
-    /// during the update and need pinned host memory for all of this worker's.
-    pub offload: Offload,
-    /// Whether AdamW's state must fit too (training) or not (gradients, benchmarks).
-    pub optimizer: bool,
-    /// Which state the workers shard: each holds 1/workers of the AdamW moments under
-    /// `optimizer` and `grads` (the gradients are whole until the backward ends, so their peak
-    /// stays).
-    pub shard: Shard,
+    /// How the step runs: what it keeps and offloads (offloaded checkpoints leave two layers'
+    /// on the GPU and need pinned host memory for all of them; offloaded moments leave two
+    /// tensors' on the GPU during the update and need pinned host memory for all of this
+    /// worker's), whether AdamW's state must fit too, and what the workers shard.
+    pub plan: StepPlan,
     /// The f32 copies of the model's state the reporter brings to the host beside a GPU's
     /// tensors (and the pinned checkpoints): counted against this machine's memory so that a
     /// save cannot be killed for memory halfway through a run.
@@ -124,10 +116,7 @@ pub struct GpuStep<'a> {
     pub cfg: &'a Config,
     /// Tokens of the whole sequence.
     pub seq: usize,
-    pub keep: Keep,
-    /// Whether AdamW's moments exist and an update runs after the backward.
-    pub optimizer: bool,
-    pub shard: Shard,
+    pub plan: StepPlan,
     pub placement: Placement,
 }
 
@@ -147,14 +136,15 @@ pub struct GpuEstimate {
 /// workers) each hold their own copy of the model's state (their shards add up to one copy of
 /// the moments).
 pub fn gpu_estimate(step: GpuStep<'_>) -> Result<GpuEstimate> {
-    let (cfg, workers) = (step.cfg, step.placement.workers());
-    if workers == 1 {
+    let (cfg, plan) = (step.cfg, step.plan);
+    plan.ensure_workers(step.placement.workers())?;
+    if plan.workers() == 1 {
         let peaks = estimate::estimate(
             estimate::Step {
                 cfg,
                 seq: step.seq,
-                keep: step.keep,
-                optimizer: step.optimizer,
+                keep: plan.keep(),
+                optimizer: plan.has_optimizer(),
             },
             Precision::Cuda,
         )?;
@@ -163,20 +153,20 @@ pub fn gpu_estimate(step: GpuStep<'_>) -> Result<GpuEstimate> {
             peaks: Some(peaks),
         });
     }
-    let shards = step.shard.optimizer_shards(workers);
+    let shards = plan.optimizer_shards();
     let mut need = sim::gpu_step_memory(
         cfg,
         step.seq,
         step.placement.ranks(),
-        step.keep.checkpoint,
-        step.optimizer,
+        plan.checkpoint(),
+        plan.has_optimizer(),
     )?
-    .sharded(cfg, shards, step.shard.weight_shards(workers));
+    .sharded(cfg, shards, plan.weight_shards());
     let copies = step.placement.per_gpu() as f64;
     need.weights *= copies;
     need.grads *= copies;
     need.optimizer *= copies;
-    let mut need = need.offloaded(cfg, step.keep.offload, shards);
+    let mut need = need.offloaded(cfg, plan.offload(), shards);
     need.staging *= copies;
     Ok(GpuEstimate {
         memory: need,
@@ -190,13 +180,8 @@ impl MemoryCheck {
         Ok(gpu_estimate(GpuStep {
             cfg: &self.config,
             seq: self.seq,
-            keep: Keep {
-                checkpoint: self.checkpoint,
-                offload: self.offload,
-            },
-            optimizer: self.optimizer,
-            shard: self.shard,
-            placement: Placement::of(runtime, self.schedule),
+            plan: self.plan,
+            placement: Placement::of(runtime, self.plan.schedule()),
         })?
         .memory)
     }
@@ -211,11 +196,11 @@ impl MemoryCheck {
                     seq: self.seq,
                     total_workers: runtime.workers(),
                     workers_here: runtime.workers_per_device(),
-                    policy: self.checkpoint,
-                    offload: self.offload,
-                    optimizer: self.optimizer,
-                    weight_shards: self.shard.weight_shards(runtime.workers()),
-                    optimizer_shards: self.shard.optimizer_shards(runtime.workers()),
+                    policy: self.plan.checkpoint(),
+                    offload: self.plan.offload(),
+                    optimizer: self.plan.has_optimizer(),
+                    weight_shards: self.plan.weight_shards(),
+                    optimizer_shards: self.plan.optimizer_shards(),
                 }
                 .ensure_fits(),
                 Device::Cuda => Ok(()),
@@ -230,25 +215,13 @@ impl MemoryCheck {
             );
         }
         let need = self.gpu_estimate(runtime)?;
-        let share = match Placement::of(runtime, self.schedule).ranks() {
+        let share = match Placement::of(runtime, self.plan.schedule()).ranks() {
             Some((workers, schedule)) => format!(" over {workers} GPUs ({schedule}), one rank"),
             None => String::new(),
         };
         let what = format!(
-            "{} ({} layers) at {} tokens{share} with checkpoint {}{}{}",
-            self.model,
-            self.config.num_hidden_layers,
-            self.seq,
-            self.checkpoint,
-            match self.offload {
-                Offload::NONE => String::new(),
-                o => format!(" (--offload {o})"),
-            },
-            match (self.optimizer, self.shard) {
-                (false, _) => String::new(),
-                (true, Shard::None) => " and AdamW".into(),
-                (true, s) => format!(" and AdamW (--shard {})", s.name()),
-            }
+            "{} ({} layers) at {} tokens{share}, {}",
+            self.model, self.config.num_hidden_layers, self.seq, self.plan
         );
         match cost::check_fits(&need, gpu.free_bytes, &what) {
             Ok(()) => eprintln!(
@@ -298,7 +271,22 @@ impl MemoryCheck {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::{Checkpoint, Keep, Offload};
+    use crate::train::step_plan::Shard;
+    use crate::train::step_plan::{Asked, Purpose};
     use std::time::Duration;
+
+    /// A training step's plan over `workers` GPUs with `offload` and `shard` asked for.
+    fn plan(config: &Config, offload: Offload, shard: Shard, workers: usize) -> StepPlan {
+        let asked = Asked {
+            offload,
+            shard: Some(shard),
+            ..Asked::default()
+        };
+        StepPlan::resolve(asked, Purpose::Train, workers, config, Device::Cuda)
+            .unwrap()
+            .plan
+    }
 
     /// A GPU run whose host copies of the state cannot fit this machine's memory is refused
     /// before it starts, naming the save; without the save only the final weights count.
@@ -323,11 +311,7 @@ mod tests {
             config: config.clone(),
             model: "big".into(),
             seq: 1024,
-            schedule: Schedule::Balanced,
-            checkpoint: Checkpoint::Remat,
-            offload: Offload::NONE,
-            optimizer: true,
-            shard: Shard::None,
+            plan: plan(&config, Offload::NONE, Shard::None, 1),
             host_state,
             ignore_estimate: false,
         };
@@ -356,12 +340,11 @@ mod tests {
         );
         assert!(check(HostState::None).check(&runtime, Some(&gpu)).is_ok());
         // Offloaded, the moments are pinned host memory, checked before the run too.
-        let offloaded = |shard| MemoryCheck {
-            offload: Offload::OPTIMIZER,
-            shard,
+        let offloaded = |shard, workers| MemoryCheck {
+            plan: plan(&config, Offload::OPTIMIZER, shard, workers),
             ..check(HostState::None)
         };
-        let e = offloaded(Shard::None)
+        let e = offloaded(Shard::None, 1)
             .check(&runtime, Some(&gpu))
             .unwrap_err()
             .to_string();
@@ -374,7 +357,7 @@ mod tests {
             "{e}"
         );
         let moments = 8.0 * parameters(&config) as f64;
-        let need = offloaded(Shard::None).gpu_estimate(&runtime).unwrap();
+        let need = offloaded(Shard::None, 1).gpu_estimate(&runtime).unwrap();
         assert_eq!((need.optimizer, need.pinned_optimizer), (0.0, moments));
         // One worker's estimate is the counted step, whose peak (in the backward) holds no
         // moments; two virtual workers on the GPU are counted by hand: each pins its own
@@ -386,10 +369,10 @@ mod tests {
             device: Device::Cuda,
             ..Runtime::cpu_threads(2, Duration::from_secs(1))
         };
-        let whole = offloaded(Shard::None).gpu_estimate(&two).unwrap();
+        let whole = offloaded(Shard::None, 2).gpu_estimate(&two).unwrap();
         assert_eq!(whole.pinned_optimizer, 2.0 * moments);
         assert_eq!(whole.staging, 2.0 * staged);
-        let halves = offloaded(Shard::Optimizer).gpu_estimate(&two).unwrap();
+        let halves = offloaded(Shard::Optimizer, 2).gpu_estimate(&two).unwrap();
         assert_eq!(halves.pinned_optimizer, moments);
         assert!(
             halves.staging < 1.01 * staged,
@@ -408,22 +391,17 @@ mod tests {
     #[test]
     fn one_worker_on_one_gpu_is_counted_and_several_are_not() {
         let cfg = Config::preset("tiny").unwrap();
-        let step = |placement| GpuStep {
+        let step = |placement: Placement| GpuStep {
             cfg: &cfg,
             seq: 256,
-            keep: Keep {
-                checkpoint: Checkpoint::Remat,
-                offload: Offload::NONE,
-            },
-            optimizer: true,
-            shard: Shard::Optimizer,
+            plan: plan(&cfg, Offload::NONE, Shard::Optimizer, placement.workers()),
             placement,
         };
         let counted = estimate::estimate(
             estimate::Step {
                 cfg: &cfg,
                 seq: 256,
-                keep: step(Placement::OneGpu(1)).keep,
+                keep: Keep::on_device(Checkpoint::Remat),
                 optimizer: true,
             },
             Precision::Cuda,

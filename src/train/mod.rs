@@ -17,6 +17,7 @@ mod parquet_docs;
 pub mod shard;
 pub mod state;
 mod step;
+pub mod step_plan;
 pub mod svg;
 mod tally;
 pub mod tokens;
@@ -27,8 +28,7 @@ use crate::model::cpu::Cpu;
 use crate::model::hf_weights::{self, HfWeights};
 use crate::model::ops::{AdamW, Ops};
 use crate::model::weights::{self, Weights, parameters};
-use crate::model::{Checkpoint, Keep, Offload};
-use crate::plan::{Partition, Schedule};
+use crate::plan::Partition;
 use crate::resources;
 use crate::runtime::{Job, ModelDevice, Runtime};
 use crate::shape::Span;
@@ -39,11 +39,12 @@ use documents::{Documents, Packing};
 use lr::{Decay, LrSchedule};
 use memory::MemoryCheck;
 use serde::Serialize;
-use shard::{Held, Optimizer, Shard};
+use shard::{Held, Optimizer};
 use state::{Part, RunKey, Saved, State};
 use std::path::PathBuf;
 use std::time::Instant;
 use step::{accumulate_held, model_partition, reduce_step, reduced_sequence};
+use step_plan::StepPlan;
 use tally::{Tally, all_reduce_tally, collectives};
 
 /// Where the first weights come from.
@@ -64,13 +65,8 @@ pub struct Options {
     pub seq_len: usize,
     /// Sequences per optimizer step (gradients accumulate over them).
     pub batch: usize,
-    /// How the sequence is split across the runtime's workers.
-    pub schedule: Schedule,
-    /// Which model state each worker keeps only its pieces of.
-    pub shard: Shard,
-    pub checkpoint: Checkpoint,
-    /// What of the checkpoint waits in host memory (`model::offload`).
-    pub offload: Offload,
+    /// How each step runs: the sequence's split, what layers keep and where, the sharding.
+    pub plan: StepPlan,
     /// Train until this many optimizer steps have been taken (counting resumed ones).
     pub steps: u64,
     /// AdamW's hyper-parameters; its `lr` is the schedule's peak.
@@ -131,14 +127,6 @@ pub struct StepReport {
     pub eval_loss: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub eval_perplexity: Option<f64>,
-}
-
-/// What `o`'s steps keep of each layer, and where.
-fn keep(o: &Options) -> Keep {
-    Keep {
-        checkpoint: o.checkpoint,
-        offload: o.offload,
-    }
 }
 
 impl Options {
@@ -230,15 +218,15 @@ pub struct Gradients {
 }
 
 /// Loss and gradients of `weights` (host, `specs` order) on `tokens` (inputs and, shifted by
-/// one, targets), the sequence split across `runtime`'s workers by `schedule`, the gradients
-/// reduce-scattered (and gathered back whole) under `Shard::Grads`: on the reporter (`None` on
-/// the other ranks of a launched job). Its documents are ended by `documents.eos` and treated as
-/// `documents.packing` says.
+/// one, targets), each step as `plan` says (the sequence split across `runtime`'s workers by its
+/// schedule, the gradients reduce-scattered and gathered back whole where it shards them): on
+/// the reporter (`None` on the other ranks of a launched job). Its documents are ended by
+/// `documents.eos` and treated as `documents.packing` says.
 pub fn gradients(
     cfg: &Config,
     weights: &[Vec<f32>],
     tokens: &[u32],
-    (schedule, keep, shard): (Schedule, Keep, Shard),
+    plan: &StepPlan,
     documents: &SequenceDocuments,
     memory: &MemoryCheck,
     runtime: &Runtime,
@@ -247,7 +235,8 @@ pub fn gradients(
         bail!("gradients need at least 2 tokens (one input and its target)");
     }
     documents.packing.check()?;
-    let partition = model_partition(cfg, tokens.len() - 1, schedule, runtime)?;
+    plan.ensure_workers(runtime.workers())?;
+    let partition = model_partition(cfg, tokens.len() - 1, plan.schedule(), runtime)?;
     let opened = runtime.open()?;
     memory.check(runtime, opened.gpu())?;
     let job = GradientsJob {
@@ -255,8 +244,7 @@ pub fn gradients(
         weights,
         tokens,
         partition,
-        keep,
-        shard,
+        plan,
         documents,
     };
     opened.run_reporter(&job)
@@ -276,8 +264,7 @@ struct GradientsJob<'a> {
     weights: &'a [Vec<f32>],
     tokens: &'a [u32],
     partition: Partition,
-    keep: Keep,
-    shard: Shard,
+    plan: &'a StepPlan,
     documents: &'a SequenceDocuments,
 }
 
@@ -290,8 +277,8 @@ impl Job for GradientsJob<'_> {
         comm: &mut C,
     ) -> Result<Gradients> {
         let (ops, cfg) = (device.ops(), self.cfg);
-        let ranks = (comm.rank(), comm.world());
-        let held = Held::from_host(ops, cfg, self.weights, self.shard, ranks)?;
+        let rank = comm.rank();
+        let held = Held::from_host(ops, cfg, self.weights, self.plan, rank)?;
         let sample = Sample {
             tokens: self.tokens.to_vec(),
             probe: None,
@@ -302,10 +289,10 @@ impl Job for GradientsJob<'_> {
         let seq = self.partition.seq();
         let rows = (&mine[..], self.documents.packing);
         let (out, tally, reduced, pass_bytes_sent) =
-            reduced_sequence(ops, cfg, &held, &mut attn, rows, &sample, self.keep)?;
-        let pieces = matches!(held.shard, Shard::Grads | Shard::Full);
+            reduced_sequence(ops, cfg, &held, &mut attn, rows, &sample, self.plan.keep())?;
+        let pieces = held.shard.reduce_scatters_grads();
         let reduced: Vec<_> = reduced.iter().collect();
-        let reporter = ranks.0 == 0;
+        let reporter = rank == 0;
         let mut solo = Solo;
         let comm = collectives(&mut attn, &mut solo);
         let grads = held.host(ops, comm, &reduced, pieces, reporter)?;
@@ -329,7 +316,8 @@ pub fn train(
     runtime: &Runtime,
     on_step: impl Fn(&StepReport) + Sync,
 ) -> Result<Option<Option<Vec<Vec<f32>>>>> {
-    let partition = model_partition(&o.config, o.seq_len, o.schedule, runtime)?;
+    o.plan.ensure_workers(runtime.workers())?;
+    let partition = model_partition(&o.config, o.seq_len, o.plan.schedule(), runtime)?;
     if let Some(e) = &o.eval {
         e.data.check(o.seq_len, o.config.vocab_size)?;
         if e.sequences == 0 {
@@ -370,7 +358,6 @@ impl<F: Fn(&StepReport) + Sync> Job for TrainJob<'_, F> {
         let rank = comm.rank();
         let mine = self.partition.own_spans(rank);
         let ops = device.ops();
-        let world = comm.world();
         let mut attn = ModelAttention::new(device, comm, self.o.config.dims(), &self.partition)?;
         run_steps(
             ops,
@@ -378,7 +365,7 @@ impl<F: Fn(&StepReport) + Sync> Job for TrainJob<'_, F> {
             &self.key,
             &self.start,
             &mine,
-            (rank, world),
+            rank,
             &mut attn,
             &self.on_step,
         )
@@ -442,8 +429,8 @@ pub fn save_disk_bytes(params: usize, saves: usize, existing: u64) -> f64 {
     peak.max(last + model) - existing
 }
 
-/// The steps of a run on any device: this worker (`rank` of `world`)'s rows `mine` of every
-/// sequence, gradients and the tally summed over the workers, AdamW as `o.shard` shards it. The
+/// The steps of a run on any device: worker `rank`'s rows `mine` of every
+/// sequence, gradients and the tally summed over the workers, AdamW as `o.plan` shards it. The
 /// reporter calls `on_step` and saves, and returns the final weights if `o.final_weights`.
 #[allow(clippy::too_many_arguments)]
 fn run_steps<D: ModelDevice, C: Communicator<D::Tensor>>(
@@ -452,25 +439,24 @@ fn run_steps<D: ModelDevice, C: Communicator<D::Tensor>>(
     key: &RunKey,
     start: &Start,
     mine: &[Span],
-    ranks: (usize, usize),
+    rank: usize,
     attn: &mut ModelAttention<'_, D, C>,
     on_step: &(impl Fn(&StepReport) + Sync),
 ) -> Result<Option<Vec<Vec<f32>>>> {
-    let cfg = &o.config;
-    let reporter = ranks.0 == 0;
-    let optimizer = (o.shard, o.offload.optimizer());
+    let (cfg, plan) = (&o.config, &o.plan);
+    let reporter = rank == 0;
     let (mut held, mut opt) = match start {
         Start::Fresh(source) => (
-            Held::drawn(cfg, o.shard, ranks, |spans| source.draw(ops, cfg, spans))?,
-            Optimizer::made(ops, cfg, optimizer, ranks, |_, _, span| ops.zeros(span.len))?,
+            Held::drawn(cfg, plan, rank, |spans| source.draw(ops, cfg, spans))?,
+            Optimizer::made(ops, cfg, plan, rank, |_, _, span| ops.zeros(span.len))?,
         ),
         Start::Resumed(saved) => (
-            Held::drawn(cfg, o.shard, ranks, |spans| {
+            Held::drawn(cfg, plan, rank, |spans| {
                 Weights::build_pieces(cfg, spans, |k, _, span| {
                     ops.upload(&saved.piece(Part::Weights, k, span)?)
                 })
             })?,
-            Optimizer::made(ops, cfg, optimizer, ranks, |part, k, span| {
+            Optimizer::made(ops, cfg, plan, rank, |part, k, span| {
                 ops.upload_state(&saved.piece(part, k, span)?)
             })?,
         ),
@@ -496,7 +482,7 @@ fn run_steps<D: ModelDevice, C: Communicator<D::Tensor>>(
                 attn,
                 (mine, o.packing),
                 &sample,
-                keep(o),
+                o.plan.keep(),
                 scale,
                 &mut tally,
             )?);
@@ -629,7 +615,7 @@ fn evaluate<D: ModelDevice, C: Communicator<D::Tensor>>(
             attn,
             (mine, o.packing),
             &sample,
-            keep(o),
+            o.plan.keep(),
             1.0,
             &mut tally,
         )?;
@@ -693,20 +679,16 @@ mod tests {
         let w = initial_weights(&cfg, &Init::Random { seed: 3 }).unwrap();
         let tokens: Vec<u32> = (0..49).map(|i| (i * 37 % 256) as u32).collect();
         let rt = Runtime::cpu_threads(1, std::time::Duration::from_secs(60));
-        let how = (
-            Schedule::Balanced,
-            Keep::on_device(Checkpoint::Remat),
-            Shard::None,
-        );
+        let asked = step_plan::Asked::default();
+        let gradients_of_one = step_plan::Purpose::Gradients;
+        let plan = StepPlan::resolve(asked, gradients_of_one, 1, &cfg, rt.device)
+            .unwrap()
+            .plan;
         let memory = MemoryCheck {
             config: cfg.clone(),
             model: "tiny".into(),
             seq: 48,
-            schedule: Schedule::Balanced,
-            checkpoint: Checkpoint::Remat,
-            offload: Offload::NONE,
-            optimizer: false,
-            shard: Shard::None,
+            plan,
             host_state: memory::HostState::Weights,
             ignore_estimate: false,
         };
@@ -714,7 +696,7 @@ mod tests {
             &cfg,
             &w[..3],
             &tokens,
-            how,
+            &plan,
             &SequenceDocuments::default(),
             &memory,
             &rt,

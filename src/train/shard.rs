@@ -18,85 +18,16 @@
 use super::attention::ModelAttention;
 use super::moments::Moments;
 use super::state::Part;
+use super::step_plan::{Shard, StepPlan};
 use super::tally::{Tally, all_reduce, all_reduce_tally, collectives};
 use crate::comm::{Buffer, Communicator, Shared, Solo, shard_span, shard_spans};
 use crate::model::config::Config;
 use crate::model::ops::{AdamW, Ops};
-use crate::model::weights::{LayerWeights, Weights, parameters, specs};
+use crate::model::weights::{LayerWeights, Weights, specs};
 use crate::model::{Head, Params};
 use crate::runtime::ModelDevice;
 use crate::shape::Span;
 use anyhow::{Context, Result, bail};
-use serde::Serialize;
-
-/// Parameters from which several workers shard by default: 100M, whose f32 weights, gradients
-/// and AdamW moments (1.6 GB a worker) begin to matter beside a long sequence's activations.
-pub const SHARD_FROM_PARAMETERS: usize = 100_000_000;
-
-/// Which model state each worker keeps only its pieces of (`--shard`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Shard {
-    /// Every worker holds all of it (gradients all-reduced).
-    #[default]
-    None,
-    /// ZeRO-1: the AdamW moments; gradients all-reduced, the updated pieces of the weights
-    /// all-gathered.
-    Optimizer,
-    /// ZeRO-2: the moments and the f32 gradients after the backward (reduce-scattered instead of
-    /// all-reduced); the updated pieces of the weights all-gathered.
-    Grads,
-    /// ZeRO-3: the moments, the gradients and the weights; each layer's weights all-gathered for
-    /// its forward and its backward, its gradients reduce-scattered as they are produced.
-    Full,
-}
-
-impl Shard {
-    pub fn name(self) -> &'static str {
-        match self {
-            Shard::None => "none",
-            Shard::Optimizer => "optimizer",
-            Shard::Grads => "grads",
-            Shard::Full => "full",
-        }
-    }
-
-    /// Into how many pieces the AdamW moments are cut over `workers`.
-    pub fn optimizer_shards(self, workers: usize) -> usize {
-        match self {
-            Shard::None => 1,
-            Shard::Optimizer | Shard::Grads | Shard::Full => workers,
-        }
-    }
-
-    /// Into how many pieces the weights and the gradients are cut over `workers` (they stay
-    /// whole through the step but under `full`).
-    pub fn weight_shards(self, workers: usize) -> usize {
-        match self {
-            Shard::Full => workers,
-            Shard::None | Shard::Optimizer | Shard::Grads => 1,
-        }
-    }
-
-    /// `--shard` of `train` and `grads` when not given: `full` over several workers once the
-    /// model's state is what fills memory (each then holds 1/workers of the weights, gradients
-    /// and moments, on the unsharded trajectory to f32 rounding), else `none`: below
-    /// [`SHARD_FROM_PARAMETERS`] the state is small beside the activations and the collectives
-    /// would only cost time (the `tiny` preset trains 1.4x slower sharded on 4 CPU workers, and
-    /// its rounding-level drift moves when the recall task is learned).
-    pub fn default_for(workers: usize, config: &Config) -> Shard {
-        if workers > 1 && parameters(config) >= SHARD_FROM_PARAMETERS {
-            Shard::Full
-        } else {
-            Shard::None
-        }
-    }
-
-    /// The sharding in effect over `world` workers: one worker holds everything.
-    fn over(self, world: usize) -> Shard {
-        if world == 1 { Shard::None } else { self }
-    }
-}
 
 /// A worker's weights as its sharding holds them: whole, or its pieces under `full` (gathered a
 /// part at a time by [`Gathered`]).
@@ -111,47 +42,44 @@ pub(super) struct Held<T> {
 }
 
 impl<T: Buffer + Clone> Held<T> {
-    /// Worker `rank` of `world`'s weights from whole host ones (`specs` order).
+    /// Worker `rank`'s weights under `plan` from whole host ones (`specs` order).
     pub fn from_host<O: Ops<T = T>>(
         ops: &O,
         c: &Config,
         host: &[Vec<f32>],
-        shard: Shard,
-        (rank, world): (usize, usize),
+        plan: &StepPlan,
+        rank: usize,
     ) -> Result<Self> {
-        let shard = shard.over(world);
-        let spans = own_spans(c, shard.weight_shards(world), rank);
+        let spans = own_spans(c, plan.weight_shards(), rank);
         let w = upload_spans(c, host, &spans, |t| ops.upload(t))?;
-        Self::holding(c, shard, w, spans)
+        Self::holding(c, plan.shard(), w, spans)
     }
 
-    /// Worker `rank` of `world`'s weights made on its device by `draw` from the pieces it keeps
-    /// (one span per tensor, `specs` order: whole tensors unless `full`): a fresh run's
+    /// Worker `rank`'s weights under `plan` made on its device by `draw` from the pieces it
+    /// keeps (one span per tensor, `specs` order: whole tensors unless `full`): a fresh run's
     /// start-up, which never holds the whole model on the host.
     pub fn drawn(
         c: &Config,
-        shard: Shard,
-        (rank, world): (usize, usize),
+        plan: &StepPlan,
+        rank: usize,
         draw: impl FnOnce(&[Span]) -> Result<Weights<T>>,
     ) -> Result<Self> {
-        let shard = shard.over(world);
-        let spans = own_spans(c, shard.weight_shards(world), rank);
+        let spans = own_spans(c, plan.weight_shards(), rank);
         let w = draw(&spans)?;
-        Self::holding(c, shard, w, spans)
+        Self::holding(c, plan.shard(), w, spans)
     }
 
-    /// Worker `rank` of `world`'s weights from whole device ones (cut to its pieces under
+    /// Worker `rank`'s weights under `plan` from whole device ones (cut to its pieces under
     /// `full`, the whole freed).
     pub fn from_device<O: Ops<T = T>>(
         ops: &O,
         c: &Config,
         whole: Weights<T>,
-        shard: Shard,
-        (rank, world): (usize, usize),
+        plan: &StepPlan,
+        rank: usize,
     ) -> Result<Self> {
-        let shard = shard.over(world);
-        let spans = own_spans(c, shard.weight_shards(world), rank);
-        if shard != Shard::Full {
+        let (shard, spans) = (plan.shard(), own_spans(c, plan.weight_shards(), rank));
+        if !shard.gathers_weights() {
             return Self::holding(c, shard, whole, spans);
         }
         let mut it = whole.tensors().into_iter().zip(&spans);
@@ -209,8 +137,8 @@ impl<T: Buffer + Clone> Held<T> {
         comm: &mut dyn Communicator<T>,
         reporter: bool,
     ) -> Result<Vec<Vec<f32>>> {
-        let full = self.shard == Shard::Full;
-        self.host(ops, comm, &self.w.tensors(), full, reporter)
+        let pieces = self.shard.gathers_weights();
+        self.host(ops, comm, &self.w.tensors(), pieces, reporter)
     }
 }
 
@@ -527,21 +455,20 @@ impl<O: Ops> Optimizer<O>
 where
     O::T: Buffer,
 {
-    /// Worker `rank` of `world`'s moments, each piece it keeps (tensor `k`'s span; whole tensors
-    /// unless sharded) of each moment made on the device by `make`: zeroed there for a fresh run,
-    /// read from a checkpoint of any worker count (so re-sharded) for a resumed one; kept there,
-    /// or in host memory when `offload` (`--offload optimizer`). One worker holds everything
-    /// whatever `shard` says.
+    /// Worker `rank`'s moments under `plan`, each piece it keeps (tensor `k`'s span; whole
+    /// tensors unless sharded) of each moment made on the device by `make`: zeroed there for a
+    /// fresh run, read from a checkpoint of any worker count (so re-sharded) for a resumed one;
+    /// kept there, or in host memory when the plan offloads the optimizer.
     pub fn made(
         ops: &O,
         c: &Config,
-        (shard, offload): (Shard, bool),
-        (rank, world): (usize, usize),
+        plan: &StepPlan,
+        rank: usize,
         make: impl Fn(Part, usize, Span) -> Result<O::T>,
     ) -> Result<Self> {
-        let shard = shard.over(world);
-        let spans = own_spans(c, shard.optimizer_shards(world), rank);
-        let moments = Moments::made(ops, spans.len(), offload, |k| {
+        let shard = plan.shard();
+        let spans = own_spans(c, plan.optimizer_shards(), rank);
+        let moments = Moments::made(ops, spans.len(), plan.offloads_optimizer(), |k| {
             Ok((
                 make(Part::FirstMoment, k, spans[k])?,
                 make(Part::SecondMoment, k, spans[k])?,
@@ -559,14 +486,15 @@ where
 
     /// The gradients this worker updates from: `reduce_grads`'s whole tensors cut to its pieces.
     pub fn own_grads(&self, ops: &O, reduced: Vec<O::T>) -> Result<Vec<O::T>> {
-        match self.shard {
-            Shard::None | Shard::Grads | Shard::Full => Ok(reduced),
-            Shard::Optimizer => reduced
-                .iter()
-                .zip(&self.spans)
-                .map(|(g, s)| ops.rows(g, 1, s.start, s.len))
-                .collect(),
+        // Only the moments sharded: the gradients were all-reduced whole.
+        if !self.shard.shards_optimizer() || self.shard.reduce_scatters_grads() {
+            return Ok(reduced);
         }
+        reduced
+            .iter()
+            .zip(&self.spans)
+            .map(|(g, s)| ops.rows(g, 1, s.start, s.len))
+            .collect()
     }
 
     /// The global gradient norm of `grads` (this worker's pieces, or whole tensors unsharded):
@@ -576,7 +504,7 @@ where
             .iter()
             .map(|g| ops.sum_squares(g))
             .sum::<Result<f64>>()?;
-        if self.shard == Shard::None {
+        if !self.shard.shards_optimizer() {
             return Ok(squares.sqrt());
         }
         let mut t = ops.upload_state(&[squares as f32])?;
@@ -600,7 +528,7 @@ where
         let (shard, spans, decays, lens) = (self.shard, &self.spans, &self.decays, &self.lens);
         self.moments.update_each(ops, |i, m, v| {
             let (p, span, decay, g) = (&mut *tensors[i], spans[i], decays[i], &grads[i]);
-            if matches!(shard, Shard::None | Shard::Full) {
+            if shard.updates_in_place() {
                 return ops.adamw(p, g, m, v, hp, step, decay);
             }
             let mut piece = ops.rows(p, 1, span.start, span.len)?;
@@ -623,7 +551,7 @@ where
         reporter: bool,
     ) -> Result<Option<HostMoments>> {
         let (mut ms, mut vs) = (Vec::new(), Vec::new());
-        let sharded = self.shard != Shard::None;
+        let sharded = self.shard.shards_optimizer();
         if !sharded && !reporter {
             return Ok(None);
         }

@@ -4,7 +4,8 @@
 use super::attention::ModelAttention;
 use super::data::Sample;
 use super::documents::{self, Documents, Packing, Positions};
-use super::shard::{self, Held, Shard};
+use super::shard::{self, Held};
+use super::step_plan::Shard;
 use super::tally::{Tally, all_reduce};
 use crate::comm::Communicator;
 use crate::model::attention::Attention;
@@ -99,7 +100,7 @@ pub(super) fn accumulate_held<D: ModelDevice, C: Communicator<D::Tensor>>(
     let positions = plan_documents(cfg, packing, attn, mine, sample)?;
     let rows = (mine, &positions[..]);
     let w = &held.w;
-    if held.shard == Shard::Full {
+    if held.shard.gathers_weights() {
         let lens = &held.lens;
         let mut params = shard::Gathered {
             ops,
@@ -174,8 +175,8 @@ pub(super) fn reduced_sequence<D: ModelDevice, C: Communicator<D::Tensor>>(
 }
 
 /// The gradients and the tally summed over the workers: reduce-scattered to this worker's pieces
-/// under `--shard grads` with several workers (under `full` the backward has reduced them),
-/// all-reduced whole otherwise.
+/// under `--shard grads` (under `full` the backward has reduced them), all-reduced whole
+/// otherwise (the step plan shards nothing for one worker).
 pub(super) fn reduce_step<D: ModelDevice, C: Communicator<D::Tensor>>(
     ops: &D::Ops,
     attn: &mut ModelAttention<'_, D, C>,
@@ -186,7 +187,7 @@ pub(super) fn reduce_step<D: ModelDevice, C: Communicator<D::Tensor>>(
     // A lone worker on the device's whole-sequence attention has no communicator and nothing
     // to add.
     if let Some(comm) = attn.comm() {
-        if matches!(shard, Shard::Grads | Shard::Full) && comm.world() > 1 {
+        if shard.reduce_scatters_grads() {
             return shard::reduce_grads(ops, comm, shard, grads, tally);
         }
         all_reduce(ops, comm, &mut grads, tally)?;

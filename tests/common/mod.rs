@@ -4,14 +4,13 @@
 
 use distflash::model::config::Config;
 use distflash::model::ops::AdamW;
-use distflash::model::{Checkpoint, Offload};
-use distflash::plan::Schedule;
-use distflash::runtime::Runtime;
+use distflash::runtime::{Device, Runtime};
 use distflash::train::data::Data;
 use distflash::train::documents::Packing;
 use distflash::train::lr::Decay;
 use distflash::train::memory::{HostState, MemoryCheck};
-use distflash::train::shard::Shard;
+use distflash::train::step_plan::Shard;
+use distflash::train::step_plan::{Asked, Purpose, StepPlan};
 use distflash::train::{Init, Options, StepReport};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -48,23 +47,51 @@ pub fn trajectory(out: &Output) -> Vec<(f64, f64)> {
         .collect()
 }
 
-/// A narrowed `tiny` model trained on the synthetic task, unsharded, saving every 2 steps when
-/// `save_dir` is given.
-pub fn tiny_options(steps: u64, save_dir: Option<&Path>, resume: Option<&Path>) -> Options {
+/// The training plan of `asked` over `workers` CPU worker threads.
+pub fn plan(asked: Asked, workers: usize, config: &Config) -> StepPlan {
+    StepPlan::resolve(asked, Purpose::Train, workers, config, Device::Cpu)
+        .unwrap()
+        .plan
+}
+
+/// `asked` with sharding `shard`.
+pub fn sharded(shard: Shard) -> Asked {
+    Asked {
+        shard: Some(shard),
+        ..Asked::default()
+    }
+}
+
+/// A narrowed `tiny` model trained on the synthetic task on `workers` threads, unsharded,
+/// saving every 2 steps when `save_dir` is given.
+pub fn tiny_options(
+    workers: usize,
+    steps: u64,
+    save_dir: Option<&Path>,
+    resume: Option<&Path>,
+) -> Options {
+    tiny_options_with(sharded(Shard::None), workers, steps, save_dir, resume)
+}
+
+/// [`tiny_options`] with the step's choices `asked`.
+pub fn tiny_options_with(
+    asked: Asked,
+    workers: usize,
+    steps: u64,
+    save_dir: Option<&Path>,
+    resume: Option<&Path>,
+) -> Options {
     let mut config = Config::preset("tiny").unwrap();
     config.hidden_size = 32;
     config.head_dim = 8;
     config.intermediate_size = 48;
     Options {
+        plan: plan(asked, workers, &config),
         config,
         init: Init::Random { seed: 1 },
         data: Data::Synthetic { seed: 2 },
         seq_len: 48,
         batch: 2,
-        schedule: Schedule::Balanced,
-        shard: Shard::None,
-        checkpoint: Checkpoint::Remat,
-        offload: Offload::NONE,
         steps,
         adamw: AdamW {
             lr: 3e-3,
@@ -86,37 +113,31 @@ pub fn tiny_options(steps: u64, save_dir: Option<&Path>, resume: Option<&Path>) 
     }
 }
 
-/// `train::train` of `o` on `workers` CPU worker threads (one: alone, no communicator),
-/// returning the final weights.
+/// `train::train` of `o` on the CPU worker threads its plan is for (one: alone, no
+/// communicator), returning the final weights.
 pub fn train_on_threads(
     o: &Options,
-    workers: usize,
     on_step: impl Fn(&StepReport) + Sync,
 ) -> anyhow::Result<Vec<Vec<f32>>> {
-    let w = train_returning(o, workers, on_step)?;
+    let w = train_returning(o, on_step)?;
     Ok(w.expect("final_weights asks for the weights"))
 }
 
-/// `train::train` of `o` on `workers` CPU worker threads, returning what it returns to the
-/// reporter: the final weights if `o.final_weights` asks for them.
+/// `train::train` of `o` on the CPU worker threads its plan is for, returning what it returns
+/// to the reporter: the final weights if `o.final_weights` asks for them.
 pub fn train_returning(
     o: &Options,
-    workers: usize,
     on_step: impl Fn(&StepReport) + Sync,
 ) -> anyhow::Result<Option<Vec<Vec<f32>>>> {
     let memory = MemoryCheck {
         config: o.config.clone(),
         model: "tiny".into(),
         seq: o.seq_len,
-        schedule: o.schedule,
-        checkpoint: o.checkpoint,
-        offload: o.offload,
-        optimizer: true,
-        shard: o.shard,
+        plan: o.plan,
         host_state: HostState::Weights,
         ignore_estimate: false,
     };
-    let rt = Runtime::cpu_threads(workers, Duration::from_secs(60));
+    let rt = Runtime::cpu_threads(o.plan.workers(), Duration::from_secs(60));
     let w = distflash::train::train(o, &memory, &rt, on_step)?;
     Ok(w.expect("worker threads report"))
 }
