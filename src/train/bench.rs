@@ -8,6 +8,7 @@ use super::data::Sample;
 use super::documents::Packing;
 use super::memory::MemoryCheck;
 use super::shard::Held;
+use super::step::Pass;
 use super::step_plan::StepPlan;
 use crate::backend::Backend;
 use crate::comm::Communicator;
@@ -162,8 +163,8 @@ impl Job for StepBench<'_> {
         // Fresh gradients each step, as in training (summed ones would double every step),
         // dropped within the step: kept to the next, they would double the gradients' memory.
         let (all_secs, (out, tally)) = timed(self.runs, &sync, || {
-            let rows = (&mine[..], Packing::packed());
-            super::step::reduced_sequence(ops, cfg, &held, &mut attn, rows, &sample, keep)
+            let pass = Pass::of_sequence(&sample, &mine, Packing::packed(), keep);
+            super::step::reduced_sequence(ops, cfg, &held, &mut attn, &pass)
                 .map(|(out, tally, _grads, _sent)| (out, tally))
         })?;
         let profile = if self.runs.profile {
@@ -217,7 +218,7 @@ fn profile_step<O: Ops>(
         inner: attn,
         profile: &profile,
     };
-    let scale = 1.0 / step.sample.tokens.len().saturating_sub(1).max(1) as f64;
+    let pass = Pass::of_sequence(step.sample, step.mine, Packing::packed(), step.keep);
     sync()?;
     let began = Instant::now();
     super::step::accumulate(
@@ -225,10 +226,8 @@ fn profile_step<O: Ops>(
         step.cfg,
         &mut Whole { w: step.w, grads },
         &mut timed_attn,
-        (step.mine, step.mine),
-        step.sample,
-        step.keep,
-        scale,
+        &pass,
+        step.mine,
         &mut super::tally::Tally::default(),
     )?;
     sync()?;

@@ -43,7 +43,7 @@ use shard::{Held, Optimizer};
 use state::{Part, RunKey, Saved, State};
 use std::path::PathBuf;
 use std::time::Instant;
-use step::{accumulate_held, model_partition, reduce_step, reduced_sequence};
+use step::{Pass, accumulate_held, model_partition, reduce_step, reduced_sequence};
 use step_plan::StepPlan;
 use tally::{Tally, all_reduce_tally, collectives};
 
@@ -287,9 +287,10 @@ impl Job for GradientsJob<'_> {
         let mine = self.partition.own_spans(comm.rank());
         let mut attn = ModelAttention::new(device, comm, cfg.dims(), &self.partition)?;
         let seq = self.partition.seq();
-        let rows = (&mine[..], self.documents.packing);
+        let packing = self.documents.packing;
+        let pass = Pass::of_sequence(&sample, &mine, packing, self.plan.keep());
         let (out, tally, reduced, pass_bytes_sent) =
-            reduced_sequence(ops, cfg, &held, &mut attn, rows, &sample, self.plan.keep())?;
+            reduced_sequence(ops, cfg, &held, &mut attn, &pass)?;
         let pieces = held.shard.reduce_scatters_grads();
         let reduced: Vec<_> = reduced.iter().collect();
         let reporter = rank == 0;
@@ -359,16 +360,7 @@ impl<F: Fn(&StepReport) + Sync> Job for TrainJob<'_, F> {
         let mine = self.partition.own_spans(rank);
         let ops = device.ops();
         let mut attn = ModelAttention::new(device, comm, self.o.config.dims(), &self.partition)?;
-        run_steps(
-            ops,
-            self.o,
-            &self.key,
-            &self.start,
-            &mine,
-            rank,
-            &mut attn,
-            &self.on_step,
-        )
+        run_steps(ops, self, &mine, rank, &mut attn)
     }
 }
 
@@ -429,20 +421,23 @@ pub fn save_disk_bytes(params: usize, saves: usize, existing: u64) -> f64 {
     peak.max(last + model) - existing
 }
 
-/// The steps of a run on any device: worker `rank`'s rows `mine` of every
-/// sequence, gradients and the tally summed over the workers, AdamW as `o.plan` shards it. The
-/// reporter calls `on_step` and saves, and returns the final weights if `o.final_weights`.
-#[allow(clippy::too_many_arguments)]
-fn run_steps<D: ModelDevice, C: Communicator<D::Tensor>>(
+/// The steps of `job` on any device: worker `rank`'s rows `mine` of every sequence, gradients
+/// and the tally summed over the workers, AdamW as the plan shards it. The reporter calls
+/// `job.on_step` and saves, and returns the final weights if `final_weights` asks for them.
+fn run_steps<D: ModelDevice, C: Communicator<D::Tensor>, F: Fn(&StepReport) + Sync>(
     ops: &D::Ops,
-    o: &Options,
-    key: &RunKey,
-    start: &Start,
+    job: &TrainJob<'_, F>,
     mine: &[Span],
     rank: usize,
     attn: &mut ModelAttention<'_, D, C>,
-    on_step: &(impl Fn(&StepReport) + Sync),
 ) -> Result<Option<Vec<Vec<f32>>>> {
+    let TrainJob {
+        o,
+        key,
+        start,
+        on_step,
+        ..
+    } = job;
     let (cfg, plan) = (&o.config, &o.plan);
     let reporter = rank == 0;
     let (mut held, mut opt) = match start {
@@ -474,17 +469,17 @@ fn run_steps<D: ModelDevice, C: Communicator<D::Tensor>>(
         for b in 0..o.batch {
             let sample = o.data.sample(samples, o.seq_len, cfg.vocab_size);
             samples += 1;
-            last = Some(accumulate_held(
-                ops,
-                cfg,
-                &held,
-                (&mut grads, b == 0),
-                attn,
-                (mine, o.packing),
-                &sample,
-                o.plan.keep(),
+            let pass = Pass {
+                sample: &sample,
+                mine,
+                packing: o.packing,
+                keep: plan.keep(),
                 scale,
-                &mut tally,
+            };
+            let fresh = b == 0;
+            let grads = (&mut grads, fresh);
+            last = Some(accumulate_held(
+                ops, cfg, &held, grads, attn, &pass, &mut tally,
             )?);
         }
         let reduced = reduce_step(ops, attn, held.shard, grads, &mut tally)?;
@@ -607,18 +602,15 @@ fn evaluate<D: ModelDevice, C: Communicator<D::Tensor>>(
     let mut scratch = held.zero_grads(ops, cfg)?;
     for i in 0..eval.sequences {
         let sample = eval.data.sample(i, o.seq_len, cfg.vocab_size);
-        accumulate_held(
-            ops,
-            cfg,
-            held,
-            (&mut scratch, i == 0),
-            attn,
-            (mine, o.packing),
-            &sample,
-            o.plan.keep(),
-            1.0,
-            &mut tally,
-        )?;
+        let pass = Pass {
+            sample: &sample,
+            mine,
+            packing: o.packing,
+            keep: o.plan.keep(),
+            scale: 1.0,
+        };
+        let grads = (&mut scratch, i == 0);
+        accumulate_held(ops, cfg, held, grads, attn, &pass, &mut tally)?;
     }
     drop(scratch);
     all_reduce_tally(ops, collectives(attn, solo), &mut tally)?;

@@ -18,20 +18,46 @@ use crate::runtime::{ModelDevice, Runtime};
 use crate::shape::Span;
 use anyhow::Result;
 
-/// Forward and backward of this worker's rows of `sample`, the weights taken from and the
-/// gradients handed to `params`.
-#[allow(clippy::too_many_arguments)]
+/// One forward and backward of a sequence on this worker: what every pass of training, `grads`,
+/// evaluation and `bench train` is given alike.
+#[derive(Clone, Copy)]
+pub(super) struct Pass<'a> {
+    pub sample: &'a Sample,
+    /// This worker's rows of the sequence.
+    pub mine: &'a [Span],
+    /// Whether the sequence's documents see each other, and where their positions count from.
+    pub packing: Packing,
+    /// What each layer keeps for its backward, and where.
+    pub keep: Keep,
+    /// What the summed loss is multiplied by (one over the tokens it is the mean of).
+    pub scale: f64,
+}
+
+impl<'a> Pass<'a> {
+    /// The pass of one whole sequence's mean loss: `grads` and `bench train`.
+    pub fn of_sequence(sample: &'a Sample, mine: &'a [Span], packing: Packing, keep: Keep) -> Self {
+        Pass {
+            sample,
+            mine,
+            packing,
+            keep,
+            scale: 1.0 / (sample.tokens.len() - 1) as f64,
+        }
+    }
+}
+
+/// Forward and backward of `pass`, this worker's rows at rotary `positions`, the weights taken
+/// from and the gradients handed to `params`.
 pub(super) fn accumulate<O: Ops, A: Attention<O::T>>(
     ops: &O,
     cfg: &Config,
     params: &mut impl Params<O::T, A>,
     attn: &mut A,
-    (mine, positions): (&[Span], &[Span]),
-    sample: &Sample,
-    keep: Keep,
-    scale: f64,
+    pass: &Pass<'_>,
+    positions: &[Span],
     tally: &mut Tally,
 ) -> Result<crate::model::Outcome> {
+    let (mine, sample) = (pass.mine, pass.sample);
     let rows = |shift: usize| -> Vec<u32> {
         mine.iter()
             .flat_map(|s| &sample.tokens[s.start + shift..s.end() + shift])
@@ -45,7 +71,7 @@ pub(super) fn accumulate<O: Ops, A: Attention<O::T>>(
         positions,
         sequence: sample.tokens.len() - 1,
     };
-    let out = forward_backward_with(ops, cfg, params, attn, chunk, keep, scale)?;
+    let out = forward_backward_with(ops, cfg, params, attn, chunk, pass.keep, pass.scale)?;
     tally.loss_sum += out.loss_sum;
     if let Some(p) = sample.probe
         && let Some(row) =
@@ -80,25 +106,20 @@ pub(super) fn plan_documents<D: ModelDevice, C: Communicator<D::Tensor>>(
 }
 
 /// This worker's weights as `held` (whole, or its pieces under `full`, each part gathered for its
-/// use) in the forward and backward of `sample` (its documents as `packing` says), the gradients
+/// use) in the forward and backward of `pass` (its documents as its packing says), the gradients
 /// (alike: whole, or the pieces, reduced as the backward goes) into `grads`; `fresh` when they
 /// hold [`Held::zero_grads`]'s zeros (nothing accumulated into them yet this step), which lets
 /// `full` write its first sums over them ([`shard::Gathered::fresh`]).
-#[allow(clippy::too_many_arguments)]
 pub(super) fn accumulate_held<D: ModelDevice, C: Communicator<D::Tensor>>(
     ops: &D::Ops,
     cfg: &Config,
     held: &Held<D::Tensor>,
     (grads, fresh): (&mut Weights<D::Tensor>, bool),
     attn: &mut ModelAttention<'_, D, C>,
-    (mine, packing): (&[Span], Packing),
-    sample: &Sample,
-    keep: Keep,
-    scale: f64,
+    pass: &Pass<'_>,
     tally: &mut Tally,
 ) -> Result<crate::model::Outcome> {
-    let positions = plan_documents(cfg, packing, attn, mine, sample)?;
-    let rows = (mine, &positions[..]);
+    let positions = plan_documents(cfg, pass.packing, attn, pass.mine, pass.sample)?;
     let w = &held.w;
     if held.shard.gathers_weights() {
         let lens = &held.lens;
@@ -109,66 +130,32 @@ pub(super) fn accumulate_held<D: ModelDevice, C: Communicator<D::Tensor>>(
             lens,
             fresh,
         };
-        return accumulate(
-            ops,
-            cfg,
-            &mut params,
-            attn,
-            rows,
-            sample,
-            keep,
-            scale,
-            tally,
-        );
+        return accumulate(ops, cfg, &mut params, attn, pass, &positions, tally);
     }
     let mut params = Whole { w, grads };
-    accumulate(
-        ops,
-        cfg,
-        &mut params,
-        attn,
-        rows,
-        sample,
-        keep,
-        scale,
-        tally,
-    )
+    accumulate(ops, cfg, &mut params, attn, pass, &positions, tally)
 }
 
 /// What [`reduced_sequence`] gives: the pass's outcome, the summed tally and gradients, and the
 /// bytes this worker sent during the forward and backward, before the gradients were summed.
 pub(super) type Reduced<T> = (crate::model::Outcome, Tally, Vec<T>, u64);
 
-/// One sequence's forward and backward on this worker's rows `mine` (gradients of its mean
-/// loss), then the gradients (whole, or this worker's pieces under `--shard grads` and `full`)
-/// and the tally summed over all workers: the step of `distflash grads` and of `bench train`.
-#[allow(clippy::too_many_arguments)]
+/// One sequence's forward and backward (`pass`, [`Pass::of_sequence`]: the gradients of its
+/// mean loss), then the gradients (whole, or this worker's pieces under `--shard grads` and
+/// `full`) and the tally summed over all workers: the step of `distflash grads` and of `bench
+/// train`.
 pub(super) fn reduced_sequence<D: ModelDevice, C: Communicator<D::Tensor>>(
     ops: &D::Ops,
     cfg: &Config,
     held: &Held<D::Tensor>,
     attn: &mut ModelAttention<'_, D, C>,
-    rows: (&[Span], Packing),
-    sample: &Sample,
-    keep: Keep,
+    pass: &Pass<'_>,
 ) -> Result<Reduced<D::Tensor>> {
-    let scale = 1.0 / (sample.tokens.len() - 1) as f64;
     let mut tally = Tally::default();
     let mut grads = held.zero_grads(ops, cfg)?;
     let sent = |attn: &mut ModelAttention<'_, D, C>| attn.comm().map_or(0, |c| c.bytes_sent());
     let before = sent(attn);
-    let out = accumulate_held(
-        ops,
-        cfg,
-        held,
-        (&mut grads, true),
-        attn,
-        rows,
-        sample,
-        keep,
-        scale,
-        &mut tally,
-    )?;
+    let out = accumulate_held(ops, cfg, held, (&mut grads, true), attn, pass, &mut tally)?;
     let pass_bytes = sent(attn) - before;
     let reduced = reduce_step(ops, attn, held.shard, grads, &mut tally)?;
     Ok((out, tally, reduced, pass_bytes))
