@@ -3,8 +3,9 @@
 //! policy, and bit for bit the same with each layer's checkpoint offloaded to host memory.
 
 use distflash::model::attention::Dense;
-use distflash::model::config::{Config, ModelType};
+use distflash::model::config::Config;
 use distflash::model::cpu::Cpu;
+use distflash::model::family::ModelType;
 use distflash::model::rope::RopeScaling;
 use distflash::model::weights::{Weights, specs};
 use distflash::model::{Checkpoint, Chunk, Keep, Offload, forward_backward};

@@ -392,7 +392,7 @@ mod tests {
     #[test]
     fn biases_sit_after_their_projections_start_at_zero_and_do_not_decay() {
         let c = Config {
-            model_type: crate::model::config::ModelType::Qwen2,
+            model_type: crate::model::family::ModelType::Qwen2,
             ..Config::preset("tiny").unwrap()
         };
         let s = specs(&c);
