@@ -1,8 +1,8 @@
 //! The model families distflash trains, one Hugging Face `model_type` each, and everything that
 //! tells one from another, described in one table ([`ModelType::family`]): the names
 //! transformers saves it under, how its config says which attention projections have biases,
-//! whether it has an attention window and how that is switched, and the head dim a config
-//! without `head_dim` means. The config reader, the weights and the layer read these
+//! whether it has an attention window and how that is switched, the head dim a config without
+//! `head_dim` means, and whether each head's queries and keys are normed. The config reader, the weights and the layer read these
 //! descriptions and never ask which family they have, so a family that is a new combination of
 //! them is one entry here.
 
@@ -12,11 +12,17 @@ pub enum ModelType {
     Llama,
     Qwen2,
     Mistral,
+    Qwen3,
 }
 
 impl ModelType {
     /// Every implemented type, for parsing and for the refusal of the others.
-    pub const ALL: [ModelType; 3] = [ModelType::Llama, ModelType::Qwen2, ModelType::Mistral];
+    pub const ALL: [ModelType; 4] = [
+        ModelType::Llama,
+        ModelType::Qwen2,
+        ModelType::Mistral,
+        ModelType::Qwen3,
+    ];
 
     /// What this type is.
     pub fn family(self) -> &'static Family {
@@ -28,6 +34,7 @@ impl ModelType {
                 biases: Biases::Switched,
                 window: Window::None,
                 head_dim: HeadDim::Split,
+                qk_norm: false,
             },
             ModelType::Qwen2 => &Family {
                 model_type: "qwen2",
@@ -36,6 +43,7 @@ impl ModelType {
                 biases: Biases::Qkv,
                 window: Window::OffOnly,
                 head_dim: HeadDim::Split,
+                qk_norm: false,
             },
             ModelType::Mistral => &Family {
                 model_type: "mistral",
@@ -44,6 +52,18 @@ impl ModelType {
                 biases: Biases::None,
                 window: Window::EveryLayer,
                 head_dim: HeadDim::Split,
+                qk_norm: false,
+            },
+            // `Qwen3Config`: LLaMA's `attention_bias`, Qwen2's window switch, heads of 128
+            // unless `head_dim` says otherwise, and q_norm and k_norm on every head.
+            ModelType::Qwen3 => &Family {
+                model_type: "qwen3",
+                title: "Qwen3",
+                architecture: "Qwen3ForCausalLM",
+                biases: Biases::Switched,
+                window: Window::OffOnly,
+                head_dim: HeadDim::Fixed(128),
+                qk_norm: true,
             },
         }
     }
@@ -66,6 +86,10 @@ pub struct Family {
     pub biases: Biases,
     pub window: Window,
     pub head_dim: HeadDim,
+    /// Whether each head's query and key vectors are RMS-normed (the config's `rms_norm_eps`,
+    /// gains `self_attn.q_norm.weight` and `k_norm.weight` of `head_dim`) after their
+    /// projections and before rotary embeddings turn them (Qwen3's).
+    pub qk_norm: bool,
 }
 
 /// Which attention projections have biases, and whether the config's `attention_bias` says so.
@@ -128,6 +152,9 @@ pub enum Window {
 pub enum HeadDim {
     /// `hidden_size / num_attention_heads`.
     Split,
+    /// This many, whatever the width (Qwen3's 128: Qwen3-0.6B has 16 heads of 128 in a width
+    /// of 1024).
+    Fixed(usize),
 }
 
 impl HeadDim {
@@ -135,6 +162,7 @@ impl HeadDim {
     pub fn default_for(self, hidden: usize, heads: usize) -> usize {
         match self {
             HeadDim::Split => hidden / heads.max(1),
+            HeadDim::Fixed(d) => d,
         }
     }
 }

@@ -2,7 +2,9 @@
 //! keeps between them.
 //!
 //! Forward, for the rows of this worker (x `[rows, d]`):
-//!   h1 = rmsnorm(x)·g1;  q, k, v = h1 Wqᵀ (+ bq), h1 Wkᵀ (+ bk), h1 Wvᵀ (+ bv);  q, k = rope(q, k)
+//!   h1 = rmsnorm(x)·g1;  q, k, v = h1 Wqᵀ (+ bq), h1 Wkᵀ (+ bk), h1 Wvᵀ (+ bv)
+//!   (q, k = rmsnorm(q)·gq, rmsnorm(k)·gk over each head's head_dim, where the layer has q_norm
+//!   and k_norm: Qwen3);  q, k = rope(q, k)
 //!   o, lse = attention(q, k, v)                       (distributed: communication)
 //!   x2 = x + o Woᵀ (+ bo);  h2 = rmsnorm(x2)·g2;  g, u = h2 Wgᵀ, h2 Wuᵀ;  m = silu(g)∘u
 //!   out = x2 + m Wdᵀ
@@ -64,13 +66,16 @@ impl fmt::Display for Checkpoint {
     }
 }
 
-/// Every activation the layer backward reads up to the MLP's input (q and k after rotation).
+/// Every activation the layer backward reads up to the MLP's input (q and k after rotation;
+/// before their per-head norms where the layer has them).
 pub struct Acts<T> {
     x: T,
     h1: T,
     rstd1: T,
     q: T,
+    q_pre: Option<PreNorm<T>>,
     k: T,
+    k_pre: Option<PreNorm<T>>,
     v: T,
     o: T,
     lse: T,
@@ -78,6 +83,25 @@ pub struct Acts<T> {
     h2: T,
     rstd2: T,
 }
+
+/// An attention input's heads before their norm (Qwen3's q_norm, k_norm), and the norm's rstd,
+/// one a row and head: what the norm's backward reads.
+pub struct PreNorm<T> {
+    x: T,
+    rstd: T,
+}
+
+impl<T> PreNorm<T> {
+    fn try_map<U>(&self, f: &mut impl FnMut(&T) -> Result<U>) -> Result<PreNorm<U>> {
+        Ok(PreNorm {
+            x: f(&self.x)?,
+            rstd: f(&self.rstd)?,
+        })
+    }
+}
+
+/// An attention input and, where its heads were normed, what the norm's backward reads.
+type Normed<T> = (T, Option<PreNorm<T>>);
 
 /// The MLP's `[rows, intermediate]` activations of one block of rows.
 pub struct MlpActs<T> {
@@ -96,7 +120,9 @@ impl<T> Acts<T> {
             h1: f(&self.h1)?,
             rstd1: f(&self.rstd1)?,
             q: f(&self.q)?,
+            q_pre: self.q_pre.as_ref().map(|p| p.try_map(f)).transpose()?,
             k: f(&self.k)?,
+            k_pre: self.k_pre.as_ref().map(|p| p.try_map(f)).transpose()?,
             v: f(&self.v)?,
             o: f(&self.o)?,
             lse: f(&self.lse)?,
@@ -153,12 +179,14 @@ impl<T> Kept<T> {
 }
 
 /// One of attention's inputs as a projection of the normed input h1: its weight and bias (where
-/// the layer has one), its heads, and whether rotary embeddings turn it (q and k, not v).
+/// the layer has one), its heads, the gain of their norm (where the layer has one: Qwen3's q
+/// and k), and whether rotary embeddings turn it (q and k, not v).
 #[derive(Clone, Copy)]
 struct Input {
     weight: LayerTensor,
     bias: LayerTensor,
     heads: usize,
+    norm: Option<LayerTensor>,
     rotated: bool,
 }
 
@@ -190,9 +218,11 @@ impl<O: Ops> Layer<'_, O> {
     }
 
     fn acts_bytes(&self, a: &Acts<O::T>) -> usize {
+        let pre = [&a.q_pre, &a.k_pre].into_iter().flatten();
+        let pre: Vec<&O::T> = pre.flat_map(|p| [&p.x, &p.rstd]).collect();
         self.bytes(&[
             &a.x, &a.h1, &a.rstd1, &a.q, &a.k, &a.v, &a.o, &a.lse, &a.x2, &a.h2, &a.rstd2,
-        ])
+        ]) + self.bytes(&pre)
     }
 
     fn mlp_bytes(&self, m: &MlpActs<O::T>) -> usize {
@@ -223,9 +253,9 @@ impl<O: Ops> Layer<'_, O> {
         let d = c.hidden_size;
         let (h1, rstd1) = ops.rmsnorm(&x, &w[LayerTensor::AttnNorm], n, d, c.rms_norm_eps)?;
         let [query, key, value] = self.inputs();
-        let q = self.input(w, &h1, query)?;
-        let k = self.input(w, &h1, key)?;
-        let v = self.input(w, &h1, value)?;
+        let (q, q_pre) = self.input(w, &h1, query)?;
+        let (k, k_pre) = self.input(w, &h1, key)?;
+        let (v, _) = self.input(w, &h1, value)?;
         let (o, lse) = match saved_attention {
             Some(saved) => saved,
             None => {
@@ -247,7 +277,9 @@ impl<O: Ops> Layer<'_, O> {
             h1,
             rstd1,
             q,
+            q_pre,
             k,
+            k_pre,
             v,
             o,
             lse,
@@ -266,25 +298,29 @@ impl<O: Ops> Layer<'_, O> {
                 weight: LayerTensor::Wq,
                 bias: LayerTensor::Bq,
                 heads,
+                norm: Some(LayerTensor::QNorm),
                 rotated: true,
             },
             Input {
                 weight: LayerTensor::Wk,
                 bias: LayerTensor::Bk,
                 heads: kv_heads,
+                norm: Some(LayerTensor::KNorm),
                 rotated: true,
             },
             Input {
                 weight: LayerTensor::Wv,
                 bias: LayerTensor::Bv,
                 heads: kv_heads,
+                norm: None,
                 rotated: false,
             },
         ]
     }
 
-    /// One of attention's inputs from h1: its projection, rotated where it is q or k.
-    fn input(&self, w: &LayerWeights<O::T>, h1: &O::T, input: Input) -> Result<O::T> {
+    /// One of attention's inputs from h1: its projection, each head normed where the layer has
+    /// the input's norm, rotated where it is q or k; and what the norm's backward reads.
+    fn input(&self, w: &LayerWeights<O::T>, h1: &O::T, input: Input) -> Result<Normed<O::T>> {
         let (c, hd) = (self.cfg, self.cfg.head_dim);
         let width = input.heads * hd;
         let mut y = self.projection(
@@ -294,22 +330,36 @@ impl<O: Ops> Layer<'_, O> {
             c.hidden_size,
             width,
         )?;
+        let (ops, n) = (self.ops, self.rows);
+        // Each head's vector is a row of head_dim: the rows of y, `heads` times as many.
+        let pre = match input.norm.and_then(|t| w.get(t)) {
+            Some(gain) => {
+                let (normed, rstd) = ops.rmsnorm(&y, gain, n * input.heads, hd, c.rms_norm_eps)?;
+                Some(PreNorm {
+                    x: std::mem::replace(&mut y, normed),
+                    rstd,
+                })
+            }
+            None => None,
+        };
         if input.rotated {
-            let (n, positions, rotary) = (self.rows, self.positions, self.rotary);
-            self.ops
-                .rope(&mut y, n, input.heads, hd, positions, rotary, false)?;
+            let (positions, rotary) = (self.positions, self.rotary);
+            ops.rope(&mut y, n, input.heads, hd, positions, rotary, false)?;
         }
-        Ok(y)
+        Ok((y, pre))
     }
 
     /// [`Layer::input`] backward: from `dy`, the gradient of the input attention read, the
-    /// projection's weight and bias gradients accumulate in `grads` and h1's in `dh1`.
+    /// projection's weight and bias gradients (and its norm's gain's) accumulate in `grads` and
+    /// h1's in `dh1`; `pre` is what the input's norm kept, where it has one.
+    #[allow(clippy::too_many_arguments)]
     fn input_backward(
         &self,
         w: &LayerWeights<O::T>,
         h1: &O::T,
         input: Input,
         mut dy: O::T,
+        pre: Option<PreNorm<O::T>>,
         grads: &mut LayerWeights<O::T>,
         dh1: &mut O::T,
     ) -> Result<()> {
@@ -325,6 +375,23 @@ impl<O: Ops> Layer<'_, O> {
                 self.rotary,
                 true,
             )?;
+        }
+        if let (Some(pre), Some(norm)) = (pre, input.norm) {
+            // The projection's gradient in the activations' precision: the norm's backward
+            // writes it whole and the projection's backward reads it next (as attention's dO).
+            let mut dx = ops.activation_zeros(n * width)?;
+            let rows = n * input.heads;
+            ops.rmsnorm_backward(
+                &pre.x,
+                &w[norm],
+                &pre.rstd,
+                &dy,
+                rows,
+                hd,
+                &mut dx,
+                &mut grads[norm],
+            )?;
+            dy = dx;
         }
         self.bias_grad(&dy, width, grads.get_mut(input.bias))?;
         let (d, wt) = (c.hidden_size, input.weight);
@@ -569,7 +636,9 @@ impl<O: Ops> Layer<'_, O> {
             h1,
             rstd1,
             q,
+            q_pre,
             k,
+            k_pre,
             v,
             o,
             lse,
@@ -599,8 +668,9 @@ impl<O: Ops> Layer<'_, O> {
 
         // q, k = rope(h1 Wqᵀ + bq, h1 Wkᵀ + bk);  v = h1 Wvᵀ + bv;  h1 = rmsnorm(x)·g1
         let mut dh1 = ops.zeros(n * d)?;
-        for (input, dy) in self.inputs().into_iter().zip([dq, dk, dv]) {
-            self.input_backward(w, &h1, input, dy, grads, &mut dh1)?;
+        let (inputs, pre) = (self.inputs(), [q_pre, k_pre, None]);
+        for ((input, dy), pre) in inputs.into_iter().zip([dq, dk, dv]).zip(pre) {
+            self.input_backward(w, &h1, input, dy, pre, grads, &mut dh1)?;
         }
         drop(h1);
         let mut dx = dx2;

@@ -23,6 +23,8 @@ pub enum LayerTensor {
     Bv,
     Wo,
     Bo,
+    QNorm,
+    KNorm,
     MlpNorm,
     WGate,
     WUp,
@@ -31,7 +33,7 @@ pub enum LayerTensor {
 
 impl LayerTensor {
     /// Every tensor any family's layer may have, in order.
-    pub const ALL: [LayerTensor; 13] = [
+    pub const ALL: [LayerTensor; 15] = [
         LayerTensor::AttnNorm,
         LayerTensor::Wq,
         LayerTensor::Bq,
@@ -41,6 +43,8 @@ impl LayerTensor {
         LayerTensor::Bv,
         LayerTensor::Wo,
         LayerTensor::Bo,
+        LayerTensor::QNorm,
+        LayerTensor::KNorm,
         LayerTensor::MlpNorm,
         LayerTensor::WGate,
         LayerTensor::WUp,
@@ -59,6 +63,8 @@ impl LayerTensor {
             LayerTensor::Bv => "self_attn.v_proj.bias",
             LayerTensor::Wo => "self_attn.o_proj.weight",
             LayerTensor::Bo => "self_attn.o_proj.bias",
+            LayerTensor::QNorm => "self_attn.q_norm.weight",
+            LayerTensor::KNorm => "self_attn.k_norm.weight",
             LayerTensor::MlpNorm => "post_attention_layernorm.weight",
             LayerTensor::WGate => "mlp.gate_proj.weight",
             LayerTensor::WUp => "mlp.up_proj.weight",
@@ -80,6 +86,7 @@ impl LayerTensor {
             LayerTensor::Bq => vec![q],
             LayerTensor::Wk | LayerTensor::Wv => vec![kv, d],
             LayerTensor::Bk | LayerTensor::Bv => vec![kv],
+            LayerTensor::QNorm | LayerTensor::KNorm => vec![c.head_dim],
             LayerTensor::Wo => vec![d, q],
             LayerTensor::WGate | LayerTensor::WUp => vec![i, d],
             LayerTensor::WDown => vec![d, i],
@@ -87,11 +94,13 @@ impl LayerTensor {
     }
 
     /// Whether a layer of `c` has the tensor: the projections' biases where its family and
-    /// `attention_bias` put them (`Config::qkv_bias`, `Config::o_bias`), the rest always.
+    /// `attention_bias` put them (`Config::qkv_bias`, `Config::o_bias`), the per-head query and
+    /// key norms' gains where its family norms them, the rest always.
     pub fn present(self, c: &Config) -> bool {
         match self {
             LayerTensor::Bq | LayerTensor::Bk | LayerTensor::Bv => c.qkv_bias(),
             LayerTensor::Bo => c.o_bias(),
+            LayerTensor::QNorm | LayerTensor::KNorm => c.family().qk_norm,
             _ => true,
         }
     }
