@@ -27,11 +27,12 @@ use distflash::comm::{
     shard_spans,
 };
 use distflash::model::attention::{Attention, Dense};
-use distflash::model::config::{Config, ModelType};
+use distflash::model::config::Config;
 use distflash::model::counting::Precision;
 use distflash::model::cpu::Cpu;
 use distflash::model::cuda::CudaOps;
 use distflash::model::cuda::attention::CudaAttention;
+use distflash::model::family::ModelType;
 use distflash::model::ops::{AdamW, Ops};
 use distflash::model::rope::RopeScaling;
 use distflash::model::weights::{self, Weights};
@@ -775,7 +776,8 @@ impl Checker {
     }
 
     /// The tiny preset's forward and backward under each checkpoint policy against the CPU in
-    /// f64: as LLaMA, as Qwen2 (q/k/v biases) and with LLaMA's `attention_bias` (o too).
+    /// f64: as LLaMA, as Qwen2 (q/k/v biases), with LLaMA's `attention_bias` (o too) and as
+    /// Qwen3 (each head's q and k normed, heads of 32 in a width of 64: q_width 128).
     fn model(&mut self) -> Result<()> {
         let tiny = Config::preset("tiny")?;
         let qwen2 = Config {
@@ -786,7 +788,12 @@ impl Checker {
             attention_bias: true,
             ..tiny.clone()
         };
-        for cfg in [tiny, qwen2, biased] {
+        let qwen3 = Config {
+            model_type: ModelType::Qwen3,
+            head_dim: 32,
+            ..tiny.clone()
+        };
+        for cfg in [tiny, qwen2, biased, qwen3] {
             self.model_of(&cfg)?;
         }
         Ok(())
@@ -862,6 +869,7 @@ impl Checker {
             let model = match (cfg.model_type, cfg.attention_bias) {
                 (ModelType::Llama, true) => "tiny llama, attention_bias",
                 (ModelType::Qwen2, _) => "tiny qwen2",
+                (ModelType::Qwen3, _) => "tiny qwen3",
                 _ => "tiny model",
             };
             self.verdict(&format!("{model}, {policy}: loss"), err, F32_TOL);

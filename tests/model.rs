@@ -3,8 +3,9 @@
 //! policy, and bit for bit the same with each layer's checkpoint offloaded to host memory.
 
 use distflash::model::attention::Dense;
-use distflash::model::config::{Config, ModelType};
+use distflash::model::config::Config;
 use distflash::model::cpu::Cpu;
+use distflash::model::family::ModelType;
 use distflash::model::rope::RopeScaling;
 use distflash::model::weights::{Weights, specs};
 use distflash::model::{Checkpoint, Chunk, Keep, Offload, forward_backward};
@@ -129,6 +130,80 @@ fn windowed() -> Config {
     }
 }
 
+/// A Qwen3 `small`: each head's q and k RMS-normed before rotation, heads of 8, so the 4 query
+/// heads are twice the hidden width (q_width 32, hidden 16, as Qwen3-0.6B's 16 heads of 128 are
+/// twice its 1024), and tied embeddings, as the small Qwen3s have.
+fn qwen3() -> Config {
+    Config {
+        model_type: ModelType::Qwen3,
+        head_dim: 8,
+        tie_word_embeddings: true,
+        ..small(false)
+    }
+}
+
+/// Qwen3-0.6B's `config.json` reads as transformers reads it: 16 heads of 128 in a width of 1024,
+/// tied embeddings, θ 10⁶, q_norm and k_norm of 128 in every layer and no biases; without
+/// `head_dim` the head is still 128 (`Qwen3Config`'s default, not width / heads);
+/// `attention_bias` puts biases on q, k, v and o, as `LlamaConfig`'s does; a window that is on
+/// is refused, as Qwen2's is.
+#[test]
+fn qwen3_configs_read_as_transformers_reads_them() {
+    let mut v: serde_json::Value = serde_json::from_str(
+        r#"{"architectures": ["Qwen3ForCausalLM"], "attention_bias": false,
+        "attention_dropout": 0.0, "bos_token_id": 151643, "eos_token_id": 151645,
+        "head_dim": 128, "hidden_act": "silu", "hidden_size": 1024, "initializer_range": 0.02,
+        "intermediate_size": 3072, "max_position_embeddings": 40960, "max_window_layers": 28,
+        "model_type": "qwen3", "num_attention_heads": 16, "num_hidden_layers": 28,
+        "num_key_value_heads": 8, "rms_norm_eps": 1e-06, "rope_scaling": null,
+        "rope_theta": 1000000, "sliding_window": null, "tie_word_embeddings": true,
+        "torch_dtype": "bfloat16", "transformers_version": "4.51.0", "use_cache": true,
+        "use_sliding_window": false, "vocab_size": 151936}"#,
+    )
+    .unwrap();
+    let c = Config::from_json(&v).unwrap();
+    assert_eq!(c.model_type, ModelType::Qwen3);
+    assert_eq!((c.head_dim, c.q_width(), c.kv_width()), (128, 2048, 1024));
+    assert!(c.tie_word_embeddings && !c.qkv_bias() && !c.o_bias());
+    assert_eq!((c.rope_theta, c.rms_norm_eps), (1e6, 1e-6));
+    let names: Vec<String> = specs(&c).into_iter().map(|s| s.name).collect();
+    let layer0: Vec<&str> = names[1..12].iter().map(|n| &n[15..]).collect();
+    assert_eq!(
+        layer0,
+        [
+            "input_layernorm.weight",
+            "self_attn.q_proj.weight",
+            "self_attn.k_proj.weight",
+            "self_attn.v_proj.weight",
+            "self_attn.o_proj.weight",
+            "self_attn.q_norm.weight",
+            "self_attn.k_norm.weight",
+            "post_attention_layernorm.weight",
+            "mlp.gate_proj.weight",
+            "mlp.up_proj.weight",
+            "mlp.down_proj.weight",
+        ]
+    );
+    // 0.6B: 596M parameters with the embedding counted once.
+    let params = distflash::model::weights::parameters(&c);
+    assert_eq!(params, 596_049_920);
+    assert_eq!(Config::from_json(&c.to_json()).unwrap(), c);
+
+    v.as_object_mut().unwrap().remove("head_dim");
+    assert_eq!(Config::from_json(&v).unwrap().head_dim, 128);
+    v["attention_bias"] = serde_json::json!(true);
+    let biased = Config::from_json(&v).unwrap();
+    assert!(biased.qkv_bias() && biased.o_bias());
+    assert_eq!(Config::from_json(&biased.to_json()).unwrap(), biased);
+    v["use_sliding_window"] = serde_json::json!(true);
+    v["sliding_window"] = serde_json::json!(4096);
+    let e = Config::from_json(&v).unwrap_err().to_string();
+    assert!(
+        e.contains("Qwen3's sliding window (sliding_window 4096"),
+        "{e}"
+    );
+}
+
 /// Weights large enough that attention is far from uniform and every path carries gradient.
 fn host_weights(c: &Config, seed: u64) -> Vec<Vec<f32>> {
     let mut rng = StdRng::seed_from_u64(seed);
@@ -235,6 +310,12 @@ fn gradients_match_finite_differences_in_f64() {
         biased(ModelType::Llama),
         rescaled(true),
         windowed(),
+        qwen3(),
+        Config {
+            attention_bias: true,
+            tie_word_embeddings: false,
+            ..qwen3()
+        },
     ];
     for c in configs {
         let tied = c.tie_word_embeddings;
@@ -272,6 +353,7 @@ fn distributed_equals_one_worker_and_the_f64_model() {
         biased(ModelType::Qwen2),
         rescaled(false),
         windowed(),
+        qwen3(),
     ] {
         distributed_equals_one_worker_and_the_f64_model_for(&c);
     }
@@ -327,7 +409,13 @@ fn distributed_equals_one_worker_and_the_f64_model_for(c: &Config) {
 
 #[test]
 fn checkpoint_policies_give_the_same_gradients() {
-    let c = small(false);
+    for c in [small(false), qwen3()] {
+        checkpoint_policies_give_the_same_gradients_for(&c);
+    }
+}
+
+fn checkpoint_policies_give_the_same_gradients_for(c: &Config) {
+    let c = c.clone();
     let host = host_weights(&c, 6);
     let toks = tokens(&c, 16, 7);
     let run = |policy| {
@@ -357,6 +445,88 @@ fn checkpoint_policies_give_the_same_gradients() {
     }
     assert!(none.peak_activation_bytes > remat.peak_activation_bytes);
     assert!(remat.peak_activation_bytes > layer.peak_activation_bytes);
+}
+
+/// Qwen3 norms each head's q and k (the independent check of where the norm sits): with the
+/// norms' eps 0, scaling one query head's rows of Wq, and one KV head's rows of Wk, by any
+/// positive factor leaves the f64 loss as it was, to rounding; the same scaling of a LLaMA
+/// (no norms) changes it, so the check could fail. A norm over the whole projection, or over
+/// the wrong heads, would not be invariant to a single head's scale.
+#[test]
+fn qwen3_norms_each_query_and_key_head_on_its_own() {
+    let scaled_loss_change = |c: &Config| {
+        let host = widen(&host_weights(c, 17));
+        let toks = tokens(c, 11, 18);
+        let (loss, _) = f64_model(c, &host, &toks, Checkpoint::None);
+        let mut scaled = host.clone();
+        let hd = c.head_dim;
+        let d = c.hidden_size;
+        for (name, head, factor) in [("q_proj", 1, 3.0), ("k_proj", 0, 0.25)] {
+            let at = specs(c)
+                .iter()
+                .position(|s| s.name == format!("model.layers.1.self_attn.{name}.weight"))
+                .unwrap();
+            for x in &mut scaled[at][head * hd * d..(head + 1) * hd * d] {
+                *x *= factor;
+            }
+        }
+        let (after, _) = f64_model(c, &scaled, &toks, Checkpoint::None);
+        (after - loss).abs() / loss
+    };
+    let exact = Config {
+        rms_norm_eps: 0.0,
+        ..qwen3()
+    };
+    let change = scaled_loss_change(&exact);
+    assert!(change < 1e-12, "Qwen3's loss moved by {change:e}");
+    let llama = Config {
+        model_type: ModelType::Llama,
+        ..exact
+    };
+    let change = scaled_loss_change(&llama);
+    assert!(change > 1e-3, "LLaMA's loss moved by only {change:e}");
+}
+
+/// The hand-written memory mirror under the multi-GPU estimate (`model::cost::step_memory`)
+/// counts Qwen3's normed heads (q and k before their norms, the norms' rstd) to the byte of the
+/// step counted from the code, on a Qwen3-0.6B-shaped model (two of its layers), for every
+/// policy, with and without AdamW, from one row to past an MLP block and a loss chunk.
+#[test]
+fn the_memory_mirror_counts_qwen3s_normed_heads() {
+    use distflash::model::cost;
+    use distflash::model::counting::Precision;
+    use distflash::train::estimate::{Step, estimate};
+    let cfg = Config {
+        vocab_size: 151936,
+        hidden_size: 1024,
+        intermediate_size: 3072,
+        num_hidden_layers: 2,
+        num_attention_heads: 16,
+        num_key_value_heads: 8,
+        head_dim: 128,
+        rms_norm_eps: 1e-6,
+        rope_theta: 1e6,
+        ..qwen3()
+    };
+    for seq in [1, 100, 441, 4096, 21846, 65536] {
+        for checkpoint in [Checkpoint::None, Checkpoint::Remat, Checkpoint::Layer] {
+            for optimizer in [false, true] {
+                let step = Step {
+                    cfg: &cfg,
+                    seq,
+                    keep: Keep::on_device(checkpoint),
+                    optimizer,
+                };
+                let counted = estimate(step, Precision::Cuda).unwrap().step_memory();
+                let mirror = cost::step_memory(&cfg, seq, checkpoint, optimizer);
+                assert_eq!(
+                    counted.total(),
+                    mirror.total(),
+                    "{seq} {checkpoint} {optimizer}"
+                );
+            }
+        }
+    }
 }
 
 /// Offloading each layer's checkpoint to host memory and fetching it back one layer ahead of

@@ -305,6 +305,76 @@ fn a_qwen2_model_trains_sharded_and_saves_and_reloads_its_biases() {
     std::fs::remove_dir_all(dir).unwrap();
 }
 
+/// A Qwen3 config as transformers writes it (no `head_dim`: Qwen3's 128, here 4 heads of 128 in
+/// a width of 64; tied embeddings) trains sharded; the saved model says `qwen3` and holds each
+/// layer's trained q_norm and k_norm gains of 128 under transformers' names, no `lm_head`, and
+/// `grads --init-from` reads it back with gradients for the norms.
+#[test]
+fn a_qwen3_model_trains_sharded_and_saves_and_reloads_its_head_norms() {
+    let dir = temp_dir("train", "qwen3");
+    let d = dir.join("model");
+    let d = d.to_str().unwrap();
+    let mut config = Config::preset("tiny").unwrap().to_json();
+    let o = config.as_object_mut().unwrap();
+    o.remove("head_dim");
+    o.remove("attention_bias");
+    config["model_type"] = serde_json::json!("qwen3");
+    config["architectures"] = serde_json::json!(["Qwen3ForCausalLM"]);
+    config["tie_word_embeddings"] = serde_json::json!(true);
+    config["use_sliding_window"] = serde_json::json!(false);
+    config["sliding_window"] = serde_json::Value::Null;
+    config["rope_theta"] = serde_json::json!(1000000.0);
+    let config_path = dir.join("qwen3.json");
+    std::fs::write(&config_path, config.to_string()).unwrap();
+    let out = distflash(&[
+        "train",
+        "--config",
+        config_path.to_str().unwrap(),
+        "--steps",
+        "3",
+        "--seq-len",
+        "32",
+        "--workers",
+        "2",
+        "--shard",
+        "full",
+        "--batch",
+        "1",
+        "--save-dir",
+        d,
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let saved: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("model/config.json")).unwrap())
+            .unwrap();
+    assert_eq!(saved["model_type"], "qwen3");
+    assert_eq!(saved["architectures"][0], "Qwen3ForCausalLM");
+    assert_eq!(saved["head_dim"], 128);
+    let weights = distflash::tensor_file::read(&dir.join("model/model.safetensors")).unwrap();
+    for norm in ["q_norm", "k_norm"] {
+        let (shape, gain) = &weights[&format!("model.layers.1.self_attn.{norm}.weight")];
+        assert_eq!(shape, &vec![128]);
+        assert!(gain.iter().any(|&g| g != 1.0), "{norm} trained from ones");
+    }
+    assert_eq!(
+        weights["model.layers.0.self_attn.q_proj.weight"].0,
+        [512, 64]
+    );
+    assert_eq!(
+        weights["model.layers.0.self_attn.o_proj.weight"].0,
+        [64, 512]
+    );
+    assert!(!weights.contains_key("lm_head.weight"));
+    assert!(!weights.contains_key("model.layers.0.self_attn.q_proj.bias"));
+
+    let (_, g) = grads_of(d, &dir, "2");
+    let (shape, dk) = &g["model.layers.0.self_attn.k_norm.weight"];
+    assert_eq!(shape, &vec![128]);
+    assert!(dk.iter().any(|&x| x != 0.0));
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
 /// A Mistral config's sliding window trains on the CPU (its mask in every block the workers
 /// compute; `tests/model.rs` checks the numbers). On the GPU the kernels take the same mask
 /// (`tests/gpu_attention.rs` checks them under windows).

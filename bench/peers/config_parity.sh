@@ -2,8 +2,8 @@
 # One device call (nvidia-h200): the configs of issue 20 against transformers, and the new GPU
 # ops against the CPU. Writes to $OUT:
 #   gpu_tests.log       tests/gpu_ops.rs (bias_add / bias_backward, rope with Llama 3's and
-#                       YaRN's tables, the tiny model as LLaMA, as Qwen2 and with LLaMA's
-#                       attention_bias), run by gpu_tests.sh
+#                       YaRN's tables, the tiny model as LLaMA, as Qwen2, with LLaMA's
+#                       attention_bias and as Qwen3), run by gpu_tests.sh
 #   parity_<case>.log, hf_parity*.json
 #                       bench/peers/hf_parity.py for every case below, on the CPU in f32 against
 #                       transformers' float64 (within 1e-4) and, where the GPU runs the case, in
@@ -45,6 +45,8 @@ for device in cpu cuda; do
   run dynamic "$device" --rope-scaling dynamic
   run qwen2_yarn "$device" --model-type qwen2 --rope-scaling yarn
   run mistral "$device" --model-type mistral
+  run qwen3 "$device" --model-type qwen3
+  run qwen3_tied_bias "$device" --model-type qwen3 --tie-word-embeddings --attention-bias
 done
 for device in cpu cuda; do
   run mistral_window16 "$device" --model-type mistral --sliding-window 16

@@ -24,7 +24,12 @@ frequencies from the sequence's length, which distflash takes from the run.
 `--model-type qwen2` builds a Qwen2ForCausalLM instead (q/k/v projection biases, random so they
 matter, and their gradients compared like every other); `--model-type llama --attention-bias`
 a LLaMA with LlamaConfig's attention_bias (q, k, v and o biases); `--model-type mistral` a
-MistralForCausalLM (`--sliding-window W` sets its window; none: full causal attention).
+MistralForCausalLM (`--sliding-window W` sets its window; none: full causal attention);
+`--model-type qwen3` a Qwen3ForCausalLM (q_norm and k_norm on every head, their gains random
+like every norm's, and heads of twice hidden_size / heads, so the query width is twice the
+hidden size, as in Qwen3-0.6B; `--attention-bias` gives it biases on q, k, v and o, as
+Qwen3Config reads it). `--tie-word-embeddings` ties the output projection to the embedding (the
+small Qwen3s do); its gradient is then the embedding's.
 
     python3 bench/peers/hf_parity.py --bin .dev/distflash --out OUTDIR --device cuda
 
@@ -46,7 +51,7 @@ import torch
 import transformers
 from safetensors.torch import load_file
 from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM,
-                          Qwen2Config, Qwen2ForCausalLM)
+                          Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
 
 TOLERANCE = 1e-4  # f32 results against a float64 reference
 
@@ -83,7 +88,14 @@ MODELS = {
     "llama": (LlamaConfig, LlamaForCausalLM),
     "qwen2": (Qwen2Config, Qwen2ForCausalLM),
     "mistral": (MistralConfig, MistralForCausalLM),
+    "qwen3": (Qwen3Config, Qwen3ForCausalLM),
 }
+
+# Families whose configs read attention_bias (biases on q, k, v and o).
+ATTENTION_BIAS = {"llama", "qwen3"}
+
+# Families whose heads are wider than hidden_size / heads here: the head dim is doubled.
+WIDE_HEADS = {"qwen3"}
 
 
 def accepts(config_class, key):
@@ -106,22 +118,31 @@ def type_arguments(model_type, attention_bias, sliding_window):
         return {"attention_bias": attention_bias, "mlp_bias": False}
     if model_type == "qwen2":
         return {"use_sliding_window": False}
+    if model_type == "qwen3":
+        return {"attention_bias": attention_bias, "use_sliding_window": False}
     return {"sliding_window": sliding_window}
 
 
+def head_dim(device, model_type):
+    """The head dim of the model built: the shape's, doubled for the families in WIDE_HEADS."""
+    return SHAPES[device]["head_dim"] * (2 if model_type in WIDE_HEADS else 1)
+
+
 def build(out: Path, seed: int, device: str, scaling=None, model_type="llama",
-          attention_bias=False, sliding_window=None):
+          attention_bias=False, sliding_window=None, tied=False):
     torch.manual_seed(seed)
     config_class, model_class = MODELS[model_type]
     # Every shape has head_dim = hidden_size / heads, so a config class without the key (some
-    # Qwen2Config versions) derives the same.
+    # Qwen2Config versions) derives the same; Qwen3's heads are wider (WIDE_HEADS).
     shape = {k: v for k, v in SHAPES[device].items()
              if k != "head_dim" or accepts(config_class, k)}
+    if "head_dim" in shape:
+        shape["head_dim"] = head_dim(device, model_type)
     config = config_class(
         **shape,
         rms_norm_eps=1e-5,
         **rope_arguments(config_class, scaling),
-        tie_word_embeddings=False,
+        tie_word_embeddings=tied,
         **type_arguments(model_type, attention_bias, sliding_window),
         initializer_range=0.1,
         max_position_embeddings=MAX_POSITIONS.get((scaling or {}).get("rope_type"), 4096),
@@ -137,8 +158,7 @@ def build(out: Path, seed: int, device: str, scaling=None, model_type="llama",
     model.save_pretrained(out, safe_serialization=True)
     if scaling is None:
         rotary = next(m for n, m in model.named_modules() if n.endswith("rotary_emb"))
-        head_dim = SHAPES[device]["head_dim"]
-        theta = 1.0 / rotary.inv_freq[1].item() ** (head_dim / 2)
+        theta = 1.0 / rotary.inv_freq[1].item() ** (head_dim(device, model_type) / 2)
         assert abs(theta - 500000.0) / 500000.0 < 1e-3, f"rope theta not applied: {theta}"
     return model.to(torch.float64), config
 
@@ -192,11 +212,14 @@ def main():
     ap.add_argument("--rope-scaling", choices=sorted(ROPE_SCALINGS), default="none")
     ap.add_argument("--model-type", choices=sorted(MODELS), default="llama")
     ap.add_argument("--attention-bias", action="store_true",
-                    help="LlamaConfig's attention_bias (llama only)")
+                    help="attention_bias: q, k, v and o biases (llama and qwen3 only)")
     ap.add_argument("--sliding-window", type=int, help="Mistral's sliding_window (mistral only)")
+    ap.add_argument("--tie-word-embeddings", action="store_true",
+                    help="tie the output projection to the embedding")
     args = ap.parse_args()
-    if args.attention_bias and args.model_type != "llama":
-        sys.exit("--attention-bias is a LlamaConfig setting: use it with --model-type llama")
+    if args.attention_bias and args.model_type not in ATTENTION_BIAS:
+        sys.exit("--attention-bias is read by LlamaConfig and Qwen3Config: use it with "
+                 "--model-type llama or qwen3")
     if args.sliding_window is not None and args.model_type != "mistral":
         sys.exit("--sliding-window is Mistral's: use it with --model-type mistral")
     seq_len = args.seq_len or (64 if args.device == "cpu" else 300)
@@ -204,7 +227,8 @@ def main():
     model_dir = out / "hf-model"
     model_dir.mkdir(parents=True, exist_ok=True)
     model, config = build(model_dir, args.seed, args.device, ROPE_SCALINGS[args.rope_scaling],
-                          args.model_type, args.attention_bias, args.sliding_window)
+                          args.model_type, args.attention_bias, args.sliding_window,
+                          args.tie_word_embeddings)
     g = torch.Generator().manual_seed(args.seed + 1)
     tokens = torch.randint(0, config.vocab_size, (seq_len + 1,), generator=g)
     tokens_file = out / "tokens.json"
@@ -278,6 +302,8 @@ def main():
         if args.sliding_window is not None:
             kind += f"_window{args.sliding_window}"
         name = name.replace(".json", f"_{kind}.json")
+    if args.tie_word_embeddings:
+        name = name.replace(".json", "_tied.json")
     (out / name).write_text(json.dumps(result, indent=2))
     print("PASSED" if result["passed"] else "FAILED")
     sys.exit(0 if result["passed"] else 1)

@@ -1,6 +1,7 @@
-//! The LLaMA-family architecture's numbers (LLaMA, Qwen2, Mistral), read from a Hugging Face
-//! `config.json` or taken from a preset, checked once so the layers can assume them.
+//! The LLaMA-family architecture's numbers, read from a Hugging Face `config.json` of any family
+//! `model::family` describes, or taken from a preset, checked once so the layers can assume them.
 
+use super::family::{Family, ModelType, Window};
 use super::rope::{RopeScaling, Rotary};
 use crate::shape::{Dims, MAX_HEAD_DIM, Mask};
 use anyhow::{Context, Result, bail};
@@ -10,14 +11,14 @@ use std::path::Path;
 /// One LLaMA-family model shape. Field names follow Hugging Face's `LlamaConfig`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Config {
-    /// Which Hugging Face architecture this is: it decides the biases and the saved
-    /// `config.json`'s `model_type`, so transformers loads a saved model as what it was.
+    /// Which Hugging Face architecture this is: its [`Family`] decides the biases, the window and
+    /// the saved `config.json`'s `model_type`, so transformers loads a saved model as what it was.
     pub model_type: ModelType,
-    /// `LlamaConfig`'s `attention_bias`: biases on the q, k, v and o projections (LLaMA only;
-    /// Qwen2's q/k/v biases follow from its `model_type`). See [`Config::qkv_bias`].
+    /// `LlamaConfig`'s `attention_bias`: biases on the q, k, v and o projections, in a family
+    /// whose config reads it ([`super::family::Biases::Switched`]). See [`Config::qkv_bias`].
     pub attention_bias: bool,
-    /// Mistral's `sliding_window`: each token sees itself and the W − 1 tokens before it
-    /// (`None`: full causal attention). See [`Config::mask`].
+    /// Mistral's `sliding_window` ([`Window::EveryLayer`]): each token sees itself and the W − 1
+    /// tokens before it (`None`: full causal attention). See [`Config::mask`].
     pub sliding_window: Option<usize>,
     pub vocab_size: usize,
     pub hidden_size: usize,
@@ -31,41 +32,6 @@ pub struct Config {
     /// How the rotary frequencies are rescaled for a context longer than pretraining's.
     pub rope_scaling: RopeScaling,
     pub tie_word_embeddings: bool,
-}
-
-/// The `model_type`s distflash implements: one decoder, differing in which projections have
-/// biases (and, for Mistral, an attention window).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ModelType {
-    /// `llama`: no biases unless `attention_bias`.
-    Llama,
-    /// `qwen2`: biases on the q, k and v projections, none on o.
-    Qwen2,
-    /// `mistral`: no biases.
-    Mistral,
-}
-
-impl ModelType {
-    /// The `model_type` string Hugging Face writes.
-    pub fn name(self) -> &'static str {
-        match self {
-            ModelType::Llama => "llama",
-            ModelType::Qwen2 => "qwen2",
-            ModelType::Mistral => "mistral",
-        }
-    }
-
-    /// The `architectures` entry of a causal language model of this type.
-    fn architecture(self) -> &'static str {
-        match self {
-            ModelType::Llama => "LlamaForCausalLM",
-            ModelType::Qwen2 => "Qwen2ForCausalLM",
-            ModelType::Mistral => "MistralForCausalLM",
-        }
-    }
-
-    /// Every implemented type, for parsing and for the refusal of the others.
-    const ALL: [ModelType; 3] = [ModelType::Llama, ModelType::Qwen2, ModelType::Mistral];
 }
 
 /// Names accepted by `--preset`, with what each is for.
@@ -147,7 +113,7 @@ impl Config {
         Ok(config)
     }
 
-    /// Reads a Hugging Face `config.json` of a LLaMA, Qwen2 or Mistral model.
+    /// Reads a Hugging Face `config.json` of a model of a family distflash implements.
     pub fn from_file(path: &Path) -> Result<Config> {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("cannot read {}", path.display()))?;
@@ -156,8 +122,8 @@ impl Config {
         Config::from_json(&v).with_context(|| format!("in {}", path.display()))
     }
 
-    /// Parses the fields of a `LlamaConfig` (or `Qwen2Config`, `MistralConfig`, by
-    /// `model_type`; none means LLaMA); missing optional ones take Hugging Face's defaults.
+    /// Parses the fields of a `LlamaConfig` (or the config of another family, by `model_type`;
+    /// none means LLaMA); missing optional ones take Hugging Face's defaults for the family.
     /// Anything that would change the math and that distflash does not implement — another
     /// architecture, MLP biases, a sliding window, dropout, partial or unknown rotary scaling —
     /// is refused with a sentence naming it, never ignored.
@@ -185,8 +151,9 @@ impl Config {
             given(key)?.with_context(|| format!("the config has no integer '{key}'"))
         };
         let model_type = model_type(v)?;
+        let family = model_type.family();
         refuse_other_math(v)?;
-        let sliding_window = sliding_window(v, model_type)?;
+        let sliding_window = sliding_window(v, family)?;
         if let Some(act) = v.get("hidden_act").and_then(Value::as_str)
             && act != "silu"
         {
@@ -195,7 +162,7 @@ impl Config {
         if v.get("mlp_bias").and_then(Value::as_bool) == Some(true) {
             bail!("'mlp_bias: true' is unsupported: distflash's MLPs have no biases");
         }
-        let attention_bias = attention_bias(v, model_type)?;
+        let attention_bias = attention_bias(v, family)?;
         // transformers 5 nests the rotary settings in `rope_parameters`; 4 keeps them on top,
         // with the scaling in `rope_scaling`.
         let rope = v.get("rope_parameters").unwrap_or(v);
@@ -216,7 +183,7 @@ impl Config {
             num_hidden_layers: int("num_hidden_layers")?,
             num_attention_heads: heads,
             num_key_value_heads: given("num_key_value_heads")?.unwrap_or(heads),
-            head_dim: given("head_dim")?.unwrap_or(hidden / heads.max(1)),
+            head_dim: given("head_dim")?.unwrap_or(family.head_dim.default_for(hidden, heads)),
             rms_norm_eps: v
                 .get("rms_norm_eps")
                 .and_then(Value::as_f64)
@@ -244,27 +211,29 @@ impl Config {
         Mask::new(seq, doc_lens, window, 0)
     }
 
+    /// What the model's family is.
+    pub fn family(&self) -> &'static Family {
+        self.model_type.family()
+    }
+
     /// Whether the q, k and v projections have biases: Qwen2's always do, LLaMA's with
-    /// `attention_bias`.
+    /// `attention_bias` ([`super::family::Biases`]).
     pub fn qkv_bias(&self) -> bool {
-        match self.model_type {
-            ModelType::Qwen2 => true,
-            ModelType::Llama => self.attention_bias,
-            ModelType::Mistral => false,
-        }
+        self.family().biases.qkv(self.attention_bias)
     }
 
     /// Whether the output projection has a bias: LLaMA's with `attention_bias` (Qwen2's never).
     pub fn o_bias(&self) -> bool {
-        self.model_type == ModelType::Llama && self.attention_bias
+        self.family().biases.o(self.attention_bias)
     }
 
     /// The config as Hugging Face writes it, so a saved model loads in `transformers`.
     pub fn to_json(&self) -> Value {
         let (rope_scaling, rope_keys) = self.rope_scaling.to_json();
+        let family = self.family();
         let mut v = json!({
-            "architectures": [self.model_type.architecture()],
-            "model_type": self.model_type.name(),
+            "architectures": [family.architecture],
+            "model_type": family.model_type,
             "hidden_act": "silu",
             "vocab_size": self.vocab_size,
             "hidden_size": self.hidden_size,
@@ -278,12 +247,16 @@ impl Config {
             "rope_scaling": rope_scaling,
             "tie_word_embeddings": self.tie_word_embeddings,
         });
-        let extra = match self.model_type {
-            ModelType::Llama => json!({"attention_bias": self.attention_bias, "mlp_bias": false}),
-            ModelType::Qwen2 => json!({"use_sliding_window": false, "sliding_window": null}),
-            ModelType::Mistral => json!({"sliding_window": self.sliding_window}),
+        let biases = match family.biases.switched() {
+            true => json!({"attention_bias": self.attention_bias}),
+            false => json!({}),
         };
-        for extra in [extra, rope_keys] {
+        let window = match family.window {
+            Window::None => json!({}),
+            Window::OffOnly => json!({"use_sliding_window": false, "sliding_window": null}),
+            Window::EveryLayer => json!({"sliding_window": self.sliding_window}),
+        };
+        for extra in [biases, window, rope_keys] {
             for (key, value) in extra.as_object().expect("an object") {
                 v[key] = value.clone();
             }
@@ -325,17 +298,19 @@ impl Config {
             bail!("rope_theta must be positive and rms_norm_eps non-negative");
         }
         self.rope_scaling.validate(self.head_dim)?;
+        let family = self.family();
         if let Some(w) = self.sliding_window
-            && (w == 0 || self.model_type != ModelType::Mistral)
+            && (w == 0 || family.window != Window::EveryLayer)
         {
             bail!(
-                "sliding_window {w} is unsupported here: distflash trains windows of at least 1 token, in Mistral models"
+                "sliding_window {w} is unsupported here: distflash trains windows of at least 1 token, in models whose every layer has the window (Mistral's)"
             );
         }
-        if self.attention_bias && self.model_type != ModelType::Llama {
+        if self.attention_bias && !family.biases.switched() {
             bail!(
-                "attention_bias is a LLaMA setting; model_type '{}' fixes its own biases",
-                self.model_type.name()
+                "attention_bias is not a {} setting; model_type '{}' fixes its own biases",
+                family.title,
+                family.model_type
             );
         }
         Ok(())
@@ -386,43 +361,44 @@ fn model_type(v: &Value) -> Result<ModelType> {
     }
 }
 
-/// `attention_bias`, which only `LlamaConfig` reads (for all four attention projections):
-/// elsewhere transformers ignores it, so a `true` there is a config that does not mean what it
-/// says and is refused.
-fn attention_bias(v: &Value, t: ModelType) -> Result<bool> {
+/// `attention_bias`, which only some families' configs read (`LlamaConfig`'s, for all four
+/// attention projections): elsewhere transformers ignores it, so a `true` there is a config
+/// that does not mean what it says and is refused.
+fn attention_bias(v: &Value, family: &Family) -> Result<bool> {
     let bias = v.get("attention_bias").and_then(Value::as_bool) == Some(true);
-    if bias && t != ModelType::Llama {
+    if bias && !family.biases.switched() {
         bail!(
             "'attention_bias: true' is not read by transformers for model_type '{}' (its biases are fixed: {}): remove the key",
-            t.name(),
-            match t {
-                ModelType::Qwen2 => "q, k and v have them, o does not",
-                _ => "none",
-            }
+            family.model_type,
+            family.biases.fixed()
         );
     }
     Ok(bias)
 }
 
-/// Mistral's `sliding_window` (null: none). Qwen2 keeps a `sliding_window` size even when
-/// `use_sliding_window` (default false) turns it off, and a window that is on, which covers only
-/// its layers from `max_window_layers` on, is refused; LLaMA has no window, so one there is
-/// refused unless `use_sliding_window: false` says it is off. `layer_types`, where given, must
-/// agree: every layer sliding under a window, full otherwise.
-fn sliding_window(v: &Value, t: ModelType) -> Result<Option<usize>> {
+/// The window of `family`'s [`Window`] kind: Mistral's `sliding_window` (null: none). Qwen2
+/// keeps a `sliding_window` size even when `use_sliding_window` (default false) turns it off,
+/// and a window that is on, which covers only its layers from `max_window_layers` on, is
+/// refused; LLaMA has no window, so one there is refused unless `use_sliding_window: false` says
+/// it is off. `layer_types`, where given, must agree: every layer sliding under a window, full
+/// otherwise.
+fn sliding_window(v: &Value, family: &Family) -> Result<Option<usize>> {
     let given = v.get("sliding_window").filter(|w| !w.is_null());
     let switch = v.get("use_sliding_window").and_then(Value::as_bool);
-    let window = match (t, given) {
+    let window = match (family.window, given) {
         (_, None) => None,
-        (ModelType::Qwen2, Some(_)) if switch != Some(true) => None,
-        (ModelType::Qwen2, Some(w)) => bail!(
-            "Qwen2's sliding window (sliding_window {w} in the layers from max_window_layers on) is not implemented: set use_sliding_window to false to train with full causal attention, which equals the window for sequences of at most {w} tokens"
+        (Window::OffOnly, Some(_)) if switch != Some(true) => None,
+        (Window::OffOnly, Some(w)) => bail!(
+            "{}'s sliding window (sliding_window {w} in the layers from max_window_layers on) is not implemented: set use_sliding_window to false to train with full causal attention, which equals the window for sequences of at most {w} tokens",
+            family.title
         ),
-        (ModelType::Llama, Some(_)) if switch == Some(false) => None,
-        (ModelType::Llama, Some(w)) => bail!(
-            "sliding_window {w} is not a LLaMA setting (transformers ignores it for model_type 'llama'): remove it, or give model_type 'mistral' for a model with a sliding window"
+        (Window::None, Some(_)) if switch == Some(false) => None,
+        (Window::None, Some(w)) => bail!(
+            "sliding_window {w} is not a {} setting (transformers ignores it for model_type '{}'): remove it, or give model_type 'mistral' for a model with a sliding window",
+            family.title,
+            family.model_type
         ),
-        (ModelType::Mistral, Some(w)) => match w.as_u64() {
+        (Window::EveryLayer, Some(w)) => match w.as_u64() {
             Some(w) if w >= 1 => Some(w as usize),
             _ => bail!(
                 "sliding_window {w} must be a whole number of at least 1 (the keys a token sees, itself included), or null for full causal attention"
@@ -495,6 +471,21 @@ mod tests {
             8
         );
         assert!(Config::preset("gpt2").is_err());
+    }
+
+    /// Every family's model saves as transformers names it and reads back as itself.
+    #[test]
+    fn every_family_saves_its_names_and_reads_back_as_itself() {
+        for t in ModelType::ALL {
+            let c = Config {
+                model_type: t,
+                ..Config::preset("tiny").unwrap()
+            };
+            let saved = c.to_json();
+            assert_eq!(saved["model_type"], t.family().model_type);
+            assert_eq!(saved["architectures"][0], t.family().architecture);
+            assert_eq!(Config::from_json(&saved).unwrap(), c, "{}", t.name());
+        }
     }
 
     #[test]

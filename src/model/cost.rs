@@ -303,9 +303,16 @@ fn step_memory_with(
     );
     // Every activation of one layer up to the MLP (`Layer::acts`): x, h1, x2, h2 (16-bit,
     // d wide), q and o (16-bit, q_width), k and v (16-bit, kv_width), rstd1 and rstd2 (f32, one a
-    // row) and LSE (f32, one a row and head, `causal_forward`). The MLP's g, u, m (16-bit) exist
-    // one block of rows at a time (`mlp_block_rows`) unless the policy keeps them all.
-    let acts = t * (HALF * (4.0 * d + 2.0 * qw + 2.0 * kw) + F32 * (2.0 + h));
+    // row) and LSE (f32, one a row and head, `causal_forward`); where each head's q and k are
+    // normed (Qwen3), q and k before their norms (16-bit) and the norms' rstd (f32, one a row
+    // and head). The MLP's g, u, m (16-bit) exist one block of rows at a time
+    // (`mlp_block_rows`) unless the policy keeps them all.
+    let kvh = c.num_key_value_heads as f64;
+    let normed_heads = match c.family().qk_norm {
+        true => HALF * (qw + kw) + F32 * (h + kvh),
+        false => 0.0,
+    };
+    let acts = t * (HALF * (4.0 * d + 2.0 * qw + 2.0 * kw) + F32 * (2.0 + h) + normed_heads);
     let mlp_all = t * HALF * 3.0 * i;
     let kept_per_layer = match policy {
         Checkpoint::None => acts + mlp_all,

@@ -307,7 +307,7 @@ mod tests {
         assert_eq!(err(&tensors), None);
         // The same tensors read as a Qwen2 lack its q/k/v biases.
         let qwen = Config {
-            model_type: crate::model::config::ModelType::Qwen2,
+            model_type: crate::model::family::ModelType::Qwen2,
             ..c.clone()
         };
         let e = HfWeights::open(&dir, &qwen).err().unwrap().to_string();

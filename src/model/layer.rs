@@ -2,7 +2,9 @@
 //! keeps between them.
 //!
 //! Forward, for the rows of this worker (x `[rows, d]`):
-//!   h1 = rmsnorm(x)·g1;  q, k, v = h1 Wqᵀ (+ bq), h1 Wkᵀ (+ bk), h1 Wvᵀ (+ bv);  q, k = rope(q, k)
+//!   h1 = rmsnorm(x)·g1;  q, k, v = h1 Wqᵀ (+ bq), h1 Wkᵀ (+ bk), h1 Wvᵀ (+ bv)
+//!   (q, k = rmsnorm(q)·gq, rmsnorm(k)·gk over each head's head_dim, where the layer has q_norm
+//!   and k_norm: Qwen3);  q, k = rope(q, k)
 //!   o, lse = attention(q, k, v)                       (distributed: communication)
 //!   x2 = x + o Woᵀ (+ bo);  h2 = rmsnorm(x2)·g2;  g, u = h2 Wgᵀ, h2 Wuᵀ;  m = silu(g)∘u
 //!   out = x2 + m Wdᵀ
@@ -24,7 +26,7 @@ use super::config::Config;
 use super::meter::Meter;
 use super::ops::Ops;
 use super::rope::Rotary;
-use super::weights::LayerWeights;
+use super::weights::{LayerTensor, LayerWeights};
 use crate::shape::Span;
 use anyhow::Result;
 use std::borrow::Cow;
@@ -64,13 +66,16 @@ impl fmt::Display for Checkpoint {
     }
 }
 
-/// Every activation the layer backward reads up to the MLP's input (q and k after rotation).
+/// Every activation the layer backward reads up to the MLP's input (q and k after rotation;
+/// before their per-head norms where the layer has them).
 pub struct Acts<T> {
     x: T,
     h1: T,
     rstd1: T,
     q: T,
+    q_pre: Option<PreNorm<T>>,
     k: T,
+    k_pre: Option<PreNorm<T>>,
     v: T,
     o: T,
     lse: T,
@@ -78,6 +83,25 @@ pub struct Acts<T> {
     h2: T,
     rstd2: T,
 }
+
+/// An attention input's heads before their norm (Qwen3's q_norm, k_norm), and the norm's rstd,
+/// one a row and head: what the norm's backward reads.
+pub struct PreNorm<T> {
+    x: T,
+    rstd: T,
+}
+
+impl<T> PreNorm<T> {
+    fn try_map<U>(&self, f: &mut impl FnMut(&T) -> Result<U>) -> Result<PreNorm<U>> {
+        Ok(PreNorm {
+            x: f(&self.x)?,
+            rstd: f(&self.rstd)?,
+        })
+    }
+}
+
+/// An attention input and, where its heads were normed, what the norm's backward reads.
+type Normed<T> = (T, Option<PreNorm<T>>);
 
 /// The MLP's `[rows, intermediate]` activations of one block of rows.
 pub struct MlpActs<T> {
@@ -96,7 +120,9 @@ impl<T> Acts<T> {
             h1: f(&self.h1)?,
             rstd1: f(&self.rstd1)?,
             q: f(&self.q)?,
+            q_pre: self.q_pre.as_ref().map(|p| p.try_map(f)).transpose()?,
             k: f(&self.k)?,
+            k_pre: self.k_pre.as_ref().map(|p| p.try_map(f)).transpose()?,
             v: f(&self.v)?,
             o: f(&self.o)?,
             lse: f(&self.lse)?,
@@ -152,6 +178,18 @@ impl<T> Kept<T> {
     }
 }
 
+/// One of attention's inputs as a projection of the normed input h1: its weight and bias (where
+/// the layer has one), its heads, the gain of their norm (where the layer has one: Qwen3's q
+/// and k), and whether rotary embeddings turn it (q and k, not v).
+#[derive(Clone, Copy)]
+struct Input {
+    weight: LayerTensor,
+    bias: LayerTensor,
+    heads: usize,
+    norm: Option<LayerTensor>,
+    rotated: bool,
+}
+
 /// Elements of one of the MLP's `[rows, intermediate]` tensors that may exist at once: 64 Mi
 /// (128 MiB in 16 bits). The MLP runs over blocks of rows this size, so its widest tensors and
 /// their gradients stop growing with the sequence (at LLaMA-7B's 11008 that is 6096 rows).
@@ -180,9 +218,11 @@ impl<O: Ops> Layer<'_, O> {
     }
 
     fn acts_bytes(&self, a: &Acts<O::T>) -> usize {
+        let pre = [&a.q_pre, &a.k_pre].into_iter().flatten();
+        let pre: Vec<&O::T> = pre.flat_map(|p| [&p.x, &p.rstd]).collect();
         self.bytes(&[
             &a.x, &a.h1, &a.rstd1, &a.q, &a.k, &a.v, &a.o, &a.lse, &a.x2, &a.h2, &a.rstd2,
-        ])
+        ]) + self.bytes(&pre)
     }
 
     fn mlp_bytes(&self, m: &MlpActs<O::T>) -> usize {
@@ -210,14 +250,12 @@ impl<O: Ops> Layer<'_, O> {
         forwards: &mut u32,
     ) -> Result<Acts<O::T>> {
         let (ops, c, n) = (self.ops, self.cfg, self.rows);
-        let (d, hd) = (c.hidden_size, c.head_dim);
-        let (h1, rstd1) = ops.rmsnorm(&x, &w.attn_norm, n, d, c.rms_norm_eps)?;
-        let mut q = self.projection(&h1, &w.wq, w.bq.as_ref(), d, c.q_width())?;
-        let mut k = self.projection(&h1, &w.wk, w.bk.as_ref(), d, c.kv_width())?;
-        let v = self.projection(&h1, &w.wv, w.bv.as_ref(), d, c.kv_width())?;
-        let (heads, kv_heads) = (c.num_attention_heads, c.num_key_value_heads);
-        ops.rope(&mut q, n, heads, hd, self.positions, self.rotary, false)?;
-        ops.rope(&mut k, n, kv_heads, hd, self.positions, self.rotary, false)?;
+        let d = c.hidden_size;
+        let (h1, rstd1) = ops.rmsnorm(&x, &w[LayerTensor::AttnNorm], n, d, c.rms_norm_eps)?;
+        let [query, key, value] = self.inputs();
+        let (q, q_pre) = self.input(w, &h1, query)?;
+        let (k, k_pre) = self.input(w, &h1, key)?;
+        let (v, _) = self.input(w, &h1, value)?;
         let (o, lse) = match saved_attention {
             Some(saved) => saved,
             None => {
@@ -225,15 +263,23 @@ impl<O: Ops> Layer<'_, O> {
                 attn.forward(&q, &k, &v)?
             }
         };
-        let mut x2 = self.projection(&o, &w.wo, w.bo.as_ref(), c.q_width(), d)?;
+        let mut x2 = self.projection(
+            &o,
+            &w[LayerTensor::Wo],
+            w.get(LayerTensor::Bo),
+            c.q_width(),
+            d,
+        )?;
         ops.add_assign(&mut x2, &x)?;
-        let (h2, rstd2) = ops.rmsnorm(&x2, &w.mlp_norm, n, d, c.rms_norm_eps)?;
+        let (h2, rstd2) = ops.rmsnorm(&x2, &w[LayerTensor::MlpNorm], n, d, c.rms_norm_eps)?;
         Ok(Acts {
             x,
             h1,
             rstd1,
             q,
+            q_pre,
             k,
+            k_pre,
             v,
             o,
             lse,
@@ -241,6 +287,115 @@ impl<O: Ops> Layer<'_, O> {
             h2,
             rstd2,
         })
+    }
+
+    /// Attention's three inputs, q, k and v, as projections of h1.
+    fn inputs(&self) -> [Input; 3] {
+        let c = self.cfg;
+        let (heads, kv_heads) = (c.num_attention_heads, c.num_key_value_heads);
+        [
+            Input {
+                weight: LayerTensor::Wq,
+                bias: LayerTensor::Bq,
+                heads,
+                norm: Some(LayerTensor::QNorm),
+                rotated: true,
+            },
+            Input {
+                weight: LayerTensor::Wk,
+                bias: LayerTensor::Bk,
+                heads: kv_heads,
+                norm: Some(LayerTensor::KNorm),
+                rotated: true,
+            },
+            Input {
+                weight: LayerTensor::Wv,
+                bias: LayerTensor::Bv,
+                heads: kv_heads,
+                norm: None,
+                rotated: false,
+            },
+        ]
+    }
+
+    /// One of attention's inputs from h1: its projection, each head normed where the layer has
+    /// the input's norm, rotated where it is q or k; and what the norm's backward reads.
+    fn input(&self, w: &LayerWeights<O::T>, h1: &O::T, input: Input) -> Result<Normed<O::T>> {
+        let (c, hd) = (self.cfg, self.cfg.head_dim);
+        let width = input.heads * hd;
+        let mut y = self.projection(
+            h1,
+            &w[input.weight],
+            w.get(input.bias),
+            c.hidden_size,
+            width,
+        )?;
+        let (ops, n) = (self.ops, self.rows);
+        // Each head's vector is a row of head_dim: the rows of y, `heads` times as many.
+        let pre = match input.norm.and_then(|t| w.get(t)) {
+            Some(gain) => {
+                let (normed, rstd) = ops.rmsnorm(&y, gain, n * input.heads, hd, c.rms_norm_eps)?;
+                Some(PreNorm {
+                    x: std::mem::replace(&mut y, normed),
+                    rstd,
+                })
+            }
+            None => None,
+        };
+        if input.rotated {
+            let (positions, rotary) = (self.positions, self.rotary);
+            ops.rope(&mut y, n, input.heads, hd, positions, rotary, false)?;
+        }
+        Ok((y, pre))
+    }
+
+    /// [`Layer::input`] backward: from `dy`, the gradient of the input attention read, the
+    /// projection's weight and bias gradients (and its norm's gain's) accumulate in `grads` and
+    /// h1's in `dh1`; `pre` is what the input's norm kept, where it has one.
+    #[allow(clippy::too_many_arguments)]
+    fn input_backward(
+        &self,
+        w: &LayerWeights<O::T>,
+        h1: &O::T,
+        input: Input,
+        mut dy: O::T,
+        pre: Option<PreNorm<O::T>>,
+        grads: &mut LayerWeights<O::T>,
+        dh1: &mut O::T,
+    ) -> Result<()> {
+        let (ops, c, n, hd) = (self.ops, self.cfg, self.rows, self.cfg.head_dim);
+        let width = input.heads * hd;
+        if input.rotated {
+            ops.rope(
+                &mut dy,
+                n,
+                input.heads,
+                hd,
+                self.positions,
+                self.rotary,
+                true,
+            )?;
+        }
+        if let (Some(pre), Some(norm)) = (pre, input.norm) {
+            // The projection's gradient in the activations' precision: the norm's backward
+            // writes it whole and the projection's backward reads it next (as attention's dO).
+            let mut dx = ops.activation_zeros(n * width)?;
+            let rows = n * input.heads;
+            ops.rmsnorm_backward(
+                &pre.x,
+                &w[norm],
+                &pre.rstd,
+                &dy,
+                rows,
+                hd,
+                &mut dx,
+                &mut grads[norm],
+            )?;
+            dy = dx;
+        }
+        self.bias_grad(&dy, width, grads.get_mut(input.bias))?;
+        let (d, wt) = (c.hidden_size, input.weight);
+        ops.linear_backward(&dy, h1, &w[wt], n, d, width, dh1, &mut grads[wt])
     }
 
     /// y = x Wᵀ + b (the bias where the layer has one) for this worker's rows.
@@ -292,8 +447,8 @@ impl<O: Ops> Layer<'_, O> {
     /// g, u = h2 Wgᵀ, h2 Wuᵀ;  m = silu(g)∘u for `rows` rows of h2.
     fn mlp_acts(&self, w: &LayerWeights<O::T>, h2: &O::T, rows: usize) -> Result<MlpActs<O::T>> {
         let (ops, d, i) = (self.ops, self.cfg.hidden_size, self.cfg.intermediate_size);
-        let g = ops.linear(h2, &w.w_gate, rows, d, i)?;
-        let u = ops.linear(h2, &w.w_up, rows, d, i)?;
+        let g = ops.linear(h2, &w[LayerTensor::WGate], rows, d, i)?;
+        let u = ops.linear(h2, &w[LayerTensor::WUp], rows, d, i)?;
         let m = ops.swiglu(&g, &u)?;
         Ok(MlpActs { g, u, m })
     }
@@ -315,7 +470,7 @@ impl<O: Ops> Layer<'_, O> {
             let mlp = self.mlp_acts(w, self.block(&a.h2, d, b)?.as_ref(), b.1)?;
             let bytes = self.mlp_bytes(&mlp);
             meter.hold(bytes);
-            let mut y = ops.linear(&mlp.m, &w.w_down, b.1, i, d)?;
+            let mut y = ops.linear(&mlp.m, &w[LayerTensor::WDown], b.1, i, d)?;
             ops.add_assign(&mut y, self.block(&a.x2, d, b)?.as_ref())?;
             if b == (0, self.rows) {
                 out = Some(y);
@@ -362,20 +517,38 @@ impl<O: Ops> Layer<'_, O> {
             ops.linear_backward(
                 &dy,
                 &mlp.m,
-                &w.w_down,
+                &w[LayerTensor::WDown],
                 len,
                 i,
                 d,
                 &mut dm,
-                &mut grads.w_down,
+                &mut grads[LayerTensor::WDown],
             )?;
             let (dg, du) = ops.swiglu_backward(&mlp.g, &mlp.u, &dm)?;
             let mut part = (b != (0, self.rows))
                 .then(|| ops.zeros(len * d))
                 .transpose()?;
             let into = part.as_mut().unwrap_or(&mut dh2);
-            ops.linear_backward(&dg, &h2, &w.w_gate, len, d, i, into, &mut grads.w_gate)?;
-            ops.linear_backward(&du, &h2, &w.w_up, len, d, i, into, &mut grads.w_up)?;
+            ops.linear_backward(
+                &dg,
+                &h2,
+                &w[LayerTensor::WGate],
+                len,
+                d,
+                i,
+                into,
+                &mut grads[LayerTensor::WGate],
+            )?;
+            ops.linear_backward(
+                &du,
+                &h2,
+                &w[LayerTensor::WUp],
+                len,
+                d,
+                i,
+                into,
+                &mut grads[LayerTensor::WUp],
+            )?;
             if let Some(part) = part {
                 ops.set_rows(&mut dh2, d, b.0, &part)?;
             }
@@ -428,7 +601,7 @@ impl<O: Ops> Layer<'_, O> {
         meter: &mut Meter,
     ) -> Result<O::T> {
         let (ops, c, n) = (self.ops, self.cfg, self.rows);
-        let (d, qw, kw) = (c.hidden_size, c.q_width(), c.kv_width());
+        let (d, qw) = (c.hidden_size, c.q_width());
         let had = self.kept_bytes(&kept);
         let (a, mlp) = match kept {
             Kept::All(a, mlp) => (a, Some(mlp)),
@@ -449,13 +622,13 @@ impl<O: Ops> Layer<'_, O> {
         let mut dx2 = dout;
         ops.rmsnorm_backward(
             &a.x2,
-            &w.mlp_norm,
+            &w[LayerTensor::MlpNorm],
             &a.rstd2,
             &dh2,
             n,
             d,
             &mut dx2,
-            &mut grads.mlp_norm,
+            &mut grads[LayerTensor::MlpNorm],
         )?;
         drop(dh2);
         let Acts {
@@ -463,7 +636,9 @@ impl<O: Ops> Layer<'_, O> {
             h1,
             rstd1,
             q,
+            q_pre,
             k,
+            k_pre,
             v,
             o,
             lse,
@@ -474,52 +649,40 @@ impl<O: Ops> Layer<'_, O> {
         drop((x2, h2, rstd2));
 
         // x2 = x + o Woᵀ + bo;  o = attention(q, k, v), backward from the saved o and lse
-        self.bias_grad(&dx2, d, grads.bo.as_mut())?;
+        self.bias_grad(&dx2, d, grads.get_mut(LayerTensor::Bo))?;
         // dO in the activations' precision: one product writes it whole and the attention's
         // 16-bit kernel reads it next.
         let mut dout_attn = ops.activation_zeros(n * qw)?;
-        ops.linear_backward(&dx2, &o, &w.wo, n, qw, d, &mut dout_attn, &mut grads.wo)?;
-        let (mut dq, mut dk, dv) = attn.backward(&q, &k, &v, &o, &lse, &dout_attn)?;
+        ops.linear_backward(
+            &dx2,
+            &o,
+            &w[LayerTensor::Wo],
+            n,
+            qw,
+            d,
+            &mut dout_attn,
+            &mut grads[LayerTensor::Wo],
+        )?;
+        let (dq, dk, dv) = attn.backward(&q, &k, &v, &o, &lse, &dout_attn)?;
         drop((q, k, v, o, lse, dout_attn));
 
         // q, k = rope(h1 Wqᵀ + bq, h1 Wkᵀ + bk);  v = h1 Wvᵀ + bv;  h1 = rmsnorm(x)·g1
-        let hd = c.head_dim;
-        ops.rope(
-            &mut dq,
-            n,
-            c.num_attention_heads,
-            hd,
-            self.positions,
-            self.rotary,
-            true,
-        )?;
-        ops.rope(
-            &mut dk,
-            n,
-            c.num_key_value_heads,
-            hd,
-            self.positions,
-            self.rotary,
-            true,
-        )?;
-        self.bias_grad(&dq, qw, grads.bq.as_mut())?;
-        self.bias_grad(&dk, kw, grads.bk.as_mut())?;
-        self.bias_grad(&dv, kw, grads.bv.as_mut())?;
         let mut dh1 = ops.zeros(n * d)?;
-        ops.linear_backward(&dq, &h1, &w.wq, n, d, qw, &mut dh1, &mut grads.wq)?;
-        ops.linear_backward(&dk, &h1, &w.wk, n, d, kw, &mut dh1, &mut grads.wk)?;
-        ops.linear_backward(&dv, &h1, &w.wv, n, d, kw, &mut dh1, &mut grads.wv)?;
-        drop((dq, dk, dv, h1));
+        let (inputs, pre) = (self.inputs(), [q_pre, k_pre, None]);
+        for ((input, dy), pre) in inputs.into_iter().zip([dq, dk, dv]).zip(pre) {
+            self.input_backward(w, &h1, input, dy, pre, grads, &mut dh1)?;
+        }
+        drop(h1);
         let mut dx = dx2;
         ops.rmsnorm_backward(
             &x,
-            &w.attn_norm,
+            &w[LayerTensor::AttnNorm],
             &rstd1,
             &dh1,
             n,
             d,
             &mut dx,
-            &mut grads.attn_norm,
+            &mut grads[LayerTensor::AttnNorm],
         )?;
         meter.release(all);
         Ok(dx)
@@ -576,7 +739,14 @@ mod tests {
         let dx = layer
             .backward(lw, kept, dout, &mut attn, gw, &mut forwards, &mut meter)
             .unwrap();
-        let g = [&gw.w_gate, &gw.w_up, &gw.w_down, &gw.mlp_norm, &gw.wq];
+        let g = [
+            LayerTensor::WGate,
+            LayerTensor::WUp,
+            LayerTensor::WDown,
+            LayerTensor::MlpNorm,
+            LayerTensor::Wq,
+        ]
+        .map(|t| &gw[t]);
         (out, dx, g.iter().map(|t| t.to_vec()).collect())
     }
 

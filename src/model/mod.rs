@@ -14,6 +14,7 @@ pub mod count;
 pub mod counting;
 pub mod cpu;
 pub mod cuda;
+pub mod family;
 pub mod float;
 pub mod hf_weights;
 pub mod init;

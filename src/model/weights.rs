@@ -8,131 +8,210 @@ use super::ops::Ops;
 use crate::shape::Span;
 use anyhow::{Context, Result, bail};
 
-/// One decoder layer's weights (linear weights `[out, in]`); the projections' biases exist
-/// where the config has them (`Config::qkv_bias`, `Config::o_bias`).
-#[derive(Clone, Debug)]
-pub struct LayerWeights<T> {
-    pub attn_norm: T,
-    pub wq: T,
-    pub bq: Option<T>,
-    pub wk: T,
-    pub bk: Option<T>,
-    pub wv: T,
-    pub bv: Option<T>,
-    pub wo: T,
-    pub bo: Option<T>,
-    pub mlp_norm: T,
-    pub w_gate: T,
-    pub w_up: T,
-    pub w_down: T,
+/// One tensor of a decoder layer, in the order every list of a layer's tensors follows
+/// (`specs`, gradients, shards, checkpoints). A family's layer has the tensors
+/// [`LayerTensor::present`] says; a tensor it lacks is simply absent, so the layer's arithmetic
+/// reads which ones are there ([`LayerWeights::get`]) and never which family it has.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LayerTensor {
+    AttnNorm,
+    Wq,
+    Bq,
+    Wk,
+    Bk,
+    Wv,
+    Bv,
+    Wo,
+    Bo,
+    QNorm,
+    KNorm,
+    MlpNorm,
+    WGate,
+    WUp,
+    WDown,
 }
 
-impl<T> LayerWeights<T> {
-    /// Every tensor, in `specs` order.
-    pub fn tensors(&self) -> Vec<&T> {
-        let mut out = vec![&self.attn_norm, &self.wq];
-        out.extend(&self.bq);
-        out.push(&self.wk);
-        out.extend(&self.bk);
-        out.push(&self.wv);
-        out.extend(&self.bv);
-        out.push(&self.wo);
-        out.extend(&self.bo);
-        out.extend([&self.mlp_norm, &self.w_gate, &self.w_up, &self.w_down]);
-        out
-    }
+impl LayerTensor {
+    /// Every tensor any family's layer may have, in order.
+    pub const ALL: [LayerTensor; 15] = [
+        LayerTensor::AttnNorm,
+        LayerTensor::Wq,
+        LayerTensor::Bq,
+        LayerTensor::Wk,
+        LayerTensor::Bk,
+        LayerTensor::Wv,
+        LayerTensor::Bv,
+        LayerTensor::Wo,
+        LayerTensor::Bo,
+        LayerTensor::QNorm,
+        LayerTensor::KNorm,
+        LayerTensor::MlpNorm,
+        LayerTensor::WGate,
+        LayerTensor::WUp,
+        LayerTensor::WDown,
+    ];
 
-    /// Every tensor, mutably, in `specs` order.
-    pub fn tensors_mut(&mut self) -> Vec<&mut T> {
-        let mut out = vec![&mut self.attn_norm, &mut self.wq];
-        out.extend(&mut self.bq);
-        out.push(&mut self.wk);
-        out.extend(&mut self.bk);
-        out.push(&mut self.wv);
-        out.extend(&mut self.bv);
-        out.push(&mut self.wo);
-        out.extend(&mut self.bo);
-        out.extend([
-            &mut self.mlp_norm,
-            &mut self.w_gate,
-            &mut self.w_up,
-            &mut self.w_down,
-        ]);
-        out
-    }
-
-    /// A layer of `tensors` in `specs` order ([`LayerWeights::into_tensors`] undone), with the
-    /// biases `like` has (a layer of the same config).
-    pub fn from_tensors<U>(tensors: Vec<T>, like: &LayerWeights<U>) -> LayerWeights<T> {
-        let mut it = tensors.into_iter();
-        let mut next = || it.next().expect("a tensor for each part of the layer");
-        LayerWeights {
-            attn_norm: next(),
-            wq: next(),
-            bq: like.bq.as_ref().map(|_| next()),
-            wk: next(),
-            bk: like.bk.as_ref().map(|_| next()),
-            wv: next(),
-            bv: like.bv.as_ref().map(|_| next()),
-            wo: next(),
-            bo: like.bo.as_ref().map(|_| next()),
-            mlp_norm: next(),
-            w_gate: next(),
-            w_up: next(),
-            w_down: next(),
+    /// Hugging Face's name of the tensor within `model.layers.{l}.`.
+    pub fn name(self) -> &'static str {
+        match self {
+            LayerTensor::AttnNorm => "input_layernorm.weight",
+            LayerTensor::Wq => "self_attn.q_proj.weight",
+            LayerTensor::Bq => "self_attn.q_proj.bias",
+            LayerTensor::Wk => "self_attn.k_proj.weight",
+            LayerTensor::Bk => "self_attn.k_proj.bias",
+            LayerTensor::Wv => "self_attn.v_proj.weight",
+            LayerTensor::Bv => "self_attn.v_proj.bias",
+            LayerTensor::Wo => "self_attn.o_proj.weight",
+            LayerTensor::Bo => "self_attn.o_proj.bias",
+            LayerTensor::QNorm => "self_attn.q_norm.weight",
+            LayerTensor::KNorm => "self_attn.k_norm.weight",
+            LayerTensor::MlpNorm => "post_attention_layernorm.weight",
+            LayerTensor::WGate => "mlp.gate_proj.weight",
+            LayerTensor::WUp => "mlp.up_proj.weight",
+            LayerTensor::WDown => "mlp.down_proj.weight",
         }
     }
 
-    /// Every tensor by value, in `specs` order.
+    /// The tensor's shape in a model of `c` (linear weights `[out, in]`).
+    pub fn shape(self, c: &Config) -> Vec<usize> {
+        let (d, i, q, kv) = (
+            c.hidden_size,
+            c.intermediate_size,
+            c.q_width(),
+            c.kv_width(),
+        );
+        match self {
+            LayerTensor::AttnNorm | LayerTensor::MlpNorm | LayerTensor::Bo => vec![d],
+            LayerTensor::Wq => vec![q, d],
+            LayerTensor::Bq => vec![q],
+            LayerTensor::Wk | LayerTensor::Wv => vec![kv, d],
+            LayerTensor::Bk | LayerTensor::Bv => vec![kv],
+            LayerTensor::QNorm | LayerTensor::KNorm => vec![c.head_dim],
+            LayerTensor::Wo => vec![d, q],
+            LayerTensor::WGate | LayerTensor::WUp => vec![i, d],
+            LayerTensor::WDown => vec![d, i],
+        }
+    }
+
+    /// Whether a layer of `c` has the tensor: the projections' biases where its family and
+    /// `attention_bias` put them (`Config::qkv_bias`, `Config::o_bias`), the per-head query and
+    /// key norms' gains where its family norms them, the rest always.
+    pub fn present(self, c: &Config) -> bool {
+        match self {
+            LayerTensor::Bq | LayerTensor::Bk | LayerTensor::Bv => c.qkv_bias(),
+            LayerTensor::Bo => c.o_bias(),
+            LayerTensor::QNorm | LayerTensor::KNorm => c.family().qk_norm,
+            _ => true,
+        }
+    }
+
+    /// The tensors a layer of `c` has, in order.
+    pub fn of(c: &Config) -> impl Iterator<Item = LayerTensor> + use<'_> {
+        LayerTensor::ALL.into_iter().filter(|t| t.present(c))
+    }
+
+    /// The tensor's slot in [`LayerWeights`]: its place in the declaration, which `ALL` follows
+    /// (tested), so slots run in order.
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// One decoder layer's tensors, each present where the config's layer has it
+/// ([`LayerTensor::present`]); `layer[t]` is a tensor the layer has, [`LayerWeights::get`] one
+/// it may lack.
+#[derive(Clone, Debug)]
+pub struct LayerWeights<T> {
+    tensors: [Option<T>; LayerTensor::ALL.len()],
+}
+
+impl<T> std::ops::Index<LayerTensor> for LayerWeights<T> {
+    type Output = T;
+    fn index(&self, t: LayerTensor) -> &T {
+        self.get(t)
+            .unwrap_or_else(|| panic!("the layer has no {}", t.name()))
+    }
+}
+
+impl<T> std::ops::IndexMut<LayerTensor> for LayerWeights<T> {
+    fn index_mut(&mut self, t: LayerTensor) -> &mut T {
+        self.get_mut(t)
+            .unwrap_or_else(|| panic!("the layer has no {}", t.name()))
+    }
+}
+
+impl<T> LayerWeights<T> {
+    /// The layer's tensor `t`, if it has one.
+    pub fn get(&self, t: LayerTensor) -> Option<&T> {
+        self.tensors[t.index()].as_ref()
+    }
+
+    /// The layer's tensor `t`, mutably, if it has one.
+    pub fn get_mut(&mut self, t: LayerTensor) -> Option<&mut T> {
+        self.tensors[t.index()].as_mut()
+    }
+
+    /// A layer of `make` of each tensor of `present` (the tensors one config's layer has),
+    /// called in order.
+    fn try_build(
+        present: impl Fn(LayerTensor) -> bool,
+        mut make: impl FnMut(LayerTensor) -> Result<T>,
+    ) -> Result<LayerWeights<T>> {
+        let mut tensors = std::array::from_fn(|_| None);
+        for t in LayerTensor::ALL.into_iter().filter(|&t| present(t)) {
+            tensors[t.index()] = Some(make(t)?);
+        }
+        Ok(LayerWeights { tensors })
+    }
+
+    /// Whether the layer has `t`.
+    fn has(&self, t: LayerTensor) -> bool {
+        self.tensors[t.index()].is_some()
+    }
+
+    /// Every tensor, in order.
+    pub fn tensors(&self) -> Vec<&T> {
+        self.tensors.iter().flatten().collect()
+    }
+
+    /// Every tensor, mutably, in order.
+    pub fn tensors_mut(&mut self) -> Vec<&mut T> {
+        self.tensors.iter_mut().flatten().collect()
+    }
+
+    /// A layer of `tensors` in order ([`LayerWeights::into_tensors`] undone), with the tensors
+    /// `like` has (a layer of the same config).
+    pub fn from_tensors<U>(tensors: Vec<T>, like: &LayerWeights<U>) -> LayerWeights<T> {
+        let mut it = tensors.into_iter();
+        LayerWeights::try_build(
+            |t| like.has(t),
+            |t| {
+                it.next()
+                    .with_context(|| format!("no tensor given for {}", t.name()))
+            },
+        )
+        .expect("a tensor for each part of the layer")
+    }
+
+    /// Every tensor by value, in order.
     pub fn into_tensors(self) -> Vec<T> {
-        let mut out = vec![self.attn_norm, self.wq];
-        out.extend(self.bq);
-        out.push(self.wk);
-        out.extend(self.bk);
-        out.push(self.wv);
-        out.extend(self.bv);
-        out.push(self.wo);
-        out.extend(self.bo);
-        out.extend([self.mlp_norm, self.w_gate, self.w_up, self.w_down]);
-        out
+        self.tensors.into_iter().flatten().collect()
     }
 
     /// A layer of `f` of each tensor and its companion in `other` (a shard and its whole
-    /// length, say), in `specs` order. Both have the biases of one config.
+    /// length, say), in order. Both have the tensors of one config.
     pub fn try_map_with<V, U>(
         &self,
         other: &LayerWeights<V>,
         mut f: impl FnMut(&T, &V) -> Result<U>,
     ) -> Result<LayerWeights<U>> {
-        let o = other;
-        Ok(LayerWeights {
-            attn_norm: f(&self.attn_norm, &o.attn_norm)?,
-            wq: f(&self.wq, &o.wq)?,
-            bq: bias(&mut f, &self.bq, &o.bq)?,
-            wk: f(&self.wk, &o.wk)?,
-            bk: bias(&mut f, &self.bk, &o.bk)?,
-            wv: f(&self.wv, &o.wv)?,
-            bv: bias(&mut f, &self.bv, &o.bv)?,
-            wo: f(&self.wo, &o.wo)?,
-            bo: bias(&mut f, &self.bo, &o.bo)?,
-            mlp_norm: f(&self.mlp_norm, &o.mlp_norm)?,
-            w_gate: f(&self.w_gate, &o.w_gate)?,
-            w_up: f(&self.w_up, &o.w_up)?,
-            w_down: f(&self.w_down, &o.w_down)?,
-        })
-    }
-}
-
-/// `f` of a bias and its companion, where the layer has it.
-fn bias<T, V, U>(
-    f: &mut impl FnMut(&T, &V) -> Result<U>,
-    a: &Option<T>,
-    b: &Option<V>,
-) -> Result<Option<U>> {
-    match (a, b) {
-        (Some(a), Some(b)) => f(a, b).map(Some),
-        (None, None) => Ok(None),
-        _ => bail!("two layers of one config differ in their biases"),
+        if LayerTensor::ALL
+            .iter()
+            .any(|&t| self.has(t) != other.has(t))
+        {
+            bail!("two layers of one config differ in their tensors");
+        }
+        LayerWeights::try_build(|t| self.has(t), |t| f(&self[t], &other[t]))
     }
 }
 
@@ -180,31 +259,13 @@ pub fn specs(c: &Config) -> Vec<Spec> {
         name,
         shape: shape.to_vec(),
     };
-    let (d, i) = (c.hidden_size, c.intermediate_size);
+    let d = c.hidden_size;
     let mut out = vec![spec("model.embed_tokens.weight".into(), &[c.vocab_size, d])];
     for l in 0..c.num_hidden_layers {
-        let p = format!("model.layers.{l}");
-        out.push(spec(format!("{p}.input_layernorm.weight"), &[d]));
-        for (proj, width, inp, bias) in [
-            ("q", c.q_width(), d, c.qkv_bias()),
-            ("k", c.kv_width(), d, c.qkv_bias()),
-            ("v", c.kv_width(), d, c.qkv_bias()),
-            ("o", d, c.q_width(), c.o_bias()),
-        ] {
-            out.push(spec(
-                format!("{p}.self_attn.{proj}_proj.weight"),
-                &[width, inp],
-            ));
-            if bias {
-                out.push(spec(format!("{p}.self_attn.{proj}_proj.bias"), &[width]));
-            }
-        }
-        out.extend([
-            spec(format!("{p}.post_attention_layernorm.weight"), &[d]),
-            spec(format!("{p}.mlp.gate_proj.weight"), &[i, d]),
-            spec(format!("{p}.mlp.up_proj.weight"), &[i, d]),
-            spec(format!("{p}.mlp.down_proj.weight"), &[d, i]),
-        ]);
+        out.extend(LayerTensor::of(c).map(|t| Spec {
+            name: format!("model.layers.{l}.{}", t.name()),
+            shape: t.shape(c),
+        }));
     }
     out.push(spec("model.norm.weight".into(), &[d]));
     if !c.tie_word_embeddings {
@@ -236,25 +297,8 @@ impl<T> Weights<T> {
         let mut it = specs.iter();
         let mut next = || make(it.next().expect("specs cover every tensor"));
         let embed = next()?;
-        let (qkv, o) = (c.qkv_bias(), c.o_bias());
         let layers = (0..c.num_hidden_layers)
-            .map(|_| {
-                Ok(LayerWeights {
-                    attn_norm: next()?,
-                    wq: next()?,
-                    bq: if qkv { Some(next()?) } else { None },
-                    wk: next()?,
-                    bk: if qkv { Some(next()?) } else { None },
-                    wv: next()?,
-                    bv: if qkv { Some(next()?) } else { None },
-                    wo: next()?,
-                    bo: if o { Some(next()?) } else { None },
-                    mlp_norm: next()?,
-                    w_gate: next()?,
-                    w_up: next()?,
-                    w_down: next()?,
-                })
-            })
+            .map(|_| LayerWeights::try_build(|t| t.present(c), |_| next()))
             .collect::<Result<_>>()?;
         let norm = next()?;
         let lm_head = if c.tie_word_embeddings {
@@ -390,9 +434,16 @@ mod tests {
     }
 
     #[test]
+    fn every_layer_tensor_sits_in_its_own_slot_in_order() {
+        for (i, t) in LayerTensor::ALL.into_iter().enumerate() {
+            assert_eq!(t.index(), i, "{t:?}");
+        }
+    }
+
+    #[test]
     fn biases_sit_after_their_projections_start_at_zero_and_do_not_decay() {
         let c = Config {
-            model_type: crate::model::config::ModelType::Qwen2,
+            model_type: crate::model::family::ModelType::Qwen2,
             ..Config::preset("tiny").unwrap()
         };
         let s = specs(&c);
@@ -416,7 +467,8 @@ mod tests {
         let ops = Cpu::<f32>::new();
         let w = random(&ops, &c, 0).unwrap();
         assert_eq!(w.tensors().len(), s.len());
-        assert!(w.layers[1].bv.as_ref().unwrap().iter().all(|&b| b == 0.0));
-        assert!(w.layers[1].bo.is_none());
+        let bv = w.layers[1].get(LayerTensor::Bv).unwrap();
+        assert!(bv.iter().all(|&b| b == 0.0));
+        assert!(w.layers[1].get(LayerTensor::Bo).is_none());
     }
 }
