@@ -811,15 +811,13 @@ impl Resolver<'_> {
     }
 }
 
-/// The strongly connected components of `graph` without the edges in `skip`, of more than one
-/// node: each is a cycle (or several).
-fn components(graph: &Graph, skip: &dyn Fn(&str, &str) -> bool) -> Vec<Vec<usize>> {
+/// The strongly connected components of `graph` of more than one node: each is a cycle (or
+/// several).
+fn components(graph: &Graph) -> Vec<Vec<usize>> {
     let n = graph.nodes.len();
     let mut next: Vec<Vec<usize>> = vec![Vec::new(); n];
     for &(a, b) in graph.edges.keys() {
-        if !skip(&graph.nodes[a].0, &graph.nodes[b].0) {
-            next[a].push(b);
-        }
+        next[a].push(b);
     }
     // Tarjan's strongly connected components.
     struct State {
@@ -878,17 +876,17 @@ fn components(graph: &Graph, skip: &dyn Fn(&str, &str) -> bool) -> Vec<Vec<usize
     out
 }
 
-/// Each cycle of `graph` outside `skip`'s edges: its files and the lines of every edge inside it.
-fn cycles(graph: &Graph, skip: &dyn Fn(&str, &str) -> bool) -> Vec<String> {
+/// Each cycle of `graph`: its files and the lines of every edge inside it.
+fn cycles(graph: &Graph) -> Vec<String> {
     let mut out = Vec::new();
-    for scc in components(graph, skip) {
+    for scc in components(graph) {
         let names: Vec<String> = scc
             .iter()
             .map(|&v| format!("{} ({})", graph.nodes[v].0, graph.nodes[v].1))
             .collect();
         let mut text = format!("cycle: {}", names.join(", "));
         for (&(a, b), at) in &graph.edges {
-            if scc.contains(&a) && scc.contains(&b) && !skip(&graph.nodes[a].0, &graph.nodes[b].0) {
+            if scc.contains(&a) && scc.contains(&b) {
                 text += &format!("\n  {} -> {}:", graph.nodes[a].0, graph.nodes[b].0);
                 for line in at {
                     text += &format!("\n    {line}");
@@ -900,55 +898,26 @@ fn cycles(graph: &Graph, skip: &dyn Fn(&str, &str) -> bool) -> Vec<String> {
     out
 }
 
-/// Arrows back up that exist today and are being removed (from, to), each closing a cycle; the
-/// cycle check leaves them out, and each is reported as a failure once it closes no cycle, so
-/// the marker does not outlive it.
-const KNOWN_CYCLE_EDGES: &[(&str, &str)] = &[
-    // `kernels.rs` and `mask.rs` each add an `impl CudaBackend` (the kernel cache, the mask's
-    // upload) to the backend that `device.rs` defines, whose caches hold their types; removing
-    // the cycle moves GPU code (or reshapes it), left for a change tested on a GPU (issue 48).
-    ("backend::cuda::kernels", "backend::cuda::device"),
-    ("backend::cuda::mask", "backend::cuda::device"),
-];
-
 /// The file-module graph of the crate whose source folder is `dir` and root file `root`.
 fn graph_on_disk(dir: &Path, root: &str) -> Graph {
     let read = |rel: &str| fs::read_to_string(dir.join(rel)).ok();
     module_graph(root, &read)
 }
 
-fn known_edge(from: &str, to: &str) -> bool {
-    KNOWN_CYCLE_EDGES.contains(&(from, to))
-}
-
 #[test]
 fn no_cycle_between_modules_at_any_depth() {
     let here = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let mut in_a_cycle = BTreeSet::new();
     for (dir, root) in [
         ("src", "lib.rs"),
         ("src", "main.rs"),
         ("python/src", "lib.rs"),
     ] {
         let graph = graph_on_disk(&here.join(dir), root);
-        let found = cycles(&graph, &known_edge);
+        let found = cycles(&graph);
         assert!(
             found.is_empty(),
             "cycles between modules of {dir}/{root} (tests/module_map.rs):\n{}",
             found.join("\n")
-        );
-        for scc in components(&graph, &|_, _| false) {
-            for &(a, b) in graph.edges.keys() {
-                if scc.contains(&a) && scc.contains(&b) {
-                    in_a_cycle.insert((graph.nodes[a].0.clone(), graph.nodes[b].0.clone()));
-                }
-            }
-        }
-    }
-    for (from, to) in KNOWN_CYCLE_EDGES {
-        assert!(
-            in_a_cycle.contains(&(from.to_string(), to.to_string())),
-            "`{from}` -> `{to}` closes no cycle now: delete its row from KNOWN_CYCLE_EDGES in tests/module_map.rs"
         );
     }
 }
@@ -957,7 +926,7 @@ fn no_cycle_between_modules_at_any_depth() {
 fn planted(files: &[(&str, &str)]) -> Vec<String> {
     let files: BTreeMap<&str, &str> = files.iter().copied().collect();
     let read = |rel: &str| files.get(rel).map(|s| s.to_string());
-    cycles(&module_graph("lib.rs", &read), &|_, _| false)
+    cycles(&module_graph("lib.rs", &read))
 }
 
 #[test]

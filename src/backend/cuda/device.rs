@@ -2,14 +2,16 @@
 //! its context and the one stream every kernel runs on, host-device copies, allocation and the
 //! single place kernels are launched.
 
+use super::kernels::{KernelCache, Target};
 use super::launch::Masking;
-use super::mask::DeviceMask;
+use super::mask::{MaskArgs, MaskCache};
 use super::{InputDtype, Kernels, Tensor, Tuning};
+use crate::attn::Block;
+use crate::shape::Mask;
 use anyhow::{Result, bail};
 use cudarc::driver::sys::CUdevice_attribute;
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, LaunchArgs, LaunchConfig};
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 /// The error a machine without the CUDA driver gets, before cudarc could panic on it.
 fn require_driver() -> Result<()> {
@@ -35,9 +37,9 @@ pub struct CudaBackend {
     pub(super) sms: usize,
     pub(super) ctx: Arc<CudaContext>,
     pub(super) stream: Arc<CudaStream>,
-    pub(super) kernels: Mutex<HashMap<(usize, Masking), Arc<Kernels>>>,
+    kernels: KernelCache,
     /// The last mask's `row_start` on the device (`mask`), reused while the mask stays.
-    pub(super) mask_rows: Mutex<Option<DeviceMask>>,
+    mask_rows: MaskCache,
 }
 
 impl CudaBackend {
@@ -78,8 +80,8 @@ impl CudaBackend {
             sms: sms.max(1) as usize,
             ctx,
             stream,
-            kernels: Mutex::new(HashMap::new()),
-            mask_rows: Mutex::new(None),
+            kernels: KernelCache::default(),
+            mask_rows: MaskCache::default(),
         };
         backend.keep_freed_memory()?;
         Ok(backend)
@@ -110,11 +112,33 @@ impl CudaBackend {
     /// Drops the compiled kernels, whose defines a new variant changes; they compile again
     /// (from the on-disk cache where it has them) at the next launch.
     fn forget_kernels(&self) -> Result<()> {
-        self.kernels
-            .lock()
-            .map_err(|_| anyhow::anyhow!("kernel cache lock poisoned"))?
-            .clear();
-        Ok(())
+        self.kernels.clear()
+    }
+
+    /// The kernels for `head_dim` and `masking`, compiled and loaded the first time.
+    pub(super) fn kernels(&self, head_dim: usize, masking: Masking) -> Result<Arc<Kernels>> {
+        let target = Target {
+            ctx: &self.ctx,
+            dtype: self.dtype,
+            tuning: self.tuning(head_dim),
+            sms: self.sms,
+            capability: self.capability,
+        };
+        self.kernels.get(head_dim, masking, &target)
+    }
+
+    /// Kernels of any head dim and masking already loaded, else the causal head-dim-128
+    /// variant: for the elementwise helpers, which depend on neither.
+    pub(super) fn any_kernels(&self) -> Result<Arc<Kernels>> {
+        match self.kernels.any()? {
+            Some(k) => Ok(k),
+            None => self.kernels(128, Masking::Causal),
+        }
+    }
+
+    /// The mask arguments for a launch of `block` (`mask::MaskCache::args`).
+    pub(super) fn mask_args(&self, mask: &Mask, block: Block) -> Result<MaskArgs> {
+        self.mask_rows.args(&self.stream, mask, block)
     }
 
     /// The kernel shape variant used for `head_dim` on this device.

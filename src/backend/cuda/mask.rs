@@ -9,13 +9,12 @@
 //! The array is uploaded once per mask and kept (one mask at a time: a training run or a
 //! schedule uses one), so the block API, called many times per step, does not copy it again.
 
-use super::CudaBackend;
 use crate::attn::Block;
 use crate::shape::Mask;
 use anyhow::{Result, bail};
-use cudarc::driver::{CudaSlice, DevicePtr, LaunchArgs, PushKernelArg};
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, LaunchArgs, PushKernelArg};
 use rayon::prelude::*;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 /// `row_start` of positions `0..len`: where each query's local keys begin.
 pub(super) fn row_starts(mask: &Mask, len: usize) -> Result<Vec<i32>> {
@@ -44,7 +43,7 @@ pub(super) fn row_ends(starts: &[i32]) -> Vec<i32> {
 }
 
 /// The uploaded `row_start` then `row_end` of one mask, covering positions `0..len`.
-pub(super) struct DeviceMask {
+struct DeviceMask {
     mask: Mask,
     len: usize,
     rows: Arc<CudaSlice<i32>>,
@@ -71,11 +70,21 @@ impl MaskArgs {
     }
 }
 
-impl CudaBackend {
-    /// The mask arguments for a launch of `block`: causal attention passes none; another mask
-    /// uploads its arrays the first time (or when a longer sequence needs more of them) and
-    /// reuses them after.
-    pub(super) fn mask_args(&self, mask: &Mask, block: Block) -> Result<MaskArgs> {
+/// The last mask uploaded (one at a time: a training run or a schedule uses one), which the
+/// backend in `device` holds.
+#[derive(Default)]
+pub(super) struct MaskCache(Mutex<Option<DeviceMask>>);
+
+impl MaskCache {
+    /// The mask arguments for a launch of `block` on `stream`: causal attention passes none;
+    /// another mask uploads its arrays the first time (or when a longer sequence needs more of
+    /// them) and reuses them after.
+    pub(super) fn args(
+        &self,
+        stream: &Arc<CudaStream>,
+        mask: &Mask,
+        block: Block,
+    ) -> Result<MaskArgs> {
         if mask.is_causal() {
             return Ok(MaskArgs {
                 _rows: None,
@@ -98,7 +107,7 @@ impl CudaBackend {
             )
         })?;
         let mut cached = self
-            .mask_rows
+            .0
             .lock()
             .map_err(|_| anyhow::anyhow!("mask cache lock poisoned"))?;
         let (rows, len) = match cached.as_ref() {
@@ -109,7 +118,7 @@ impl CudaBackend {
                 let mut host = row_starts(mask, len)?;
                 host.extend(row_ends(&host));
                 let rows =
-                    Arc::new(self.stream.clone_htod(&host).map_err(|e| {
+                    Arc::new(stream.clone_htod(&host).map_err(|e| {
                         anyhow::anyhow!("copy of the mask to the GPU failed: {e:?}")
                     })?);
                 *cached = Some(DeviceMask {
@@ -120,7 +129,7 @@ impl CudaBackend {
                 (rows, len)
             }
         };
-        let starts = rows.device_ptr(&self.stream).0;
+        let starts = rows.device_ptr(stream).0;
         Ok(MaskArgs {
             _rows: Some(rows),
             starts,
