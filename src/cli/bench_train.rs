@@ -1,12 +1,14 @@
-//! `distflash bench train`: the time of one training step without the optimizer (forward and
-//! backward of one sequence, batch 1, random weights), tokens/s, model FLOPs utilisation and
-//! peak memory, on the CPU or one GPU. `bench/peers/hf_train_bench.py` measures Hugging Face
+//! `distflash bench train`: the time of one training step (forward and backward of one
+//! sequence, batch 1, random weights; with `--optimizer` AdamW's update too, the whole step as
+//! `train` runs it), tokens/s, model FLOPs utilisation, the ideal step at the measured rates
+//! beside the measured one, and peak memory, on the CPU or one GPU. `bench/peers/hf_train_bench.py` measures Hugging Face
 //! transformers the same way, and `bench/peers/train_session.sh` runs both on the same shapes.
 
 use super::values;
 use anyhow::{Result, bail};
 use distflash::model::config::Config;
-use distflash::model::cost::{self, H200_BF16_PEAK_TFLOPS, gib};
+use distflash::model::cost::{self, H200_ATTENTION_TFLOPS, H200_BF16_PEAK_TFLOPS, gib};
+use distflash::model::cost::{H200_GEMM_TFLOPS, H200_HBM_TBPS};
 use distflash::model::count::Part;
 use distflash::model::profile::OpTime;
 use distflash::model::{Checkpoint, Offload};
@@ -51,16 +53,17 @@ pub struct Args {
     /// process each). A launched run takes its workers from the launcher.
     #[arg(long, default_value_t = 1, value_parser = values::whole::<usize>)]
     workers: usize,
-    /// With --estimate: include AdamW's two f32 moments (a training step's state).
+    /// End each step with AdamW's update, as `train` runs it (its moments made, sharded and
+    /// offloaded as the step's flags say); with --estimate: count AdamW's state.
     #[arg(long)]
     optimizer: bool,
     /// After the timed steps, run one more with the device waited for after every op and print
     /// where its time went (per op: calls, seconds, share). One device only.
     #[arg(long)]
     profile: bool,
-    /// The step's flags, as `train` takes them (`--offload optimizer` with --estimate
-    /// --optimizer only: the timed step runs no optimizer; `--shard grads` and `full` time the
-    /// reduce-scatter, `optimizer` the all-reduce as `none`).
+    /// The step's flags, as `train` takes them (`--offload optimizer` with --optimizer only;
+    /// `--shard grads` and `full` time the reduce-scatter, and without --optimizer `optimizer`
+    /// times the all-reduce as `none`).
     #[command(flatten)]
     step: super::step::StepArgs,
     /// Start on the GPU even when the estimated peak exceeds the free memory (the estimate adds a
@@ -84,9 +87,13 @@ struct Report {
     checkpoint: Checkpoint,
     offload: Offload,
     shard: Shard,
+    /// Whether each step ended with AdamW's update.
+    optimizer: bool,
     warmup: usize,
     repeats: usize,
     step_secs: f64,
+    /// The step at the measured H200 rates (`model::cost::ideal_step_secs`); GPU runs only.
+    ideal_step_secs: Option<f64>,
     all_secs: Vec<f64>,
     tokens_per_sec: f64,
     model_tflop_per_step: f64,
@@ -167,11 +174,6 @@ pub fn run(args: Args) -> Result<()> {
         }
         return Ok(());
     }
-    if args.optimizer {
-        bail!(
-            "--optimizer goes with --estimate: bench train times forward and backward without the optimizer"
-        );
-    }
     let runs = Runs {
         warmup: args.warmup,
         repeats: args.repeats,
@@ -183,13 +185,12 @@ pub fn run(args: Args) -> Result<()> {
         .place
         .runtime((args.workers > 1).then_some(args.workers), |_| 1)?;
     let workers = rt.workers();
-    let plan = args.step.plan(
-        Purpose::TimedStep,
-        workers,
-        &cfg,
-        rt.device,
-        rt.is_reporter(),
-    )?;
+    let purpose = Purpose::TimedStep {
+        optimizer: args.optimizer,
+    };
+    let plan = args
+        .step
+        .plan(purpose, workers, &cfg, rt.device, rt.is_reporter())?;
     resources::ensure_duration(
         (args.warmup + args.repeats) as f64 * cost::step_flops(&cfg, seq),
         super::checks::peak_flops(&rt),
@@ -228,9 +229,14 @@ pub fn run(args: Args) -> Result<()> {
         checkpoint: plan.checkpoint(),
         offload: plan.offload(),
         shard: plan.shard(),
+        optimizer: plan.has_optimizer(),
         warmup: args.warmup,
         repeats: args.repeats,
         step_secs: steps.step_secs,
+        ideal_step_secs: matches!(rt.device, Device::Cuda).then(|| {
+            let one = cost::ideal_step_secs(&cfg, seq, plan.checkpoint(), plan.has_optimizer());
+            one / workers as f64
+        }),
         all_secs: steps.all_secs,
         tokens_per_sec: seq as f64 / steps.step_secs,
         model_tflop_per_step: flops / 1e12,
@@ -255,14 +261,21 @@ pub fn run(args: Args) -> Result<()> {
 
 fn print(r: &Report) {
     let device = r.device.name();
+    let adamw = if r.optimizer { ", AdamW" } else { "" };
     println!(
-        "{}, {} layers, {} tokens, checkpoint {}, offload {}, {device} {}",
+        "{}, {} layers, {} tokens, checkpoint {}, offload {}{adamw}, {device} {}",
         r.preset, r.layers, r.seq, r.checkpoint, r.offload, r.dtype
     );
     println!(
         "step {:.3} s (median of {} after {} warm-up): {:.0} tokens/s",
         r.step_secs, r.repeats, r.warmup, r.tokens_per_sec
     );
+    if let Some(ideal) = r.ideal_step_secs {
+        println!(
+            "ideal step {ideal:.3} s at the measured H200 rates ({H200_GEMM_TFLOPS:.0} TFLOP/s GEMMs, {H200_ATTENTION_TFLOPS:.0} attention, {H200_HBM_TBPS} TB/s for the update): measured {:.2}x it",
+            r.step_secs / ideal
+        );
+    }
     let mfu = r.mfu.map_or(String::new(), |m| {
         format!(
             ", MFU {:.1}% of {H200_BF16_PEAK_TFLOPS:.0} TFLOP/s (H200 bf16 dense)",

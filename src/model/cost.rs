@@ -47,6 +47,47 @@ pub fn step_flops(c: &Config, seq: usize) -> f64 {
     6.0 * matmul_params(c) * t + attention
 }
 
+/// The bf16 rates a step's parts reach on an H200, measured (`bench/RESULTS.md`): cuBLAS's
+/// GEMMs of the step's linear shapes, and distflash's attention forward and backward under
+/// sustained load; HBM's bandwidth for the update. The ideal step is counted at them.
+pub const H200_GEMM_TFLOPS: f64 = 700.0;
+pub const H200_ATTENTION_TFLOPS: f64 = 600.0;
+pub const H200_HBM_TBPS: f64 = 4.8;
+
+/// The step a GPU could take at the measured rates ([`H200_GEMM_TFLOPS`] and the rest): every
+/// matrix product at the GEMM rate, forward and backward, plus the layers' forward again where
+/// the checkpoint re-runs it (`layer` and `remat`: the linears; `layer`: attention's forward
+/// too; the output projection is never re-run); attention's kernels at their rate (the
+/// backward 2.5 times the forward's FLOPs, as FlashAttention counts them; causal: half the
+/// square); and, with the optimizer, AdamW's pass over the state at HBM's bandwidth (16-bit
+/// weights read and written, f32 gradients read, both f32 moments read and written: 22 bytes a
+/// parameter). Memory-bound ops between them (norms, activations, the loss) are left out: the
+/// ideal is what the step's arithmetic costs, and a measured step's distance from it is what
+/// fusion and overlap can still win.
+pub fn ideal_step_secs(c: &Config, seq: usize, checkpoint: Checkpoint, optimizer: bool) -> f64 {
+    let t = seq as f64;
+    let head = c.vocab_size as f64 * c.hidden_size as f64;
+    let layers = matmul_params(c) - head;
+    let rerun = match checkpoint {
+        Checkpoint::None => 0.0,
+        Checkpoint::Layer | Checkpoint::Remat => 1.0,
+    };
+    let gemm = 2.0 * t * (3.0 * head + (3.0 + rerun) * layers);
+    let forward = 2.0 * c.num_hidden_layers as f64 * t * t * c.q_width() as f64;
+    let attention_forwards = if checkpoint == Checkpoint::Layer {
+        2.0
+    } else {
+        1.0
+    };
+    let attention = forward * (attention_forwards + 2.5);
+    let update = if optimizer {
+        22.0 * super::weights::parameters(c) as f64 / (H200_HBM_TBPS * 1e12)
+    } else {
+        0.0
+    };
+    gemm / (H200_GEMM_TFLOPS * 1e12) + attention / (H200_ATTENTION_TFLOPS * 1e12) + update
+}
+
 /// Bytes of one element: 16-bit weights and activations (and the attention inputs a GPU rank
 /// sends), f32 statistics and gradients.
 pub use super::float::HALF_BYTES;
@@ -423,6 +464,30 @@ mod tests {
             num_hidden_layers: layers,
             ..Config::preset("llama2-7b").unwrap()
         }
+    }
+
+    /// The ideal step of llama2-7b's first 16 layers at 64K tokens under remat, by hand: each
+    /// layer's 202,375,168 matmul parameters run forward, backward (twice the forward) and
+    /// forward again, the output projection's 131,072,000 three times: 2·T·(3·131.1M + 4·3.238G)
+    /// = 1.749 PFLOP at 700 TFLOP/s, 2.499 s; attention's forward 2·16·T²·4096 = 0.563 PFLOP and
+    /// its backward 2.5 times that, 1.970 PFLOP at 600 TFLOP/s, 3.284 s.
+    #[test]
+    fn the_ideal_step_counts_each_part_at_its_rate() {
+        let c = llama7b(16);
+        let t = 65536;
+        let remat = ideal_step_secs(&c, t, Checkpoint::Remat, false);
+        assert!((remat - 5.783).abs() < 2e-3, "{remat}");
+        // `none` runs the layers' linears once less; `layer` attention's forward once more.
+        let linears = 2.0 * t as f64 * (matmul_params(&c) - 32000.0 * 4096.0) / 700e12;
+        let none = ideal_step_secs(&c, t, Checkpoint::None, false);
+        assert!((remat - none - linears).abs() < 1e-9, "{none}");
+        let attention_forward = 2.0 * 16.0 * (t as f64).powi(2) * 4096.0 / 600e12;
+        let layer = ideal_step_secs(&c, t, Checkpoint::Layer, false);
+        assert!((layer - remat - attention_forward).abs() < 1e-9, "{layer}");
+        // The update reads and writes 22 bytes a parameter at 4.8 TB/s.
+        let update = ideal_step_secs(&c, t, Checkpoint::Remat, true) - remat;
+        let params = super::super::weights::parameters(&c) as f64;
+        assert!((update - 22.0 * params / 4.8e12).abs() < 1e-12, "{update}");
     }
 
     #[test]

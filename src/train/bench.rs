@@ -1,20 +1,21 @@
-//! Timing training steps without the optimizer: forward and backward of one sequence, the
-//! measure peers report (`distflash bench train`; `bench/peers/hf_train_bench.py` measures
-//! Hugging Face the same way). One job on every topology: one device, or each rank timing its
-//! chunk and the gradient all-reduce.
+//! Timing training steps: forward and backward of one sequence (the measure peers report:
+//! `distflash bench train`; `bench/peers/hf_train_bench.py` measures Hugging Face the same way),
+//! and with the optimizer the whole step as `train` runs it, AdamW's update included. One job on
+//! every topology: one device, or each rank timing its chunk and the gradient all-reduce.
 
 use super::attention::ModelAttention;
 use super::data::Sample;
 use super::documents::Packing;
 use super::memory::MemoryCheck;
-use super::shard::Held;
+use super::shard::{Held, Optimizer, Update};
 use super::step::Pass;
 use super::step_plan::StepPlan;
+use super::tally::collectives;
 use crate::backend::Backend;
-use crate::comm::Communicator;
+use crate::comm::{Communicator, Solo};
 use crate::model::attention::Attention;
 use crate::model::config::Config;
-use crate::model::ops::Ops;
+use crate::model::ops::{AdamW, Ops};
 use crate::model::profile::{OpTime, Profile, Profiled, ProfiledAttention};
 use crate::model::weights::Weights;
 use crate::model::{Keep, Whole, weights};
@@ -26,6 +27,16 @@ use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use serde::Serialize;
 use std::time::Instant;
+
+/// The update a timed step with the optimizer ends with: `train`'s betas and ε, a small rate.
+/// Its values change no time.
+const TIMED_ADAMW: AdamW = AdamW {
+    lr: 1e-5,
+    beta1: 0.9,
+    beta2: 0.95,
+    eps: 1e-8,
+    weight_decay: 0.1,
+};
 
 /// How many steps to run.
 #[derive(Clone, Copy, Debug)]
@@ -41,7 +52,8 @@ pub struct Runs {
 /// What a timed run measured.
 #[derive(Clone, Debug, Serialize)]
 pub struct StepTiming {
-    /// Median seconds of one forward+backward over the timed steps.
+    /// Median seconds of one step (forward and backward, and the AdamW update where the plan
+    /// has it) over the timed steps.
     pub step_secs: f64,
     /// Every timed step, in order.
     pub all_secs: Vec<f64>,
@@ -150,22 +162,44 @@ impl Job for StepBench<'_> {
     ) -> Result<StepTiming> {
         let (ops, cfg, seq) = (device.ops(), self.cfg, self.partition.seq());
         let (w, tokens) = random_inputs(ops, cfg, seq)?;
-        let held = Held::from_device(ops, cfg, w, self.plan, comm.rank())?;
+        let rank = comm.rank();
+        let mut held = Held::from_device(ops, cfg, w, self.plan, rank)?;
+        // A fresh run's zero moments, where the step ends with AdamW's update.
+        let mut opt = match self.plan.has_optimizer() {
+            true => Some(Optimizer::made(ops, cfg, self.plan, rank, |_, _, span| {
+                ops.zeros(span.len)
+            })?),
+            false => None,
+        };
         let sample = Sample {
             tokens,
             probe: None,
             eos: None,
         };
-        let mine = self.partition.own_spans(comm.rank());
+        let mine = self.partition.own_spans(rank);
         let (sync, keep) = (|| device.backend().synchronize(), self.plan.keep());
         device.reset_peak_memory()?;
         let mut attn = ModelAttention::new(device, comm, cfg.dims(), &self.partition)?;
+        let (mut solo, mut step) = (Solo, 0);
         // Fresh gradients each step, as in training (summed ones would double every step),
         // dropped within the step: kept to the next, they would double the gradients' memory.
+        // With the optimizer, the update training runs ends each step.
         let (all_secs, (out, tally)) = timed(self.runs, &sync, || {
             let pass = Pass::of_sequence(&sample, &mine, Packing::packed(), keep);
-            super::step::reduced_sequence(ops, cfg, &held, &mut attn, &pass)
-                .map(|(out, tally, _grads, _sent)| (out, tally))
+            let (out, tally, reduced, _sent) =
+                super::step::reduced_sequence(ops, cfg, &held, &mut attn, &pass)?;
+            if let Some(opt) = &mut opt {
+                step += 1;
+                let update = Update {
+                    adamw: TIMED_ADAMW,
+                    step,
+                    clip: 1.0,
+                };
+                let comm = collectives(&mut attn, &mut solo);
+                let grads = opt.gradients(ops, comm, reduced)?;
+                opt.apply(ops, comm, &mut held.w, grads, &update)?;
+            }
+            Ok((out, tally))
         })?;
         let profile = if self.runs.profile {
             let mut grads = weights::zeros(ops, cfg)?;
@@ -267,7 +301,8 @@ mod tests {
             checkpoint: policy,
             ..Asked::default()
         };
-        let plan = StepPlan::resolve(asked, Purpose::TimedStep, 1, cfg, Device::Cpu)?.plan;
+        let timed = Purpose::TimedStep { optimizer: false };
+        let plan = StepPlan::resolve(asked, timed, 1, cfg, Device::Cpu)?.plan;
         let memory = MemoryCheck {
             config: cfg.clone(),
             model: "tiny".into(),

@@ -39,7 +39,7 @@ use documents::{Documents, Packing};
 use lr::{Decay, LrSchedule};
 use memory::MemoryCheck;
 use serde::Serialize;
-use shard::{Held, Optimizer};
+use shard::{Held, Optimizer, Update};
 use state::{Part, RunKey, Saved, State};
 use std::path::PathBuf;
 use std::time::Instant;
@@ -483,9 +483,8 @@ fn run_steps<D: ModelDevice, C: Communicator<D::Tensor>, F: Fn(&StepReport) + Sy
             )?);
         }
         let reduced = reduce_step(ops, attn, held.shard, grads, &mut tally)?;
-        let mut grads = opt.own_grads(ops, reduced)?;
         let comm = collectives(attn, &mut solo);
-        let norm = opt.norm(ops, comm, &grads)?;
+        let (grads, norm) = opt.gradients(ops, comm, reduced)?;
         let lr = LrSchedule {
             peak: o.adamw.lr,
             floor: o.min_lr,
@@ -518,14 +517,12 @@ fn run_steps<D: ModelDevice, C: Communicator<D::Tensor>, F: Fn(&StepReport) + Sy
             let what = format!("the loss is {loss} and the gradient norm {norm}");
             return Err(diverged(o, step, saved.as_ref(), &what));
         }
-        if o.clip > 0.0 && norm > o.clip {
-            for g in &mut grads {
-                ops.scale(g, o.clip / norm)?;
-            }
-        }
-        let hp = AdamW { lr, ..o.adamw };
-        opt.update(ops, comm, &mut held.w, &grads, &hp, step)?;
-        drop(grads);
+        let update = Update {
+            adamw: AdamW { lr, ..o.adamw },
+            step,
+            clip: o.clip,
+        };
+        opt.apply(ops, comm, &mut held.w, (grads, norm), &update)?;
         let save = o.save_dir.as_ref().filter(|_| o.saves_at(step));
         let gathered = match save {
             Some(_) => Some((

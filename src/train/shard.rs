@@ -434,6 +434,15 @@ where
     Ok(Some(host))
 }
 
+/// One step's update: AdamW's hyper-parameters at this step (its learning rate scheduled), the
+/// step's number (AdamW's bias correction counts from 1), and the largest global gradient norm
+/// (0: no clipping).
+pub(super) struct Update {
+    pub adamw: AdamW,
+    pub step: u64,
+    pub clip: f64,
+}
+
 /// AdamW's whole moments `(m, v)` on the host, `specs` order.
 type HostMoments = (Vec<Vec<f32>>, Vec<Vec<f32>>);
 
@@ -484,8 +493,39 @@ where
         })
     }
 
+    /// The gradients this worker updates from (its pieces of the summed ones) and their global
+    /// norm: the first half of a step's update, before the caller looks at the norm.
+    pub fn gradients(
+        &self,
+        ops: &O,
+        comm: &mut dyn Communicator<O::T>,
+        reduced: Vec<O::T>,
+    ) -> Result<(Vec<O::T>, f64)> {
+        let grads = self.own_grads(ops, reduced)?;
+        let norm = self.norm(ops, comm, &grads)?;
+        Ok((grads, norm))
+    }
+
+    /// The second half: `grads` (of global norm `norm`) scaled down to `update.clip` when
+    /// larger, then AdamW on the weights `w` ([`Optimizer::update`]).
+    pub fn apply(
+        &mut self,
+        ops: &O,
+        comm: &mut dyn Communicator<O::T>,
+        w: &mut Weights<O::T>,
+        (mut grads, norm): (Vec<O::T>, f64),
+        update: &Update,
+    ) -> Result<()> {
+        if update.clip > 0.0 && norm > update.clip {
+            for g in &mut grads {
+                ops.scale(g, update.clip / norm)?;
+            }
+        }
+        self.update(ops, comm, w, &grads, &update.adamw, update.step)
+    }
+
     /// The gradients this worker updates from: `reduce_grads`'s whole tensors cut to its pieces.
-    pub fn own_grads(&self, ops: &O, reduced: Vec<O::T>) -> Result<Vec<O::T>> {
+    fn own_grads(&self, ops: &O, reduced: Vec<O::T>) -> Result<Vec<O::T>> {
         // Only the moments sharded: the gradients were all-reduced whole.
         if !self.shard.shards_optimizer() || self.shard.reduce_scatters_grads() {
             return Ok(reduced);
@@ -499,7 +539,7 @@ where
 
     /// The global gradient norm of `grads` (this worker's pieces, or whole tensors unsharded):
     /// sharded, each worker's sum of squares all-reduced as an f32 scalar.
-    pub fn norm(&self, ops: &O, comm: &mut dyn Communicator<O::T>, grads: &[O::T]) -> Result<f64> {
+    fn norm(&self, ops: &O, comm: &mut dyn Communicator<O::T>, grads: &[O::T]) -> Result<f64> {
         let squares = grads
             .iter()
             .map(|g| ops.sum_squares(g))
@@ -515,7 +555,7 @@ where
     /// AdamW on this worker's pieces of `w` from `grads` (its pieces), then every piece
     /// all-gathered into every worker's whole `w` (under `full`, `w` holds the pieces and is
     /// updated in place).
-    pub fn update(
+    fn update(
         &mut self,
         ops: &O,
         comm: &mut dyn Communicator<O::T>,

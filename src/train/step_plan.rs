@@ -138,8 +138,8 @@ pub enum Purpose {
     Train,
     /// `grads`: forward and backward of one sequence; no optimizer.
     Gradients,
-    /// `bench train`: forward and backward timed, no optimizer.
-    TimedStep,
+    /// `bench train`: forward and backward timed, and the AdamW update with `--optimizer`.
+    TimedStep { optimizer: bool },
     /// `bench train --estimate`: the memory of a step, with AdamW's state or without.
     Estimate { optimizer: bool },
 }
@@ -147,7 +147,11 @@ pub enum Purpose {
 impl Purpose {
     /// Whether AdamW's moments exist and an update follows the backward.
     fn optimizer(self) -> bool {
-        matches!(self, Purpose::Train | Purpose::Estimate { optimizer: true })
+        match self {
+            Purpose::Train => true,
+            Purpose::Gradients => false,
+            Purpose::TimedStep { optimizer } | Purpose::Estimate { optimizer } => optimizer,
+        }
     }
 
     /// The sharding when none is asked for. Training and gradients shard everything over
@@ -157,7 +161,7 @@ impl Purpose {
     fn default_shard(self, workers: usize, config: &Config) -> Shard {
         match self {
             Purpose::Train | Purpose::Gradients => Shard::default_for(workers, config),
-            Purpose::TimedStep | Purpose::Estimate { .. } => Shard::None,
+            Purpose::TimedStep { .. } | Purpose::Estimate { .. } => Shard::None,
         }
     }
 
@@ -166,7 +170,7 @@ impl Purpose {
         match self {
             Purpose::Gradients => "grads never makes (it runs no optimizer): leave it out",
             _ => {
-                "bench train counts only with --estimate --optimizer (it times forward and backward without the optimizer): add both, or time the update with train"
+                "bench train counts only with --optimizer (without it the step is forward and backward): add it"
             }
         }
     }
@@ -365,7 +369,7 @@ mod tests {
         }
         // The step benchmark and the estimate shard nothing unless asked.
         let estimate = Purpose::Estimate { optimizer: true };
-        for purpose in [Purpose::TimedStep, estimate] {
+        for purpose in [Purpose::TimedStep { optimizer: true }, estimate] {
             assert_eq!(shard(purpose, 8, "llama2-7b"), Shard::None);
         }
         let full = Asked {
@@ -425,10 +429,19 @@ mod tests {
             e,
             "--offload activations,optimizer moves AdamW's moments, which grads never makes (it runs no optimizer): leave it out"
         );
-        let e = resolve(asked, Purpose::TimedStep, 1, "tiny")
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("only with --estimate --optimizer"), "{e}");
+        let timed = Purpose::TimedStep { optimizer: false };
+        let e = resolve(asked, timed, 1, "tiny").unwrap_err().to_string();
+        assert!(
+            e.contains("which bench train counts only with --optimizer"),
+            "{e}"
+        );
+        let timed = Purpose::TimedStep { optimizer: true };
+        assert!(
+            resolve(asked, timed, 1, "tiny")
+                .unwrap()
+                .plan
+                .offloads_optimizer()
+        );
         let without = Purpose::Estimate { optimizer: false };
         assert!(resolve(asked, without, 1, "tiny").is_err());
         let with = Purpose::Estimate { optimizer: true };
