@@ -25,7 +25,7 @@ pub struct StepArgs {
     /// goes to pinned host memory as its forward ends and comes back one layer ahead of its
     /// backward, so the device holds two layers' instead of all); optimizer (AdamW's two f32
     /// moments live in pinned host memory and the update streams them through the device a
-    /// tensor at a time; steps with AdamW only: `train`, `bench train --estimate --optimizer`);
+    /// tensor at a time; steps with AdamW only: `train`, `bench train --optimizer`);
     /// or both, activations,optimizer (or all). The same losses, gradients and weights, bit for
     /// bit.
     #[arg(long, default_value = "none")]
