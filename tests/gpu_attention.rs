@@ -338,7 +338,7 @@ fn the_deterministic_backward_repeats_to_the_bit() -> Result<()> {
                     dk: &mut g.dk,
                     dv: &mut g.dv,
                 };
-                be.backward_block(&dims, block, &mask, query, &k, &v, acc)?;
+                be.backward_block(&dims, block, &mask, query, (&k, &v), acc)?;
                 be.synchronize()?;
                 three.push([
                     be.download(&g.dq)?,
@@ -582,7 +582,14 @@ fn blocks(c: &Case) -> Result<[Vec<f32>; 5]> {
                 q: qs_span,
                 kv: spans[j],
             };
-            be.forward_block(&dims, block, &c.x.mask, &qs[i], &ks[j], &vs[j], &mut state)?;
+            be.forward_block(
+                &dims,
+                block,
+                &c.x.mask,
+                &qs[i],
+                (&ks[j], &vs[j]),
+                &mut state,
+            )?;
         }
         let mut part = be.finalize(&dims, qs_span.len, state)?;
         if last {
@@ -591,7 +598,7 @@ fn blocks(c: &Case) -> Result<[Vec<f32>; 5]> {
                 q: qs_span,
                 kv: qs_span,
             };
-            be.forward_block(&dims, block, &c.x.mask, &qs[i], &ks[i], &vs[i], &mut diag)?;
+            be.forward_block(&dims, block, &c.x.mask, &qs[i], (&ks[i], &vs[i]), &mut diag)?;
             let diag = be.finalize(&dims, qs_span.len, diag)?;
             be.merge(&dims, qs_span.len, &mut part, &diag)?;
         }
@@ -635,7 +642,7 @@ fn blocks(c: &Case) -> Result<[Vec<f32>; 5]> {
                 dk: &mut blk.dk,
                 dv: &mut blk.dv,
             };
-            be.backward_block(&dims, block, &c.x.mask, query, &ks[j], &vs[j], g)?;
+            be.backward_block(&dims, block, &c.x.mask, query, (&ks[j], &vs[j]), g)?;
             be.add_assign(&mut dqs[i], &blk.dq)?;
             be.add_assign(&mut dks[j], &blk.dk)?;
             be.add_assign(&mut dvs[j], &blk.dv)?;

@@ -36,15 +36,13 @@ pub trait Backend: Sync {
     /// Folds block (Q rows `block.q`, K/V rows `block.kv`) into `state`, counting only the
     /// pairs `mask` leaves visible (causal by position at least). A backend that cannot apply
     /// a mask refuses it rather than compute another one.
-    #[allow(clippy::too_many_arguments)]
     fn forward_block(
         &self,
         dims: &Dims,
         block: Block,
         mask: &Mask,
         q: &Self::Tensor,
-        k: &Self::Tensor,
-        v: &Self::Tensor,
+        kv: (&Self::Tensor, &Self::Tensor),
         state: &mut RunningState<Self::Tensor>,
     ) -> Result<()>;
 
@@ -76,15 +74,13 @@ pub trait Backend: Sync {
 
     /// Backward of one block from the final O's statistics, under the `mask` the forward ran
     /// with: accumulates dQ (for `block.q` rows) and dK, dV (for `block.kv` rows) into `grads`.
-    #[allow(clippy::too_many_arguments)]
     fn backward_block(
         &self,
         dims: &Dims,
         block: Block,
         mask: &Mask,
         query: QuerySide<'_, Self::Tensor>,
-        k: &Self::Tensor,
-        v: &Self::Tensor,
+        kv: (&Self::Tensor, &Self::Tensor),
         grads: GradsMut<'_, Self::Tensor>,
     ) -> Result<()>;
 }

@@ -52,8 +52,7 @@ impl Backend for CpuBackend {
         block: Block,
         mask: &Mask,
         q: &Vec<f32>,
-        k: &Vec<f32>,
-        v: &Vec<f32>,
+        (k, v): (&Vec<f32>, &Vec<f32>),
         state: &mut RunningState<Vec<f32>>,
     ) -> Result<()> {
         attn::forward_block(dims, block, mask, q, k, v, state);
@@ -96,8 +95,7 @@ impl Backend for CpuBackend {
         block: Block,
         mask: &Mask,
         query: QuerySide<'_, Vec<f32>>,
-        k: &Vec<f32>,
-        v: &Vec<f32>,
+        (k, v): (&Vec<f32>, &Vec<f32>),
         grads: GradsMut<'_, Vec<f32>>,
     ) -> Result<()> {
         attn::backward_block(dims, block, mask, query, k, v, grads);

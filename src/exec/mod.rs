@@ -272,7 +272,7 @@ where
                         let (q, kv) = (&own[at(i)], &own[at(j)]);
                         let state = &mut states[at(i)];
                         self.timed(|b| {
-                            b.forward_block(&dims, block, mask, &q.q, &kv.k, &kv.v, state)
+                            b.forward_block(&dims, block, mask, &q.q, (&kv.k, &kv.v), state)
                         })?;
                     }
                     Role::Owner => {
@@ -284,8 +284,7 @@ where
                                 block,
                                 mask,
                                 &own[at(i)].q,
-                                &kv[0],
-                                &kv[1],
+                                (&kv[0], &kv[1]),
                                 state,
                             )
                         })?;
@@ -297,7 +296,7 @@ where
                             slot(&mut helping, i, || backend.new_state(&dims, block.q.len))?;
                         let kv = &own[at(j)];
                         self.timed(|b| {
-                            b.forward_block(&dims, block, mask, q, &kv.k, &kv.v, state)
+                            b.forward_block(&dims, block, mask, q, (&kv.k, &kv.v), state)
                         })?;
                     }
                 }
@@ -390,7 +389,7 @@ where
                             dv: &mut dv[at(j)],
                         };
                         self.timed(|b| {
-                            b.backward_block(&dims, block, mask, query_side(i), &kv.k, &kv.v, g)
+                            b.backward_block(&dims, block, mask, query_side(i), (&kv.k, &kv.v), g)
                         })?;
                     }
                     Role::Owner => {
@@ -405,7 +404,7 @@ where
                             dv: tv,
                         };
                         self.timed(|b| {
-                            b.backward_block(&dims, block, mask, query_side(i), &kv[0], &kv[1], g)
+                            b.backward_block(&dims, block, mask, query_side(i), (&kv[0], &kv[1]), g)
                         })?;
                     }
                     Role::Helper => {
@@ -425,7 +424,7 @@ where
                             dv: &mut dv[at(j)],
                         };
                         self.timed(|b| {
-                            b.backward_block(&dims, block, mask, remote, &kv.k, &kv.v, g)
+                            b.backward_block(&dims, block, mask, remote, (&kv.k, &kv.v), g)
                         })?;
                     }
                 }

@@ -267,8 +267,7 @@ impl Backend for CudaBackend {
         block: Block,
         mask: &Mask,
         q: &Tensor,
-        k: &Tensor,
-        v: &Tensor,
+        (k, v): (&Tensor, &Tensor),
         state: &mut RunningState<Tensor>,
     ) -> Result<()> {
         launch::check_dims(dims)?;
@@ -346,8 +345,7 @@ impl Backend for CudaBackend {
         block: Block,
         mask: &Mask,
         query: QuerySide<'_, Tensor>,
-        k: &Tensor,
-        v: &Tensor,
+        (k, v): (&Tensor, &Tensor),
         grads: GradsMut<'_, Tensor>,
     ) -> Result<()> {
         let strides = CallStrides::head_major(dims, block.q.len, block.kv.len);

@@ -185,13 +185,13 @@ pub fn time_block(
     let [q, k, v, dout] = upload_random(be, dims, chunk, 11)?;
     let mut state = be.new_state(&dims, chunk)?;
     let (forward_ms, repeats) = time_forward(be, &mut || {
-        be.forward_block(&dims, block, &mask, &q, &k, &v, &mut state)
+        be.forward_block(&dims, block, &mask, &q, (&k, &v), &mut state)
     })?;
     // The timed state folded the same keys many times over; the backward reads the O and LSE
     // of one fold, as the executor's would be.
     drop(state);
     let mut once = be.new_state(&dims, chunk)?;
-    be.forward_block(&dims, block, &mask, &q, &k, &v, &mut once)?;
+    be.forward_block(&dims, block, &mask, &q, (&k, &v), &mut once)?;
     let fwd = be.finalize(&dims, chunk, once)?;
     let delta = be.delta(&dims, chunk, &fwd.out, &dout)?;
     let (mut dq, mut dk, mut dv) = (
@@ -211,7 +211,7 @@ pub fn time_block(
             dk: &mut dk,
             dv: &mut dv,
         };
-        be.backward_block(&dims, block, &mask, query, &k, &v, grads)
+        be.backward_block(&dims, block, &mask, query, (&k, &v), grads)
     };
     time_backward(be, forward_ms, repeats, &mut backward)
 }
