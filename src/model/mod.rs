@@ -17,6 +17,7 @@ pub mod cuda;
 pub mod float;
 pub mod hf_weights;
 pub mod init;
+pub mod instrument;
 mod layer;
 mod meter;
 pub mod offload;
