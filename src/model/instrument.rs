@@ -1,7 +1,8 @@
 //! One wrapper over any `Ops` device and its attention that spells out each call of the device
-//! interface once and leaves what is done around it to an [`Instrument`]: metering (`count`:
-//! every tensor made carries a ticket of its bytes) is one, so an op added to `Ops` is added
-//! here alone.
+//! interface once and leaves what is done around it to an [`Instrument`]. Metering
+//! (`count`: every tensor made carries a ticket of its bytes) and profiling (`profile`: every
+//! call timed) are two small instruments, so an op added to `Ops` is added here alone and both
+//! see it.
 
 use super::attention::Attention;
 use super::ops::{AdamW, LossOut, Ops};

@@ -13,8 +13,9 @@ use crate::backend::Backend;
 use crate::comm::Communicator;
 use crate::model::attention::Attention;
 use crate::model::config::Config;
+use crate::model::instrument::InstrumentedAttention;
 use crate::model::ops::Ops;
-use crate::model::profile::{OpTime, Profile, Profiled, ProfiledAttention};
+use crate::model::profile::{OpTime, Profile, Profiled};
 use crate::model::weights::Weights;
 use crate::model::{Keep, Whole, weights};
 use crate::plan::Partition;
@@ -211,11 +212,11 @@ fn profile_step<O: Ops>(
     let profile = Profile::new(sync);
     let timed = Profiled {
         inner: ops,
-        profile: &profile,
+        instrument: &profile,
     };
-    let mut timed_attn = ProfiledAttention {
+    let mut timed_attn = InstrumentedAttention {
+        ops: &timed,
         inner: attn,
-        profile: &profile,
     };
     let scale = 1.0 / step.sample.tokens.len().saturating_sub(1).max(1) as f64;
     sync()?;
