@@ -3,14 +3,14 @@
 //! taken off when it is dropped, so the counter's peak is the most bytes of tensors the model
 //! held at once. Around the CPU backend it measures that backend's own peak; around
 //! `model::counting::Lengths` (a device that allocates nothing) it is the memory estimate of the
-//! real forward and backward. Mirrors `profile::Profiled`'s shape: each call is passed through.
+//! real forward and backward. The wrapper is `instrument::Instrumented`, the counter its
+//! instrument ([`Metered`]).
 
-use super::attention::Attention;
-use super::ops::{AdamW, LossOut, Ops};
-use super::rope::Rotary;
-use crate::shape::Span;
+use super::instrument::{Instrument, Instrumented};
+use super::ops::Ops;
 use anyhow::{Result, anyhow};
 use serde::Serialize;
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
@@ -281,349 +281,50 @@ impl<T: Clone> Clone for Tracked<T> {
     }
 }
 
-/// `inner` with every tensor it makes counted in `counter`.
-pub struct Metered<O> {
-    pub inner: O,
-    pub counter: Arc<Counter>,
-}
+/// Any device with every tensor it makes counted in the counter, its instrument.
+pub type Metered<'d, O> = Instrumented<'d, O, Arc<Counter>>;
 
-impl<O: Ops> Metered<O> {
-    /// `t`, made by the op `what`, counted from now until it is dropped.
-    pub fn track(&self, t: O::T, what: &'static str) -> Tracked<O::T> {
-        let bytes = self.inner.bytes(&t);
-        Tracked::new(t, bytes, None, false, what, &self.counter)
-    }
-
-    fn tracked(&self, t: Result<O::T>, what: &'static str) -> Result<Tracked<O::T>> {
-        t.map(|t| self.track(t, what))
-    }
-}
-
-impl<O: Ops> Ops for Metered<O> {
+/// Metering: every tensor made, and every host copy stashed, carries a ticket of its bytes in
+/// the counter until it is dropped.
+impl<O: Ops> Instrument<O> for Arc<Counter> {
     type T = Tracked<O::T>;
-
-    fn upload(&self, host: &[f32]) -> Result<Self::T> {
-        self.tracked(self.inner.upload(host), "upload")
-    }
-
-    fn upload_state(&self, host: &[f32]) -> Result<Self::T> {
-        self.tracked(self.inner.upload_state(host), "upload")
-    }
-
-    fn download(&self, t: &Self::T) -> Result<Vec<f32>> {
-        self.inner.download(&t.inner)
-    }
-
     /// Host copies are counted apart from the device's tensors ([`Counter::host_peak`]), at
     /// the bytes of the tensor they copy, as the kind that tensor is.
     type Host = Tracked<O::Host>;
 
-    fn stash(&self, t: &Self::T) -> Result<Self::Host> {
-        let h = self.inner.stash(&t.inner)?;
-        Ok(Tracked::new(
-            h,
-            t.bytes,
-            Some(t.kind),
-            true,
-            t.what,
-            &self.counter,
-        ))
+    fn made(&self, ops: &O, t: O::T, what: &'static str) -> Tracked<O::T> {
+        let bytes = ops.bytes(&t);
+        Tracked::new(t, bytes, None, false, what, self)
     }
 
-    fn stash_into(&self, t: &Self::T, h: &mut Self::Host) -> Result<()> {
-        self.inner.stash_into(&t.inner, &mut h.inner)
+    fn stashed(&self, t: &Tracked<O::T>, h: O::Host) -> Tracked<O::Host> {
+        Tracked::new(h, t.bytes, Some(t.kind), true, t.what, self)
     }
 
-    fn fetch(&self, h: &Self::Host) -> Result<Self::T> {
-        self.tracked(self.inner.fetch(&h.inner), h.what)
+    fn made_by(h: &Tracked<O::Host>) -> &'static str {
+        h.what
     }
 
-    fn await_fetches(&self) -> Result<()> {
-        self.inner.await_fetches()
+    fn tensor(t: &Tracked<O::T>) -> &O::T {
+        &t.inner
     }
 
-    fn zeros(&self, len: usize) -> Result<Self::T> {
-        self.tracked(self.inner.zeros(len), "zeros")
+    fn tensor_mut(t: &mut Tracked<O::T>) -> &mut O::T {
+        &mut t.inner
     }
 
-    fn activation_zeros(&self, len: usize) -> Result<Self::T> {
-        self.tracked(self.inner.activation_zeros(len), "activation_zeros")
+    fn host(h: &Tracked<O::Host>) -> &O::Host {
+        &h.inner
     }
 
-    fn random_uniform(&self, len: usize, key: u64, offset: u64, amp: f32) -> Result<Self::T> {
-        self.tracked(self.inner.random_uniform(len, key, offset, amp), "random")
+    fn host_mut(h: &mut Tracked<O::Host>) -> &mut O::Host {
+        &mut h.inner
     }
 
-    fn len(&self, t: &Self::T) -> usize {
-        self.inner.len(&t.inner)
-    }
-
-    fn elem_bytes(&self) -> usize {
-        self.inner.elem_bytes()
-    }
-
-    fn bytes(&self, t: &Self::T) -> usize {
-        t.bytes
-    }
-
-    fn rows(&self, t: &Self::T, width: usize, start: usize, len: usize) -> Result<Self::T> {
-        self.tracked(self.inner.rows(&t.inner, width, start, len), "rows")
-    }
-
-    fn set_rows(&self, dst: &mut Self::T, width: usize, start: usize, src: &Self::T) -> Result<()> {
-        self.inner
-            .set_rows(&mut dst.inner, width, start, &src.inner)
-    }
-
-    /// The parts are passed to `inner` as copies (`join` takes a slice of its own tensors),
-    /// which are not counted: only sharded runs join.
-    fn join(&self, parts: &[Self::T]) -> Result<Self::T> {
-        let parts: Vec<O::T> = parts.iter().map(|p| p.inner.clone()).collect();
-        self.tracked(self.inner.join(&parts), "join")
-    }
-
-    fn add_assign(&self, dst: &mut Self::T, src: &Self::T) -> Result<()> {
-        self.inner.add_assign(&mut dst.inner, &src.inner)
-    }
-
-    fn sum_squares(&self, t: &Self::T) -> Result<f64> {
-        self.inner.sum_squares(&t.inner)
-    }
-
-    fn scale(&self, t: &mut Self::T, s: f64) -> Result<()> {
-        self.inner.scale(&mut t.inner, s)
-    }
-
-    fn embed(&self, table: &Self::T, tokens: &[u32], dim: usize) -> Result<Self::T> {
-        self.tracked(self.inner.embed(&table.inner, tokens, dim), "embed")
-    }
-
-    fn embed_backward(
-        &self,
-        dtable: &mut Self::T,
-        tokens: &[u32],
-        dy: &Self::T,
-        dim: usize,
-    ) -> Result<()> {
-        self.inner
-            .embed_backward(&mut dtable.inner, tokens, &dy.inner, dim)
-    }
-
-    fn linear(
-        &self,
-        x: &Self::T,
-        w: &Self::T,
-        rows: usize,
-        inp: usize,
-        out: usize,
-    ) -> Result<Self::T> {
-        self.tracked(
-            self.inner.linear(&x.inner, &w.inner, rows, inp, out),
-            "linear",
-        )
-    }
-
-    fn linear_backward(
-        &self,
-        dy: &Self::T,
-        x: &Self::T,
-        w: &Self::T,
-        rows: usize,
-        inp: usize,
-        out: usize,
-        dx: &mut Self::T,
-        dw: &mut Self::T,
-    ) -> Result<()> {
-        self.inner.linear_backward(
-            &dy.inner,
-            &x.inner,
-            &w.inner,
-            rows,
-            inp,
-            out,
-            &mut dx.inner,
-            &mut dw.inner,
-        )
-    }
-
-    fn bias_add(&self, y: &mut Self::T, b: &Self::T, rows: usize, width: usize) -> Result<()> {
-        self.inner.bias_add(&mut y.inner, &b.inner, rows, width)
-    }
-
-    fn bias_backward(
-        &self,
-        dy: &Self::T,
-        rows: usize,
-        width: usize,
-        db: &mut Self::T,
-    ) -> Result<()> {
-        self.inner
-            .bias_backward(&dy.inner, rows, width, &mut db.inner)
-    }
-
-    fn rmsnorm(
-        &self,
-        x: &Self::T,
-        w: &Self::T,
-        rows: usize,
-        dim: usize,
-        eps: f64,
-    ) -> Result<(Self::T, Self::T)> {
-        let (y, rstd) = self.inner.rmsnorm(&x.inner, &w.inner, rows, dim, eps)?;
-        Ok((self.track(y, "rmsnorm"), self.track(rstd, "rmsnorm")))
-    }
-
-    fn rmsnorm_backward(
-        &self,
-        x: &Self::T,
-        w: &Self::T,
-        rstd: &Self::T,
-        dy: &Self::T,
-        rows: usize,
-        dim: usize,
-        dx: &mut Self::T,
-        dw: &mut Self::T,
-    ) -> Result<()> {
-        self.inner.rmsnorm_backward(
-            &x.inner,
-            &w.inner,
-            &rstd.inner,
-            &dy.inner,
-            rows,
-            dim,
-            &mut dx.inner,
-            &mut dw.inner,
-        )
-    }
-
-    fn rope(
-        &self,
-        x: &mut Self::T,
-        rows: usize,
-        heads: usize,
-        head_dim: usize,
-        positions: &[Span],
-        rotary: &Rotary,
-        inverse: bool,
-    ) -> Result<()> {
-        self.inner.rope(
-            &mut x.inner,
-            rows,
-            heads,
-            head_dim,
-            positions,
-            rotary,
-            inverse,
-        )
-    }
-
-    fn swiglu(&self, g: &Self::T, u: &Self::T) -> Result<Self::T> {
-        self.tracked(self.inner.swiglu(&g.inner, &u.inner), "swiglu")
-    }
-
-    fn swiglu_backward(
-        &self,
-        g: &Self::T,
-        u: &Self::T,
-        dm: &Self::T,
-    ) -> Result<(Self::T, Self::T)> {
-        let (dg, du) = self.inner.swiglu_backward(&g.inner, &u.inner, &dm.inner)?;
-        Ok((
-            self.track(dg, "swiglu_backward"),
-            self.track(du, "swiglu_backward"),
-        ))
-    }
-
-    fn cross_entropy(
-        &self,
-        h: &Self::T,
-        w: &Self::T,
-        targets: &[u32],
-        dim: usize,
-        vocab: usize,
-        scale: f64,
-        dw: &mut Self::T,
-    ) -> Result<LossOut<Self::T>> {
-        let out = self.inner.cross_entropy(
-            &h.inner,
-            &w.inner,
-            targets,
-            dim,
-            vocab,
-            scale,
-            &mut dw.inner,
-        )?;
-        Ok(LossOut {
-            loss_sum: out.loss_sum,
-            argmax: out.argmax,
-            dh: self.track(out.dh, "cross_entropy"),
-        })
-    }
-
-    fn adamw(
-        &self,
-        param: &mut Self::T,
-        grad: &Self::T,
-        m: &mut Self::T,
-        v: &mut Self::T,
-        hp: &AdamW,
-        step: u64,
-        decay: bool,
-    ) -> Result<()> {
-        self.inner.adamw(
-            &mut param.inner,
-            &grad.inner,
-            &mut m.inner,
-            &mut v.inner,
-            hp,
-            step,
-            decay,
-        )
-    }
-}
-
-/// `inner` attention with its outputs counted as `ops`'s tensors.
-pub struct MeteredAttention<'m, O, A> {
-    pub ops: &'m Metered<O>,
-    pub inner: A,
-}
-
-impl<O: Ops, A: Attention<O::T>> Attention<Tracked<O::T>> for MeteredAttention<'_, O, A> {
-    fn forward(
-        &mut self,
-        q: &Tracked<O::T>,
-        k: &Tracked<O::T>,
-        v: &Tracked<O::T>,
-    ) -> Result<(Tracked<O::T>, Tracked<O::T>)> {
-        let (o, lse) = self.inner.forward(&q.inner, &k.inner, &v.inner)?;
-        Ok((
-            self.ops.track(o, "attention"),
-            self.ops.track(lse, "attention"),
-        ))
-    }
-
-    fn backward(
-        &mut self,
-        q: &Tracked<O::T>,
-        k: &Tracked<O::T>,
-        v: &Tracked<O::T>,
-        o: &Tracked<O::T>,
-        lse: &Tracked<O::T>,
-        dout: &Tracked<O::T>,
-    ) -> Result<(Tracked<O::T>, Tracked<O::T>, Tracked<O::T>)> {
-        let (dq, dk, dv) = self.inner.backward(
-            &q.inner,
-            &k.inner,
-            &v.inner,
-            &o.inner,
-            &lse.inner,
-            &dout.inner,
-        )?;
-        Ok((
-            self.ops.track(dq, "attention_backward"),
-            self.ops.track(dk, "attention_backward"),
-            self.ops.track(dv, "attention_backward"),
-        ))
+    /// The parts are passed to the device as copies, which are not counted: only sharded runs
+    /// join.
+    fn tensors(parts: &[Tracked<O::T>]) -> Cow<'_, [O::T]> {
+        Cow::Owned(parts.iter().map(|p| p.inner.clone()).collect())
     }
 }
 

@@ -1,6 +1,6 @@
 //! The memory estimate as a device: [`Lengths`] implements `Ops` with tensors that hold only
 //! their length and element size, computes nothing and allocates nothing; wrapped in
-//! `count::Metered` ([`Counting`]) it runs the model's real forward and backward (and AdamW)
+//! `count::Metered` ([`Lengths::metered`]) it runs the real forward and backward (and AdamW)
 //! and the counter's peak is what that step holds on the device it models. Nothing is written
 //! twice: the tensors are the ones the model's code makes, at the precision the modelled
 //! device gives them, plus the scratch buffers a device allocates inside an op, each listed at
@@ -50,20 +50,21 @@ pub struct Lengths {
     rope_table: AtomicBool,
 }
 
-/// The counting device: [`Lengths`] with every tensor counted.
-pub type Counting = Metered<Lengths>;
-
 impl Lengths {
     /// A counting device modelling `precision`'s device.
-    pub fn counting(precision: Precision) -> Counting {
-        let counter = Arc::new(Counter::default());
+    pub fn new(precision: Precision) -> Lengths {
+        Lengths {
+            precision,
+            counter: Arc::new(Counter::default()),
+            rope_table: AtomicBool::new(false),
+        }
+    }
+
+    /// This device with every tensor counted, in the counter its scratch goes to.
+    pub fn metered(&self) -> Metered<'_, Lengths> {
         Metered {
-            inner: Lengths {
-                precision,
-                counter: counter.clone(),
-                rope_table: AtomicBool::new(false),
-            },
-            counter,
+            inner: self,
+            instrument: self.counter.clone(),
         }
     }
 

@@ -18,6 +18,7 @@ pub mod family;
 pub mod float;
 pub mod hf_weights;
 pub mod init;
+pub mod instrument;
 mod layer;
 mod meter;
 pub mod offload;

@@ -15,8 +15,9 @@ use crate::backend::Backend;
 use crate::comm::{Communicator, Solo};
 use crate::model::attention::Attention;
 use crate::model::config::Config;
+use crate::model::instrument::InstrumentedAttention;
 use crate::model::ops::{AdamW, Ops};
-use crate::model::profile::{OpTime, Profile, Profiled, ProfiledAttention};
+use crate::model::profile::{OpTime, Profile, Profiled};
 use crate::model::weights::Weights;
 use crate::model::{Keep, Whole, weights};
 use crate::plan::Partition;
@@ -246,11 +247,11 @@ fn profile_step<O: Ops>(
     let profile = Profile::new(sync);
     let timed = Profiled {
         inner: ops,
-        profile: &profile,
+        instrument: &profile,
     };
-    let mut timed_attn = ProfiledAttention {
+    let mut timed_attn = InstrumentedAttention {
+        ops: &timed,
         inner: attn,
-        profile: &profile,
     };
     let pass = Pass::of_sequence(step.sample, step.mine, Packing::packed(), step.keep);
     sync()?;

@@ -10,8 +10,9 @@ use super::moments::Moments;
 use crate::model::attention::Attention;
 use crate::model::config::Config;
 use crate::model::cost::{RESERVE_BYTES, StepMemory};
-use crate::model::count::{Bytes, Counter, Kind, Metered, MeteredAttention, Part};
+use crate::model::count::{Bytes, Counter, Kind, Metered, Part};
 use crate::model::counting::{CountingAttention, Lengths, Precision};
+use crate::model::instrument::InstrumentedAttention;
 use crate::model::ops::{AdamW, Ops};
 use crate::model::weights::{self, LayerWeights};
 use crate::model::{Chunk, Head, Keep, Params, Whole, forward_backward_with};
@@ -94,11 +95,11 @@ impl<T, A> Params<T, A> for MarkKept<'_, T> {
 /// as `step.keep.offload` says), then `model::forward_backward` with `attn` (the device's own
 /// attention, its outputs counted by `ops`), then the update.
 pub fn step_peak<O: Ops, A: Attention<O::T>>(
-    ops: &Metered<O>,
-    attn: A,
+    ops: &Metered<'_, O>,
+    mut attn: A,
     step: Step<'_>,
 ) -> Result<Peaks> {
-    let (cfg, counter) = (step.cfg, &*ops.counter);
+    let (cfg, counter) = (step.cfg, &*ops.instrument);
     counter.set_kind(Kind::Weights);
     let mut w = weights::random(ops, cfg, 0)?;
     counter.set_kind(Kind::Grads);
@@ -132,7 +133,10 @@ pub fn step_peak<O: Ops, A: Attention<O::T>>(
         positions: &positions,
         sequence: step.seq,
     };
-    let mut attn = MeteredAttention { ops, inner: attn };
+    let mut attn = InstrumentedAttention {
+        ops,
+        inner: &mut attn,
+    };
     let mut params = MarkKept {
         whole: Whole {
             w: &w,
@@ -165,13 +169,13 @@ pub fn step_peak<O: Ops, A: Attention<O::T>>(
 
 /// [`step_peak`] on the counting device modelling `precision`: the memory estimate of `step`.
 pub fn estimate(step: Step<'_>, precision: Precision) -> Result<Peaks> {
-    let ops = Lengths::counting(precision);
+    let device = Lengths::new(precision);
     let attn = CountingAttention {
-        device: &ops.inner,
+        device: &device,
         dims: step.cfg.dims(),
         rows: step.seq,
     };
-    step_peak(&ops, attn, step)
+    step_peak(&device.metered(), attn, step)
 }
 
 impl Peaks {
@@ -216,8 +220,8 @@ mod tests {
     /// The CPU backend's own peak of `step`: its tensors counted as it makes and drops them.
     fn cpu_peak(step: Step<'_>) -> Peaks {
         let ops = Metered {
-            inner: Cpu::<f32>::new(),
-            counter: Arc::new(Counter::default()),
+            inner: &Cpu::<f32>::new(),
+            instrument: Arc::new(Counter::default()),
         };
         let attn = Dense {
             dims: step.cfg.dims(),
