@@ -28,6 +28,9 @@ enum Rule {
 
 /// The map, bottom to top. Each allowed edge says why it exists.
 const MAP: &[(&str, Rule)] = &[
+    // The kinds of failure (`Error`, `ErrorKind`), which any module marks its errors with:
+    // importing nothing.
+    ("error", Rule::Only(&[])),
     // The leaf: `Dims`, `Span`, `Part`, `Precision`, shared by everything and importing nothing.
     ("shape", Rule::Only(&[])),
     // Schedules, transfers and their volume: shapes only ("knows nothing of tensors, devices").
@@ -309,6 +312,7 @@ fn a_planted_import_against_the_map_is_caught() {
         ("attention_run", "train::Options"),
         ("train", "backend::cuda"),
         ("nonesuch", "shape::Dims"),
+        ("error", "shape::Dims"),
     ] {
         assert!(
             violation(module, path).is_some(),
