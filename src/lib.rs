@@ -2,13 +2,15 @@
 //!
 //! The modules follow docs/architecture.md's map: `plan` (schedules), `attn` (block math and the f64
 //! oracle), `comm` (moving buffers between workers), `exec` (running a plan on a backend) and
-//! `backend` (devices).
+//! `backend` (devices). `error` holds the kinds of failure a caller tells apart ([`Error`],
+//! [`ErrorKind`]).
 
 pub mod attention_run;
 pub mod attn;
 pub mod backend;
 pub mod bench;
 pub mod comm;
+pub mod error;
 pub mod exec;
 pub mod inputs;
 pub mod model;
@@ -20,3 +22,5 @@ pub mod shape;
 pub mod sim;
 pub mod tensor_file;
 pub mod train;
+
+pub use error::{Error, ErrorKind};

@@ -13,10 +13,11 @@
 use crate::attn::{Grads, Partial};
 use crate::backend::Backend;
 use crate::comm::{Communicator, Wire};
+use crate::error::Error;
 use crate::exec::{OwnChunk, Saved, Worker};
 use crate::plan::{Partition, Pass, Schedule};
 use crate::shape::{Dims, Mask};
-use anyhow::{Result, bail};
+use anyhow::Result;
 
 /// The schedules a caller holding equal chunks can name (`unbalanced` idles half the ranks,
 /// `greedy` equals `balanced` without a mask, so neither is offered).
@@ -46,22 +47,30 @@ impl RankAttention {
     ) -> Result<Self> {
         dims.validate()?;
         if world == 0 {
-            bail!("the world size is 0; a group needs at least one rank");
+            return Err(Error::invalid_input(
+                "the world size is 0; a group needs at least one rank",
+            ));
         }
         if rank >= world {
-            bail!("rank {rank} is outside a world of {world} ranks (0..{world})");
+            return Err(Error::invalid_input(format!(
+                "rank {rank} is outside a world of {world} ranks (0..{world})"
+            )));
         }
         if !SCHEDULES.contains(&schedule) {
-            bail!("schedule '{schedule}' is not offered here: use 'balanced' or 'zigzag'");
+            return Err(Error::invalid_input(format!(
+                "schedule '{schedule}' is not offered here: use 'balanced' or 'zigzag'"
+            )));
         }
         if rows == 0 {
-            bail!("this rank's chunk is empty; every rank must hold at least one token");
+            return Err(Error::invalid_input(
+                "this rank's chunk is empty; every rank must hold at least one token",
+            ));
         }
         if schedule == Schedule::Zigzag && !rows.is_multiple_of(2) {
-            bail!(
+            return Err(Error::invalid_input(format!(
                 "under 'zigzag' each rank holds two equal chunks (r and 2P-1-r), but this rank holds {rows} tokens, an odd number; make the sequence a multiple of 2 x world = {}",
                 2 * world
-            );
+            )));
         }
         let partition = Partition::masked(rows * world, world, schedule, mask)?;
         debug_assert_eq!(
@@ -96,22 +105,22 @@ impl RankAttention {
     fn check<T: Wire, C: Communicator<T>>(&self, comm: &C, own: &[OwnChunk<T>]) -> Result<()> {
         let world = self.partition.workers();
         if (comm.rank(), comm.world()) != (self.rank, world) {
-            bail!(
+            return Err(Error::invalid_input(format!(
                 "the call is for rank {} of {world}, but its communicator is rank {} of {}",
                 self.rank,
                 comm.rank(),
                 comm.world()
-            );
+            )));
         }
         let rows = self.chunk_rows();
         if own.len() != rows.len() {
-            bail!(
+            return Err(Error::invalid_input(format!(
                 "rank {} owns {} chunks under '{}', but was handed {}",
                 self.rank,
                 rows.len(),
                 self.partition.schedule(),
                 own.len()
-            );
+            )));
         }
         for (c, (chunk, &n)) in own.iter().zip(&rows).enumerate() {
             let (q, kv) = (self.dims.q_len(n), self.dims.kv_len(n));
@@ -155,13 +164,13 @@ impl RankAttention {
         self.check(comm, own)?;
         let rows = self.chunk_rows();
         if forward.len() != rows.len() || dout.len() != rows.len() {
-            bail!(
+            return Err(Error::invalid_input(format!(
                 "rank {} owns {} chunks, but was handed {} forward results and {} output gradients",
                 self.rank,
                 rows.len(),
                 forward.len(),
                 dout.len()
-            );
+            )));
         }
         let mut saved = Vec::with_capacity(rows.len());
         for (c, ((f, dout), &n)) in forward.into_iter().zip(dout).zip(&rows).enumerate() {
@@ -185,10 +194,67 @@ impl RankAttention {
 
 fn check_len<T: Wire>(t: &T, want: usize, what: &str, chunk: usize) -> Result<()> {
     if t.elements() != want {
-        bail!(
+        return Err(Error::invalid_input(format!(
             "{what} of own chunk {chunk} holds {} elements where its rows need {want}",
             t.elements()
-        );
+        )));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::{ErrorKind, kind_of};
+
+    #[test]
+    fn every_refusal_of_a_call_is_the_callers_input() {
+        let dims = Dims {
+            batch: 1,
+            heads: 2,
+            kv_heads: 1,
+            head_dim: 4,
+        };
+        let new = |d, rows, world, rank, s, mask: &Mask| {
+            RankAttention::new(d, rows, world, rank, s, mask).unwrap_err()
+        };
+        let causal = Mask::causal();
+        let of_ten = Mask::new(10, &[5, 5], None, 0).unwrap();
+        let bad_dims = Dims {
+            kv_heads: 3,
+            ..dims
+        };
+        for (e, sentence) in [
+            (
+                new(dims, 8, 0, 0, Schedule::Balanced, &causal),
+                "the world size is 0; a group needs at least one rank",
+            ),
+            (
+                new(dims, 8, 2, 2, Schedule::Balanced, &causal),
+                "rank 2 is outside a world of 2 ranks (0..2)",
+            ),
+            (
+                new(dims, 8, 2, 0, Schedule::Unbalanced, &causal),
+                "schedule 'unbalanced' is not offered here: use 'balanced' or 'zigzag'",
+            ),
+            (
+                new(dims, 0, 2, 0, Schedule::Balanced, &causal),
+                "this rank's chunk is empty; every rank must hold at least one token",
+            ),
+            (
+                new(bad_dims, 8, 2, 0, Schedule::Balanced, &causal),
+                "heads (2) must be a multiple of kv-heads (3): each KV head serves an equal group of query heads",
+            ),
+            (
+                new(dims, 8, 2, 0, Schedule::Balanced, &of_ten),
+                "the documents cover 10 tokens but the sequence has 16: give document lengths that sum to the sequence length",
+            ),
+        ] {
+            assert_eq!(format!("{e:#}"), sentence);
+            assert_eq!(kind_of(&e), Some(ErrorKind::InvalidInput), "{e:#}");
+        }
+        let e = new(dims, 7, 2, 0, Schedule::Zigzag, &causal);
+        assert!(format!("{e:#}").contains("holds 7 tokens, an odd number"));
+        assert_eq!(kind_of(&e), Some(ErrorKind::InvalidInput));
+    }
 }

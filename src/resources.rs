@@ -3,13 +3,14 @@
 //! of an allocation abort, the system's out-of-memory kill or a save failing hours in. The estimates count the tensors the code allocates (f32 on the host) and
 //! err on the side of more, never less; the GPU's own memory is `model::cost`'s to estimate.
 
+use crate::error::Error;
 use crate::model::config::Config;
 use crate::model::cost;
 use crate::model::weights::parameters;
 use crate::model::{Checkpoint, Offload};
 use crate::plan::{self, Schedule};
 use crate::shape::Dims;
-use anyhow::{Result, bail};
+use anyhow::{Result, anyhow, bail};
 use std::ffi::CString;
 use std::mem::MaybeUninit;
 use std::os::unix::ffi::OsStrExt;
@@ -51,10 +52,11 @@ pub fn disk_free(dir: &Path) -> Option<f64> {
     Some(st.f_bavail as f64 * st.f_frsize as f64)
 }
 
-/// Refuses `what` when it would write more than the disk under `dir` has free.
+/// Refuses `what` when it would write more than the disk under `dir` has free (a full disk is
+/// no kind of [`Error`]: not the memory the work needs, nor the caller's input).
 pub fn ensure_disk(dir: &Path, need: f64, what: &str, fix: &str) -> Result<()> {
-    match disk_free(dir) {
-        Some(free) => refuse_above(need, free, what, fix),
+    match disk_free(dir).and_then(|free| shortfall(need, free, what, fix)) {
+        Some(sentence) => Err(anyhow!(sentence)),
         None => Ok(()),
     }
 }
@@ -75,16 +77,24 @@ pub fn ensure_fits(need: f64, what: &str, fix: &str) -> Result<()> {
     }
 }
 
-/// [`ensure_fits`] against a given amount, so the sentence is testable on any machine.
+/// [`ensure_fits`] against a given amount, so the sentence is testable on any machine: out
+/// of memory ([`Error::out_of_memory`]).
 fn refuse_above(need: f64, have: f64, what: &str, fix: &str) -> Result<()> {
-    if need > have {
-        bail!(
+    match shortfall(need, have, what, fix) {
+        Some(sentence) => Err(Error::out_of_memory(sentence)),
+        None => Ok(()),
+    }
+}
+
+/// "`what` needs X GiB, Y GiB available: `fix`" when `need` bytes exceed the `have` there are.
+fn shortfall(need: f64, have: f64, what: &str, fix: &str) -> Option<String> {
+    (need > have).then(|| {
+        format!(
             "{what} needs {:.1} GiB, {:.1} GiB available: {fix}",
             need / GIB,
             have / GIB
-        );
-    }
-    Ok(())
+        )
+    })
 }
 
 /// Bytes of a schedule's plans (forward and backward, with their transfers) per block of
@@ -569,6 +579,20 @@ mod tests {
             .to_string();
         assert_eq!(err, "this needs 3.0 GiB, 2.0 GiB available: do less");
         assert!(refuse_above(GIB, 2.0 * GIB, "this", "do less").is_ok());
+    }
+
+    #[test]
+    fn too_little_memory_is_out_of_memory_and_too_little_disk_no_kind() {
+        use crate::error::{ErrorKind, kind_of};
+        let e = refuse_above(3.0 * GIB, 2.0 * GIB, "this", "do less").unwrap_err();
+        assert_eq!(kind_of(&e), Some(ErrorKind::OutOfMemory));
+        if available().is_some() {
+            let e = ensure_fits(1e30, "this", "do less").unwrap_err();
+            assert_eq!(kind_of(&e), Some(ErrorKind::OutOfMemory));
+            assert!(format!("{e:#}").starts_with("this needs "), "{e:#}");
+        }
+        let e = ensure_disk(Path::new("."), 1e30, "saving", "free some space").unwrap_err();
+        assert_eq!(kind_of(&e), None);
     }
 
     #[test]

@@ -1,10 +1,11 @@
 //! The shapes several modules share and none owns: an attention problem's dimensions, a run of
 //! sequence positions, the attention mask (which keys each query sees), and the element count
-//! and precision of one tensor a transfer carries. A leaf: it imports nothing of the crate, so
-//! `plan`, `attn`, `comm`, `model` and `sim` can all speak of shapes without importing each
-//! other.
+//! and precision of one tensor a transfer carries. A leaf: it imports nothing of the crate but
+//! `error` (its refusals are the caller's input, marked so), so `plan`, `attn`, `comm`, `model`
+//! and `sim` can all speak of shapes without importing each other.
 
-use anyhow::{Result, bail};
+use crate::error::Error;
+use anyhow::Result;
 
 /// Largest head dimension any backend accepts; tiles and GPU registers are sized for it.
 pub const MAX_HEAD_DIM: usize = 256;
@@ -24,23 +25,24 @@ impl Dims {
     /// Checks the shape once, up front, so kernels can assume it and users get one sentence.
     pub fn validate(&self) -> Result<()> {
         if self.batch == 0 {
-            bail!("batch must be at least 1");
+            return Err(Error::invalid_input("batch must be at least 1"));
         }
         if self.heads == 0 || self.kv_heads == 0 {
-            bail!("heads and kv-heads must be at least 1");
+            return Err(Error::invalid_input(
+                "heads and kv-heads must be at least 1",
+            ));
         }
         if !self.heads.is_multiple_of(self.kv_heads) {
-            bail!(
+            return Err(Error::invalid_input(format!(
                 "heads ({}) must be a multiple of kv-heads ({}): each KV head serves an equal group of query heads",
-                self.heads,
-                self.kv_heads
-            );
+                self.heads, self.kv_heads
+            )));
         }
         if self.head_dim == 0 || self.head_dim > MAX_HEAD_DIM {
-            bail!(
+            return Err(Error::invalid_input(format!(
                 "head dim {} is unsupported: use 1..={MAX_HEAD_DIM}",
                 self.head_dim
-            );
+            )));
         }
         Ok(())
     }

@@ -28,8 +28,12 @@ enum Rule {
 
 /// The map, bottom to top. Each allowed edge says why it exists.
 const MAP: &[(&str, Rule)] = &[
-    // The leaf: `Dims`, `Span`, `Part`, `Precision`, shared by everything and importing nothing.
-    ("shape", Rule::Only(&[])),
+    // The kinds of failure (`Error`, `ErrorKind`), which any module marks its errors with:
+    // importing nothing.
+    ("error", Rule::Only(&[])),
+    // The leaf of the shapes: `Dims`, `Span`, `Part`, `Precision`, shared by everything; its
+    // refusals (a bad mask, bad dims) are marked as the caller's input.
+    ("shape", Rule::Only(&["error"])),
     // Schedules, transfers and their volume: shapes only ("knows nothing of tensors, devices").
     ("plan", Rule::Only(&["shape"])),
     // One block's math and the f64 oracle: shapes only ("knows nothing of schedules,
@@ -41,10 +45,11 @@ const MAP: &[(&str, Rule)] = &[
     ("tensor_file", Rule::Only(&[])),
     // Devices run attn's block math on attn's types; `cuda::timing` times the fast path on
     // generated inputs. No `comm` (its impls for the CUDA tensor live in `comm`) and no `plan`.
-    ("backend", Rule::Only(&["shape", "attn", "inputs"])),
+    // Its refusals are marked (a lent call's checks, a refused allocation, no driver).
+    ("backend", Rule::Only(&["error", "shape", "attn", "inputs"])),
     // Moving buffers: the transfer's parts (`shape`), and the CUDA tensor that NCCL and the
-    // virtual workers move (`comm::cuda`, `comm::nccl`).
-    ("comm", Rule::Only(&["shape", "backend::cuda"])),
+    // virtual workers move (`comm::cuda`, `comm::nccl`); a wait that runs out is a timeout.
+    ("comm", Rule::Only(&["error", "shape", "backend::cuda"])),
     // Running a plan on a backend over a communicator; the threaded driver generates inputs.
     // Nothing of the model's layers (docs/architecture.md: exec "knows nothing of model layers").
     ("exec", Rule::Below { except: &[] }),
@@ -55,8 +60,8 @@ const MAP: &[(&str, Rule)] = &[
     // The model's layers on a device: shapes, attn's `Partial`, and the backend whose context,
     // stream and kernel cache the GPU ops share. Nothing of plans, communication or the
     // executor (docs/architecture.md: model "knows nothing of how attention is
-    // distributed").
-    ("model", Rule::Only(&["shape", "attn", "backend"])),
+    // distributed"). A step that would not fit is out of memory (`error`).
+    ("model", Rule::Only(&["error", "shape", "attn", "backend"])),
     // Predictions before a run: the plans it replays, block sizes, and the model's memory cost
     // of a rank (its plan-derived share computed here).
     ("sim", Rule::Only(&["shape", "attn", "plan", "model"])),
@@ -64,8 +69,11 @@ const MAP: &[(&str, Rule)] = &[
     ("bench", Rule::Only(&["shape", "attn", "backend", "inputs"])),
     // What a run would take, against this machine: shapes, the model's parameter and
     // activation sizes, and the sequence split's rule and its plans' size (`plan`); nothing
-    // of devices or topology.
-    ("resources", Rule::Only(&["shape", "model", "plan"])),
+    // of devices or topology. Memory it lacks is out of memory (`error`).
+    (
+        "resources",
+        Rule::Only(&["error", "shape", "model", "plan"]),
+    ),
     // Where a job runs, decided once: opens the devices (the CPU's and the GPU's model ops,
     // backends) and communicators below it and runs a job's per-worker function; it knows
     // nothing of what jobs compute (nothing of `train`, `attention_run`).
@@ -309,6 +317,7 @@ fn a_planted_import_against_the_map_is_caught() {
         ("attention_run", "train::Options"),
         ("train", "backend::cuda"),
         ("nonesuch", "shape::Dims"),
+        ("error", "shape::Dims"),
     ] {
         assert!(
             violation(module, path).is_some(),
@@ -323,6 +332,8 @@ fn a_planted_import_against_the_map_is_caught() {
         ("train", "backend::cpu"),
         ("train", "runtime::Job"),
         ("model", "model::cost"),
+        ("shape", "error::Error"),
+        ("train", "error::ErrorKind"),
     ] {
         assert_eq!(violation(module, path), None, "{module} -> {path}");
     }

@@ -14,7 +14,7 @@
 //! plans; only the communicator differs. Chunks are head-major (`[batch, heads, rows,
 //! head_dim]`), one per own chunk, given as their addresses in the order of [`addresses`]; each is copied into an executor tensor first and each result copied out after.
 
-use crate::shared::{backend, dims, input_dtype, runtime_error, value_error};
+use crate::shared::{backend, dims, input_dtype, to_py_err};
 use anyhow::Result;
 use distflash::attn::Partial;
 use distflash::backend::cuda::{BackwardAddrs, CallStrides, CudaBackend, ForwardAddrs, Tensor};
@@ -101,8 +101,8 @@ fn rank_call(
     let schedule: Schedule = schedule.parse().map_err(PyValueError::new_err)?;
     let d = dims(batch, heads, kv_heads, head_dim);
     let (doc_lens, window, global) = mask;
-    let mask = Mask::new(rows * world, doc_lens, *window, *global).map_err(value_error)?;
-    let call = RankAttention::new(d, rows, world, rank, schedule, &mask).map_err(value_error)?;
+    let mask = Mask::new(rows * world, doc_lens, *window, *global).map_err(to_py_err)?;
+    let call = RankAttention::new(d, rows, world, rank, schedule, &mask).map_err(to_py_err)?;
     let own = call.chunk_rows().len();
     if chunks != own {
         return Err(PyValueError::new_err(format!(
@@ -146,7 +146,7 @@ fn checked_call<A: Chunk>(
 ) -> PyResult<RankAttention> {
     let call = rank_call(shape, world, rank, schedule, mask, chunks.len())?;
     for (a, n) in chunks.iter().zip(call.chunk_rows()) {
-        a.check(&call, n).map_err(value_error)?;
+        a.check(&call, n).map_err(to_py_err)?;
     }
     Ok(call)
 }
@@ -286,7 +286,7 @@ impl VirtualCall<'_> {
             });
             collect_results(results).map(|_| ())
         })
-        .map_err(runtime_error)
+        .map_err(to_py_err)
     }
 }
 
@@ -327,7 +327,7 @@ fn virtual_pass(
 /// A fresh NCCL unique id (128 bytes), which rank 0 of a group broadcasts to the others.
 #[pyfunction]
 fn nccl_unique_id() -> PyResult<Vec<u8>> {
-    nccl::new_id().map_err(runtime_error)
+    nccl::new_id().map_err(to_py_err)
 }
 
 /// The NCCL communicator, movable between threads.
@@ -365,7 +365,7 @@ impl NcclGroup {
                 .map_err(|_| anyhow::anyhow!("an earlier call on this NCCL group panicked"))?;
             rank_fn(be, &mut comm.0, &call, &chunks)
         })
-        .map_err(runtime_error)
+        .map_err(to_py_err)
     }
 }
 
@@ -425,7 +425,7 @@ fn nccl_group(
     let be = backend(device, dtype, stream)?;
     let comm = py
         .detach(|| NcclComm::connect(&be, rank, world, &id).map(SendComm))
-        .map_err(runtime_error)?;
+        .map_err(to_py_err)?;
     Ok(NcclGroup {
         comm: Mutex::new(comm),
         backend: be,

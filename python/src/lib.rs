@@ -12,7 +12,9 @@
 //! owns its tensors, so each chunk is copied in and each result out (device to device).
 //!
 //! Errors are Python exceptions with a sentence: `ValueError` for arguments (checked before any
-//! GPU is touched, so they are testable without one), `RuntimeError` for the device.
+//! GPU is touched, so they are testable without one), and for the library's own errors the
+//! exception of the kind it marked them with (`shared::to_py_err`: `ValueError`, `MemoryError`,
+//! `TimeoutError`, else `RuntimeError`).
 
 use distflash::backend::cuda::{
     BackwardAddrs, CallStrides, ForwardAddrs, Strides, sequence_kv_grads_half,
@@ -22,7 +24,7 @@ use distflash::shape::{Dims, Mask};
 mod dist;
 mod shared;
 use pyo3::prelude::*;
-use shared::{backend, dims, input_dtype, runtime_error, value_error};
+use shared::{backend, dims, input_dtype, to_py_err};
 
 /// The kernels' strides of a call from torch's: `q_strides` (of q, out, dout and dq) and
 /// `kv_strides` (of k, v, dk and dv), each (batch, head, sequence) in elements, normalized
@@ -70,10 +72,10 @@ fn forward(
 ) -> PyResult<()> {
     let dtype = input_dtype(dtype)?;
     let dims = dims(batch, heads, kv_heads, head_dim);
-    let mask = Mask::new(seq, &doc_lens, window, global).map_err(value_error)?;
+    let mask = Mask::new(seq, &doc_lens, window, global).map_err(to_py_err)?;
     let addrs = ForwardAddrs { q, k, v, out, lse };
     let strides = call_strides(&dims, seq, q_strides, kv_strides);
-    addrs.check(&dims, seq, &strides).map_err(value_error)?;
+    addrs.check(&dims, seq, &strides).map_err(to_py_err)?;
     let be = backend(device, dtype, stream)?;
     py.detach(|| {
         // SAFETY: the addresses are `data_ptr()`s of CUDA tensors on `device` of these shapes,
@@ -82,7 +84,7 @@ fn forward(
         // current stream, so torch's caching allocator reuses their memory only after it.
         unsafe { be.causal_forward_lent(&dims, seq, &mask, &strides, &addrs) }
     })
-    .map_err(runtime_error)
+    .map_err(to_py_err)
 }
 
 /// Causal attention backward on torch's memory under the forward's mask: dQ (float32, under
@@ -119,17 +121,17 @@ fn backward(
 ) -> PyResult<()> {
     let dtype = input_dtype(dtype)?;
     let dims = dims(batch, heads, kv_heads, head_dim);
-    let mask = Mask::new(seq, &doc_lens, window, global).map_err(value_error)?;
+    let mask = Mask::new(seq, &doc_lens, window, global).map_err(to_py_err)?;
     let addrs = BackwardAddrs::from([q, k, v, out, lse, dout, dq, dk, dv]);
     let strides = call_strides(&dims, seq, q_strides, kv_strides);
-    addrs.check(&dims, seq, &strides).map_err(value_error)?;
+    addrs.check(&dims, seq, &strides).map_err(to_py_err)?;
     let be = backend(device, dtype, stream)?;
     py.detach(|| {
         // SAFETY: as in `forward`, for the nine tensors the autograd function's backward built
         // or saved.
         unsafe { be.causal_backward_lent(&dims, seq, &mask, &strides, &addrs) }
     })
-    .map_err(runtime_error)
+    .map_err(to_py_err)
 }
 
 /// Whether `backward` takes dK and dV in the input dtype (the kernel writes them itself: one

@@ -1,9 +1,10 @@
 //! What every call from Python shares: the backend cache, the dtype and shape of a call from
-//! its arguments, and the two exception types errors become.
+//! its arguments, and the Python exception a library error becomes ([`to_py_err`]).
 
 use distflash::backend::cuda::{CudaBackend, InputDtype};
+use distflash::error::{ErrorKind, kind_of};
 use distflash::shape::Dims;
-use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::exceptions::{PyMemoryError, PyRuntimeError, PyTimeoutError, PyValueError};
 use pyo3::prelude::*;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -33,7 +34,7 @@ pub(crate) fn backend(
     // device's primary context (the one torch's runtime uses) or 0; torch keeps its streams
     // alive for the process (its pool never destroys them), as long as this cache lives.
     let opened =
-        unsafe { CudaBackend::on_borrowed_stream(device, dtype, stream) }.map_err(runtime_error)?;
+        unsafe { CudaBackend::on_borrowed_stream(device, dtype, stream) }.map_err(to_py_err)?;
     let opened = Arc::new(opened);
     map.insert((device, dtype, stream), opened.clone());
     Ok(opened)
@@ -59,10 +60,16 @@ pub(crate) fn dims(batch: usize, heads: usize, kv_heads: usize, head_dim: usize)
     }
 }
 
-pub(crate) fn runtime_error(e: anyhow::Error) -> PyErr {
-    PyRuntimeError::new_err(format!("{e:#}"))
-}
-
-pub(crate) fn value_error(e: anyhow::Error) -> PyErr {
-    PyValueError::new_err(format!("{e:#}"))
+/// The Python exception of a library error, by the kind the library marked it with
+/// (`distflash::error`), its text the whole sentence with every context (`{e:#}`): the
+/// caller's input a `ValueError`, missing memory a `MemoryError`, a peer that did not answer a
+/// `TimeoutError`; the device failing, and anything unmarked, a `RuntimeError`.
+pub(crate) fn to_py_err(e: anyhow::Error) -> PyErr {
+    let text = format!("{e:#}");
+    match kind_of(&e) {
+        Some(ErrorKind::InvalidInput) => PyValueError::new_err(text),
+        Some(ErrorKind::OutOfMemory) => PyMemoryError::new_err(text),
+        Some(ErrorKind::Timeout) => PyTimeoutError::new_err(text),
+        Some(ErrorKind::Device) | None => PyRuntimeError::new_err(text),
+    }
 }

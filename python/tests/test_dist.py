@@ -145,6 +145,17 @@ def test_the_extension_refuses_bad_distributed_calls(pass_, n):
         _distflash.virtual_pass(pass_, 0, "bfloat16", 0, 2, "balanced", SHAPE, ranks, 10.0, ([], 0, 0))
 
 
+@pytest.mark.parametrize("pass_,n", [("forward", 5), ("backward", 9)])
+def test_library_errors_of_a_distributed_call_raise_the_exception_of_their_kind(pass_, n):
+    # distflash::rank_attention refuses an empty chunk as the caller's input: a ValueError.
+    with pytest.raises(ValueError, match=r"^this rank's chunk is empty; every rank must hold at least one token$"):
+        virtual(pass_, n=n, shape=(1, 0, 4, 2, 64))
+    # Every check passed, the GPU is missing (or the driver): a RuntimeError, before any kernel.
+    ranks = [[[ADDR] * n]] * 2
+    with pytest.raises(RuntimeError, match=r"^(no CUDA driver found; use --device cpu|GPU 4096 was asked for but this machine has \d+)"):
+        _distflash.virtual_pass(pass_, 4096, "bfloat16", 0, 2, "balanced", SHAPE, ranks, 10.0)
+
+
 def test_the_extension_refuses_a_bad_nccl_group():
     with pytest.raises(ValueError, match=r"^rank 2 of a world of 2"):
         _distflash.nccl_group(0, "bfloat16", 0, 2, 2, bytes(128))

@@ -84,6 +84,20 @@ def test_backward_refuses_overlapping_kv_gradients():
         backward(kv_strides=[16 * 64, 0, 64])
 
 
+@pytest.mark.parametrize("call", [forward, backward])
+def test_library_errors_raise_the_exception_of_their_kind(call):
+    # The library marks its errors with a kind (distflash::ErrorKind) and the extension raises
+    # by it, the sentence unchanged: the caller's input is a ValueError...
+    with pytest.raises(ValueError, match=r"^heads and kv-heads must be at least 1$"):
+        call(kv_heads=0)
+    with pytest.raises(ValueError, match=r"^q \(and the output, dq\) has rows 2147483656 elements apart, beyond the kernels' 32-bit row strides"):
+        call(q_strides=[16 * 4 * 64, 64, 2**31 + 8])
+    # ...and a call that passes every check but names a GPU this machine lacks (or finds no
+    # driver at all) is a RuntimeError, raised before any kernel could run.
+    with pytest.raises(RuntimeError, match=r"^(no CUDA driver found; use --device cpu|GPU 4096 was asked for but this machine has \d+)"):
+        call(device=4096)
+
+
 def test_kv_gradients_come_in_the_input_dtype_exactly_under_mha():
     assert _distflash.kv_grads_in_input_dtype(1, 16, 4, 4, 64)
     assert not _distflash.kv_grads_in_input_dtype(1, 16, 4, 2, 64)

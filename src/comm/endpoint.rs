@@ -7,6 +7,7 @@ use super::{
     check_tensors, copy_over, gather_by_messages, gather_each, own_span, reduce_scatter_bytes,
     scatter_by_messages, shard_span, shard_spans,
 };
+use crate::error::Error;
 use crate::shape::Span;
 use anyhow::{Result, anyhow, bail};
 use std::any::Any;
@@ -167,11 +168,13 @@ impl<B: Buffer, X: Transport<B>> Endpoint<B, X> {
                     self.closed[gone] = Some(reason);
                 }
                 Ok(e) => self.stash.push(e),
-                Err(RecvTimeoutError::Timeout) => bail!(
-                    "worker {} waited {:.0} s for a message from worker {from} that never arrived (is worker {from} stuck? raise --timeout if its step is that slow)",
-                    self.rank,
-                    self.timeout.as_secs_f64()
-                ),
+                Err(RecvTimeoutError::Timeout) => {
+                    return Err(Error::timeout(format!(
+                        "worker {} waited {:.0} s for a message from worker {from} that never arrived (is worker {from} stuck? raise --timeout if its step is that slow)",
+                        self.rank,
+                        self.timeout.as_secs_f64()
+                    )));
+                }
                 Err(RecvTimeoutError::Disconnected) => {
                     bail!("worker {}: every other worker has exited", self.rank)
                 }
@@ -672,5 +675,18 @@ mod tests {
         sender.join().unwrap();
         let waited = e.waited_secs().unwrap();
         assert!((0.1..5.0).contains(&waited), "{waited}");
+    }
+
+    #[test]
+    fn a_peer_that_never_sends_times_out_as_a_timeout() {
+        use crate::comm::local_group;
+        use crate::error::{ErrorKind, kind_of};
+        let mut group = local_group::<Buf>(2, Duration::from_millis(50));
+        let e = group[0].recv(1, Tag(1)).unwrap_err();
+        assert_eq!(kind_of(&e), Some(ErrorKind::Timeout));
+        assert_eq!(
+            format!("{e:#}"),
+            "worker 0 waited 0 s for a message from worker 1 that never arrived (is worker 1 stuck? raise --timeout if its step is that slow)"
+        );
     }
 }

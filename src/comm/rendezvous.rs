@@ -9,6 +9,7 @@
 //! reached some other program listening on the port says so within its timeout instead of
 //! waiting for a table that never comes. Nothing waits without a deadline.
 
+use crate::error::Error;
 use anyhow::{Context, Result, anyhow, bail};
 use serde::{Deserialize, Serialize};
 use std::io::{BufRead, BufReader, ErrorKind, Write};
@@ -287,12 +288,14 @@ fn follow(
         match TcpStream::connect_timeout(&master, Duration::from_millis(500)) {
             Ok(s) => break s,
             Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(50)),
-            Err(e) => bail!(
-                "rank 0 at {}:{} did not answer within {:.0} s ({e}); is it running and reachable?",
-                env.master_addr,
-                env.master_port,
-                timeout.as_secs_f64()
-            ),
+            Err(e) => {
+                return Err(Error::timeout(format!(
+                    "rank 0 at {}:{} did not answer within {:.0} s ({e}); is it running and reachable?",
+                    env.master_addr,
+                    env.master_port,
+                    timeout.as_secs_f64()
+                )));
+            }
         }
     };
     let data = TcpListener::bind((stream.local_addr()?.ip(), 0))?;
@@ -315,12 +318,14 @@ fn follow(
             })?
         }
         Ok(reply) => reply,
-        Err(e) => bail!(
-            "the program listening at MASTER_ADDR={} MASTER_PORT={} did not answer as distflash rank 0 within {:.0} s ({e}); if another program holds that port, choose another MASTER_PORT",
-            env.master_addr,
-            env.master_port,
-            timeout.as_secs_f64()
-        ),
+        Err(e) => {
+            return Err(Error::timeout(format!(
+                "the program listening at MASTER_ADDR={} MASTER_PORT={} did not answer as distflash rank 0 within {:.0} s ({e}); if another program holds that port, choose another MASTER_PORT",
+                env.master_addr,
+                env.master_port,
+                timeout.as_secs_f64()
+            )));
+        }
     };
     joined(env, reply, data)
 }
@@ -384,5 +389,33 @@ mod tests {
         );
         let bad_port = [full[0], full[1], full[2], ("MASTER_PORT", "70000")];
         assert!(LaunchEnv::from_vars(vars(&bad_port)).is_err());
+    }
+
+    #[test]
+    fn a_rank_0_that_never_answers_is_a_timeout() {
+        use crate::error::{ErrorKind, kind_of};
+        // A port nobody listens on: bound, then let go.
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let env = LaunchEnv {
+            rank: 1,
+            world: 2,
+            local_rank: 1,
+            master_addr: "127.0.0.1".into(),
+            master_port: port,
+        };
+        let e = join(&env, 0, Duration::from_millis(200), || Ok(Vec::new()))
+            .err()
+            .expect("nobody answers");
+        assert_eq!(kind_of(&e), Some(ErrorKind::Timeout), "{e:#}");
+        assert!(
+            format!("{e:#}").starts_with(&format!(
+                "rank 0 at 127.0.0.1:{port} did not answer within 0 s ("
+            )),
+            "{e:#}"
+        );
     }
 }

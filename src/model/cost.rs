@@ -7,7 +7,8 @@
 
 use super::config::Config;
 use super::{Checkpoint, Offload};
-use anyhow::{Result, bail};
+use crate::error::Error;
+use anyhow::Result;
 use serde::Serialize;
 use std::ops::Range;
 
@@ -448,11 +449,11 @@ pub fn check_fits(m: &StepMemory, free: usize, what: &str) -> Result<()> {
     if m.total() <= free as f64 {
         return Ok(());
     }
-    bail!(
+    Err(Error::out_of_memory(format!(
         "{what} would not fit on this GPU: it needs {} but {:.1} GiB is free; use fewer layers, a shorter sequence, a leaner checkpoint policy (layer keeps least) or more GPUs",
         m.describe(),
         gib(free as f64)
-    )
+    )))
 }
 
 #[cfg(test)]
@@ -706,5 +707,13 @@ mod tests {
         assert!(!err.contains('\n'));
         let small = step_memory(&llama7b(2), 4096, Checkpoint::Remat, false);
         assert!(check_fits(&small, 140 << 30, "x").is_ok());
+    }
+
+    #[test]
+    fn a_step_that_would_not_fit_is_out_of_memory() {
+        use crate::error::{ErrorKind, kind_of};
+        let m = step_memory(&llama7b(32), 1 << 20, Checkpoint::Remat, false);
+        let e = check_fits(&m, 140 << 30, "llama2-7b at 1048576 tokens").unwrap_err();
+        assert_eq!(kind_of(&e), Some(ErrorKind::OutOfMemory));
     }
 }

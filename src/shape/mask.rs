@@ -8,7 +8,8 @@
 //! (which pairs to add up) both read it, and `plan` and `attn` import only `shape`.
 
 use super::span::Span;
-use anyhow::{Result, bail};
+use crate::error::Error;
+use anyhow::Result;
 use serde::Serialize;
 use std::fmt;
 
@@ -64,24 +65,26 @@ impl Mask {
         global: usize,
     ) -> Result<Mask> {
         if let Some(i) = doc_lens.iter().position(|&l| l == 0) {
-            bail!("document {i} has length 0: every document needs at least one token");
+            return Err(Error::invalid_input(format!(
+                "document {i} has length 0: every document needs at least one token"
+            )));
         }
         let total: usize = doc_lens.iter().sum();
         if !doc_lens.is_empty() && total != seq {
-            bail!(
+            return Err(Error::invalid_input(format!(
                 "the {} document lengths add up to {total} tokens but the sequence has {seq}: make them sum to the sequence length",
                 doc_lens.len()
-            );
+            )));
         }
         if window == Some(0) {
-            bail!(
-                "a window of 0 tokens hides every key: use --window 1 or more (a token sees itself)"
-            );
+            return Err(Error::invalid_input(
+                "a window of 0 tokens hides every key: use --window 1 or more (a token sees itself)",
+            ));
         }
         if global > seq {
-            bail!(
+            return Err(Error::invalid_input(format!(
                 "{global} global tokens do not fit a sequence of {seq}: use --global {seq} or fewer"
-            );
+            )));
         }
         let cu_seqlens: Vec<usize> = if doc_lens.len() > 1 {
             std::iter::once(0)
@@ -113,9 +116,9 @@ impl Mask {
     /// Refuses a sequence of another length than the one the documents were given for.
     pub fn check_seq(&self, seq: usize) -> Result<()> {
         match self.cu_seqlens.last() {
-            Some(&total) if total != seq => bail!(
+            Some(&total) if total != seq => Err(Error::invalid_input(format!(
                 "the documents cover {total} tokens but the sequence has {seq}: give document lengths that sum to the sequence length"
-            ),
+            ))),
             _ => Ok(()),
         }
     }
@@ -272,5 +275,24 @@ mod tests {
         );
         assert_eq!(packed.to_string(), "2 documents, window 4, 1 global tokens");
         assert_eq!(Mask::causal().to_string(), "causal");
+    }
+
+    #[test]
+    fn a_refused_mask_is_the_callers_input_in_its_own_sentence() {
+        use crate::error::{ErrorKind, kind_of};
+        let e = Mask::new(16, &[5, 10], None, 0).unwrap_err();
+        assert_eq!(kind_of(&e), Some(ErrorKind::InvalidInput));
+        assert_eq!(
+            format!("{e:#}"),
+            "the 2 document lengths add up to 15 tokens but the sequence has 16: make them sum to the sequence length"
+        );
+        for bad in [
+            Mask::new(16, &[0, 16], None, 0),
+            Mask::new(16, &[], Some(0), 0),
+            Mask::new(16, &[8, 8], None, 17),
+            Mask::new(16, &[8, 8], None, 0).and_then(|m| m.check_seq(12).map(|()| m)),
+        ] {
+            assert_eq!(kind_of(&bad.unwrap_err()), Some(ErrorKind::InvalidInput));
+        }
     }
 }

@@ -6,6 +6,7 @@
 
 use super::estimate;
 use super::step_plan::StepPlan;
+use crate::error::Error;
 use crate::model::config::Config;
 use crate::model::cost;
 use crate::model::counting::Precision;
@@ -233,9 +234,11 @@ impl MemoryCheck {
             Err(e) if self.ignore_estimate => {
                 eprintln!("note: {e:#}; starting anyway (--ignore-memory-estimate)")
             }
-            Err(e) => bail!(
-                "{e:#} (the estimate is the step's tensors plus 1.5 GiB for cuBLAS, kernel modules and fragmentation: --ignore-memory-estimate starts anyway)"
-            ),
+            Err(e) => {
+                return Err(Error::out_of_memory(format!(
+                    "{e:#} (the estimate is the step's tensors plus 1.5 GiB for cuBLAS, kernel modules and fragmentation: --ignore-memory-estimate starts anyway)"
+                )));
+            }
         }
         let state = self.host_state.bytes(parameters(&self.config));
         if need.pinned() + state > 0.0 {

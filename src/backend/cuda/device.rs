@@ -7,10 +7,12 @@ use super::launch::Masking;
 use super::mask::{MaskArgs, MaskCache};
 use super::{InputDtype, Kernels, Tensor, Tuning};
 use crate::attn::Block;
+use crate::error::{Error, ErrorKind};
 use crate::shape::Mask;
-use anyhow::{Result, bail};
-use cudarc::driver::sys::CUdevice_attribute;
-use cudarc::driver::{CudaContext, CudaSlice, CudaStream, LaunchArgs, LaunchConfig};
+use anyhow::Result;
+use cudarc::driver::sys::{CUdevice_attribute, CUresult};
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DriverError, LaunchArgs, LaunchConfig};
+use std::fmt;
 use std::sync::Arc;
 
 /// The error a machine without the CUDA driver gets, before cudarc could panic on it.
@@ -19,7 +21,7 @@ fn require_driver() -> Result<()> {
     if unsafe { cudarc::driver::sys::is_culib_present() } {
         Ok(())
     } else {
-        bail!("no CUDA driver found; use --device cpu")
+        Err(Error::device("no CUDA driver found; use --device cpu"))
     }
 }
 
@@ -45,31 +47,30 @@ pub struct CudaBackend {
 impl CudaBackend {
     /// Opens GPU `ordinal` with inputs stored as `dtype`. Fails with a sentence when there is no
     /// driver, no such device, or a device older than compute capability 8.0 (the kernels use
-    /// bf16 tensor cores and `cp.async`).
+    /// bf16 tensor cores and `cp.async`): each an [`ErrorKind::Device`] error.
     pub fn new(ordinal: usize, dtype: InputDtype) -> Result<Self> {
         require_driver()?;
         let count = CudaContext::device_count()
-            .map_err(|e| anyhow::anyhow!("could not count the CUDA devices: {e:?}"))?;
+            .map_err(|e| Error::device(format!("could not count the CUDA devices: {e:?}")))?;
         if ordinal >= count.max(0) as usize {
-            bail!(
+            return Err(Error::device(format!(
                 "GPU {ordinal} was asked for but this machine has {count}; start at most {count} GPU processes per node (one per GPU)"
-            );
+            )));
         }
         let ctx = CudaContext::new(ordinal)
-            .map_err(|e| anyhow::anyhow!("could not open CUDA device {ordinal}: {e:?}"))?;
+            .map_err(|e| Error::device(format!("could not open CUDA device {ordinal}: {e:?}")))?;
         let capability = ctx
             .compute_capability()
-            .map_err(|e| anyhow::anyhow!("could not query CUDA device {ordinal}: {e:?}"))?;
+            .map_err(|e| Error::device(format!("could not query CUDA device {ordinal}: {e:?}")))?;
         if capability.0 < 8 {
-            bail!(
+            return Err(Error::device(format!(
                 "CUDA device {ordinal} has compute capability {}.{}; the attention kernels need 8.0 or newer",
-                capability.0,
-                capability.1
-            );
+                capability.0, capability.1
+            )));
         }
         let sms = ctx
             .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
-            .map_err(|e| anyhow::anyhow!("could not query CUDA device {ordinal}: {e:?}"))?;
+            .map_err(|e| Error::device(format!("could not query CUDA device {ordinal}: {e:?}")))?;
         let stream = ctx.default_stream();
         let backend = CudaBackend {
             ordinal,
@@ -198,17 +199,34 @@ impl CudaBackend {
     pub(super) fn alloc_f32(&self, len: usize) -> Result<CudaSlice<f32>> {
         self.stream
             .alloc_zeros::<f32>(len)
-            .map_err(|e| anyhow::anyhow!("could not allocate {len} f32 on the GPU: {e:?}"))
+            .map_err(|e| allocation_failed(e, format_args!("{len} f32")))
     }
 
     pub(super) fn alloc_half(&self, len: usize) -> Result<Tensor> {
-        let data = self.stream.alloc_zeros::<u16>(len).map_err(|e| {
-            anyhow::anyhow!("could not allocate {len} 16-bit values on the GPU: {e:?}")
-        })?;
+        let data = self
+            .stream
+            .alloc_zeros::<u16>(len)
+            .map_err(|e| allocation_failed(e, format_args!("{len} 16-bit values")))?;
         Ok(Tensor::Half {
             dtype: self.dtype,
             data,
         })
+    }
+}
+
+/// The error of a GPU allocation of `what` that the driver refused with `e`, in one sentence:
+/// out of memory when the driver says so (the caller can free memory or ask for less), else the
+/// device failing.
+pub(crate) fn allocation_failed(e: DriverError, what: fmt::Arguments<'_>) -> anyhow::Error {
+    allocation_kind(e).error(format!("could not allocate {what} on the GPU: {e:?}"))
+}
+
+/// What a refused allocation means: [`ErrorKind::OutOfMemory`] for the driver's
+/// `CUDA_ERROR_OUT_OF_MEMORY`, [`ErrorKind::Device`] for anything else.
+fn allocation_kind(e: DriverError) -> ErrorKind {
+    match e.0 {
+        CUresult::CUDA_ERROR_OUT_OF_MEMORY => ErrorKind::OutOfMemory,
+        _ => ErrorKind::Device,
     }
 }
 
@@ -228,5 +246,24 @@ mod tests {
             .unwrap()
             .to_string();
         assert_eq!(err, "no CUDA driver found; use --device cpu");
+        let e = CudaBackend::new(0, InputDtype::Bf16).err().unwrap();
+        assert_eq!(crate::error::kind_of(&e), Some(ErrorKind::Device));
+    }
+
+    /// The kind alone (formatting a `DriverError` asks the driver for its text, so the sentence
+    /// is left to the GPU tests).
+    #[test]
+    fn a_refused_allocation_is_out_of_memory_only_when_the_driver_says_so() {
+        assert_eq!(
+            allocation_kind(DriverError(CUresult::CUDA_ERROR_OUT_OF_MEMORY)),
+            ErrorKind::OutOfMemory
+        );
+        for other in [
+            CUresult::CUDA_ERROR_INVALID_VALUE,
+            CUresult::CUDA_ERROR_ILLEGAL_ADDRESS,
+            CUresult::CUDA_ERROR_LAUNCH_FAILED,
+        ] {
+            assert_eq!(allocation_kind(DriverError(other)), ErrorKind::Device);
+        }
     }
 }

@@ -25,8 +25,9 @@
 use super::strides::CallStrides;
 use super::{CudaBackend, HEAD_DIMS, InputDtype, Tensor, launch, sequence_kv_grads_half};
 use crate::attn::{Grads, Partial};
+use crate::error::Error;
 use crate::shape::{Dims, Mask, Precision};
-use anyhow::{Result, bail};
+use anyhow::Result;
 use std::mem::ManuallyDrop;
 
 /// The alignment the kernels' vector loads and the forward's tensor maps (TMA) need.
@@ -146,12 +147,14 @@ fn check_addr(addr: u64, len: usize, what: &str) -> Result<()> {
         return Ok(());
     }
     if addr == 0 {
-        bail!("{what} has a null device address; pass a tensor that holds memory on the GPU");
+        return Err(Error::invalid_input(format!(
+            "{what} has a null device address; pass a tensor that holds memory on the GPU"
+        )));
     }
     if !addr.is_multiple_of(ALIGN) {
-        bail!(
+        return Err(Error::invalid_input(format!(
             "{what} starts at {addr:#x}, which is not {ALIGN}-byte aligned; pass a fresh contiguous tensor (e.g. .contiguous() or .clone()) instead of a view at an offset"
-        );
+        )));
     }
     Ok(())
 }
@@ -161,10 +164,14 @@ fn check_addr(addr: u64, len: usize, what: &str) -> Result<()> {
 pub fn check_lent_call(dims: &Dims, seq: usize) -> Result<()> {
     dims.validate()?;
     if !HEAD_DIMS.contains(&dims.head_dim) {
-        bail!("{}", launch::unsupported_head_dim(dims.head_dim));
+        return Err(Error::invalid_input(launch::unsupported_head_dim(
+            dims.head_dim,
+        )));
     }
     if seq == 0 {
-        bail!("the sequence is empty; pass at least one token");
+        return Err(Error::invalid_input(
+            "the sequence is empty; pass at least one token",
+        ));
     }
     Ok(())
 }
@@ -410,6 +417,7 @@ fn give_back(t: Tensor) {
 
 #[cfg(test)]
 mod tests {
+    use super::super::strides::Strides;
     use super::*;
 
     #[test]
@@ -452,5 +460,69 @@ mod tests {
         );
         let err = check_lent_call(&dims(8, 8, 64), 0).unwrap_err().to_string();
         assert_eq!(err, "the sequence is empty; pass at least one token");
+    }
+
+    #[test]
+    fn every_refusal_of_a_lent_call_is_the_callers_input() {
+        use crate::error::{ErrorKind, kind_of};
+        let dims = Dims {
+            batch: 1,
+            heads: 4,
+            kv_heads: 2,
+            head_dim: 64,
+        };
+        let strides = CallStrides::head_major(&dims, 16, 16);
+        let fwd = ForwardAddrs::from([0x10000; 5]);
+        let bwd = BackwardAddrs::from([0x10000; 9]);
+        assert!(fwd.check(&dims, 16, &strides).is_ok());
+        assert!(bwd.check(&dims, 16, &strides).is_ok());
+        let unreadable = CallStrides {
+            q: Strides {
+                row: 65,
+                ..strides.q
+            },
+            ..strides
+        };
+        let overlapping = CallStrides {
+            kv: Strides {
+                head: 0,
+                ..strides.kv
+            },
+            ..strides
+        };
+        for refused in [
+            ForwardAddrs { q: 0, ..fwd }.check(&dims, 16, &strides),
+            ForwardAddrs { v: 0x10002, ..fwd }.check(&dims, 16, &strides),
+            fwd.check(
+                &Dims {
+                    kv_heads: 3,
+                    ..dims
+                },
+                16,
+                &strides,
+            ),
+            fwd.check(
+                &Dims {
+                    head_dim: 72,
+                    ..dims
+                },
+                16,
+                &strides,
+            ),
+            fwd.check(&dims, 0, &strides),
+            fwd.check(&dims, 16, &unreadable),
+            bwd.check(&dims, 16, &overlapping),
+            BackwardAddrs { dk: 0, ..bwd }.check(&dims, 16, &strides),
+        ] {
+            let e = refused.unwrap_err();
+            assert_eq!(kind_of(&e), Some(ErrorKind::InvalidInput), "{e:#}");
+        }
+        let e = ForwardAddrs { q: 0, ..fwd }
+            .check(&dims, 16, &strides)
+            .unwrap_err();
+        assert_eq!(
+            format!("{e:#}"),
+            "q has a null device address; pass a tensor that holds memory on the GPU"
+        );
     }
 }

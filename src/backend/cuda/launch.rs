@@ -2,6 +2,7 @@
 //! sizes mirror the `#define`s in `kernels/forward.cu` and `kernels/backward.cu`; a change there
 //! must change these too (the shared-memory sizes would be wrong otherwise).
 
+use crate::error::Error;
 use crate::shape::Dims;
 use anyhow::{Result, bail};
 use cudarc::driver::LaunchConfig;
@@ -338,10 +339,10 @@ pub(crate) fn check_dims(dims: &Dims) -> Result<()> {
 /// Rejects a head dim the kernels were not instantiated for, in one sentence.
 pub(crate) fn check_head_dim(head_dim: usize) -> Result<()> {
     if !HEAD_DIMS.contains(&head_dim) {
-        bail!(
+        return Err(Error::invalid_input(format!(
             "{}; use --device cpu for other sizes",
             unsupported_head_dim(head_dim)
-        );
+        )));
     }
     Ok(())
 }

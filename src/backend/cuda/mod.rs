@@ -80,7 +80,9 @@ pub use timing::{
 use kernels::Kernels;
 use tensor::Kind;
 
-// The model ops (`model::cuda`) compile their kernels through the same NVRTC cache and launch
-// their elementwise and per-row kernels with the same shapes.
+// The model ops (`model::cuda`) compile their kernels through the same NVRTC cache, launch
+// their elementwise and per-row kernels with the same shapes and report a refused allocation
+// with the same kind (out of memory, or the device).
 pub(crate) use compile::compile_cached;
+pub(crate) use device::allocation_failed;
 pub(crate) use launch::{elementwise_config, rows_config};

@@ -10,8 +10,9 @@
 //! the attention's time (`bench/notes/gpu-train.md`, in git history at 40b4b1d:
 //! bench/HISTORY.md).
 
+use crate::error::Error;
 use crate::shape::Dims;
-use anyhow::{Result, bail};
+use anyhow::Result;
 use cudarc::driver::DeviceRepr;
 
 /// The 16-byte vectors (cp.async, TMA, the kernels' paired stores) every row and every stride
@@ -99,16 +100,16 @@ impl Strides {
         let dims = [(self.batch, batch), (self.head, heads), (self.row, rows)];
         for (s, _) in dims {
             if s < 0 || !(s as usize).is_multiple_of(VECTOR) {
-                bail!(
+                return Err(Error::invalid_input(format!(
                     "{what} has a stride of {s} elements, which the attention kernels cannot read (they move 16-byte vectors): pass a tensor whose batch, sequence and head strides are multiples of {VECTOR} elements and whose last dim is contiguous, e.g. .contiguous()"
-                );
+                )));
             }
         }
         if self.row > i64::from(i32::MAX) {
-            bail!(
+            return Err(Error::invalid_input(format!(
                 "{what} has rows {} elements apart, beyond the kernels' 32-bit row strides: pass a tensor whose rows lie closer, e.g. .contiguous()",
                 self.row
-            );
+            )));
         }
         if written {
             let mut sorted = dims.iter().filter(|(_, n)| *n > 1).collect::<Vec<_>>();
@@ -116,9 +117,9 @@ impl Strides {
             let mut reach = head_dim as i64;
             for &&(s, n) in &sorted {
                 if s < reach {
-                    bail!(
+                    return Err(Error::invalid_input(format!(
                         "{what} would overlap itself under strides {self:?} (batch, head, row): the attention writes it, so pass a tensor without overlapping rows, e.g. torch.empty of its shape"
-                    );
+                    )));
                 }
                 reach += s * (n as i64 - 1);
             }

@@ -35,7 +35,9 @@ use super::init;
 use super::ops::{AdamW, LossOut, Ops, check_positions, check_rows};
 use super::rope::Rotary;
 use crate::backend::Backend;
-use crate::backend::cuda::{CudaBackend, InputDtype, Tensor, elementwise_config, rows_config};
+use crate::backend::cuda::{
+    CudaBackend, InputDtype, Tensor, allocation_failed, elementwise_config, rows_config,
+};
 use crate::shape::Span;
 use anyhow::{Result, anyhow, bail};
 use args::{check, f32_mut, f32_ref, int, push, push_mut};
@@ -136,9 +138,9 @@ impl CudaOps {
 
     fn alloc<T: DeviceRepr + ValidAsZeroBits>(&self, len: usize) -> Result<CudaSlice<T>> {
         self.stream().alloc_zeros::<T>(len).map_err(|e| {
-            anyhow!(
-                "could not allocate {len} elements of {} bytes on the GPU: {e:?}",
-                size_of::<T>()
+            allocation_failed(
+                e,
+                format_args!("{len} elements of {} bytes", size_of::<T>()),
             )
         })
     }
