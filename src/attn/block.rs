@@ -56,7 +56,7 @@ pub fn forward_block(
                     let q = view(&q[r0 * d..(r0 + rows) * d], rows, d);
                     let mut acc = ArrayViewMut2::from_shape((rows, d), acc).expect("tile shape");
                     let keys = visible_columns(mask, block, r0, rows);
-                    forward_tile(&keys, scale, q, k, v, d, m, l, &mut acc);
+                    forward_tile(&keys, scale, q, (k, v), (m, l, &mut acc));
                 });
         });
 }
@@ -119,19 +119,16 @@ fn hidden_columns(seen: &Visible, c0: usize, cols: usize) -> [Span; 3] {
     gaps
 }
 
-#[allow(clippy::too_many_arguments)]
+/// Folds the keys and values `(k, v)` (the block's, head-dim-wide rows) that the tile's query
+/// rows `q` see (`keys`, one per row) into the tile's running max, sum and output accumulator.
 fn forward_tile(
     keys: &[Visible],
     scale: f32,
     q: ArrayView2<f32>,
-    k: &[f32],
-    v: &[f32],
-    d: usize,
-    m: &mut [f32],
-    l: &mut [f32],
-    acc: &mut ArrayViewMut2<f32>,
+    (k, v): (&[f32], &[f32]),
+    (m, l, acc): (&mut [f32], &mut [f32], &mut ArrayViewMut2<f32>),
 ) {
-    let rows = keys.len();
+    let (rows, d) = (keys.len(), q.ncols());
     let mut scores = Array2::<f32>::zeros((rows, KV_TILE));
     for (c0, cols) in key_tiles(keys) {
         let kt = view(&k[c0 * d..(c0 + cols) * d], cols, d);
@@ -205,7 +202,7 @@ pub fn backward_block(
             };
             for r0 in (0..nq).step_by(Q_TILE) {
                 let keys = visible_columns(mask, block, r0, Q_TILE.min(nq - r0));
-                backward_tile(&keys, r0, scale, d, &head, dq, &mut dk, &mut dv);
+                backward_tile(&keys, (r0, d), scale, &head, (dq, &mut dk, &mut dv));
             }
             (dk, dv)
         })
@@ -227,16 +224,14 @@ struct HeadTensors<'a> {
     v: &'a [f32],
 }
 
-#[allow(clippy::too_many_arguments)]
+/// The backward of the query tile from local row `r0` (head dim `d`), whose rows see `keys`:
+/// its dQ rows written, its share of dK and dV added.
 fn backward_tile(
     keys: &[Visible],
-    r0: usize,
+    (r0, d): (usize, usize),
     scale: f32,
-    d: usize,
     head: &HeadTensors<'_>,
-    dq: &mut [f32],
-    dk: &mut [f32],
-    dv: &mut [f32],
+    (dq, dk, dv): (&mut [f32], &mut [f32], &mut [f32]),
 ) {
     let rows = keys.len();
     let q = view(&head.q[r0 * d..(r0 + rows) * d], rows, d);
