@@ -28,11 +28,11 @@ use distflash::comm::{
 };
 use distflash::model::attention::{Attention, Dense};
 use distflash::model::config::Config;
-use distflash::model::counting::Precision;
 use distflash::model::cpu::Cpu;
 use distflash::model::cuda::CudaOps;
 use distflash::model::cuda::attention::CudaAttention;
 use distflash::model::family::ModelType;
+use distflash::model::lengths::Precision;
 use distflash::model::ops::{AdamW, Ops};
 use distflash::model::rope::RopeScaling;
 use distflash::model::weights::{self, Weights};

@@ -494,7 +494,7 @@ fn qwen3_norms_each_query_and_key_head_on_its_own() {
 #[test]
 fn the_memory_mirror_counts_qwen3s_normed_heads() {
     use distflash::model::cost;
-    use distflash::model::counting::Precision;
+    use distflash::model::lengths::Precision;
     use distflash::train::estimate::{Step, estimate};
     let cfg = Config {
         vocab_size: 151936,

@@ -14,10 +14,10 @@ use distflash::model::profile::OpTime;
 use distflash::model::{Checkpoint, Offload};
 use distflash::resources;
 use distflash::runtime::Device;
-use distflash::train::bench::{Runs, time_steps};
 use distflash::train::memory::{GpuStep, HostState, MemoryCheck, Placement, gpu_estimate};
 use distflash::train::step_plan::Purpose;
 use distflash::train::step_plan::Shard;
+use distflash::train::step_timing::{Runs, time_steps};
 use serde::Serialize;
 use serde_json::Value;
 

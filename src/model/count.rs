@@ -2,7 +2,7 @@
 //! ticket for their bytes, added to a shared counter when the tensor is made (or cloned) and
 //! taken off when it is dropped, so the counter's peak is the most bytes of tensors the model
 //! held at once. Around the CPU backend it measures that backend's own peak; around
-//! `model::counting::Lengths` (a device that allocates nothing) it is the memory estimate of the
+//! `model::lengths::Lengths` (a device that allocates nothing) it is the memory estimate of the
 //! real forward and backward. The wrapper is `instrument::Instrumented`, the counter its
 //! instrument ([`Metered`]).
 

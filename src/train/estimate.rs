@@ -1,7 +1,7 @@
 //! The memory estimate of a training step, counted from the code: the step's real parts (the
 //! weights, gradients and AdamW's moments as training makes them, `model::forward_backward`,
 //! the update) run on a counted device (`model::count::Metered`); on the counting device
-//! (`model::counting`), which computes and allocates nothing, that is the estimate of the GPU
+//! (`model::lengths`), which computes and allocates nothing, that is the estimate of the GPU
 //! step, made in milliseconds for any sequence; on the CPU backend it is the CPU's own peak,
 //! which the estimate must equal (tested below). Offload is counted as it runs: the stashed
 //! tensors leave the device count for the host one.
@@ -11,8 +11,8 @@ use crate::model::attention::Attention;
 use crate::model::config::Config;
 use crate::model::cost::{RESERVE_BYTES, StepMemory};
 use crate::model::count::{Bytes, Counter, Kind, Metered, Part};
-use crate::model::counting::{CountingAttention, Lengths, Precision};
 use crate::model::instrument::InstrumentedAttention;
+use crate::model::lengths::{CountingAttention, Lengths, Precision};
 use crate::model::ops::{AdamW, Ops};
 use crate::model::weights::{self, LayerWeights};
 use crate::model::{Chunk, Head, Keep, Params, Whole, forward_backward_with};

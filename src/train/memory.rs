@@ -9,7 +9,7 @@ use super::step_plan::StepPlan;
 use crate::error::Error;
 use crate::model::config::Config;
 use crate::model::cost;
-use crate::model::counting::Precision;
+use crate::model::lengths::Precision;
 use crate::model::weights::parameters;
 use crate::plan::Schedule;
 use crate::resources::{self, CpuTraining};

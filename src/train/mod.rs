@@ -6,7 +6,6 @@
 //! Rank 0 reports each step and saves checkpoints.
 
 pub mod attention;
-pub mod bench;
 pub mod data;
 pub mod documents;
 pub mod estimate;
@@ -18,6 +17,7 @@ pub mod shard;
 pub mod state;
 mod step;
 pub mod step_plan;
+pub mod step_timing;
 pub mod svg;
 mod tally;
 pub mod tokens;
