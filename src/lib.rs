@@ -8,8 +8,8 @@
 pub mod attention_run;
 pub mod attn;
 pub mod backend;
-pub mod bench;
 pub mod comm;
+pub mod cpu_rates;
 pub mod error;
 pub mod exec;
 pub mod inputs;

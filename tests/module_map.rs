@@ -66,7 +66,10 @@ const MAP: &[(&str, Rule)] = &[
     // of a rank (its plan-derived share computed here).
     ("sim", Rule::Only(&["shape", "attn", "plan", "model"])),
     // Machine rates for reports: the CPU backend's attention forward on generated inputs.
-    ("bench", Rule::Only(&["shape", "attn", "backend", "inputs"])),
+    (
+        "cpu_rates",
+        Rule::Only(&["shape", "attn", "backend", "inputs"]),
+    ),
     // What a run would take, against this machine: shapes, the model's parameter and
     // activation sizes, and the sequence split's rule and its plans' size (`plan`); nothing
     // of devices or topology. Memory it lacks is out of memory (`error`).

@@ -8,7 +8,7 @@ use distflash::attn;
 use distflash::backend::cuda::{
     BlockKind, CallStrides, CudaBackend, InputDtype, time_attention, time_block,
 };
-use distflash::bench;
+use distflash::cpu_rates;
 use distflash::resources;
 use distflash::shape::Dims;
 use serde_json::{Value, json};
@@ -204,8 +204,8 @@ fn cpu(
         &format!("bench cpu's {repeats} repeats"),
         "lower --repeats, --matmul-size or --seq-len",
     )?;
-    let gemm = bench::cpu_matmul_gflops(matmul_size, repeats);
-    let attention = bench::cpu_attention_forward_gflops(dims, seq_len, repeats);
+    let gemm = cpu_rates::cpu_matmul_gflops(matmul_size, repeats);
+    let attention = cpu_rates::cpu_attention_forward_gflops(dims, seq_len, repeats);
     let threads = rayon::current_num_threads();
     if json {
         println!(
