@@ -185,7 +185,7 @@ fn the_counted_estimate_is_the_gpus_own_peak() -> Result<()> {
                 let mut attn = CudaAttention::new(ops.backend(), cfg.dims(), seq)?;
                 let chunk = whole_chunk(&tokens, &whole);
                 let scale = 1.0 / seq as f64;
-                forward_backward(&ops, &cfg, &w, &mut grads, &mut attn, chunk, keep, scale)?;
+                forward_backward(&ops, &cfg, (&w, &mut grads), &mut attn, chunk, keep, scale)?;
                 ops.backend().synchronize()?;
             }
             let measured = ops.backend().peak_memory()? - before;
@@ -848,8 +848,7 @@ impl Checker {
             let got = forward_backward(
                 &self.gpu,
                 cfg,
-                &w,
-                &mut grads,
+                (&w, &mut grads),
                 &mut attn,
                 chunk,
                 Keep::on_device(policy),
@@ -858,8 +857,7 @@ impl Checker {
             let want = forward_backward(
                 &self.cpu,
                 cfg,
-                &cw,
-                &mut cgrads,
+                (&cw, &mut cgrads),
                 &mut dense(),
                 chunk,
                 Keep::on_device(policy),
@@ -904,7 +902,7 @@ impl Checker {
             let mut grads = weights::zeros(gpu, &cfg)?;
             let mut attn = CudaAttention::new(gpu.backend(), cfg.dims(), seq)?;
             let scale = 1.0 / seq as f64;
-            let out = forward_backward(gpu, &cfg, &w, &mut grads, &mut attn, chunk, keep, scale)?;
+            let out = forward_backward(gpu, &cfg, (&w, &mut grads), &mut attn, chunk, keep, scale)?;
             let grads = grads.tensors().into_iter().map(|t| gpu.download(t));
             Ok((
                 out.loss_sum,

@@ -271,8 +271,7 @@ fn f64_model_of(
     let out = forward_backward(
         &ops,
         c,
-        &w,
-        &mut g,
+        (&w, &mut g),
         &mut attn,
         chunk,
         Keep::on_device(policy),

@@ -352,7 +352,6 @@ impl<O: Ops> Layer<'_, O> {
     /// [`Layer::input`] backward: from `dy`, the gradient of the input attention read, the
     /// projection's weight and bias gradients (and its norm's gain's) accumulate in `grads` and
     /// h1's in `dh1`; `pre` is what the input's norm kept, where it has one.
-    #[allow(clippy::too_many_arguments)]
     fn input_backward(
         &self,
         w: &LayerWeights<O::T>,
@@ -360,8 +359,7 @@ impl<O: Ops> Layer<'_, O> {
         input: Input,
         mut dy: O::T,
         pre: Option<PreNorm<O::T>>,
-        grads: &mut LayerWeights<O::T>,
-        dh1: &mut O::T,
+        (grads, dh1): (&mut LayerWeights<O::T>, &mut O::T),
     ) -> Result<()> {
         let (ops, c, n, hd) = (self.ops, self.cfg, self.rows, self.cfg.head_dim);
         let width = input.heads * hd;
@@ -589,7 +587,6 @@ impl<O: Ops> Layer<'_, O> {
     }
 
     /// dx from dout (the gradient of the layer's output); weight gradients accumulate in `grads`.
-    #[allow(clippy::too_many_arguments)]
     pub fn backward(
         &self,
         w: &LayerWeights<O::T>,
@@ -597,8 +594,7 @@ impl<O: Ops> Layer<'_, O> {
         dout: O::T,
         attn: &mut impl Attention<O::T>,
         grads: &mut LayerWeights<O::T>,
-        forwards: &mut u32,
-        meter: &mut Meter,
+        (forwards, meter): (&mut u32, &mut Meter),
     ) -> Result<O::T> {
         let (ops, c, n) = (self.ops, self.cfg, self.rows);
         let (d, qw) = (c.hidden_size, c.q_width());
@@ -670,7 +666,7 @@ impl<O: Ops> Layer<'_, O> {
         let mut dh1 = ops.zeros(n * d)?;
         let (inputs, pre) = (self.inputs(), [q_pre, k_pre, None]);
         for ((input, dy), pre) in inputs.into_iter().zip([dq, dk, dv]).zip(pre) {
-            self.input_backward(w, &h1, input, dy, pre, grads, &mut dh1)?;
+            self.input_backward(w, &h1, input, dy, pre, (grads, &mut dh1))?;
         }
         drop(h1);
         let mut dx = dx2;
@@ -737,7 +733,7 @@ mod tests {
             .forward(lw, x, policy, &mut attn, &mut forwards, &mut meter)
             .unwrap();
         let dx = layer
-            .backward(lw, kept, dout, &mut attn, gw, &mut forwards, &mut meter)
+            .backward(lw, kept, dout, &mut attn, gw, (&mut forwards, &mut meter))
             .unwrap();
         let g = [
             LayerTensor::WGate,

@@ -161,12 +161,10 @@ impl<T, A> Params<T, A> for Whole<'_, T> {
 
 /// Forward and backward of this worker's chunk. Gradients of `loss_scale · Σ loss` accumulate
 /// into `grads` (pass 1 / total tokens of all workers to average).
-#[allow(clippy::too_many_arguments)]
 pub fn forward_backward<O: Ops, A: Attention<O::T>>(
     ops: &O,
     cfg: &Config,
-    w: &Weights<O::T>,
-    grads: &mut Weights<O::T>,
+    (w, grads): (&Weights<O::T>, &mut Weights<O::T>),
     attn: &mut A,
     chunk: Chunk<'_>,
     keep: Keep,
@@ -243,7 +241,7 @@ pub fn forward_backward_with<O: Ops, A: Attention<O::T>>(
         let k = kept.take(l, &mut meter)?;
         let count = &mut forwards[l];
         dx = params.with_layer_grads(attn, l, |lw, lg, attn| {
-            layer.backward(lw, k, dx, attn, lg, count, &mut meter)
+            layer.backward(lw, k, dx, attn, lg, (count, &mut meter))
         })?;
     }
     params.with_embed_grad(attn, |table| {
