@@ -7,7 +7,7 @@
 //! - itself with dO given in f32 instead of 16-bit (the same gradients to within one rounding),
 //! - the f64 oracle (its error may exceed the fast path's by one rounding of the output),
 //!   causal and under masks (documents, a window, global tokens),
-//! - distflash over several virtual workers sharing the GPU (`train::attention::Distributed` on
+//! - distflash over several virtual workers sharing the GPU (`train::model_attention::Distributed` on
 //!   the CUDA backend, the path of a rank of a multi-GPU job): each worker's rows, joined, must
 //!   be within one rounding of the fast path's error against the oracle too,
 //!
@@ -31,7 +31,7 @@ use distflash::plan::Partition;
 use distflash::plan::Schedule;
 use distflash::runtime::{collect_results, run_workers};
 use distflash::shape::{Dims, Mask};
-use distflash::train::attention::Distributed;
+use distflash::train::model_attention::Distributed;
 use std::time::Duration;
 
 /// dtype, heads, kv heads, head dim, rows, virtual workers; the mask's document lengths (empty:

@@ -12,7 +12,7 @@
 //! (`python/src/`) at any depth, a child naming its parent `mod.rs`'s own items
 //! included (the rule is written above [`module_graph`]).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
 
@@ -93,10 +93,6 @@ const MAP: &[(&str, Rule)] = &[
     // runtime. Nothing of training.
     ("attention_run", Rule::Below { except: &["train"] }),
 ];
-
-/// Imports against the map that exist today and are being removed; each is reported as a
-/// failure once it is gone, so the marker does not outlive it.
-const KNOWN: &[(&str, &str)] = &[];
 
 /// `crate::` paths of `source` as their first two segments ("backend::cuda", "shape::Dims"),
 /// groups expanded (`use crate::{a::b, c}` gives "a::b" and "c").
@@ -241,13 +237,12 @@ fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
-/// The imports against the map that are not [`KNOWN`] (file, path, why), and every (module,
-/// path) against the map, known or not.
-fn check(src: &Path) -> (Vec<String>, BTreeSet<(String, String)>) {
+/// The imports against the map: file, path and why.
+fn check(src: &Path) -> Vec<String> {
     let mut files = Vec::new();
     rust_files(src, &mut files);
     files.sort();
-    let (mut bad, mut against) = (Vec::new(), BTreeSet::new());
+    let mut bad = Vec::new();
     for file in &files {
         let Some(module) = module_of(src, file) else {
             continue;
@@ -257,31 +252,21 @@ fn check(src: &Path) -> (Vec<String>, BTreeSet<(String, String)>) {
             let Some(why) = violation(&module, &path) else {
                 continue;
             };
-            let known = KNOWN.iter().any(|(m, p)| *m == module && under(&path, p));
-            against.insert((module.clone(), path.clone()));
-            if !known {
-                bad.push(format!("{}: `crate::{path}`: {why}", file.display()));
-            }
+            bad.push(format!("{}: `crate::{path}`: {why}", file.display()));
         }
     }
-    (bad, against)
+    bad
 }
 
 #[test]
 fn imports_follow_the_module_map() {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    let (bad, against) = check(&src);
+    let bad = check(&src);
     assert!(
         bad.is_empty(),
         "imports against docs/architecture.md's module map (tests/module_map.rs):\n{}",
         bad.join("\n")
     );
-    for (module, path) in KNOWN {
-        assert!(
-            against.iter().any(|(m, p)| m == module && under(p, path)),
-            "`{module}` no longer imports `{path}`: delete its row from KNOWN in tests/module_map.rs"
-        );
-    }
 }
 
 #[test]

@@ -1,5 +1,5 @@
 //! How a layer's attention is computed, behind one trait, so the model knows nothing of how
-//! attention is distributed: `train::attention::Distributed` runs distflash across workers;
+//! attention is distributed: `train::model_attention::Distributed` runs distflash across workers;
 //! `Dense` here is a plain single-chunk attention under any mask in any precision, the reference
 //! for the f64 gradient check.
 //!

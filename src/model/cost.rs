@@ -275,7 +275,7 @@ pub fn step_memory(c: &Config, seq: usize, policy: Checkpoint, optimizer: bool) 
 enum AttentionPath {
     /// One GPU's whole sequence (`model::cuda::attention::CudaAttention`), read in place.
     WholeSequence,
-    /// A rank's executor (`train::attention::Distributed`), on head-major copies, with this
+    /// A rank's executor (`train::model_attention::Distributed`), on head-major copies, with this
     /// many bytes more (D, the communication buffers).
     Distributed(f64),
 }
@@ -296,7 +296,7 @@ pub struct RankShare {
 
 /// The peak GPU memory of one rank of a multi-GPU run: the single-GPU step over the rank's rows
 /// ([`step_memory`]), whose attention backward, run by the executor
-/// (`train::attention::Distributed`), also holds
+/// (`train::model_attention::Distributed`), also holds
 ///
 /// - D for its rows (f32, one a row and head: `exec::Saved::delta`), alive to the end;
 /// - while the executor runs, its communication buffers (`share.buffer_bytes`: fetched inputs,

@@ -5,12 +5,12 @@
 //! CPU, 16-bit on a GPU), identically on every worker because the all-reduce is deterministic.
 //! Rank 0 reports each step and saves checkpoints.
 
-pub mod attention;
 pub mod data;
 pub mod documents;
 pub mod estimate;
 pub mod lr;
 pub mod memory;
+pub mod model_attention;
 pub mod moments;
 mod parquet_docs;
 pub mod shard;
@@ -33,11 +33,11 @@ use crate::resources;
 use crate::runtime::{Job, ModelDevice, Runtime};
 use crate::shape::Span;
 use anyhow::{Context, Result, bail};
-use attention::ModelAttention;
 use data::{Data, Sample};
 use documents::{Documents, Packing};
 use lr::{Decay, LrSchedule};
 use memory::MemoryCheck;
+use model_attention::ModelAttention;
 use serde::Serialize;
 use shard::{Held, Optimizer, Update};
 use state::{Part, RunKey, Saved, State};

@@ -15,7 +15,7 @@
 //! step's first contribution to each piece is written over its zeros, not added to them (equal
 //! values: the bits differ only where the sum is `-0`).
 
-use super::attention::ModelAttention;
+use super::model_attention::ModelAttention;
 use super::moments::Moments;
 use super::state::Part;
 use super::step_plan::{Shard, StepPlan};

@@ -1,9 +1,9 @@
 //! One sequence's forward and backward on this worker's rows, and the gradients summed over
 //! the workers: what training, `distflash grads` and `bench train` share.
 
-use super::attention::ModelAttention;
 use super::data::Sample;
 use super::documents::{self, Documents, Packing, Positions};
+use super::model_attention::ModelAttention;
 use super::shard::{self, Held};
 use super::step_plan::Shard;
 use super::tally::{Tally, all_reduce};

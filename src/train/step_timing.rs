@@ -3,10 +3,10 @@
 //! and with the optimizer the whole step as `train` runs it, AdamW's update included. One job on
 //! every topology: one device, or each rank timing its chunk and the gradient all-reduce.
 
-use super::attention::ModelAttention;
 use super::data::Sample;
 use super::documents::Packing;
 use super::memory::MemoryCheck;
+use super::model_attention::ModelAttention;
 use super::shard::{Held, Optimizer, Update};
 use super::step::Pass;
 use super::step_plan::StepPlan;

@@ -1,7 +1,7 @@
 //! What the workers add up each step: the tally (loss, probes) and the gradients, summed over
 //! the communicator of the model's attention.
 
-use super::attention::ModelAttention;
+use super::model_attention::ModelAttention;
 use crate::comm::{Communicator, Solo, Wire};
 use crate::model::ops::Ops;
 use crate::model::weights::Weights;

@@ -1,6 +1,6 @@
 //! Layout changes on the GPU between the model's sequence-major `[rows, heads, head_dim]` and the
 //! block API's head-major `[heads, rows, head_dim]` (`kernels/layout.cu`), so the distributed
-//! executor (`train::attention::Distributed`) can sit behind the model's interface without a
+//! executor (`train::model_attention::Distributed`) can sit behind the model's interface without a
 //! trip through the host; the whole-sequence path reads the model's tensors in place
 //! (`strides`) and uses only the rounding ([`CudaBackend::round_to_half`]). The output is always
 //! 16-bit in the backend's input dtype; f32 input (gradients from the backward, an f32 dO) is

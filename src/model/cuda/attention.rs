@@ -12,7 +12,7 @@
 //! 16-bit) and is rounded first.
 //!
 //! One GPU holds the whole sequence here. A rank of a multi-GPU job uses
-//! `train::attention::Distributed` on the CUDA backend over `comm::nccl::NcclComm` instead: the
+//! `train::model_attention::Distributed` on the CUDA backend over `comm::nccl::NcclComm` instead: the
 //! same interface, with the executor's block API (head-major) and communication.
 
 use crate::attn::{Grads, Partial};
