@@ -257,18 +257,15 @@ fn train_writes_metrics_curve_and_model_and_grads_reads_it() {
     std::fs::remove_dir_all(dir).unwrap();
 }
 
-/// A Qwen2 config trains (its q/k/v biases sharded like every tensor, from zero), and the saved
-/// model says `qwen2` and holds the trained biases, which `grads --init-from` reads back.
-#[test]
-fn a_qwen2_model_trains_sharded_and_saves_and_reloads_its_biases() {
-    let dir = temp_dir("train", "qwen2");
-    let d = dir.join("model");
-    let d = d.to_str().unwrap();
-    let mut config = Config::preset("tiny").unwrap().to_json();
-    config["model_type"] = serde_json::json!("qwen2");
-    config.as_object_mut().unwrap().remove("attention_bias");
-    let config_path = dir.join("qwen2.json");
+/// `distflash train` of the model `config` for 3 steps over 2 workers, sharded `full`, saving
+/// into `dir/model`: the saved `config.json` and weights.
+fn train_sharded_and_saved(
+    dir: &Path,
+    config: &serde_json::Value,
+) -> (serde_json::Value, distflash::tensor_file::Tensors) {
+    let config_path = dir.join("config.json");
     std::fs::write(&config_path, config.to_string()).unwrap();
+    let model = dir.join("model");
     let out = distflash(&[
         "train",
         "--config",
@@ -284,21 +281,31 @@ fn a_qwen2_model_trains_sharded_and_saves_and_reloads_its_biases() {
         "--batch",
         "1",
         "--save-dir",
-        d,
+        model.to_str().unwrap(),
     ]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
-    let saved: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("model/config.json")).unwrap())
-            .unwrap();
+    let saved = std::fs::read_to_string(model.join("config.json")).unwrap();
+    let weights = distflash::tensor_file::read(&model.join("model.safetensors")).unwrap();
+    (serde_json::from_str(&saved).unwrap(), weights)
+}
+
+/// A Qwen2 config trains (its q/k/v biases sharded like every tensor, from zero), and the saved
+/// model says `qwen2` and holds the trained biases, which `grads --init-from` reads back.
+#[test]
+fn a_qwen2_model_trains_sharded_and_saves_and_reloads_its_biases() {
+    let dir = temp_dir("train", "qwen2");
+    let mut config = Config::preset("tiny").unwrap().to_json();
+    config["model_type"] = serde_json::json!("qwen2");
+    config.as_object_mut().unwrap().remove("attention_bias");
+    let (saved, weights) = train_sharded_and_saved(&dir, &config);
     assert_eq!(saved["model_type"], "qwen2");
-    let weights = distflash::tensor_file::read(&dir.join("model/model.safetensors")).unwrap();
     let (shape, bias) = &weights["model.layers.1.self_attn.q_proj.bias"];
     assert_eq!(shape, &vec![64]);
     assert!(bias.iter().any(|&b| b != 0.0), "the bias trained from zero");
     assert!(!weights.contains_key("model.layers.0.self_attn.o_proj.bias"));
 
-    let (_, g) = grads_of(d, &dir, "2");
+    let (_, g) = grads_of(dir.join("model").to_str().unwrap(), &dir, "2");
     let (shape, db) = &g["model.layers.0.self_attn.v_proj.bias"];
     assert_eq!(shape, &vec![32]);
     assert!(db.iter().any(|&x| x != 0.0));
@@ -312,8 +319,6 @@ fn a_qwen2_model_trains_sharded_and_saves_and_reloads_its_biases() {
 #[test]
 fn a_qwen3_model_trains_sharded_and_saves_and_reloads_its_head_norms() {
     let dir = temp_dir("train", "qwen3");
-    let d = dir.join("model");
-    let d = d.to_str().unwrap();
     let mut config = Config::preset("tiny").unwrap().to_json();
     let o = config.as_object_mut().unwrap();
     o.remove("head_dim");
@@ -324,34 +329,10 @@ fn a_qwen3_model_trains_sharded_and_saves_and_reloads_its_head_norms() {
     config["use_sliding_window"] = serde_json::json!(false);
     config["sliding_window"] = serde_json::Value::Null;
     config["rope_theta"] = serde_json::json!(1000000.0);
-    let config_path = dir.join("qwen3.json");
-    std::fs::write(&config_path, config.to_string()).unwrap();
-    let out = distflash(&[
-        "train",
-        "--config",
-        config_path.to_str().unwrap(),
-        "--steps",
-        "3",
-        "--seq-len",
-        "32",
-        "--workers",
-        "2",
-        "--shard",
-        "full",
-        "--batch",
-        "1",
-        "--save-dir",
-        d,
-    ]);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stderr}");
-    let saved: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("model/config.json")).unwrap())
-            .unwrap();
+    let (saved, weights) = train_sharded_and_saved(&dir, &config);
     assert_eq!(saved["model_type"], "qwen3");
     assert_eq!(saved["architectures"][0], "Qwen3ForCausalLM");
     assert_eq!(saved["head_dim"], 128);
-    let weights = distflash::tensor_file::read(&dir.join("model/model.safetensors")).unwrap();
     for norm in ["q_norm", "k_norm"] {
         let (shape, gain) = &weights[&format!("model.layers.1.self_attn.{norm}.weight")];
         assert_eq!(shape, &vec![128]);
@@ -368,7 +349,7 @@ fn a_qwen3_model_trains_sharded_and_saves_and_reloads_its_head_norms() {
     assert!(!weights.contains_key("lm_head.weight"));
     assert!(!weights.contains_key("model.layers.0.self_attn.q_proj.bias"));
 
-    let (_, g) = grads_of(d, &dir, "2");
+    let (_, g) = grads_of(dir.join("model").to_str().unwrap(), &dir, "2");
     let (shape, dk) = &g["model.layers.0.self_attn.k_norm.weight"];
     assert_eq!(shape, &vec![128]);
     assert!(dk.iter().any(|&x| x != 0.0));
