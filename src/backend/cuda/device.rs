@@ -118,14 +118,13 @@ impl CudaBackend {
 
     /// The kernels for `head_dim` and `masking`, compiled and loaded the first time.
     pub(super) fn kernels(&self, head_dim: usize, masking: Masking) -> Result<Arc<Kernels>> {
-        let target = Target {
+        self.kernels.get(head_dim, masking, || Target {
             ctx: &self.ctx,
             dtype: self.dtype,
             tuning: self.tuning(head_dim),
             sms: self.sms,
             capability: self.capability,
-        };
-        self.kernels.get(head_dim, masking, &target)
+        })
     }
 
     /// Kernels of any head dim and masking already loaded, else the causal head-dim-128

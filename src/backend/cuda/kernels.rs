@@ -45,18 +45,18 @@ pub(super) struct KernelCache(Mutex<Loaded>);
 
 impl KernelCache {
     /// The kernels for `head_dim` and `masking`, compiled (or taken from the on-disk cache) and
-    /// loaded for `target` the first time.
-    pub(super) fn get(
+    /// loaded for the `target` made the first time (every launch asks, so only a miss makes it).
+    pub(super) fn get<'t>(
         &self,
         head_dim: usize,
         masking: Masking,
-        target: &Target<'_>,
+        target: impl FnOnce() -> Target<'t>,
     ) -> Result<Arc<Kernels>> {
         let mut map = self.lock()?;
         if let Some(k) = map.get(&(head_dim, masking)) {
             return Ok(k.clone());
         }
-        let kernels = Arc::new(load(head_dim, masking, target)?);
+        let kernels = Arc::new(load(head_dim, masking, &target())?);
         map.insert((head_dim, masking), kernels.clone());
         Ok(kernels)
     }
