@@ -141,10 +141,12 @@ extern "C" __global__ void swiglu_backward(const void* g, int g_half, const void
 }
 
 // One AdamW step (bias-corrected moments, decoupled decay); m and v are f32, the parameter is
-// either representation (a 16-bit parameter is rounded after the update: no master copy).
+// either representation. With a master (f32, non-null) the master is updated and the parameter
+// becomes its rounding, so updates below half a 16-bit step accumulate; with none, the parameter
+// is updated in place (exact only where it is f32).
 extern "C" __global__ void adamw(void* p, int p_half, const void* g, int g_half, float* m, float* v,
-                                 long n, float b1, float b2, float c1, float c2, float lr, float eps,
-                                 float wd) {
+                                 float* master, long n, float b1, float b2, float c1, float c2,
+                                 float lr, float eps, float wd) {
     GRID_STRIDE(i, n) {
         const float gi = ld(g, g_half, i);
         const float mi = b1 * m[i] + (1.f - b1) * gi;
@@ -152,8 +154,10 @@ extern "C" __global__ void adamw(void* p, int p_half, const void* g, int g_half,
         m[i] = mi;
         v[i] = vi;
         const float update = (mi / c1) / (sqrtf(vi / c2) + eps);
-        const float pi = ld(p, p_half, i);
-        st(p, p_half, i, pi - lr * (update + wd * pi));
+        const float pi = master ? master[i] : ld(p, p_half, i);
+        const float next = pi - lr * (update + wd * pi);
+        if (master) master[i] = next;
+        st(p, p_half, i, next);
     }
 }
 

@@ -18,6 +18,7 @@
 //! are `examples/gpu_timing.rs ops` (alone) and `distflash bench train --device cuda
 //! --preset llama2-7b --profile` (within a step).
 
+mod common;
 mod gpu_common;
 
 use anyhow::{Context, Result, ensure};
@@ -33,14 +34,14 @@ use distflash::model::cuda::CudaOps;
 use distflash::model::cuda::attention::CudaAttention;
 use distflash::model::family::ModelType;
 use distflash::model::lengths::Precision;
-use distflash::model::ops::{AdamW, Ops};
+use distflash::model::ops::{AdamState, AdamW, Ops};
 use distflash::model::rope::RopeScaling;
 use distflash::model::weights::{self, Weights};
 use distflash::model::{Checkpoint, Chunk, Keep, Offload, forward_backward};
 use distflash::runtime::{collect_results, run_workers};
 use distflash::shape::Span;
 use distflash::train::estimate;
-use distflash::train::moments::Moments;
+use distflash::train::moments::{Moments, master_of, needs_master};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 
@@ -130,6 +131,12 @@ fn cross_entropy_over_two_chunks_of_rows_matches_the_cpu() -> Result<()> {
 #[ignore = "needs an NVIDIA GPU: set DISTFLASH_GPU_TESTS=1 and pass --include-ignored"]
 fn adamw_matches_the_cpu() -> Result<()> {
     check(Checker::adamw)
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: set DISTFLASH_GPU_TESTS=1 and pass --include-ignored"]
+fn a_thousand_small_adamw_steps_track_f64_with_a_master_and_drift_without() -> Result<()> {
+    check(Checker::exact_update)
 }
 
 #[test]
@@ -747,9 +754,18 @@ impl Checker {
             let (g, cg) = self.full(n, -1.0, 1.0)?;
             let (mut m, mut cm) = self.full(n, -0.1, 0.1)?;
             let (mut v, mut cv) = self.full(n, 0.0, 0.01)?;
-            self.gpu.adamw(&mut p, &g, &mut m, &mut v, &hp, 3, true)?;
-            self.cpu
-                .adamw(&mut cp, &cg, &mut cm, &mut cv, &hp, 3, true)?;
+            let state = AdamState {
+                m: &mut m,
+                v: &mut v,
+                master: None,
+            };
+            self.gpu.adamw(&mut p, &g, state, &hp, 3, true)?;
+            let state = AdamState {
+                m: &mut cm,
+                v: &mut cv,
+                master: None,
+            };
+            self.cpu.adamw(&mut cp, &cg, state, &hp, 3, true)?;
             self.report("adamw m", &m, &cm, F32_TOL)?;
             self.report("adamw v", &v, &cv, F32_TOL)?;
             if h {
@@ -975,12 +991,114 @@ impl Checker {
 }
 
 impl Checker {
+    /// 1000 AdamW steps at lr 2e-5 of 16-bit weights of magnitude 0.5 to 1, each gradient of a
+    /// fixed sign (so the f64 reference moves about 0.02, five 16-bit steps, while each update
+    /// of about 2e-5 is below half a step), against AdamW in f64 from the same start and
+    /// gradients. The error is measured in units of the format's rounding, u|x| (u = 2⁻⁸ for
+    /// bf16, 2⁻¹¹ for fp16). With a master, the master is the f64 trajectory rounded once a
+    /// step in f32 (relative error at most 1000 · 2⁻²⁴), and the weight its rounding: within
+    /// 1 + 1000 · 2⁻²⁴ / u units. Updated in place, every update is rounded away: the weight
+    /// stays where it started, several units from the reference, which the test requires too
+    /// (the defect the master removes, shown).
+    fn exact_update(&mut self) -> Result<()> {
+        let (n, steps) = (4096, 1000);
+        let hp = AdamW { lr: 2e-5, ..ADAMW };
+        let start: Vec<f32> = (0..n)
+            .map(|i| {
+                let x = self.rng.random_range(0.5f32..1.0);
+                if i % 2 == 0 { x } else { -x }
+            })
+            .collect();
+        let signs: Vec<f32> = (0..n)
+            .map(|_| if self.rng.random_bool(0.5) { 1.0 } else { -1.0 })
+            .collect();
+        let (mut exact, mut in_place) = (self.gpu.upload(&start)?, self.gpu.upload(&start)?);
+        let mut master = master_of(&self.gpu, &exact)?;
+        ensure!(
+            needs_master(&self.gpu, &exact),
+            "a 16-bit weight needs a master"
+        );
+        let (mut m1, mut v1) = (self.gpu.zeros(n)?, self.gpu.zeros(n)?);
+        let (mut m2, mut v2) = (self.gpu.zeros(n)?, self.gpu.zeros(n)?);
+        // The reference starts from the 16-bit weights exactly.
+        let mut p: Vec<f64> = self
+            .gpu
+            .download(&exact)?
+            .iter()
+            .map(|&x| x.into())
+            .collect();
+        let (mut m, mut v) = (vec![0.0f64; n], vec![0.0f64; n]);
+        for step in 1..=steps {
+            let g: Vec<f32> = signs
+                .iter()
+                .map(|s| s * self.rng.random_range(0.5f32..1.5))
+                .collect();
+            let gt = self.gpu.backend().upload_f32(&g)?;
+            let state = AdamState {
+                m: &mut m1,
+                v: &mut v1,
+                master: Some(&mut master),
+            };
+            self.gpu.adamw(&mut exact, &gt, state, &hp, step, true)?;
+            let state = AdamState {
+                m: &mut m2,
+                v: &mut v2,
+                master: None,
+            };
+            self.gpu.adamw(&mut in_place, &gt, state, &hp, step, true)?;
+            common::adamw_f64(&mut p, &g, (&mut m, &mut v), &hp, step);
+        }
+        let u = match self.dtype {
+            InputDtype::Bf16 => 2f64.powi(-8),
+            InputDtype::F16 => 2f64.powi(-11),
+        };
+        let units = |t: &Tensor| -> Result<f64> {
+            let got = self.gpu.download(t)?;
+            Ok(got
+                .iter()
+                .zip(&p)
+                .map(|(&x, &r)| (f64::from(x) - r).abs() / (u * r.abs()))
+                .fold(0.0, f64::max))
+        };
+        let f32_drift = steps as f64 * 2f64.powi(-24);
+        let master_err = units(&master)? * u;
+        let (exact_units, in_place_units) = (units(&exact)?, units(&in_place)?);
+        let moved = p
+            .iter()
+            .zip(&start)
+            .map(|(&r, &s)| (r - f64::from(s)).abs());
+        println!(
+            "{} exact update: reference moved {:.2e} at most; in units of rounding: with a master {exact_units:.3}, in place {in_place_units:.1}",
+            self.dtype.name(),
+            moved.fold(0.0, f64::max)
+        );
+        self.verdict(
+            "adamw 1000 steps: master, relative error",
+            master_err,
+            f32_drift,
+        );
+        let bound = 1.0 + f32_drift + f32_drift / u;
+        self.verdict(
+            "adamw 1000 steps: weight with a master, units",
+            exact_units,
+            bound,
+        );
+        // The defect shown: updated in place, the weight must be off by more than rounding.
+        if in_place_units <= 2.0 {
+            let dtype = self.dtype.name();
+            self.failed.push(format!(
+                "{dtype} adamw 1000 steps in place: {in_place_units:.2} units, no drift shown"
+            ));
+        }
+        Ok(())
+    }
+
     /// Three AdamW steps of every tensor of a 3-layer model (64 to 131072 elements a tensor)
     /// with the moments on the GPU, and again with them offloaded to pinned host memory and
     /// streamed through the GPU (`train::moments`: tensor k + 1's fetched on the copy stream
     /// while tensor k's update runs, tensor k's stashed back after it, pinned buffers reused
     /// from the shelf), from the same f32 gradients. AdamW is elementwise with no atomics and
-    /// the copies are exact, so the 16-bit weights and both f32 moments (read back as a
+    /// the copies are exact, so the 16-bit weights, both f32 moments and the f32 masters (read back as a
     /// checkpoint reads them) must be the same bits: the error is the count of elements whose
     /// bits differ, bound 0. A fetch read before it landed, or a buffer reused while a copy
     /// still read it, changes whole tensors.
@@ -995,12 +1113,18 @@ impl Checker {
             })
             .collect();
         let gpu = &self.gpu;
-        // The weights and both moments of every tensor after the three steps, on the host.
-        let run = |offload: bool| -> Result<Vec<[Vec<f32>; 3]>> {
+        // The weights, both moments and the master of every tensor after the three steps.
+        let run = |offload: bool| -> Result<Vec<[Vec<f32>; 4]>> {
             let mut w = weights::random(gpu, &cfg, 11)?;
+            let params = w.tensors();
             let mut moments = Moments::made(gpu, specs.len(), offload, |k| {
                 let n = specs[k].elements();
-                Ok((gpu.zeros(n)?, gpu.zeros(n)?))
+                let master = needs_master(gpu, params[k]).then(|| master_of(gpu, params[k]));
+                Ok(AdamState {
+                    m: gpu.zeros(n)?,
+                    v: gpu.zeros(n)?,
+                    master: master.transpose()?,
+                })
             })?;
             for (step, grads) in steps.iter().enumerate() {
                 let grads = grads
@@ -1008,16 +1132,22 @@ impl Checker {
                     .map(|g| gpu.upload_state(g))
                     .collect::<Result<Vec<_>>>()?;
                 let mut params = w.tensors_mut();
-                moments.update_each(gpu, |k, m, v| {
+                moments.update_each(gpu, |k, state| {
                     let decay = specs[k].decays();
-                    gpu.adamw(params[k], &grads[k], m, v, &hp, step as u64 + 1, decay)
+                    gpu.adamw(params[k], &grads[k], state, &hp, step as u64 + 1, decay)
                 })?;
             }
             let weights = w.tensors().into_iter().map(|t| gpu.download(t));
             let weights = weights.collect::<Result<Vec<_>>>()?;
             let mut out = Vec::new();
-            moments.read_each(gpu, |k, m, v| {
-                out.push([weights[k].clone(), gpu.download(m)?, gpu.download(v)?]);
+            moments.read_each(gpu, |k, s| {
+                let master = s.master.context("every 16-bit weight has a master")?;
+                out.push([
+                    weights[k].clone(),
+                    gpu.download(s.m)?,
+                    gpu.download(s.v)?,
+                    gpu.download(master)?,
+                ]);
                 Ok(())
             })?;
             Ok(out)
@@ -1033,7 +1163,10 @@ impl Checker {
             if same { n as f64 } else { f64::INFINITY }
         };
         for (s, (off, on)) in specs.iter().zip(offloaded.iter().zip(&kept)) {
-            for (part, (a, b)) in ["weight", "m", "v"].iter().zip(off.iter().zip(on)) {
+            for (part, (a, b)) in ["weight", "m", "v", "master"]
+                .iter()
+                .zip(off.iter().zip(on))
+            {
                 let name = format!("offloaded moments, {part} {}", s.name);
                 self.verdict(&name, differing(a, b), 0.0);
             }

@@ -7,11 +7,15 @@ mod common;
 use common::{distflash, sharded, temp_dir, tiny_options, tiny_options_with};
 use common::{train_on_threads, train_returning};
 use distflash::model::config::Config;
+use distflash::model::cpu::Cpu;
+use distflash::model::ops::{AdamState, AdamW, Ops};
 use distflash::plan::Schedule;
 use distflash::train::documents::{Packing, Positions};
 use distflash::train::step_plan::Asked;
 use distflash::train::step_plan::Shard;
 use distflash::train::{Options, StepReport, state};
+use rand::rngs::StdRng;
+use rand::{RngExt, SeedableRng};
 use std::path::Path;
 use std::sync::Mutex;
 
@@ -434,4 +438,92 @@ fn separate_documents_mask_and_are_refused_where_there_are_none() {
         "byte data (--data without --tokenizer) has none: give --tokenizer",
     );
     std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// 1000 AdamW steps at lr 2e-5 on the CPU track AdamW in f64 (`common::adamw_f64`) to f32
+/// rounding: the weights of `Cpu<f32>` are f32, each step rounds them once (relative error at
+/// most 2⁻²⁴ a step). A 16-bit weight, emulated by rounding the f32 weight to bf16 after each
+/// update as the GPU's store does, is lost when updated in place: each update (about 2e-5, on
+/// weights of magnitude 0.5 to 1) is below half a bf16 step, so the weight stays put while the
+/// reference moves about 0.02. Updated through a master, it is the reference rounded once:
+/// within one unit of bf16 rounding (u = 2⁻⁸) and the master's drift. `tests/gpu_ops.rs`
+/// runs the same with the GPU's 16-bit kernel.
+#[test]
+fn a_thousand_small_adamw_steps_track_f64_and_a_16_bit_weight_needs_a_master() {
+    let (n, steps, u) = (512, 1000u64, 2f64.powi(-8));
+    let hp = AdamW {
+        lr: 2e-5,
+        beta1: 0.9,
+        beta2: 0.95,
+        eps: 1e-8,
+        weight_decay: 0.1,
+    };
+    let mut rng = StdRng::seed_from_u64(3);
+    let bf16 = |x: f32| half::bf16::from_f32(x).to_f32();
+    let start: Vec<f32> = (0..n)
+        .map(|i| bf16(rng.random_range(0.5f32..1.0) * if i % 2 == 0 { 1.0 } else { -1.0 }))
+        .collect();
+    let signs: Vec<f32> = (0..n)
+        .map(|_| if rng.random_bool(0.5) { 1.0 } else { -1.0 })
+        .collect();
+    let cpu = Cpu::<f32>::new();
+    let zeros = || (vec![0f32; n], vec![0f32; n]);
+    // f32 weights; a 16-bit weight with a master; one updated in place.
+    let (mut exact, mut with_master, mut in_place) = (start.clone(), start.clone(), start.clone());
+    let mut master = start.clone();
+    let (mut s1, mut s2, mut s3) = (zeros(), zeros(), zeros());
+    let mut r: Vec<f64> = start.iter().map(|&x| x.into()).collect();
+    let (mut m, mut v) = (vec![0.0; n], vec![0.0; n]);
+    fn state((m, v): &mut (Vec<f32>, Vec<f32>)) -> AdamState<&mut Vec<f32>> {
+        AdamState { m, v, master: None }
+    }
+    for step in 1..=steps {
+        let g: Vec<f32> = signs
+            .iter()
+            .map(|s| s * rng.random_range(0.5f32..1.5))
+            .collect();
+        cpu.adamw(&mut exact, &g, state(&mut s1), &hp, step, true)
+            .unwrap();
+        let through_master = AdamState {
+            master: Some(&mut master),
+            ..state(&mut s2)
+        };
+        cpu.adamw(&mut with_master, &g, through_master, &hp, step, true)
+            .unwrap();
+        cpu.adamw(&mut in_place, &g, state(&mut s3), &hp, step, true)
+            .unwrap();
+        // The 16-bit store.
+        for w in with_master.iter_mut().chain(&mut in_place) {
+            *w = bf16(*w);
+        }
+        common::adamw_f64(&mut r, &g, (&mut m, &mut v), &hp, step);
+    }
+    let relative = |w: &[f32]| {
+        w.iter()
+            .zip(&r)
+            .map(|(&x, &r)| (f64::from(x) - r).abs() / r.abs())
+            .fold(0.0, f64::max)
+    };
+    let f32_drift = steps as f64 * 2f64.powi(-24);
+    let moved = r
+        .iter()
+        .zip(&start)
+        .map(|(&r, &s)| (r - f64::from(s)).abs());
+    let moved = moved.fold(0.0, f64::max);
+    let (exact, master_err) = (relative(&exact), relative(&master));
+    let (units, stuck) = (relative(&with_master) / u, relative(&in_place) / u);
+    println!(
+        "moved {moved:.2e}; f32 {exact:.2e}, master {master_err:.2e} (bound {f32_drift:.2e}); 16-bit in units of rounding: with a master {units:.3}, in place {stuck:.2}"
+    );
+    assert!(
+        moved > 4.0 * u,
+        "the reference must move several bf16 steps: {moved}"
+    );
+    assert!(exact <= f32_drift, "{exact}");
+    assert!(master_err <= f32_drift, "{master_err}");
+    assert!(units <= 1.0 + f32_drift + f32_drift / u, "{units}");
+    assert!(
+        stuck > 2.0,
+        "the in-place update must show its drift: {stuck}"
+    );
 }

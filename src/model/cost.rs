@@ -60,9 +60,9 @@ pub const H200_HBM_TBPS: f64 = 4.8;
 /// the checkpoint re-runs it (`layer` and `remat`: the linears; `layer`: attention's forward
 /// too; the output projection is never re-run); attention's kernels at their rate (the
 /// backward 2.5 times the forward's FLOPs, as FlashAttention counts them; causal: half the
-/// square); and, with the optimizer, AdamW's pass over the state at HBM's bandwidth (16-bit
-/// weights read and written, f32 gradients read, both f32 moments read and written: 22 bytes a
-/// parameter). Memory-bound ops between them (norms, activations, the loss) are left out: the
+/// square); and, with the optimizer, AdamW's pass over the state at HBM's bandwidth (f32
+/// gradients read, both f32 moments and the f32 master read and written, 16-bit weights
+/// written: 30 bytes a parameter). Memory-bound ops between them (norms, activations, the loss) are left out: the
 /// ideal is what the step's arithmetic costs, and a measured step's distance from it is what
 /// fusion and overlap can still win.
 pub fn ideal_step_secs(c: &Config, seq: usize, checkpoint: Checkpoint, optimizer: bool) -> f64 {
@@ -82,7 +82,7 @@ pub fn ideal_step_secs(c: &Config, seq: usize, checkpoint: Checkpoint, optimizer
     };
     let attention = forward * (attention_forwards + 2.5);
     let update = if optimizer {
-        22.0 * super::weights::parameters(c) as f64 / (H200_HBM_TBPS * 1e12)
+        30.0 * super::weights::parameters(c) as f64 / (H200_HBM_TBPS * 1e12)
     } else {
         0.0
     };
@@ -120,8 +120,8 @@ pub struct StepMemory {
     pub weights: f64,
     /// f32 weight gradients.
     pub grads: f64,
-    /// AdamW's two f32 moments (0 without an optimizer step). The CUDA model updates its 16-bit
-    /// weights in place: no f32 master copy.
+    /// AdamW's state (0 without an optimizer step): its two f32 moments and the f32 master
+    /// copy of the 16-bit weights, which the update applies to (`model::ops::AdamState`).
     pub optimizer: f64,
     /// What the checkpoint policy keeps of every layer between forward and backward.
     pub kept: f64,
@@ -129,14 +129,14 @@ pub struct StepMemory {
     /// its f32 gradient accumulators, the attention backward's buffers (or the MLP's, or the
     /// loss's, whichever phase holds most), the loss's tensors that outlive it, and the reserve.
     pub working: f64,
-    /// Under `--offload optimizer`, the moments of the tensors being updated, streamed through
+    /// Under `--offload optimizer`, the state of the tensors being updated, streamed through
     /// the device ([`StepMemory::offloaded`]). They exist only during the update, after the
     /// backward has freed the kept activations and the working set, so the peak holds the
     /// larger of the two phases.
     pub staging: f64,
     /// Pinned host memory, not the GPU's: the offloaded checkpoints ([`StepMemory::offloaded`]).
     pub pinned_host: f64,
-    /// Pinned host memory, not the GPU's: AdamW's moments under `--offload optimizer`.
+    /// Pinned host memory, not the GPU's: AdamW's state under `--offload optimizer`.
     pub pinned_optimizer: f64,
 }
 
@@ -196,7 +196,7 @@ impl StepMemory {
     /// worker's shard, of `optimizer_shards`) wait in pinned host memory, and the update streams
     /// them through the device a tensor at a time: tensor i's moments are updated while tensor
     /// i + 1's are fetched, so the device holds two consecutive tensors' (both f32 moments of
-    /// each) at once ([`moment_staging_elements`]).
+    /// each, and their masters) at once ([`moment_staging_elements`]).
     pub fn offloaded(mut self, c: &Config, offload: Offload, optimizer_shards: usize) -> Self {
         if offload.activations() && c.num_hidden_layers > 0 {
             let layers = c.num_hidden_layers as f64;
@@ -206,7 +206,7 @@ impl StepMemory {
         if offload.optimizer() && self.optimizer > 0.0 {
             self.pinned_optimizer = self.optimizer;
             self.optimizer = 0.0;
-            self.staging = 2.0 * F32 * moment_staging_elements(c, optimizer_shards);
+            self.staging = STATE_TENSORS * F32 * moment_staging_elements(c, optimizer_shards);
         }
         self
     }
@@ -236,10 +236,14 @@ impl StepMemory {
     }
 }
 
-/// Elements of the moments an offloaded update holds on the device at once: the most of two
+/// The f32 tensors of AdamW's state a GPU keeps for each parameter tensor: the two moments and
+/// the master of the 16-bit weights.
+const STATE_TENSORS: f64 = 3.0;
+
+/// Elements of the state an offloaded update holds on the device at once: the most of two
 /// consecutive tensors' pieces (`specs` order, the order the update streams them), each piece a
 /// tensor's share over `optimizer_shards` workers (rounded up: the shard rule's largest).
-/// One moment's worth; there are two.
+/// One tensor's worth; the state has [`STATE_TENSORS`].
 pub fn moment_staging_elements(c: &Config, optimizer_shards: usize) -> f64 {
     let pieces: Vec<f64> = super::weights::specs(c)
         .iter()
@@ -430,7 +434,11 @@ fn step_memory_with(
     StepMemory {
         weights: HALF * params,
         grads: F32 * params,
-        optimizer: if optimizer { 2.0 * F32 * params } else { 0.0 },
+        optimizer: if optimizer {
+            STATE_TENSORS * F32 * params
+        } else {
+            0.0
+        },
         kept: c.num_hidden_layers as f64 * kept_per_layer,
         working: (after_loss + loss.max(loss_grad)).max(backward) + rope + RESERVE_BYTES,
         staging: 0.0,
@@ -485,10 +493,10 @@ mod tests {
         let attention_forward = 2.0 * 16.0 * (t as f64).powi(2) * 4096.0 / 600e12;
         let layer = ideal_step_secs(&c, t, Checkpoint::Layer, false);
         assert!((layer - remat - attention_forward).abs() < 1e-9, "{layer}");
-        // The update reads and writes 22 bytes a parameter at 4.8 TB/s.
+        // The update reads and writes 30 bytes a parameter at 4.8 TB/s.
         let update = ideal_step_secs(&c, t, Checkpoint::Remat, true) - remat;
         let params = super::super::weights::parameters(&c) as f64;
-        assert!((update - 22.0 * params / 4.8e12).abs() < 1e-12, "{update}");
+        assert!((update - 30.0 * params / 4.8e12).abs() < 1e-12, "{update}");
     }
 
     #[test]
@@ -535,7 +543,8 @@ mod tests {
         );
         assert_eq!(remat.grads, 2.0 * remat.weights);
         let train = step_memory(&c, 16384, Checkpoint::Remat, true);
-        assert_eq!(train.optimizer, 4.0 * remat.weights);
+        // Two f32 moments and the f32 master: six times the 16-bit weights.
+        assert_eq!(train.optimizer, 6.0 * remat.weights);
         // Remat keeps x and O (16-bit) and LSE per layer: 32 · 16384 · (2·8192 + 4·32) bytes.
         assert_eq!(remat.kept, 32.0 * 16384.0 * (2.0 * 8192.0 + 128.0));
         // HF with checkpointing fits 128K tokens of the whole 7B in 103 GiB; we needed 102.7
@@ -582,8 +591,8 @@ mod tests {
         assert_eq!(m.offloaded(&one, Offload::ACTIVATIONS, 1).kept, m.kept);
     }
 
-    /// `--offload optimizer`: the moments leave the GPU for pinned host memory, and the update
-    /// stages two consecutive tensors' (both moments, f32) on it; that phase comes after the
+    /// `--offload optimizer`: the state leaves the GPU for pinned host memory, and the update
+    /// stages two consecutive tensors' (both moments and the master, f32) on it; that phase comes after the
     /// backward has freed its tensors, so only the larger of the two counts.
     #[test]
     fn offloaded_moments_are_pinned_and_two_tensors_staged() {
@@ -593,10 +602,10 @@ mod tests {
         for offload in [Offload::OPTIMIZER, Offload::ALL] {
             let off = plain.offloaded(&c, offload, 1);
             assert_eq!(off.optimizer, 0.0, "{offload}");
-            assert_eq!(off.pinned_optimizer, 2.0 * F32 * params, "{offload}");
+            assert_eq!(off.pinned_optimizer, 3.0 * F32 * params, "{offload}");
             assert_eq!(off.pinned_optimizer, plain.optimizer, "{offload}");
             // The largest neighbours: the embedding (32000 x 4096) and layer 0's input norm.
-            let staged = 2.0 * F32 * (32000.0 * 4096.0 + 4096.0);
+            let staged = 3.0 * F32 * (32000.0 * 4096.0 + 4096.0);
             assert_eq!(off.staging, staged, "{offload}");
             assert!(off.staging < off.kept + off.working);
             let activations = match offload.activations() {
@@ -606,23 +615,23 @@ mod tests {
             let kept = plain.offloaded(&c, activations, 1);
             assert_eq!(off.total(), kept.total() - plain.optimizer);
             assert!(
-                off.describe().contains("optimizer staging 1.0"),
+                off.describe().contains("optimizer staging 1.5"),
                 "{}",
                 off.describe()
             );
             assert!(off.describe().contains("pinned host memory"));
         }
-        // llama2-7b at 256K with both offloaded: the 50.2 GiB of moments and the 128.9 GiB of
+        // llama2-7b at 256K with both offloaded: the 75.3 GiB of state and the 128.9 GiB of
         // checkpoints leave the GPU; about 62 GiB stays.
         let both = plain.offloaded(&c, Offload::ALL, 1);
-        assert!((gib(both.pinned_optimizer) - 50.2).abs() < 0.1);
-        assert!((gib(both.pinned()) - gib(both.pinned_host) - 50.2).abs() < 0.1);
+        assert!((gib(both.pinned_optimizer) - 75.3).abs() < 0.1);
+        assert!((gib(both.pinned()) - gib(both.pinned_host) - 75.3).abs() < 0.1);
         // Sharded over 4 workers, each stages a quarter of each tensor (rounded up).
         let four = step_memory(&c, 262144, Checkpoint::Remat, true)
             .sharded(&c, 4, 1)
             .offloaded(&c, Offload::OPTIMIZER, 4);
         assert_eq!(four.pinned_optimizer * 4.0, plain.optimizer);
-        assert_eq!(four.staging, 2.0 * F32 * (32000.0 * 1024.0 + 1024.0));
+        assert_eq!(four.staging, 3.0 * F32 * (32000.0 * 1024.0 + 1024.0));
         // Without an optimizer step there is nothing to move.
         let grads = step_memory(&c, 4096, Checkpoint::Remat, false);
         let moved = grads.offloaded(&c, Offload::OPTIMIZER, 1);

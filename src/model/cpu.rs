@@ -4,7 +4,7 @@
 
 use super::float::Float;
 use super::init;
-use super::ops::{AdamW, LossOut, Ops, check_rows, row_positions};
+use super::ops::{AdamState, AdamW, LossOut, Ops, check_rows, row_positions};
 use super::rope::Rotary;
 use crate::shape::Span;
 use anyhow::{Result, bail};
@@ -450,28 +450,42 @@ impl<F: Float> Ops for Cpu<F> {
         &self,
         param: &mut Vec<F>,
         grad: &Vec<F>,
-        m: &mut Vec<F>,
-        v: &mut Vec<F>,
+        state: AdamState<&mut Vec<F>>,
         hp: &AdamW,
         step: u64,
         decay: bool,
     ) -> Result<()> {
-        check_len("a gradient", grad, param.len())?;
+        let len = param.len();
+        check_len("a gradient", grad, len)?;
+        check_len("AdamW's first moment", state.m, len)?;
+        check_len("AdamW's second moment", state.v, len)?;
         let (b1, b2) = (hp.beta1, hp.beta2);
         let c1 = 1.0 - b1.powi(step as i32);
         let c2 = 1.0 - b2.powi(step as i32);
         let wd = if decay { hp.weight_decay } else { 0.0 };
         let [b1, b2, c1, c2, lr, eps, wd] = [b1, b2, c1, c2, hp.lr, hp.eps, wd].map(F::of);
-        param
+        // With a master the update is the master's and the parameter its copy (the CPU's
+        // parameters are already exact, so the rounding is the identity).
+        let (updated, copy) = match state.master {
+            Some(master) => {
+                check_len("the master copy", master, len)?;
+                (master, Some(param))
+            }
+            None => (param, None),
+        };
+        updated
             .par_iter_mut()
             .zip(grad)
-            .zip(m.par_iter_mut().zip(v.par_iter_mut()))
+            .zip(state.m.par_iter_mut().zip(state.v.par_iter_mut()))
             .for_each(|((p, &g), (m, v))| {
                 *m = b1 * *m + (F::one() - b1) * g;
                 *v = b2 * *v + (F::one() - b2) * g * g;
                 let update = (*m / c1) / ((*v / c2).sqrt() + eps);
                 *p = *p - lr * (update + wd * *p);
             });
+        if let Some(param) = copy {
+            param.copy_from_slice(updated);
+        }
         Ok(())
     }
 }

@@ -5,7 +5,7 @@
 //! see it.
 
 use super::attention::Attention;
-use super::ops::{AdamW, LossOut, Ops};
+use super::ops::{AdamState, AdamW, LossOut, Ops};
 use super::rope::Rotary;
 use crate::shape::Span;
 use anyhow::Result;
@@ -308,16 +308,15 @@ impl<O: Ops, I: Instrument<O>> Ops for Instrumented<'_, O, I> {
         &self,
         param: &mut I::T,
         grad: &I::T,
-        m: &mut I::T,
-        v: &mut I::T,
+        state: AdamState<&mut I::T>,
         hp: &AdamW,
         step: u64,
         decay: bool,
     ) -> Result<()> {
         self.call("adamw", || {
             let (param, grad) = (I::tensor_mut(param), I::tensor(grad));
-            let (m, v) = (I::tensor_mut(m), I::tensor_mut(v));
-            self.inner.adamw(param, grad, m, v, hp, step, decay)
+            let state = state.try_map(|t| Ok(I::tensor_mut(t)))?;
+            self.inner.adamw(param, grad, state, hp, step, decay)
         })
     }
 }

@@ -12,7 +12,7 @@ use super::attention::Attention;
 use super::cost::loss_chunk_rows;
 use super::count::{Counter, Kind, Metered, check_len};
 use super::cuda::attention::{Call, moments};
-use super::ops::{AdamW, LossOut, Ops, check_positions, check_rows};
+use super::ops::{AdamState, AdamW, LossOut, Ops, check_positions, check_rows};
 use super::rope::Rotary;
 use crate::shape::{Dims, Span};
 use anyhow::{Result, bail};
@@ -372,15 +372,18 @@ impl Ops for Lengths {
         &self,
         param: &mut Shape,
         grad: &Shape,
-        m: &mut Shape,
-        v: &mut Shape,
+        state: AdamState<&mut Shape>,
         _: &AdamW,
         _: u64,
         _: bool,
     ) -> Result<()> {
         check_len("a gradient", grad.len, param.len)?;
-        check_len("AdamW's first moment", m.len, param.len)?;
-        check_len("AdamW's second moment", v.len, param.len)
+        check_len("AdamW's first moment", state.m.len, param.len)?;
+        check_len("AdamW's second moment", state.v.len, param.len)?;
+        match state.master {
+            Some(master) => check_len("the master copy", master.len, param.len),
+            None => Ok(()),
+        }
     }
 }
 

@@ -6,14 +6,14 @@
 //! which the estimate must equal (tested below). Offload is counted as it runs: the stashed
 //! tensors leave the device count for the host one.
 
-use super::moments::Moments;
+use super::moments::{Moments, master_of, needs_master};
 use crate::model::attention::Attention;
 use crate::model::config::Config;
 use crate::model::cost::{RESERVE_BYTES, StepMemory};
 use crate::model::count::{Bytes, Counter, Kind, Metered, Part};
 use crate::model::instrument::InstrumentedAttention;
 use crate::model::lengths::{CountingAttention, Lengths, Precision};
-use crate::model::ops::{AdamW, Ops};
+use crate::model::ops::{AdamState, AdamW, Ops};
 use crate::model::weights::{self, LayerWeights};
 use crate::model::{Chunk, Head, Keep, Params, Whole, forward_backward_with};
 use crate::shape::Span;
@@ -106,16 +106,20 @@ pub fn step_peak<O: Ops, A: Attention<O::T>>(
     let mut grads = weights::zeros(ops, cfg)?;
     counter.set_kind(Kind::Optimizer);
     let specs = weights::specs(cfg);
+    let params = w.tensors();
     let mut moments = match step.optimizer {
         true => Some(Moments::made(
             ops,
             specs.len(),
             step.keep.offload.optimizer(),
             |k| {
-                Ok((
-                    ops.zeros(specs[k].elements())?,
-                    ops.zeros(specs[k].elements())?,
-                ))
+                let (param, len) = (params[k], specs[k].elements());
+                let master = needs_master(ops, param).then(|| master_of(ops, param));
+                Ok(AdamState {
+                    m: ops.zeros(len)?,
+                    v: ops.zeros(len)?,
+                    master: master.transpose()?,
+                })
             },
         )?),
         false => None,
@@ -156,8 +160,8 @@ pub fn step_peak<O: Ops, A: Attention<O::T>>(
         };
         let (mut p, g) = (w.tensors_mut(), grads.tensors());
         counter.set_kind(Kind::Optimizer);
-        moments.update_each(ops, |k, m, v| {
-            ops.adamw(p[k], g[k], m, v, &hp, 1, specs[k].decays())
+        moments.update_each(ops, |k, state| {
+            ops.adamw(p[k], g[k], state, &hp, 1, specs[k].decays())
         })?;
     }
     Ok(Peaks {
@@ -401,7 +405,8 @@ mod tests {
             m.pinned_host,
             (32usize << 20) as f64 * (2.0 * 8192.0 + 128.0)
         );
-        assert_eq!(m.pinned_optimizer, 2.0 * m.grads);
+        // Both moments and the master, f32 as the gradients are.
+        assert_eq!(m.pinned_optimizer, 3.0 * m.grads);
     }
 
     /// `model::cost::step_memory`, the hand-written mirror still under the multi-GPU rank

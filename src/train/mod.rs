@@ -39,7 +39,7 @@ use lr::{Decay, LrSchedule};
 use memory::MemoryCheck;
 use model_attention::ModelAttention;
 use serde::Serialize;
-use shard::{Held, Optimizer, Update};
+use shard::{Held, Optimizer, StateFrom, Update};
 use state::{Part, RunKey, Saved, State};
 use std::path::PathBuf;
 use std::time::Instant;
@@ -440,22 +440,19 @@ fn run_steps<D: ModelDevice, C: Communicator<D::Tensor>, F: Fn(&StepReport) + Sy
     } = job;
     let (cfg, plan) = (&o.config, &o.plan);
     let reporter = rank == 0;
-    let (mut held, mut opt) = match start {
-        Start::Fresh(source) => (
-            Held::drawn(cfg, plan, rank, |spans| source.draw(ops, cfg, spans))?,
-            Optimizer::made(ops, cfg, plan, rank, |_, _, span| ops.zeros(span.len))?,
-        ),
-        Start::Resumed(saved) => (
-            Held::drawn(cfg, plan, rank, |spans| {
-                Weights::build_pieces(cfg, spans, |k, _, span| {
-                    ops.upload(&saved.piece(Part::Weights, k, span)?)
-                })
-            })?,
-            Optimizer::made(ops, cfg, plan, rank, |part, k, span| {
-                ops.upload_state(&saved.piece(part, k, span)?)
-            })?,
-        ),
+    let mut held = match start {
+        Start::Fresh(source) => Held::drawn(cfg, plan, rank, |spans| source.draw(ops, cfg, spans))?,
+        Start::Resumed(saved) => Held::drawn(cfg, plan, rank, |spans| {
+            Weights::build_pieces(cfg, spans, |k, _, span| {
+                ops.upload(&saved.piece(Part::Weights, k, span)?)
+            })
+        })?,
     };
+    let from = match start {
+        Start::Fresh(_) => StateFrom::Fresh,
+        Start::Resumed(saved) => StateFrom::Saved(saved),
+    };
+    let mut opt = Optimizer::made(ops, cfg, plan, rank, &held, from)?;
     let mut solo = Solo;
     let scale = 1.0 / (o.seq_len * o.batch) as f64;
     let (first, mut samples) = start.taken();
@@ -525,15 +522,11 @@ fn run_steps<D: ModelDevice, C: Communicator<D::Tensor>, F: Fn(&StepReport) + Sy
         opt.apply(ops, comm, &mut held.w, (grads, norm), &update)?;
         let save = o.save_dir.as_ref().filter(|_| o.saves_at(step));
         let gathered = match save {
-            Some(_) => Some((
-                held.host_weights(ops, comm, reporter)?,
-                opt.moments(ops, comm, reporter)?,
-            )),
+            Some(_) => opt.checkpoint(ops, comm, &held, reporter)?,
             None => None,
         };
-        if reporter
-            && let Some((weights, _)) = &gathered
-            && !all_finite(weights)
+        if let Some(host) = &gathered
+            && !all_finite(&host.weights)
         {
             let what = "its update made weights non-finite";
             return Err(diverged(o, step, saved.as_ref(), what));
@@ -551,13 +544,13 @@ fn run_steps<D: ModelDevice, C: Communicator<D::Tensor>, F: Fn(&StepReport) + Sy
         r.eval_loss = eval_loss;
         r.eval_perplexity = eval_loss.map(f64::exp);
         on_step(&r);
-        if let (Some(dir), Some((weights, Some((m, v))))) = (save, gathered) {
+        if let (Some(dir), Some(host)) = (save, gathered) {
             let state = State {
                 step,
                 samples,
-                weights,
-                m,
-                v,
+                weights: host.weights,
+                m: host.m,
+                v: host.v,
             };
             let path = state::path_in(dir);
             state::save(&path, key, &state)?;
@@ -575,7 +568,7 @@ fn run_steps<D: ModelDevice, C: Communicator<D::Tensor>, F: Fn(&StepReport) + Sy
         }
         return Ok(None);
     }
-    let weights = held.host_weights(ops, collectives(attn, &mut solo), reporter)?;
+    let weights = opt.exact_weights(ops, collectives(attn, &mut solo), &held, reporter)?;
     if reporter && !all_finite(&weights) {
         return Err(diverged(o, o.steps, saved.as_ref(), what));
     }

@@ -1,47 +1,59 @@
-//! Where AdamW's moments wait between updates: on the device beside the weights, or
+//! Where AdamW's state waits between updates (its two f32 moments, and the f32 master copy of
+//! 16-bit weights, `model::ops::AdamState`): on the device beside the weights, or
 //! (`--offload optimizer`) in host memory, streamed through the device a tensor at a time by
-//! the update. Offloaded, tensor k + 1's moments are fetched ([`Ops::fetch`], on a GPU the copy
-//! stream) while tensor k's are updated by the device's one `adamw`, and tensor k's go back
-//! into their own host buffers ([`Ops::stash_into`], on a GPU a second copy stream, so the
-//! link carries k's down while k + 1's come up; the host memory is the moments', once) as
-//! soon as its update is issued, so the device holds two tensors' moments
-//! at once instead of all of them: for llama2-7b that is 1 GiB of staging for 50.2 GiB of
-//! moments (`model::cost::moment_staging_elements`).
+//! the update. Offloaded, tensor k + 1's state is fetched ([`Ops::fetch`], on a GPU the copy
+//! stream) while tensor k's is updated by the device's one `adamw`, and tensor k's goes back
+//! into its own host buffers ([`Ops::stash_into`], on a GPU a second copy stream, so the link
+//! carries k's down while k + 1's comes up; the host memory is the state's, once) as soon as
+//! its update is issued, so the device holds two tensors' state at once instead of all of it:
+//! for llama2-7b that is 1.5 GiB of staging for 75.3 GiB of state
+//! (`model::cost::moment_staging_elements`).
 //!
 //! Why stream through the device rather than update on the host: one AdamW implementation (the
 //! device's, so an offloaded run computes the same bits as one that is not), for about the same
-//! time. For llama2-7b the moments are 2 × 25.1 GiB of f32; streamed, each update moves them up
-//! and back, 50 GiB each way over PCIe at about 50 GB/s a direction: 1 s a step with both
-//! directions at once, 2 s if they took turns, beside the ~250 s of a 256K-token step (under
+//! time. For llama2-7b the state is 3 × 25.1 GiB of f32; streamed, each update moves it up and
+//! back, 75 GiB each way over PCIe at about 50 GB/s a direction: 1.5 s a step with both
+//! directions at once, 3 s if they took turns, beside the ~250 s of a 256K-token step (about
 //! 1%) or the ~15 s of a 64K one. On the host, the f32 gradients (25.1 GiB) would come down and
-//! the 16-bit weights (12.6 GiB) go back up, 0.8 s of link, and the moments be read and written
-//! in host memory (100 GiB at ~100 GB/s with all cores, 1 s): 1-2 s, no gain worth a second
-//! AdamW that must round as the kernel does, run on cores the step's data loading shares.
+//! the 16-bit weights (12.6 GiB) go back up, 0.8 s of link, and the state be read and written
+//! in host memory (150 GiB at ~100 GB/s with all cores, 1.5 s): no gain worth a second AdamW
+//! that must round as the kernel does, run on cores the step's data loading shares.
 //!
 //! The copies are exact, so the update's arithmetic is the device-resident update's.
 
-use crate::model::ops::Ops;
+use crate::model::ops::{AdamState, Ops};
 use anyhow::Result;
 
-/// One tensor's two moments, `(m, v)`.
-type Pair<T> = (T, T);
-
-/// Every parameter tensor's moments (`specs` order; a worker's pieces when sharded), on the
-/// device or in host memory.
+/// Every parameter tensor's AdamW state (`specs` order; a worker's pieces when sharded): the
+/// moments and any master copy, on the device or in host memory.
 pub enum Moments<O: Ops> {
-    Device(Vec<Pair<O::T>>),
-    Host(Vec<Pair<O::Host>>),
+    Device(Vec<AdamState<O::T>>),
+    Host(Vec<AdamState<O::Host>>),
+}
+
+/// Whether AdamW keeps a master copy of `param`: a parameter narrower than f32 (the GPU's 16-bit
+/// weights) would lose every update below half its step.
+pub fn needs_master<O: Ops>(ops: &O, param: &O::T) -> bool {
+    ops.bytes(param) < size_of::<f32>() * ops.len(param)
+}
+
+/// The master copy of `param` as a fresh run starts it: its f32 copy, made on the device (the
+/// 16-bit values widen exactly).
+pub fn master_of<O: Ops>(ops: &O, param: &O::T) -> Result<O::T> {
+    let mut master = ops.zeros(ops.len(param))?;
+    ops.add_assign(&mut master, param)?;
+    Ok(master)
 }
 
 impl<O: Ops> Moments<O> {
-    /// `tensors` tensors' moments, each pair made on the device by `make(k)`; offloaded, each
-    /// pair is stashed to host memory and dropped before the next is made, so start-up never
-    /// holds more than one tensor's on the device either.
+    /// `tensors` tensors' state, each made on the device by `make(k)`; offloaded, each is
+    /// stashed to host memory and dropped before the next is made, so start-up never holds
+    /// more than one tensor's on the device either.
     pub fn made(
         ops: &O,
         tensors: usize,
         offload: bool,
-        mut make: impl FnMut(usize) -> Result<Pair<O::T>>,
+        mut make: impl FnMut(usize) -> Result<AdamState<O::T>>,
     ) -> Result<Self> {
         if !offload {
             return Ok(Moments::Device(
@@ -49,65 +61,63 @@ impl<O: Ops> Moments<O> {
             ));
         }
         let host = (0..tensors)
-            .map(|k| {
-                let (m, v) = make(k)?;
-                Ok((ops.stash(&m)?, ops.stash(&v)?))
-            })
+            .map(|k| make(k)?.try_map(|t| ops.stash(&t)))
             .collect::<Result<_>>()?;
         Ok(Moments::Host(host))
     }
 
-    /// Runs `update(k, m, v)` on every tensor's moments in order, with them on the device.
+    /// Runs `update(k, state)` on every tensor's state in order, with it on the device.
     /// Offloaded: the fetch of tensor k + 1's is issued before tensor k's update (so it runs
-    /// beside it) and tensor k's are copied back over their host buffers after it.
+    /// beside it) and tensor k's is copied back over its host buffers after it.
     pub fn update_each(
         &mut self,
         ops: &O,
-        mut update: impl FnMut(usize, &mut O::T, &mut O::T) -> Result<()>,
+        mut update: impl FnMut(usize, AdamState<&mut O::T>) -> Result<()>,
     ) -> Result<()> {
         let host = match self {
-            Moments::Device(pairs) => {
-                for (k, (m, v)) in pairs.iter_mut().enumerate() {
-                    update(k, m, v)?;
+            Moments::Device(states) => {
+                for (k, state) in states.iter_mut().enumerate() {
+                    update(k, state.as_mut())?;
                 }
                 return Ok(());
             }
             Moments::Host(host) => host,
         };
-        let fetch =
-            |(m, v): &Pair<O::Host>| -> Result<Pair<O::T>> { Ok((ops.fetch(m)?, ops.fetch(v)?)) };
+        let fetch = |h: &AdamState<O::Host>| h.as_ref().try_map(|h| ops.fetch(h));
         let mut next = host.first().map(fetch).transpose()?;
         for k in 0..host.len() {
             ops.await_fetches()?;
-            let (mut m, mut v) = next
-                .take()
-                .expect("each tensor's moments fetched one ahead");
+            let mut state = next.take().expect("each tensor's state fetched one ahead");
             next = host.get(k + 1).map(fetch).transpose()?;
-            update(k, &mut m, &mut v)?;
-            ops.stash_into(&m, &mut host[k].0)?;
-            ops.stash_into(&v, &mut host[k].1)?;
+            update(k, state.as_mut())?;
+            let home = host[k].as_mut();
+            ops.stash_into(&state.m, home.m)?;
+            ops.stash_into(&state.v, home.v)?;
+            if let (Some(t), Some(h)) = (&state.master, home.master) {
+                ops.stash_into(t, h)?;
+            }
         }
         Ok(())
     }
 
-    /// Runs `read(k, m, v)` on every tensor's moments in order, with them on the device (one
+    /// Runs `read(k, state)` on every tensor's state in order, with it on the device (one
     /// tensor's at a time when offloaded): what a checkpoint saves.
     pub fn read_each(
         &self,
         ops: &O,
-        mut read: impl FnMut(usize, &O::T, &O::T) -> Result<()>,
+        mut read: impl FnMut(usize, AdamState<&O::T>) -> Result<()>,
     ) -> Result<()> {
         match self {
-            Moments::Device(pairs) => {
-                for (k, (m, v)) in pairs.iter().enumerate() {
-                    read(k, m, v)?;
+            Moments::Device(states) => {
+                for (k, state) in states.iter().enumerate() {
+                    read(k, state.as_ref())?;
                 }
             }
             Moments::Host(host) => {
-                for (k, (m, v)) in host.iter().enumerate() {
-                    let (m, v) = (ops.fetch(m)?, ops.fetch(v)?);
+                for (k, h) in host.iter().enumerate() {
+                    let state = h.as_ref().try_map(|h| ops.fetch(h))?;
                     ops.await_fetches()?;
-                    read(k, &m, &v)?;
+                    read(k, state.as_ref())?;
                 }
             }
         }
@@ -120,41 +130,49 @@ mod tests {
     use super::*;
     use crate::model::cpu::Cpu;
 
-    /// Both stores hand the update each tensor's own moments, in order, and keep what it wrote:
-    /// tensor k's moments start at k and 10k, each update adds 1 to m and doubles v.
+    /// Both stores hand the update each tensor's own state, in order, and keep what it wrote:
+    /// tensor k's moments start at k and 10k and, for odd k, its master at 100k; each update
+    /// adds 1 to m, doubles v and subtracts 1 from the master.
     #[test]
-    fn each_tensor_gets_its_own_moments_and_keeps_the_update() {
+    fn each_tensor_gets_its_own_state_and_keeps_the_update() {
         let cpu = Cpu::<f32>::new();
         let lens = [3, 1, 4, 1, 5];
         for offload in [false, true] {
             let mut moments = Moments::made(&cpu, lens.len(), offload, |k| {
                 let n = lens[k];
-                Ok((vec![k as f32; n], vec![10.0 * k as f32; n]))
+                Ok(AdamState {
+                    m: vec![k as f32; n],
+                    v: vec![10.0 * k as f32; n],
+                    master: (k % 2 == 1).then(|| vec![100.0 * k as f32; n]),
+                })
             })
             .unwrap();
             for _ in 0..2 {
                 moments
-                    .update_each(&cpu, |k, m, v| {
-                        assert_eq!(m.len(), lens[k], "offload {offload}: tensor {k}");
-                        m.iter_mut().for_each(|x| *x += 1.0);
-                        v.iter_mut().for_each(|x| *x *= 2.0);
+                    .update_each(&cpu, |k, s| {
+                        assert_eq!(s.m.len(), lens[k], "offload {offload}: tensor {k}");
+                        assert_eq!(s.master.is_some(), k % 2 == 1, "offload {offload}: {k}");
+                        s.m.iter_mut().for_each(|x| *x += 1.0);
+                        s.v.iter_mut().for_each(|x| *x *= 2.0);
+                        if let Some(master) = s.master {
+                            master.iter_mut().for_each(|x| *x -= 1.0);
+                        }
                         Ok(())
                     })
                     .unwrap();
             }
             let mut seen = 0;
             moments
-                .read_each(&cpu, |k, m, v| {
-                    assert_eq!(
-                        m,
-                        &vec![k as f32 + 2.0; lens[k]],
-                        "offload {offload}: m {k}"
-                    );
-                    assert_eq!(
-                        v,
-                        &vec![40.0 * k as f32; lens[k]],
-                        "offload {offload}: v {k}"
-                    );
+                .read_each(&cpu, |k, s| {
+                    let n = lens[k];
+                    let want = AdamState {
+                        m: vec![k as f32 + 2.0; n],
+                        v: vec![40.0 * k as f32; n],
+                        master: (k % 2 == 1).then(|| vec![100.0 * k as f32 - 2.0; n]),
+                    };
+                    assert_eq!(s.m, &want.m, "offload {offload}: m {k}");
+                    assert_eq!(s.v, &want.v, "offload {offload}: v {k}");
+                    assert_eq!(s.master, want.master.as_ref(), "offload {offload}: {k}");
                     seen += 1;
                     Ok(())
                 })

@@ -16,13 +16,13 @@
 //! values: the bits differ only where the sum is `-0`).
 
 use super::model_attention::ModelAttention;
-use super::moments::Moments;
-use super::state::Part;
+use super::moments::{Moments, master_of, needs_master};
+use super::state::{Part, Saved};
 use super::step_plan::{Shard, StepPlan};
 use super::tally::{Tally, all_reduce, all_reduce_tally, collectives};
 use crate::comm::{Buffer, Communicator, Shared, Solo, shard_span, shard_spans};
 use crate::model::config::Config;
-use crate::model::ops::{AdamW, Ops};
+use crate::model::ops::{AdamState, AdamW, Ops};
 use crate::model::weights::{LayerWeights, Weights, specs};
 use crate::model::{Head, Params};
 use crate::runtime::ModelDevice;
@@ -130,15 +130,22 @@ impl<T: Buffer + Clone> Held<T> {
         tensors.iter().map(|t| ops.download(t)).collect()
     }
 
-    /// The whole weights on the host: [`Held::host`] of `w`.
-    pub fn host_weights<O: Ops<T = T>>(
-        &self,
-        ops: &O,
-        comm: &mut dyn Communicator<T>,
-        reporter: bool,
-    ) -> Result<Vec<Vec<f32>>> {
-        let pieces = self.shard.gathers_weights();
-        self.host(ops, comm, &self.w.tensors(), pieces, reporter)
+    /// The f32 copy of elements `span` of tensor `k` (whole-tensor positions, inside the part
+    /// this worker holds), made on the device: a 16-bit parameter's master as a fresh run
+    /// starts it.
+    fn widened<O: Ops<T = T>>(&self, ops: &O, k: usize, span: Span) -> Result<T> {
+        let t = self.w.tensors()[k];
+        let start = span.start.checked_sub(self.spans[k].start);
+        let Some(start) = start.filter(|s| s + span.len <= self.spans[k].len) else {
+            bail!(
+                "elements {span:?} of tensor {k} lie outside this worker's {:?}",
+                self.spans[k]
+            );
+        };
+        if span == self.spans[k] {
+            return master_of(ops, t);
+        }
+        master_of(ops, &ops.rows(t, 1, start, span.len)?)
     }
 }
 
@@ -443,9 +450,6 @@ pub(super) struct Update {
     pub clip: f64,
 }
 
-/// AdamW's whole moments `(m, v)` on the host, `specs` order.
-type HostMoments = (Vec<Vec<f32>>, Vec<Vec<f32>>);
-
 /// This worker's AdamW: the moments of its pieces (whole tensors unsharded), on the device or
 /// offloaded to host memory ([`Moments`]), and the update that leaves every worker with the
 /// same whole weights.
@@ -457,6 +461,8 @@ pub(super) struct Optimizer<O: Ops> {
     /// Elements of each whole tensor.
     lens: Vec<usize>,
     decays: Vec<bool>,
+    /// Whether each tensor's state holds a master (its weights are 16-bit).
+    masters: Vec<bool>,
     moments: Moments<O>,
 }
 
@@ -464,30 +470,46 @@ impl<O: Ops> Optimizer<O>
 where
     O::T: Buffer,
 {
-    /// Worker `rank`'s moments under `plan`, each piece it keeps (tensor `k`'s span; whole
-    /// tensors unless sharded) of each moment made on the device by `make`: zeroed there for a
-    /// fresh run, read from a checkpoint of any worker count (so re-sharded) for a resumed one;
-    /// kept there, or in host memory when the plan offloads the optimizer.
+    /// Worker `rank`'s AdamW state under `plan` for the weights `held`, each piece it keeps
+    /// (tensor `k`'s span; whole tensors unless sharded) made on the device as `from` says,
+    /// with a master for each 16-bit parameter; kept there, or in host memory when the plan
+    /// offloads the optimizer.
     pub fn made(
         ops: &O,
         c: &Config,
         plan: &StepPlan,
         rank: usize,
-        make: impl Fn(Part, usize, Span) -> Result<O::T>,
+        held: &Held<O::T>,
+        from: StateFrom<'_>,
     ) -> Result<Self> {
         let shard = plan.shard();
         let spans = own_spans(c, plan.optimizer_shards(), rank);
+        let params = held.w.tensors();
+        let masters: Vec<bool> = params.iter().map(|p| needs_master(ops, p)).collect();
         let moments = Moments::made(ops, spans.len(), plan.offloads_optimizer(), |k| {
-            Ok((
-                make(Part::FirstMoment, k, spans[k])?,
-                make(Part::SecondMoment, k, spans[k])?,
-            ))
+            let (span, rounded) = (spans[k], masters[k]);
+            match from {
+                StateFrom::Fresh => Ok(AdamState {
+                    m: ops.zeros(span.len)?,
+                    v: ops.zeros(span.len)?,
+                    master: rounded.then(|| held.widened(ops, k, span)).transpose()?,
+                }),
+                StateFrom::Saved(saved) => {
+                    let load = |part| ops.upload_state(&saved.piece(part, k, span)?);
+                    Ok(AdamState {
+                        m: load(Part::FirstMoment)?,
+                        v: load(Part::SecondMoment)?,
+                        master: rounded.then(|| load(Part::Weights)).transpose()?,
+                    })
+                }
+            }
         })?;
         let specs = specs(c);
         Ok(Optimizer {
             shard,
             decays: specs.iter().map(|s| s.decays()).collect(),
             lens: specs.iter().map(|s| s.elements()).collect(),
+            masters,
             moments,
             spans,
         })
@@ -566,13 +588,13 @@ where
     ) -> Result<()> {
         let mut tensors = w.tensors_mut();
         let (shard, spans, decays, lens) = (self.shard, &self.spans, &self.decays, &self.lens);
-        self.moments.update_each(ops, |i, m, v| {
+        self.moments.update_each(ops, |i, state| {
             let (p, span, decay, g) = (&mut *tensors[i], spans[i], decays[i], &grads[i]);
             if shard.updates_in_place() {
-                return ops.adamw(p, g, m, v, hp, step, decay);
+                return ops.adamw(p, g, state, hp, step, decay);
             }
             let mut piece = ops.rows(p, 1, span.start, span.len)?;
-            ops.adamw(&mut piece, g, m, v, hp, step, decay)?;
+            ops.adamw(&mut piece, g, state, hp, step, decay)?;
             let world = comm.world();
             let all = comm.all_gather(piece, lens[i])?;
             for (s, part) in shard_spans(lens[i], world).iter().zip(&all) {
@@ -582,33 +604,91 @@ where
         })
     }
 
-    /// The whole moments `(m, v)` on the host for a checkpoint: a collective every worker calls
-    /// when sharded; `None` except on the reporter.
-    pub fn moments(
+    /// The whole state on the host (the weights exact, and the moments when `moments`): each
+    /// 16-bit weight's master in its place, the weights without one as `held` has them (so
+    /// the host holds one copy of each). A collective every worker calls when sharded; `None`
+    /// except on the reporter.
+    fn host_state(
         &self,
         ops: &O,
         comm: &mut dyn Communicator<O::T>,
+        held: &Held<O::T>,
         reporter: bool,
-    ) -> Result<Option<HostMoments>> {
-        let (mut ms, mut vs) = (Vec::new(), Vec::new());
+        moments: bool,
+    ) -> Result<Option<GatheredState>> {
         let sharded = self.shard.shards_optimizer();
-        if !sharded && !reporter {
+        let mut host = GatheredState::default();
+        let mut masters = Vec::new();
+        if sharded || reporter {
+            self.moments.read_each(ops, |k, state| {
+                let mut whole = |t: &O::T| match sharded {
+                    true => gather_one(ops, comm, t, self.lens[k], reporter),
+                    false => Ok(Some(ops.download(t)?)),
+                };
+                if moments {
+                    host.m.extend(whole(state.m)?);
+                    host.v.extend(whole(state.v)?);
+                }
+                masters.push(state.master.map(&mut whole).transpose()?.flatten());
+                Ok(())
+            })?;
+        }
+        let params = held.w.tensors();
+        let plain: Vec<&O::T> = (0..params.len())
+            .filter(|&k| !self.masters[k])
+            .map(|k| params[k])
+            .collect();
+        let pieces = held.shard.gathers_weights();
+        let mut plain = held.host(ops, comm, &plain, pieces, reporter)?.into_iter();
+        if !reporter {
             return Ok(None);
         }
-        self.moments.read_each(ops, |k, m, v| {
-            let (m, v) = if sharded {
-                let len = self.lens[k];
-                (
-                    gather_one(ops, comm, m, len, reporter)?,
-                    gather_one(ops, comm, v, len, reporter)?,
-                )
-            } else {
-                (Some(ops.download(m)?), Some(ops.download(v)?))
-            };
-            ms.extend(m);
-            vs.extend(v);
-            Ok(())
-        })?;
-        Ok(reporter.then_some((ms, vs)))
+        host.weights = (masters.into_iter())
+            .map(|master| master.or_else(|| plain.next()))
+            .collect::<Option<_>>()
+            .context("a weight neither the optimizer nor the worker holds")?;
+        Ok(Some(host))
     }
+
+    /// The whole state on the host for a checkpoint: the exact weights and the moments
+    /// ([`Optimizer::host_state`]).
+    pub fn checkpoint(
+        &self,
+        ops: &O,
+        comm: &mut dyn Communicator<O::T>,
+        held: &Held<O::T>,
+        reporter: bool,
+    ) -> Result<Option<GatheredState>> {
+        self.host_state(ops, comm, held, reporter, true)
+    }
+
+    /// The exact whole weights on the reporter, the masters where the weights are 16-bit: what
+    /// a run ends with. A collective every worker calls when sharded.
+    pub fn exact_weights(
+        &self,
+        ops: &O,
+        comm: &mut dyn Communicator<O::T>,
+        held: &Held<O::T>,
+        reporter: bool,
+    ) -> Result<Vec<Vec<f32>>> {
+        let host = self.host_state(ops, comm, held, reporter, false)?;
+        Ok(host.map(|h| h.weights).unwrap_or_default())
+    }
+}
+
+/// What an optimizer's state starts from: zero moments and masters copied from the weights
+/// (a fresh run), or a checkpoint's moments and exact weights (a resumed one).
+#[derive(Clone, Copy)]
+pub(super) enum StateFrom<'a> {
+    Fresh,
+    Saved(&'a Saved),
+}
+
+/// A run's whole state on the host (`specs` order): the exact weights (masters where the
+/// device's are 16-bit) and AdamW's moments.
+#[derive(Default)]
+pub(super) struct GatheredState {
+    pub weights: Vec<Vec<f32>>,
+    pub m: Vec<Vec<f32>>,
+    pub v: Vec<Vec<f32>>,
 }

@@ -7,7 +7,7 @@ use super::data::Sample;
 use super::documents::Packing;
 use super::memory::MemoryCheck;
 use super::model_attention::ModelAttention;
-use super::shard::{Held, Optimizer, Update};
+use super::shard::{Held, Optimizer, StateFrom, Update};
 use super::step::Pass;
 use super::step_plan::StepPlan;
 use super::tally::collectives;
@@ -165,11 +165,17 @@ impl Job for StepBench<'_> {
         let (w, tokens) = random_inputs(ops, cfg, seq)?;
         let rank = comm.rank();
         let mut held = Held::from_device(ops, cfg, w, self.plan, rank)?;
-        // A fresh run's zero moments, where the step ends with AdamW's update.
+        // A fresh run's state (zero moments, masters of the 16-bit weights), where the step
+        // ends with AdamW's update.
         let mut opt = match self.plan.has_optimizer() {
-            true => Some(Optimizer::made(ops, cfg, self.plan, rank, |_, _, span| {
-                ops.zeros(span.len)
-            })?),
+            true => Some(Optimizer::made(
+                ops,
+                cfg,
+                self.plan,
+                rank,
+                &held,
+                StateFrom::Fresh,
+            )?),
             false => None,
         };
         let sample = Sample {

@@ -141,3 +141,23 @@ pub fn train_returning(
     let w = distflash::train::train(o, &memory, &rt, on_step)?;
     Ok(w.expect("worker threads report"))
 }
+
+/// AdamW in f64, written from the formula (bias-corrected moments, decoupled decay), on `p`
+/// from `g` at 1-based `step`: the reference the devices' updates are held to over many steps.
+pub fn adamw_f64(
+    p: &mut [f64],
+    g: &[f32],
+    (m, v): (&mut [f64], &mut [f64]),
+    hp: &AdamW,
+    step: u64,
+) {
+    let c1 = 1.0 - hp.beta1.powi(step as i32);
+    let c2 = 1.0 - hp.beta2.powi(step as i32);
+    for i in 0..p.len() {
+        let g = f64::from(g[i]);
+        m[i] = hp.beta1 * m[i] + (1.0 - hp.beta1) * g;
+        v[i] = hp.beta2 * v[i] + (1.0 - hp.beta2) * g * g;
+        let update = (m[i] / c1) / ((v[i] / c2).sqrt() + hp.eps);
+        p[i] -= hp.lr * (update + hp.weight_decay * p[i]);
+    }
+}

@@ -32,7 +32,7 @@ pub(crate) mod shapes;
 
 use super::cost::{loss_chunk_rows, loss_chunks};
 use super::init;
-use super::ops::{AdamW, LossOut, Ops, check_positions, check_rows};
+use super::ops::{AdamState, AdamW, LossOut, Ops, check_positions, check_rows};
 use super::rope::Rotary;
 use crate::backend::Backend;
 use crate::backend::cuda::{
@@ -657,8 +657,7 @@ impl Ops for CudaOps {
         &self,
         param: &mut Tensor,
         grad: &Tensor,
-        m: &mut Tensor,
-        v: &mut Tensor,
+        state: AdamState<&mut Tensor>,
         hp: &AdamW,
         step: u64,
         decay: bool,
@@ -666,8 +665,12 @@ impl Ops for CudaOps {
         let len = param.len();
         check(param, self.dtype(), len, "a parameter")?;
         check(grad, self.dtype(), len, "a gradient")?;
-        let m = f32_mut(m, len, "AdamW's first moment")?;
-        let v = f32_mut(v, len, "AdamW's second moment")?;
+        let m = f32_mut(state.m, len, "AdamW's first moment")?;
+        let v = f32_mut(state.v, len, "AdamW's second moment")?;
+        let master = state
+            .master
+            .map(|t| f32_mut(t, len, "the master copy"))
+            .transpose()?;
         let c1 = 1.0 - hp.beta1.powi(step as i32);
         let c2 = 1.0 - hp.beta2.powi(step as i32);
         let wd = if decay { hp.weight_decay } else { 0.0 };
@@ -676,7 +679,14 @@ impl Ops for CudaOps {
         let mut b = self.kernels.builder(Kernel::Adamw);
         push_mut(&mut b, param);
         push(&mut b, grad);
-        b.arg(m).arg(v).arg(&n);
+        b.arg(m).arg(v);
+        // The kernel reads a null master as none: the parameter is updated in place.
+        let null = 0u64;
+        match master {
+            Some(master) => b.arg(master),
+            None => b.arg(&null),
+        };
+        b.arg(&n);
         for s in &scalars {
             b.arg(s);
         }
