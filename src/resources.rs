@@ -388,7 +388,7 @@ impl<'a> CpuTraining<'a> {
             (weights, 2.0)
         };
         let staging = match self.optimizer && self.offload.optimizer() {
-            true => 2.0 * cost::moment_staging_elements(self.config, self.optimizer_shards),
+            true => 2.0 * moment_staging_elements(self.config, self.optimizer_shards),
             false => 0.0,
         };
         F32 * (params * per_worker + staging) * self.workers_here as f64 + F32 * params * host
@@ -484,6 +484,19 @@ impl<'a> CpuTraining<'a> {
         };
         refuse_above(self.bytes(), have, &what, &fix)
     }
+}
+
+/// Elements of the state an offloaded update holds on the device at once: the most of two
+/// consecutive tensors' pieces (`specs` order, the order the update streams them), each piece a
+/// tensor's share over `optimizer_shards` workers (rounded up: the shard rule's largest).
+/// One moment's worth; the CPU's state has two (its f32 weights need no master).
+fn moment_staging_elements(c: &Config, optimizer_shards: usize) -> f64 {
+    let pieces: Vec<f64> = crate::model::weights::specs(c)
+        .iter()
+        .map(|s| s.elements().div_ceil(optimizer_shards.max(1)) as f64)
+        .collect();
+    let pairs = pieces.windows(2).map(|w| w[0] + w[1]);
+    pairs.fold(pieces.first().copied().unwrap_or(0.0), f64::max)
 }
 
 #[cfg(test)]

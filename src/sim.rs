@@ -1,7 +1,7 @@
 //! Predicts what a sequence-parallel run over P devices takes before it runs, from its
 //! partition (`plan::Partition`, the spans and plans `exec` runs): the time of distributed
-//! attention from a few machine figures, and the peak memory of a GPU rank from the model's cost
-//! (`model::cost`) and the executor's buffers.
+//! attention from a few machine figures. (A rank's memory is counted from the code:
+//! `train::estimate::rank_estimate`.)
 //!
 //! Time is predicted by replaying the plans: each device has one compute stream and a link with
 //! an outgoing and an incoming direction; a transfer occupies both ends' links for
@@ -14,9 +14,6 @@
 //! not contend beyond the two ends of a transfer. Use it to reason about 8–64 devices before a
 //! run and check it against runs on the devices we have.
 
-use crate::model::Checkpoint;
-use crate::model::config::Config;
-use crate::model::cost::{self, RankShare, StepMemory};
 use crate::plan::{Partition, Pass, Schedule, volume};
 use crate::shape::{Dims, Mask};
 use anyhow::{Result, bail};
@@ -167,44 +164,6 @@ pub fn predict(w: &Workload, m: &Machine) -> Result<Prediction> {
     })
 }
 
-/// The peak GPU memory of one GPU's training step of model `c` over `seq` tokens: the whole
-/// sequence on it ([`cost::step_memory`]) or, with `ranks` = (GPUs, schedule), one rank of a run
-/// over that many GPUs ([`cost::rank_step_memory`] of its [`rank_shares`]). The rank that needs
-/// most sets the figure (every rank checks the same).
-pub fn gpu_step_memory(
-    c: &Config,
-    seq: usize,
-    ranks: Option<(usize, Schedule)>,
-    policy: Checkpoint,
-    optimizer: bool,
-) -> Result<StepMemory> {
-    let Some((workers, schedule)) = ranks else {
-        return Ok(cost::step_memory(c, seq, policy, optimizer));
-    };
-    let part = Partition::new(seq, workers, schedule)?;
-    Ok(rank_shares(&part, &c.dims())
-        .iter()
-        .map(|share| cost::rank_step_memory(c, share, policy, optimizer))
-        .max_by(|a, b| a.total().total_cmp(&b.total()))
-        .expect("a partition has at least one worker"))
-}
-
-/// What each worker of `part` holds in the backward of attention with shape `dims`: its rows,
-/// its chunks and the executor's communication buffers at their most, 16-bit inputs on the
-/// wire (what the CUDA model sends).
-pub fn rank_shares(part: &Partition, dims: &Dims) -> Vec<RankShare> {
-    let rows: Vec<usize> = part.spans().iter().map(|s| s.len).collect();
-    let buffers =
-        volume::backward_buffers(part.plan(Pass::Backward), dims, &rows, cost::HALF_BYTES);
-    (0..part.workers())
-        .map(|w| RankShare {
-            rows: part.rows_of(w),
-            chunks: part.chunks_of(w).len(),
-            buffer_bytes: buffers[w],
-        })
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -273,76 +232,6 @@ mod tests {
             slow.exposed_comm_fraction > 0.5,
             "{}",
             slow.exposed_comm_fraction
-        );
-    }
-
-    fn llama7b(layers: usize) -> Config {
-        Config {
-            num_hidden_layers: layers,
-            ..Config::preset("llama2-7b").unwrap()
-        }
-    }
-
-    #[test]
-    fn a_rank_holds_its_share_and_the_executors_buffers() {
-        let c = llama7b(32);
-        let gib_of = |m: StepMemory| cost::gib(m.total());
-        // One rank alone: the single-GPU step and its D, no transfers.
-        let one = gpu_step_memory(
-            &c,
-            65536,
-            Some((1, Schedule::Balanced)),
-            Checkpoint::Layer,
-            false,
-        )
-        .unwrap();
-        let single = cost::step_memory(&c, 65536, Checkpoint::Layer, false);
-        // The executor works on head-major copies (the single GPU's attention reads the
-        // model's tensors in place) and keeps D: more than D above it.
-        assert!(one.working - single.working > 65536.0 * 4.0 * 32.0);
-        // Two GPUs, balanced, 256K tokens, layer: worker 1 holds worker 0's K and V (16-bit) and
-        // the f32 dK, dV it computed for them at once, 2 GiB + 4 GiB, beside a lone rank's
-        // count of its 128K rows (D included) at its kernels' moment.
-        let rank = gpu_step_memory(
-            &c,
-            262_144,
-            Some((2, Schedule::Balanced)),
-            Checkpoint::Layer,
-            false,
-        )
-        .unwrap();
-        let lone = Some((1, Schedule::Balanced));
-        let share = gpu_step_memory(&c, 131_072, lone, Checkpoint::Layer, false).unwrap();
-        let extra = 6.0 * (1u64 << 30) as f64;
-        assert_eq!(rank.working - share.working, extra);
-        // 256K on two GPUs (the goal): layer leaves 43 GiB of an H200; remat keeps O
-        // and LSE of every layer.
-        assert!((96.0..96.5).contains(&gib_of(rank)), "{}", gib_of(rank));
-        let remat = gpu_step_memory(
-            &c,
-            262_144,
-            Some((2, Schedule::Balanced)),
-            Checkpoint::Remat,
-            false,
-        )
-        .unwrap();
-        assert!((127.5..128.0).contains(&gib_of(remat)), "{}", gib_of(remat));
-        // Zigzag ranks hold two chunks; every schedule costs more than the bare share.
-        for schedule in [Schedule::Unbalanced, Schedule::Balanced, Schedule::Zigzag] {
-            let m =
-                gpu_step_memory(&c, 65536, Some((4, schedule)), Checkpoint::Remat, false).unwrap();
-            let bare = cost::step_memory(&c, 16384, Checkpoint::Remat, false);
-            assert!(m.total() > bare.total(), "{schedule}");
-        }
-        assert!(
-            gpu_step_memory(
-                &c,
-                3,
-                Some((4, Schedule::Balanced)),
-                Checkpoint::Remat,
-                false
-            )
-            .is_err()
         );
     }
 }

@@ -62,9 +62,9 @@ const MAP: &[(&str, Rule)] = &[
     // executor (docs/architecture.md: model "knows nothing of how attention is
     // distributed"). A step that would not fit is out of memory (`error`).
     ("model", Rule::Only(&["error", "shape", "attn", "backend"])),
-    // Predictions before a run: the plans it replays, block sizes, and the model's memory cost
-    // of a rank (its plan-derived share computed here).
-    ("sim", Rule::Only(&["shape", "attn", "plan", "model"])),
+    // Predictions before a run: the plans it replays and their block sizes. (A rank's memory
+    // is counted by training's own code: `train::estimate`.)
+    ("sim", Rule::Only(&["shape", "attn", "plan"])),
     // Machine rates for reports: the CPU backend's attention forward on generated inputs.
     (
         "cpu_rates",

@@ -133,8 +133,8 @@ pub fn run(args: Args) -> Result<()> {
         let plan = args
             .step
             .plan(purpose, args.workers, &cfg, Device::Cuda, true)?;
-        // One GPU: the step run on the counting device, with what its working set holds at
-        // the peak; a rank of several: the hand count (`train::memory::gpu_estimate`).
+        // The step run on the counting device (one GPU's, or the largest rank's), with what
+        // its working set holds at the peak (`train::memory::gpu_estimate`).
         let estimated = gpu_estimate(GpuStep {
             cfg: &cfg,
             seq,

@@ -265,6 +265,20 @@ impl<T> Tracked<T> {
     }
 }
 
+impl<T> Tracked<T> {
+    /// `inner`, a device tensor of `bytes` made by `what`, counted in `counter` as the kind it
+    /// is set to: how a device that is not an `Ops` wrapper (the counting device's block API
+    /// and communicator, `train::counted`) hands out counted tensors.
+    pub fn made(inner: T, bytes: usize, what: &'static str, counter: &Arc<Counter>) -> Self {
+        Tracked::new(inner, bytes, None, false, what, counter)
+    }
+
+    /// The counter this tensor is counted in: where a tensor made like it goes.
+    pub fn counter(&self) -> &Arc<Counter> {
+        &self.counter
+    }
+}
+
 impl<T> Drop for Tracked<T> {
     fn drop(&mut self) {
         self.counter

@@ -38,8 +38,8 @@ pub struct Shape {
 }
 
 /// Bytes of a 16-bit and an f32 element on the CUDA backend.
-const HALF: usize = 2;
-const F32: usize = 4;
+pub const HALF: usize = 2;
+pub const F32: usize = 4;
 
 /// `Ops` on lengths: each op checks its operands' lengths and returns tensors of the lengths
 /// and precisions the modelled device's op returns; scratch goes to `counter` as a spike.
@@ -66,6 +66,11 @@ impl Lengths {
             inner: self,
             instrument: self.counter.clone(),
         }
+    }
+
+    /// The counter every tensor of this device (and its scratch) is counted in.
+    pub fn counter(&self) -> &Arc<Counter> {
+        &self.counter
     }
 
     fn cuda(&self) -> bool {

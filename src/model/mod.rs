@@ -159,6 +159,55 @@ impl<T, A> Params<T, A> for Whole<'_, T> {
     }
 }
 
+/// `params` with `at_head` called when the head is asked for, once the forward's layers are
+/// done: where a counted step marks what the layers keep for the backward
+/// (`model::count::Counter::mark_kept`).
+pub struct AtHead<'p, P, F> {
+    pub params: &'p mut P,
+    pub at_head: F,
+}
+
+impl<T, A, P: Params<T, A>, F: Fn()> Params<T, A> for AtHead<'_, P, F> {
+    fn with_embed<R>(&mut self, attn: &mut A, f: impl FnOnce(&T) -> Result<R>) -> Result<R> {
+        self.params.with_embed(attn, f)
+    }
+
+    fn with_layer<R>(
+        &mut self,
+        attn: &mut A,
+        l: usize,
+        f: impl FnOnce(&LayerWeights<T>, &mut A) -> Result<R>,
+    ) -> Result<R> {
+        self.params.with_layer(attn, l, f)
+    }
+
+    fn with_head<R>(
+        &mut self,
+        attn: &mut A,
+        f: impl FnOnce(Head<'_, T>) -> Result<R>,
+    ) -> Result<R> {
+        (self.at_head)();
+        self.params.with_head(attn, f)
+    }
+
+    fn with_layer_grads<R>(
+        &mut self,
+        attn: &mut A,
+        l: usize,
+        f: impl FnOnce(&LayerWeights<T>, &mut LayerWeights<T>, &mut A) -> Result<R>,
+    ) -> Result<R> {
+        self.params.with_layer_grads(attn, l, f)
+    }
+
+    fn with_embed_grad<R>(
+        &mut self,
+        attn: &mut A,
+        f: impl FnOnce(&mut T) -> Result<R>,
+    ) -> Result<R> {
+        self.params.with_embed_grad(attn, f)
+    }
+}
+
 /// Forward and backward of this worker's chunk. Gradients of `loss_scale · Σ loss` accumulate
 /// into `grads` (pass 1 / total tokens of all workers to average).
 pub fn forward_backward<O: Ops, A: Attention<O::T>>(

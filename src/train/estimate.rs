@@ -6,7 +6,16 @@
 //! which the estimate must equal (tested below). Offload is counted as it runs: the stashed
 //! tensors leave the device count for the host one.
 
+use super::counted::CountingDevice;
+use super::data::Sample;
+use super::documents::Packing;
+use super::model_attention::ModelAttention;
 use super::moments::{Moments, master_of, needs_master};
+use super::shard::{Held, Optimizer, StateFrom, Update};
+use super::step::{Pass, accumulate_held, reduce_step};
+use super::step_plan::StepPlan;
+use super::tally::{Tally, collectives};
+use crate::comm::Solo;
 use crate::model::attention::Attention;
 use crate::model::config::Config;
 use crate::model::cost::{RESERVE_BYTES, StepMemory};
@@ -14,8 +23,10 @@ use crate::model::count::{Bytes, Counter, Kind, Metered, Part};
 use crate::model::instrument::InstrumentedAttention;
 use crate::model::lengths::{CountingAttention, Lengths, Precision};
 use crate::model::ops::{AdamState, AdamW, Ops};
-use crate::model::weights::{self, LayerWeights};
-use crate::model::{Chunk, Head, Keep, Params, Whole, forward_backward_with};
+use crate::model::weights;
+use crate::model::{AtHead, Chunk, Keep, Whole, forward_backward_with};
+use crate::plan::Partition;
+use crate::runtime::ModelDevice;
 use crate::shape::Span;
 use anyhow::Result;
 
@@ -39,55 +50,6 @@ pub struct Peaks {
     /// The device's working set at its peak (`device.step`) by the op that made each part,
     /// most first ([`Counter::working_at_peak`]).
     pub working: Vec<(&'static str, Part)>,
-}
-
-/// The whole weights and gradients, with the step's tensors alive when the forward ends (the
-/// head is asked for) marked as kept activations: the layers' checkpoints on the device and
-/// the last layer's output.
-struct MarkKept<'a, T> {
-    whole: Whole<'a, T>,
-    counter: &'a Counter,
-}
-
-impl<T, A> Params<T, A> for MarkKept<'_, T> {
-    fn with_embed<R>(&mut self, attn: &mut A, f: impl FnOnce(&T) -> Result<R>) -> Result<R> {
-        self.whole.with_embed(attn, f)
-    }
-
-    fn with_layer<R>(
-        &mut self,
-        attn: &mut A,
-        l: usize,
-        f: impl FnOnce(&LayerWeights<T>, &mut A) -> Result<R>,
-    ) -> Result<R> {
-        self.whole.with_layer(attn, l, f)
-    }
-
-    fn with_head<R>(
-        &mut self,
-        attn: &mut A,
-        f: impl FnOnce(Head<'_, T>) -> Result<R>,
-    ) -> Result<R> {
-        self.counter.mark_kept();
-        self.whole.with_head(attn, f)
-    }
-
-    fn with_layer_grads<R>(
-        &mut self,
-        attn: &mut A,
-        l: usize,
-        f: impl FnOnce(&LayerWeights<T>, &mut LayerWeights<T>, &mut A) -> Result<R>,
-    ) -> Result<R> {
-        self.whole.with_layer_grads(attn, l, f)
-    }
-
-    fn with_embed_grad<R>(
-        &mut self,
-        attn: &mut A,
-        f: impl FnOnce(&mut T) -> Result<R>,
-    ) -> Result<R> {
-        self.whole.with_embed_grad(attn, f)
-    }
 }
 
 /// The peak bytes of `step` on `ops` (counted from empty), by kind: the weights (drawn by
@@ -141,35 +103,108 @@ pub fn step_peak<O: Ops, A: Attention<O::T>>(
         ops,
         inner: &mut attn,
     };
-    let mut params = MarkKept {
-        whole: Whole {
-            w: &w,
-            grads: &mut grads,
-        },
-        counter,
+    // The step's tensors alive when the forward ends (the head is asked for) are the kept
+    // activations: the layers' checkpoints on the device and the last layer's output.
+    let mut whole = Whole {
+        w: &w,
+        grads: &mut grads,
+    };
+    let mut params = AtHead {
+        params: &mut whole,
+        at_head: || counter.mark_kept(),
     };
     let scale = 1.0 / step.seq.max(1) as f64;
     forward_backward_with(ops, cfg, &mut params, &mut attn, chunk, step.keep, scale)?;
     if let Some(moments) = &mut moments {
-        let hp = AdamW {
-            lr: 1e-4,
-            beta1: 0.9,
-            beta2: 0.95,
-            eps: 1e-8,
-            weight_decay: 0.1,
-        };
         let (mut p, g) = (w.tensors_mut(), grads.tensors());
         counter.set_kind(Kind::Optimizer);
         moments.update_each(ops, |k, state| {
-            ops.adamw(p[k], g[k], state, &hp, 1, specs[k].decays())
+            ops.adamw(p[k], g[k], state, &COUNTED_ADAMW, 1, specs[k].decays())
         })?;
     }
-    Ok(Peaks {
-        device: counter.peak(),
-        host: counter.host_peak(),
-        working: counter.working_at_peak(),
-    })
+    Ok(Peaks::of(counter))
 }
+
+/// The peak bytes of worker `rank` of a run of `plan` over `partition`'s workers, each on a GPU
+/// of its own: training's own rank step on the counting device (`train::counted`), so that a
+/// rank is counted from the code as one GPU's step is: its weights as the plan shards them,
+/// AdamW's state (offloaded as the plan says), the forward and backward of its rows through
+/// the executor (the communication buffers the plan's transfers receive included), the
+/// gradients' reduction and, with the optimizer, the update.
+pub fn rank_estimate(
+    cfg: &Config,
+    plan: &StepPlan,
+    partition: &Partition,
+    rank: usize,
+) -> Result<Peaks> {
+    let lengths = Lengths::new(Precision::Cuda);
+    let (device, mut comm) = CountingDevice::new(&lengths, rank, partition.workers());
+    let (ops, counter) = (device.ops(), lengths.counter());
+    counter.set_kind(Kind::Weights);
+    let draw = |spans: &[Span]| weights::random_pieces(ops, cfg, 0, spans);
+    let mut held = Held::drawn(cfg, plan, rank, draw)?;
+    counter.set_kind(Kind::Optimizer);
+    let mut opt = match plan.has_optimizer() {
+        true => Some(Optimizer::made(
+            ops,
+            cfg,
+            plan,
+            rank,
+            &held,
+            StateFrom::Fresh,
+        )?),
+        false => None,
+    };
+    counter.set_kind(Kind::Grads);
+    let mut grads = held.zero_grads(ops, cfg)?;
+    counter.set_kind(Kind::Step);
+    let sample = Sample {
+        tokens: vec![1; partition.seq() + 1],
+        probe: None,
+        eos: None,
+    };
+    let mine = partition.own_spans(rank);
+    let mark_kept = || counter.mark_kept();
+    let pass = Pass {
+        at_head: Some(&mark_kept),
+        ..Pass::of_sequence(&sample, &mine, Packing::packed(), plan.keep())
+    };
+    let mut attn = ModelAttention::new(&device, &mut comm, cfg.dims(), partition)?;
+    let mut tally = Tally::default();
+    accumulate_held(
+        ops,
+        cfg,
+        &held,
+        (&mut grads, true),
+        &mut attn,
+        &pass,
+        &mut tally,
+    )?;
+    let reduced = reduce_step(ops, &mut attn, held.shard, grads, &mut tally)?;
+    if let Some(opt) = &mut opt {
+        counter.set_kind(Kind::Optimizer);
+        let update = Update {
+            adamw: COUNTED_ADAMW,
+            step: 1,
+            clip: 1.0,
+        };
+        let mut solo = Solo;
+        let comm = collectives(&mut attn, &mut solo);
+        let gradients = opt.gradients(ops, comm, reduced)?;
+        opt.apply(ops, comm, &mut held.w, gradients, &update)?;
+    }
+    drop(attn);
+    Ok(Peaks::of(counter))
+}
+
+/// The update a counted step runs (its values change nothing counted).
+const COUNTED_ADAMW: AdamW = AdamW {
+    lr: 1e-4,
+    beta1: 0.9,
+    beta2: 0.95,
+    eps: 1e-8,
+    weight_decay: 0.1,
+};
 
 /// [`step_peak`] on the counting device modelling `precision`: the memory estimate of `step`.
 pub fn estimate(step: Step<'_>, precision: Precision) -> Result<Peaks> {
@@ -183,6 +218,15 @@ pub fn estimate(step: Step<'_>, precision: Precision) -> Result<Peaks> {
 }
 
 impl Peaks {
+    /// What `counter` held at its peak, on the device and in host memory.
+    fn of(counter: &Counter) -> Peaks {
+        Peaks {
+            device: counter.peak(),
+            host: counter.host_peak(),
+            working: counter.working_at_peak(),
+        }
+    }
+
     /// The estimate as the start-up check and `bench train --estimate` report it: the counted
     /// peak by part, the working set with the allowance for what is not a tensor
     /// (`cost::RESERVE_BYTES`), and the host copies.
@@ -211,7 +255,10 @@ mod tests {
     use crate::model::attention::Dense;
     use crate::model::cpu::Cpu;
     use crate::model::{Checkpoint, cost};
+    use crate::plan::Schedule;
+    use crate::runtime::Device;
     use crate::shape::Mask;
+    use crate::train::step_plan::{Asked, Purpose, Shard};
     use std::sync::Arc;
 
     /// The estimated peak GPU memory of `step` on one GPU (the CUDA backend, one worker).
@@ -409,32 +456,6 @@ mod tests {
         assert_eq!(m.pinned_optimizer, 3.0 * m.grads);
     }
 
-    /// `model::cost::step_memory`, the hand-written mirror still under the multi-GPU rank
-    /// estimate (`cost::rank_step_memory`), is the count plus the allowance, to the byte, for
-    /// every policy, with and without AdamW, MHA and GQA, from one row to past an MLP block and
-    /// a loss chunk: it cannot drift from the code unnoticed.
-    #[test]
-    fn the_hand_written_mirror_is_the_count() {
-        for preset in ["llama2-7b", "llama-7b-gqa", "tiny"] {
-            let cfg = Config::preset(preset).unwrap();
-            for seq in [1, 100, 2097, 4096, 6096, 6097, 9000, 65536] {
-                for checkpoint in POLICIES {
-                    for optimizer in [false, true] {
-                        let step = Step {
-                            cfg: &cfg,
-                            seq,
-                            keep: Keep::on_device(checkpoint),
-                            optimizer,
-                        };
-                        let counted = gpu_step_memory(step).unwrap().total();
-                        let mirror = cost::step_memory(&cfg, seq, checkpoint, optimizer).total();
-                        assert_eq!(counted, mirror, "{preset} {seq} {checkpoint} {optimizer}");
-                    }
-                }
-            }
-        }
-    }
-
     /// The working set at the peak, told by what made it, adds up to the counted step bytes;
     /// at 128K on the GPU the attention backward's widest moment (dQ's rounding: its f32
     /// accumulator beside the 16-bit dQ and the kernel's own 16-bit dK, dV) is the largest
@@ -471,5 +492,109 @@ mod tests {
                 .windows(2)
                 .all(|w| w[0].1.bytes >= w[1].1.bytes)
         );
+    }
+
+    /// Rank `rank`'s count of a run of llama2-7b over `workers` GPUs under `asked`.
+    fn rank_of(workers: usize, seq: usize, asked: Asked, optimizer: bool, rank: usize) -> Peaks {
+        let cfg = Config::preset("llama2-7b").unwrap();
+        let purpose = if optimizer {
+            Purpose::Train
+        } else {
+            Purpose::Gradients
+        };
+        let plan = StepPlan::resolve(asked, purpose, workers, &cfg, Device::Cuda)
+            .unwrap()
+            .plan;
+        let partition = Partition::new(seq, workers, plan.schedule()).unwrap();
+        rank_estimate(&cfg, &plan, &partition, rank).unwrap()
+    }
+
+    fn asked(schedule: Schedule, offload: Offload, shard: Shard) -> Asked {
+        Asked {
+            schedule,
+            checkpoint: Checkpoint::Remat,
+            offload,
+            shard: Some(shard),
+        }
+    }
+
+    /// Each rank holds what the plan's sharding gives it, counted from training's own code:
+    /// 16-bit weights and f32 gradients of the part it holds (whole, or its pieces under
+    /// `full`), and 12 bytes of AdamW state (two moments, the master) for each element of
+    /// its pieces (the whole model unsharded), the shard rule's pieces summed.
+    #[test]
+    fn each_rank_holds_its_shard_of_the_state() {
+        let cfg = Config::preset("llama2-7b").unwrap();
+        let params = weights::parameters(&cfg);
+        let piece = |rank: usize| -> usize {
+            weights::specs(&cfg)
+                .iter()
+                .map(|s| crate::comm::shard_span(s.elements(), 4, rank).len)
+                .sum()
+        };
+        for shard in [Shard::None, Shard::Optimizer, Shard::Grads, Shard::Full] {
+            for rank in 0..4 {
+                let a = asked(Schedule::Zigzag, Offload::NONE, shard);
+                let p = rank_of(4, 65536, a, true, rank).device;
+                let state = if shard.shards_optimizer() {
+                    piece(rank)
+                } else {
+                    params
+                };
+                let held = if shard.gathers_weights() {
+                    piece(rank)
+                } else {
+                    params
+                };
+                assert_eq!(p.optimizer, 12 * state, "{shard:?} rank {rank}");
+                assert_eq!(p.weights, 2 * held, "{shard:?} rank {rank}");
+                assert_eq!(p.grads, 4 * held, "{shard:?} rank {rank}");
+            }
+        }
+    }
+
+    /// Offloaded, a rank's AdamW state (its shard) waits in pinned host memory and its layers'
+    /// checkpoints too (x, O and LSE of its rows under remat); the GPU keeps none of the state
+    /// at the backward's peak.
+    #[test]
+    fn a_rank_offloads_its_own_state_and_checkpoints() {
+        let cfg = Config::preset("llama2-7b").unwrap();
+        let params = weights::parameters(&cfg);
+        let rows = 65536 / 2;
+        for shard in [Shard::None, Shard::Optimizer] {
+            let a = asked(Schedule::Balanced, Offload::ALL, shard);
+            let m = rank_of(2, 65536, a, true, 1).step_memory();
+            let state = if shard.shards_optimizer() {
+                params.div_ceil(2)
+            } else {
+                params
+            };
+            assert!(
+                (m.pinned_optimizer - 12.0 * state as f64).abs() <= 12.0 * 300.0,
+                "{shard:?}"
+            );
+            assert_eq!(m.optimizer, 0.0, "{shard:?}");
+            let kept = 32.0 * rows as f64 * (2.0 * 8192.0 + 4.0 * 32.0);
+            assert_eq!(m.pinned_host, kept, "{shard:?}");
+        }
+    }
+
+    /// A rank that computes its queries against another chunk's keys holds that chunk's K and V
+    /// as received (16-bit): under `balanced` over two GPUs, rank 1 fetches chunk 0's, rank 0
+    /// fetches nothing, and their counts differ by at least those buffers. Zigzag ranks all
+    /// hold other chunks' too.
+    #[test]
+    fn a_rank_holds_the_keys_it_receives() {
+        let (seq, rows) = (65536, 32768usize);
+        let a = asked(Schedule::Balanced, Offload::NONE, Shard::None);
+        let total = |rank| rank_of(2, seq, a, false, rank).device.total();
+        let kv = 2 * rows * 4096 * 2;
+        assert!(total(1) >= total(0) + kv, "{} {} {kv}", total(1), total(0));
+        let z = asked(Schedule::Zigzag, Offload::NONE, Shard::None);
+        let ranks: Vec<usize> = (0..4)
+            .map(|r| rank_of(4, seq, z, false, r).device.total())
+            .collect();
+        let spread = ranks.iter().max().unwrap() - ranks.iter().min().unwrap();
+        assert!(spread < kv, "{ranks:?}");
     }
 }

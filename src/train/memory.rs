@@ -11,10 +11,9 @@ use crate::model::config::Config;
 use crate::model::cost;
 use crate::model::lengths::Precision;
 use crate::model::weights::parameters;
-use crate::plan::Schedule;
+use crate::plan::{Partition, Schedule};
 use crate::resources::{self, CpuTraining};
 use crate::runtime::{Device, OpenedGpu, Runtime, Topology};
-use crate::sim;
 use anyhow::{Result, bail};
 
 /// What a model job is about to run, for its memory estimate.
@@ -94,14 +93,6 @@ impl Placement {
         }
     }
 
-    /// Workers each holding a copy of the model's state (their shard of it) on one GPU.
-    fn per_gpu(self) -> usize {
-        match self {
-            Placement::OneGpu(n) => n,
-            Placement::Ranks { .. } => 1,
-        }
-    }
-
     /// The GPUs and schedule of a launched run over more than one.
     fn ranks(self) -> Option<(usize, Schedule)> {
         match self {
@@ -130,12 +121,12 @@ pub struct GpuEstimate {
 }
 
 /// The estimated peak GPU memory of `step`, decided here for every caller (the start-up check,
-/// `bench train --estimate`). One worker on one GPU: the step itself run on the counting
-/// device (`train::estimate`). Otherwise the hand-written count of `model::cost` (pinned to the
-/// counted one by `estimate`'s tests): a rank holds its share of the sequence and the
-/// executor's buffers, and its shard of the optimizer state; threads sharing one GPU (virtual
-/// workers) each hold their own copy of the model's state (their shards add up to one copy of
-/// the moments).
+/// `bench train --estimate`), always counted from the code on the counting device
+/// (`train::estimate`). One worker on one GPU: the step itself, the device's whole-sequence
+/// attention included. Several: each worker's rank step (`estimate::rank_estimate`: its share
+/// of the sequence through the executor, its shard of the model's state); a run over several
+/// GPUs needs what its largest rank needs, and threads sharing one GPU (virtual workers) hold
+/// every worker's tensors beside each other's, with one allowance.
 pub fn gpu_estimate(step: GpuStep<'_>) -> Result<GpuEstimate> {
     let (cfg, plan) = (step.cfg, step.plan);
     plan.ensure_workers(step.placement.workers())?;
@@ -154,24 +145,28 @@ pub fn gpu_estimate(step: GpuStep<'_>) -> Result<GpuEstimate> {
             peaks: Some(peaks),
         });
     }
-    let shards = plan.optimizer_shards();
-    let mut need = sim::gpu_step_memory(
-        cfg,
-        step.seq,
-        step.placement.ranks(),
-        plan.checkpoint(),
-        plan.has_optimizer(),
-    )?
-    .sharded(cfg, shards, plan.weight_shards());
-    let copies = step.placement.per_gpu() as f64;
-    need.weights *= copies;
-    need.grads *= copies;
-    need.optimizer *= copies;
-    let mut need = need.offloaded(cfg, plan.offload(), shards);
-    need.staging *= copies;
+    let partition = Partition::new(step.seq, plan.workers(), plan.schedule())?;
+    let ranks = (0..plan.workers())
+        .map(|rank| estimate::rank_estimate(cfg, &plan, &partition, rank))
+        .collect::<Result<Vec<_>>>()?;
+    if let Placement::OneGpu(_) = step.placement {
+        let memory = ranks
+            .iter()
+            .map(estimate::Peaks::step_memory)
+            .reduce(cost::StepMemory::beside)
+            .expect("a step has at least one worker");
+        return Ok(GpuEstimate {
+            memory,
+            peaks: None,
+        });
+    }
+    let largest = ranks
+        .into_iter()
+        .max_by_key(|r| r.device.total())
+        .expect("a step has at least one worker");
     Ok(GpuEstimate {
-        memory: need,
-        peaks: None,
+        memory: largest.step_memory(),
+        peaks: Some(largest),
     })
 }
 
@@ -363,26 +358,19 @@ mod tests {
         let moments = 12.0 * parameters(&config) as f64;
         let need = offloaded(Shard::None, 1).gpu_estimate(&runtime).unwrap();
         assert_eq!((need.optimizer, need.pinned_optimizer), (0.0, moments));
-        // One worker's estimate is the counted step, whose peak (in the backward) holds no
-        // moments; two virtual workers on the GPU are counted by hand: each pins its own
-        // moments (its shard, if sharded) and stages two tensors' of them.
+        // Every estimate is a counted step, whose peak (in the backward) holds none of the
+        // state: its staging is part of the update's moment, counted where it happens. Two
+        // virtual workers on the GPU are each counted and held beside each other: each pins
+        // its own state (its shard, if sharded).
         assert_eq!(need.staging, 0.0);
-        let staged = 3.0 * 4.0 * cost::moment_staging_elements(&config, 1);
-        assert!(staged > 0.0);
         let two = Runtime {
             device: Device::Cuda,
             ..Runtime::cpu_threads(2, Duration::from_secs(1))
         };
         let whole = offloaded(Shard::None, 2).gpu_estimate(&two).unwrap();
         assert_eq!(whole.pinned_optimizer, 2.0 * moments);
-        assert_eq!(whole.staging, 2.0 * staged);
         let halves = offloaded(Shard::Optimizer, 2).gpu_estimate(&two).unwrap();
         assert_eq!(halves.pinned_optimizer, moments);
-        assert!(
-            halves.staging < 1.01 * staged,
-            "{} {staged}",
-            halves.staging
-        );
         let params = parameters(&config);
         assert_eq!(
             HostState::WeightsAndMoments.bytes(params),
@@ -391,9 +379,10 @@ mod tests {
     }
 
     /// One worker on one GPU is the counted step, with its count, whether a thread or the one
-    /// rank of a launch; several workers (virtual or ranks) are the hand count, without one.
+    /// rank of a launch; several ranks are each counted (their rank step), and the largest is
+    /// the estimate; virtual workers hold all their counts at once.
     #[test]
-    fn one_worker_on_one_gpu_is_counted_and_several_are_not() {
+    fn every_worker_is_counted_from_the_code() {
         let cfg = Config::preset("tiny").unwrap();
         let step = |placement: Placement| GpuStep {
             cfg: &cfg,
@@ -424,10 +413,17 @@ mod tests {
             gpus: 2,
             schedule: Schedule::Balanced,
         };
-        for placement in [Placement::OneGpu(2), two_ranks] {
-            let e = gpu_estimate(step(placement)).unwrap();
-            assert!(e.peaks.is_none(), "{placement:?}");
-        }
+        // Two ranks are counted each, and the larger one is the estimate; two virtual workers
+        // sharing the GPU hold both ranks' counts beside each other (no one count is theirs).
+        let e = gpu_estimate(step(two_ranks)).unwrap();
+        let peaks = e.peaks.expect("a rank is counted");
+        assert_eq!(e.memory.total(), peaks.step_memory().total());
+        assert!(
+            gpu_estimate(step(Placement::OneGpu(2)))
+                .unwrap()
+                .peaks
+                .is_none()
+        );
         // Two virtual workers hold two copies of the weights; two ranks one each.
         let weights = |p| gpu_estimate(step(p)).unwrap().memory.weights;
         assert_eq!(weights(Placement::OneGpu(2)), 2.0 * weights(two_ranks));

@@ -5,6 +5,7 @@
 //! CPU, 16-bit on a GPU), identically on every worker because the all-reduce is deterministic.
 //! Rank 0 reports each step and saves checkpoints.
 
+mod counted;
 pub mod data;
 pub mod documents;
 pub mod estimate;
@@ -472,6 +473,7 @@ fn run_steps<D: ModelDevice, C: Communicator<D::Tensor>, F: Fn(&StepReport) + Sy
                 packing: o.packing,
                 keep: plan.keep(),
                 scale,
+                at_head: None,
             };
             let fresh = b == 0;
             let grads = (&mut grads, fresh);
@@ -598,6 +600,7 @@ fn evaluate<D: ModelDevice, C: Communicator<D::Tensor>>(
             packing: o.packing,
             keep: o.plan.keep(),
             scale: 1.0,
+            at_head: None,
         };
         let grads = (&mut scratch, i == 0);
         accumulate_held(ops, cfg, held, grads, attn, &pass, &mut tally)?;

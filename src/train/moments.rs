@@ -6,8 +6,8 @@
 //! into its own host buffers ([`Ops::stash_into`], on a GPU a second copy stream, so the link
 //! carries k's down while k + 1's comes up; the host memory is the state's, once) as soon as
 //! its update is issued, so the device holds two tensors' state at once instead of all of it:
-//! for llama2-7b that is 1.5 GiB of staging for 75.3 GiB of state
-//! (`model::cost::moment_staging_elements`).
+//! for llama2-7b that is 1.5 GiB of staging for 75.3 GiB of state (counted where it happens:
+//! `train::estimate`).
 //!
 //! Why stream through the device rather than update on the host: one AdamW implementation (the
 //! device's, so an offloaded run computes the same bits as one that is not), for about the same

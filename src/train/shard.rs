@@ -552,10 +552,12 @@ where
         if !self.shard.shards_optimizer() || self.shard.reduce_scatters_grads() {
             return Ok(reduced);
         }
+        // Each whole gradient is dropped once its piece is cut, so the update's start holds one
+        // piece more than the gradients, not a second copy of half of them.
         reduced
-            .iter()
+            .into_iter()
             .zip(&self.spans)
-            .map(|(g, s)| ops.rows(g, 1, s.start, s.len))
+            .map(|(g, s)| ops.rows(&g, 1, s.start, s.len))
             .collect()
     }
 

@@ -12,7 +12,7 @@ use crate::model::attention::Attention;
 use crate::model::config::Config;
 use crate::model::ops::Ops;
 use crate::model::weights::Weights;
-use crate::model::{Chunk, Keep, Params, Whole, forward_backward_with};
+use crate::model::{AtHead, Chunk, Keep, Params, Whole, forward_backward_with};
 use crate::plan::{Partition, Schedule};
 use crate::runtime::{ModelDevice, Runtime};
 use crate::shape::Span;
@@ -31,6 +31,9 @@ pub(super) struct Pass<'a> {
     pub keep: Keep,
     /// What the summed loss is multiplied by (one over the tokens it is the mean of).
     pub scale: f64,
+    /// Called when the forward's layers are done (`model::AtHead`): a counted step marks what
+    /// they keep (`estimate::rank_estimate`).
+    pub at_head: Option<&'a dyn Fn()>,
 }
 
 impl<'a> Pass<'a> {
@@ -42,6 +45,7 @@ impl<'a> Pass<'a> {
             packing,
             keep,
             scale: 1.0 / (sample.tokens.len() - 1) as f64,
+            at_head: None,
         }
     }
 }
@@ -71,7 +75,14 @@ pub(super) fn accumulate<O: Ops, A: Attention<O::T>>(
         positions,
         sequence: sample.tokens.len() - 1,
     };
-    let out = forward_backward_with(ops, cfg, params, attn, chunk, pass.keep, pass.scale)?;
+    let (keep, scale) = (pass.keep, pass.scale);
+    let out = match pass.at_head {
+        Some(at_head) => {
+            let mut params = AtHead { params, at_head };
+            forward_backward_with(ops, cfg, &mut params, attn, chunk, keep, scale)?
+        }
+        None => forward_backward_with(ops, cfg, params, attn, chunk, keep, scale)?,
+    };
     tally.loss_sum += out.loss_sum;
     if let Some(p) = sample.probe
         && let Some(row) =
