@@ -18,18 +18,18 @@ mod gpu_common;
 
 use anyhow::{Result, ensure};
 use cudarc::driver::DevicePtr;
-use distflash::attn::oracle::{self, rel_err};
-use distflash::attn::{Block, Grads, GradsMut, Partial, QuerySide, layout};
 use distflash::backend::Backend;
 use distflash::backend::cuda::{
     BackwardAddrs, CallStrides, CudaBackend, ForwardAddrs, InputDtype, Tensor,
     sequence_kv_grads_half,
 };
+use distflash::block_math::oracle::{self, rel_err};
+use distflash::block_math::{Block, Grads, GradsMut, Partial, QuerySide, layout};
 use distflash::comm::LocalComm;
 use distflash::exec::OwnChunk;
 use distflash::inputs::Inputs;
 use distflash::plan::Schedule;
-use distflash::rank_attention::RankAttention;
+use distflash::rank_call::RankAttention;
 use distflash::runtime::{collect_results, run_workers};
 use distflash::shape::{Dims, Mask, Precision, Span};
 use std::time::Duration;

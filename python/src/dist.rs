@@ -1,5 +1,5 @@
 //! The distributed calls behind `distflash.dist_flash_attn`: one rank's forward or backward of
-//! distflash's schedule (`distflash::rank_attention::RankAttention`) on torch's memory and
+//! distflash's schedule (`distflash::rank_call::RankAttention`) on torch's memory and
 //! stream, over either transport:
 //!
 //! - a virtual group ([`virtual_pass`]): every rank a thread of this
@@ -16,13 +16,13 @@
 
 use crate::shared::{backend, dims, input_dtype, to_py_err};
 use anyhow::Result;
-use distflash::attn::Partial;
 use distflash::backend::cuda::{BackwardAddrs, CallStrides, CudaBackend, ForwardAddrs, Tensor};
+use distflash::block_math::Partial;
 use distflash::comm::nccl::{self, NcclComm};
 use distflash::comm::{Communicator, LocalComm};
 use distflash::exec::OwnChunk;
 use distflash::plan::Schedule;
-use distflash::rank_attention::RankAttention;
+use distflash::rank_call::RankAttention;
 use distflash::runtime::{collect_results, run_workers};
 use distflash::shape::{Mask, Precision};
 use pyo3::exceptions::PyValueError;

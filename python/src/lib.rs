@@ -6,7 +6,7 @@
 //! torch's tensors, no second CUDA context.
 //!
 //! The distributed calls of `distflash/dist.py` run one rank's part of distflash's schedule
-//! (`distflash::rank_attention`) on the same stream: `virtual_forward` / `virtual_backward` run
+//! (`distflash::rank_call`) on the same stream: `virtual_forward` / `virtual_backward` run
 //! every rank of a virtual group as threads of this process sharing the GPU over the
 //! in-process communicator; an [`NcclGroup`] runs this process's rank over NCCL. The executor
 //! owns its tensors, so each chunk is copied in and each result out (device to device).

@@ -277,7 +277,7 @@ pub fn step_memory(c: &Config, seq: usize, policy: Checkpoint, optimizer: bool) 
 /// Which attention a step's backward runs, for its widest moment.
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum AttentionPath {
-    /// One GPU's whole sequence (`model::cuda::attention::CudaAttention`), read in place.
+    /// One GPU's whole sequence (`model::cuda::whole_sequence::CudaAttention`), read in place.
     WholeSequence,
     /// A rank's executor (`train::model_attention::Distributed`), on head-major copies, with this
     /// many bytes more (D, the communication buffers).
@@ -391,14 +391,15 @@ fn step_memory_with(
     // The attention backward at its widest, as the kernel runs: dO in sequence order
     // (`activation_zeros`, 16-bit, filled by Wo's `linear_backward`), and then
     // - on one GPU (`CudaAttention::backward`, tensors read in place): the widest of its
-    //   moments (`model::cuda::attention::moments`: as the kernel runs, then the roundings of
+    //   moments (`model::cuda::whole_sequence::moments`: as the kernel runs, then the roundings of
     //   the f32 gradients), its returned 16-bit gradients included;
     // - on a rank (the executor): head-major 16-bit Q, K, V, O and dO, a copy of LSE (f32), D
     //   and head-major f32 dQ, dK, dV, and the rank's extra; their 16-bit relayouts come after
     //   the inputs are freed, and that moment is narrower.
     let attention = match path {
         AttentionPath::WholeSequence => {
-            t * HALF * qw + super::cuda::attention::widest_backward(&c.dims(), seq, false) as f64
+            t * HALF * qw
+                + super::cuda::whole_sequence::widest_backward(&c.dims(), seq, false) as f64
         }
         AttentionPath::Distributed(extra) => {
             t * (HALF * qw + HALF * (3.0 * qw + 2.0 * kw) + 2.0 * F32 * h + F32 * (qw + 2.0 * kw))

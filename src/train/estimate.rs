@@ -7,7 +7,7 @@
 //! tensors leave the device count for the host one.
 
 use super::moments::{Moments, master_of, needs_master};
-use crate::model::attention::Attention;
+use crate::model::attention_api::Attention;
 use crate::model::config::Config;
 use crate::model::cost::{RESERVE_BYTES, StepMemory};
 use crate::model::count::{Bytes, Counter, Kind, Metered, Part};
@@ -208,7 +208,7 @@ impl Peaks {
 mod tests {
     use super::*;
     use crate::model::Offload;
-    use crate::model::attention::Dense;
+    use crate::model::attention_api::Dense;
     use crate::model::cpu::Cpu;
     use crate::model::{Checkpoint, cost};
     use crate::shape::Mask;
@@ -441,7 +441,7 @@ mod tests {
     /// part, to the byte.
     #[test]
     fn the_working_set_at_the_peak_is_told_by_what_made_it() {
-        use crate::model::cuda::attention::widest_backward;
+        use crate::model::cuda::whole_sequence::widest_backward;
         let cfg = Config::preset("llama2-7b").unwrap();
         let seq = 131072;
         let keep = Keep {

@@ -24,7 +24,7 @@
 
 use super::strides::CallStrides;
 use super::{CudaBackend, HEAD_DIMS, InputDtype, Tensor, launch, sequence_kv_grads_half};
-use crate::attn::{Grads, Partial};
+use crate::block_math::{Grads, Partial};
 use crate::error::Error;
 use crate::shape::{Dims, Mask, Precision};
 use anyhow::Result;

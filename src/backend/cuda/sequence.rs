@@ -6,7 +6,7 @@
 use super::blocks::writes_kv_grads;
 use super::strides::CallStrides;
 use super::{CudaBackend, Tensor, launch};
-use crate::attn::{Block, Grads, GradsMut, Partial, QuerySide};
+use crate::block_math::{Block, Grads, GradsMut, Partial, QuerySide};
 use crate::shape::{Dims, Mask, Span};
 use anyhow::Result;
 

@@ -2,8 +2,8 @@
 //! bracketed by events on the backend's stream (host clocks would time launches, not kernels).
 
 use super::{CallStrides, CudaBackend, Tensor};
-use crate::attn::{Block, GradsMut, QuerySide};
 use crate::backend::Backend;
+use crate::block_math::{Block, GradsMut, QuerySide};
 use crate::inputs::Inputs;
 use crate::shape::{Dims, Mask, Span};
 use anyhow::{Result, anyhow};
@@ -161,12 +161,12 @@ impl BlockKind {
 
     /// The forward's FLOPs over the block's visible pairs, counted as the whole sequence's are.
     pub fn forward_flops(self, dims: &Dims, chunk: usize) -> f64 {
-        self.causal_units() * crate::attn::causal_forward_flops(dims, chunk)
+        self.causal_units() * crate::block_math::causal_forward_flops(dims, chunk)
     }
 
     /// The backward's FLOPs, likewise.
     pub fn backward_flops(self, dims: &Dims, chunk: usize) -> f64 {
-        self.causal_units() * crate::attn::causal_backward_flops(dims, chunk)
+        self.causal_units() * crate::block_math::causal_backward_flops(dims, chunk)
     }
 }
 
@@ -271,8 +271,8 @@ mod tests {
             let tiled =
                 blocks(BlockKind::Diagonal, p) + blocks(BlockKind::OffDiagonal, p * (p - 1) / 2);
             let seq = p * chunk;
-            let whole = crate::attn::causal_forward_flops(&dims, seq)
-                + crate::attn::causal_backward_flops(&dims, seq);
+            let whole = crate::block_math::causal_forward_flops(&dims, seq)
+                + crate::block_math::causal_backward_flops(&dims, seq);
             assert!(
                 (tiled - whole).abs() <= 1e-12 * whole,
                 "P={p}: {tiled} vs {whole}"

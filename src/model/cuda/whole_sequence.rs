@@ -1,6 +1,6 @@
 //! The model's attention on one GPU: the whole-sequence fast path of the CUDA backend
 //! (`CudaBackend::causal_forward` / `causal_backward`, under the sequence's mask: its documents,
-//! the model's sliding window) behind `model::attention::Attention`.
+//! the model's sliding window) behind `model::attention_api::Attention`.
 //!
 //! The model hands over sequence-major 16-bit tensors (`[rows, heads, head_dim]`, a linear
 //! layer's output as is), which the kernels read and write in place under their strides
@@ -15,10 +15,10 @@
 //! `train::model_attention::Distributed` on the CUDA backend over `comm::nccl::NcclComm` instead: the
 //! same interface, with the executor's block API (head-major) and communication.
 
-use crate::attn::{Grads, Partial};
+use crate::block_math::{Grads, Partial};
 
 use crate::backend::cuda::{CallStrides, CudaBackend, Tensor, sequence_kv_grads_half};
-use crate::model::attention::{Attention, WholeSequence};
+use crate::model::attention_api::{Attention, WholeSequence};
 use crate::shape::{Dims, Mask};
 use anyhow::{Result, bail};
 
