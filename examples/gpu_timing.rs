@@ -21,7 +21,8 @@ use anyhow::Result;
 use clap::Parser;
 use distflash::backend::Backend;
 use distflash::backend::cuda::{
-    CallStrides, CudaBackend, InputDtype, median_ms, run_times_ms, time_attention, upload_random,
+    CallStrides, CudaBackend, InputDtype, SequenceCall, median_ms, run_times_ms, time_attention,
+    upload_random,
 };
 use distflash::block_math::{self, layout};
 use distflash::inputs::Inputs;
@@ -182,12 +183,17 @@ fn spread(
         let [q, k, v, dout] = upload_random(be, dims, seq, 100 + round as u64)?;
         let strides = CallStrides::head_major(&dims, seq, seq);
         let qkv = [&q, &k, &v];
-        let fwd = be.causal_forward(&dims, seq, &mask, &strides, qkv)?;
-        let mut grads =
-            be.causal_backward(&dims, seq, &mask, &strides, qkv, fwd.as_ref(), &dout)?;
+        let call = SequenceCall {
+            dims: &dims,
+            seq,
+            mask: &mask,
+            strides: &strides,
+        };
+        let fwd = be.causal_forward(&call, qkv)?;
+        let mut grads = be.causal_backward(&call, qkv, fwd.as_ref(), &dout)?;
         let mut backward = || {
             let f = fwd.as_ref();
-            be.causal_backward_into(&dims, seq, &mask, &strides, qkv, f, &dout, &mut grads)
+            be.causal_backward_into(&call, qkv, f, &dout, &mut grads)
         };
         let times = if back_to_back {
             run_times_ms(be, reps, &mut backward)?
@@ -196,10 +202,7 @@ fn spread(
                 .map(|_| median_ms(be, 1, &mut backward))
                 .collect::<Result<Vec<_>>>()?
         };
-        let forward = median_ms(be, 1, &mut || {
-            be.causal_forward(&dims, seq, &mask, &strides, qkv)
-                .map(drop)
-        })?;
+        let forward = median_ms(be, 1, &mut || be.causal_forward(&call, qkv).map(drop))?;
         println!(
             "{}",
             json!({
@@ -245,16 +248,14 @@ fn layout_cost(be: &CudaBackend, seq: usize) -> Result<()> {
     let mut fast = || -> Result<()> {
         let strides = CallStrides::head_major(&dims, seq, seq);
         let qkv = [&qh, &kh, &vh];
-        let fwd = be.causal_forward(&dims, seq, &Mask::causal(), &strides, qkv)?;
-        be.causal_backward(
-            &dims,
+        let call = SequenceCall {
+            dims: &dims,
             seq,
-            &Mask::causal(),
-            &strides,
-            qkv,
-            fwd.as_ref(),
-            &gh,
-        )?;
+            mask: &Mask::causal(),
+            strides: &strides,
+        };
+        let fwd = be.causal_forward(&call, qkv)?;
+        be.causal_backward(&call, qkv, fwd.as_ref(), &gh)?;
         Ok(())
     };
     fast()?;

@@ -20,7 +20,7 @@ mod gpu_common;
 
 use anyhow::{Result, ensure};
 use distflash::backend::Backend;
-use distflash::backend::cuda::{CallStrides, CudaBackend, InputDtype, Tensor};
+use distflash::backend::cuda::{CallStrides, CudaBackend, InputDtype, SequenceCall, Tensor};
 use distflash::block_math::layout;
 use distflash::block_math::oracle::{self, rel_err};
 use distflash::comm::LocalComm;
@@ -162,8 +162,14 @@ impl<'a> Case<'a> {
         );
         let strides = CallStrides::head_major(&x.dims, x.seq, x.seq);
         let qkv = [&q, &k, &v];
-        let fwd = be.causal_forward(&x.dims, x.seq, &x.mask, &strides, qkv)?;
-        let grads = be.causal_backward(&x.dims, x.seq, &x.mask, &strides, qkv, fwd.as_ref(), &g)?;
+        let call = SequenceCall {
+            dims: &x.dims,
+            seq: x.seq,
+            mask: &x.mask,
+            strides: &strides,
+        };
+        let fwd = be.causal_forward(&call, qkv)?;
+        let grads = be.causal_backward(&call, qkv, fwd.as_ref(), &g)?;
         be.synchronize()?;
         Ok([
             be.download(&fwd.out)?,

@@ -1,7 +1,7 @@
 //! Timing the single-GPU attention with CUDA events: warm-up, then the median of repeats, each
 //! bracketed by events on the backend's stream (host clocks would time launches, not kernels).
 
-use super::{CallStrides, CudaBackend, Tensor};
+use super::{CallStrides, CudaBackend, SequenceCall, Tensor};
 use crate::backend::Backend;
 use crate::block_math::{Block, GradsMut, QuerySide};
 use crate::inputs::Inputs;
@@ -229,24 +229,20 @@ pub fn time_attention(
 ) -> Result<AttentionTiming> {
     let [q, k, v, dout] = upload_random(be, dims, seq, 7)?;
     let qkv = [&q, &k, &v];
-    let mut fwd = be.causal_forward(&dims, seq, mask, strides, qkv)?;
-    let mut grads = be.causal_backward(&dims, seq, mask, strides, qkv, fwd.as_ref(), &dout)?;
+    let call = SequenceCall {
+        dims: &dims,
+        seq,
+        mask,
+        strides,
+    };
+    let mut fwd = be.causal_forward(&call, qkv)?;
+    let mut grads = be.causal_backward(&call, qkv, fwd.as_ref(), &dout)?;
     be.synchronize()?;
-    let (forward_ms, repeats) = time_forward(be, &mut || {
-        be.causal_forward_into(&dims, seq, mask, strides, qkv, &mut fwd)
-    })?;
+    let (forward_ms, repeats) =
+        time_forward(be, &mut || be.causal_forward_into(&call, qkv, &mut fwd))?;
     let fwd = fwd; // the backward reads the last forward's O and LSE
     time_backward(be, forward_ms, repeats, &mut || {
-        be.causal_backward_into(
-            &dims,
-            seq,
-            mask,
-            strides,
-            qkv,
-            fwd.as_ref(),
-            &dout,
-            &mut grads,
-        )
+        be.causal_backward_into(&call, qkv, fwd.as_ref(), &dout, &mut grads)
     })
 }
 
