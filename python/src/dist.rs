@@ -293,7 +293,6 @@ impl VirtualCall<'_> {
 /// One pass (`"forward"` or `"backward"`) of every rank of a virtual group of `world` ranks on
 /// GPU `device`: `ranks[r]` lists rank r's chunks, each as its addresses ([`addresses`]).
 #[pyfunction]
-#[allow(clippy::too_many_arguments)]
 #[pyo3(signature = (pass, device, dtype, stream, world, schedule, shape, ranks, timeout_secs, mask=(Vec::new(), None, 0)))]
 fn virtual_pass(
     py: Python<'_>,
