@@ -9,7 +9,7 @@
 //! with the kernel variant named in `DISTFLASH_TUNING` (e.g. `bwd-warps=4,fwd-wgmma=false`,
 //! see `tests/gpu_common/tuning.rs`; the GPU tests check a variant's correctness under the same
 //! variable) and the variant recorded in each line. `layout` times forward+backward through
-//! `model::cuda::attention::CudaAttention` against the fast path alone at LLaMA-7B's attention
+//! `model::cuda::whole_sequence::CudaAttention` against the fast path alone at LLaMA-7B's attention
 //! shape, the cost a training step pays per layer, with the memory figures `bench train`
 //! reports. `ops` times the largest model ops alone (4096 rows; `bench train --profile` gives
 //! every op's share of a whole step, with the device waited for after each). Needs a GPU; without one it says so and exits non-zero.
@@ -19,15 +19,16 @@ mod tuning;
 
 use anyhow::Result;
 use clap::Parser;
-use distflash::attn::{self, layout};
 use distflash::backend::Backend;
 use distflash::backend::cuda::{
-    CallStrides, CudaBackend, InputDtype, median_ms, run_times_ms, time_attention, upload_random,
+    CallStrides, CudaBackend, InputDtype, SequenceCall, median_ms, run_times_ms, time_attention,
+    upload_random,
 };
+use distflash::block_math::{self, layout};
 use distflash::inputs::Inputs;
-use distflash::model::attention::Attention;
+use distflash::model::attention_api::Attention;
 use distflash::model::cuda::CudaOps;
-use distflash::model::cuda::attention::CudaAttention;
+use distflash::model::cuda::whole_sequence::CudaAttention;
 use distflash::model::ops::Ops;
 use distflash::shape::{Dims, Mask};
 use rand::rngs::StdRng;
@@ -138,8 +139,8 @@ fn attention(
             let strides = CallStrides::head_major(&dims, seq, seq);
             let t = time_attention(be, dims, seq, &Mask::causal(), &strides)?;
             let (f, b) = (
-                attn::causal_forward_flops(&dims, seq),
-                attn::causal_backward_flops(&dims, seq),
+                block_math::causal_forward_flops(&dims, seq),
+                block_math::causal_backward_flops(&dims, seq),
             );
             let tflops = |flops: f64, ms: f64| flops / (ms * 1e-3) / 1e12;
             let line = json!({
@@ -182,12 +183,17 @@ fn spread(
         let [q, k, v, dout] = upload_random(be, dims, seq, 100 + round as u64)?;
         let strides = CallStrides::head_major(&dims, seq, seq);
         let qkv = [&q, &k, &v];
-        let fwd = be.causal_forward(&dims, seq, &mask, &strides, qkv)?;
-        let mut grads =
-            be.causal_backward(&dims, seq, &mask, &strides, qkv, fwd.as_ref(), &dout)?;
+        let call = SequenceCall {
+            dims: &dims,
+            seq,
+            mask: &mask,
+            strides: &strides,
+        };
+        let fwd = be.causal_forward(&call, qkv)?;
+        let mut grads = be.causal_backward(&call, qkv, fwd.as_ref(), &dout)?;
         let mut backward = || {
             let f = fwd.as_ref();
-            be.causal_backward_into(&dims, seq, &mask, &strides, qkv, f, &dout, &mut grads)
+            be.causal_backward_into(&call, qkv, f, &dout, &mut grads)
         };
         let times = if back_to_back {
             run_times_ms(be, reps, &mut backward)?
@@ -196,10 +202,7 @@ fn spread(
                 .map(|_| median_ms(be, 1, &mut backward))
                 .collect::<Result<Vec<_>>>()?
         };
-        let forward = median_ms(be, 1, &mut || {
-            be.causal_forward(&dims, seq, &mask, &strides, qkv)
-                .map(drop)
-        })?;
+        let forward = median_ms(be, 1, &mut || be.causal_forward(&call, qkv).map(drop))?;
         println!(
             "{}",
             json!({
@@ -245,16 +248,14 @@ fn layout_cost(be: &CudaBackend, seq: usize) -> Result<()> {
     let mut fast = || -> Result<()> {
         let strides = CallStrides::head_major(&dims, seq, seq);
         let qkv = [&qh, &kh, &vh];
-        let fwd = be.causal_forward(&dims, seq, &Mask::causal(), &strides, qkv)?;
-        be.causal_backward(
-            &dims,
+        let call = SequenceCall {
+            dims: &dims,
             seq,
-            &Mask::causal(),
-            &strides,
-            qkv,
-            fwd.as_ref(),
-            &gh,
-        )?;
+            mask: &Mask::causal(),
+            strides: &strides,
+        };
+        let fwd = be.causal_forward(&call, qkv)?;
+        be.causal_backward(&call, qkv, fwd.as_ref(), &gh)?;
         Ok(())
     };
     fast()?;

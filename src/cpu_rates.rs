@@ -1,8 +1,8 @@
 //! Rates measured on this machine, so attention speed is stated against what the hardware does
 //! on plain matrix products in the same run, not against a datasheet.
 
-use crate::attn::{self, Block};
 use crate::backend::{Backend, cpu::CpuBackend};
+use crate::block_math::{self, Block};
 use crate::inputs::Inputs;
 use crate::shape::{Dims, Span};
 use ndarray::linalg::general_mat_mul;
@@ -55,8 +55,8 @@ pub fn cpu_attention_forward_gflops(dims: Dims, seq: usize, repeats: usize) -> f
             q: whole,
             kv: whole,
         };
-        attn::forward_block(&dims, block, &x.mask, &x.q, &x.k, &x.v, &mut state);
-        std::hint::black_box(attn::finalize(dims.head_dim, state));
+        block_math::forward_block(&dims, block, &x.mask, &x.q, &x.k, &x.v, &mut state);
+        std::hint::black_box(block_math::finalize(dims.head_dim, state));
     });
-    attn::causal_forward_flops(&dims, seq) / secs / 1e9
+    block_math::causal_forward_flops(&dims, seq) / secs / 1e9
 }

@@ -1,7 +1,7 @@
 //! Random attention inputs from a seed, so a run, its check and a peer's check all see the same
 //! numbers.
 
-use crate::attn::oracle::Problem;
+use crate::block_math::oracle::Problem;
 use crate::shape::{Dims, Mask};
 use anyhow::{Result, bail};
 use rand::rngs::StdRng;
@@ -26,8 +26,8 @@ fn uniform(len: usize, amp: f32, seed: u64, tensor: u64) -> Vec<f32> {
     v
 }
 
-/// Whole-sequence Q, K, V and dO in head-major layout (see `attn`), and the mask attention runs
-/// under.
+/// Whole-sequence Q, K, V and dO in head-major layout (see `block_math`), and the mask attention
+/// runs under.
 pub struct Inputs {
     pub dims: Dims,
     pub seq: usize,

@@ -1,8 +1,8 @@
 //! The shapes several modules share and none owns: an attention problem's dimensions, a run of
 //! sequence positions, the attention mask (which keys each query sees), and the element count
 //! and precision of one tensor a transfer carries. A leaf: it imports nothing of the crate but
-//! `error` (its refusals are the caller's input, marked so), so `plan`, `attn`, `comm`, `model`
-//! and `sim` can all speak of shapes without importing each other.
+//! `error` (its refusals are the caller's input, marked so), so `plan`, `block_math`, `comm`,
+//! `model` and `sim` can all speak of shapes without importing each other.
 
 use crate::error::Error;
 use anyhow::Result;

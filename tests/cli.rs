@@ -4,7 +4,7 @@
 mod common;
 
 use common::distflash;
-use distflash::attn::{layout, oracle};
+use distflash::block_math::{layout, oracle};
 use distflash::inputs::Inputs;
 use distflash::shape::{Dims, Mask};
 use distflash::tensor_file;

@@ -1,8 +1,8 @@
 //! Distributed attention against the f64 oracle and against the plan's byte count, for every
 //! worker count 1..=8, both schedules, MHA/GQA/MQA, several head dims, even and uneven chunks.
 
-use distflash::attention_run::on_cpu_threads as run_attention;
-use distflash::attn::oracle;
+use distflash::block_math::oracle;
+use distflash::harness::on_cpu_threads as run_attention;
 use distflash::inputs::Inputs;
 use distflash::plan::{Pass, Plan, Schedule, chunk_sizes, volume};
 use distflash::shape::{Dims, Mask};
@@ -149,7 +149,7 @@ fn a_lone_worker_sends_nothing_and_equals_two_workers() {
 
 #[test]
 fn a_run_after_a_warm_up_on_the_same_communicators_reports_only_its_own_bytes() {
-    use distflash::attention_run::Strategy;
+    use distflash::harness::Strategy;
     let d = dims(1, 4, 2, 8);
     let (seq, workers) = (40, 3);
     let x = Inputs::random(d, seq, 9);
@@ -177,7 +177,7 @@ fn a_run_after_a_warm_up_on_the_same_communicators_reports_only_its_own_bytes() 
 
 #[test]
 fn serialised_communication_gives_the_same_bits_and_bytes() {
-    use distflash::attention_run::Strategy;
+    use distflash::harness::Strategy;
     let x = Inputs::random(dims(1, 4, 2, 8), 45, 11);
     for workers in 1..=5 {
         for schedule in [Schedule::Unbalanced, Schedule::Balanced, Schedule::Zigzag] {
@@ -201,7 +201,7 @@ fn serialised_communication_gives_the_same_bits_and_bytes() {
 
 #[test]
 fn repeated_runs_report_median_times_and_the_same_results() {
-    use distflash::attention_run::Strategy;
+    use distflash::harness::Strategy;
     let x = Inputs::random(dims(1, 4, 2, 8), 45, 12);
     let once = run_attention(&x, 3, Schedule::Zigzag, Duration::from_secs(60)).unwrap();
     let how = Strategy {
@@ -219,15 +219,15 @@ fn repeated_runs_report_median_times_and_the_same_results() {
     assert!(thrice.forward_secs > 0.0 && thrice.backward_secs > 0.0);
 }
 
-/// Every rank's chunk of `x` as the binding's callers hold it: `rank_attention` runs each
+/// Every rank's chunk of `x` as the binding's callers hold it: `rank_call` runs each
 /// rank with only its own rows (head-major per own chunk), and the chunks' results are joined
 /// back into whole-sequence tensors (out, lse, dq, dk, dv).
 fn run_by_rank(x: &Inputs, world: usize, schedule: Schedule) -> [Vec<f32>; 5] {
-    use distflash::attn::layout;
     use distflash::backend::cpu::CpuBackend;
+    use distflash::block_math::layout;
     use distflash::comm::LocalComm;
     use distflash::exec::OwnChunk;
-    use distflash::rank_attention::RankAttention;
+    use distflash::rank_call::RankAttention;
     use distflash::runtime::{collect_results, run_workers};
 
     let d = x.dims;
@@ -317,7 +317,7 @@ fn a_rank_call_refuses_what_its_group_cannot_run() {
     use distflash::backend::cpu::CpuBackend;
     use distflash::comm::Solo;
     use distflash::exec::OwnChunk;
-    use distflash::rank_attention::RankAttention;
+    use distflash::rank_call::RankAttention;
 
     let d = dims(1, 2, 1, 4);
     let err = |r: anyhow::Result<RankAttention>| r.unwrap_err().to_string();

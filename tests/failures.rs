@@ -2,8 +2,8 @@
 //! instead of waiting forever.
 
 use anyhow::{Result, bail};
-use distflash::attn::layout;
 use distflash::backend::cpu::CpuBackend;
+use distflash::block_math::layout;
 use distflash::comm::{Communicator, LocalComm, PeerFailed, Tag};
 use distflash::exec::{OwnChunk, Worker};
 use distflash::inputs::Inputs;

@@ -18,18 +18,18 @@ mod gpu_common;
 
 use anyhow::{Result, ensure};
 use cudarc::driver::DevicePtr;
-use distflash::attn::oracle::{self, rel_err};
-use distflash::attn::{Block, Grads, GradsMut, Partial, QuerySide, layout};
 use distflash::backend::Backend;
 use distflash::backend::cuda::{
-    BackwardAddrs, CallStrides, CudaBackend, ForwardAddrs, InputDtype, Tensor,
+    BackwardAddrs, CallStrides, CudaBackend, ForwardAddrs, InputDtype, SequenceCall, Tensor,
     sequence_kv_grads_half,
 };
+use distflash::block_math::oracle::{self, rel_err};
+use distflash::block_math::{Block, Grads, GradsMut, Partial, QuerySide, layout};
 use distflash::comm::LocalComm;
 use distflash::exec::OwnChunk;
 use distflash::inputs::Inputs;
 use distflash::plan::Schedule;
-use distflash::rank_attention::RankAttention;
+use distflash::rank_call::RankAttention;
 use distflash::runtime::{collect_results, run_workers};
 use distflash::shape::{Dims, Mask, Precision, Span};
 use std::time::Duration;
@@ -247,10 +247,15 @@ fn fast_path_matches_the_f64_oracle() -> Result<()> {
             out: be.upload(&vec![f32::NAN; dims.q_len(seq)])?,
             lse: be.upload_f32(&vec![f32::NAN; dims.stat_len(seq)])?,
         };
-        let mask = &c.x.mask;
+        let call = SequenceCall {
+            dims: &dims,
+            seq,
+            mask: &c.x.mask,
+            strides: &strides,
+        };
         let qkv = [&c.q, &c.k, &c.v];
-        be.causal_forward_into(&dims, seq, mask, &strides, qkv, &mut fwd)?;
-        let g = be.causal_backward(&dims, seq, mask, &strides, qkv, fwd.as_ref(), &c.dout)?;
+        be.causal_forward_into(&call, qkv, &mut fwd)?;
+        let g = be.causal_backward(&call, qkv, fwd.as_ref(), &c.dout)?;
         be.synchronize()?;
         Ok([
             be.download(&fwd.out)?,
@@ -313,7 +318,13 @@ fn the_deterministic_backward_repeats_to_the_bit() -> Result<()> {
                 out: be.upload(&vec![0.0; dims.q_len(seq)])?,
                 lse: be.upload_f32(&vec![0.0; dims.stat_len(seq)])?,
             };
-            be.causal_forward_into(&dims, seq, &mask, &strides, qkv, &mut fwd)?;
+            let call = SequenceCall {
+                dims: &dims,
+                seq,
+                mask: &mask,
+                strides: &strides,
+            };
+            be.causal_forward_into(&call, qkv, &mut fwd)?;
             let block = Block {
                 q: Span { start: 0, len: seq },
                 kv: Span { start: 0, len: seq },
@@ -413,8 +424,13 @@ fn fast_path_in_the_sequence_major_layout_matches_the_f64_oracle() -> Result<()>
             out: be.upload(&vec![f32::NAN; dims.q_len(seq)])?,
             lse: be.upload_f32(&vec![f32::NAN; dims.stat_len(seq)])?,
         };
-        let mask = &c.x.mask;
-        be.causal_forward_into(&dims, seq, mask, &strides, [&q, &k, &v], &mut fwd)?;
+        let call = SequenceCall {
+            dims: &dims,
+            seq,
+            mask: &c.x.mask,
+            strides: &strides,
+        };
+        be.causal_forward_into(&call, [&q, &k, &v], &mut fwd)?;
         let mut g = be.sequence_grads(&dims, seq, &strides)?;
         ensure!(
             matches!(g.dk, Tensor::Half { .. }) == (dims.heads == dims.kv_heads),
@@ -427,16 +443,7 @@ fn fast_path_in_the_sequence_major_layout_matches_the_f64_oracle() -> Result<()>
             }
         }
         let fwd_ref = fwd.as_ref();
-        be.causal_backward_into(
-            &dims,
-            seq,
-            mask,
-            &strides,
-            [&q, &k, &v],
-            fwd_ref,
-            &dout,
-            &mut g,
-        )?;
+        be.causal_backward_into(&call, [&q, &k, &v], fwd_ref, &dout, &mut g)?;
         be.synchronize()?;
         Ok([
             head_major(c, &fwd.out, dims.heads)?,

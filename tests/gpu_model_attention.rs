@@ -1,4 +1,4 @@
-//! The model's single-GPU attention (`model::cuda::attention::CudaAttention`) on a GPU:
+//! The model's single-GPU attention (`model::cuda::whole_sequence::CudaAttention`) on a GPU:
 //! sequence-major 16-bit tensors in and out, against
 //! - the head-major fast path (the same kernels on transposed data, which the adapter reads in
 //!   place under sequence-major strides: O and LSE must match bit for bit; dQ, dK, dV must equal
@@ -19,14 +19,14 @@
 mod gpu_common;
 
 use anyhow::{Result, ensure};
-use distflash::attn::layout;
-use distflash::attn::oracle::{self, rel_err};
 use distflash::backend::Backend;
-use distflash::backend::cuda::{CallStrides, CudaBackend, InputDtype, Tensor};
+use distflash::backend::cuda::{CallStrides, CudaBackend, InputDtype, SequenceCall, Tensor};
+use distflash::block_math::layout;
+use distflash::block_math::oracle::{self, rel_err};
 use distflash::comm::LocalComm;
 use distflash::inputs::Inputs;
-use distflash::model::attention::{Attention, WholeSequence};
-use distflash::model::cuda::attention::CudaAttention;
+use distflash::model::attention_api::{Attention, WholeSequence};
+use distflash::model::cuda::whole_sequence::CudaAttention;
 use distflash::plan::Partition;
 use distflash::plan::Schedule;
 use distflash::runtime::{collect_results, run_workers};
@@ -162,8 +162,14 @@ impl<'a> Case<'a> {
         );
         let strides = CallStrides::head_major(&x.dims, x.seq, x.seq);
         let qkv = [&q, &k, &v];
-        let fwd = be.causal_forward(&x.dims, x.seq, &x.mask, &strides, qkv)?;
-        let grads = be.causal_backward(&x.dims, x.seq, &x.mask, &strides, qkv, fwd.as_ref(), &g)?;
+        let call = SequenceCall {
+            dims: &x.dims,
+            seq: x.seq,
+            mask: &x.mask,
+            strides: &strides,
+        };
+        let fwd = be.causal_forward(&call, qkv)?;
+        let grads = be.causal_backward(&call, qkv, fwd.as_ref(), &g)?;
         be.synchronize()?;
         Ok([
             be.download(&fwd.out)?,

@@ -12,7 +12,7 @@
 //! the whole model, where 16-bit activations of two layers compound. A wrong index or a missing
 //! term errs by O(1).
 //!
-//! The attention of the whole-model check runs on the host (`model::attention::Dense` in f64 on
+//! The attention of the whole-model check runs on the host (`model::attention_api::Dense` in f64 on
 //! downloaded Q, K, V): this checks the model ops, not the attention kernels
 //! (`tests/gpu_attention.rs`, `tests/gpu_model_attention.rs` do). Op timings at LLaMA-7B sizes
 //! are `examples/gpu_timing.rs ops` (alone) and `distflash bench train --device cuda
@@ -27,11 +27,11 @@ use distflash::comm::{
     Buffer, Communicator, LocalComm, all_gather_bytes, reduce_scatter_bytes, shard_span,
     shard_spans,
 };
-use distflash::model::attention::{Attention, Dense};
+use distflash::model::attention_api::{Attention, Dense};
 use distflash::model::config::Config;
 use distflash::model::cpu::Cpu;
 use distflash::model::cuda::CudaOps;
-use distflash::model::cuda::attention::CudaAttention;
+use distflash::model::cuda::whole_sequence::CudaAttention;
 use distflash::model::family::ModelType;
 use distflash::model::lengths::Precision;
 use distflash::model::ops::{AdamState, AdamW, Ops};
@@ -162,7 +162,7 @@ fn offloaded_moments_give_the_same_updates_on_the_gpu() -> Result<()> {
 /// pool's high-water mark over making the weights and gradients and one forward and backward
 /// on its own attention kernels, under every policy, with and without offloaded checkpoints.
 /// This pins the CUDA backend's scratch as the counting device lists it (the attention's
-/// workspace, `model::cuda::attention::workspace_bytes`, the loss's chunks, operand casts,
+/// workspace, `model::cuda::whole_sequence::workspace_bytes`, the loss's chunks, operand casts,
 /// the rotary table). The pool rounds allocations by less than a KiB (llama2-7b's peaks matched
 /// the count to the byte), so the bound is 4 KiB; a missed tensor of one f32 a token is 16 KiB.
 #[test]

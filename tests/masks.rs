@@ -8,8 +8,8 @@
 mod common;
 
 use common::distflash;
-use distflash::attention_run::{AttentionRun, on_cpu_threads as run_attention};
-use distflash::attn::oracle;
+use distflash::block_math::oracle;
+use distflash::harness::{AttentionRun, on_cpu_threads as run_attention};
 use distflash::inputs::{Inputs, random_doc_lens};
 use distflash::plan::{Partition, Pass, Schedule, volume};
 use distflash::shape::{Dims, Mask};

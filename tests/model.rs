@@ -2,7 +2,7 @@
 //! 1..4 workers against one worker and against the f64 model, equal under every checkpoint
 //! policy, and bit for bit the same with each layer's checkpoint offloaded to host memory.
 
-use distflash::model::attention::Dense;
+use distflash::model::attention_api::Dense;
 use distflash::model::config::Config;
 use distflash::model::cpu::Cpu;
 use distflash::model::family::ModelType;

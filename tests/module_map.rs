@@ -38,15 +38,18 @@ const MAP: &[(&str, Rule)] = &[
     ("plan", Rule::Only(&["shape"])),
     // One block's math and the f64 oracle: shapes only ("knows nothing of schedules,
     // communication"); the oracle reads its own `Problem`, not the input generator.
-    ("attn", Rule::Only(&["shape"])),
+    ("block_math", Rule::Only(&["shape"])),
     // Random inputs: shapes, and the oracle's view of them (`Inputs::problem`).
-    ("inputs", Rule::Only(&["shape", "attn"])),
+    ("inputs", Rule::Only(&["shape", "block_math"])),
     // Tensor files: plain f32 arrays by name, nothing of the crate.
     ("tensor_file", Rule::Only(&[])),
-    // Devices run attn's block math on attn's types; `cuda::timing` times the fast path on
-    // generated inputs. No `comm` (its impls for the CUDA tensor live in `comm`) and no `plan`.
+    // Devices run the block math on `block_math`'s types; `cuda::timing` times the fast path
+    // on generated inputs. No `comm` (its impls for the CUDA tensor live in `comm`) and no `plan`.
     // Its refusals are marked (a lent call's checks, a refused allocation, no driver).
-    ("backend", Rule::Only(&["error", "shape", "attn", "inputs"])),
+    (
+        "backend",
+        Rule::Only(&["error", "shape", "block_math", "inputs"]),
+    ),
     // Moving buffers: the transfer's parts (`shape`), and the CUDA tensor that NCCL and the
     // virtual workers move (`comm::cuda`, `comm::nccl`); a wait that runs out is a timeout.
     ("comm", Rule::Only(&["error", "shape", "backend::cuda"])),
@@ -56,19 +59,22 @@ const MAP: &[(&str, Rule)] = &[
     // One rank's call on chunks its caller holds (the Python binding's entry): the partition
     // every rank derives alike and the executor's passes over it. Nothing of devices' opening,
     // topology or the model.
-    ("rank_attention", Rule::Below { except: &[] }),
-    // The model's layers on a device: shapes, attn's `Partial`, and the backend whose context,
-    // stream and kernel cache the GPU ops share. Nothing of plans, communication or the
+    ("rank_call", Rule::Below { except: &[] }),
+    // The model's layers on a device: shapes, `block_math`'s `Partial`, and the backend whose
+    // context, stream and kernel cache the GPU ops share. Nothing of plans, communication or the
     // executor (docs/architecture.md: model "knows nothing of how attention is
     // distributed"). A step that would not fit is out of memory (`error`).
-    ("model", Rule::Only(&["error", "shape", "attn", "backend"])),
+    (
+        "model",
+        Rule::Only(&["error", "shape", "block_math", "backend"]),
+    ),
     // Predictions before a run: the plans it replays and their block sizes. (A rank's memory
     // is counted by training's own code: `train::estimate`.)
-    ("sim", Rule::Only(&["shape", "attn", "plan"])),
+    ("sim", Rule::Only(&["shape", "block_math", "plan"])),
     // Machine rates for reports: the CPU backend's attention forward on generated inputs.
     (
         "cpu_rates",
-        Rule::Only(&["shape", "attn", "backend", "inputs"]),
+        Rule::Only(&["shape", "block_math", "backend", "inputs"]),
     ),
     // What a run would take, against this machine: shapes, the model's parameter and
     // activation sizes, and the sequence split's rule and its plans' size (`plan`); nothing
@@ -79,7 +85,7 @@ const MAP: &[(&str, Rule)] = &[
     ),
     // Where a job runs, decided once: opens the devices (the CPU's and the GPU's model ops,
     // backends) and communicators below it and runs a job's per-worker function; it knows
-    // nothing of what jobs compute (nothing of `train`, `attention_run`).
+    // nothing of what jobs compute (nothing of `train`, `harness`).
     ("runtime", Rule::Below { except: &[] }),
     // The training loop: anything below it but the kernels (docs/architecture.md: train
     // "knows nothing of kernels"; the CPU backend and the `Backend` trait are fine); its jobs run on the runtime.
@@ -91,7 +97,7 @@ const MAP: &[(&str, Rule)] = &[
     ),
     // The harness of `distflash attention`: random inputs through the executor, as a job of the
     // runtime. Nothing of training.
-    ("attention_run", Rule::Below { except: &["train"] }),
+    ("harness", Rule::Below { except: &["train"] }),
 ];
 
 /// `crate::` paths of `source` as their first two segments ("backend::cuda", "shape::Dims"),
@@ -271,15 +277,15 @@ fn imports_follow_the_module_map() {
 
 #[test]
 fn use_trees_are_expanded_and_comments_ignored() {
-    let src = "use crate::{attn::{self, Block}, backend::cpu::CpuBackend, shape};\n\
+    let src = "use crate::{block_math::{self, Block}, backend::cpu::CpuBackend, shape};\n\
                use crate::plan::volume; // crate::exec is only mentioned\n\
                /// [`crate::model::cost`] in a doc comment\n\
                let x = crate::comm::Solo; let y = $crate::ignored; let z = mycrate::no;";
     assert_eq!(
         crate_paths(src),
         [
-            "attn::self",
-            "attn::Block",
+            "block_math::self",
+            "block_math::Block",
             "backend::cpu",
             "shape",
             "plan::volume",
@@ -292,8 +298,8 @@ fn use_trees_are_expanded_and_comments_ignored() {
 fn a_planted_import_against_the_map_is_caught() {
     // Each of these is an edge docs/architecture.md forbids; each must be reported.
     for (module, path) in [
-        ("plan", "attn::Dims"),
-        ("attn", "inputs::Inputs"),
+        ("plan", "block_math::Dims"),
+        ("block_math", "inputs::Inputs"),
         ("backend", "comm::Wire"),
         ("comm", "plan::volume"),
         ("comm", "backend::cpu"),
@@ -301,8 +307,8 @@ fn a_planted_import_against_the_map_is_caught() {
         ("sim", "exec::chunk_spans"),
         ("exec", "model::Layer"),
         ("runtime", "train::Job"),
-        ("rank_attention", "runtime::Job"),
-        ("attention_run", "train::Options"),
+        ("rank_call", "runtime::Job"),
+        ("harness", "train::Options"),
         ("train", "backend::cuda"),
         ("nonesuch", "shape::Dims"),
         ("error", "shape::Dims"),
@@ -329,8 +335,8 @@ fn a_planted_import_against_the_map_is_caught() {
 
 // ---- No cycle between file-modules, at any depth ----
 //
-// Every source file of a crate is a node (`src/model/cuda/attention.rs` is
-// `model::cuda::attention`, `src/model/mod.rs` is `model`, the crate root is `crate`); a file
+// Every source file of a crate is a node (`src/model/cuda/whole_sequence.rs` is
+// `model::cuda::whole_sequence`, `src/model/mod.rs` is `model`, the crate root is `crate`); a file
 // declared `#[cfg(test)] mod x;` and an inline `#[cfg(test)] mod tests { … }` are not part of
 // the library and not scanned (a test is its module's client). An edge A → B means A declares `mod b;` (a parent owns its child) or
 // A names an item defined in B's file: a `use` or an inline path through `crate::`, `super::`,
@@ -640,7 +646,7 @@ fn scan(source: &str, module: &[String]) -> FileScan {
 
 /// A crate's files as nodes and the edges between them.
 struct Graph {
-    /// Each node's module path ("crate", "model::cuda::attention") and file.
+    /// Each node's module path ("crate", "model::cuda::whole_sequence") and file.
     nodes: Vec<(String, String)>,
     /// (from, to) → where the edge is written: "file:line: what".
     edges: BTreeMap<(usize, usize), Vec<String>>,

@@ -1,5 +1,5 @@
 //! The distributed calls behind `distflash.dist_flash_attn`: one rank's forward or backward of
-//! distflash's schedule (`distflash::rank_attention::RankAttention`) on torch's memory and
+//! distflash's schedule (`distflash::rank_call::RankAttention`) on torch's memory and
 //! stream, over either transport:
 //!
 //! - a virtual group ([`virtual_pass`]): every rank a thread of this
@@ -16,13 +16,13 @@
 
 use crate::shared::{backend, dims, input_dtype, to_py_err};
 use anyhow::Result;
-use distflash::attn::Partial;
 use distflash::backend::cuda::{BackwardAddrs, CallStrides, CudaBackend, ForwardAddrs, Tensor};
+use distflash::block_math::Partial;
 use distflash::comm::nccl::{self, NcclComm};
 use distflash::comm::{Communicator, LocalComm};
 use distflash::exec::OwnChunk;
 use distflash::plan::Schedule;
-use distflash::rank_attention::RankAttention;
+use distflash::rank_call::RankAttention;
 use distflash::runtime::{collect_results, run_workers};
 use distflash::shape::{Mask, Precision};
 use pyo3::exceptions::PyValueError;
@@ -293,7 +293,6 @@ impl VirtualCall<'_> {
 /// One pass (`"forward"` or `"backward"`) of every rank of a virtual group of `world` ranks on
 /// GPU `device`: `ranks[r]` lists rank r's chunks, each as its addresses ([`addresses`]).
 #[pyfunction]
-#[allow(clippy::too_many_arguments)]
 #[pyo3(signature = (pass, device, dtype, stream, world, schedule, shape, ranks, timeout_secs, mask=(Vec::new(), None, 0)))]
 fn virtual_pass(
     py: Python<'_>,

@@ -6,7 +6,7 @@
 //! torch's tensors, no second CUDA context.
 //!
 //! The distributed calls of `distflash/dist.py` run one rank's part of distflash's schedule
-//! (`distflash::rank_attention`) on the same stream: `virtual_forward` / `virtual_backward` run
+//! (`distflash::rank_call`) on the same stream: `virtual_forward` / `virtual_backward` run
 //! every rank of a virtual group as threads of this process sharing the GPU over the
 //! in-process communicator; an [`NcclGroup`] runs this process's rank over NCCL. The executor
 //! owns its tensors, so each chunk is copied in and each result out (device to device).
@@ -47,7 +47,6 @@ fn call_strides(dims: &Dims, seq: usize, q: [i64; 3], kv: [i64; 3]) -> CallStrid
 /// that order, so torch's `[b, s, h, d]` and `[b, h, s, d]` views go in without a copy), in
 /// `dtype`; lse `[batch, heads, seq]` float32, contiguous.
 #[pyfunction]
-#[allow(clippy::too_many_arguments)]
 #[pyo3(signature = (device, dtype, stream, batch, seq, heads, kv_heads, head_dim, q, k, v, out, lse, q_strides, kv_strides, doc_lens=Vec::new(), window=None, global=0))]
 fn forward(
     py: Python<'_>,
@@ -92,7 +91,6 @@ fn forward(
 /// `kv_grads_in_input_dtype` says so, else float32) overwritten from the forward's O and LSE
 /// and the output's gradient dO.
 #[pyfunction]
-#[allow(clippy::too_many_arguments)]
 #[pyo3(signature = (device, dtype, stream, batch, seq, heads, kv_heads, head_dim, q, k, v, out, lse, dout, dq, dk, dv, q_strides, kv_strides, doc_lens=Vec::new(), window=None, global=0))]
 fn backward(
     py: Python<'_>,

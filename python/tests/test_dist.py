@@ -147,7 +147,7 @@ def test_the_extension_refuses_bad_distributed_calls(pass_, n):
 
 @pytest.mark.parametrize("pass_,n", [("forward", 5), ("backward", 9)])
 def test_library_errors_of_a_distributed_call_raise_the_exception_of_their_kind(pass_, n):
-    # distflash::rank_attention refuses an empty chunk as the caller's input: a ValueError.
+    # distflash::rank_call refuses an empty chunk as the caller's input: a ValueError.
     with pytest.raises(ValueError, match=r"^this rank's chunk is empty; every rank must hold at least one token$"):
         virtual(pass_, n=n, shape=(1, 0, 4, 2, 64))
     # Every check passed, the GPU is missing (or the driver): a RuntimeError, before any kernel.

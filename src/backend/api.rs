@@ -1,11 +1,11 @@
 //! The block API every device implements (`Backend`) and what the model's GPU path adds to it
 //! (`ModelEdge`): a leaf, so `cpu` and `cuda` build on it.
 
-use crate::attn::{Block, GradsMut, Partial, QuerySide, RunningState};
+use crate::block_math::{Block, GradsMut, Partial, QuerySide, RunningState};
 use crate::shape::{Dims, Mask};
 use anyhow::Result;
 
-/// The block API every device implements. Tensors are head-major (see `attn`); the backend
+/// The block API every device implements. Tensors are head-major (see `block_math`); the backend
 /// chooses their storage type and precision (f32 host vectors on the CPU, device buffers on CUDA).
 /// Per-row statistics and gradient accumulators are always at least f32.
 pub trait Backend: Sync {

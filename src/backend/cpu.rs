@@ -1,8 +1,8 @@
-//! The CPU backend: f32 host vectors and the `attn` block math on all cores. It is the
+//! The CPU backend: f32 host vectors and the block math (`block_math`) on all cores. It is the
 //! oracle-checked reference for every algorithm and what CI runs.
 
 use super::{Backend, ModelEdge, Order};
-use crate::attn::{self, Block, GradsMut, Partial, QuerySide, RunningState};
+use crate::block_math::{self, Block, GradsMut, Partial, QuerySide, RunningState};
 use crate::shape::{Dims, Mask};
 use anyhow::{Result, bail};
 
@@ -55,7 +55,7 @@ impl Backend for CpuBackend {
         (k, v): (&Vec<f32>, &Vec<f32>),
         state: &mut RunningState<Vec<f32>>,
     ) -> Result<()> {
-        attn::forward_block(dims, block, mask, q, k, v, state);
+        block_math::forward_block(dims, block, mask, q, k, v, state);
         Ok(())
     }
 
@@ -65,7 +65,7 @@ impl Backend for CpuBackend {
         _rows: usize,
         state: RunningState<Vec<f32>>,
     ) -> Result<Partial<Vec<f32>>> {
-        Ok(attn::finalize(dims.head_dim, state))
+        Ok(block_math::finalize(dims.head_dim, state))
     }
 
     fn merge(
@@ -75,7 +75,7 @@ impl Backend for CpuBackend {
         into: &mut Partial<Vec<f32>>,
         other: &Partial<Vec<f32>>,
     ) -> Result<()> {
-        attn::merge(dims.head_dim, into, other);
+        block_math::merge(dims.head_dim, into, other);
         Ok(())
     }
 
@@ -86,7 +86,7 @@ impl Backend for CpuBackend {
         out: &Vec<f32>,
         dout: &Vec<f32>,
     ) -> Result<Vec<f32>> {
-        Ok(attn::delta(dims.head_dim, out, dout))
+        Ok(block_math::delta(dims.head_dim, out, dout))
     }
 
     fn backward_block(
@@ -98,7 +98,7 @@ impl Backend for CpuBackend {
         (k, v): (&Vec<f32>, &Vec<f32>),
         grads: GradsMut<'_, Vec<f32>>,
     ) -> Result<()> {
-        attn::backward_block(dims, block, mask, query, k, v, grads);
+        block_math::backward_block(dims, block, mask, query, k, v, grads);
         Ok(())
     }
 }
@@ -114,8 +114,8 @@ impl ModelEdge for CpuBackend {
         _: &str,
     ) -> Result<Vec<f32>> {
         Ok(match to {
-            Order::ToHeadMajor => attn::layout::to_head_major(t, 1, rows, heads, d),
-            Order::ToSeqMajor => attn::layout::to_seq_major(t, 1, rows, heads, d),
+            Order::ToHeadMajor => block_math::layout::to_head_major(t, 1, rows, heads, d),
+            Order::ToSeqMajor => block_math::layout::to_seq_major(t, 1, rows, heads, d),
         })
     }
 

@@ -5,9 +5,9 @@
 
 use super::values;
 use anyhow::{Result, bail};
-use distflash::attention_run::{self, AttentionRun, Strategy};
-use distflash::attn::{self, layout, oracle};
 use distflash::backend::cuda::InputDtype;
+use distflash::block_math::{self, layout, oracle};
+use distflash::harness::{self, AttentionRun, Strategy};
 use distflash::inputs::{self, Inputs};
 use distflash::plan::Schedule;
 use distflash::resources;
@@ -222,8 +222,8 @@ pub fn run(args: Args) -> Result<()> {
     // Every timed run, and the warm-up on a GPU, computes the whole causal pass.
     let passes = args.repeats as f64 + f64::from(u8::from(rt.device == Device::Cuda));
     let flops = passes
-        * (attn::causal_forward_flops(&dims, args.seq_len)
-            + attn::causal_backward_flops(&dims, args.seq_len));
+        * (block_math::causal_forward_flops(&dims, args.seq_len)
+            + block_math::causal_backward_flops(&dims, args.seq_len));
     resources::ensure_duration(
         flops,
         super::checks::peak_flops(&rt),
@@ -252,7 +252,7 @@ pub fn run(args: Args) -> Result<()> {
         warmup: rt.device == Device::Cuda,
         repeats: args.repeats as usize,
     };
-    let Some(run) = attention_run::run(&x, how, &rt)? else {
+    let Some(run) = harness::run(&x, how, &rt)? else {
         return Ok(()); // a rank other than 0: rank 0 reports for everyone
     };
     let check = args.check.then(|| check(&x, &run, check_tolerance(&rt)));
@@ -274,10 +274,10 @@ pub fn run(args: Args) -> Result<()> {
         head_dim: args.head_dim,
         forward_secs: run.forward_secs,
         backward_secs: run.backward_secs,
-        forward_gflops: attn::masked_forward_flops(&dims, &x.mask, args.seq_len)
+        forward_gflops: block_math::masked_forward_flops(&dims, &x.mask, args.seq_len)
             / run.forward_secs
             / 1e9,
-        backward_gflops: attn::masked_backward_flops(&dims, &x.mask, args.seq_len)
+        backward_gflops: block_math::masked_backward_flops(&dims, &x.mask, args.seq_len)
             / run.backward_secs
             / 1e9,
         per_worker: run

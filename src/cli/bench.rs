@@ -4,10 +4,10 @@
 use super::values;
 use anyhow::{Context, Result, bail};
 use clap::Subcommand;
-use distflash::attn;
 use distflash::backend::cuda::{
     BlockKind, CallStrides, CudaBackend, InputDtype, time_attention, time_block,
 };
+use distflash::block_math;
 use distflash::cpu_rates;
 use distflash::resources;
 use distflash::shape::Dims;
@@ -197,7 +197,7 @@ fn cpu(
         &format!("bench cpu (a {matmul_size}² GEMM, attention over {seq_len} tokens)"),
         "use a smaller --matmul-size or --seq-len",
     )?;
-    let flops = 2.0 * side.powi(3) + attn::causal_forward_flops(&dims, seq_len);
+    let flops = 2.0 * side.powi(3) + block_math::causal_forward_flops(&dims, seq_len);
     resources::ensure_duration(
         repeats as f64 * flops,
         resources::cpu_peak_flops(),
@@ -286,8 +286,8 @@ fn attention(
             let strides = shape.layout.strides(&dims, seq);
             let t = time_attention(&be, dims, seq, &mask, &strides)?;
             let (f, b) = (
-                attn::masked_forward_flops(&dims, &mask, seq),
-                attn::masked_backward_flops(&dims, &mask, seq),
+                block_math::masked_forward_flops(&dims, &mask, seq),
+                block_math::masked_backward_flops(&dims, &mask, seq),
             );
             let tflops = |flops: f64, ms: f64| flops / (ms * 1e-3) / 1e12;
             let line = json!({
@@ -297,7 +297,7 @@ fn attention(
                 "fwdbwd_tflops": tflops(f + b, t.forward_ms + t.backward_ms),
                 "reps": t.repeats, "command": command, "mask": mask.to_string(),
                 "layout": shape.layout.name(),
-                "visible_fraction": f / attn::causal_forward_flops(&dims, seq),
+                "visible_fraction": f / block_math::causal_forward_flops(&dims, seq),
             });
             let mut lines = vec![line];
             if let Some(workers) = blocks {

@@ -8,7 +8,7 @@
 //! inputs of step t + 1 therefore travel while step t computes; only returned partials wait for
 //! the compute that makes them.
 
-use crate::attn::{Block, Grads, GradsMut, Partial, QuerySide, RunningState};
+use crate::block_math::{Block, Grads, GradsMut, Partial, QuerySide, RunningState};
 
 use crate::backend::Backend;
 use crate::comm::{Communicator, Incoming, Outgoing, Posted, Tag, Wire};

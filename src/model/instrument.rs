@@ -4,7 +4,7 @@
 //! call timed) are two small instruments, so an op added to `Ops` is added here alone and both
 //! see it.
 
-use super::attention::Attention;
+use super::attention_api::Attention;
 use super::ops::{AdamState, AdamW, LossOut, Ops};
 use super::rope::Rotary;
 use crate::shape::Span;

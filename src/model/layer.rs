@@ -21,7 +21,7 @@
 //! block at a time; rows are independent there, so only the weight gradients' summation order
 //! changes.
 
-use super::attention::Attention;
+use super::attention_api::Attention;
 use super::config::Config;
 use super::meter::Meter;
 use super::ops::Ops;
@@ -688,7 +688,7 @@ impl<O: Ops> Layer<'_, O> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::attention::Dense;
+    use crate::model::attention_api::Dense;
     use crate::model::cpu::Cpu;
     use crate::model::weights::{self, Weights};
 

@@ -5,13 +5,13 @@
 //! twice: the tensors are the ones the model's code makes, at the precision the modelled
 //! device gives them, plus the scratch buffers a device allocates inside an op, each listed at
 //! the op ([`Precision::Cuda`]: the CUDA backend's casts, loss chunks, rotary table and the
-//! attention's moments, `model::cuda::attention::moments`). The step it runs, and
+//! attention's moments, `model::cuda::whole_sequence::moments`). The step it runs, and
 //! the estimate, are `train::estimate`'s.
 
-use super::attention::Attention;
+use super::attention_api::Attention;
 use super::cost::loss_chunk_rows;
 use super::count::{Counter, Kind, Metered, check_len};
-use super::cuda::attention::{Call, moments};
+use super::cuda::whole_sequence::{Call, moments};
 use super::ops::{AdamState, AdamW, LossOut, Ops, check_positions, check_rows};
 use super::rope::Rotary;
 use crate::shape::{Dims, Span};

@@ -7,7 +7,7 @@
 //! backward in reverse, accumulating weight gradients. Summing over workers and steps is the
 //! caller's (`train`).
 
-pub mod attention;
+pub mod attention_api;
 pub mod config;
 pub mod cost;
 pub mod count;
@@ -33,7 +33,7 @@ pub use offload::{Keep, Offload};
 
 use crate::shape::Span;
 use anyhow::{Result, bail};
-use attention::Attention;
+use attention_api::Attention;
 use config::Config;
 use ops::Ops;
 use weights::{LayerWeights, Weights};

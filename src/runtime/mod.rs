@@ -6,7 +6,7 @@
 //! runs the job's one per-worker function on every worker, and brings the results to the
 //! reporter (rank 0).
 //!
-//! It knows nothing of what a job computes: `attention_run`, `train` and `train::step_timing` write
+//! It knows nothing of what a job computes: `harness`, `train` and `train::step_timing` write
 //! their work as a [`Job`] generic over the device and the communicator, and every command runs
 //! the same code on every topology.
 

@@ -5,7 +5,7 @@
 //! window) or k < G).
 //!
 //! Here, beside `Span`, because the plans (which blocks hold any visible pair) and the block math
-//! (which pairs to add up) both read it, and `plan` and `attn` import only `shape`.
+//! (which pairs to add up) both read it, and `plan` and `block_math` import only `shape`.
 
 use super::span::Span;
 use crate::error::Error;

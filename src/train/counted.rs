@@ -13,8 +13,8 @@
 //!   reduce-scatter's padded buffers beside its pieces. Nothing is computed and no rank waits
 //!   for another, so the ranks are counted one at a time, each alone.
 
-use crate::attn::{Block, GradsMut, Partial, QuerySide, RunningState};
 use crate::backend::{Backend, ModelEdge, Order};
+use crate::block_math::{Block, GradsMut, Partial, QuerySide, RunningState};
 use crate::comm::{
     Buffer, Communicator, Incoming, Outgoing, Posted, Shared, Src, Tag, Wire, shard_spans,
 };

@@ -16,7 +16,7 @@ use super::step::{Pass, accumulate_held, reduce_step};
 use super::step_plan::StepPlan;
 use super::tally::{Tally, collectives};
 use crate::comm::Solo;
-use crate::model::attention::Attention;
+use crate::model::attention_api::Attention;
 use crate::model::config::Config;
 use crate::model::cost::{RESERVE_BYTES, StepMemory};
 use crate::model::count::{Bytes, Counter, Kind, Metered, Part};
@@ -252,7 +252,7 @@ impl Peaks {
 mod tests {
     use super::*;
     use crate::model::Offload;
-    use crate::model::attention::Dense;
+    use crate::model::attention_api::Dense;
     use crate::model::cpu::Cpu;
     use crate::model::{Checkpoint, cost};
     use crate::plan::Schedule;
@@ -462,7 +462,7 @@ mod tests {
     /// part, to the byte.
     #[test]
     fn the_working_set_at_the_peak_is_told_by_what_made_it() {
-        use crate::model::cuda::attention::widest_backward;
+        use crate::model::cuda::whole_sequence::widest_backward;
         let cfg = Config::preset("llama2-7b").unwrap();
         let seq = 131072;
         let keep = Keep {

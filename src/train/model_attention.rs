@@ -8,7 +8,7 @@ use crate::backend::cpu::CpuBackend;
 use crate::backend::{ModelEdge, Order};
 use crate::comm::{Buffer, Communicator, LocalComm, Wire};
 use crate::exec::{OwnChunk, Saved, Worker};
-use crate::model::attention::{Attention, WholeSequence};
+use crate::model::attention_api::{Attention, WholeSequence};
 use crate::plan::{Partition, Pass};
 use crate::runtime::ModelDevice;
 use crate::shape::{Dims, Mask};

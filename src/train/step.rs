@@ -8,7 +8,7 @@ use super::shard::{self, Held};
 use super::step_plan::Shard;
 use super::tally::{Tally, all_reduce};
 use crate::comm::Communicator;
-use crate::model::attention::Attention;
+use crate::model::attention_api::Attention;
 use crate::model::config::Config;
 use crate::model::ops::Ops;
 use crate::model::weights::Weights;

@@ -13,7 +13,7 @@ use super::step_plan::StepPlan;
 use super::tally::collectives;
 use crate::backend::Backend;
 use crate::comm::{Communicator, Solo};
-use crate::model::attention::Attention;
+use crate::model::attention_api::Attention;
 use crate::model::config::Config;
 use crate::model::instrument::InstrumentedAttention;
 use crate::model::ops::{AdamW, Ops};

@@ -8,8 +8,8 @@ use super::mask::MaskArgs;
 use super::strides::{CallStrides, Strides};
 use super::tensor::{f32_mut, f32_ref, half, half_mut};
 use super::{CudaBackend, InputDtype, Kernels, Tensor, Tuning, launch, tma};
-use crate::attn::{Block, GradsMut, Partial, QuerySide, RunningState};
 use crate::backend::Backend;
+use crate::block_math::{Block, GradsMut, Partial, QuerySide, RunningState};
 use crate::shape::{Dims, Mask};
 use anyhow::{Result, bail};
 use cudarc::driver::{CudaSlice, DevicePtr, LaunchArgs, PushKernelArg};
@@ -111,20 +111,20 @@ impl CudaBackend {
         self.launch("fill_f32", b, launch::elementwise_config(n as usize))
     }
 
-    /// Forward of `block` under `mask` writing a finished (O in the input dtype under Q's
-    /// strides, LSE f32) result directly: the running state never leaves registers.
-    #[allow(clippy::too_many_arguments)]
+    /// Forward of `call`'s block under its mask writing a finished (O in the input dtype under
+    /// Q's strides, LSE f32) result directly: the running state never leaves registers.
     pub(super) fn forward_final(
         &self,
-        dims: &Dims,
-        block: Block,
-        mask: &Mask,
-        strides: &CallStrides,
-        q: &Tensor,
-        k: &Tensor,
-        v: &Tensor,
+        call: &BlockCall<'_>,
+        [q, k, v]: [&Tensor; 3],
         out: &mut Partial<Tensor>,
     ) -> Result<()> {
+        let BlockCall {
+            dims,
+            block,
+            mask,
+            strides,
+        } = *call;
         launch::check_dims(dims)?;
         let kern = self.kernels(dims.head_dim, Masking::of(mask))?;
         let (dt, qn) = (self.dtype, block.q.len);
@@ -141,6 +141,16 @@ impl CudaBackend {
         push_maps(&mut b, &maps);
         self.launch("the attention forward", b, cfg)
     }
+}
+
+/// One block's call as the kernels see it besides its tensors: the problem's dims, the block,
+/// the mask over the whole sequence and the strides the tensors lie under.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct BlockCall<'a> {
+    pub dims: &'a Dims,
+    pub block: Block,
+    pub mask: &'a Mask,
+    pub strides: &'a CallStrides,
 }
 
 /// What both forward kernels take after their tensors: the block's geometry and strides, the
@@ -349,7 +359,13 @@ impl Backend for CudaBackend {
         grads: GradsMut<'_, Tensor>,
     ) -> Result<()> {
         let strides = CallStrides::head_major(dims, block.q.len, block.kv.len);
-        self.backward_in(dims, block, mask, &strides, query, k, v, grads)
+        let call = BlockCall {
+            dims,
+            block,
+            mask,
+            strides: &strides,
+        };
+        self.backward_in(&call, query, (k, v), grads)
     }
 }
 
@@ -394,21 +410,22 @@ impl CudaBackend {
         Ok(Tensor::F32(delta))
     }
 
-    /// The backward of `block` under `mask` and `strides`: dQ accumulates in f32; dK and dV
-    /// accumulate in f32 too, or are written once in the input dtype when `grads` holds them
-    /// so ([`writes_kv_grads`]: one query head per KV head, the block the whole sequence).
-    #[allow(clippy::too_many_arguments)]
+    /// The backward of `call`'s block under its mask and strides: dQ accumulates in f32; dK
+    /// and dV accumulate in f32 too, or are written once in the input dtype when `grads` holds
+    /// them so ([`writes_kv_grads`]: one query head per KV head, the block the whole sequence).
     pub(super) fn backward_in(
         &self,
-        dims: &Dims,
-        block: Block,
-        mask: &Mask,
-        strides: &CallStrides,
+        call: &BlockCall<'_>,
         query: QuerySide<'_, Tensor>,
-        k: &Tensor,
-        v: &Tensor,
+        (k, v): (&Tensor, &Tensor),
         grads: GradsMut<'_, Tensor>,
     ) -> Result<()> {
+        let BlockCall {
+            dims,
+            block,
+            mask,
+            strides,
+        } = *call;
         launch::check_dims(dims)?;
         let kern = self.kernels(dims.head_dim, Masking::of(mask))?;
         let (dt, qn, kvn) = (self.dtype, block.q.len, block.kv.len);

@@ -6,7 +6,7 @@ use super::kernels::{KernelCache, Target};
 use super::launch::Masking;
 use super::mask::{MaskArgs, MaskCache};
 use super::{InputDtype, Kernels, Tensor, Tuning};
-use crate::attn::Block;
+use crate::block_math::Block;
 use crate::error::{Error, ErrorKind};
 use crate::shape::Mask;
 use anyhow::Result;

@@ -23,8 +23,10 @@
 //! ([`CudaBackend::copy_to_lent`]), device to device on the same stream.
 
 use super::strides::CallStrides;
-use super::{CudaBackend, HEAD_DIMS, InputDtype, Tensor, launch, sequence_kv_grads_half};
-use crate::attn::{Grads, Partial};
+use super::{
+    CudaBackend, HEAD_DIMS, InputDtype, SequenceCall, Tensor, launch, sequence_kv_grads_half,
+};
+use crate::block_math::{Grads, Partial};
 use crate::error::Error;
 use crate::shape::{Dims, Mask, Precision};
 use anyhow::Result;
@@ -233,7 +235,13 @@ impl CudaBackend {
             // SAFETY: as above.
             lse: ManuallyDrop::into_inner(unsafe { self.lend_f32(addrs.lse, sl) }),
         });
-        let result = self.causal_forward_into(dims, seq, mask, strides, [&q, &k, &v], &mut out);
+        let call = SequenceCall {
+            dims,
+            seq,
+            mask,
+            strides,
+        };
+        let result = self.causal_forward_into(&call, [&q, &k, &v], &mut out);
         let Partial { out: o, lse } = ManuallyDrop::into_inner(out);
         for t in [q, k, v]
             .map(ManuallyDrop::into_inner)
@@ -292,16 +300,13 @@ impl CudaBackend {
             dv: ManuallyDrop::into_inner(unsafe { self.lend(addrs.dv, kvl, kv_precision) }),
         });
         let qkv = [&*q, &*k, &*v];
-        let result = self.causal_backward_into(
+        let call = SequenceCall {
             dims,
             seq,
             mask,
             strides,
-            qkv,
-            fwd.as_ref(),
-            &dout,
-            &mut grads,
-        );
+        };
+        let result = self.causal_backward_into(&call, qkv, fwd.as_ref(), &dout, &mut grads);
         let Partial { out, lse } = ManuallyDrop::into_inner(fwd);
         let Grads { dq, dk, dv } = ManuallyDrop::into_inner(grads);
         let lent = [q, k, v, dout].map(ManuallyDrop::into_inner);

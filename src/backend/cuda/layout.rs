@@ -7,7 +7,8 @@
 //! rounded to nearest in the same pass.
 //!
 //! The kernel's index arithmetic is written again in Rust in the tests here (`source_vector`, line
-//! for line), which check it against `attn::layout`, the host reference every other path uses.
+//! for line), which check it against `block_math::layout`, the host reference every other path
+//! uses.
 
 use super::launch::Masking;
 use super::{CudaBackend, InputDtype, Kind, Tensor, launch};
@@ -216,7 +217,7 @@ impl ModelEdge for CudaBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::attn::layout;
+    use crate::block_math::layout;
 
     /// The kernels' index arithmetic (`source_vector` in `kernels/layout.cu`, kept identical):
     /// which `head_dim`-vector output vector `out` is read from.

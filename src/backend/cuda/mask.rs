@@ -9,7 +9,7 @@
 //! The array is uploaded once per mask and kept (one mask at a time: a training run or a
 //! schedule uses one), so the block API, called many times per step, does not copy it again.
 
-use crate::attn::Block;
+use crate::block_math::Block;
 use crate::shape::Mask;
 use anyhow::{Result, bail};
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, LaunchArgs, PushKernelArg};

@@ -70,7 +70,7 @@ pub use device::CudaBackend;
 pub use external::{BackwardAddrs, ForwardAddrs, check_lent_call};
 pub use launch::{HEAD_DIMS, Tuning};
 pub use memory::DeviceMemory;
-pub use sequence::sequence_kv_grads_half;
+pub use sequence::{SequenceCall, sequence_kv_grads_half};
 pub use strides::{CallStrides, Strides};
 pub use tensor::{InputDtype, Tensor};
 pub use timing::{

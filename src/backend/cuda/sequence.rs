@@ -3,31 +3,54 @@
 //! in registers, O in the input dtype and LSE written once) and one backward launch after the
 //! D = rowsum(dO∘O) pre-pass, through the same kernels as the block API.
 
-use super::blocks::writes_kv_grads;
+use super::blocks::{BlockCall, writes_kv_grads};
 use super::strides::CallStrides;
 use super::{CudaBackend, Tensor, launch};
-use crate::attn::{Block, Grads, GradsMut, Partial, QuerySide};
+use crate::block_math::{Block, Grads, GradsMut, Partial, QuerySide};
 use crate::shape::{Dims, Mask, Span};
 use anyhow::Result;
 
+/// One whole-sequence call besides its tensors: the problem's dims, the sequence's length, the
+/// mask over it and the strides its tensors lie under. The forward and the backward of one
+/// sequence take the same call.
+#[derive(Clone, Copy, Debug)]
+pub struct SequenceCall<'a> {
+    pub dims: &'a Dims,
+    pub seq: usize,
+    pub mask: &'a Mask,
+    pub strides: &'a CallStrides,
+}
+
+impl SequenceCall<'_> {
+    /// The call's one block: the whole sequence.
+    fn block(&self) -> BlockCall<'_> {
+        BlockCall {
+            dims: self.dims,
+            block: whole(self.seq),
+            mask: self.mask,
+            strides: self.strides,
+        }
+    }
+}
+
 impl CudaBackend {
-    /// Whole-sequence causal attention forward under `mask`: Q `[b, h, seq, d]`, K and V
-    /// `[b, kv_h, seq, d]` in the input dtype, laid out under `strides`. Returns O (input dtype,
-    /// under Q's strides, which must be dense) and LSE (f32, natural log). Every row sees at
-    /// least itself, under any mask.
+    /// Whole-sequence causal attention forward under `call`'s mask: Q `[b, h, seq, d]`, K and V
+    /// `[b, kv_h, seq, d]` in the input dtype, laid out under its strides. Returns O (input
+    /// dtype, under Q's strides, which must be dense) and LSE (f32, natural log). Every row
+    /// sees at least itself, under any mask.
     pub fn causal_forward(
         &self,
-        dims: &Dims,
-        seq: usize,
-        mask: &Mask,
-        strides: &CallStrides,
+        call: &SequenceCall<'_>,
         [q, k, v]: [&Tensor; 3],
     ) -> Result<Partial<Tensor>> {
+        let SequenceCall {
+            dims, seq, strides, ..
+        } = *call;
         let mut out = Partial {
             out: self.alloc_half(strides.extents(dims, seq, seq).0)?,
             lse: Tensor::F32(self.alloc_f32(dims.stat_len(seq))?),
         };
-        self.causal_forward_into(dims, seq, mask, strides, [q, k, v], &mut out)?;
+        self.causal_forward_into(call, [q, k, v], &mut out)?;
         Ok(out)
     }
 
@@ -35,15 +58,12 @@ impl CudaBackend {
     /// and timing). Every element of `out` is overwritten.
     pub fn causal_forward_into(
         &self,
-        dims: &Dims,
-        seq: usize,
-        mask: &Mask,
-        strides: &CallStrides,
+        call: &SequenceCall<'_>,
         [q, k, v]: [&Tensor; 3],
         out: &mut Partial<Tensor>,
     ) -> Result<()> {
-        mask.check_seq(seq)?;
-        self.forward_final(dims, whole(seq), mask, strides, q, k, v, out)
+        call.mask.check_seq(call.seq)?;
+        self.forward_final(&call.block(), [q, k, v], out)
     }
 
     /// The gradients [`Self::causal_backward`] returns: dQ in f32 under Q's strides; dK and dV
@@ -70,40 +90,38 @@ impl CudaBackend {
         })
     }
 
-    /// Whole-sequence causal attention backward under `mask` (the forward's) from the forward's
-    /// O and LSE, every tensor under `strides` (O and dO under Q's). Returns the gradients of
+    /// Whole-sequence causal attention backward of `call` (the forward's) from the forward's O
+    /// and LSE, every tensor under its strides (O and dO under Q's). Returns the gradients of
     /// [`Self::sequence_grads`].
-    #[allow(clippy::too_many_arguments)]
     pub fn causal_backward(
         &self,
-        dims: &Dims,
-        seq: usize,
-        mask: &Mask,
-        strides: &CallStrides,
+        call: &SequenceCall<'_>,
         [q, k, v]: [&Tensor; 3],
         fwd: Partial<&Tensor>,
         dout: &Tensor,
     ) -> Result<Grads<Tensor>> {
-        let mut grads = self.sequence_grads(dims, seq, strides)?;
-        self.causal_backward_into(dims, seq, mask, strides, [q, k, v], fwd, dout, &mut grads)?;
+        let mut grads = self.sequence_grads(call.dims, call.seq, call.strides)?;
+        self.causal_backward_into(call, [q, k, v], fwd, dout, &mut grads)?;
         Ok(grads)
     }
 
     /// [`Self::causal_backward`] into caller-owned gradients, which are overwritten (f32 ones
     /// zeroed, then accumulated; 16-bit dK and dV written once). Allocates only D (one f32 per
     /// query row).
-    #[allow(clippy::too_many_arguments)]
     pub fn causal_backward_into(
         &self,
-        dims: &Dims,
-        seq: usize,
-        mask: &Mask,
-        strides: &CallStrides,
+        call: &SequenceCall<'_>,
         [q, k, v]: [&Tensor; 3],
         fwd: Partial<&Tensor>,
         dout: &Tensor,
         grads: &mut Grads<Tensor>,
     ) -> Result<()> {
+        let SequenceCall {
+            dims,
+            seq,
+            mask,
+            strides,
+        } = *call;
         launch::check_dims(dims)?;
         mask.check_seq(seq)?;
         let delta = self.delta_in(dims, seq, (fwd.out, strides.q), (dout, strides.q))?;
@@ -129,7 +147,7 @@ impl CudaBackend {
             dk: &mut grads.dk,
             dv: &mut grads.dv,
         };
-        self.backward_in(dims, whole(seq), mask, strides, query, k, v, grads)
+        self.backward_in(&call.block(), query, (k, v), grads)
     }
 }
 

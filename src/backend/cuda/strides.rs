@@ -166,11 +166,11 @@ impl CallStrides {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::attn::layout;
+    use crate::block_math::layout;
 
     #[test]
     fn head_and_sequence_major_match_the_host_layouts() {
-        // The host's relayout (attn::layout) is the reference: element (b, s, h, c) of a
+        // The host's relayout (block_math::layout) is the reference: element (b, s, h, c) of a
         // [b, s, h, d] tensor goes to (b, h, s, c) of the head-major one.
         let (b, s, h, d) = (2, 5, 3, 8);
         let seq: Vec<f32> = (0..b * s * h * d).map(|i| i as f32).collect();

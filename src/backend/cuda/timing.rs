@@ -1,9 +1,9 @@
 //! Timing the single-GPU attention with CUDA events: warm-up, then the median of repeats, each
 //! bracketed by events on the backend's stream (host clocks would time launches, not kernels).
 
-use super::{CallStrides, CudaBackend, Tensor};
-use crate::attn::{Block, GradsMut, QuerySide};
+use super::{CallStrides, CudaBackend, SequenceCall, Tensor};
 use crate::backend::Backend;
+use crate::block_math::{Block, GradsMut, QuerySide};
 use crate::inputs::Inputs;
 use crate::shape::{Dims, Mask, Span};
 use anyhow::{Result, anyhow};
@@ -161,12 +161,12 @@ impl BlockKind {
 
     /// The forward's FLOPs over the block's visible pairs, counted as the whole sequence's are.
     pub fn forward_flops(self, dims: &Dims, chunk: usize) -> f64 {
-        self.causal_units() * crate::attn::causal_forward_flops(dims, chunk)
+        self.causal_units() * crate::block_math::causal_forward_flops(dims, chunk)
     }
 
     /// The backward's FLOPs, likewise.
     pub fn backward_flops(self, dims: &Dims, chunk: usize) -> f64 {
-        self.causal_units() * crate::attn::causal_backward_flops(dims, chunk)
+        self.causal_units() * crate::block_math::causal_backward_flops(dims, chunk)
     }
 }
 
@@ -229,24 +229,20 @@ pub fn time_attention(
 ) -> Result<AttentionTiming> {
     let [q, k, v, dout] = upload_random(be, dims, seq, 7)?;
     let qkv = [&q, &k, &v];
-    let mut fwd = be.causal_forward(&dims, seq, mask, strides, qkv)?;
-    let mut grads = be.causal_backward(&dims, seq, mask, strides, qkv, fwd.as_ref(), &dout)?;
+    let call = SequenceCall {
+        dims: &dims,
+        seq,
+        mask,
+        strides,
+    };
+    let mut fwd = be.causal_forward(&call, qkv)?;
+    let mut grads = be.causal_backward(&call, qkv, fwd.as_ref(), &dout)?;
     be.synchronize()?;
-    let (forward_ms, repeats) = time_forward(be, &mut || {
-        be.causal_forward_into(&dims, seq, mask, strides, qkv, &mut fwd)
-    })?;
+    let (forward_ms, repeats) =
+        time_forward(be, &mut || be.causal_forward_into(&call, qkv, &mut fwd))?;
     let fwd = fwd; // the backward reads the last forward's O and LSE
     time_backward(be, forward_ms, repeats, &mut || {
-        be.causal_backward_into(
-            &dims,
-            seq,
-            mask,
-            strides,
-            qkv,
-            fwd.as_ref(),
-            &dout,
-            &mut grads,
-        )
+        be.causal_backward_into(&call, qkv, fwd.as_ref(), &dout, &mut grads)
     })
 }
 
@@ -271,8 +267,8 @@ mod tests {
             let tiled =
                 blocks(BlockKind::Diagonal, p) + blocks(BlockKind::OffDiagonal, p * (p - 1) / 2);
             let seq = p * chunk;
-            let whole = crate::attn::causal_forward_flops(&dims, seq)
-                + crate::attn::causal_backward_flops(&dims, seq);
+            let whole = crate::block_math::causal_forward_flops(&dims, seq)
+                + crate::block_math::causal_backward_flops(&dims, seq);
             assert!(
                 (tiled - whole).abs() <= 1e-12 * whole,
                 "P={p}: {tiled} vs {whole}"

@@ -24,11 +24,11 @@
 //! statistics are counted at that size too.
 
 mod args;
-pub mod attention;
 mod gemm;
 mod kernels;
 mod offload;
 pub(crate) mod shapes;
+pub mod whole_sequence;
 
 use super::cost::{loss_chunk_rows, loss_chunks};
 use super::init;

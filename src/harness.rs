@@ -5,8 +5,8 @@
 //! executor; it runs on every topology the runtime offers (threads, processes, GPU ranks,
 //! virtual workers) through one per-worker function.
 
-use crate::attn::{Grads, layout};
 use crate::backend::Backend;
+use crate::block_math::{Grads, layout};
 use crate::comm::{Communicator, Wire};
 use crate::exec::{OwnChunk, Saved, Worker};
 use crate::inputs::Inputs;

@@ -1,6 +1,6 @@
 //! The model's attention on one GPU: the whole-sequence fast path of the CUDA backend
 //! (`CudaBackend::causal_forward` / `causal_backward`, under the sequence's mask: its documents,
-//! the model's sliding window) behind `model::attention::Attention`.
+//! the model's sliding window) behind `model::attention_api::Attention`.
 //!
 //! The model hands over sequence-major 16-bit tensors (`[rows, heads, head_dim]`, a linear
 //! layer's output as is), which the kernels read and write in place under their strides
@@ -15,10 +15,12 @@
 //! `train::model_attention::Distributed` on the CUDA backend over `comm::nccl::NcclComm` instead: the
 //! same interface, with the executor's block API (head-major) and communication.
 
-use crate::attn::{Grads, Partial};
+use crate::block_math::{Grads, Partial};
 
-use crate::backend::cuda::{CallStrides, CudaBackend, Tensor, sequence_kv_grads_half};
-use crate::model::attention::{Attention, WholeSequence};
+use crate::backend::cuda::{
+    CallStrides, CudaBackend, SequenceCall, Tensor, sequence_kv_grads_half,
+};
+use crate::model::attention_api::{Attention, WholeSequence};
 use crate::shape::{Dims, Mask};
 use anyhow::{Result, bail};
 
@@ -153,13 +155,13 @@ impl<'b> CudaAttention<'b> {
 
 impl Attention<Tensor> for CudaAttention<'_> {
     fn forward(&mut self, q: &Tensor, k: &Tensor, v: &Tensor) -> Result<(Tensor, Tensor)> {
-        let p = self.backend.causal_forward(
-            &self.dims,
-            self.rows,
-            &self.mask,
-            &self.strides(),
-            [q, k, v],
-        )?;
+        let call = SequenceCall {
+            dims: &self.dims,
+            seq: self.rows,
+            mask: &self.mask,
+            strides: &self.strides(),
+        };
+        let p = self.backend.causal_forward(&call, [q, k, v])?;
         Ok((p.out, p.lse))
     }
 
@@ -183,16 +185,14 @@ impl Attention<Tensor> for CudaAttention<'_> {
                 .backend
                 .sequence_grads(&self.dims, self.rows, &strides)?;
             let fwd = Partial { out: o, lse };
-            self.backend.causal_backward_into(
-                &self.dims,
-                self.rows,
-                &self.mask,
-                &strides,
-                [q, k, v],
-                fwd,
-                dout,
-                &mut grads,
-            )?;
+            let call = SequenceCall {
+                dims: &self.dims,
+                seq: self.rows,
+                mask: &self.mask,
+                strides: &strides,
+            };
+            self.backend
+                .causal_backward_into(&call, [q, k, v], fwd, dout, &mut grads)?;
             grads
         };
         // Each f32 gradient is freed as its 16-bit copy is made, dK and dV first (`moments`).

@@ -296,7 +296,7 @@ fn add(dst: &mut [f32], src: &[f32]) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::attn::{merge::finalize, oracle};
+    use crate::block_math::{merge::finalize, oracle};
     use rand::rngs::StdRng;
     use rand::{RngExt, SeedableRng};
 

@@ -10,8 +10,8 @@
 //! Tensors are the executor's: head-major, one per own chunk (a balanced rank holds one, a
 //! zigzag rank two: chunks r and 2P − 1 − r, in sequence order).
 
-use crate::attn::{Grads, Partial};
 use crate::backend::Backend;
+use crate::block_math::{Grads, Partial};
 use crate::comm::{Communicator, Wire};
 use crate::error::Error;
 use crate::exec::{OwnChunk, Saved, Worker};

@@ -62,7 +62,7 @@ pub fn delta(head_dim: usize, out: &[f32], dout: &[f32]) -> Vec<f32> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::attn::{Block, forward_block};
+    use crate::block_math::{Block, forward_block};
     use crate::shape::{Dims, Mask, Span};
 
     /// The merge rule in f64, straight from the definition (shifted by the max to stay finite).
@@ -147,7 +147,7 @@ mod tests {
             q: Span { start: 0, len: 3 },
             kv: Span { start: 3, len: 5 },
         };
-        let mut state = crate::attn::RunningState {
+        let mut state = crate::block_math::RunningState {
             m: vec![f32::NEG_INFINITY; dims.stat_len(3)],
             l: vec![0.0; dims.stat_len(3)],
             acc: vec![0.0; dims.q_len(3)],
