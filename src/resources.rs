@@ -1,13 +1,11 @@
 //! Host memory (and the disk space of its saves) a run needs, checked before anything is
 //! allocated: a request too large for this machine is refused with the figure and a fix, instead
-//! of an allocation abort, the system's out-of-memory kill or a save failing hours in. The estimates count the tensors the code allocates (f32 on the host) and
-//! err on the side of more, never less; the GPU's own memory is `model::cost`'s to estimate.
+//! of an allocation abort, the system's out-of-memory kill or a save failing hours in. The
+//! estimates err on the side of more, never less; a model step's memory is counted from the
+//! code (`train::memory`).
 
 use crate::error::Error;
-use crate::model::config::Config;
 use crate::model::cost;
-use crate::model::weights::parameters;
-use crate::model::{Checkpoint, Offload};
 use crate::plan::{self, Schedule};
 use crate::shape::Dims;
 use anyhow::{Result, anyhow, bail};
@@ -20,7 +18,7 @@ const F32: f64 = 4.0;
 const F64: f64 = 8.0;
 
 /// What a process holds beside its tensors: the binary, thread stacks, the allocator's slack.
-const PROCESS_BYTES: f64 = (64u64 << 20) as f64;
+pub const PROCESS_BYTES: f64 = (64u64 << 20) as f64;
 
 /// Bytes in a MiB, for messages.
 const MIB: f64 = (1u64 << 20) as f64;
@@ -79,7 +77,7 @@ pub fn ensure_fits(need: f64, what: &str, fix: &str) -> Result<()> {
 
 /// [`ensure_fits`] against a given amount, so the sentence is testable on any machine: out
 /// of memory ([`Error::out_of_memory`]).
-fn refuse_above(need: f64, have: f64, what: &str, fix: &str) -> Result<()> {
+pub fn refuse_above(need: f64, have: f64, what: &str, fix: &str) -> Result<()> {
     match shortfall(need, have, what, fix) {
         Some(sentence) => Err(Error::out_of_memory(sentence)),
         None => Ok(()),
@@ -310,195 +308,6 @@ pub fn ensure_attention_fits(
     refuse_above(need, have, &format!("attention over {seq} tokens"), &fix)
 }
 
-/// Host bytes of a CPU training or gradient run: `workers_here` worker threads of this process
-/// (1 for a rank of a multi-process job) over `seq` tokens split `seq / total_workers` per
-/// worker, with AdamW's state when `optimizer`.
-#[derive(Clone, Copy, Debug)]
-pub struct CpuTraining<'a> {
-    pub config: &'a Config,
-    pub seq: usize,
-    /// Workers the sequence is split across (sets each one's rows).
-    pub total_workers: usize,
-    /// Workers in this process, each holding its own model state and activations.
-    pub workers_here: usize,
-    pub policy: Checkpoint,
-    /// Offloaded, each layer's checkpoint has a host copy beside the working tensors
-    /// (`model::offload`), two layers' of them fetched back at once.
-    pub offload: Offload,
-    pub optimizer: bool,
-    /// Pieces the weights (and their gradients) and the AdamW moments are cut into across the
-    /// workers (`train::shard`): 1 unsharded, the worker count where sharded.
-    pub weight_shards: usize,
-    pub optimizer_shards: usize,
-}
-
-impl<'a> CpuTraining<'a> {
-    /// Training (AdamW's moments held) over `seq` tokens split across `total_workers`, of which
-    /// `workers_here` run in this process.
-    pub fn training(
-        config: &'a Config,
-        seq: usize,
-        total_workers: usize,
-        workers_here: usize,
-        policy: Checkpoint,
-    ) -> CpuTraining<'a> {
-        CpuTraining {
-            config,
-            seq,
-            total_workers,
-            workers_here,
-            policy,
-            offload: Offload::NONE,
-            optimizer: true,
-            weight_shards: 1,
-            optimizer_shards: 1,
-        }
-    }
-
-    /// [`CpuTraining::training`] without an optimizer: gradients alone (`grads`, `bench train`).
-    pub fn gradients(
-        config: &'a Config,
-        seq: usize,
-        total_workers: usize,
-        workers_here: usize,
-        policy: Checkpoint,
-    ) -> CpuTraining<'a> {
-        CpuTraining {
-            optimizer: false,
-            ..CpuTraining::training(config, seq, total_workers, workers_here, policy)
-        }
-    }
-
-    /// The model's parameter count.
-    fn parameters(&self) -> f64 {
-        parameters(self.config) as f64
-    }
-
-    /// Model state: every worker holds weights and gradients and, training, AdamW's two moments
-    /// (all f32; each its piece where sharded), beside the host copies the run starts from and
-    /// returns (weights, and the moments when training). With `--offload optimizer` the moments
-    /// sit in their separate host store and the update stages two tensors' of them as working
-    /// tensors (`train::moments`).
-    pub fn state_bytes(&self) -> f64 {
-        let params = self.parameters();
-        let weights = 2.0 / self.weight_shards.max(1) as f64;
-        let (per_worker, host) = if self.optimizer {
-            (weights + 2.0 / self.optimizer_shards.max(1) as f64, 3.0)
-        } else {
-            (weights, 2.0)
-        };
-        let staging = match self.optimizer && self.offload.optimizer() {
-            true => 2.0 * moment_staging_elements(self.config, self.optimizer_shards),
-            false => 0.0,
-        };
-        F32 * (params * per_worker + staging) * self.workers_here as f64 + F32 * params * host
-    }
-
-    /// One worker's activations at its peak, the last layer's backward (as `model::cost` counts
-    /// the GPU's, every tensor f32 here): what each layer keeps under the policy
-    /// (`model::layer`; offloaded, also the two layers' fetched back), the last layer's recomputed activations, its gradient accumulators and
-    /// the wider of the attention's backward and an MLP block's, the loss's tensors, and the
-    /// sample (every worker draws the whole sequence's tokens).
-    pub fn activation_bytes(&self) -> f64 {
-        let c = self.config;
-        let t = self.seq.div_ceil(self.total_workers.max(1)) as f64;
-        let (d, i, v) = (
-            c.hidden_size as f64,
-            c.intermediate_size as f64,
-            c.vocab_size as f64,
-        );
-        let (qw, kw, h) = (
-            c.q_width() as f64,
-            c.kv_width() as f64,
-            c.num_attention_heads as f64,
-        );
-        // x, h1, x2, h2, q, o, k, v, rstd1, rstd2 and LSE (`Layer::acts`).
-        let acts = t * F32 * (4.0 * d + 2.0 * qw + 2.0 * kw + 2.0 + h);
-        let block = t.min(crate::model::mlp_block_rows(c) as f64);
-        let kept_per_layer = match self.policy {
-            Checkpoint::None => acts + t * F32 * 3.0 * i,
-            Checkpoint::Remat => t * F32 * (d + qw + h),
-            Checkpoint::Layer => t * F32 * d,
-        };
-        let recomputed = match self.policy {
-            Checkpoint::None => 0.0,
-            _ => acts - kept_per_layer + block * F32 * 3.0 * i,
-        };
-        // The f32 accumulators dout, dx2, dh2, and the gradients of the activations the
-        // backward walks through (dq, dk, dv, do, dh1, dx).
-        let layer_grads = t * F32 * (3.0 * d + 2.0 * qw + 2.0 * kw + 2.0 * d);
-        // Head-major Q, K, V, O, dO, dQ, dK, dV, LSE and D, and in flight two chunks' worth of
-        // the fetched inputs and returned gradients.
-        let attention = t * F32 * (3.0 * (2.0 * qw + 2.0 * kw) + 2.0 * h);
-        let mlp = block * F32 * (3.0 * i + 3.0 * d);
-        let loss = t * F32 * (3.0 * d + 3.0) + 64f64.min(t) * v * F32;
-        let sample = F32 * 3.0 * (self.seq as f64 + 1.0);
-        let layers = c.num_hidden_layers as f64;
-        let kept_layers = match self.offload.activations() {
-            false => layers,
-            true => layers + layers.min(2.0),
-        };
-        kept_layers * kept_per_layer + recomputed + layer_grads + attention.max(mlp) + loss + sample
-    }
-
-    /// Everything this process holds at its peak.
-    pub fn bytes(&self) -> f64 {
-        PROCESS_BYTES + self.state_bytes() + self.workers_here as f64 * self.activation_bytes()
-    }
-
-    /// Refuses the run, with the figure and a fix, when it does not fit in this machine's
-    /// available memory.
-    pub fn ensure_fits(&self) -> Result<()> {
-        let params = self.parameters();
-        let size = if params >= 1e9 {
-            format!("{:.2}B", params / 1e9)
-        } else {
-            format!("{:.2}M", params / 1e6)
-        };
-        let what = format!(
-            "{} a model of {size} parameters on the CPU over {} tokens with {} worker{} here",
-            if self.optimizer {
-                "training"
-            } else {
-                "a gradient step of"
-            },
-            self.seq,
-            self.workers_here,
-            if self.workers_here == 1 { "" } else { "s" }
-        );
-        let Some(have) = available() else {
-            return Ok(());
-        };
-        let fixed = PROCESS_BYTES + self.state_bytes();
-        let fix = if fixed > have / 2.0 {
-            "use a smaller model (such as --preset tiny) or fewer --workers".to_string()
-        } else {
-            // The activations grow about linearly with the sequence.
-            let per_token = (self.bytes() - fixed) / self.seq.max(1) as f64;
-            let longest = ((have - fixed) / per_token).floor();
-            let policy = match self.policy {
-                Checkpoint::Layer => "",
-                _ => ", or --checkpoint layer (it keeps the least)",
-            };
-            format!("use --seq-len {longest:.0} or less{policy}")
-        };
-        refuse_above(self.bytes(), have, &what, &fix)
-    }
-}
-
-/// Elements of the state an offloaded update holds on the device at once: the most of two
-/// consecutive tensors' pieces (`specs` order, the order the update streams them), each piece a
-/// tensor's share over `optimizer_shards` workers (rounded up: the shard rule's largest).
-/// One moment's worth; the CPU's state has two (its f32 weights need no master).
-fn moment_staging_elements(c: &Config, optimizer_shards: usize) -> f64 {
-    let pieces: Vec<f64> = crate::model::weights::specs(c)
-        .iter()
-        .map(|s| s.elements().div_ceil(optimizer_shards.max(1)) as f64)
-        .collect();
-    let pairs = pieces.windows(2).map(|w| w[0] + w[1]);
-    pairs.fold(pieces.first().copied().unwrap_or(0.0), f64::max)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -623,57 +432,5 @@ mod tests {
         let grown = |n| attention_bytes(&d, n, 4, true) - PROCESS_BYTES;
         let ratio = grown(2 * seq) / grown(seq);
         assert!((ratio - 2.0).abs() < 1e-9, "{ratio}");
-    }
-
-    fn run(config: &Config, seq: usize, workers: usize, policy: Checkpoint) -> CpuTraining<'_> {
-        CpuTraining::training(config, seq, workers, workers, policy)
-    }
-
-    #[test]
-    fn training_counts_every_workers_state_and_activations() {
-        let c = Config::preset("tiny").unwrap();
-        let params = parameters(&c);
-        let one = run(&c, 1024, 1, Checkpoint::Remat);
-        // Weights, gradients and two moments per worker.
-        assert!(one.state_bytes() >= (16 * params) as f64);
-        let four = run(&c, 1024, 4, Checkpoint::Remat);
-        assert!(four.state_bytes() >= 4.0 * (16 * params) as f64);
-        assert!(four.bytes() > one.bytes());
-        // At least each layer's kept x (and o, lse under remat) for the worker's rows.
-        let rows = 1024 / 4;
-        let kept = c.num_hidden_layers * rows * 4 * (c.hidden_size + c.q_width());
-        assert!(four.activation_bytes() >= kept as f64);
-        // A longer sequence needs more; keeping everything more than keeping x alone.
-        assert!(run(&c, 4096, 4, Checkpoint::Remat).bytes() > four.bytes());
-        assert!(
-            run(&c, 4096, 4, Checkpoint::None).activation_bytes()
-                > run(&c, 4096, 4, Checkpoint::Layer).activation_bytes()
-        );
-        // Offloaded, each layer's checkpoint has a host copy, and two layers' are fetched back.
-        let offloaded = CpuTraining {
-            offload: Offload::ACTIVATIONS,
-            ..four
-        };
-        let per_layer =
-            rows as f64 * F32 * (c.hidden_size + c.q_width() + c.num_attention_heads) as f64;
-        let extra = offloaded.activation_bytes() - four.activation_bytes();
-        assert!(
-            (extra - 2.0 * per_layer).abs() < 1.0,
-            "{extra} vs {per_layer}"
-        );
-        // Offloaded moments sit in their host store (the same bytes) and each worker stages
-        // two consecutive tensors' of them (both moments): for tiny, a layer's MLP gate and up
-        // projections (176 x 64 each), larger than the embedding (256 x 64) and a norm.
-        let moments = CpuTraining {
-            offload: Offload::OPTIMIZER,
-            ..four
-        };
-        let staged = 4.0 * 2.0 * F32 * (2.0 * 176.0 * 64.0);
-        assert_eq!((c.intermediate_size, c.hidden_size), (176, 64));
-        assert_eq!(moments.state_bytes() - four.state_bytes(), staged);
-        assert_eq!(moments.activation_bytes(), four.activation_bytes());
-        // Gradients alone hold no moments.
-        let grads = CpuTraining::gradients(&c, 1024, 4, 4, Checkpoint::Remat);
-        assert!(grads.state_bytes() < four.state_bytes());
     }
 }

@@ -76,9 +76,10 @@ const MAP: &[(&str, Rule)] = &[
         "cpu_rates",
         Rule::Only(&["shape", "block_math", "backend", "inputs"]),
     ),
-    // What a run would take, against this machine: shapes, the model's parameter and
-    // activation sizes, and the sequence split's rule and its plans' size (`plan`); nothing
-    // of devices or topology. Memory it lacks is out of memory (`error`).
+    // What a run would take, against this machine: shapes, the GPU's peak rate (`model::cost`),
+    // and the sequence split's rule and its plans' size (`plan`); nothing of devices or
+    // topology (a model step's memory is counted by `train::memory`). Memory it lacks is out
+    // of memory (`error`).
     (
         "resources",
         Rule::Only(&["error", "shape", "model", "plan"]),

@@ -38,8 +38,8 @@ pub struct Shape {
 }
 
 /// Bytes of a 16-bit and an f32 element on the CUDA backend.
-pub const HALF: usize = 2;
-pub const F32: usize = 4;
+const HALF: usize = 2;
+const F32: usize = 4;
 
 /// `Ops` on lengths: each op checks its operands' lengths and returns tensors of the lengths
 /// and precisions the modelled device's op returns; scratch goes to `counter` as a spike.
@@ -77,7 +77,9 @@ impl Lengths {
         self.precision == Precision::Cuda
     }
 
-    fn of(&self, len: usize, wide: bool) -> Shape {
+    /// A tensor of `len` elements as this device makes it: f32 when `wide` (statistics,
+    /// accumulators), in the modelled device's precision of activations otherwise.
+    pub fn shape_of(&self, len: usize, wide: bool) -> Shape {
         let elem = match self.precision {
             Precision::Uniform(n) => n,
             Precision::Cuda if wide => F32,
@@ -88,12 +90,12 @@ impl Lengths {
 
     /// A 16-bit tensor on the CUDA backend.
     fn half(&self, len: usize) -> Shape {
-        self.of(len, false)
+        self.shape_of(len, false)
     }
 
     /// An f32 tensor on the CUDA backend.
     fn wide(&self, len: usize) -> Shape {
-        self.of(len, true)
+        self.shape_of(len, true)
     }
 
     /// The CUDA backend's 16-bit copy of an f32 GEMM operand (`CudaOps::operand`).

@@ -7,7 +7,7 @@
 //! - its tensors travel ([`Wire`], [`Buffer`]) with nothing in them;
 //! - [`CountingBackend`], the block API the executor runs, makes what the CUDA backend's makes
 //!   (`backend::cuda::blocks`, `layout`): 16-bit head-major inputs, f32 running state, f32
-//!   partial outputs and LSE, f32 D and gradient accumulators;
+//!   partial outputs and LSE, f32 D and gradient accumulators (modelling the CPU: f32 all);
 //! - [`CountingComm`] completes every transfer at once and makes on this rank's counter what
 //!   NCCL makes there (`comm::nccl`): each posted receive's buffers, and a gather's or a
 //!   reduce-scatter's padded buffers beside its pieces. Nothing is computed and no rank waits
@@ -18,20 +18,25 @@ use crate::block_math::{Block, GradsMut, Partial, QuerySide, RunningState};
 use crate::comm::{
     Buffer, Communicator, Incoming, Outgoing, Posted, Shared, Src, Tag, Wire, shard_spans,
 };
-use crate::model::count::{Counter, Metered, Tracked, check_len};
-use crate::model::lengths::{F32, HALF, Lengths, Shape};
+use crate::model::count::{Metered, Tracked, check_len};
+use crate::model::lengths::{Lengths, Shape};
 use crate::runtime::{ModelDevice, NoFastPath};
 use crate::shape::{Dims, Mask, Precision, Span};
 use anyhow::{Result, bail};
-use std::sync::Arc;
 
 /// A tensor of the counting device, counted.
 pub type Counted = Tracked<Shape>;
 
-/// A new counted tensor of `len` elements, f32 when `wide` (16-bit otherwise, as on a GPU).
-fn counted(counter: &Arc<Counter>, len: usize, wide: bool, what: &'static str) -> Counted {
-    let elem = if wide { F32 } else { HALF };
-    Tracked::made(Shape { len, elem }, len * elem, what, counter)
+/// A new counted tensor of `len` elements as `lengths` makes it (f32 when `wide`).
+fn counted(lengths: &Lengths, len: usize, wide: bool, what: &'static str) -> Counted {
+    let shape = lengths.shape_of(len, wide);
+    Tracked::made(shape, len * shape.elem, what, lengths.counter())
+}
+
+/// A new counted tensor of `len` elements of `t`'s precision, on `t`'s counter.
+fn like(t: &Counted, len: usize, what: &'static str) -> Counted {
+    let elem = t.inner.elem;
+    Tracked::made(Shape { len, elem }, len * elem, what, t.counter())
 }
 
 /// Elements of `src`, one of this device's tensors or a loan of one.
@@ -82,8 +87,7 @@ impl Buffer for Counted {
     }
 
     fn alloc_like(&self, len: usize) -> Result<Self> {
-        let wide = self.inner.elem == F32;
-        Ok(counted(self.counter(), len, wide, "a buffer like another"))
+        Ok(like(self, len, "a buffer like another"))
     }
 
     fn copy_from(&mut self, at: usize, src: Src<'_, Self>, span: Span) -> Result<()> {
@@ -99,12 +103,7 @@ impl Buffer for Counted {
             bail!("the counting device's workers lend each other nothing");
         };
         check_span(t.inner.len, span, span.len, 0)?;
-        Ok(counted(
-            t.counter(),
-            span.len,
-            t.inner.elem == F32,
-            "a piece",
-        ))
+        Ok(like(t, span.len, "a piece"))
     }
 
     fn set_sum(&mut self, a: Src<'_, Self>, b: Src<'_, Self>, span: Span) -> Result<()> {
@@ -119,18 +118,19 @@ impl Buffer for Counted {
     fn forget(self) {}
 }
 
-/// The executor's block API on the counting device: what the CUDA backend allocates, counted.
-pub struct CountingBackend {
-    counter: Arc<Counter>,
+/// The executor's block API on the counting device: what the modelled backend allocates,
+/// counted (the CUDA backend's precisions, or the CPU's f32 throughout).
+pub struct CountingBackend<'d> {
+    lengths: &'d Lengths,
 }
 
-impl CountingBackend {
+impl CountingBackend<'_> {
     fn make(&self, len: usize, wide: bool, what: &'static str) -> Counted {
-        counted(&self.counter, len, wide, what)
+        counted(self.lengths, len, wide, what)
     }
 }
 
-impl Backend for CountingBackend {
+impl Backend for CountingBackend<'_> {
     type Tensor = Counted;
 
     fn name(&self) -> String {
@@ -217,8 +217,8 @@ impl Backend for CountingBackend {
     }
 }
 
-/// Both directions make 16-bit tensors, as the CUDA backend's relayouts do.
-impl ModelEdge for CountingBackend {
+/// Both directions make activations' precision (16-bit on a GPU), as the relayouts do.
+impl ModelEdge for CountingBackend<'_> {
     fn relayout(
         &self,
         t: &Counted,
@@ -234,26 +234,28 @@ impl ModelEdge for CountingBackend {
 
     fn split(&self, t: &Counted, lens: &[usize]) -> Result<Vec<Counted>> {
         check_len("a split tensor", t.inner.len, lens.iter().sum())?;
-        let wide = t.inner.elem == F32;
-        Ok(lens.iter().map(|&n| self.make(n, wide, "split")).collect())
+        Ok(lens.iter().map(|&n| like(t, n, "split")).collect())
     }
 
     fn join(&self, parts: &[Counted]) -> Result<Counted> {
         let len = parts.iter().map(|p| p.inner.len).sum();
-        let wide = parts.first().is_some_and(|p| p.inner.elem == F32);
-        Ok(self.make(len, wide, "join"))
+        match parts.first() {
+            Some(first) => Ok(like(first, len, "join")),
+            None => Ok(self.make(0, false, "join")),
+        }
     }
 }
 
 /// Rank `rank` of `world` on the counting device: every transfer completes at once, making
-/// what NCCL makes on this rank (`comm::nccl::NcclComm`).
-pub struct CountingComm {
+/// what NCCL makes on this rank (`comm::nccl::NcclComm`); for the CPU's workers, whose
+/// collectives copy pieces without padding, that errs on the side of more.
+pub struct CountingComm<'d> {
     rank: usize,
     world: usize,
-    counter: Arc<Counter>,
+    lengths: &'d Lengths,
 }
 
-impl Communicator<Counted> for CountingComm {
+impl Communicator<Counted> for CountingComm<'_> {
     fn rank(&self) -> usize {
         self.rank
     }
@@ -279,7 +281,7 @@ impl Communicator<Counted> for CountingComm {
     fn wait(&mut self, posted: Posted) -> Result<Vec<Vec<Counted>>> {
         let recv = |r: &Incoming| {
             let part = |p: &crate::shape::Part| {
-                counted(&self.counter, p.len, p.precision == Precision::F32, "recv")
+                counted(self.lengths, p.len, p.precision == Precision::F32, "recv")
             };
             r.parts.iter().map(part).collect()
         };
@@ -302,12 +304,12 @@ impl Communicator<Counted> for CountingComm {
             spans[self.rank].len,
         )?;
         let (elem, slot) = (piece.inner.elem, spans[0].len);
-        let wide = elem == F32;
         let pieces = spans
             .iter()
-            .map(|s| counted(&self.counter, s.len, wide, "all_gather"))
+            .map(|s| like(&piece, s.len, "all_gather"))
             .collect();
-        self.counter
+        self.lengths
+            .counter()
             .spike((1 + self.world) * slot * elem, "all_gather");
         Ok(pieces)
     }
@@ -322,9 +324,11 @@ impl Communicator<Counted> for CountingComm {
             bail!("reduce-scatter: pieces of {lens:?} are not the shard rule's of {len} elements");
         }
         let slot = spans[0].len;
-        let mine = counted(&self.counter, spans[self.rank].len, true, "reduce_scatter");
-        self.counter
-            .spike((1 + self.world) * slot * F32, "reduce_scatter");
+        let mine = counted(self.lengths, spans[self.rank].len, true, "reduce_scatter");
+        let elem = mine.inner.elem;
+        self.lengths
+            .counter()
+            .spike((1 + self.world) * slot * elem, "reduce_scatter");
         Ok(mine)
     }
 
@@ -339,26 +343,24 @@ impl Communicator<Counted> for CountingComm {
     }
 }
 
-/// The counting device modelling a GPU, as a job's device: its ops (the model's primitives)
-/// and its block API counted in one counter.
+/// The counting device as a job's device: its ops (the model's primitives) and its block API
+/// counted in one counter, modelling the device `Lengths` models.
 pub struct CountingDevice<'d> {
     ops: Metered<'d, Lengths>,
-    backend: CountingBackend,
+    backend: CountingBackend<'d>,
 }
 
 impl<'d> CountingDevice<'d> {
-    /// `lengths` (modelling the CUDA backend) as a device, and rank `rank` of `world`'s
-    /// communicator counting on it.
-    pub fn new(lengths: &'d Lengths, rank: usize, world: usize) -> (Self, CountingComm) {
-        let counter = lengths.counter().clone();
+    /// `lengths` as a device, and rank `rank` of `world`'s communicator counting on it.
+    pub fn new(lengths: &'d Lengths, rank: usize, world: usize) -> (Self, CountingComm<'d>) {
         let comm = CountingComm {
             rank,
             world,
-            counter: counter.clone(),
+            lengths,
         };
         let device = CountingDevice {
             ops: lengths.metered(),
-            backend: CountingBackend { counter },
+            backend: CountingBackend { lengths },
         };
         (device, comm)
     }
@@ -367,7 +369,7 @@ impl<'d> CountingDevice<'d> {
 impl<'d> ModelDevice for CountingDevice<'d> {
     type Tensor = Counted;
     type Ops = Metered<'d, Lengths>;
-    type Backend = CountingBackend;
+    type Backend = CountingBackend<'d>;
     type Whole<'a>
         = NoFastPath
     where
@@ -377,7 +379,7 @@ impl<'d> ModelDevice for CountingDevice<'d> {
         &self.ops
     }
 
-    fn backend(&self) -> &CountingBackend {
+    fn backend(&self) -> &CountingBackend<'d> {
         &self.backend
     }
 

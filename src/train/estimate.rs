@@ -125,9 +125,9 @@ pub fn step_peak<O: Ops, A: Attention<O::T>>(
     Ok(Peaks::of(counter))
 }
 
-/// The peak bytes of worker `rank` of a run of `plan` over `partition`'s workers, each on a GPU
-/// of its own: training's own rank step on the counting device (`train::counted`), so that a
-/// rank is counted from the code as one GPU's step is: its weights as the plan shards them,
+/// The peak bytes of worker `rank` of a run of `plan` over `partition`'s workers on the device
+/// `precision` models (a GPU each, or the CPU's f32): training's own rank step on the counting
+/// device (`train::counted`), so that a rank is counted from the code as one GPU's step is: its weights as the plan shards them,
 /// AdamW's state (offloaded as the plan says), the forward and backward of its rows through
 /// the executor (the communication buffers the plan's transfers receive included), the
 /// gradients' reduction and, with the optimizer, the update.
@@ -136,8 +136,9 @@ pub fn rank_estimate(
     plan: &StepPlan,
     partition: &Partition,
     rank: usize,
+    precision: Precision,
 ) -> Result<Peaks> {
-    let lengths = Lengths::new(Precision::Cuda);
+    let lengths = Lengths::new(precision);
     let (device, mut comm) = CountingDevice::new(&lengths, rank, partition.workers());
     let (ops, counter) = (device.ops(), lengths.counter());
     counter.set_kind(Kind::Weights);
@@ -506,7 +507,7 @@ mod tests {
             .unwrap()
             .plan;
         let partition = Partition::new(seq, workers, plan.schedule()).unwrap();
-        rank_estimate(&cfg, &plan, &partition, rank).unwrap()
+        rank_estimate(&cfg, &plan, &partition, rank, Precision::Cuda).unwrap()
     }
 
     fn asked(schedule: Schedule, offload: Offload, shard: Shard) -> Asked {

@@ -1,7 +1,7 @@
-//! The memory a model job needs, checked where it runs before anything of it is allocated: on a
-//! GPU the estimated peak of the step ([`gpu_estimate`]) against the opened device's free
-//! memory; on the CPU the model state and activations every worker holds against this
-//! machine's available memory (`resources::CpuTraining`). A run
+//! The memory a model job needs, checked where it runs before anything of it is allocated, and
+//! always counted from the code (`estimate`: the step run on a counting device): on a GPU the
+//! step's peak ([`gpu_estimate`]) against the opened device's free memory; on the CPU every
+//! worker's step of this process ([`CpuStep`]) against this machine's available memory. A run
 //! that would not fit is refused with the figures and a fix, never killed halfway.
 
 use super::estimate;
@@ -12,7 +12,7 @@ use crate::model::cost;
 use crate::model::lengths::Precision;
 use crate::model::weights::parameters;
 use crate::plan::{Partition, Schedule};
-use crate::resources::{self, CpuTraining};
+use crate::resources;
 use crate::runtime::{Device, OpenedGpu, Runtime, Topology};
 use anyhow::{Result, bail};
 
@@ -147,7 +147,7 @@ pub fn gpu_estimate(step: GpuStep<'_>) -> Result<GpuEstimate> {
     }
     let partition = Partition::new(step.seq, plan.workers(), plan.schedule())?;
     let ranks = (0..plan.workers())
-        .map(|rank| estimate::rank_estimate(cfg, &plan, &partition, rank))
+        .map(|rank| estimate::rank_estimate(cfg, &plan, &partition, rank, Precision::Cuda))
         .collect::<Result<Vec<_>>>()?;
     if let Placement::OneGpu(_) = step.placement {
         let memory = ranks
@@ -187,16 +187,11 @@ impl MemoryCheck {
     pub fn check(&self, runtime: &Runtime, gpu: Option<&OpenedGpu>) -> Result<()> {
         let Some(gpu) = gpu else {
             return match runtime.device {
-                Device::Cpu => CpuTraining {
+                Device::Cpu => CpuStep {
                     config: &self.config,
                     seq: self.seq,
-                    total_workers: runtime.workers(),
+                    plan: &self.plan,
                     workers_here: runtime.workers_per_device(),
-                    policy: self.plan.checkpoint(),
-                    offload: self.plan.offload(),
-                    optimizer: self.plan.has_optimizer(),
-                    weight_shards: self.plan.weight_shards(),
-                    optimizer_shards: self.plan.optimizer_shards(),
                 }
                 .ensure_fits(),
                 Device::Cuda => Ok(()),
@@ -266,10 +261,120 @@ impl MemoryCheck {
     }
 }
 
+/// A CPU step of `plan` over `seq` tokens with `workers_here` of its workers in this process
+/// (all of them as threads, or one rank of a launch).
+#[derive(Clone, Copy, Debug)]
+pub struct CpuStep<'a> {
+    pub config: &'a Config,
+    pub seq: usize,
+    pub plan: &'a StepPlan,
+    pub workers_here: usize,
+}
+
+/// A CPU step's host bytes, counted: the model's state and the step's tensors.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct CpuBytes {
+    /// The workers' weights, gradients and AdamW state (each its shard), the run's own host
+    /// copies (the weights it starts from and returns, and the moments a save gathers) and the
+    /// process's allowance: what does not grow with the sequence.
+    pub state: f64,
+    /// The workers' activations and their gradients at the peak, the offloaded checkpoints'
+    /// host copies included (the same memory on the CPU).
+    pub step: f64,
+}
+
+impl CpuBytes {
+    pub fn total(&self) -> f64 {
+        self.state + self.step
+    }
+}
+
+impl CpuStep<'_> {
+    /// The bytes, counted from the code: each worker's rank step on the counting device
+    /// modelling the CPU backend (every tensor f32, `estimate::rank_estimate`), this process's
+    /// workers beside each other (a launched rank takes the largest rank's count), plus the
+    /// run's host copies and the process's allowance.
+    pub fn bytes(&self) -> Result<CpuBytes> {
+        let (plan, workers) = (self.plan, self.plan.workers());
+        let partition = Partition::new(self.seq, workers, plan.schedule())?;
+        let ranks = (0..workers)
+            .map(|r| {
+                estimate::rank_estimate(self.config, plan, &partition, r, Precision::Uniform(4))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let split = |p: &estimate::Peaks| {
+            let (d, h) = (&p.device, &p.host);
+            let state = d.weights + d.grads + d.optimizer + h.weights + h.grads + h.optimizer;
+            (state as f64, (d.kept + d.step + h.kept + h.step) as f64)
+        };
+        let (mut state, mut step) = match self.workers_here >= workers {
+            true => ranks
+                .iter()
+                .map(split)
+                .fold((0.0, 0.0), |a, b| (a.0 + b.0, a.1 + b.1)),
+            false => {
+                let largest = ranks.iter().map(split).fold((0.0, 0.0), |a, b| {
+                    if a.0 + a.1 >= b.0 + b.1 { a } else { b }
+                });
+                let here = self.workers_here as f64;
+                (largest.0 * here, largest.1 * here)
+            }
+        };
+        let copies = if plan.has_optimizer() { 3.0 } else { 2.0 };
+        state += resources::PROCESS_BYTES + copies * 4.0 * parameters(self.config) as f64;
+        // Every worker draws the whole sequence's tokens, targets and positions.
+        step += self.workers_here as f64 * 12.0 * (self.seq as f64 + 1.0);
+        Ok(CpuBytes { state, step })
+    }
+
+    /// Refuses the run, with the figure and a fix, when it does not fit in this machine's
+    /// available memory.
+    pub fn ensure_fits(&self) -> Result<()> {
+        let Some(have) = resources::available() else {
+            return Ok(());
+        };
+        self.fits_in(have)
+    }
+
+    /// [`CpuStep::ensure_fits`] against `have` bytes, so the sentence is testable anywhere.
+    fn fits_in(&self, have: f64) -> Result<()> {
+        let params = parameters(self.config) as f64;
+        let size = match params >= 1e9 {
+            true => format!("{:.2}B", params / 1e9),
+            false => format!("{:.2}M", params / 1e6),
+        };
+        let here = self.workers_here;
+        let what = format!(
+            "{} a model of {size} parameters on the CPU over {} tokens with {here} worker{} here",
+            match self.plan.has_optimizer() {
+                true => "training",
+                false => "a gradient step of",
+            },
+            self.seq,
+            if here == 1 { "" } else { "s" }
+        );
+        let need = self.bytes()?;
+        let fix = if need.state > have / 2.0 {
+            "use a smaller model (such as --preset tiny) or fewer --workers".to_string()
+        } else {
+            // The step's tensors grow about linearly with the sequence.
+            let per_token = need.step / self.seq.max(1) as f64;
+            let longest = ((have - need.state) / per_token).floor();
+            let policy = match self.plan.checkpoint() {
+                crate::model::Checkpoint::Layer => "",
+                _ => ", or --checkpoint layer (it keeps the least)",
+            };
+            format!("use --seq-len {longest:.0} or less{policy}")
+        };
+        resources::refuse_above(need.total(), have, &what, &fix)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::model::{Checkpoint, Keep, Offload};
+    use crate::resources;
     use crate::train::step_plan::Shard;
     use crate::train::step_plan::{Asked, Purpose};
     use std::time::Duration;
@@ -427,5 +532,81 @@ mod tests {
         // Two virtual workers hold two copies of the weights; two ranks one each.
         let weights = |p| gpu_estimate(step(p)).unwrap().memory.weights;
         assert_eq!(weights(Placement::OneGpu(2)), 2.0 * weights(two_ranks));
+    }
+
+    /// `tiny`'s CPU step over `seq` tokens with `workers` threads under `asked`, counted.
+    fn cpu(seq: usize, workers: usize, asked: Asked, purpose: Purpose) -> CpuBytes {
+        let c = Config::preset("tiny").unwrap();
+        let plan = StepPlan::resolve(asked, purpose, workers, &c, Device::Cpu)
+            .unwrap()
+            .plan;
+        let step = CpuStep {
+            config: &c,
+            seq,
+            plan: &plan,
+            workers_here: workers,
+        };
+        step.bytes().unwrap()
+    }
+
+    /// A CPU step counts every worker's state and activations, from the code: f32 weights,
+    /// gradients and two moments each (no master: the CPU's weights are f32) beside the run's
+    /// three host copies; each layer's kept tensors for the worker's rows; more for a longer
+    /// sequence, more keeping everything than keeping x alone; gradients alone hold no moments.
+    #[test]
+    fn a_cpu_step_counts_every_workers_state_and_activations() {
+        let c = Config::preset("tiny").unwrap();
+        let params = parameters(&c) as f64;
+        let train = Purpose::Train;
+        let remat = Asked::default();
+        let one = cpu(1024, 1, remat, train);
+        let four = cpu(1024, 4, remat, train);
+        let process = resources::PROCESS_BYTES;
+        assert_eq!(one.state, process + 16.0 * params + 12.0 * params);
+        assert_eq!(four.state, process + 4.0 * 16.0 * params + 12.0 * params);
+        assert!(four.total() > one.total());
+        // Each worker keeps x and O (f32) and LSE of its 256 rows in each layer, at least.
+        let rows = 1024 / 4;
+        let per_layer = (rows * 4 * (c.hidden_size + c.q_width() + c.num_attention_heads)) as f64;
+        assert!(four.step >= 4.0 * c.num_hidden_layers as f64 * per_layer);
+        assert!(cpu(4096, 4, remat, train).total() > four.total());
+        let policy = |checkpoint| Asked {
+            checkpoint,
+            ..remat
+        };
+        let none = cpu(4096, 4, policy(Checkpoint::None), train).step;
+        assert!(none > cpu(4096, 4, policy(Checkpoint::Layer), train).step);
+        // Offloaded, each layer's checkpoint has a host copy beside the ones fetched back.
+        let offloaded = Asked {
+            offload: Offload::ACTIVATIONS,
+            ..remat
+        };
+        assert!(cpu(1024, 4, offloaded, train).step > four.step);
+        // Gradients alone hold no moments, and the run returns two copies, not three.
+        let grads = cpu(1024, 4, remat, Purpose::Gradients);
+        assert_eq!(grads.state, process + 4.0 * 8.0 * params + 8.0 * params);
+    }
+
+    /// Too long a sequence is refused with both figures and the longest that fits.
+    #[test]
+    fn a_cpu_step_too_long_is_refused_with_the_longest_that_fits() {
+        let c = Config::preset("tiny").unwrap();
+        let plan = StepPlan::resolve(Asked::default(), Purpose::Train, 2, &c, Device::Cpu)
+            .unwrap()
+            .plan;
+        let step = CpuStep {
+            config: &c,
+            seq: 1 << 16,
+            plan: &plan,
+            workers_here: 2,
+        };
+        let need = step.bytes().unwrap();
+        let e = step.fits_in(need.total() / 2.0).unwrap_err().to_string();
+        assert!(
+            e.starts_with("training a model of 0.13M parameters on the CPU over 65536 tokens with 2 workers here needs"),
+            "{e}"
+        );
+        assert!(e.contains("use --seq-len "), "{e}");
+        assert!(step.fits_in(need.total()).is_ok());
     }
 }
