@@ -1,7 +1,7 @@
 //! Predicts what a sequence-parallel run over P devices takes before it runs, from its
 //! partition (`plan::Partition`, the spans and plans `exec` runs): the time of distributed
 //! attention from a few machine figures. (A rank's memory is counted from the code:
-//! `train::estimate::rank_estimate`.)
+//! `train::memory::estimate::rank_estimate`.)
 //!
 //! Time is predicted by replaying the plans: each device has one compute stream and a link with
 //! an outgoing and an incoming direction; a transfer occupies both ends' links for

@@ -33,14 +33,14 @@ use distflash::model::cpu::Cpu;
 use distflash::model::cuda::CudaOps;
 use distflash::model::cuda::whole_sequence::CudaAttention;
 use distflash::model::family::ModelType;
-use distflash::model::lengths::Precision;
 use distflash::model::ops::{AdamState, AdamW, Ops};
 use distflash::model::rope::RopeScaling;
 use distflash::model::weights::{self, Weights};
 use distflash::model::{Checkpoint, Chunk, Keep, Offload, forward_backward};
 use distflash::runtime::{collect_results, run_workers};
 use distflash::shape::Span;
-use distflash::train::estimate;
+use distflash::train::memory::estimate;
+use distflash::train::memory::lengths::Precision;
 use distflash::train::moments::{Moments, master_of, needs_master};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
@@ -157,7 +157,7 @@ fn offloaded_moments_give_the_same_updates_on_the_gpu() -> Result<()> {
     check(Checker::moments)
 }
 
-/// The memory estimate (`train::estimate`: the step run on the counting device, without the
+/// The memory estimate (`train::memory::estimate`: the step run on the counting device, without the
 /// allowance for what is not a tensor) is the GPU's own peak of the same step: the memory
 /// pool's high-water mark over making the weights and gradients and one forward and backward
 /// on its own attention kernels, under every policy, with and without offloaded checkpoints.

@@ -492,8 +492,8 @@ fn qwen3_norms_each_query_and_key_head_on_its_own() {
 /// from one row to past an MLP block and a loss chunk.
 #[test]
 fn the_memory_count_holds_qwen3s_normed_heads() {
-    use distflash::model::lengths::Precision;
-    use distflash::train::estimate::{Step, estimate};
+    use distflash::train::memory::estimate::{Step, estimate};
+    use distflash::train::memory::lengths::Precision;
     let cfg = Config {
         vocab_size: 151936,
         hidden_size: 1024,

@@ -69,7 +69,7 @@ const MAP: &[(&str, Rule)] = &[
         Rule::Only(&["error", "shape", "block_math", "backend"]),
     ),
     // Predictions before a run: the plans it replays and their block sizes. (A rank's memory
-    // is counted by training's own code: `train::estimate`.)
+    // is counted by training's own code: `train::memory::estimate`.)
     ("sim", Rule::Only(&["shape", "block_math", "plan"])),
     // Machine rates for reports: the CPU backend's attention forward on generated inputs.
     (

@@ -1,7 +1,7 @@
 //! What one training step of a model costs, from its shape alone: the FLOPs that model FLOPs
 //! utilisation (MFU) counts and the ideal step at the measured rates, and the shape of a memory
 //! estimate ([`StepMemory`]: by part, with the allowance for what is not a tensor), which is
-//! counted from the code (`train::estimate`: one GPU's step, or one rank's), so that a run that
+//! counted from the code (`train::memory::estimate`: one GPU's step, or one rank's), so that a run that
 //! would not fit is refused with the numbers instead of dying mid-step.
 
 use super::Checkpoint;

@@ -10,7 +10,6 @@
 pub mod attention_api;
 pub mod config;
 pub mod cost;
-pub mod count;
 pub mod cpu;
 pub mod cuda;
 pub mod family;
@@ -19,7 +18,6 @@ pub mod hf_weights;
 pub mod init;
 pub mod instrument;
 mod layer;
-pub mod lengths;
 mod meter;
 pub mod offload;
 pub mod ops;
@@ -161,7 +159,7 @@ impl<T, A> Params<T, A> for Whole<'_, T> {
 
 /// `params` with `at_head` called when the head is asked for, once the forward's layers are
 /// done: where a counted step marks what the layers keep for the backward
-/// (`model::count::Counter::mark_kept`).
+/// (`train::memory::count::Counter::mark_kept`).
 pub struct AtHead<'p, P, F> {
     pub params: &'p mut P,
     pub at_head: F,

@@ -116,7 +116,7 @@ pub trait Ops: Sync {
     fn len(&self, t: &Self::T) -> usize;
     /// Bytes per element, for memory accounting.
     fn elem_bytes(&self) -> usize;
-    /// Bytes `t` takes on the device, for counting memory (`model::count`): a mixed-precision
+    /// Bytes `t` takes on the device, for counting memory (`train::memory::count`): a mixed-precision
     /// device's f32 tensors are wider than its `elem_bytes`, so it overrides this.
     fn bytes(&self, t: &Self::T) -> usize {
         self.len(t) * self.elem_bytes()

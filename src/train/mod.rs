@@ -5,10 +5,8 @@
 //! CPU, 16-bit on a GPU), identically on every worker because the all-reduce is deterministic.
 //! Rank 0 reports each step and saves checkpoints.
 
-mod counted;
 pub mod data;
 pub mod documents;
-pub mod estimate;
 pub mod lr;
 pub mod memory;
 pub mod model_attention;

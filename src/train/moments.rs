@@ -7,7 +7,7 @@
 //! carries k's down while k + 1's comes up; the host memory is the state's, once) as soon as
 //! its update is issued, so the device holds two tensors' state at once instead of all of it:
 //! for llama2-7b that is 1.5 GiB of staging for 75.3 GiB of state (counted where it happens:
-//! `train::estimate`).
+//! `train::memory::estimate`).
 //!
 //! Why stream through the device rather than update on the host: one AdamW implementation (the
 //! device's, so an offloaded run computes the same bits as one that is not), for about the same

@@ -35,7 +35,7 @@ pub enum Call {
 }
 
 /// One moment of a [`CudaAttention`] call: what it holds then besides its inputs, and which of
-/// the tensors it returns exist by then. The memory estimate (`model::lengths`) counts each
+/// the tensors it returns exist by then. The memory estimate (`train::memory::lengths`) counts each
 /// call's moments from here, so any buffer added to `forward` or `backward` belongs here too.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Moment {

@@ -1,33 +1,33 @@
 //! The memory estimate of a training step, counted from the code: the step's real parts (the
 //! weights, gradients and AdamW's moments as training makes them, `model::forward_backward`,
-//! the update) run on a counted device (`model::count::Metered`); on the counting device
-//! (`model::lengths`), which computes and allocates nothing, that is the estimate of the GPU
+//! the update) run on a counted device (`train::memory::count::Metered`); on the counting device
+//! (`train::memory::lengths`), which computes and allocates nothing, that is the estimate of the GPU
 //! step, made in milliseconds for any sequence; on the CPU backend it is the CPU's own peak,
 //! which the estimate must equal (tested below). Offload is counted as it runs: the stashed
 //! tensors leave the device count for the host one.
 
+use super::count::{Bytes, Counter, Kind, Metered, Part};
 use super::counted::CountingDevice;
-use super::data::Sample;
-use super::documents::Packing;
-use super::model_attention::ModelAttention;
-use super::moments::{Moments, master_of, needs_master};
-use super::shard::{Held, Optimizer, StateFrom, Update};
-use super::step::{Pass, accumulate_held, reduce_step};
-use super::step_plan::StepPlan;
-use super::tally::{Tally, collectives};
+use super::lengths::{CountingAttention, Lengths, Precision};
 use crate::comm::Solo;
 use crate::model::attention_api::Attention;
 use crate::model::config::Config;
 use crate::model::cost::{RESERVE_BYTES, StepMemory};
-use crate::model::count::{Bytes, Counter, Kind, Metered, Part};
 use crate::model::instrument::InstrumentedAttention;
-use crate::model::lengths::{CountingAttention, Lengths, Precision};
 use crate::model::ops::{AdamState, AdamW, Ops};
 use crate::model::weights;
 use crate::model::{AtHead, Chunk, Keep, Whole, forward_backward_with};
 use crate::plan::Partition;
 use crate::runtime::ModelDevice;
 use crate::shape::Span;
+use crate::train::data::Sample;
+use crate::train::documents::Packing;
+use crate::train::model_attention::ModelAttention;
+use crate::train::moments::{Moments, master_of, needs_master};
+use crate::train::shard::{Held, Optimizer, StateFrom, Update};
+use crate::train::step::{Pass, accumulate_held, reduce_step};
+use crate::train::step_plan::StepPlan;
+use crate::train::tally::{Tally, collectives};
 use anyhow::Result;
 
 /// One step on a counted device: what it makes and in what order.
@@ -127,7 +127,7 @@ pub fn step_peak<O: Ops, A: Attention<O::T>>(
 
 /// The peak bytes of worker `rank` of a run of `plan` over `partition`'s workers on the device
 /// `precision` models (a GPU each, or the CPU's f32): training's own rank step on the counting
-/// device (`train::counted`), so that a rank is counted from the code as one GPU's step is: its weights as the plan shards them,
+/// device (`train::memory::counted`), so that a rank is counted from the code as one GPU's step is: its weights as the plan shards them,
 /// AdamW's state (offloaded as the plan says), the forward and backward of its rows through
 /// the executor (the communication buffers the plan's transfers receive included), the
 /// gradients' reduction and, with the optimizer, the update.

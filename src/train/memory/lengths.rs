@@ -6,14 +6,14 @@
 //! device gives them, plus the scratch buffers a device allocates inside an op, each listed at
 //! the op ([`Precision::Cuda`]: the CUDA backend's casts, loss chunks, rotary table and the
 //! attention's moments, `model::cuda::whole_sequence::moments`). The step it runs, and
-//! the estimate, are `train::estimate`'s.
+//! the estimate, are `train::memory::estimate`'s.
 
-use super::attention_api::Attention;
-use super::cost::loss_chunk_rows;
 use super::count::{Counter, Kind, Metered, check_len};
-use super::cuda::whole_sequence::{Call, moments};
-use super::ops::{AdamState, AdamW, LossOut, Ops, check_positions, check_rows};
-use super::rope::Rotary;
+use crate::model::attention_api::Attention;
+use crate::model::cost::loss_chunk_rows;
+use crate::model::cuda::whole_sequence::{Call, moments};
+use crate::model::ops::{AdamState, AdamW, LossOut, Ops, check_positions, check_rows};
+use crate::model::rope::Rotary;
 use crate::shape::{Dims, Span};
 use anyhow::{Result, bail};
 use std::sync::Arc;

@@ -4,17 +4,21 @@
 //! worker's step of this process ([`CpuStep`]) against this machine's available memory. A run
 //! that would not fit is refused with the figures and a fix, never killed halfway.
 
-use super::estimate;
-use super::step_plan::StepPlan;
+pub mod count;
+mod counted;
+pub mod estimate;
+pub mod lengths;
+
 use crate::error::Error;
 use crate::model::config::Config;
 use crate::model::cost;
-use crate::model::lengths::Precision;
 use crate::model::weights::parameters;
 use crate::plan::{Partition, Schedule};
 use crate::resources;
 use crate::runtime::{Device, OpenedGpu, Runtime, Topology};
+use crate::train::step_plan::StepPlan;
 use anyhow::{Result, bail};
+use lengths::Precision;
 
 /// What a model job is about to run, for its memory estimate.
 #[derive(Clone, Debug)]
@@ -122,7 +126,7 @@ pub struct GpuEstimate {
 
 /// The estimated peak GPU memory of `step`, decided here for every caller (the start-up check,
 /// `bench train --estimate`), always counted from the code on the counting device
-/// (`train::estimate`). One worker on one GPU: the step itself, the device's whole-sequence
+/// (`train::memory::estimate`). One worker on one GPU: the step itself, the device's whole-sequence
 /// attention included. Several: each worker's rank step (`estimate::rank_estimate`: its share
 /// of the sequence through the executor, its shard of the model's state); a run over several
 /// GPUs needs what its largest rank needs, and threads sharing one GPU (virtual workers) hold

@@ -1,4 +1,4 @@
-//! The counting device (`model::lengths`) as a job's device, so that one rank of a run over
+//! The counting device (`train::memory::lengths`) as a job's device, so that one rank of a run over
 //! several GPUs is counted as one GPU's step is: by running training's own rank step on it
 //! (`estimate::rank_estimate`): its sharding of the weights and the optimizer's state, the
 //! executor's attention with its communication buffers, the gradients' reduction and the
@@ -13,13 +13,13 @@
 //!   reduce-scatter's padded buffers beside its pieces. Nothing is computed and no rank waits
 //!   for another, so the ranks are counted one at a time, each alone.
 
+use super::count::{Metered, Tracked, check_len};
+use super::lengths::{Lengths, Shape};
 use crate::backend::{Backend, ModelEdge, Order};
 use crate::block_math::{Block, GradsMut, Partial, QuerySide, RunningState};
 use crate::comm::{
     Buffer, Communicator, Incoming, Outgoing, Posted, Shared, Src, Tag, Wire, shard_spans,
 };
-use crate::model::count::{Metered, Tracked, check_len};
-use crate::model::lengths::{Lengths, Shape};
 use crate::runtime::{ModelDevice, NoFastPath};
 use crate::shape::{Dims, Mask, Precision, Span};
 use anyhow::{Result, bail};

@@ -2,12 +2,12 @@
 //! ticket for their bytes, added to a shared counter when the tensor is made (or cloned) and
 //! taken off when it is dropped, so the counter's peak is the most bytes of tensors the model
 //! held at once. Around the CPU backend it measures that backend's own peak; around
-//! `model::lengths::Lengths` (a device that allocates nothing) it is the memory estimate of the
+//! `train::memory::lengths::Lengths` (a device that allocates nothing) it is the memory estimate of the
 //! real forward and backward. The wrapper is `instrument::Instrumented`, the counter its
 //! instrument ([`Metered`]).
 
-use super::instrument::{Instrument, Instrumented};
-use super::ops::Ops;
+use crate::model::instrument::{Instrument, Instrumented};
+use crate::model::ops::Ops;
 use anyhow::{Result, anyhow};
 use serde::Serialize;
 use std::borrow::Cow;
@@ -268,7 +268,7 @@ impl<T> Tracked<T> {
 impl<T> Tracked<T> {
     /// `inner`, a device tensor of `bytes` made by `what`, counted in `counter` as the kind it
     /// is set to: how a device that is not an `Ops` wrapper (the counting device's block API
-    /// and communicator, `train::counted`) hands out counted tensors.
+    /// and communicator, `train::memory::counted`) hands out counted tensors.
     pub fn made(inner: T, bytes: usize, what: &'static str, counter: &Arc<Counter>) -> Self {
         Tracked::new(inner, bytes, None, false, what, counter)
     }
