@@ -34,7 +34,7 @@ use distflash::model::cuda::CudaOps;
 use distflash::model::cuda::whole_sequence::CudaAttention;
 use distflash::model::family::ModelType;
 use distflash::model::lengths::Precision;
-use distflash::model::ops::{AdamState, AdamW, Ops};
+use distflash::model::ops::{AdamState, AdamW, LinearBackward, Ops};
 use distflash::model::rope::RopeScaling;
 use distflash::model::weights::{self, Weights};
 use distflash::model::{Checkpoint, Chunk, Keep, Offload, forward_backward};
@@ -611,10 +611,24 @@ impl Checker {
             let (dy, cdy) = self.either(dy_half, rows * out)?;
             let (mut dx, mut cdx) = self.full(rows * inp, -1.0, 1.0)?;
             let (mut dw, mut cdw) = self.full(out * inp, -1.0, 1.0)?;
-            self.gpu
-                .linear_backward(&dy, &x, &w, rows, inp, out, &mut dx, &mut dw)?;
-            self.cpu
-                .linear_backward(&cdy, &cx, &cw, rows, inp, out, &mut cdx, &mut cdw)?;
+            let operands = LinearBackward {
+                dy: &dy,
+                x: &x,
+                w: &w,
+                rows,
+                inp,
+                out,
+            };
+            self.gpu.linear_backward(operands, &mut dx, &mut dw)?;
+            let operands = LinearBackward {
+                dy: &cdy,
+                x: &cx,
+                w: &cw,
+                rows,
+                inp,
+                out,
+            };
+            self.cpu.linear_backward(operands, &mut cdx, &mut cdw)?;
             // A 16-bit dy reaches cuBLAS as it is (f32 accumulation of the same values); an f32
             // dy is rounded to 16 bits first, which the f64 reference does not do.
             let bound = if dy_half { F32_TOL } else { HALF_TOL };

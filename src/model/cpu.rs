@@ -4,7 +4,7 @@
 
 use super::float::Float;
 use super::init;
-use super::ops::{AdamState, AdamW, LossOut, Ops, check_rows, row_positions};
+use super::ops::{AdamState, AdamW, LinearBackward, LossOut, Ops, check_rows, row_positions};
 use super::rope::Rotary;
 use crate::shape::Span;
 use anyhow::{Result, bail};
@@ -226,15 +226,18 @@ impl<F: Float> Ops for Cpu<F> {
 
     fn linear_backward(
         &self,
-        dy: &Vec<F>,
-        x: &Vec<F>,
-        w: &Vec<F>,
-        rows: usize,
-        inp: usize,
-        out: usize,
+        operands: LinearBackward<'_, Vec<F>>,
         dx: &mut Vec<F>,
         dw: &mut Vec<F>,
     ) -> Result<()> {
+        let LinearBackward {
+            dy,
+            x,
+            w,
+            rows,
+            inp,
+            out,
+        } = operands;
         check_len("a linear layer's output gradient", dy, rows * out)?;
         check_len("a linear layer's input", x, rows * inp)?;
         check_len("a linear layer's weight", w, out * inp)?;

@@ -5,7 +5,7 @@
 //! see it.
 
 use super::attention_api::Attention;
-use super::ops::{AdamState, AdamW, LossOut, Ops};
+use super::ops::{AdamState, AdamW, LinearBackward, LossOut, Ops};
 use super::rope::Rotary;
 use crate::shape::Span;
 use anyhow::Result;
@@ -186,19 +186,13 @@ impl<O: Ops, I: Instrument<O>> Ops for Instrumented<'_, O, I> {
 
     fn linear_backward(
         &self,
-        dy: &I::T,
-        x: &I::T,
-        w: &I::T,
-        rows: usize,
-        inp: usize,
-        out: usize,
+        operands: LinearBackward<'_, I::T>,
         dx: &mut I::T,
         dw: &mut I::T,
     ) -> Result<()> {
         self.call("linear_backward", || {
-            let (dy, x, w) = (I::tensor(dy), I::tensor(x), I::tensor(w));
             let (dx, dw) = (I::tensor_mut(dx), I::tensor_mut(dw));
-            self.inner.linear_backward(dy, x, w, rows, inp, out, dx, dw)
+            self.inner.linear_backward(operands.map(I::tensor), dx, dw)
         })
     }
 

@@ -24,7 +24,7 @@
 use super::attention_api::Attention;
 use super::config::Config;
 use super::meter::Meter;
-use super::ops::Ops;
+use super::ops::{LinearBackward, Ops};
 use super::rope::Rotary;
 use super::weights::{LayerTensor, LayerWeights};
 use crate::shape::Span;
@@ -393,7 +393,15 @@ impl<O: Ops> Layer<'_, O> {
         }
         self.bias_grad(&dy, width, grads.get_mut(input.bias))?;
         let (d, wt) = (c.hidden_size, input.weight);
-        ops.linear_backward(&dy, h1, &w[wt], n, d, width, dh1, &mut grads[wt])
+        let operands = LinearBackward {
+            dy: &dy,
+            x: h1,
+            w: &w[wt],
+            rows: n,
+            inp: d,
+            out: width,
+        };
+        ops.linear_backward(operands, dh1, &mut grads[wt])
     }
 
     /// y = x Wᵀ + b (the bias where the layer has one) for this worker's rows.
@@ -512,41 +520,38 @@ impl<O: Ops> Layer<'_, O> {
             // out = x2 + m Wdᵀ;  m = silu(g)∘u;  g, u = h2 Wgᵀ, h2 Wuᵀ
             let mut dm = ops.zeros(len * i)?;
             let dy = self.block(dout, d, b)?;
-            ops.linear_backward(
-                &dy,
-                &mlp.m,
-                &w[LayerTensor::WDown],
-                len,
-                i,
-                d,
-                &mut dm,
-                &mut grads[LayerTensor::WDown],
-            )?;
+            let down = LinearBackward {
+                dy: &*dy,
+                x: &mlp.m,
+                w: &w[LayerTensor::WDown],
+                rows: len,
+                inp: i,
+                out: d,
+            };
+            ops.linear_backward(down, &mut dm, &mut grads[LayerTensor::WDown])?;
             let (dg, du) = ops.swiglu_backward(&mlp.g, &mlp.u, &dm)?;
             let mut part = (b != (0, self.rows))
                 .then(|| ops.zeros(len * d))
                 .transpose()?;
             let into = part.as_mut().unwrap_or(&mut dh2);
-            ops.linear_backward(
-                &dg,
-                &h2,
-                &w[LayerTensor::WGate],
-                len,
-                d,
-                i,
-                into,
-                &mut grads[LayerTensor::WGate],
-            )?;
-            ops.linear_backward(
-                &du,
-                &h2,
-                &w[LayerTensor::WUp],
-                len,
-                d,
-                i,
-                into,
-                &mut grads[LayerTensor::WUp],
-            )?;
+            let gate = LinearBackward {
+                dy: &dg,
+                x: &h2,
+                w: &w[LayerTensor::WGate],
+                rows: len,
+                inp: d,
+                out: i,
+            };
+            ops.linear_backward(gate, into, &mut grads[LayerTensor::WGate])?;
+            let up = LinearBackward {
+                dy: &du,
+                x: &h2,
+                w: &w[LayerTensor::WUp],
+                rows: len,
+                inp: d,
+                out: i,
+            };
+            ops.linear_backward(up, into, &mut grads[LayerTensor::WUp])?;
             if let Some(part) = part {
                 ops.set_rows(&mut dh2, d, b.0, &part)?;
             }
@@ -649,16 +654,15 @@ impl<O: Ops> Layer<'_, O> {
         // dO in the activations' precision: one product writes it whole and the attention's
         // 16-bit kernel reads it next.
         let mut dout_attn = ops.activation_zeros(n * qw)?;
-        ops.linear_backward(
-            &dx2,
-            &o,
-            &w[LayerTensor::Wo],
-            n,
-            qw,
-            d,
-            &mut dout_attn,
-            &mut grads[LayerTensor::Wo],
-        )?;
+        let wo = LinearBackward {
+            dy: &dx2,
+            x: &o,
+            w: &w[LayerTensor::Wo],
+            rows: n,
+            inp: qw,
+            out: d,
+        };
+        ops.linear_backward(wo, &mut dout_attn, &mut grads[LayerTensor::Wo])?;
         let (dq, dk, dv) = attn.backward(&q, &k, &v, &o, &lse, &dout_attn)?;
         drop((q, k, v, o, lse, dout_attn));
 

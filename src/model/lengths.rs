@@ -12,7 +12,7 @@ use super::attention_api::Attention;
 use super::cost::loss_chunk_rows;
 use super::count::{Counter, Kind, Metered, check_len};
 use super::cuda::whole_sequence::{Call, moments};
-use super::ops::{AdamState, AdamW, LossOut, Ops, check_positions, check_rows};
+use super::ops::{AdamState, AdamW, LinearBackward, LossOut, Ops, check_positions, check_rows};
 use super::rope::Rotary;
 use crate::shape::{Dims, Span};
 use anyhow::{Result, bail};
@@ -246,15 +246,18 @@ impl Ops for Lengths {
 
     fn linear_backward(
         &self,
-        dy: &Shape,
-        x: &Shape,
-        w: &Shape,
-        rows: usize,
-        inp: usize,
-        out: usize,
+        operands: LinearBackward<'_, Shape>,
         dx: &mut Shape,
         dw: &mut Shape,
     ) -> Result<()> {
+        let LinearBackward {
+            dy,
+            x,
+            w,
+            rows,
+            inp,
+            out,
+        } = operands;
         check_len("a linear layer's output gradient", dy.len, rows * out)?;
         check_len("a linear layer's input", x.len, rows * inp)?;
         check_len("a linear layer's weight", w.len, out * inp)?;

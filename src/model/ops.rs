@@ -68,6 +68,34 @@ pub struct LossOut<T> {
     pub dh: T,
 }
 
+/// What a linear layer's backward reads: the output's gradient `dy` `[rows, out]`, and the
+/// forward's input `x` `[rows, inp]` and weight `w` `[out, inp]` with their shape. Grouped so a
+/// call names what the backward reads in one place and what it accumulates into (dx, dW) as
+/// arguments of their own; `T` is a device's tensor, and [`LinearBackward::map`] passes the
+/// group to the device a wrapper holds.
+pub struct LinearBackward<'a, T> {
+    pub dy: &'a T,
+    pub x: &'a T,
+    pub w: &'a T,
+    pub rows: usize,
+    pub inp: usize,
+    pub out: usize,
+}
+
+impl<'a, T> LinearBackward<'a, T> {
+    /// Each tensor through `f` (a wrapper's tensor to the device's it holds), the shape kept.
+    pub fn map<U>(self, f: impl Fn(&'a T) -> &'a U) -> LinearBackward<'a, U> {
+        LinearBackward {
+            dy: f(self.dy),
+            x: f(self.x),
+            w: f(self.w),
+            rows: self.rows,
+            inp: self.inp,
+            out: self.out,
+        }
+    }
+}
+
 /// Per-layer primitives of a LLaMA model on one device.
 pub trait Ops: Sync {
     /// A tensor on this device.
@@ -160,16 +188,11 @@ pub trait Ops: Sync {
         inp: usize,
         out: usize,
     ) -> Result<Self::T>;
-    /// dx += dy W and dW += dyᵀ x (accumulating, so branches that share an input add up).
-    #[allow(clippy::too_many_arguments)]
+    /// dx += dy W and dW += dyᵀ x (accumulating, so branches that share an input add up), from
+    /// `operands`' dy, x and W.
     fn linear_backward(
         &self,
-        dy: &Self::T,
-        x: &Self::T,
-        w: &Self::T,
-        rows: usize,
-        inp: usize,
-        out: usize,
+        operands: LinearBackward<'_, Self::T>,
         dx: &mut Self::T,
         dw: &mut Self::T,
     ) -> Result<()>;

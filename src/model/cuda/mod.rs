@@ -32,7 +32,7 @@ pub mod whole_sequence;
 
 use super::cost::{loss_chunk_rows, loss_chunks};
 use super::init;
-use super::ops::{AdamState, AdamW, LossOut, Ops, check_positions, check_rows};
+use super::ops::{AdamState, AdamW, LinearBackward, LossOut, Ops, check_positions, check_rows};
 use super::rope::Rotary;
 use crate::backend::Backend;
 use crate::backend::cuda::{
@@ -384,15 +384,18 @@ impl Ops for CudaOps {
 
     fn linear_backward(
         &self,
-        dy: &Tensor,
-        x: &Tensor,
-        w: &Tensor,
-        rows: usize,
-        inp: usize,
-        out: usize,
+        operands: LinearBackward<'_, Tensor>,
         dx: &mut Tensor,
         dw: &mut Tensor,
     ) -> Result<()> {
+        let LinearBackward {
+            dy,
+            x,
+            w,
+            rows,
+            inp,
+            out,
+        } = operands;
         check(
             dx,
             self.dtype(),
