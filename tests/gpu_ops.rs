@@ -34,7 +34,7 @@ use distflash::model::cuda::CudaOps;
 use distflash::model::cuda::whole_sequence::CudaAttention;
 use distflash::model::family::ModelType;
 use distflash::model::lengths::Precision;
-use distflash::model::ops::{AdamState, AdamW, LinearBackward, Ops};
+use distflash::model::ops::{AdamState, AdamW, LinearBackward, NormBackward, Ops};
 use distflash::model::rope::RopeScaling;
 use distflash::model::weights::{self, Weights};
 use distflash::model::{Checkpoint, Chunk, Keep, Offload, forward_backward};
@@ -650,10 +650,24 @@ impl Checker {
         let (dy, cdy) = self.full(rows * dim, -1.0, 1.0)?;
         let (mut dx, mut cdx) = self.full(rows * dim, -1.0, 1.0)?;
         let (mut dw, mut cdw) = self.full(dim, -1.0, 1.0)?;
-        self.gpu
-            .rmsnorm_backward(&x, &w, &rstd, &dy, rows, dim, &mut dx, &mut dw)?;
-        self.cpu
-            .rmsnorm_backward(&cx, &cw, &crstd, &cdy, rows, dim, &mut cdx, &mut cdw)?;
+        let operands = NormBackward {
+            x: &x,
+            w: &w,
+            rstd: &rstd,
+            dy: &dy,
+            rows,
+            dim,
+        };
+        self.gpu.rmsnorm_backward(operands, &mut dx, &mut dw)?;
+        let operands = NormBackward {
+            x: &cx,
+            w: &cw,
+            rstd: &crstd,
+            dy: &cdy,
+            rows,
+            dim,
+        };
+        self.cpu.rmsnorm_backward(operands, &mut cdx, &mut cdw)?;
         self.report("rmsnorm_backward dx +=", &dx, &cdx, F32_TOL)?;
         self.report("rmsnorm_backward dw +=", &dw, &cdw, F32_TOL)
     }

@@ -4,7 +4,9 @@
 
 use super::float::Float;
 use super::init;
-use super::ops::{AdamState, AdamW, LinearBackward, LossOut, Ops, check_rows, row_positions};
+use super::ops::{
+    AdamState, AdamW, LinearBackward, LossOut, NormBackward, Ops, check_rows, row_positions,
+};
 use super::rope::Rotary;
 use crate::shape::Span;
 use anyhow::{Result, bail};
@@ -295,15 +297,18 @@ impl<F: Float> Ops for Cpu<F> {
 
     fn rmsnorm_backward(
         &self,
-        x: &Vec<F>,
-        w: &Vec<F>,
-        rstd: &Vec<F>,
-        dy: &Vec<F>,
-        rows: usize,
-        dim: usize,
+        operands: NormBackward<'_, Vec<F>>,
         dx: &mut Vec<F>,
         dw: &mut Vec<F>,
     ) -> Result<()> {
+        let NormBackward {
+            x,
+            w,
+            rstd,
+            dy,
+            rows,
+            dim,
+        } = operands;
         check_len("a norm's output gradient", dy, rows * dim)?;
         check_len("a norm's input", x, rows * dim)?;
         check_len("a norm's input gradient", dx, rows * dim)?;

@@ -5,7 +5,7 @@
 //! see it.
 
 use super::attention_api::Attention;
-use super::ops::{AdamState, AdamW, LinearBackward, LossOut, Ops};
+use super::ops::{AdamState, AdamW, LinearBackward, LossOut, NormBackward, Ops};
 use super::rope::Rotary;
 use crate::shape::Span;
 use anyhow::Result;
@@ -227,21 +227,13 @@ impl<O: Ops, I: Instrument<O>> Ops for Instrumented<'_, O, I> {
 
     fn rmsnorm_backward(
         &self,
-        x: &I::T,
-        w: &I::T,
-        rstd: &I::T,
-        dy: &I::T,
-        rows: usize,
-        dim: usize,
+        operands: NormBackward<'_, I::T>,
         dx: &mut I::T,
         dw: &mut I::T,
     ) -> Result<()> {
         self.call("rmsnorm_backward", || {
-            let (x, w) = (I::tensor(x), I::tensor(w));
-            let (rstd, dy) = (I::tensor(rstd), I::tensor(dy));
             let (dx, dw) = (I::tensor_mut(dx), I::tensor_mut(dw));
-            self.inner
-                .rmsnorm_backward(x, w, rstd, dy, rows, dim, dx, dw)
+            self.inner.rmsnorm_backward(operands.map(I::tensor), dx, dw)
         })
     }
 

@@ -24,7 +24,7 @@
 use super::attention_api::Attention;
 use super::config::Config;
 use super::meter::Meter;
-use super::ops::{LinearBackward, Ops};
+use super::ops::{LinearBackward, NormBackward, Ops};
 use super::rope::Rotary;
 use super::weights::{LayerTensor, LayerWeights};
 use crate::shape::Span;
@@ -379,16 +379,15 @@ impl<O: Ops> Layer<'_, O> {
             // writes it whole and the projection's backward reads it next (as attention's dO).
             let mut dx = ops.activation_zeros(n * width)?;
             let rows = n * input.heads;
-            ops.rmsnorm_backward(
-                &pre.x,
-                &w[norm],
-                &pre.rstd,
-                &dy,
+            let operands = NormBackward {
+                x: &pre.x,
+                w: &w[norm],
+                rstd: &pre.rstd,
+                dy: &dy,
                 rows,
-                hd,
-                &mut dx,
-                &mut grads[norm],
-            )?;
+                dim: hd,
+            };
+            ops.rmsnorm_backward(operands, &mut dx, &mut grads[norm])?;
             dy = dx;
         }
         self.bias_grad(&dy, width, grads.get_mut(input.bias))?;
@@ -621,16 +620,15 @@ impl<O: Ops> Layer<'_, O> {
         let dh2 = self.mlp_backward(w, &a, mlp.as_deref(), &dout, grads, meter)?;
         drop(mlp);
         let mut dx2 = dout;
-        ops.rmsnorm_backward(
-            &a.x2,
-            &w[LayerTensor::MlpNorm],
-            &a.rstd2,
-            &dh2,
-            n,
-            d,
-            &mut dx2,
-            &mut grads[LayerTensor::MlpNorm],
-        )?;
+        let mlp_norm = NormBackward {
+            x: &a.x2,
+            w: &w[LayerTensor::MlpNorm],
+            rstd: &a.rstd2,
+            dy: &dh2,
+            rows: n,
+            dim: d,
+        };
+        ops.rmsnorm_backward(mlp_norm, &mut dx2, &mut grads[LayerTensor::MlpNorm])?;
         drop(dh2);
         let Acts {
             x,
@@ -674,16 +672,15 @@ impl<O: Ops> Layer<'_, O> {
         }
         drop(h1);
         let mut dx = dx2;
-        ops.rmsnorm_backward(
-            &x,
-            &w[LayerTensor::AttnNorm],
-            &rstd1,
-            &dh1,
-            n,
-            d,
-            &mut dx,
-            &mut grads[LayerTensor::AttnNorm],
-        )?;
+        let attn_norm = NormBackward {
+            x: &x,
+            w: &w[LayerTensor::AttnNorm],
+            rstd: &rstd1,
+            dy: &dh1,
+            rows: n,
+            dim: d,
+        };
+        ops.rmsnorm_backward(attn_norm, &mut dx, &mut grads[LayerTensor::AttnNorm])?;
         meter.release(all);
         Ok(dx)
     }

@@ -12,7 +12,9 @@ use super::attention_api::Attention;
 use super::cost::loss_chunk_rows;
 use super::count::{Counter, Kind, Metered, check_len};
 use super::cuda::whole_sequence::{Call, moments};
-use super::ops::{AdamState, AdamW, LinearBackward, LossOut, Ops, check_positions, check_rows};
+use super::ops::{
+    AdamState, AdamW, LinearBackward, LossOut, NormBackward, Ops, check_positions, check_rows,
+};
 use super::rope::Rotary;
 use crate::shape::{Dims, Span};
 use anyhow::{Result, bail};
@@ -296,15 +298,18 @@ impl Ops for Lengths {
 
     fn rmsnorm_backward(
         &self,
-        x: &Shape,
-        w: &Shape,
-        rstd: &Shape,
-        dy: &Shape,
-        rows: usize,
-        dim: usize,
+        operands: NormBackward<'_, Shape>,
         dx: &mut Shape,
         dw: &mut Shape,
     ) -> Result<()> {
+        let NormBackward {
+            x,
+            w,
+            rstd,
+            dy,
+            rows,
+            dim,
+        } = operands;
         check_len("a norm's input", x.len, rows * dim)?;
         check_len("a norm's gain", w.len, dim)?;
         check_len("a norm's statistics", rstd.len, rows)?;

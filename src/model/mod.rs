@@ -35,7 +35,7 @@ use crate::shape::Span;
 use anyhow::{Result, bail};
 use attention_api::Attention;
 use config::Config;
-use ops::Ops;
+use ops::{NormBackward, Ops};
 use weights::{LayerWeights, Weights};
 
 /// This worker's rows of one sequence: input tokens, next-token targets, where the rows sit in
@@ -277,7 +277,15 @@ pub fn forward_backward_with<O: Ops, A: Attention<O::T>>(
             head.doutput,
         )?;
         let mut dx = ops.zeros(rows * d)?;
-        ops.rmsnorm_backward(&x, head.norm, &rstd, &loss.dh, rows, d, &mut dx, head.dnorm)?;
+        let norm = NormBackward {
+            x: &x,
+            w: head.norm,
+            rstd: &rstd,
+            dy: &loss.dh,
+            rows,
+            dim: d,
+        };
+        ops.rmsnorm_backward(norm, &mut dx, head.dnorm)?;
         // The loss's input gradient is spent: it would otherwise live through every layer's
         // backward (an f32 of the sequence × hidden size, 8 GiB at 512K for llama2-7b).
         Ok(((loss.loss_sum, loss.argmax), dx))

@@ -96,6 +96,34 @@ impl<'a, T> LinearBackward<'a, T> {
     }
 }
 
+/// What an RMS norm's backward reads: the forward's input `x` `[rows, dim]`, gain `w` `[dim]`
+/// and per-row `rstd` `[rows]` (what [`Ops::rmsnorm`] returned), the output's gradient `dy`
+/// `[rows, dim]`, and the shape. Grouped so a call names what the backward reads in one place
+/// and what it accumulates into (dx, dw) as arguments of their own; [`NormBackward::map`] passes
+/// the group to the device a wrapper holds.
+pub struct NormBackward<'a, T> {
+    pub x: &'a T,
+    pub w: &'a T,
+    pub rstd: &'a T,
+    pub dy: &'a T,
+    pub rows: usize,
+    pub dim: usize,
+}
+
+impl<'a, T> NormBackward<'a, T> {
+    /// Each tensor through `f` (a wrapper's tensor to the device's it holds), the shape kept.
+    pub fn map<U>(self, f: impl Fn(&'a T) -> &'a U) -> NormBackward<'a, U> {
+        NormBackward {
+            x: f(self.x),
+            w: f(self.w),
+            rstd: f(self.rstd),
+            dy: f(self.dy),
+            rows: self.rows,
+            dim: self.dim,
+        }
+    }
+}
+
 /// Per-layer primitives of a LLaMA model on one device.
 pub trait Ops: Sync {
     /// A tensor on this device.
@@ -218,16 +246,11 @@ pub trait Ops: Sync {
         dim: usize,
         eps: f64,
     ) -> Result<(Self::T, Self::T)>;
-    /// dx += rstd·(g − x·rstd²·mean(g∘x)) with g = dy∘w, and dw += Σ_rows dy∘x·rstd.
-    #[allow(clippy::too_many_arguments)]
+    /// dx += rstd·(g − x·rstd²·mean(g∘x)) with g = dy∘w, and dw += Σ_rows dy∘x·rstd, from
+    /// `operands`' x, w, rstd and dy.
     fn rmsnorm_backward(
         &self,
-        x: &Self::T,
-        w: &Self::T,
-        rstd: &Self::T,
-        dy: &Self::T,
-        rows: usize,
-        dim: usize,
+        operands: NormBackward<'_, Self::T>,
         dx: &mut Self::T,
         dw: &mut Self::T,
     ) -> Result<()>;

@@ -32,7 +32,9 @@ pub mod whole_sequence;
 
 use super::cost::{loss_chunk_rows, loss_chunks};
 use super::init;
-use super::ops::{AdamState, AdamW, LinearBackward, LossOut, Ops, check_positions, check_rows};
+use super::ops::{
+    AdamState, AdamW, LinearBackward, LossOut, NormBackward, Ops, check_positions, check_rows,
+};
 use super::rope::Rotary;
 use crate::backend::Backend;
 use crate::backend::cuda::{
@@ -443,15 +445,18 @@ impl Ops for CudaOps {
 
     fn rmsnorm_backward(
         &self,
-        x: &Tensor,
-        w: &Tensor,
-        rstd: &Tensor,
-        dy: &Tensor,
-        rows: usize,
-        dim: usize,
+        operands: NormBackward<'_, Tensor>,
         dx: &mut Tensor,
         dw: &mut Tensor,
     ) -> Result<()> {
+        let NormBackward {
+            x,
+            w,
+            rstd,
+            dy,
+            rows,
+            dim,
+        } = operands;
         check(x, self.dtype(), rows * dim, "a norm's input")?;
         check(w, self.dtype(), dim, "a norm's gain")?;
         check(dy, self.dtype(), rows * dim, "a norm's output gradient")?;
