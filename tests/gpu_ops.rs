@@ -34,7 +34,7 @@ use distflash::model::cuda::CudaOps;
 use distflash::model::cuda::whole_sequence::CudaAttention;
 use distflash::model::family::ModelType;
 use distflash::model::lengths::Precision;
-use distflash::model::ops::{AdamState, AdamW, LinearBackward, NormBackward, Ops};
+use distflash::model::ops::{AdamState, AdamW, LinearBackward, NormBackward, Ops, RopeCall};
 use distflash::model::rope::RopeScaling;
 use distflash::model::weights::{self, Weights};
 use distflash::model::{Checkpoint, Chunk, Keep, Offload, forward_backward};
@@ -734,10 +734,16 @@ impl Checker {
             for h in [true, false] {
                 let (mut x, mut cx) = self.either(h, rows * heads * hd)?;
                 for inverse in [false, true] {
-                    self.gpu
-                        .rope(&mut x, rows, heads, hd, &positions, &rotary, inverse)?;
-                    self.cpu
-                        .rope(&mut cx, rows, heads, hd, &positions, &rotary, inverse)?;
+                    let call = RopeCall {
+                        rows,
+                        heads,
+                        head_dim: hd,
+                        positions: &positions,
+                        rotary: &rotary,
+                        inverse,
+                    };
+                    self.gpu.rope(&mut x, call)?;
+                    self.cpu.rope(&mut cx, call)?;
                     let name = format!(
                         "rope {which} {}, inverse {inverse}, positions 65000+ and 1000+",
                         kind(h)

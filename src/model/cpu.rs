@@ -5,10 +5,9 @@
 use super::float::Float;
 use super::init;
 use super::ops::{
-    AdamState, AdamW, LinearBackward, LossOut, NormBackward, Ops, check_rows, row_positions,
+    AdamState, AdamW, LinearBackward, LossOut, NormBackward, Ops, RopeCall, check_rows,
+    row_positions,
 };
-use super::rope::Rotary;
-use crate::shape::Span;
 use anyhow::{Result, bail};
 use ndarray::linalg::general_mat_mul;
 use ndarray::{ArrayView2, ArrayViewMut2, s};
@@ -331,16 +330,15 @@ impl<F: Float> Ops for Cpu<F> {
         Ok(())
     }
 
-    fn rope(
-        &self,
-        x: &mut Vec<F>,
-        rows: usize,
-        heads: usize,
-        head_dim: usize,
-        positions: &[Span],
-        rotary: &Rotary,
-        inverse: bool,
-    ) -> Result<()> {
+    fn rope(&self, x: &mut Vec<F>, call: RopeCall<'_>) -> Result<()> {
+        let RopeCall {
+            rows,
+            heads,
+            head_dim,
+            positions,
+            rotary,
+            inverse,
+        } = call;
         check_len("a rotary input", x, rows * heads * head_dim)?;
         let positions: Vec<usize> = row_positions(positions, rows)?.collect();
         if !head_dim.is_multiple_of(2) {

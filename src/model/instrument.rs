@@ -5,9 +5,7 @@
 //! see it.
 
 use super::attention_api::Attention;
-use super::ops::{AdamState, AdamW, LinearBackward, LossOut, NormBackward, Ops};
-use super::rope::Rotary;
-use crate::shape::Span;
+use super::ops::{AdamState, AdamW, LinearBackward, LossOut, NormBackward, Ops, RopeCall};
 use anyhow::Result;
 use std::borrow::Cow;
 
@@ -237,22 +235,13 @@ impl<O: Ops, I: Instrument<O>> Ops for Instrumented<'_, O, I> {
         })
     }
 
-    fn rope(
-        &self,
-        x: &mut I::T,
-        rows: usize,
-        heads: usize,
-        head_dim: usize,
-        positions: &[Span],
-        rotary: &Rotary,
-        inverse: bool,
-    ) -> Result<()> {
-        let op = if inverse { "rope_backward" } else { "rope" };
-        self.call(op, || {
-            let x = I::tensor_mut(x);
-            self.inner
-                .rope(x, rows, heads, head_dim, positions, rotary, inverse)
-        })
+    fn rope(&self, x: &mut I::T, call: RopeCall<'_>) -> Result<()> {
+        let op = if call.inverse {
+            "rope_backward"
+        } else {
+            "rope"
+        };
+        self.call(op, || self.inner.rope(I::tensor_mut(x), call))
     }
 
     fn swiglu(&self, g: &I::T, u: &I::T) -> Result<I::T> {

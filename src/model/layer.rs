@@ -24,7 +24,7 @@
 use super::attention_api::Attention;
 use super::config::Config;
 use super::meter::Meter;
-use super::ops::{LinearBackward, NormBackward, Ops};
+use super::ops::{LinearBackward, NormBackward, Ops, RopeCall};
 use super::rope::Rotary;
 use super::weights::{LayerTensor, LayerWeights};
 use crate::shape::Span;
@@ -343,8 +343,15 @@ impl<O: Ops> Layer<'_, O> {
             None => None,
         };
         if input.rotated {
-            let (positions, rotary) = (self.positions, self.rotary);
-            ops.rope(&mut y, n, input.heads, hd, positions, rotary, false)?;
+            let call = RopeCall {
+                rows: n,
+                heads: input.heads,
+                head_dim: hd,
+                positions: self.positions,
+                rotary: self.rotary,
+                inverse: false,
+            };
+            ops.rope(&mut y, call)?;
         }
         Ok((y, pre))
     }
@@ -364,15 +371,15 @@ impl<O: Ops> Layer<'_, O> {
         let (ops, c, n, hd) = (self.ops, self.cfg, self.rows, self.cfg.head_dim);
         let width = input.heads * hd;
         if input.rotated {
-            ops.rope(
-                &mut dy,
-                n,
-                input.heads,
-                hd,
-                self.positions,
-                self.rotary,
-                true,
-            )?;
+            let call = RopeCall {
+                rows: n,
+                heads: input.heads,
+                head_dim: hd,
+                positions: self.positions,
+                rotary: self.rotary,
+                inverse: true,
+            };
+            ops.rope(&mut dy, call)?;
         }
         if let (Some(pre), Some(norm)) = (pre, input.norm) {
             // The projection's gradient in the activations' precision: the norm's backward

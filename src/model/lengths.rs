@@ -13,10 +13,10 @@ use super::cost::loss_chunk_rows;
 use super::count::{Counter, Kind, Metered, check_len};
 use super::cuda::whole_sequence::{Call, moments};
 use super::ops::{
-    AdamState, AdamW, LinearBackward, LossOut, NormBackward, Ops, check_positions, check_rows,
+    AdamState, AdamW, LinearBackward, LossOut, NormBackward, Ops, RopeCall, check_positions,
+    check_rows,
 };
-use super::rope::Rotary;
-use crate::shape::{Dims, Span};
+use crate::shape::Dims;
 use anyhow::{Result, bail};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -318,16 +318,14 @@ impl Ops for Lengths {
         check_len("a norm's gain gradient", dw.len, dim)
     }
 
-    fn rope(
-        &self,
-        x: &mut Shape,
-        rows: usize,
-        heads: usize,
-        head_dim: usize,
-        positions: &[Span],
-        _: &Rotary,
-        _: bool,
-    ) -> Result<()> {
+    fn rope(&self, x: &mut Shape, call: RopeCall<'_>) -> Result<()> {
+        let RopeCall {
+            rows,
+            heads,
+            head_dim,
+            positions,
+            ..
+        } = call;
         check_len("a rotary input", x.len, rows * heads * head_dim)?;
         check_positions(positions, rows)?;
         if self.cuda() && !self.rope_table.swap(true, Ordering::Relaxed) {

@@ -124,6 +124,21 @@ impl<'a, T> NormBackward<'a, T> {
     }
 }
 
+/// One rotary embedding call besides the tensor it rotates in place: the tensor's shape
+/// `[rows, heads, head_dim]`, where its rows sit (`positions`), the table (`rotary`) and the
+/// direction (`inverse`: the backward). Grouped because they travel together: a layer's q and k,
+/// forward and backward, are rotated by the same call but for `heads` and `inverse`. It holds no
+/// tensor, so every device and wrapper passes it on as it is.
+#[derive(Clone, Copy, Debug)]
+pub struct RopeCall<'a> {
+    pub rows: usize,
+    pub heads: usize,
+    pub head_dim: usize,
+    pub positions: &'a [Span],
+    pub rotary: &'a Rotary,
+    pub inverse: bool,
+}
+
 /// Per-layer primitives of a LLaMA model on one device.
 pub trait Ops: Sync {
     /// A tensor on this device.
@@ -255,23 +270,14 @@ pub trait Ops: Sync {
         dw: &mut Self::T,
     ) -> Result<()>;
 
-    /// Rotary embedding in place on `[rows, heads, head_dim]`, Hugging Face's rotate-half
-    /// pairing (i, i + head_dim/2). The rows sit at the positions of `positions`, runs of the
-    /// sequence in row order (one run for a contiguous chunk, two for a zigzag worker's head and
-    /// tail; see [`row_positions`]). `rotary` holds the head's `head_dim / 2` inverse
-    /// frequencies and the factor cos and sin are multiplied by (`Config::rotary`). The backward
-    /// (`inverse`) is the rotation by the opposite angle, times the same factor (the transpose).
-    #[allow(clippy::too_many_arguments)]
-    fn rope(
-        &self,
-        x: &mut Self::T,
-        rows: usize,
-        heads: usize,
-        head_dim: usize,
-        positions: &[Span],
-        rotary: &Rotary,
-        inverse: bool,
-    ) -> Result<()>;
+    /// Rotary embedding in place on x `[rows, heads, head_dim]` (`call`'s shape), Hugging
+    /// Face's rotate-half pairing (i, i + head_dim/2). The rows sit at the positions of
+    /// `call.positions`, runs of the sequence in row order (one run for a contiguous chunk, two
+    /// for a zigzag worker's head and tail; see [`row_positions`]). `call.rotary` holds the
+    /// head's `head_dim / 2` inverse frequencies and the factor cos and sin are multiplied by
+    /// (`Config::rotary`). The backward (`call.inverse`) is the rotation by the opposite angle,
+    /// times the same factor (the transpose).
+    fn rope(&self, x: &mut Self::T, call: RopeCall<'_>) -> Result<()>;
 
     /// m = silu(g) ∘ u.
     fn swiglu(&self, g: &Self::T, u: &Self::T) -> Result<Self::T>;

@@ -33,14 +33,13 @@ pub mod whole_sequence;
 use super::cost::{loss_chunk_rows, loss_chunks};
 use super::init;
 use super::ops::{
-    AdamState, AdamW, LinearBackward, LossOut, NormBackward, Ops, check_positions, check_rows,
+    AdamState, AdamW, LinearBackward, LossOut, NormBackward, Ops, RopeCall, check_positions,
+    check_rows,
 };
-use super::rope::Rotary;
 use crate::backend::Backend;
 use crate::backend::cuda::{
     CudaBackend, InputDtype, Tensor, allocation_failed, elementwise_config, rows_config,
 };
-use crate::shape::Span;
 use anyhow::{Result, anyhow, bail};
 use args::{check, f32_mut, f32_ref, int, push, push_mut};
 use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr, PushKernelArg, ValidAsZeroBits};
@@ -511,16 +510,15 @@ impl Ops for CudaOps {
             .run(Kernel::BiasDw, args, shapes::column_sums(width, rows)?)
     }
 
-    fn rope(
-        &self,
-        x: &mut Tensor,
-        rows: usize,
-        heads: usize,
-        head_dim: usize,
-        positions: &[Span],
-        rotary: &Rotary,
-        inverse: bool,
-    ) -> Result<()> {
+    fn rope(&self, x: &mut Tensor, call: RopeCall<'_>) -> Result<()> {
+        let RopeCall {
+            rows,
+            heads,
+            head_dim,
+            positions,
+            rotary,
+            inverse,
+        } = call;
         check(x, self.dtype(), rows * heads * head_dim, "a rotary input")?;
         check_positions(positions, rows)?;
         // The kernel takes at most two runs: rows before `split` sit at start0 + r, the rest at
