@@ -34,7 +34,9 @@ use distflash::model::cuda::CudaOps;
 use distflash::model::cuda::whole_sequence::CudaAttention;
 use distflash::model::family::ModelType;
 use distflash::model::lengths::Precision;
-use distflash::model::ops::{AdamState, AdamW, LinearBackward, NormBackward, Ops, RopeCall};
+use distflash::model::ops::{
+    AdamState, AdamW, LinearBackward, LossInput, NormBackward, Ops, RopeCall,
+};
 use distflash::model::rope::RopeScaling;
 use distflash::model::weights::{self, Weights};
 use distflash::model::{Checkpoint, Chunk, Keep, Offload, forward_backward};
@@ -764,12 +766,24 @@ impl Checker {
         // Small enough that the accumulated dW, not the initial value, dominates the comparison.
         let (mut dw, mut cdw) = self.full(vocab * dim, -1e-4, 1e-4)?;
         let scale = 1.0 / rows as f64;
-        let got = self
-            .gpu
-            .cross_entropy(&h, &w, &targets, dim, vocab, scale, &mut dw)?;
-        let want = self
-            .cpu
-            .cross_entropy(&ch, &cw, &targets, dim, vocab, scale, &mut cdw)?;
+        let input = LossInput {
+            h: &h,
+            w: &w,
+            targets: &targets,
+            dim,
+            vocab,
+            scale,
+        };
+        let got = self.gpu.cross_entropy(input, &mut dw)?;
+        let input = LossInput {
+            h: &ch,
+            w: &cw,
+            targets: &targets,
+            dim,
+            vocab,
+            scale,
+        };
+        let want = self.cpu.cross_entropy(input, &mut cdw)?;
         let err = (got.loss_sum - want.loss_sum).abs() / want.loss_sum;
         self.verdict("cross_entropy loss (2 chunks of rows)", err, F32_TOL);
         let same = got.argmax.iter().zip(&want.argmax).filter(|(a, b)| a == b);

@@ -5,7 +5,7 @@
 use super::float::Float;
 use super::init;
 use super::ops::{
-    AdamState, AdamW, LinearBackward, LossOut, NormBackward, Ops, RopeCall, check_rows,
+    AdamState, AdamW, LinearBackward, LossInput, LossOut, NormBackward, Ops, RopeCall, check_rows,
     row_positions,
 };
 use anyhow::{Result, bail};
@@ -393,14 +393,17 @@ impl<F: Float> Ops for Cpu<F> {
 
     fn cross_entropy(
         &self,
-        h: &Vec<F>,
-        w: &Vec<F>,
-        targets: &[u32],
-        dim: usize,
-        vocab: usize,
-        scale: f64,
+        input: LossInput<'_, Vec<F>>,
         dw: &mut Vec<F>,
     ) -> Result<LossOut<Vec<F>>> {
+        let LossInput {
+            h,
+            w,
+            targets,
+            dim,
+            vocab,
+            scale,
+        } = input;
         let rows = targets.len();
         check_len("the final hidden states", h, rows * dim)?;
         check_len("the output projection", w, vocab * dim)?;

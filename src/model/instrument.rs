@@ -5,7 +5,9 @@
 //! see it.
 
 use super::attention_api::Attention;
-use super::ops::{AdamState, AdamW, LinearBackward, LossOut, NormBackward, Ops, RopeCall};
+use super::ops::{
+    AdamState, AdamW, LinearBackward, LossInput, LossOut, NormBackward, Ops, RopeCall,
+};
 use anyhow::Result;
 use std::borrow::Cow;
 
@@ -257,20 +259,10 @@ impl<O: Ops, I: Instrument<O>> Ops for Instrumented<'_, O, I> {
         Ok((self.made(dg, what), self.made(du, what)))
     }
 
-    fn cross_entropy(
-        &self,
-        h: &I::T,
-        w: &I::T,
-        targets: &[u32],
-        dim: usize,
-        vocab: usize,
-        scale: f64,
-        dw: &mut I::T,
-    ) -> Result<LossOut<I::T>> {
+    fn cross_entropy(&self, input: LossInput<'_, I::T>, dw: &mut I::T) -> Result<LossOut<I::T>> {
         let out = self.call("cross_entropy", || {
-            let (h, w, dw) = (I::tensor(h), I::tensor(w), I::tensor_mut(dw));
-            self.inner
-                .cross_entropy(h, w, targets, dim, vocab, scale, dw)
+            let dw = I::tensor_mut(dw);
+            self.inner.cross_entropy(input.map(I::tensor), dw)
         })?;
         Ok(LossOut {
             loss_sum: out.loss_sum,

@@ -13,8 +13,8 @@ use super::cost::loss_chunk_rows;
 use super::count::{Counter, Kind, Metered, check_len};
 use super::cuda::whole_sequence::{Call, moments};
 use super::ops::{
-    AdamState, AdamW, LinearBackward, LossOut, NormBackward, Ops, RopeCall, check_positions,
-    check_rows,
+    AdamState, AdamW, LinearBackward, LossInput, LossOut, NormBackward, Ops, RopeCall,
+    check_positions, check_rows,
 };
 use crate::shape::Dims;
 use anyhow::{Result, bail};
@@ -346,16 +346,15 @@ impl Ops for Lengths {
         Ok((self.half(g.len), self.half(g.len)))
     }
 
-    fn cross_entropy(
-        &self,
-        h: &Shape,
-        w: &Shape,
-        targets: &[u32],
-        dim: usize,
-        vocab: usize,
-        _: f64,
-        dw: &mut Shape,
-    ) -> Result<LossOut<Shape>> {
+    fn cross_entropy(&self, input: LossInput<'_, Shape>, dw: &mut Shape) -> Result<LossOut<Shape>> {
+        let LossInput {
+            h,
+            w,
+            targets,
+            dim,
+            vocab,
+            ..
+        } = input;
         let rows = targets.len();
         check_len("the final hidden states", h.len, rows * dim)?;
         check_len("the output projection", w.len, vocab * dim)?;

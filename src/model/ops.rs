@@ -139,6 +139,35 @@ pub struct RopeCall<'a> {
     pub inverse: bool,
 }
 
+/// What the fused loss reads: the final hidden states `h` `[rows, dim]`, the output projection
+/// `w` `[vocab, dim]`, one target token per row (`targets`, so `rows` is its length), and the
+/// scale of the summed loss the gradients are of. Grouped as the loss's input, beside
+/// [`LossOut`], its output, so a call names what the loss reads in one place and what it
+/// accumulates into (dW) as an argument of its own; [`LossInput::map`] passes the group to the
+/// device a wrapper holds.
+pub struct LossInput<'a, T> {
+    pub h: &'a T,
+    pub w: &'a T,
+    pub targets: &'a [u32],
+    pub dim: usize,
+    pub vocab: usize,
+    pub scale: f64,
+}
+
+impl<'a, T> LossInput<'a, T> {
+    /// Each tensor through `f` (a wrapper's tensor to the device's it holds), the rest kept.
+    pub fn map<U>(self, f: impl Fn(&'a T) -> &'a U) -> LossInput<'a, U> {
+        LossInput {
+            h: f(self.h),
+            w: f(self.w),
+            targets: self.targets,
+            dim: self.dim,
+            vocab: self.vocab,
+            scale: self.scale,
+        }
+    }
+}
+
 /// Per-layer primitives of a LLaMA model on one device.
 pub trait Ops: Sync {
     /// A tensor on this device.
@@ -285,18 +314,12 @@ pub trait Ops: Sync {
     fn swiglu_backward(&self, g: &Self::T, u: &Self::T, dm: &Self::T)
     -> Result<(Self::T, Self::T)>;
 
-    /// Cross-entropy of logits h Wᵀ against `targets`, forward and backward fused and chunked
-    /// over rows, so the logits of only a few rows exist at a time. The gradient is of
-    /// `scale · Σ loss`; dW accumulates into `dw`.
-    #[allow(clippy::too_many_arguments)]
+    /// Cross-entropy of logits h Wᵀ against `targets` (`input`'s), forward and backward fused
+    /// and chunked over rows, so the logits of only a few rows exist at a time. The gradient is
+    /// of `scale · Σ loss`; dW accumulates into `dw`.
     fn cross_entropy(
         &self,
-        h: &Self::T,
-        w: &Self::T,
-        targets: &[u32],
-        dim: usize,
-        vocab: usize,
-        scale: f64,
+        input: LossInput<'_, Self::T>,
         dw: &mut Self::T,
     ) -> Result<LossOut<Self::T>>;
 

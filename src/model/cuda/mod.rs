@@ -33,8 +33,8 @@ pub mod whole_sequence;
 use super::cost::{loss_chunk_rows, loss_chunks};
 use super::init;
 use super::ops::{
-    AdamState, AdamW, LinearBackward, LossOut, NormBackward, Ops, RopeCall, check_positions,
-    check_rows,
+    AdamState, AdamW, LinearBackward, LossInput, LossOut, NormBackward, Ops, RopeCall,
+    check_positions, check_rows,
 };
 use crate::backend::Backend;
 use crate::backend::cuda::{
@@ -597,14 +597,17 @@ impl Ops for CudaOps {
 
     fn cross_entropy(
         &self,
-        h: &Tensor,
-        w: &Tensor,
-        targets: &[u32],
-        dim: usize,
-        vocab: usize,
-        scale: f64,
+        input: LossInput<'_, Tensor>,
         dw: &mut Tensor,
     ) -> Result<LossOut<Tensor>> {
+        let LossInput {
+            h,
+            w,
+            targets,
+            dim,
+            vocab,
+            scale,
+        } = input;
         let rows = targets.len();
         check(
             dw,
