@@ -29,7 +29,7 @@ use distflash::inputs::Inputs;
 use distflash::model::attention_api::Attention;
 use distflash::model::cuda::CudaOps;
 use distflash::model::cuda::whole_sequence::CudaAttention;
-use distflash::model::ops::Ops;
+use distflash::model::ops::{LinearBackward, LossInput, Ops};
 use distflash::shape::{Dims, Mask};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
@@ -315,13 +315,29 @@ fn ops(gpu: &CudaOps) -> Result<()> {
     time(
         "linear_backward 4096x4096 -> 11008",
         2.0 * gemm,
-        &mut || gpu.linear_backward(&dy, &x, &w, rows, d, i, &mut dx, &mut dw),
+        &mut || {
+            let operands = LinearBackward {
+                dy: &dy,
+                x: &x,
+                w: &w,
+                rows,
+                inp: d,
+                out: i,
+            };
+            gpu.linear_backward(operands, &mut dx, &mut dw)
+        },
     )?;
     let loss = 6.0 * (rows * d * vocab) as f64;
     time("cross_entropy 4096 rows, 4096 -> 32000", loss, &mut || {
-        let scale = 1.0 / rows as f64;
-        gpu.cross_entropy(&x, &head, &targets, d, vocab, scale, &mut dhead)
-            .map(drop)
+        let input = LossInput {
+            h: &x,
+            w: &head,
+            targets: &targets,
+            dim: d,
+            vocab,
+            scale: 1.0 / rows as f64,
+        };
+        gpu.cross_entropy(input, &mut dhead).map(drop)
     })?;
     time("rmsnorm 4096x4096", 0.0, &mut || {
         gpu.rmsnorm(&x, &gain, rows, d, 1e-5).map(drop)

@@ -33,7 +33,9 @@ use distflash::model::cpu::Cpu;
 use distflash::model::cuda::CudaOps;
 use distflash::model::cuda::whole_sequence::CudaAttention;
 use distflash::model::family::ModelType;
-use distflash::model::ops::{AdamState, AdamW, Ops};
+use distflash::model::ops::{
+    AdamState, AdamW, LinearBackward, LossInput, NormBackward, Ops, RopeCall,
+};
 use distflash::model::rope::RopeScaling;
 use distflash::model::weights::{self, Weights};
 use distflash::model::{Checkpoint, Chunk, Keep, Offload, forward_backward};
@@ -611,10 +613,24 @@ impl Checker {
             let (dy, cdy) = self.either(dy_half, rows * out)?;
             let (mut dx, mut cdx) = self.full(rows * inp, -1.0, 1.0)?;
             let (mut dw, mut cdw) = self.full(out * inp, -1.0, 1.0)?;
-            self.gpu
-                .linear_backward(&dy, &x, &w, rows, inp, out, &mut dx, &mut dw)?;
-            self.cpu
-                .linear_backward(&cdy, &cx, &cw, rows, inp, out, &mut cdx, &mut cdw)?;
+            let operands = LinearBackward {
+                dy: &dy,
+                x: &x,
+                w: &w,
+                rows,
+                inp,
+                out,
+            };
+            self.gpu.linear_backward(operands, &mut dx, &mut dw)?;
+            let operands = LinearBackward {
+                dy: &cdy,
+                x: &cx,
+                w: &cw,
+                rows,
+                inp,
+                out,
+            };
+            self.cpu.linear_backward(operands, &mut cdx, &mut cdw)?;
             // A 16-bit dy reaches cuBLAS as it is (f32 accumulation of the same values); an f32
             // dy is rounded to 16 bits first, which the f64 reference does not do.
             let bound = if dy_half { F32_TOL } else { HALF_TOL };
@@ -636,10 +652,24 @@ impl Checker {
         let (dy, cdy) = self.full(rows * dim, -1.0, 1.0)?;
         let (mut dx, mut cdx) = self.full(rows * dim, -1.0, 1.0)?;
         let (mut dw, mut cdw) = self.full(dim, -1.0, 1.0)?;
-        self.gpu
-            .rmsnorm_backward(&x, &w, &rstd, &dy, rows, dim, &mut dx, &mut dw)?;
-        self.cpu
-            .rmsnorm_backward(&cx, &cw, &crstd, &cdy, rows, dim, &mut cdx, &mut cdw)?;
+        let operands = NormBackward {
+            x: &x,
+            w: &w,
+            rstd: &rstd,
+            dy: &dy,
+            rows,
+            dim,
+        };
+        self.gpu.rmsnorm_backward(operands, &mut dx, &mut dw)?;
+        let operands = NormBackward {
+            x: &cx,
+            w: &cw,
+            rstd: &crstd,
+            dy: &cdy,
+            rows,
+            dim,
+        };
+        self.cpu.rmsnorm_backward(operands, &mut cdx, &mut cdw)?;
         self.report("rmsnorm_backward dx +=", &dx, &cdx, F32_TOL)?;
         self.report("rmsnorm_backward dw +=", &dw, &cdw, F32_TOL)
     }
@@ -706,10 +736,16 @@ impl Checker {
             for h in [true, false] {
                 let (mut x, mut cx) = self.either(h, rows * heads * hd)?;
                 for inverse in [false, true] {
-                    self.gpu
-                        .rope(&mut x, rows, heads, hd, &positions, &rotary, inverse)?;
-                    self.cpu
-                        .rope(&mut cx, rows, heads, hd, &positions, &rotary, inverse)?;
+                    let call = RopeCall {
+                        rows,
+                        heads,
+                        head_dim: hd,
+                        positions: &positions,
+                        rotary: &rotary,
+                        inverse,
+                    };
+                    self.gpu.rope(&mut x, call)?;
+                    self.cpu.rope(&mut cx, call)?;
                     let name = format!(
                         "rope {which} {}, inverse {inverse}, positions 65000+ and 1000+",
                         kind(h)
@@ -730,12 +766,24 @@ impl Checker {
         // Small enough that the accumulated dW, not the initial value, dominates the comparison.
         let (mut dw, mut cdw) = self.full(vocab * dim, -1e-4, 1e-4)?;
         let scale = 1.0 / rows as f64;
-        let got = self
-            .gpu
-            .cross_entropy(&h, &w, &targets, dim, vocab, scale, &mut dw)?;
-        let want = self
-            .cpu
-            .cross_entropy(&ch, &cw, &targets, dim, vocab, scale, &mut cdw)?;
+        let input = LossInput {
+            h: &h,
+            w: &w,
+            targets: &targets,
+            dim,
+            vocab,
+            scale,
+        };
+        let got = self.gpu.cross_entropy(input, &mut dw)?;
+        let input = LossInput {
+            h: &ch,
+            w: &cw,
+            targets: &targets,
+            dim,
+            vocab,
+            scale,
+        };
+        let want = self.cpu.cross_entropy(input, &mut cdw)?;
         let err = (got.loss_sum - want.loss_sum).abs() / want.loss_sum;
         self.verdict("cross_entropy loss (2 chunks of rows)", err, F32_TOL);
         let same = got.argmax.iter().zip(&want.argmax).filter(|(a, b)| a == b);

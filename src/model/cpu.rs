@@ -4,9 +4,10 @@
 
 use super::float::Float;
 use super::init;
-use super::ops::{AdamState, AdamW, LossOut, Ops, check_rows, row_positions};
-use super::rope::Rotary;
-use crate::shape::Span;
+use super::ops::{
+    AdamState, AdamW, LinearBackward, LossInput, LossOut, NormBackward, Ops, RopeCall, check_rows,
+    row_positions,
+};
 use anyhow::{Result, bail};
 use ndarray::linalg::general_mat_mul;
 use ndarray::{ArrayView2, ArrayViewMut2, s};
@@ -226,15 +227,18 @@ impl<F: Float> Ops for Cpu<F> {
 
     fn linear_backward(
         &self,
-        dy: &Vec<F>,
-        x: &Vec<F>,
-        w: &Vec<F>,
-        rows: usize,
-        inp: usize,
-        out: usize,
+        operands: LinearBackward<'_, Vec<F>>,
         dx: &mut Vec<F>,
         dw: &mut Vec<F>,
     ) -> Result<()> {
+        let LinearBackward {
+            dy,
+            x,
+            w,
+            rows,
+            inp,
+            out,
+        } = operands;
         check_len("a linear layer's output gradient", dy, rows * out)?;
         check_len("a linear layer's input", x, rows * inp)?;
         check_len("a linear layer's weight", w, out * inp)?;
@@ -292,15 +296,18 @@ impl<F: Float> Ops for Cpu<F> {
 
     fn rmsnorm_backward(
         &self,
-        x: &Vec<F>,
-        w: &Vec<F>,
-        rstd: &Vec<F>,
-        dy: &Vec<F>,
-        rows: usize,
-        dim: usize,
+        operands: NormBackward<'_, Vec<F>>,
         dx: &mut Vec<F>,
         dw: &mut Vec<F>,
     ) -> Result<()> {
+        let NormBackward {
+            x,
+            w,
+            rstd,
+            dy,
+            rows,
+            dim,
+        } = operands;
         check_len("a norm's output gradient", dy, rows * dim)?;
         check_len("a norm's input", x, rows * dim)?;
         check_len("a norm's input gradient", dx, rows * dim)?;
@@ -323,16 +330,15 @@ impl<F: Float> Ops for Cpu<F> {
         Ok(())
     }
 
-    fn rope(
-        &self,
-        x: &mut Vec<F>,
-        rows: usize,
-        heads: usize,
-        head_dim: usize,
-        positions: &[Span],
-        rotary: &Rotary,
-        inverse: bool,
-    ) -> Result<()> {
+    fn rope(&self, x: &mut Vec<F>, call: RopeCall<'_>) -> Result<()> {
+        let RopeCall {
+            rows,
+            heads,
+            head_dim,
+            positions,
+            rotary,
+            inverse,
+        } = call;
         check_len("a rotary input", x, rows * heads * head_dim)?;
         let positions: Vec<usize> = row_positions(positions, rows)?.collect();
         if !head_dim.is_multiple_of(2) {
@@ -387,14 +393,17 @@ impl<F: Float> Ops for Cpu<F> {
 
     fn cross_entropy(
         &self,
-        h: &Vec<F>,
-        w: &Vec<F>,
-        targets: &[u32],
-        dim: usize,
-        vocab: usize,
-        scale: f64,
+        input: LossInput<'_, Vec<F>>,
         dw: &mut Vec<F>,
     ) -> Result<LossOut<Vec<F>>> {
+        let LossInput {
+            h,
+            w,
+            targets,
+            dim,
+            vocab,
+            scale,
+        } = input;
         let rows = targets.len();
         check_len("the final hidden states", h, rows * dim)?;
         check_len("the output projection", w, vocab * dim)?;

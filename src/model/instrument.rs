@@ -5,9 +5,9 @@
 //! see it.
 
 use super::attention_api::Attention;
-use super::ops::{AdamState, AdamW, LossOut, Ops};
-use super::rope::Rotary;
-use crate::shape::Span;
+use super::ops::{
+    AdamState, AdamW, LinearBackward, LossInput, LossOut, NormBackward, Ops, RopeCall,
+};
 use anyhow::Result;
 use std::borrow::Cow;
 
@@ -186,19 +186,13 @@ impl<O: Ops, I: Instrument<O>> Ops for Instrumented<'_, O, I> {
 
     fn linear_backward(
         &self,
-        dy: &I::T,
-        x: &I::T,
-        w: &I::T,
-        rows: usize,
-        inp: usize,
-        out: usize,
+        operands: LinearBackward<'_, I::T>,
         dx: &mut I::T,
         dw: &mut I::T,
     ) -> Result<()> {
         self.call("linear_backward", || {
-            let (dy, x, w) = (I::tensor(dy), I::tensor(x), I::tensor(w));
             let (dx, dw) = (I::tensor_mut(dx), I::tensor_mut(dw));
-            self.inner.linear_backward(dy, x, w, rows, inp, out, dx, dw)
+            self.inner.linear_backward(operands.map(I::tensor), dx, dw)
         })
     }
 
@@ -233,40 +227,23 @@ impl<O: Ops, I: Instrument<O>> Ops for Instrumented<'_, O, I> {
 
     fn rmsnorm_backward(
         &self,
-        x: &I::T,
-        w: &I::T,
-        rstd: &I::T,
-        dy: &I::T,
-        rows: usize,
-        dim: usize,
+        operands: NormBackward<'_, I::T>,
         dx: &mut I::T,
         dw: &mut I::T,
     ) -> Result<()> {
         self.call("rmsnorm_backward", || {
-            let (x, w) = (I::tensor(x), I::tensor(w));
-            let (rstd, dy) = (I::tensor(rstd), I::tensor(dy));
             let (dx, dw) = (I::tensor_mut(dx), I::tensor_mut(dw));
-            self.inner
-                .rmsnorm_backward(x, w, rstd, dy, rows, dim, dx, dw)
+            self.inner.rmsnorm_backward(operands.map(I::tensor), dx, dw)
         })
     }
 
-    fn rope(
-        &self,
-        x: &mut I::T,
-        rows: usize,
-        heads: usize,
-        head_dim: usize,
-        positions: &[Span],
-        rotary: &Rotary,
-        inverse: bool,
-    ) -> Result<()> {
-        let op = if inverse { "rope_backward" } else { "rope" };
-        self.call(op, || {
-            let x = I::tensor_mut(x);
-            self.inner
-                .rope(x, rows, heads, head_dim, positions, rotary, inverse)
-        })
+    fn rope(&self, x: &mut I::T, call: RopeCall<'_>) -> Result<()> {
+        let op = if call.inverse {
+            "rope_backward"
+        } else {
+            "rope"
+        };
+        self.call(op, || self.inner.rope(I::tensor_mut(x), call))
     }
 
     fn swiglu(&self, g: &I::T, u: &I::T) -> Result<I::T> {
@@ -282,20 +259,10 @@ impl<O: Ops, I: Instrument<O>> Ops for Instrumented<'_, O, I> {
         Ok((self.made(dg, what), self.made(du, what)))
     }
 
-    fn cross_entropy(
-        &self,
-        h: &I::T,
-        w: &I::T,
-        targets: &[u32],
-        dim: usize,
-        vocab: usize,
-        scale: f64,
-        dw: &mut I::T,
-    ) -> Result<LossOut<I::T>> {
+    fn cross_entropy(&self, input: LossInput<'_, I::T>, dw: &mut I::T) -> Result<LossOut<I::T>> {
         let out = self.call("cross_entropy", || {
-            let (h, w, dw) = (I::tensor(h), I::tensor(w), I::tensor_mut(dw));
-            self.inner
-                .cross_entropy(h, w, targets, dim, vocab, scale, dw)
+            let dw = I::tensor_mut(dw);
+            self.inner.cross_entropy(input.map(I::tensor), dw)
         })?;
         Ok(LossOut {
             loss_sum: out.loss_sum,

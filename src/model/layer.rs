@@ -24,7 +24,7 @@
 use super::attention_api::Attention;
 use super::config::Config;
 use super::meter::Meter;
-use super::ops::Ops;
+use super::ops::{LinearBackward, NormBackward, Ops, RopeCall};
 use super::rope::Rotary;
 use super::weights::{LayerTensor, LayerWeights};
 use crate::shape::Span;
@@ -343,8 +343,15 @@ impl<O: Ops> Layer<'_, O> {
             None => None,
         };
         if input.rotated {
-            let (positions, rotary) = (self.positions, self.rotary);
-            ops.rope(&mut y, n, input.heads, hd, positions, rotary, false)?;
+            let call = RopeCall {
+                rows: n,
+                heads: input.heads,
+                head_dim: hd,
+                positions: self.positions,
+                rotary: self.rotary,
+                inverse: false,
+            };
+            ops.rope(&mut y, call)?;
         }
         Ok((y, pre))
     }
@@ -364,36 +371,43 @@ impl<O: Ops> Layer<'_, O> {
         let (ops, c, n, hd) = (self.ops, self.cfg, self.rows, self.cfg.head_dim);
         let width = input.heads * hd;
         if input.rotated {
-            ops.rope(
-                &mut dy,
-                n,
-                input.heads,
-                hd,
-                self.positions,
-                self.rotary,
-                true,
-            )?;
+            let call = RopeCall {
+                rows: n,
+                heads: input.heads,
+                head_dim: hd,
+                positions: self.positions,
+                rotary: self.rotary,
+                inverse: true,
+            };
+            ops.rope(&mut dy, call)?;
         }
         if let (Some(pre), Some(norm)) = (pre, input.norm) {
             // The projection's gradient in the activations' precision: the norm's backward
             // writes it whole and the projection's backward reads it next (as attention's dO).
             let mut dx = ops.activation_zeros(n * width)?;
             let rows = n * input.heads;
-            ops.rmsnorm_backward(
-                &pre.x,
-                &w[norm],
-                &pre.rstd,
-                &dy,
+            let operands = NormBackward {
+                x: &pre.x,
+                w: &w[norm],
+                rstd: &pre.rstd,
+                dy: &dy,
                 rows,
-                hd,
-                &mut dx,
-                &mut grads[norm],
-            )?;
+                dim: hd,
+            };
+            ops.rmsnorm_backward(operands, &mut dx, &mut grads[norm])?;
             dy = dx;
         }
         self.bias_grad(&dy, width, grads.get_mut(input.bias))?;
         let (d, wt) = (c.hidden_size, input.weight);
-        ops.linear_backward(&dy, h1, &w[wt], n, d, width, dh1, &mut grads[wt])
+        let operands = LinearBackward {
+            dy: &dy,
+            x: h1,
+            w: &w[wt],
+            rows: n,
+            inp: d,
+            out: width,
+        };
+        ops.linear_backward(operands, dh1, &mut grads[wt])
     }
 
     /// y = x Wᵀ + b (the bias where the layer has one) for this worker's rows.
@@ -512,41 +526,38 @@ impl<O: Ops> Layer<'_, O> {
             // out = x2 + m Wdᵀ;  m = silu(g)∘u;  g, u = h2 Wgᵀ, h2 Wuᵀ
             let mut dm = ops.zeros(len * i)?;
             let dy = self.block(dout, d, b)?;
-            ops.linear_backward(
-                &dy,
-                &mlp.m,
-                &w[LayerTensor::WDown],
-                len,
-                i,
-                d,
-                &mut dm,
-                &mut grads[LayerTensor::WDown],
-            )?;
+            let down = LinearBackward {
+                dy: &*dy,
+                x: &mlp.m,
+                w: &w[LayerTensor::WDown],
+                rows: len,
+                inp: i,
+                out: d,
+            };
+            ops.linear_backward(down, &mut dm, &mut grads[LayerTensor::WDown])?;
             let (dg, du) = ops.swiglu_backward(&mlp.g, &mlp.u, &dm)?;
             let mut part = (b != (0, self.rows))
                 .then(|| ops.zeros(len * d))
                 .transpose()?;
             let into = part.as_mut().unwrap_or(&mut dh2);
-            ops.linear_backward(
-                &dg,
-                &h2,
-                &w[LayerTensor::WGate],
-                len,
-                d,
-                i,
-                into,
-                &mut grads[LayerTensor::WGate],
-            )?;
-            ops.linear_backward(
-                &du,
-                &h2,
-                &w[LayerTensor::WUp],
-                len,
-                d,
-                i,
-                into,
-                &mut grads[LayerTensor::WUp],
-            )?;
+            let gate = LinearBackward {
+                dy: &dg,
+                x: &h2,
+                w: &w[LayerTensor::WGate],
+                rows: len,
+                inp: d,
+                out: i,
+            };
+            ops.linear_backward(gate, into, &mut grads[LayerTensor::WGate])?;
+            let up = LinearBackward {
+                dy: &du,
+                x: &h2,
+                w: &w[LayerTensor::WUp],
+                rows: len,
+                inp: d,
+                out: i,
+            };
+            ops.linear_backward(up, into, &mut grads[LayerTensor::WUp])?;
             if let Some(part) = part {
                 ops.set_rows(&mut dh2, d, b.0, &part)?;
             }
@@ -616,16 +627,15 @@ impl<O: Ops> Layer<'_, O> {
         let dh2 = self.mlp_backward(w, &a, mlp.as_deref(), &dout, grads, meter)?;
         drop(mlp);
         let mut dx2 = dout;
-        ops.rmsnorm_backward(
-            &a.x2,
-            &w[LayerTensor::MlpNorm],
-            &a.rstd2,
-            &dh2,
-            n,
-            d,
-            &mut dx2,
-            &mut grads[LayerTensor::MlpNorm],
-        )?;
+        let mlp_norm = NormBackward {
+            x: &a.x2,
+            w: &w[LayerTensor::MlpNorm],
+            rstd: &a.rstd2,
+            dy: &dh2,
+            rows: n,
+            dim: d,
+        };
+        ops.rmsnorm_backward(mlp_norm, &mut dx2, &mut grads[LayerTensor::MlpNorm])?;
         drop(dh2);
         let Acts {
             x,
@@ -649,16 +659,15 @@ impl<O: Ops> Layer<'_, O> {
         // dO in the activations' precision: one product writes it whole and the attention's
         // 16-bit kernel reads it next.
         let mut dout_attn = ops.activation_zeros(n * qw)?;
-        ops.linear_backward(
-            &dx2,
-            &o,
-            &w[LayerTensor::Wo],
-            n,
-            qw,
-            d,
-            &mut dout_attn,
-            &mut grads[LayerTensor::Wo],
-        )?;
+        let wo = LinearBackward {
+            dy: &dx2,
+            x: &o,
+            w: &w[LayerTensor::Wo],
+            rows: n,
+            inp: qw,
+            out: d,
+        };
+        ops.linear_backward(wo, &mut dout_attn, &mut grads[LayerTensor::Wo])?;
         let (dq, dk, dv) = attn.backward(&q, &k, &v, &o, &lse, &dout_attn)?;
         drop((q, k, v, o, lse, dout_attn));
 
@@ -670,16 +679,15 @@ impl<O: Ops> Layer<'_, O> {
         }
         drop(h1);
         let mut dx = dx2;
-        ops.rmsnorm_backward(
-            &x,
-            &w[LayerTensor::AttnNorm],
-            &rstd1,
-            &dh1,
-            n,
-            d,
-            &mut dx,
-            &mut grads[LayerTensor::AttnNorm],
-        )?;
+        let attn_norm = NormBackward {
+            x: &x,
+            w: &w[LayerTensor::AttnNorm],
+            rstd: &rstd1,
+            dy: &dh1,
+            rows: n,
+            dim: d,
+        };
+        ops.rmsnorm_backward(attn_norm, &mut dx, &mut grads[LayerTensor::AttnNorm])?;
         meter.release(all);
         Ok(dx)
     }

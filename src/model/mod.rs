@@ -33,7 +33,7 @@ use crate::shape::Span;
 use anyhow::{Result, bail};
 use attention_api::Attention;
 use config::Config;
-use ops::Ops;
+use ops::{LossInput, NormBackward, Ops};
 use weights::{LayerWeights, Weights};
 
 /// This worker's rows of one sequence: input tokens, next-token targets, where the rows sit in
@@ -265,17 +265,25 @@ pub fn forward_backward_with<O: Ops, A: Attention<O::T>>(
     }
     let (loss, dx) = params.with_head(attn, |head| {
         let (h, rstd) = ops.rmsnorm(&x, head.norm, rows, d, cfg.rms_norm_eps)?;
-        let loss = ops.cross_entropy(
-            &h,
-            head.output,
-            chunk.targets,
-            d,
-            cfg.vocab_size,
-            loss_scale,
-            head.doutput,
-        )?;
+        let input = LossInput {
+            h: &h,
+            w: head.output,
+            targets: chunk.targets,
+            dim: d,
+            vocab: cfg.vocab_size,
+            scale: loss_scale,
+        };
+        let loss = ops.cross_entropy(input, head.doutput)?;
         let mut dx = ops.zeros(rows * d)?;
-        ops.rmsnorm_backward(&x, head.norm, &rstd, &loss.dh, rows, d, &mut dx, head.dnorm)?;
+        let norm = NormBackward {
+            x: &x,
+            w: head.norm,
+            rstd: &rstd,
+            dy: &loss.dh,
+            rows,
+            dim: d,
+        };
+        ops.rmsnorm_backward(norm, &mut dx, head.dnorm)?;
         // The loss's input gradient is spent: it would otherwise live through every layer's
         // backward (an f32 of the sequence × hidden size, 8 GiB at 512K for llama2-7b).
         Ok(((loss.loss_sum, loss.argmax), dx))

@@ -68,6 +68,106 @@ pub struct LossOut<T> {
     pub dh: T,
 }
 
+/// What a linear layer's backward reads: the output's gradient `dy` `[rows, out]`, and the
+/// forward's input `x` `[rows, inp]` and weight `w` `[out, inp]` with their shape. Grouped so a
+/// call names what the backward reads in one place and what it accumulates into (dx, dW) as
+/// arguments of their own; `T` is a device's tensor, and [`LinearBackward::map`] passes the
+/// group to the device a wrapper holds.
+pub struct LinearBackward<'a, T> {
+    pub dy: &'a T,
+    pub x: &'a T,
+    pub w: &'a T,
+    pub rows: usize,
+    pub inp: usize,
+    pub out: usize,
+}
+
+impl<'a, T> LinearBackward<'a, T> {
+    /// Each tensor through `f` (a wrapper's tensor to the device's it holds), the shape kept.
+    pub fn map<U>(self, f: impl Fn(&'a T) -> &'a U) -> LinearBackward<'a, U> {
+        LinearBackward {
+            dy: f(self.dy),
+            x: f(self.x),
+            w: f(self.w),
+            rows: self.rows,
+            inp: self.inp,
+            out: self.out,
+        }
+    }
+}
+
+/// What an RMS norm's backward reads: the forward's input `x` `[rows, dim]`, gain `w` `[dim]`
+/// and per-row `rstd` `[rows]` (what [`Ops::rmsnorm`] returned), the output's gradient `dy`
+/// `[rows, dim]`, and the shape. Grouped so a call names what the backward reads in one place
+/// and what it accumulates into (dx, dw) as arguments of their own; [`NormBackward::map`] passes
+/// the group to the device a wrapper holds.
+pub struct NormBackward<'a, T> {
+    pub x: &'a T,
+    pub w: &'a T,
+    pub rstd: &'a T,
+    pub dy: &'a T,
+    pub rows: usize,
+    pub dim: usize,
+}
+
+impl<'a, T> NormBackward<'a, T> {
+    /// Each tensor through `f` (a wrapper's tensor to the device's it holds), the shape kept.
+    pub fn map<U>(self, f: impl Fn(&'a T) -> &'a U) -> NormBackward<'a, U> {
+        NormBackward {
+            x: f(self.x),
+            w: f(self.w),
+            rstd: f(self.rstd),
+            dy: f(self.dy),
+            rows: self.rows,
+            dim: self.dim,
+        }
+    }
+}
+
+/// One rotary embedding call besides the tensor it rotates in place: the tensor's shape
+/// `[rows, heads, head_dim]`, where its rows sit (`positions`), the table (`rotary`) and the
+/// direction (`inverse`: the backward). Grouped because they travel together: a layer's q and k,
+/// forward and backward, are rotated by the same call but for `heads` and `inverse`. It holds no
+/// tensor, so every device and wrapper passes it on as it is.
+#[derive(Clone, Copy, Debug)]
+pub struct RopeCall<'a> {
+    pub rows: usize,
+    pub heads: usize,
+    pub head_dim: usize,
+    pub positions: &'a [Span],
+    pub rotary: &'a Rotary,
+    pub inverse: bool,
+}
+
+/// What the fused loss reads: the final hidden states `h` `[rows, dim]`, the output projection
+/// `w` `[vocab, dim]`, one target token per row (`targets`, so `rows` is its length), and the
+/// scale of the summed loss the gradients are of. Grouped as the loss's input, beside
+/// [`LossOut`], its output, so a call names what the loss reads in one place and what it
+/// accumulates into (dW) as an argument of its own; [`LossInput::map`] passes the group to the
+/// device a wrapper holds.
+pub struct LossInput<'a, T> {
+    pub h: &'a T,
+    pub w: &'a T,
+    pub targets: &'a [u32],
+    pub dim: usize,
+    pub vocab: usize,
+    pub scale: f64,
+}
+
+impl<'a, T> LossInput<'a, T> {
+    /// Each tensor through `f` (a wrapper's tensor to the device's it holds), the rest kept.
+    pub fn map<U>(self, f: impl Fn(&'a T) -> &'a U) -> LossInput<'a, U> {
+        LossInput {
+            h: f(self.h),
+            w: f(self.w),
+            targets: self.targets,
+            dim: self.dim,
+            vocab: self.vocab,
+            scale: self.scale,
+        }
+    }
+}
+
 /// Per-layer primitives of a LLaMA model on one device.
 pub trait Ops: Sync {
     /// A tensor on this device.
@@ -160,16 +260,11 @@ pub trait Ops: Sync {
         inp: usize,
         out: usize,
     ) -> Result<Self::T>;
-    /// dx += dy W and dW += dyᵀ x (accumulating, so branches that share an input add up).
-    #[allow(clippy::too_many_arguments)]
+    /// dx += dy W and dW += dyᵀ x (accumulating, so branches that share an input add up), from
+    /// `operands`' dy, x and W.
     fn linear_backward(
         &self,
-        dy: &Self::T,
-        x: &Self::T,
-        w: &Self::T,
-        rows: usize,
-        inp: usize,
-        out: usize,
+        operands: LinearBackward<'_, Self::T>,
         dx: &mut Self::T,
         dw: &mut Self::T,
     ) -> Result<()>;
@@ -195,37 +290,23 @@ pub trait Ops: Sync {
         dim: usize,
         eps: f64,
     ) -> Result<(Self::T, Self::T)>;
-    /// dx += rstd·(g − x·rstd²·mean(g∘x)) with g = dy∘w, and dw += Σ_rows dy∘x·rstd.
-    #[allow(clippy::too_many_arguments)]
+    /// dx += rstd·(g − x·rstd²·mean(g∘x)) with g = dy∘w, and dw += Σ_rows dy∘x·rstd, from
+    /// `operands`' x, w, rstd and dy.
     fn rmsnorm_backward(
         &self,
-        x: &Self::T,
-        w: &Self::T,
-        rstd: &Self::T,
-        dy: &Self::T,
-        rows: usize,
-        dim: usize,
+        operands: NormBackward<'_, Self::T>,
         dx: &mut Self::T,
         dw: &mut Self::T,
     ) -> Result<()>;
 
-    /// Rotary embedding in place on `[rows, heads, head_dim]`, Hugging Face's rotate-half
-    /// pairing (i, i + head_dim/2). The rows sit at the positions of `positions`, runs of the
-    /// sequence in row order (one run for a contiguous chunk, two for a zigzag worker's head and
-    /// tail; see [`row_positions`]). `rotary` holds the head's `head_dim / 2` inverse
-    /// frequencies and the factor cos and sin are multiplied by (`Config::rotary`). The backward
-    /// (`inverse`) is the rotation by the opposite angle, times the same factor (the transpose).
-    #[allow(clippy::too_many_arguments)]
-    fn rope(
-        &self,
-        x: &mut Self::T,
-        rows: usize,
-        heads: usize,
-        head_dim: usize,
-        positions: &[Span],
-        rotary: &Rotary,
-        inverse: bool,
-    ) -> Result<()>;
+    /// Rotary embedding in place on x `[rows, heads, head_dim]` (`call`'s shape), Hugging
+    /// Face's rotate-half pairing (i, i + head_dim/2). The rows sit at the positions of
+    /// `call.positions`, runs of the sequence in row order (one run for a contiguous chunk, two
+    /// for a zigzag worker's head and tail; see [`row_positions`]). `call.rotary` holds the
+    /// head's `head_dim / 2` inverse frequencies and the factor cos and sin are multiplied by
+    /// (`Config::rotary`). The backward (`call.inverse`) is the rotation by the opposite angle,
+    /// times the same factor (the transpose).
+    fn rope(&self, x: &mut Self::T, call: RopeCall<'_>) -> Result<()>;
 
     /// m = silu(g) ∘ u.
     fn swiglu(&self, g: &Self::T, u: &Self::T) -> Result<Self::T>;
@@ -233,18 +314,12 @@ pub trait Ops: Sync {
     fn swiglu_backward(&self, g: &Self::T, u: &Self::T, dm: &Self::T)
     -> Result<(Self::T, Self::T)>;
 
-    /// Cross-entropy of logits h Wᵀ against `targets`, forward and backward fused and chunked
-    /// over rows, so the logits of only a few rows exist at a time. The gradient is of
-    /// `scale · Σ loss`; dW accumulates into `dw`.
-    #[allow(clippy::too_many_arguments)]
+    /// Cross-entropy of logits h Wᵀ against `targets` (`input`'s), forward and backward fused
+    /// and chunked over rows, so the logits of only a few rows exist at a time. The gradient is
+    /// of `scale · Σ loss`; dW accumulates into `dw`.
     fn cross_entropy(
         &self,
-        h: &Self::T,
-        w: &Self::T,
-        targets: &[u32],
-        dim: usize,
-        vocab: usize,
-        scale: f64,
+        input: LossInput<'_, Self::T>,
         dw: &mut Self::T,
     ) -> Result<LossOut<Self::T>>;
 

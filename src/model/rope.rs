@@ -386,7 +386,7 @@ impl RopeScaling {
 mod tests {
     use super::*;
     use crate::model::cpu::Cpu;
-    use crate::model::ops::Ops;
+    use crate::model::ops::{Ops, RopeCall};
     use crate::shape::Span;
     use std::f64::consts::PI;
 
@@ -591,20 +591,36 @@ mod tests {
             start: 3,
             len: rows,
         }];
-        let mut plain = Rotary::new(10000.0, d, RopeScaling::None, 1);
+        let plain = Rotary::new(10000.0, d, RopeScaling::None, 1);
+        let scaled = Rotary {
+            scale: 1.25,
+            ..plain.clone()
+        };
+        let call = RopeCall {
+            rows,
+            heads,
+            head_dim: d,
+            positions: &positions,
+            rotary: &plain,
+            inverse: false,
+        };
         let mut y1 = x.clone();
-        ops.rope(&mut y1, rows, heads, d, &positions, &plain, false)
-            .unwrap();
-        plain.scale = 1.25;
+        ops.rope(&mut y1, call).unwrap();
+        let call = RopeCall {
+            rotary: &scaled,
+            ..call
+        };
         let mut y = x.clone();
-        ops.rope(&mut y, rows, heads, d, &positions, &plain, false)
-            .unwrap();
+        ops.rope(&mut y, call).unwrap();
         for (a, b) in y.iter().zip(&y1) {
             assert!((a - 1.25 * b).abs() < 1e-12);
         }
         // The backward of x ↦ sRx is dy ↦ sRᵀdy: after both, s²x.
-        ops.rope(&mut y, rows, heads, d, &positions, &plain, true)
-            .unwrap();
+        let call = RopeCall {
+            inverse: true,
+            ..call
+        };
+        ops.rope(&mut y, call).unwrap();
         for (a, b) in y.iter().zip(&x) {
             assert!((a - 1.5625 * b).abs() < 1e-12);
         }

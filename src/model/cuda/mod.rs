@@ -32,13 +32,14 @@ pub mod whole_sequence;
 
 use super::cost::{loss_chunk_rows, loss_chunks};
 use super::init;
-use super::ops::{AdamState, AdamW, LossOut, Ops, check_positions, check_rows};
-use super::rope::Rotary;
+use super::ops::{
+    AdamState, AdamW, LinearBackward, LossInput, LossOut, NormBackward, Ops, RopeCall,
+    check_positions, check_rows,
+};
 use crate::backend::Backend;
 use crate::backend::cuda::{
     CudaBackend, InputDtype, Tensor, allocation_failed, elementwise_config, rows_config,
 };
-use crate::shape::Span;
 use anyhow::{Result, anyhow, bail};
 use args::{check, f32_mut, f32_ref, int, push, push_mut};
 use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr, PushKernelArg, ValidAsZeroBits};
@@ -384,15 +385,18 @@ impl Ops for CudaOps {
 
     fn linear_backward(
         &self,
-        dy: &Tensor,
-        x: &Tensor,
-        w: &Tensor,
-        rows: usize,
-        inp: usize,
-        out: usize,
+        operands: LinearBackward<'_, Tensor>,
         dx: &mut Tensor,
         dw: &mut Tensor,
     ) -> Result<()> {
+        let LinearBackward {
+            dy,
+            x,
+            w,
+            rows,
+            inp,
+            out,
+        } = operands;
         check(
             dx,
             self.dtype(),
@@ -440,15 +444,18 @@ impl Ops for CudaOps {
 
     fn rmsnorm_backward(
         &self,
-        x: &Tensor,
-        w: &Tensor,
-        rstd: &Tensor,
-        dy: &Tensor,
-        rows: usize,
-        dim: usize,
+        operands: NormBackward<'_, Tensor>,
         dx: &mut Tensor,
         dw: &mut Tensor,
     ) -> Result<()> {
+        let NormBackward {
+            x,
+            w,
+            rstd,
+            dy,
+            rows,
+            dim,
+        } = operands;
         check(x, self.dtype(), rows * dim, "a norm's input")?;
         check(w, self.dtype(), dim, "a norm's gain")?;
         check(dy, self.dtype(), rows * dim, "a norm's output gradient")?;
@@ -503,16 +510,15 @@ impl Ops for CudaOps {
             .run(Kernel::BiasDw, args, shapes::column_sums(width, rows)?)
     }
 
-    fn rope(
-        &self,
-        x: &mut Tensor,
-        rows: usize,
-        heads: usize,
-        head_dim: usize,
-        positions: &[Span],
-        rotary: &Rotary,
-        inverse: bool,
-    ) -> Result<()> {
+    fn rope(&self, x: &mut Tensor, call: RopeCall<'_>) -> Result<()> {
+        let RopeCall {
+            rows,
+            heads,
+            head_dim,
+            positions,
+            rotary,
+            inverse,
+        } = call;
         check(x, self.dtype(), rows * heads * head_dim, "a rotary input")?;
         check_positions(positions, rows)?;
         // The kernel takes at most two runs: rows before `split` sit at start0 + r, the rest at
@@ -591,14 +597,17 @@ impl Ops for CudaOps {
 
     fn cross_entropy(
         &self,
-        h: &Tensor,
-        w: &Tensor,
-        targets: &[u32],
-        dim: usize,
-        vocab: usize,
-        scale: f64,
+        input: LossInput<'_, Tensor>,
         dw: &mut Tensor,
     ) -> Result<LossOut<Tensor>> {
+        let LossInput {
+            h,
+            w,
+            targets,
+            dim,
+            vocab,
+            scale,
+        } = input;
         let rows = targets.len();
         check(
             dw,

@@ -12,9 +12,11 @@ use super::count::{Counter, Kind, Metered, check_len};
 use crate::model::attention_api::Attention;
 use crate::model::cost::loss_chunk_rows;
 use crate::model::cuda::whole_sequence::{Call, moments};
-use crate::model::ops::{AdamState, AdamW, LossOut, Ops, check_positions, check_rows};
-use crate::model::rope::Rotary;
-use crate::shape::{Dims, Span};
+use crate::model::ops::{
+    AdamState, AdamW, LinearBackward, LossInput, LossOut, NormBackward, Ops, RopeCall,
+    check_positions, check_rows,
+};
+use crate::shape::Dims;
 use anyhow::{Result, bail};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -248,15 +250,18 @@ impl Ops for Lengths {
 
     fn linear_backward(
         &self,
-        dy: &Shape,
-        x: &Shape,
-        w: &Shape,
-        rows: usize,
-        inp: usize,
-        out: usize,
+        operands: LinearBackward<'_, Shape>,
         dx: &mut Shape,
         dw: &mut Shape,
     ) -> Result<()> {
+        let LinearBackward {
+            dy,
+            x,
+            w,
+            rows,
+            inp,
+            out,
+        } = operands;
         check_len("a linear layer's output gradient", dy.len, rows * out)?;
         check_len("a linear layer's input", x.len, rows * inp)?;
         check_len("a linear layer's weight", w.len, out * inp)?;
@@ -295,15 +300,18 @@ impl Ops for Lengths {
 
     fn rmsnorm_backward(
         &self,
-        x: &Shape,
-        w: &Shape,
-        rstd: &Shape,
-        dy: &Shape,
-        rows: usize,
-        dim: usize,
+        operands: NormBackward<'_, Shape>,
         dx: &mut Shape,
         dw: &mut Shape,
     ) -> Result<()> {
+        let NormBackward {
+            x,
+            w,
+            rstd,
+            dy,
+            rows,
+            dim,
+        } = operands;
         check_len("a norm's input", x.len, rows * dim)?;
         check_len("a norm's gain", w.len, dim)?;
         check_len("a norm's statistics", rstd.len, rows)?;
@@ -312,16 +320,14 @@ impl Ops for Lengths {
         check_len("a norm's gain gradient", dw.len, dim)
     }
 
-    fn rope(
-        &self,
-        x: &mut Shape,
-        rows: usize,
-        heads: usize,
-        head_dim: usize,
-        positions: &[Span],
-        _: &Rotary,
-        _: bool,
-    ) -> Result<()> {
+    fn rope(&self, x: &mut Shape, call: RopeCall<'_>) -> Result<()> {
+        let RopeCall {
+            rows,
+            heads,
+            head_dim,
+            positions,
+            ..
+        } = call;
         check_len("a rotary input", x.len, rows * heads * head_dim)?;
         check_positions(positions, rows)?;
         if self.cuda() && !self.rope_table.swap(true, Ordering::Relaxed) {
@@ -342,16 +348,15 @@ impl Ops for Lengths {
         Ok((self.half(g.len), self.half(g.len)))
     }
 
-    fn cross_entropy(
-        &self,
-        h: &Shape,
-        w: &Shape,
-        targets: &[u32],
-        dim: usize,
-        vocab: usize,
-        _: f64,
-        dw: &mut Shape,
-    ) -> Result<LossOut<Shape>> {
+    fn cross_entropy(&self, input: LossInput<'_, Shape>, dw: &mut Shape) -> Result<LossOut<Shape>> {
+        let LossInput {
+            h,
+            w,
+            targets,
+            dim,
+            vocab,
+            ..
+        } = input;
         let rows = targets.len();
         check_len("the final hidden states", h.len, rows * dim)?;
         check_len("the output projection", w.len, vocab * dim)?;
