@@ -193,16 +193,19 @@ pub fn gib(bytes: f64) -> f64 {
 
 /// Refuses, in one sentence with the numbers, a step whose estimate exceeds `free` bytes.
 /// `what` names the run ("llama2-7b, 32 layers, 16384 tokens, checkpoint remat").
-pub fn check_fits(m: &StepMemory, free: usize, what: &str) -> Result<()> {
+pub fn check_fits(m: &StepMemory, free: usize, what: &str, fix: &str) -> Result<()> {
     if m.total() <= free as f64 {
         return Ok(());
     }
     Err(Error::out_of_memory(format!(
-        "{what} would not fit on this GPU: it needs {} but {:.1} GiB is free; use fewer layers, a shorter sequence, a leaner checkpoint policy (layer keeps least) or more GPUs",
+        "{what} would not fit on this GPU: it needs {} but {:.1} GiB is free; {fix}",
         m.describe(),
         gib(free as f64)
     )))
 }
+
+/// What a step too large for its GPU can change, where no offload or policy makes it fit.
+pub const GPU_FIX: &str = "use fewer layers, a shorter sequence, a leaner checkpoint policy (layer keeps least) or more GPUs";
 
 #[cfg(test)]
 mod tests {
@@ -296,7 +299,7 @@ mod tests {
     #[test]
     fn refusal_is_one_sentence_with_numbers() {
         let m = needing(300.0);
-        let err = check_fits(&m, 140 << 30, "llama2-7b at 1048576 tokens")
+        let err = check_fits(&m, 140 << 30, "llama2-7b at 1048576 tokens", GPU_FIX)
             .unwrap_err()
             .to_string();
         assert!(
@@ -307,13 +310,14 @@ mod tests {
         );
         assert!(err.contains("but 140.0 GiB is free"), "{err}");
         assert!(!err.contains('\n'));
-        assert!(check_fits(&needing(139.0), 140 << 30, "x").is_ok());
+        assert!(check_fits(&needing(139.0), 140 << 30, "x", GPU_FIX).is_ok());
     }
 
     #[test]
     fn a_step_that_would_not_fit_is_out_of_memory() {
         use crate::error::{ErrorKind, kind_of};
-        let e = check_fits(&needing(300.0), 140 << 30, "llama2-7b at 1048576 tokens").unwrap_err();
+        let what = "llama2-7b at 1048576 tokens";
+        let e = check_fits(&needing(300.0), 140 << 30, what, GPU_FIX).unwrap_err();
         assert_eq!(kind_of(&e), Some(ErrorKind::OutOfMemory));
     }
 }

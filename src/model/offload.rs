@@ -36,7 +36,8 @@ impl Offload {
         activations: true,
         optimizer: false,
     };
-    /// AdamW's two f32 moments live in host memory between updates.
+    /// AdamW's state (its moments and the masters of 16-bit weights) lives in host memory
+    /// between updates.
     pub const OPTIMIZER: Offload = Offload {
         activations: false,
         optimizer: true,
@@ -60,6 +61,14 @@ impl Offload {
     /// Whether anything goes to host memory.
     pub fn any(self) -> bool {
         self != Offload::NONE
+    }
+
+    /// What either of `self` and `other` moves.
+    pub fn and(self, other: Offload) -> Offload {
+        Offload {
+            activations: self.activations || other.activations,
+            optimizer: self.optimizer || other.optimizer,
+        }
     }
 }
 

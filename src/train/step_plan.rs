@@ -251,6 +251,21 @@ impl StepPlan {
         Ok(Resolved { plan, warnings })
     }
 
+    /// This plan keeping `checkpoint` and moving `offload` instead: what a refusal for memory
+    /// proposes (`train::memory`). Moving the optimizer's state needs an optimizer; a plan
+    /// without one keeps its own offload.
+    pub fn with(&self, checkpoint: Checkpoint, offload: Offload) -> StepPlan {
+        let offload = match self.optimizer || !offload.optimizer() {
+            true => offload,
+            false => self.offload,
+        };
+        StepPlan {
+            checkpoint,
+            offload,
+            ..*self
+        }
+    }
+
     /// How the sequence is split across the workers.
     pub fn schedule(&self) -> Schedule {
         self.schedule

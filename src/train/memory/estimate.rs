@@ -430,7 +430,8 @@ mod tests {
         };
         let free = (139.3 * (1u64 << 30) as f64) as usize;
         let long = gpu_step_memory(step).unwrap();
-        assert!(cost::check_fits(&long, free, "llama2-7b at 524288 tokens").is_ok());
+        let what = "llama2-7b at 524288 tokens";
+        assert!(cost::check_fits(&long, free, what, cost::GPU_FIX).is_ok());
     }
 
     #[test]

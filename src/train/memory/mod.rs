@@ -13,6 +13,7 @@ use crate::error::Error;
 use crate::model::config::Config;
 use crate::model::cost;
 use crate::model::weights::parameters;
+use crate::model::{Checkpoint, Offload};
 use crate::plan::{Partition, Schedule};
 use crate::resources;
 use crate::runtime::{Device, OpenedGpu, Runtime, Topology};
@@ -186,6 +187,49 @@ impl MemoryCheck {
         .memory)
     }
 
+    /// What a step too large for `free` bytes of its GPU should change, on a machine of `host`
+    /// bytes available: the plan that fits ([`MemoryCheck::fitting_plan`]) with its estimate,
+    /// or what else there is to change.
+    fn fix_for(&self, runtime: &Runtime, free: usize, host: f64) -> Result<String> {
+        Ok(match self.fitting_plan(runtime, free, host)? {
+            Some((plan, m)) => format!("it would fit as {} ({})", plan_flags(&plan), m.describe()),
+            None => cost::GPU_FIX.to_string(),
+        })
+    }
+
+    /// The first plan like this one that fits `free` bytes of the GPU and `host` bytes of this
+    /// machine's memory, changing least: the optimizer's state offloaded, then the
+    /// checkpoints, then both, then `--checkpoint layer` with each of those; with its
+    /// estimate. What a refusal proposes.
+    fn fitting_plan(
+        &self,
+        runtime: &Runtime,
+        free: usize,
+        host: f64,
+    ) -> Result<Option<(StepPlan, cost::StepMemory)>> {
+        let plan = &self.plan;
+        let state = self.host_state.bytes(parameters(&self.config));
+        let offloads = [Offload::OPTIMIZER, Offload::ACTIVATIONS, Offload::ALL];
+        for checkpoint in [plan.checkpoint(), Checkpoint::Layer] {
+            let moved = offloads.iter().map(|&o| o.and(plan.offload()));
+            for offload in std::iter::once(plan.offload()).chain(moved) {
+                let other = plan.with(checkpoint, offload);
+                if other == *plan {
+                    continue;
+                }
+                let check = MemoryCheck {
+                    plan: other,
+                    ..self.clone()
+                };
+                let m = check.gpu_estimate(runtime)?;
+                if m.total() <= free as f64 && m.pinned() + state <= host {
+                    return Ok(Some((other, m)));
+                }
+            }
+        }
+        Ok(None)
+    }
+
     /// Refuses the job on `runtime` if it would not fit; on a GPU says the estimate on standard
     /// error first.
     pub fn check(&self, runtime: &Runtime, gpu: Option<&OpenedGpu>) -> Result<()> {
@@ -218,7 +262,14 @@ impl MemoryCheck {
             "{} ({} layers) at {} tokens{share}, {}",
             self.model, self.config.num_hidden_layers, self.seq, self.plan
         );
-        match cost::check_fits(&need, gpu.free_bytes, &what) {
+        let fix = match need.total() > gpu.free_bytes as f64 {
+            true => {
+                let host = resources::available().unwrap_or(f64::INFINITY);
+                self.fix_for(runtime, gpu.free_bytes, host)?
+            }
+            false => String::new(),
+        };
+        match cost::check_fits(&need, gpu.free_bytes, &what, &fix) {
             Ok(()) => eprintln!(
                 "GPU {}: {what} needs {} of {:.1} GiB free",
                 gpu.ordinal,
@@ -285,6 +336,15 @@ pub struct CpuBytes {
     /// The workers' activations and their gradients at the peak, the offloaded checkpoints'
     /// host copies included (the same memory on the CPU).
     pub step: f64,
+}
+
+/// The flags that ask for `plan`'s checkpoint policy and offload.
+fn plan_flags(plan: &StepPlan) -> String {
+    let offload = match plan.offload().any() {
+        true => format!(" --offload {}", plan.offload()),
+        false => String::new(),
+    };
+    format!("--checkpoint {}{offload}", plan.checkpoint())
 }
 
 impl CpuBytes {
@@ -612,5 +672,50 @@ mod tests {
         );
         assert!(e.contains("use --seq-len "), "{e}");
         assert!(step.fits_in(need.total()).is_ok());
+    }
+
+    /// A step too large for its GPU is refused with the plan that fits, changing least: for
+    /// llama2-7b with AdamW on an H200 (139 GiB free), 64K tokens under remat needs the
+    /// optimizer's state offloaded; at 192K that is not enough, and the checkpoints go to host
+    /// memory instead (the state on the GPU). With nothing that fits, the refusal says what
+    /// else to change.
+    #[test]
+    fn a_refusal_proposes_the_plan_that_fits() {
+        let config = Config::preset("llama2-7b").unwrap();
+        let runtime = Runtime {
+            device: Device::Cuda,
+            ..Runtime::cpu_threads(1, Duration::from_secs(1))
+        };
+        let at = |seq| MemoryCheck {
+            config: config.clone(),
+            model: "llama2-7b".into(),
+            seq,
+            plan: plan(&config, Offload::NONE, Shard::None, 1),
+            host_state: HostState::None,
+            ignore_estimate: false,
+        };
+        let (free, host) = (139usize << 30, 128.0 * (1u64 << 30) as f64);
+        let fix = at(65536).fix_for(&runtime, free, host).unwrap();
+        assert!(
+            fix.starts_with(
+                "it would fit as --checkpoint remat --offload optimizer (about 77.5 GiB"
+            ),
+            "{fix}"
+        );
+        let fix = at(196608).fix_for(&runtime, free, host).unwrap();
+        assert!(
+            fix.starts_with(
+                "it would fit as --checkpoint remat --offload activations (about 138.5"
+            ),
+            "{fix}"
+        );
+        // Too little host memory to pin anything: only the policy can change.
+        let fix = at(65536).fix_for(&runtime, free, 0.0).unwrap();
+        assert!(
+            fix.starts_with("it would fit as --checkpoint layer (about 137.1"),
+            "{fix}"
+        );
+        let fix = at(65536).fix_for(&runtime, 1 << 30, host).unwrap();
+        assert_eq!(fix, cost::GPU_FIX);
     }
 }
