@@ -540,24 +540,18 @@ impl<O: Ops> Layer<'_, O> {
                 .then(|| ops.zeros(len * d))
                 .transpose()?;
             let into = part.as_mut().unwrap_or(&mut dh2);
-            let gate = LinearBackward {
-                dy: &dg,
-                x: &h2,
-                w: &w[LayerTensor::WGate],
-                rows: len,
-                inp: d,
-                out: i,
-            };
-            ops.linear_backward(gate, into, &mut grads[LayerTensor::WGate])?;
-            let up = LinearBackward {
-                dy: &du,
-                x: &h2,
-                w: &w[LayerTensor::WUp],
-                rows: len,
-                inp: d,
-                out: i,
-            };
-            ops.linear_backward(up, into, &mut grads[LayerTensor::WUp])?;
+            // The gate and up projections read the same block of h2.
+            for (dy, t) in [(&dg, LayerTensor::WGate), (&du, LayerTensor::WUp)] {
+                let operands = LinearBackward {
+                    dy,
+                    x: &h2,
+                    w: &w[t],
+                    rows: len,
+                    inp: d,
+                    out: i,
+                };
+                ops.linear_backward(operands, into, &mut grads[t])?;
+            }
             if let Some(part) = part {
                 ops.set_rows(&mut dh2, d, b.0, &part)?;
             }
