@@ -318,6 +318,18 @@ impl<O: Ops> Layer<'_, O> {
         ]
     }
 
+    /// The rotation of `input`'s heads at this chunk's positions (`inverse`: its backward).
+    fn rotation(&self, input: Input, inverse: bool) -> RopeCall<'_> {
+        RopeCall {
+            rows: self.rows,
+            heads: input.heads,
+            head_dim: self.cfg.head_dim,
+            positions: self.positions,
+            rotary: self.rotary,
+            inverse,
+        }
+    }
+
     /// One of attention's inputs from h1: its projection, each head normed where the layer has
     /// the input's norm, rotated where it is q or k; and what the norm's backward reads.
     fn input(&self, w: &LayerWeights<O::T>, h1: &O::T, input: Input) -> Result<Normed<O::T>> {
@@ -343,15 +355,7 @@ impl<O: Ops> Layer<'_, O> {
             None => None,
         };
         if input.rotated {
-            let call = RopeCall {
-                rows: n,
-                heads: input.heads,
-                head_dim: hd,
-                positions: self.positions,
-                rotary: self.rotary,
-                inverse: false,
-            };
-            ops.rope(&mut y, call)?;
+            ops.rope(&mut y, self.rotation(input, false))?;
         }
         Ok((y, pre))
     }
@@ -371,15 +375,7 @@ impl<O: Ops> Layer<'_, O> {
         let (ops, c, n, hd) = (self.ops, self.cfg, self.rows, self.cfg.head_dim);
         let width = input.heads * hd;
         if input.rotated {
-            let call = RopeCall {
-                rows: n,
-                heads: input.heads,
-                head_dim: hd,
-                positions: self.positions,
-                rotary: self.rotary,
-                inverse: true,
-            };
-            ops.rope(&mut dy, call)?;
+            ops.rope(&mut dy, self.rotation(input, true))?;
         }
         if let (Some(pre), Some(norm)) = (pre, input.norm) {
             // The projection's gradient in the activations' precision: the norm's backward
