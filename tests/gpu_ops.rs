@@ -43,7 +43,7 @@ use distflash::runtime::{collect_results, run_workers};
 use distflash::shape::Span;
 use distflash::train::memory::estimate;
 use distflash::train::memory::lengths::Precision;
-use distflash::train::moments::{Moments, master_of, needs_master};
+use distflash::train::moments::{Moments, fresh_state, master_of, needs_master};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 
@@ -1165,15 +1165,8 @@ impl Checker {
         let run = |offload: bool| -> Result<Vec<[Vec<f32>; 4]>> {
             let mut w = weights::random(gpu, &cfg, 11)?;
             let params = w.tensors();
-            let mut moments = Moments::made(gpu, specs.len(), offload, |k| {
-                let n = specs[k].elements();
-                let master = needs_master(gpu, params[k]).then(|| master_of(gpu, params[k]));
-                Ok(AdamState {
-                    m: gpu.zeros(n)?,
-                    v: gpu.zeros(n)?,
-                    master: master.transpose()?,
-                })
-            })?;
+            let mut moments =
+                Moments::made(gpu, specs.len(), offload, |k| fresh_state(gpu, params[k]))?;
             for (step, grads) in steps.iter().enumerate() {
                 let grads = grads
                     .iter()

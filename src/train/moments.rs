@@ -45,6 +45,18 @@ pub fn master_of<O: Ops>(ops: &O, param: &O::T) -> Result<O::T> {
     Ok(master)
 }
 
+/// A whole parameter's state as a fresh run starts it: zero moments and, for a 16-bit
+/// parameter, its master ([`master_of`]).
+pub fn fresh_state<O: Ops>(ops: &O, param: &O::T) -> Result<AdamState<O::T>> {
+    let len = ops.len(param);
+    let (m, v) = (ops.zeros(len)?, ops.zeros(len)?);
+    let master = match needs_master(ops, param) {
+        true => Some(master_of(ops, param)?),
+        false => None,
+    };
+    Ok(AdamState { m, v, master })
+}
+
 impl<O: Ops> Moments<O> {
     /// `tensors` tensors' state, each made on the device by `make(k)`; offloaded, each is
     /// stashed to host memory and dropped before the next is made, so start-up never holds

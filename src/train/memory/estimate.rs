@@ -14,7 +14,7 @@ use crate::model::attention_api::Attention;
 use crate::model::config::Config;
 use crate::model::cost::{RESERVE_BYTES, StepMemory};
 use crate::model::instrument::InstrumentedAttention;
-use crate::model::ops::{AdamState, AdamW, Ops};
+use crate::model::ops::{AdamW, Ops};
 use crate::model::weights;
 use crate::model::{AtHead, Chunk, Keep, Whole, forward_backward_with};
 use crate::plan::Partition;
@@ -23,7 +23,7 @@ use crate::shape::Span;
 use crate::train::data::Sample;
 use crate::train::documents::Packing;
 use crate::train::model_attention::ModelAttention;
-use crate::train::moments::{Moments, master_of, needs_master};
+use crate::train::moments::{Moments, fresh_state};
 use crate::train::shard::{Held, Optimizer, StateFrom, Update};
 use crate::train::step::{Pass, accumulate_held, reduce_step};
 use crate::train::step_plan::StepPlan;
@@ -74,15 +74,7 @@ pub fn step_peak<O: Ops, A: Attention<O::T>>(
             ops,
             specs.len(),
             step.keep.offload.optimizer(),
-            |k| {
-                let (param, len) = (params[k], specs[k].elements());
-                let master = needs_master(ops, param).then(|| master_of(ops, param));
-                Ok(AdamState {
-                    m: ops.zeros(len)?,
-                    v: ops.zeros(len)?,
-                    master: master.transpose()?,
-                })
-            },
+            |k| fresh_state(ops, params[k]),
         )?),
         false => None,
     };
@@ -194,7 +186,6 @@ pub fn rank_estimate(
         let gradients = opt.gradients(ops, comm, reduced)?;
         opt.apply(ops, comm, &mut held.w, gradients, &update)?;
     }
-    drop(attn);
     Ok(Peaks::of(counter))
 }
 
