@@ -189,6 +189,19 @@ pub fn rank_estimate(
     Ok(Peaks::of(counter))
 }
 
+/// [`rank_estimate`] of every worker of `plan` over a sequence of `seq` tokens, in rank order.
+pub fn every_rank(
+    cfg: &Config,
+    plan: &StepPlan,
+    seq: usize,
+    precision: Precision,
+) -> Result<Vec<Peaks>> {
+    let partition = Partition::new(seq, plan.workers(), plan.schedule())?;
+    (0..plan.workers())
+        .map(|rank| rank_estimate(cfg, plan, &partition, rank, precision))
+        .collect()
+}
+
 /// The update a counted step runs (its values change nothing counted).
 const COUNTED_ADAMW: AdamW = AdamW {
     lr: 1e-4,

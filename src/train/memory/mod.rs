@@ -14,7 +14,7 @@ use crate::model::config::Config;
 use crate::model::cost;
 use crate::model::weights::parameters;
 use crate::model::{Checkpoint, Offload};
-use crate::plan::{Partition, Schedule};
+use crate::plan::Schedule;
 use crate::resources;
 use crate::runtime::{Device, OpenedGpu, Runtime, Topology};
 use crate::train::step_plan::StepPlan;
@@ -150,10 +150,7 @@ pub fn gpu_estimate(step: GpuStep<'_>) -> Result<GpuEstimate> {
             peaks: Some(peaks),
         });
     }
-    let partition = Partition::new(step.seq, plan.workers(), plan.schedule())?;
-    let ranks = (0..plan.workers())
-        .map(|rank| estimate::rank_estimate(cfg, &plan, &partition, rank, Precision::Cuda))
-        .collect::<Result<Vec<_>>>()?;
+    let ranks = estimate::every_rank(cfg, &plan, step.seq, Precision::Cuda)?;
     if let Placement::OneGpu(_) = step.placement {
         let memory = ranks
             .iter()
@@ -360,12 +357,7 @@ impl CpuStep<'_> {
     /// run's host copies and the process's allowance.
     pub fn bytes(&self) -> Result<CpuBytes> {
         let (plan, workers) = (self.plan, self.plan.workers());
-        let partition = Partition::new(self.seq, workers, plan.schedule())?;
-        let ranks = (0..workers)
-            .map(|r| {
-                estimate::rank_estimate(self.config, plan, &partition, r, Precision::Uniform(4))
-            })
-            .collect::<Result<Vec<_>>>()?;
+        let ranks = estimate::every_rank(self.config, plan, self.seq, Precision::Uniform(4))?;
         let split = |p: &estimate::Peaks| {
             let (d, h) = (&p.device, &p.host);
             let state = d.weights + d.grads + d.optimizer + h.weights + h.grads + h.optimizer;
