@@ -29,7 +29,7 @@ use distflash::inputs::Inputs;
 use distflash::model::attention_api::Attention;
 use distflash::model::cuda::CudaOps;
 use distflash::model::cuda::whole_sequence::CudaAttention;
-use distflash::model::ops::{LinearBackward, LossInput, Ops};
+use distflash::model::ops::{LinearBackward, LossInput, Ops, Rows};
 use distflash::shape::{Dims, Mask};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
@@ -310,21 +310,21 @@ fn ops(gpu: &CudaOps) -> Result<()> {
         Ok(())
     };
     time("linear 4096x4096 -> 11008", gemm, &mut || {
-        gpu.linear(&x, &w, rows, d, i).map(drop)
+        gpu.linear(Rows::whole(&x), &w, rows, d, i).map(drop)
     })?;
     time(
         "linear_backward 4096x4096 -> 11008",
         2.0 * gemm,
         &mut || {
             let operands = LinearBackward {
-                dy: &dy,
-                x: &x,
+                dy: Rows::whole(&dy),
+                x: Rows::whole(&x),
                 w: &w,
                 rows,
                 inp: d,
                 out: i,
             };
-            gpu.linear_backward(operands, &mut dx, &mut dw)
+            gpu.linear_backward(operands, Rows::whole(&mut dx), &mut dw)
         },
     )?;
     let loss = 6.0 * (rows * d * vocab) as f64;

@@ -34,7 +34,7 @@ use distflash::model::cuda::CudaOps;
 use distflash::model::cuda::whole_sequence::CudaAttention;
 use distflash::model::family::ModelType;
 use distflash::model::ops::{
-    AdamState, AdamW, LinearBackward, LossInput, NormBackward, Ops, RopeCall,
+    AdamState, AdamW, LinearBackward, LossInput, NormBackward, Ops, RopeCall, Rows,
 };
 use distflash::model::rope::RopeScaling;
 use distflash::model::weights::{self, Weights};
@@ -598,11 +598,11 @@ impl Checker {
         let (x, cx) = self.half(rows * inp, -1.0, 1.0)?;
         let (xf, cxf) = self.full(rows * inp, -1.0, 1.0)?;
         let (w, cw) = self.half(out * inp, -0.1, 0.1)?;
-        let want = self.cpu.linear(&cx, &cw, rows, inp, out)?;
-        let got = self.gpu.linear(&x, &w, rows, inp, out)?;
+        let want = self.cpu.linear(Rows::whole(&cx), &cw, rows, inp, out)?;
+        let got = self.gpu.linear(Rows::whole(&x), &w, rows, inp, out)?;
         self.report("linear", &got, &want, HALF_TOL)?;
-        let want = self.cpu.linear(&cxf, &cw, rows, inp, out)?;
-        let got = self.gpu.linear(&xf, &w, rows, inp, out)?;
+        let want = self.cpu.linear(Rows::whole(&cxf), &cw, rows, inp, out)?;
+        let got = self.gpu.linear(Rows::whole(&xf), &w, rows, inp, out)?;
         self.report(
             "linear, f32 input (rounded for cuBLAS)",
             &got,
@@ -614,27 +614,92 @@ impl Checker {
             let (mut dx, mut cdx) = self.full(rows * inp, -1.0, 1.0)?;
             let (mut dw, mut cdw) = self.full(out * inp, -1.0, 1.0)?;
             let operands = LinearBackward {
-                dy: &dy,
-                x: &x,
+                dy: Rows::whole(&dy),
+                x: Rows::whole(&x),
                 w: &w,
                 rows,
                 inp,
                 out,
             };
-            self.gpu.linear_backward(operands, &mut dx, &mut dw)?;
+            self.gpu
+                .linear_backward(operands, Rows::whole(&mut dx), &mut dw)?;
             let operands = LinearBackward {
-                dy: &cdy,
-                x: &cx,
+                dy: Rows::whole(&cdy),
+                x: Rows::whole(&cx),
                 w: &cw,
                 rows,
                 inp,
                 out,
             };
-            self.cpu.linear_backward(operands, &mut cdx, &mut cdw)?;
+            self.cpu
+                .linear_backward(operands, Rows::whole(&mut cdx), &mut cdw)?;
             // A 16-bit dy reaches cuBLAS as it is (f32 accumulation of the same values); an f32
             // dy is rounded to 16 bits first, which the f64 reference does not do.
             let bound = if dy_half { F32_TOL } else { HALF_TOL };
             let what = format!("linear_backward, {} dy", kind(dy_half));
+            self.report(&format!("{what}: dx +="), &dx, &cdx, bound)?;
+            self.report(&format!("{what}: dW +="), &dw, &cdw, bound)?;
+        }
+        self.linear_rows(&(w, cw), (rows, inp, out))
+    }
+
+    /// The products on rows of taller tensors, read and written in place as the MLP's blocks
+    /// use them, against the CPU's (whose windows `mlp_blocks_of_rows_change_nothing_but_rounding`
+    /// checks): x from row 7, the residual add into rows 7.., and the backward with dy and x from
+    /// row 7 and dx into rows 3.. (each tensor 12 rows taller than the call's). Comparing the whole
+    /// tensors also checks that the rows outside each window are left as they were.
+    fn linear_rows(
+        &mut self,
+        (w, cw): &Pair,
+        (rows, inp, out): (usize, usize, usize),
+    ) -> Result<()> {
+        let (first, tall) = (7, rows + 12);
+        let (x, cx) = self.half(tall * inp, -1.0, 1.0)?;
+        let want = self
+            .cpu
+            .linear(Rows::window(&cx, first), cw, rows, inp, out)?;
+        let got = self
+            .gpu
+            .linear(Rows::window(&x, first), w, rows, inp, out)?;
+        self.report("linear, rows of a taller input", &got, &want, HALF_TOL)?;
+        let (m, cm) = self.half(rows * inp, -1.0, 1.0)?;
+        for y_half in [true, false] {
+            let (mut y, mut cy) = self.either(y_half, tall * out)?;
+            self.gpu
+                .linear_add(&m, w, Rows::window(&mut y, first), rows, inp, out)?;
+            self.cpu
+                .linear_add(&cm, cw, Rows::window(&mut cy, first), rows, inp, out)?;
+            // One rounding of product plus stream: to 16 bits, or none beyond f32's.
+            let bound = if y_half { HALF_TOL } else { F32_TOL };
+            let what = format!("linear_add into rows of a {} stream", kind(y_half));
+            self.report(&what, &y, &cy, bound)?;
+        }
+        for dy_half in [true, false] {
+            let (dy, cdy) = self.either(dy_half, tall * out)?;
+            let (mut dx, mut cdx) = self.full(tall * inp, -1.0, 1.0)?;
+            let (mut dw, mut cdw) = self.full(out * inp, -1.0, 1.0)?;
+            let operands = LinearBackward {
+                dy: Rows::window(&dy, first),
+                x: Rows::window(&x, first),
+                w,
+                rows,
+                inp,
+                out,
+            };
+            let into = Rows::window(&mut dx, 3);
+            self.gpu.linear_backward(operands, into, &mut dw)?;
+            let operands = LinearBackward {
+                dy: Rows::window(&cdy, first),
+                x: Rows::window(&cx, first),
+                w: cw,
+                rows,
+                inp,
+                out,
+            };
+            let into = Rows::window(&mut cdx, 3);
+            self.cpu.linear_backward(operands, into, &mut cdw)?;
+            let bound = if dy_half { F32_TOL } else { HALF_TOL };
+            let what = format!("linear_backward on rows, {} dy", kind(dy_half));
             self.report(&format!("{what}: dx +="), &dx, &cdx, bound)?;
             self.report(&format!("{what}: dW +="), &dw, &cdw, bound)?;
         }

@@ -5,8 +5,8 @@
 use super::float::Float;
 use super::init;
 use super::ops::{
-    AdamState, AdamW, LinearBackward, LossInput, LossOut, NormBackward, Ops, RopeCall, check_rows,
-    row_positions,
+    AdamState, AdamW, LinearBackward, LossInput, LossOut, NormBackward, Ops, RopeCall, Rows,
+    check_rows, row_positions,
 };
 use anyhow::{Result, bail};
 use ndarray::linalg::general_mat_mul;
@@ -212,23 +212,39 @@ impl<F: Float> Ops for Cpu<F> {
 
     fn linear(
         &self,
-        x: &Vec<F>,
+        x: Rows<&Vec<F>>,
         w: &Vec<F>,
         rows: usize,
         inp: usize,
         out: usize,
     ) -> Result<Vec<F>> {
-        check_len("a linear layer's input", x, rows * inp)?;
+        let x = &x.t[x.range(x.t.len(), rows, inp, "a linear layer's input")?];
         check_len("a linear layer's weight", w, out * inp)?;
         let mut y = vec![F::zero(); rows * out];
         gemm_rows(x, view(w, out, inp).t(), rows, F::zero(), &mut y);
         Ok(y)
     }
 
+    fn linear_add(
+        &self,
+        x: &Vec<F>,
+        w: &Vec<F>,
+        y: Rows<&mut Vec<F>>,
+        rows: usize,
+        inp: usize,
+        out: usize,
+    ) -> Result<()> {
+        check_len("a linear layer's input", x, rows * inp)?;
+        check_len("a linear layer's weight", w, out * inp)?;
+        let range = y.range(y.t.len(), rows, out, "a residual stream")?;
+        gemm_rows(x, view(w, out, inp).t(), rows, F::one(), &mut y.t[range]);
+        Ok(())
+    }
+
     fn linear_backward(
         &self,
         operands: LinearBackward<'_, Vec<F>>,
-        dx: &mut Vec<F>,
+        dx: Rows<&mut Vec<F>>,
         dw: &mut Vec<F>,
     ) -> Result<()> {
         let LinearBackward {
@@ -239,12 +255,12 @@ impl<F: Float> Ops for Cpu<F> {
             inp,
             out,
         } = operands;
-        check_len("a linear layer's output gradient", dy, rows * out)?;
-        check_len("a linear layer's input", x, rows * inp)?;
+        let dy = &dy.t[dy.range(dy.t.len(), rows, out, "a linear layer's output gradient")?];
+        let x = &x.t[x.range(x.t.len(), rows, inp, "a linear layer's input")?];
         check_len("a linear layer's weight", w, out * inp)?;
-        check_len("a linear layer's input gradient", dx, rows * inp)?;
+        let range = dx.range(dx.t.len(), rows, inp, "a linear layer's input gradient")?;
         check_len("a linear layer's weight gradient", dw, out * inp)?;
-        gemm_rows(dy, view(w, out, inp), rows, F::one(), dx);
+        gemm_rows(dy, view(w, out, inp), rows, F::one(), &mut dx.t[range]);
         gemm_weight_grad(dy, x, rows, inp, out, dw);
         Ok(())
     }

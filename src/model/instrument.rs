@@ -6,7 +6,7 @@
 
 use super::attention_api::Attention;
 use super::ops::{
-    AdamState, AdamW, LinearBackward, LossInput, LossOut, NormBackward, Ops, RopeCall,
+    AdamState, AdamW, LinearBackward, LossInput, LossOut, NormBackward, Ops, RopeCall, Rows,
 };
 use anyhow::Result;
 use std::borrow::Cow;
@@ -177,21 +177,43 @@ impl<O: Ops, I: Instrument<O>> Ops for Instrumented<'_, O, I> {
         })
     }
 
-    fn linear(&self, x: &I::T, w: &I::T, rows: usize, inp: usize, out: usize) -> Result<I::T> {
+    fn linear(
+        &self,
+        x: Rows<&I::T>,
+        w: &I::T,
+        rows: usize,
+        inp: usize,
+        out: usize,
+    ) -> Result<I::T> {
         self.make("linear", || {
-            let (x, w) = (I::tensor(x), I::tensor(w));
+            let (x, w) = (x.map(I::tensor), I::tensor(w));
             self.inner.linear(x, w, rows, inp, out)
+        })
+    }
+
+    fn linear_add(
+        &self,
+        x: &I::T,
+        w: &I::T,
+        y: Rows<&mut I::T>,
+        rows: usize,
+        inp: usize,
+        out: usize,
+    ) -> Result<()> {
+        self.call("linear_add", || {
+            let (x, w, y) = (I::tensor(x), I::tensor(w), y.map(I::tensor_mut));
+            self.inner.linear_add(x, w, y, rows, inp, out)
         })
     }
 
     fn linear_backward(
         &self,
         operands: LinearBackward<'_, I::T>,
-        dx: &mut I::T,
+        dx: Rows<&mut I::T>,
         dw: &mut I::T,
     ) -> Result<()> {
         self.call("linear_backward", || {
-            let (dx, dw) = (I::tensor_mut(dx), I::tensor_mut(dw));
+            let (dx, dw) = (dx.map(I::tensor_mut), I::tensor_mut(dw));
             self.inner.linear_backward(operands.map(I::tensor), dx, dw)
         })
     }

@@ -24,12 +24,11 @@
 use super::attention_api::Attention;
 use super::config::Config;
 use super::meter::Meter;
-use super::ops::{LinearBackward, NormBackward, Ops, RopeCall};
+use super::ops::{LinearBackward, NormBackward, Ops, RopeCall, Rows};
 use super::rope::Rotary;
 use super::weights::{LayerTensor, LayerWeights};
 use crate::shape::Span;
 use anyhow::Result;
-use std::borrow::Cow;
 use std::fmt;
 use std::str::FromStr;
 
@@ -396,14 +395,14 @@ impl<O: Ops> Layer<'_, O> {
         self.bias_grad(&dy, width, grads.get_mut(input.bias))?;
         let (d, wt) = (c.hidden_size, input.weight);
         let operands = LinearBackward {
-            dy: &dy,
-            x: h1,
+            dy: Rows::whole(&dy),
+            x: Rows::whole(h1),
             w: &w[wt],
             rows: n,
             inp: d,
             out: width,
         };
-        ops.linear_backward(operands, dh1, &mut grads[wt])
+        ops.linear_backward(operands, Rows::whole(dh1), &mut grads[wt])
     }
 
     /// y = x Wᵀ + b (the bias where the layer has one) for this worker's rows.
@@ -415,7 +414,7 @@ impl<O: Ops> Layer<'_, O> {
         inp: usize,
         out: usize,
     ) -> Result<O::T> {
-        let mut y = self.ops.linear(x, w, self.rows, inp, out)?;
+        let mut y = self.ops.linear(Rows::whole(x), w, self.rows, inp, out)?;
         if let Some(b) = b {
             self.ops.bias_add(&mut y, b, self.rows, out)?;
         }
@@ -438,22 +437,13 @@ impl<O: Ops> Layer<'_, O> {
             .map(move |start| (start, step.min(self.rows - start)))
     }
 
-    /// Rows `start..start + len` of `t` (`width` wide): `t` itself when that is all of it.
-    fn block<'t>(
+    /// g, u = h2 Wgᵀ, h2 Wuᵀ;  m = silu(g)∘u for `rows` rows of h2 (read in place).
+    fn mlp_acts(
         &self,
-        t: &'t O::T,
-        width: usize,
-        (start, len): (usize, usize),
-    ) -> Result<Cow<'t, O::T>> {
-        Ok(if start == 0 && len == self.rows {
-            Cow::Borrowed(t)
-        } else {
-            Cow::Owned(self.ops.rows(t, width, start, len)?)
-        })
-    }
-
-    /// g, u = h2 Wgᵀ, h2 Wuᵀ;  m = silu(g)∘u for `rows` rows of h2.
-    fn mlp_acts(&self, w: &LayerWeights<O::T>, h2: &O::T, rows: usize) -> Result<MlpActs<O::T>> {
+        w: &LayerWeights<O::T>,
+        h2: Rows<&O::T>,
+        rows: usize,
+    ) -> Result<MlpActs<O::T>> {
         let (ops, d, i) = (self.ops, self.cfg.hidden_size, self.cfg.intermediate_size);
         let g = ops.linear(h2, &w[LayerTensor::WGate], rows, d, i)?;
         let u = ops.linear(h2, &w[LayerTensor::WUp], rows, d, i)?;
@@ -461,37 +451,31 @@ impl<O: Ops> Layer<'_, O> {
         Ok(MlpActs { g, u, m })
     }
 
-    /// out = x2 + m Wdᵀ block by block; the blocks' MLP activations when `keep`.
+    /// out = x2 + m Wdᵀ block by block, each block's product added into its rows of `x2` (which
+    /// becomes the output) as the product writes them; the blocks' MLP activations when `keep`.
     fn mlp_forward(
         &self,
         w: &LayerWeights<O::T>,
-        a: &Acts<O::T>,
+        h2: &O::T,
+        mut x2: O::T,
         keep: bool,
         meter: &mut Meter,
     ) -> Result<MlpOut<O::T>> {
         let (ops, d, i) = (self.ops, self.cfg.hidden_size, self.cfg.intermediate_size);
-        // Several blocks write their rows into a buffer of x2's shape and precision; one block
-        // (or none, for no rows) is the output itself.
-        let mut out = None;
         let mut kept = Vec::new();
-        for b in self.blocks() {
-            let mlp = self.mlp_acts(w, self.block(&a.h2, d, b)?.as_ref(), b.1)?;
+        for (start, len) in self.blocks() {
+            let mlp = self.mlp_acts(w, Rows::window(h2, start), len)?;
             let bytes = self.mlp_bytes(&mlp);
             meter.hold(bytes);
-            let mut y = ops.linear(&mlp.m, &w[LayerTensor::WDown], b.1, i, d)?;
-            ops.add_assign(&mut y, self.block(&a.x2, d, b)?.as_ref())?;
-            if b == (0, self.rows) {
-                out = Some(y);
-            } else {
-                ops.set_rows(out.get_or_insert_with(|| a.x2.clone()), d, b.0, &y)?;
-            }
+            let down = &w[LayerTensor::WDown];
+            ops.linear_add(&mlp.m, down, Rows::window(&mut x2, start), len, i, d)?;
             if keep {
                 kept.push(mlp);
             } else {
                 meter.release(bytes);
             }
         }
-        Ok((out.unwrap_or_else(|| a.x2.clone()), kept))
+        Ok((x2, kept))
     }
 
     /// dh2 from dout through the MLP, block by block (activations from `kept`, else
@@ -507,49 +491,42 @@ impl<O: Ops> Layer<'_, O> {
     ) -> Result<O::T> {
         let (ops, d, i) = (self.ops, self.cfg.hidden_size, self.cfg.intermediate_size);
         let mut dh2 = ops.zeros(self.rows * d)?;
-        for (n, b) in self.blocks().enumerate() {
-            let len = b.1;
-            let h2 = self.block(&a.h2, d, b)?;
+        for (n, (start, len)) in self.blocks().enumerate() {
+            let h2 = Rows::window(&a.h2, start);
             let recomputed;
             let mlp = match kept {
                 Some(kept) => &kept[n],
                 None => {
-                    recomputed = self.mlp_acts(w, &h2, len)?;
+                    recomputed = self.mlp_acts(w, h2, len)?;
                     meter.hold(self.mlp_bytes(&recomputed));
                     &recomputed
                 }
             };
             // out = x2 + m Wdᵀ;  m = silu(g)∘u;  g, u = h2 Wgᵀ, h2 Wuᵀ
             let mut dm = ops.zeros(len * i)?;
-            let dy = self.block(dout, d, b)?;
             let down = LinearBackward {
-                dy: &*dy,
-                x: &mlp.m,
+                dy: Rows::window(dout, start),
+                x: Rows::whole(&mlp.m),
                 w: &w[LayerTensor::WDown],
                 rows: len,
                 inp: i,
                 out: d,
             };
-            ops.linear_backward(down, &mut dm, &mut grads[LayerTensor::WDown])?;
+            let dw = &mut grads[LayerTensor::WDown];
+            ops.linear_backward(down, Rows::whole(&mut dm), dw)?;
             let (dg, du) = ops.swiglu_backward(&mlp.g, &mlp.u, &dm)?;
-            let mut part = (b != (0, self.rows))
-                .then(|| ops.zeros(len * d))
-                .transpose()?;
-            let into = part.as_mut().unwrap_or(&mut dh2);
-            // The gate and up projections read the same block of h2.
+            // The gate and up projections read the same block of h2; their gradients add into
+            // its rows of dh2.
             for (dy, t) in [(&dg, LayerTensor::WGate), (&du, LayerTensor::WUp)] {
                 let operands = LinearBackward {
-                    dy,
-                    x: &h2,
+                    dy: Rows::whole(dy),
+                    x: h2,
                     w: &w[t],
                     rows: len,
                     inp: d,
                     out: i,
                 };
-                ops.linear_backward(operands, into, &mut grads[t])?;
-            }
-            if let Some(part) = part {
-                ops.set_rows(&mut dh2, d, b.0, &part)?;
+                ops.linear_backward(operands, Rows::window(&mut dh2, start), &mut grads[t])?;
             }
             if kept.is_none() {
                 meter.release(self.mlp_bytes(mlp));
@@ -571,19 +548,26 @@ impl<O: Ops> Layer<'_, O> {
         let a = self.acts(w, x, None, attn, forwards)?;
         let acts = self.acts_bytes(&a);
         meter.hold(acts);
-        let keep_mlp = policy == Checkpoint::None;
-        let (out, mlp) = self.mlp_forward(w, &a, keep_mlp, meter)?;
-        let all = acts + mlp.iter().map(|m| self.mlp_bytes(m)).sum::<usize>();
-        let kept = match policy {
-            Checkpoint::None => Kept::All(a, mlp),
-            Checkpoint::Remat => Kept::AttentionOut {
-                x: a.x,
-                o: a.o,
-                lse: a.lse,
-            },
-            Checkpoint::Layer => Kept::Input { x: a.x },
+        // The MLP adds into x2, which becomes the output: a copy of it where it is kept.
+        let (out, kept, mlp_bytes) = match policy {
+            Checkpoint::None => {
+                let (out, mlp) = self.mlp_forward(w, &a.h2, a.x2.clone(), true, meter)?;
+                let bytes = mlp.iter().map(|m| self.mlp_bytes(m)).sum::<usize>();
+                (out, Kept::All(a, mlp), bytes)
+            }
+            Checkpoint::Remat | Checkpoint::Layer => {
+                let Acts {
+                    x, o, lse, x2, h2, ..
+                } = a;
+                let (out, _) = self.mlp_forward(w, &h2, x2, false, meter)?;
+                let kept = match policy {
+                    Checkpoint::Remat => Kept::AttentionOut { x, o, lse },
+                    _ => Kept::Input { x },
+                };
+                (out, kept, 0)
+            }
         };
-        meter.release(all - self.kept_bytes(&kept));
+        meter.release(acts + mlp_bytes - self.kept_bytes(&kept));
         Ok((out, kept))
     }
 
@@ -650,14 +634,15 @@ impl<O: Ops> Layer<'_, O> {
         // 16-bit kernel reads it next.
         let mut dout_attn = ops.activation_zeros(n * qw)?;
         let wo = LinearBackward {
-            dy: &dx2,
-            x: &o,
+            dy: Rows::whole(&dx2),
+            x: Rows::whole(&o),
             w: &w[LayerTensor::Wo],
             rows: n,
             inp: qw,
             out: d,
         };
-        ops.linear_backward(wo, &mut dout_attn, &mut grads[LayerTensor::Wo])?;
+        let dw = &mut grads[LayerTensor::Wo];
+        ops.linear_backward(wo, Rows::whole(&mut dout_attn), dw)?;
         let (dq, dk, dv) = attn.backward(&q, &k, &v, &o, &lse, &dout_attn)?;
         drop((q, k, v, o, lse, dout_attn));
 

@@ -7,7 +7,8 @@
 
 use super::rope::Rotary;
 use crate::shape::Span;
-use anyhow::{Result, bail};
+use anyhow::{Result, anyhow, bail};
+use std::ops::Range;
 
 /// Hyperparameters of one AdamW update (decoupled weight decay, bias-corrected moments).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -68,14 +69,65 @@ pub struct LossOut<T> {
     pub dh: T,
 }
 
+/// The rows of a row-major tensor a matrix product reads or writes: all of it
+/// ([`Rows::whole`], which must be exactly the call's rows), or the call's rows from row `first`
+/// of a taller tensor ([`Rows::window`]), used in place. The MLP's blocks of rows read and write
+/// their rows of the layer's tensors this way; copying them out and back cost 2% of a step.
+#[derive(Clone, Copy, Debug)]
+pub struct Rows<R> {
+    pub t: R,
+    first: Option<usize>,
+}
+
+impl<R> Rows<R> {
+    /// All of `t`: exactly the call's rows.
+    pub fn whole(t: R) -> Self {
+        Rows { t, first: None }
+    }
+
+    /// The call's rows of `t` from row `first`.
+    pub fn window(t: R, first: usize) -> Self {
+        Rows {
+            t,
+            first: Some(first),
+        }
+    }
+
+    /// The same rows of `f(t)` (a wrapper's tensor to the device's it holds).
+    pub fn map<S>(self, f: impl FnOnce(R) -> S) -> Rows<S> {
+        Rows {
+            t: f(self.t),
+            first: self.first,
+        }
+    }
+
+    /// The elements `rows` rows of `width` take in a tensor of `len` elements, or a sentence
+    /// naming `what` when they are not inside it or a whole tensor is not exactly those rows.
+    pub fn range(&self, len: usize, rows: usize, width: usize, what: &str) -> Result<Range<usize>> {
+        match self.first {
+            None if len != rows * width => {
+                bail!(
+                    "{what} has {len} elements where {} were expected",
+                    rows * width
+                )
+            }
+            None => Ok(0..len),
+            Some(first) => {
+                check_rows(len, width, first, rows).map_err(|e| anyhow!("{what}: {e}"))?;
+                Ok(first * width..(first + rows) * width)
+            }
+        }
+    }
+}
+
 /// What a linear layer's backward reads: the output's gradient `dy` `[rows, out]`, and the
 /// forward's input `x` `[rows, inp]` and weight `w` `[out, inp]` with their shape. Grouped so a
 /// call names what the backward reads in one place and what it accumulates into (dx, dW) as
 /// arguments of their own; `T` is a device's tensor, and [`LinearBackward::map`] passes the
 /// group to the device a wrapper holds.
 pub struct LinearBackward<'a, T> {
-    pub dy: &'a T,
-    pub x: &'a T,
+    pub dy: Rows<&'a T>,
+    pub x: Rows<&'a T>,
     pub w: &'a T,
     pub rows: usize,
     pub inp: usize,
@@ -86,8 +138,8 @@ impl<'a, T> LinearBackward<'a, T> {
     /// Each tensor through `f` (a wrapper's tensor to the device's it holds), the shape kept.
     pub fn map<U>(self, f: impl Fn(&'a T) -> &'a U) -> LinearBackward<'a, U> {
         LinearBackward {
-            dy: f(self.dy),
-            x: f(self.x),
+            dy: self.dy.map(&f),
+            x: self.x.map(&f),
             w: f(self.w),
             rows: self.rows,
             inp: self.inp,
@@ -251,21 +303,33 @@ pub trait Ops: Sync {
         dim: usize,
     ) -> Result<()>;
 
-    /// y = x Wᵀ for x `[rows, inp]`, W `[out, inp]`.
+    /// y = x Wᵀ for x `[rows, inp]` (its rows of a taller tensor, or all of it), W `[out, inp]`.
     fn linear(
         &self,
-        x: &Self::T,
+        x: Rows<&Self::T>,
         w: &Self::T,
         rows: usize,
         inp: usize,
         out: usize,
     ) -> Result<Self::T>;
+    /// y += x Wᵀ for x `[rows, inp]` into `rows` rows of y (a residual stream, in its own
+    /// precision): the residual add done by the product as it writes, with one rounding where a
+    /// `linear` and an `add_assign` would round twice and pass the rows through memory twice.
+    fn linear_add(
+        &self,
+        x: &Self::T,
+        w: &Self::T,
+        y: Rows<&mut Self::T>,
+        rows: usize,
+        inp: usize,
+        out: usize,
+    ) -> Result<()>;
     /// dx += dy W and dW += dyᵀ x (accumulating, so branches that share an input add up), from
     /// `operands`' dy, x and W.
     fn linear_backward(
         &self,
         operands: LinearBackward<'_, Self::T>,
-        dx: &mut Self::T,
+        dx: Rows<&mut Self::T>,
         dw: &mut Self::T,
     ) -> Result<()>;
 

@@ -124,6 +124,7 @@ impl<O: Ops> Instrument<O> for &Profile<'_> {
 mod tests {
     use super::*;
     use crate::model::cpu::Cpu;
+    use crate::model::ops::Rows;
 
     #[test]
     fn counts_and_times_each_call_under_its_name() {
@@ -136,9 +137,9 @@ mod tests {
         };
         let x = ops.upload(&[1.0, 2.0, 3.0, 4.0]).unwrap();
         let w = ops.upload(&[1.0, 0.0, 0.0, 1.0]).unwrap();
-        let y = ops.linear(&x, &w, 2, 2, 2).unwrap();
+        let y = ops.linear(Rows::whole(&x), &w, 2, 2, 2).unwrap();
         assert_eq!(ops.download(&y).unwrap(), vec![1.0, 2.0, 3.0, 4.0]);
-        ops.linear(&y, &w, 2, 2, 2).unwrap();
+        ops.linear(Rows::whole(&y), &w, 2, 2, 2).unwrap();
         let totals = profile.totals();
         let calls: BTreeMap<_, _> = totals.iter().map(|t| (t.op, t.calls)).collect();
         assert_eq!(

@@ -13,8 +13,8 @@ fn variant(t: &Tensor) -> &'static str {
     }
 }
 
-/// `t` has `len` elements and, if 16-bit, the device's format `dtype`; either variant is fine.
-pub(crate) fn check(t: &Tensor, dtype: InputDtype, len: usize, what: &str) -> Result<()> {
+/// `t`, if 16-bit, is in the device's format `dtype`; either variant is fine.
+pub(crate) fn check_format(t: &Tensor, dtype: InputDtype, what: &str) -> Result<()> {
     if let Tensor::Half { dtype: d, .. } = t
         && *d != dtype
     {
@@ -24,6 +24,12 @@ pub(crate) fn check(t: &Tensor, dtype: InputDtype, len: usize, what: &str) -> Re
             dtype.name()
         );
     }
+    Ok(())
+}
+
+/// `t` has `len` elements and, if 16-bit, the device's format `dtype`; either variant is fine.
+pub(crate) fn check(t: &Tensor, dtype: InputDtype, len: usize, what: &str) -> Result<()> {
+    check_format(t, dtype, what)?;
     if t.len() != len {
         bail!("{what} has {} elements where {len} were expected", t.len());
     }

@@ -10,6 +10,7 @@ use anyhow::{Result, anyhow, bail};
 use cudarc::cublas::{CudaBlas, result, sys};
 use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut};
 use std::ffi::c_int;
+use std::ops::Range;
 use std::sync::Arc;
 
 /// One cuBLAS product C = op(A) op(B) + beta C in column-major terms (C is m×n).
@@ -122,18 +123,27 @@ impl Blas {
         })
     }
 
-    /// [`Blas::gemm`] into a tensor of either variant (the accumulating backward products).
+    /// [`Blas::gemm`] into the elements `range` of a tensor of either variant (the accumulating
+    /// products: the backward's, and the residual stream's rows).
     pub(crate) fn gemm_into(
         &self,
         shape: GemmShape,
         a: &impl DevicePtr<u16>,
         b: &impl DevicePtr<u16>,
-        c: &mut Tensor,
+        (c, range): (&mut Tensor, Range<usize>),
         [alpha, beta]: [f32; 2],
     ) -> Result<()> {
+        if range.end > c.len() {
+            bail!(
+                "GEMM output elements {range:?} are not inside a tensor of {}",
+                c.len()
+            );
+        }
         match c {
-            Tensor::Half { data, .. } => self.gemm(shape, a, b, data, [alpha, beta]),
-            Tensor::F32(data) => self.gemm(shape, a, b, data, [alpha, beta]),
+            Tensor::Half { data, .. } => {
+                self.gemm(shape, a, b, &mut data.slice_mut(range), [alpha, beta])
+            }
+            Tensor::F32(data) => self.gemm(shape, a, b, &mut data.slice_mut(range), [alpha, beta]),
         }
     }
 

@@ -13,9 +13,9 @@
 //!   A and B (f32 compute, C in either variant): an f32 operand, such as a gradient arriving from
 //!   an f32 accumulator, is rounded into a scratch 16-bit copy first, as autocast would.
 //!   Atomically accumulated gradients (embedding, norm gains) and AdamW moments must be f32.
-//! - AdamW updates f32 moments from the gradient and writes the parameter back in its own
-//!   variant. There is no f32 master copy of 16-bit weights yet: updates smaller than half a
-//!   16-bit step of a weight are lost, which matters for long runs at small learning rates.
+//! - AdamW updates f32 moments from the gradient and, for a 16-bit parameter, its f32 master
+//!   copy, writing the parameter back as the master's rounding, so updates smaller than half a
+//!   16-bit step accumulate (without a master it updates the parameter in place).
 //! - fp16 has bf16's precision ×8 but not its range: gradients scaled by 1/tokens underflow when
 //!   rounded to fp16 for a GEMM, so fp16 training wants a larger `loss_scale` (scaled back before
 //!   the update). The loss's own dlogits avoid this: the scale is the GEMMs' alpha.
@@ -33,7 +33,7 @@ pub mod whole_sequence;
 use super::cost::{loss_chunk_rows, loss_chunks};
 use super::init;
 use super::ops::{
-    AdamState, AdamW, LinearBackward, LossInput, LossOut, NormBackward, Ops, RopeCall,
+    AdamState, AdamW, LinearBackward, LossInput, LossOut, NormBackward, Ops, RopeCall, Rows,
     check_positions, check_rows,
 };
 use crate::backend::Backend;
@@ -41,8 +41,8 @@ use crate::backend::cuda::{
     CudaBackend, InputDtype, Tensor, allocation_failed, elementwise_config, rows_config,
 };
 use anyhow::{Result, anyhow, bail};
-use args::{check, f32_mut, f32_ref, int, push, push_mut};
-use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr, PushKernelArg, ValidAsZeroBits};
+use args::{check, check_format, f32_mut, f32_ref, int, push, push_mut};
+use cudarc::driver::{CudaSlice, CudaStream, CudaView, DeviceRepr, PushKernelArg, ValidAsZeroBits};
 use gemm::{Blas, GemmShape};
 use kernels::{Kernel, Kernels};
 use std::collections::HashMap;
@@ -68,17 +68,18 @@ pub struct CudaOps {
 /// One table of rotary inverse frequencies on the device.
 type RopeTable = Arc<CudaSlice<f32>>;
 
-/// A matrix-product operand in 16 bits: the tensor's own buffer, or a rounded copy of an f32 one.
+/// A matrix-product operand in 16 bits: rows of the tensor's own buffer, or a rounded copy of an
+/// f32 one's rows.
 enum Operand<'a> {
-    Borrowed(&'a CudaSlice<u16>),
+    Borrowed(CudaView<'a, u16>),
     Owned(CudaSlice<u16>),
 }
 
 impl Operand<'_> {
-    fn get(&self) -> &CudaSlice<u16> {
+    fn get(&self) -> CudaView<'_, u16> {
         match self {
-            Operand::Borrowed(s) => s,
-            Operand::Owned(s) => s,
+            Operand::Borrowed(s) => s.slice(..),
+            Operand::Owned(s) => s.slice(..),
         }
     }
 }
@@ -137,8 +138,25 @@ impl CudaOps {
         })
     }
 
-    fn alloc<T: DeviceRepr + ValidAsZeroBits>(&self, len: usize) -> Result<CudaSlice<T>> {
+    /// `len` zeros: for accumulators, which the ops add into.
+    fn zeroed<T: DeviceRepr + ValidAsZeroBits>(&self, len: usize) -> Result<CudaSlice<T>> {
         self.stream().alloc_zeros::<T>(len).map_err(|e| {
+            allocation_failed(
+                e,
+                format_args!("{len} elements of {} bytes", size_of::<T>()),
+            )
+        })
+    }
+
+    /// `len` elements left as the allocator finds them, for an op's output that its kernel or
+    /// product writes whole before anything reads it. Zeroing those was a memset of every
+    /// activation the step makes, about 2% of a step at 32K tokens.
+    fn output<T: DeviceRepr>(&self, len: usize) -> Result<CudaSlice<T>> {
+        // SAFETY: the slice is only handed to the kernel or cuBLAS product of the op that
+        // allocates it, which writes each of its `len` elements (every caller's launch covers
+        // them all: one thread per element, one block per row, or a beta-0 product whose C is
+        // the whole slice) on this stream before any read is queued behind it.
+        unsafe { self.stream().alloc::<T>(len) }.map_err(|e| {
             allocation_failed(
                 e,
                 format_args!("{len} elements of {} bytes", size_of::<T>()),
@@ -153,17 +171,24 @@ impl CudaOps {
         }
     }
 
-    /// `t` (checked to have `len` elements) as a 16-bit GEMM operand.
-    fn operand<'a>(&self, t: &'a Tensor, len: usize, what: &str) -> Result<Operand<'a>> {
-        check(t, self.dtype(), len, what)?;
-        match t {
-            Tensor::Half { data, .. } => Ok(Operand::Borrowed(data)),
-            Tensor::F32(_) => {
-                let mut out = self.alloc::<u16>(len)?;
-                let n = len as i64;
+    /// `rows` rows of `width` of `t` (checked to be there) as a 16-bit GEMM operand.
+    fn operand<'a>(
+        &self,
+        t: Rows<&'a Tensor>,
+        rows: usize,
+        width: usize,
+        what: &str,
+    ) -> Result<Operand<'a>> {
+        check_format(t.t, self.dtype(), what)?;
+        let range = t.range(t.t.len(), rows, width, what)?;
+        match t.t {
+            Tensor::Half { data, .. } => Ok(Operand::Borrowed(data.slice(range))),
+            Tensor::F32(data) => {
+                let len = range.len();
+                let mut out = self.output::<u16>(len)?;
+                let (src, n) = (data.slice(range), len as i64);
                 let mut b = self.kernels.builder(Kernel::CastToHalf);
-                push(&mut b, t);
-                b.arg(&mut out).arg(&n);
+                b.arg(&src).arg(&0i32).arg(&mut out).arg(&n);
                 self.kernels
                     .run(Kernel::CastToHalf, b, elementwise_config(len))?;
                 Ok(Operand::Owned(out))
@@ -243,15 +268,15 @@ impl Ops for CudaOps {
     }
 
     fn zeros(&self, len: usize) -> Result<Tensor> {
-        Ok(Tensor::F32(self.alloc(len)?))
+        Ok(Tensor::F32(self.zeroed(len)?))
     }
 
     fn activation_zeros(&self, len: usize) -> Result<Tensor> {
-        Ok(self.half(self.alloc::<u16>(len)?))
+        Ok(self.half(self.zeroed::<u16>(len)?))
     }
 
     fn random_uniform(&self, len: usize, key: u64, offset: u64, amp: f32) -> Result<Tensor> {
-        let mut out = self.alloc::<u16>(len)?;
+        let mut out = self.output::<u16>(len)?;
         let (n, step) = (len as i64, init::step(amp));
         let mut b = self.kernels.builder(Kernel::Uniform);
         b.arg(&mut out).arg(&n).arg(&key).arg(&offset).arg(&step);
@@ -307,7 +332,7 @@ impl Ops for CudaOps {
     fn sum_squares(&self, t: &Tensor) -> Result<f64> {
         check(t, self.dtype(), t.len(), "a summed tensor")?;
         let cfg = shapes::reduce(t.len());
-        let mut partial = self.alloc::<f64>(cfg.grid_dim.0 as usize)?;
+        let mut partial = self.output::<f64>(cfg.grid_dim.0 as usize)?;
         let n = t.len() as i64;
         let mut b = self.kernels.builder(Kernel::SumSquares);
         push(&mut b, t);
@@ -335,7 +360,7 @@ impl Ops for CudaOps {
         check(table, self.dtype(), table.len(), "the embedding table")?;
         let ids = self.tokens(tokens, vocab, "token")?;
         let len = tokens.len() * dim;
-        let mut out = self.alloc::<u16>(len)?;
+        let mut out = self.output::<u16>(len)?;
         let (rows, d) = (tokens.len() as i64, int(dim, "a width")?);
         let mut b = self.kernels.builder(Kernel::Embed);
         push(&mut b, table);
@@ -368,25 +393,43 @@ impl Ops for CudaOps {
 
     fn linear(
         &self,
-        x: &Tensor,
+        x: Rows<&Tensor>,
         w: &Tensor,
         rows: usize,
         inp: usize,
         out: usize,
     ) -> Result<Tensor> {
-        let x = self.operand(x, rows * inp, "a linear layer's input")?;
-        let w = self.operand(w, out * inp, "a linear layer's weight")?;
-        let mut y = self.alloc::<u16>(rows * out)?;
+        let x = self.operand(x, rows, inp, "a linear layer's input")?;
+        let w = self.operand(Rows::whole(w), out, inp, "a linear layer's weight")?;
+        let mut y = self.output::<u16>(rows * out)?;
         let shape = GemmShape::forward(rows, inp, out);
         self.blas
-            .gemm(shape, w.get(), x.get(), &mut y, [1.0, 0.0])?;
+            .gemm(shape, &w.get(), &x.get(), &mut y, [1.0, 0.0])?;
         Ok(self.half(y))
+    }
+
+    fn linear_add(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        y: Rows<&mut Tensor>,
+        rows: usize,
+        inp: usize,
+        out: usize,
+    ) -> Result<()> {
+        check_format(y.t, self.dtype(), "a residual stream")?;
+        let range = y.range(y.t.len(), rows, out, "a residual stream")?;
+        let x = self.operand(Rows::whole(x), rows, inp, "a linear layer's input")?;
+        let w = self.operand(Rows::whole(w), out, inp, "a linear layer's weight")?;
+        let shape = GemmShape::forward(rows, inp, out);
+        self.blas
+            .gemm_into(shape, &w.get(), &x.get(), (y.t, range), [1.0, 1.0])
     }
 
     fn linear_backward(
         &self,
         operands: LinearBackward<'_, Tensor>,
-        dx: &mut Tensor,
+        dx: Rows<&mut Tensor>,
         dw: &mut Tensor,
     ) -> Result<()> {
         let LinearBackward {
@@ -397,27 +440,25 @@ impl Ops for CudaOps {
             inp,
             out,
         } = operands;
-        check(
-            dx,
-            self.dtype(),
-            rows * inp,
-            "a linear layer's input gradient",
-        )?;
+        let what = "a linear layer's input gradient";
+        check_format(dx.t, self.dtype(), what)?;
+        let dx_rows = dx.range(dx.t.len(), rows, inp, what)?;
         check(
             dw,
             self.dtype(),
             out * inp,
             "a linear layer's weight gradient",
         )?;
-        let dy = self.operand(dy, rows * out, "a linear layer's output gradient")?;
-        let x = self.operand(x, rows * inp, "a linear layer's input")?;
-        let w = self.operand(w, out * inp, "a linear layer's weight")?;
+        let dy = self.operand(dy, rows, out, "a linear layer's output gradient")?;
+        let x = self.operand(x, rows, inp, "a linear layer's input")?;
+        let w = self.operand(Rows::whole(w), out, inp, "a linear layer's weight")?;
+        let (w, dy, x) = (w.get(), dy.get(), x.get());
         let shape = GemmShape::input_grad(rows, inp, out);
         self.blas
-            .gemm_into(shape, w.get(), dy.get(), dx, [1.0, 1.0])?;
+            .gemm_into(shape, &w, &dy, (dx.t, dx_rows), [1.0, 1.0])?;
         let shape = GemmShape::weight_grad(rows, inp, out);
-        self.blas
-            .gemm_into(shape, x.get(), dy.get(), dw, [1.0, 1.0])
+        let whole = 0..dw.len();
+        self.blas.gemm_into(shape, &x, &dy, (dw, whole), [1.0, 1.0])
     }
 
     fn rmsnorm(
@@ -430,8 +471,8 @@ impl Ops for CudaOps {
     ) -> Result<(Tensor, Tensor)> {
         check(x, self.dtype(), rows * dim, "a norm's input")?;
         check(w, self.dtype(), dim, "a norm's gain")?;
-        let mut y = self.alloc::<u16>(rows * dim)?;
-        let mut rstd = self.alloc::<f32>(rows)?;
+        let mut y = self.output::<u16>(rows * dim)?;
+        let mut rstd = self.output::<f32>(rows)?;
         let (n, d, eps) = (rows as i64, int(dim, "a width")?, eps as f32);
         let mut b = self.kernels.builder(Kernel::Rmsnorm);
         push(&mut b, x);
@@ -566,7 +607,7 @@ impl Ops for CudaOps {
         let len = g.len();
         check(g, self.dtype(), len, "the gate projection")?;
         check(u, self.dtype(), len, "the up projection")?;
-        let mut m = self.alloc::<u16>(len)?;
+        let mut m = self.output::<u16>(len)?;
         let n = len as i64;
         let mut b = self.kernels.builder(Kernel::Swiglu);
         push(&mut b, g);
@@ -582,8 +623,8 @@ impl Ops for CudaOps {
         check(g, self.dtype(), len, "the gate projection")?;
         check(u, self.dtype(), len, "the up projection")?;
         check(dm, self.dtype(), len, "the MLP gradient")?;
-        let mut dg = self.alloc::<u16>(len)?;
-        let mut du = self.alloc::<u16>(len)?;
+        let mut dg = self.output::<u16>(len)?;
+        let mut du = self.output::<u16>(len)?;
         let n = len as i64;
         let mut b = self.kernels.builder(Kernel::SwigluBackward);
         push(&mut b, g);
@@ -615,22 +656,22 @@ impl Ops for CudaOps {
             vocab * dim,
             "the output projection's gradient",
         )?;
-        let h = self.operand(h, rows * dim, "the final hidden states")?;
-        let w = self.operand(w, vocab * dim, "the output projection")?;
+        let h = self.operand(Rows::whole(h), rows, dim, "the final hidden states")?;
+        let w = self.operand(Rows::whole(w), vocab, dim, "the output projection")?;
+        let (h, w) = (h.get(), w.get());
         let ids = self.tokens(targets, vocab, "target token")?;
-        let mut dh = self.alloc::<f32>(rows * dim)?;
-        let mut loss = self.alloc::<f32>(rows)?;
-        let mut argmax = self.alloc::<u32>(rows)?;
+        let mut dh = self.output::<f32>(rows * dim)?;
+        let mut loss = self.output::<f32>(rows)?;
+        let mut argmax = self.output::<u32>(rows)?;
         let most = loss_chunk_rows(vocab).min(rows);
-        let mut logits = self.alloc::<f32>(most * vocab)?;
-        let mut dlogits = self.alloc::<u16>(most * vocab)?;
+        let mut logits = self.output::<f32>(most * vocab)?;
+        let mut dlogits = self.output::<u16>(most * vocab)?;
         let (v, sc) = (int(vocab, "a vocabulary")?, scale as f32);
         for r in loss_chunks(rows, vocab) {
             let n = r.len();
-            let hc = h.get().slice(r.start * dim..r.end * dim);
+            let hc = h.slice(r.start * dim..r.end * dim);
             let shape = GemmShape::forward(n, dim, vocab);
-            self.blas
-                .gemm(shape, w.get(), &hc, &mut logits, [1.0, 0.0])?;
+            self.blas.gemm(shape, &w, &hc, &mut logits, [1.0, 0.0])?;
             let t = ids.slice(r.clone());
             let mut l = loss.slice_mut(r.clone());
             let mut a = argmax.slice_mut(r.clone());
@@ -647,10 +688,11 @@ impl Ops for CudaOps {
             // fp16's underflow (1/tokens would push most of them below it).
             let mut dhc = dh.slice_mut(r.start * dim..r.end * dim);
             let shape = GemmShape::input_grad(n, dim, vocab);
-            self.blas
-                .gemm(shape, w.get(), &dlogits, &mut dhc, [sc, 0.0])?;
+            self.blas.gemm(shape, &w, &dlogits, &mut dhc, [sc, 0.0])?;
             let shape = GemmShape::weight_grad(n, dim, vocab);
-            self.blas.gemm_into(shape, &hc, &dlogits, dw, [sc, 1.0])?;
+            let whole = 0..dw.len();
+            self.blas
+                .gemm_into(shape, &hc, &dlogits, (&mut *dw, whole), [sc, 1.0])?;
         }
         let err = |e| anyhow!("copy from the GPU failed: {e:?}");
         let loss = self.stream().clone_dtoh(&loss).map_err(err)?;

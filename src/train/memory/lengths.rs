@@ -13,11 +13,12 @@ use crate::model::attention_api::Attention;
 use crate::model::cost::loss_chunk_rows;
 use crate::model::cuda::whole_sequence::{Call, moments};
 use crate::model::ops::{
-    AdamState, AdamW, LinearBackward, LossInput, LossOut, NormBackward, Ops, RopeCall,
+    AdamState, AdamW, LinearBackward, LossInput, LossOut, NormBackward, Ops, RopeCall, Rows,
     check_positions, check_rows,
 };
 use crate::shape::Dims;
 use anyhow::{Result, bail};
+use std::ops::Range;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -102,8 +103,13 @@ impl Lengths {
 
     /// The CUDA backend's 16-bit copy of an f32 GEMM operand (`CudaOps::operand`).
     fn cast(&self, t: &Shape) -> usize {
-        match self.cuda() && t.elem == F32 {
-            true => t.len * HALF,
+        self.cast_rows(Rows::whole(t), 0..t.len)
+    }
+
+    /// [`Lengths::cast`] of the rows `range` of `t` a product reads.
+    fn cast_rows(&self, t: Rows<&Shape>, range: Range<usize>) -> usize {
+        match self.cuda() && t.t.elem == F32 {
+            true => range.len() * HALF,
             false => 0,
         }
     }
@@ -240,18 +246,42 @@ impl Ops for Lengths {
         check_rows(dtable.len, dim, 0, 0)
     }
 
-    fn linear(&self, x: &Shape, w: &Shape, rows: usize, inp: usize, out: usize) -> Result<Shape> {
-        check_len("a linear layer's input", x.len, rows * inp)?;
+    fn linear(
+        &self,
+        x: Rows<&Shape>,
+        w: &Shape,
+        rows: usize,
+        inp: usize,
+        out: usize,
+    ) -> Result<Shape> {
+        let xs = x.range(x.t.len, rows, inp, "a linear layer's input")?;
         check_len("a linear layer's weight", w.len, out * inp)?;
         let y = self.half(rows * out);
-        self.spike("linear scratch", self.cast(x) + self.cast(w), &[&y]);
+        let scratch = self.cast_rows(x, xs) + self.cast(w);
+        self.spike("linear scratch", scratch, &[&y]);
         Ok(y)
+    }
+
+    fn linear_add(
+        &self,
+        x: &Shape,
+        w: &Shape,
+        y: Rows<&mut Shape>,
+        rows: usize,
+        inp: usize,
+        out: usize,
+    ) -> Result<()> {
+        check_len("a linear layer's input", x.len, rows * inp)?;
+        check_len("a linear layer's weight", w.len, out * inp)?;
+        y.range(y.t.len, rows, out, "a residual stream")?;
+        self.spike("linear_add scratch", self.cast(x) + self.cast(w), &[]);
+        Ok(())
     }
 
     fn linear_backward(
         &self,
         operands: LinearBackward<'_, Shape>,
-        dx: &mut Shape,
+        dx: Rows<&mut Shape>,
         dw: &mut Shape,
     ) -> Result<()> {
         let LinearBackward {
@@ -262,14 +292,14 @@ impl Ops for Lengths {
             inp,
             out,
         } = operands;
-        check_len("a linear layer's output gradient", dy.len, rows * out)?;
-        check_len("a linear layer's input", x.len, rows * inp)?;
+        let dys = dy.range(dy.t.len, rows, out, "a linear layer's output gradient")?;
+        let xs = x.range(x.t.len, rows, inp, "a linear layer's input")?;
         check_len("a linear layer's weight", w.len, out * inp)?;
-        check_len("a linear layer's input gradient", dx.len, rows * inp)?;
+        dx.range(dx.t.len, rows, inp, "a linear layer's input gradient")?;
         check_len("a linear layer's weight gradient", dw.len, out * inp)?;
         self.spike(
             "linear_backward scratch",
-            self.cast(dy) + self.cast(x) + self.cast(w),
+            self.cast_rows(dy, dys) + self.cast_rows(x, xs) + self.cast(w),
             &[],
         );
         Ok(())

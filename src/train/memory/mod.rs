@@ -690,7 +690,7 @@ mod tests {
         let fix = at(65536).fix_for(&runtime, free, host).unwrap();
         assert!(
             fix.starts_with(
-                "it would fit as --checkpoint remat --offload optimizer (about 77.5 GiB"
+                "it would fit as --checkpoint remat --offload optimizer (about 77.4 GiB"
             ),
             "{fix}"
         );
@@ -704,7 +704,7 @@ mod tests {
         // Too little host memory to pin anything: only the policy can change.
         let fix = at(65536).fix_for(&runtime, free, 0.0).unwrap();
         assert!(
-            fix.starts_with("it would fit as --checkpoint layer (about 137.1"),
+            fix.starts_with("it would fit as --checkpoint layer (about 137.0"),
             "{fix}"
         );
         let fix = at(65536).fix_for(&runtime, 1 << 30, host).unwrap();
