@@ -323,6 +323,7 @@ fn ops(gpu: &CudaOps) -> Result<()> {
                 rows,
                 inp: d,
                 out: i,
+                dx_empty: false,
             };
             gpu.linear_backward(operands, Rows::whole(&mut dx), &mut dw)
         },

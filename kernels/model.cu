@@ -76,17 +76,105 @@ __device__ void block_argmax(float& v, int& i) {
 
 // ---- elementwise ----
 
+// The elementwise kernels move 8 consecutive elements a thread, one 16-byte access per 16-bit
+// tensor and two per f32 one, where every pointer they touch is 16-byte aligned, then whatever
+// is left one element at a time. One element a thread (2-byte accesses) reached about half the
+// memory bandwidth: swiglu moved 1.6 TB/s of an H100's 3.35 at 32K tokens.
+
+__device__ __forceinline__ bool aligned16(const void* p) { return ((unsigned long long)p & 15ull) == 0; }
+
+// v[0..N) = elements i..i+N of a 16-bit or f32 tensor, as f32 (N = 8: i a multiple of 8).
+template <int N>
+__device__ __forceinline__ void ldn(const void* p, int half, long i, float* v) {
+    if (N == 8 && half) {
+        const uint4 raw = *(const uint4*)((const u16*)p + i);
+        const u16* h = (const u16*)&raw;
+#pragma unroll
+        for (int k = 0; k < 8; k++) v[k] = to_f32(h[k]);
+    } else if (N == 8) {
+        const float4 a = *(const float4*)((const float*)p + i);
+        const float4 b = *(const float4*)((const float*)p + i + 4);
+        v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
+        v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+    } else {
+#pragma unroll
+        for (int k = 0; k < N; k++) v[k] = ld(p, half, i + k);
+    }
+}
+
+// Elements i..i+N of a 16-bit or f32 tensor = v[0..N) (rounded where 16-bit).
+template <int N>
+__device__ __forceinline__ void stn(void* p, int half, long i, const float* v) {
+    if (N == 8 && half) {
+        uint4 raw;
+        u16* h = (u16*)&raw;
+#pragma unroll
+        for (int k = 0; k < 8; k++) h[k] = to_half(v[k]);
+        *(uint4*)((u16*)p + i) = raw;
+    } else if (N == 8) {
+        *(float4*)((float*)p + i) = make_float4(v[0], v[1], v[2], v[3]);
+        *(float4*)((float*)p + i + 4) = make_float4(v[4], v[5], v[6], v[7]);
+    } else {
+#pragma unroll
+        for (int k = 0; k < N; k++) st(p, half, i + k, v[k]);
+    }
+}
+
+// Runs AT(N, i), which does elements i..i+N, over n elements: N = 8 while `vec` (every pointer
+// aligned) and whole groups of 8 remain, then N = 1. Launched with a thread per 8 elements
+// (`shapes::vector`).
+#define ELEMENTWISE(n, vec, AT)                                                      \
+    do {                                                                             \
+        const long first_ = blockIdx.x * (long)blockDim.x + threadIdx.x;             \
+        const long stride_ = (long)gridDim.x * blockDim.x;                           \
+        const long groups_ = (vec) ? (n) / 8 : 0;                                    \
+        for (long j_ = first_; j_ < groups_; j_ += stride_) AT(8, j_ * 8);           \
+        for (long i_ = groups_ * 8 + first_; i_ < (n); i_ += stride_) AT(1, i_);     \
+    } while (0)
+
 // A 16-bit copy of any tensor: the scratch operand cuBLAS needs when a GEMM input is f32.
+template <int N>
+__device__ __forceinline__ void cast_at(const void* src, int src_half, u16* dst, long i) {
+    float v[N];
+    ldn<N>(src, src_half, i, v);
+    stn<N>(dst, 1, i, v);
+}
+
 extern "C" __global__ void cast_to_half(const void* src, int src_half, u16* dst, long n) {
-    GRID_STRIDE(i, n) dst[i] = to_half(ld(src, src_half, i));
+#define AT(N, i) cast_at<N>(src, src_half, dst, i)
+    ELEMENTWISE(n, aligned16(src) && aligned16(dst), AT);
+#undef AT
+}
+
+template <int N>
+__device__ __forceinline__ void add_at(void* dst, int dst_half, const void* src, int src_half, long i) {
+    float a[N], b[N];
+    ldn<N>(dst, dst_half, i, a);
+    ldn<N>(src, src_half, i, b);
+#pragma unroll
+    for (int k = 0; k < N; k++) a[k] += b[k];
+    stn<N>(dst, dst_half, i, a);
 }
 
 extern "C" __global__ void add_assign(void* dst, int dst_half, const void* src, int src_half, long n) {
-    GRID_STRIDE(i, n) st(dst, dst_half, i, ld(dst, dst_half, i) + ld(src, src_half, i));
+#define AT(N, i) add_at<N>(dst, dst_half, src, src_half, i)
+    ELEMENTWISE(n, aligned16(dst) && aligned16(src), AT);
+#undef AT
+}
+
+template <int N>
+__device__ __forceinline__ void scale_at(void* x, int x_half, float s, long i) {
+    float v[N];
+    ldn<N>(x, x_half, i, v);
+#pragma unroll
+    for (int k = 0; k < N; k++) v[k] *= s;
+    stn<N>(x, x_half, i, v);
 }
 
 extern "C" __global__ void scale(void* x, int x_half, float s, long n) {
-    GRID_STRIDE(i, n) st(x, x_half, i, ld(x, x_half, i) * s);
+#define AT(N, i) scale_at<N>(x, x_half, s, i)
+    ELEMENTWISE(n, aligned16(x), AT);
+#undef AT
 }
 
 // SplitMix64's output function (model::init::mix).
@@ -122,43 +210,92 @@ extern "C" __global__ void sum_squares(const void* x, int x_half, long n, double
 __device__ __forceinline__ float sigmoid(float g) { return 1.f / (1.f + expf(-g)); }
 
 // m = silu(g) ∘ u.
+template <int N>
+__device__ __forceinline__ void swiglu_at(const void* g, int g_half, const void* u, int u_half, u16* m,
+                                          long i) {
+    float gv[N], uv[N];
+    ldn<N>(g, g_half, i, gv);
+    ldn<N>(u, u_half, i, uv);
+#pragma unroll
+    for (int k = 0; k < N; k++) gv[k] = gv[k] * sigmoid(gv[k]) * uv[k];
+    stn<N>(m, 1, i, gv);
+}
+
 extern "C" __global__ void swiglu(const void* g, int g_half, const void* u, int u_half, u16* m, long n) {
-    GRID_STRIDE(i, n) {
-        const float gv = ld(g, g_half, i);
-        m[i] = to_half(gv * sigmoid(gv) * ld(u, u_half, i));
-    }
+#define AT(N, i) swiglu_at<N>(g, g_half, u, u_half, m, i)
+    ELEMENTWISE(n, aligned16(g) && aligned16(u) && aligned16(m), AT);
+#undef AT
 }
 
 // dg = dm∘u∘σ(g)(1 + g(1 − σ(g))), du = dm∘silu(g).
+template <int N>
+__device__ __forceinline__ void swiglu_backward_at(const void* g, int g_half, const void* u, int u_half,
+                                                   const void* dm, int dm_half, u16* dg, u16* du,
+                                                   long i) {
+    float gv[N], uv[N], d[N], dgv[N], duv[N];
+    ldn<N>(g, g_half, i, gv);
+    ldn<N>(u, u_half, i, uv);
+    ldn<N>(dm, dm_half, i, d);
+#pragma unroll
+    for (int k = 0; k < N; k++) {
+        const float s = sigmoid(gv[k]);
+        dgv[k] = d[k] * uv[k] * s * (1.f + gv[k] * (1.f - s));
+        duv[k] = d[k] * gv[k] * s;
+    }
+    stn<N>(dg, 1, i, dgv);
+    stn<N>(du, 1, i, duv);
+}
+
 extern "C" __global__ void swiglu_backward(const void* g, int g_half, const void* u, int u_half,
                                            const void* dm, int dm_half, u16* dg, u16* du, long n) {
-    GRID_STRIDE(i, n) {
-        const float gv = ld(g, g_half, i), uv = ld(u, u_half, i), d = ld(dm, dm_half, i);
-        const float s = sigmoid(gv);
-        dg[i] = to_half(d * uv * s * (1.f + gv * (1.f - s)));
-        du[i] = to_half(d * gv * s);
-    }
+#define AT(N, i) swiglu_backward_at<N>(g, g_half, u, u_half, dm, dm_half, dg, du, i)
+    const bool vec = aligned16(g) && aligned16(u) && aligned16(dm) && aligned16(dg) && aligned16(du);
+    ELEMENTWISE(n, vec, AT);
+#undef AT
 }
+
+// AdamW's hyperparameters for one step: moments' decays, their bias corrections, the rate,
+// epsilon and the decoupled weight decay.
+struct Adam {
+    float b1, b2, c1, c2, lr, eps, wd;
+};
 
 // One AdamW step (bias-corrected moments, decoupled decay); m and v are f32, the parameter is
 // either representation. With a master (f32, non-null) the master is updated and the parameter
 // becomes its rounding, so updates below half a 16-bit step accumulate; with none, the parameter
 // is updated in place (exact only where it is f32).
+template <int N>
+__device__ __forceinline__ void adamw_at(void* p, int p_half, const void* g, int g_half, float* m,
+                                         float* v, float* master, const Adam& a, long i) {
+    float gi[N], mi[N], vi[N], pi[N];
+    ldn<N>(g, g_half, i, gi);
+    ldn<N>(m, 0, i, mi);
+    ldn<N>(v, 0, i, vi);
+    if (master)
+        ldn<N>(master, 0, i, pi);
+    else
+        ldn<N>(p, p_half, i, pi);
+#pragma unroll
+    for (int k = 0; k < N; k++) {
+        mi[k] = a.b1 * mi[k] + (1.f - a.b1) * gi[k];
+        vi[k] = a.b2 * vi[k] + (1.f - a.b2) * gi[k] * gi[k];
+        const float update = (mi[k] / a.c1) / (sqrtf(vi[k] / a.c2) + a.eps);
+        pi[k] = pi[k] - a.lr * (update + a.wd * pi[k]);
+    }
+    stn<N>(m, 0, i, mi);
+    stn<N>(v, 0, i, vi);
+    if (master) stn<N>(master, 0, i, pi);
+    stn<N>(p, p_half, i, pi);
+}
+
 extern "C" __global__ void adamw(void* p, int p_half, const void* g, int g_half, float* m, float* v,
                                  float* master, long n, float b1, float b2, float c1, float c2,
                                  float lr, float eps, float wd) {
-    GRID_STRIDE(i, n) {
-        const float gi = ld(g, g_half, i);
-        const float mi = b1 * m[i] + (1.f - b1) * gi;
-        const float vi = b2 * v[i] + (1.f - b2) * gi * gi;
-        m[i] = mi;
-        v[i] = vi;
-        const float update = (mi / c1) / (sqrtf(vi / c2) + eps);
-        const float pi = master ? master[i] : ld(p, p_half, i);
-        const float next = pi - lr * (update + wd * pi);
-        if (master) master[i] = next;
-        st(p, p_half, i, next);
-    }
+    const Adam a = {b1, b2, c1, c2, lr, eps, wd};
+    const bool vec = aligned16(p) && aligned16(g) && aligned16(m) && aligned16(v) && aligned16(master);
+#define AT(N, i) adamw_at<N>(p, p_half, g, g_half, m, v, master, a, i)
+    ELEMENTWISE(n, vec, AT);
+#undef AT
 }
 
 // ---- embedding ----

@@ -620,6 +620,7 @@ impl Checker {
                 rows,
                 inp,
                 out,
+                dx_empty: false,
             };
             self.gpu
                 .linear_backward(operands, Rows::whole(&mut dx), &mut dw)?;
@@ -630,6 +631,7 @@ impl Checker {
                 rows,
                 inp,
                 out,
+                dx_empty: false,
             };
             self.cpu
                 .linear_backward(operands, Rows::whole(&mut cdx), &mut cdw)?;
@@ -646,7 +648,7 @@ impl Checker {
     /// The products on rows of taller tensors, read and written in place as the MLP's blocks
     /// use them, against the CPU's (whose windows `mlp_blocks_of_rows_change_nothing_but_rounding`
     /// checks): x from row 7, the residual add into rows 7.., and the backward with dy and x from
-    /// row 7 and dx into rows 3.. (each tensor 12 rows taller than the call's). Comparing the whole
+    /// row 7 and dx into rows 3.., added or written (each tensor 12 rows taller than the call's). Comparing the whole
     /// tensors also checks that the rows outside each window are left as they were.
     fn linear_rows(
         &mut self,
@@ -674,7 +676,8 @@ impl Checker {
             let what = format!("linear_add into rows of a {} stream", kind(y_half));
             self.report(&what, &y, &cy, bound)?;
         }
-        for dy_half in [true, false] {
+        // dx_empty: the window's rows are written, not added to (the rows outside keep theirs).
+        for (dy_half, dx_empty) in [(true, false), (false, false), (true, true)] {
             let (dy, cdy) = self.either(dy_half, tall * out)?;
             let (mut dx, mut cdx) = self.full(tall * inp, -1.0, 1.0)?;
             let (mut dw, mut cdw) = self.full(out * inp, -1.0, 1.0)?;
@@ -685,6 +688,7 @@ impl Checker {
                 rows,
                 inp,
                 out,
+                dx_empty,
             };
             let into = Rows::window(&mut dx, 3);
             self.gpu.linear_backward(operands, into, &mut dw)?;
@@ -695,12 +699,14 @@ impl Checker {
                 rows,
                 inp,
                 out,
+                dx_empty,
             };
             let into = Rows::window(&mut cdx, 3);
             self.cpu.linear_backward(operands, into, &mut cdw)?;
             let bound = if dy_half { F32_TOL } else { HALF_TOL };
             let what = format!("linear_backward on rows, {} dy", kind(dy_half));
-            self.report(&format!("{what}: dx +="), &dx, &cdx, bound)?;
+            let op = if dx_empty { "=" } else { "+=" };
+            self.report(&format!("{what}: dx {op}"), &dx, &cdx, bound)?;
             self.report(&format!("{what}: dW +="), &dw, &cdw, bound)?;
         }
         Ok(())

@@ -126,6 +126,12 @@ impl<F: Float> Ops for Cpu<F> {
         Ok(vec![F::zero(); len])
     }
 
+    /// NaN: a read before the first write poisons every result it reaches, so the CPU tests
+    /// catch a `dx_empty` that is wrong, where the GPU would read whatever the memory held.
+    fn scratch(&self, len: usize) -> Result<Vec<F>> {
+        Ok(vec![F::nan(); len])
+    }
+
     /// Activations are `F` here too.
     fn activation_zeros(&self, len: usize) -> Result<Vec<F>> {
         self.zeros(len)
@@ -254,13 +260,15 @@ impl<F: Float> Ops for Cpu<F> {
             rows,
             inp,
             out,
+            dx_empty,
         } = operands;
         let dy = &dy.t[dy.range(dy.t.len(), rows, out, "a linear layer's output gradient")?];
         let x = &x.t[x.range(x.t.len(), rows, inp, "a linear layer's input")?];
         check_len("a linear layer's weight", w, out * inp)?;
         let range = dx.range(dx.t.len(), rows, inp, "a linear layer's input gradient")?;
         check_len("a linear layer's weight gradient", dw, out * inp)?;
-        gemm_rows(dy, view(w, out, inp), rows, F::one(), &mut dx.t[range]);
+        let beta = if dx_empty { F::zero() } else { F::one() };
+        gemm_rows(dy, view(w, out, inp), rows, beta, &mut dx.t[range]);
         gemm_weight_grad(dy, x, rows, inp, out, dw);
         Ok(())
     }

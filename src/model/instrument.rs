@@ -109,6 +109,10 @@ impl<O: Ops, I: Instrument<O>> Ops for Instrumented<'_, O, I> {
         self.make("zeros", || self.inner.zeros(len))
     }
 
+    fn scratch(&self, len: usize) -> Result<I::T> {
+        self.make("scratch", || self.inner.scratch(len))
+    }
+
     fn activation_zeros(&self, len: usize) -> Result<I::T> {
         self.make("activation_zeros", || self.inner.activation_zeros(len))
     }

@@ -369,7 +369,7 @@ impl<O: Ops> Layer<'_, O> {
         input: Input,
         mut dy: O::T,
         pre: Option<PreNorm<O::T>>,
-        (grads, dh1): (&mut LayerWeights<O::T>, &mut O::T),
+        (grads, dh1, dh1_empty): (&mut LayerWeights<O::T>, &mut O::T, bool),
     ) -> Result<()> {
         let (ops, c, n, hd) = (self.ops, self.cfg, self.rows, self.cfg.head_dim);
         let width = input.heads * hd;
@@ -401,6 +401,7 @@ impl<O: Ops> Layer<'_, O> {
             rows: n,
             inp: d,
             out: width,
+            dx_empty: dh1_empty,
         };
         ops.linear_backward(operands, Rows::whole(dh1), &mut grads[wt])
     }
@@ -490,7 +491,8 @@ impl<O: Ops> Layer<'_, O> {
         meter: &mut Meter,
     ) -> Result<O::T> {
         let (ops, d, i) = (self.ops, self.cfg.hidden_size, self.cfg.intermediate_size);
-        let mut dh2 = ops.zeros(self.rows * d)?;
+        // Each block's gate product writes its rows of dh2 first, the up product adds to them.
+        let mut dh2 = ops.scratch(self.rows * d)?;
         for (n, (start, len)) in self.blocks().enumerate() {
             let h2 = Rows::window(&a.h2, start);
             let recomputed;
@@ -503,7 +505,7 @@ impl<O: Ops> Layer<'_, O> {
                 }
             };
             // out = x2 + m Wdᵀ;  m = silu(g)∘u;  g, u = h2 Wgᵀ, h2 Wuᵀ
-            let mut dm = ops.zeros(len * i)?;
+            let mut dm = ops.scratch(len * i)?;
             let down = LinearBackward {
                 dy: Rows::window(dout, start),
                 x: Rows::whole(&mlp.m),
@@ -511,13 +513,17 @@ impl<O: Ops> Layer<'_, O> {
                 rows: len,
                 inp: i,
                 out: d,
+                dx_empty: true,
             };
             let dw = &mut grads[LayerTensor::WDown];
             ops.linear_backward(down, Rows::whole(&mut dm), dw)?;
             let (dg, du) = ops.swiglu_backward(&mlp.g, &mlp.u, &dm)?;
             // The gate and up projections read the same block of h2; their gradients add into
             // its rows of dh2.
-            for (dy, t) in [(&dg, LayerTensor::WGate), (&du, LayerTensor::WUp)] {
+            for (dy, t, dx_empty) in [
+                (&dg, LayerTensor::WGate, true),
+                (&du, LayerTensor::WUp, false),
+            ] {
                 let operands = LinearBackward {
                     dy: Rows::whole(dy),
                     x: h2,
@@ -525,6 +531,7 @@ impl<O: Ops> Layer<'_, O> {
                     rows: len,
                     inp: d,
                     out: i,
+                    dx_empty,
                 };
                 ops.linear_backward(operands, Rows::window(&mut dh2, start), &mut grads[t])?;
             }
@@ -640,6 +647,7 @@ impl<O: Ops> Layer<'_, O> {
             rows: n,
             inp: qw,
             out: d,
+            dx_empty: true,
         };
         let dw = &mut grads[LayerTensor::Wo];
         ops.linear_backward(wo, Rows::whole(&mut dout_attn), dw)?;
@@ -647,10 +655,13 @@ impl<O: Ops> Layer<'_, O> {
         drop((q, k, v, o, lse, dout_attn));
 
         // q, k = rope(h1 Wqᵀ + bq, h1 Wkᵀ + bk);  v = h1 Wvᵀ + bv;  h1 = rmsnorm(x)·g1
-        let mut dh1 = ops.zeros(n * d)?;
+        // q's product writes dh1, k's and v's add to it.
+        let mut dh1 = ops.scratch(n * d)?;
         let (inputs, pre) = (self.inputs(), [q_pre, k_pre, None]);
-        for ((input, dy), pre) in inputs.into_iter().zip([dq, dk, dv]).zip(pre) {
-            self.input_backward(w, &h1, input, dy, pre, (grads, &mut dh1))?;
+        let firsts = [true, false, false];
+        for (((input, dy), pre), first) in inputs.into_iter().zip([dq, dk, dv]).zip(pre).zip(firsts)
+        {
+            self.input_backward(w, &h1, input, dy, pre, (grads, &mut dh1, first))?;
         }
         drop(h1);
         let mut dx = dx2;

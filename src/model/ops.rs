@@ -132,6 +132,10 @@ pub struct LinearBackward<'a, T> {
     pub rows: usize,
     pub inp: usize,
     pub out: usize,
+    /// dx's rows hold nothing yet (dx is a [`Ops::scratch`] buffer, or those rows were never
+    /// written): the product writes them instead of adding to them, so no zeros are written
+    /// first and none are read back.
+    pub dx_empty: bool,
 }
 
 impl<'a, T> LinearBackward<'a, T> {
@@ -144,6 +148,7 @@ impl<'a, T> LinearBackward<'a, T> {
             rows: self.rows,
             inp: self.inp,
             out: self.out,
+            dx_empty: self.dx_empty,
         }
     }
 }
@@ -255,6 +260,10 @@ pub trait Ops: Sync {
     /// longer (fetches issued later may still run beside them).
     fn await_fetches(&self) -> Result<()>;
     fn zeros(&self, len: usize) -> Result<Self::T>;
+    /// `len` f32 elements whose values are unspecified, for a gradient whose first write
+    /// overwrites it (`LinearBackward::dx_empty`): on the GPU, the memory as the allocator finds
+    /// it (zero-filling the MLP's wide gradients cost 1% of a step); on the CPU, NaN.
+    fn scratch(&self, len: usize) -> Result<Self::T>;
     /// Zeros in the precision of activations (`upload`'s: 16-bit on the GPU), for a gradient
     /// one product writes whole and a 16-bit kernel reads next (attention's dO from the output
     /// projection's backward), where an f32 accumulator and its rounding would only cost memory.

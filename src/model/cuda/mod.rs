@@ -152,10 +152,11 @@ impl CudaOps {
     /// product writes whole before anything reads it. Zeroing those was a memset of every
     /// activation the step makes, about 2% of a step at 32K tokens.
     fn output<T: DeviceRepr>(&self, len: usize) -> Result<CudaSlice<T>> {
-        // SAFETY: the slice is only handed to the kernel or cuBLAS product of the op that
-        // allocates it, which writes each of its `len` elements (every caller's launch covers
-        // them all: one thread per element, one block per row, or a beta-0 product whose C is
-        // the whole slice) on this stream before any read is queued behind it.
+        // SAFETY: the allocation is stream-ordered on the model's stream and lives as long as the
+        // slice; its old contents are device bits no host reference points at. Each caller
+        // writes every element before a read is queued behind it: the op's own kernel or beta-0
+        // product (a thread per element, a block per row, or C the whole slice), or for
+        // `scratch`, the product marked `dx_empty` (the layer's MLP and input gradients).
         unsafe { self.stream().alloc::<T>(len) }.map_err(|e| {
             allocation_failed(
                 e,
@@ -190,7 +191,7 @@ impl CudaOps {
                 let mut b = self.kernels.builder(Kernel::CastToHalf);
                 b.arg(&src).arg(&0i32).arg(&mut out).arg(&n);
                 self.kernels
-                    .run(Kernel::CastToHalf, b, elementwise_config(len))?;
+                    .run(Kernel::CastToHalf, b, shapes::vector(len))?;
                 Ok(Operand::Owned(out))
             }
         }
@@ -271,6 +272,10 @@ impl Ops for CudaOps {
         Ok(Tensor::F32(self.zeroed(len)?))
     }
 
+    fn scratch(&self, len: usize) -> Result<Tensor> {
+        Ok(Tensor::F32(self.output(len)?))
+    }
+
     fn activation_zeros(&self, len: usize) -> Result<Tensor> {
         Ok(self.half(self.zeroed::<u16>(len)?))
     }
@@ -325,8 +330,7 @@ impl Ops for CudaOps {
         push_mut(&mut b, dst);
         push(&mut b, src);
         b.arg(&n);
-        self.kernels
-            .run(Kernel::AddAssign, b, elementwise_config(len))
+        self.kernels.run(Kernel::AddAssign, b, shapes::vector(len))
     }
 
     fn sum_squares(&self, t: &Tensor) -> Result<f64> {
@@ -352,7 +356,7 @@ impl Ops for CudaOps {
         let mut b = self.kernels.builder(Kernel::Scale);
         push_mut(&mut b, t);
         b.arg(&s).arg(&n);
-        self.kernels.run(Kernel::Scale, b, elementwise_config(len))
+        self.kernels.run(Kernel::Scale, b, shapes::vector(len))
     }
 
     fn embed(&self, table: &Tensor, tokens: &[u32], dim: usize) -> Result<Tensor> {
@@ -439,6 +443,7 @@ impl Ops for CudaOps {
             rows,
             inp,
             out,
+            dx_empty,
         } = operands;
         let what = "a linear layer's input gradient";
         check_format(dx.t, self.dtype(), what)?;
@@ -454,8 +459,9 @@ impl Ops for CudaOps {
         let w = self.operand(Rows::whole(w), out, inp, "a linear layer's weight")?;
         let (w, dy, x) = (w.get(), dy.get(), x.get());
         let shape = GemmShape::input_grad(rows, inp, out);
+        let beta = if dx_empty { 0.0 } else { 1.0 };
         self.blas
-            .gemm_into(shape, &w, &dy, (dx.t, dx_rows), [1.0, 1.0])?;
+            .gemm_into(shape, &w, &dy, (dx.t, dx_rows), [1.0, beta])?;
         let shape = GemmShape::weight_grad(rows, inp, out);
         let whole = 0..dw.len();
         self.blas.gemm_into(shape, &x, &dy, (dw, whole), [1.0, 1.0])
@@ -613,8 +619,7 @@ impl Ops for CudaOps {
         push(&mut b, g);
         push(&mut b, u);
         b.arg(&mut m).arg(&n);
-        self.kernels
-            .run(Kernel::Swiglu, b, elementwise_config(len))?;
+        self.kernels.run(Kernel::Swiglu, b, shapes::vector(len))?;
         Ok(self.half(m))
     }
 
@@ -632,7 +637,7 @@ impl Ops for CudaOps {
         push(&mut b, dm);
         b.arg(&mut dg).arg(&mut du).arg(&n);
         self.kernels
-            .run(Kernel::SwigluBackward, b, elementwise_config(len))?;
+            .run(Kernel::SwigluBackward, b, shapes::vector(len))?;
         Ok((self.half(dg), self.half(du)))
     }
 
@@ -741,7 +746,7 @@ impl Ops for CudaOps {
         for s in &scalars {
             b.arg(s);
         }
-        self.kernels.run(Kernel::Adamw, b, elementwise_config(len))
+        self.kernels.run(Kernel::Adamw, b, shapes::vector(len))
     }
 }
 

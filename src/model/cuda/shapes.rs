@@ -3,6 +3,7 @@
 //! (`elementwise_config`, `rows_config`); the loss's row chunks, a memory budget the estimate
 //! counts too, are `model::cost`'s.
 
+use crate::backend::cuda::elementwise_config;
 use anyhow::{Result, anyhow};
 use cudarc::driver::LaunchConfig;
 
@@ -12,6 +13,12 @@ const BLOCK: u32 = 256;
 const REDUCE_BLOCKS: usize = 1024;
 /// Row groups of the norm-gain gradient: each adds every `ROW_GROUPS`-th row of its columns.
 const ROW_GROUPS: usize = 64;
+
+/// The elementwise kernels that move 8 elements a thread (`ELEMENTWISE` in kernels/model.cu):
+/// the backend's elementwise shape over one thread per 8 elements.
+pub(crate) fn vector(len: usize) -> LaunchConfig {
+    elementwise_config(len.div_ceil(8))
+}
 
 /// One block of [`BLOCK`] threads per row (the loss and norm kernels).
 pub(crate) fn block_per_row(rows: usize) -> Result<LaunchConfig> {

@@ -164,6 +164,10 @@ impl Ops for Lengths {
         Ok(self.wide(len))
     }
 
+    fn scratch(&self, len: usize) -> Result<Shape> {
+        Ok(self.wide(len))
+    }
+
     fn activation_zeros(&self, len: usize) -> Result<Shape> {
         Ok(self.half(len))
     }
@@ -291,6 +295,7 @@ impl Ops for Lengths {
             rows,
             inp,
             out,
+            dx_empty: _,
         } = operands;
         let dys = dy.range(dy.t.len, rows, out, "a linear layer's output gradient")?;
         let xs = x.range(x.t.len, rows, inp, "a linear layer's input")?;
