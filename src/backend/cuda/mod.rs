@@ -85,4 +85,4 @@ use tensor::Kind;
 // with the same kind (out of memory, or the device).
 pub(crate) use compile::compile_cached;
 pub(crate) use device::allocation_failed;
-pub(crate) use launch::{elementwise_config, rows_config};
+pub(crate) use launch::elementwise_config;

@@ -38,7 +38,7 @@ use super::ops::{
 };
 use crate::backend::Backend;
 use crate::backend::cuda::{
-    CudaBackend, InputDtype, Tensor, allocation_failed, elementwise_config, rows_config,
+    CudaBackend, InputDtype, Tensor, allocation_failed, elementwise_config,
 };
 use anyhow::{Result, anyhow, bail};
 use args::{check, check_format, f32_mut, f32_ref, int, push, push_mut};
@@ -518,7 +518,7 @@ impl Ops for CudaOps {
         push_mut(&mut b, dx);
         b.arg(&n).arg(&d);
         self.kernels
-            .run(Kernel::RmsnormBackward, b, rows_config(rows)?)?;
+            .run(Kernel::RmsnormBackward, b, shapes::block_per_row(rows)?)?;
         let mut b = self.kernels.builder(Kernel::RmsnormDw);
         push(&mut b, x);
         b.arg(rstd);
@@ -605,8 +605,8 @@ impl Ops for CudaOps {
             .arg(&start1)
             .arg(&sign)
             .arg(&scale);
-        let cfg = elementwise_config(rows * head_dim / 2);
-        self.kernels.run(Kernel::Rope, b, cfg)
+        self.kernels
+            .run(Kernel::Rope, b, shapes::vector(rows * head_dim / 2))
     }
 
     fn swiglu(&self, g: &Tensor, u: &Tensor) -> Result<Tensor> {

@@ -1,7 +1,7 @@
 //! Launch shapes of the model kernels, as plain arithmetic so CI checks them without a GPU.
-//! Elementwise and one-warp-per-row kernels use the attention backend's shapes
-//! (`elementwise_config`, `rows_config`); the loss's row chunks, a memory budget the estimate
-//! counts too, are `model::cost`'s.
+//! Elementwise kernels use the attention backend's `elementwise_config` (over a thread per 8
+//! elements for those that move 8 at a time: [`vector`]); the loss's row chunks, a memory
+//! budget the estimate counts too, are `model::cost`'s.
 
 use crate::backend::cuda::elementwise_config;
 use anyhow::{Result, anyhow};
