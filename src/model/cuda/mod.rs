@@ -5,9 +5,9 @@
 //! Mixed precision, as trainers run it:
 //! - weights and activations are 16-bit (`Tensor::Half`, the backend's bf16 or fp16): `upload`,
 //!   `embed`, `linear`, `rmsnorm`'s output, `swiglu` and `swiglu_backward` produce them;
-//! - `zeros` gives f32 (`Tensor::F32`): the model takes it for weight gradients, AdamW moments
-//!   and activation-gradient accumulators (dx, dm, dh), so gradients accumulate in f32; the
-//!   rmsnorm rstd and the loss's dh are f32 too;
+//! - `zeros` and `scratch` give f32 (`Tensor::F32`): the model takes them for weight gradients,
+//!   AdamW moments and activation gradients (dm, dh: `scratch`, which their first product
+//!   writes), so gradients accumulate in f32; the rmsnorm rstd and the loss's dh are f32 too;
 //! - every op reads either variant wherever it reads, and in-place ops (`add_assign`, `scale`,
 //!   `rope`, the dx and dW accumulators) keep the variant they find. Matrix products take 16-bit
 //!   A and B (f32 compute, C in either variant): an f32 operand, such as a gradient arriving from
