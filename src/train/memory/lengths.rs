@@ -18,7 +18,6 @@ use crate::model::ops::{
 };
 use crate::shape::Dims;
 use anyhow::{Result, bail};
-use std::ops::Range;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -103,13 +102,13 @@ impl Lengths {
 
     /// The CUDA backend's 16-bit copy of an f32 GEMM operand (`CudaOps::operand`).
     fn cast(&self, t: &Shape) -> usize {
-        self.cast_rows(Rows::whole(t), 0..t.len)
+        self.cast_part(t, t.len)
     }
 
-    /// [`Lengths::cast`] of the rows `range` of `t` a product reads.
-    fn cast_rows(&self, t: Rows<&Shape>, range: Range<usize>) -> usize {
-        match self.cuda() && t.t.elem == F32 {
-            true => range.len() * HALF,
+    /// [`Lengths::cast`] of `len` of `t`'s elements (the rows a product reads).
+    fn cast_part(&self, t: &Shape, len: usize) -> usize {
+        match self.cuda() && t.elem == F32 {
+            true => len * HALF,
             false => 0,
         }
     }
@@ -261,7 +260,7 @@ impl Ops for Lengths {
         let xs = x.range(x.t.len, rows, inp, "a linear layer's input")?;
         check_len("a linear layer's weight", w.len, out * inp)?;
         let y = self.half(rows * out);
-        let scratch = self.cast_rows(x, xs) + self.cast(w);
+        let scratch = self.cast_part(x.t, xs.len()) + self.cast(w);
         self.spike("linear scratch", scratch, &[&y]);
         Ok(y)
     }
@@ -304,7 +303,7 @@ impl Ops for Lengths {
         check_len("a linear layer's weight gradient", dw.len, out * inp)?;
         self.spike(
             "linear_backward scratch",
-            self.cast_rows(dy, dys) + self.cast_rows(x, xs) + self.cast(w),
+            self.cast_part(dy.t, dys.len()) + self.cast_part(x.t, xs.len()) + self.cast(w),
             &[],
         );
         Ok(())
