@@ -562,16 +562,17 @@ impl<O: Ops> Layer<'_, O> {
                 let bytes = mlp.iter().map(|m| self.mlp_bytes(m)).sum::<usize>();
                 (out, Kept::All(a, mlp), bytes)
             }
-            Checkpoint::Remat | Checkpoint::Layer => {
+            Checkpoint::Remat => {
                 let Acts {
                     x, o, lse, x2, h2, ..
                 } = a;
                 let (out, _) = self.mlp_forward(w, &h2, x2, false, meter)?;
-                let kept = match policy {
-                    Checkpoint::Remat => Kept::AttentionOut { x, o, lse },
-                    _ => Kept::Input { x },
-                };
-                (out, kept, 0)
+                (out, Kept::AttentionOut { x, o, lse }, 0)
+            }
+            Checkpoint::Layer => {
+                let Acts { x, x2, h2, .. } = a;
+                let (out, _) = self.mlp_forward(w, &h2, x2, false, meter)?;
+                (out, Kept::Input { x }, 0)
             }
         };
         meter.release(acts + mlp_bytes - self.kept_bytes(&kept));
