@@ -159,21 +159,6 @@ extern "C" __global__ void add_assign(void* dst, int dst_half, const void* src, 
 #undef AT
 }
 
-template <int N>
-__device__ __forceinline__ void scale_at(void* x, int x_half, float s, long i) {
-    float v[N];
-    ldn<N>(x, x_half, i, v);
-#pragma unroll
-    for (int k = 0; k < N; k++) v[k] *= s;
-    stn<N>(x, x_half, i, v);
-}
-
-extern "C" __global__ void scale(void* x, int x_half, float s, long n) {
-#define AT(N, i) scale_at<N>(x, x_half, s, i)
-    ELEMENTWISE(n, aligned16(x), AT);
-#undef AT
-}
-
 // SplitMix64's output function (model::init::mix).
 __device__ __forceinline__ unsigned long long splitmix(unsigned long long z) {
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
@@ -193,13 +178,21 @@ extern "C" __global__ void uniform(u16* dst, long n, unsigned long long key, uns
     }
 }
 
-// One f64 partial sum of squares per block; the host adds the partials.
+// One f64 partial sum of squares per block (8 elements a thread where aligned); the host adds
+// the partials of every tensor of the norm after one copy.
+template <int N>
+__device__ __forceinline__ void squares_at(const void* x, int x_half, long i, double& acc) {
+    float v[N];
+    ldn<N>(x, x_half, i, v);
+#pragma unroll
+    for (int k = 0; k < N; k++) acc += (double)v[k] * v[k];
+}
+
 extern "C" __global__ void sum_squares(const void* x, int x_half, long n, double* partial) {
     double acc = 0.0;
-    GRID_STRIDE(i, n) {
-        const double v = ld(x, x_half, i);
-        acc += v * v;
-    }
+#define AT(N, i) squares_at<N>(x, x_half, i, acc)
+    ELEMENTWISE(n, aligned16(x), AT);
+#undef AT
     acc = block_sum(acc);
     if (threadIdx.x == 0) partial[blockIdx.x] = acc;
 }
@@ -252,9 +245,9 @@ extern "C" __global__ void swiglu_backward(const void* g, int g_half, const void
 }
 
 // AdamW's hyperparameters for one step: moments' decays, their bias corrections, the rate,
-// epsilon and the decoupled weight decay.
+// epsilon, the decoupled weight decay and the factor on the gradient (the global-norm clip's).
 struct Adam {
-    float b1, b2, c1, c2, lr, eps, wd;
+    float b1, b2, c1, c2, lr, eps, wd, gs;
 };
 
 // One AdamW step (bias-corrected moments, decoupled decay); m and v are f32, the parameter is
@@ -266,6 +259,8 @@ __device__ __forceinline__ void adamw_at(void* p, int p_half, const void* g, int
                                          float* v, float* master, const Adam& a, long i) {
     float gi[N], mi[N], vi[N], pi[N];
     ldn<N>(g, g_half, i, gi);
+#pragma unroll
+    for (int k = 0; k < N; k++) gi[k] *= a.gs;
     ldn<N>(m, 0, i, mi);
     ldn<N>(v, 0, i, vi);
     if (master)
@@ -287,8 +282,8 @@ __device__ __forceinline__ void adamw_at(void* p, int p_half, const void* g, int
 
 extern "C" __global__ void adamw(void* p, int p_half, const void* g, int g_half, float* m, float* v,
                                  float* master, long n, float b1, float b2, float c1, float c2,
-                                 float lr, float eps, float wd) {
-    const Adam a = {b1, b2, c1, c2, lr, eps, wd};
+                                 float lr, float eps, float wd, float gs) {
+    const Adam a = {b1, b2, c1, c2, lr, eps, wd, gs};
     const bool vec = aligned16(p) && aligned16(g) && aligned16(m) && aligned16(v) && aligned16(master);
 #define AT(N, i) adamw_at<N>(p, p_half, g, g_half, m, v, master, a, i)
     ELEMENTWISE(n, vec, AT);

@@ -34,7 +34,7 @@ use distflash::model::cuda::CudaOps;
 use distflash::model::cuda::whole_sequence::CudaAttention;
 use distflash::model::family::ModelType;
 use distflash::model::ops::{
-    AdamState, AdamW, LinearBackward, LossInput, NormBackward, Ops, RopeCall, Rows,
+    AdamState, AdamStep, AdamW, LinearBackward, LossInput, NormBackward, Ops, RopeCall, Rows,
 };
 use distflash::model::rope::RopeScaling;
 use distflash::model::weights::{self, Weights};
@@ -482,15 +482,18 @@ impl Checker {
             let name = format!("add_assign {} += {}", kind(dst_half), kind(src_half));
             self.report(&name, &gd, &cd, tol(dst_half))?;
         }
-        for h in [true, false] {
-            let (mut g, mut c) = self.either(h, n)?;
-            self.gpu.scale(&mut g, -0.37)?;
-            self.cpu.scale(&mut c, -0.37)?;
-            self.report(&format!("scale {}", kind(h)), &g, &c, tol(h))?;
-            let (gs, cs) = (self.gpu.sum_squares(&g)?, self.cpu.sum_squares(&c)?);
-            let err = (gs - cs).abs() / cs;
-            self.verdict(&format!("sum_squares {}", kind(h)), err, F32_TOL);
-        }
+        // The norm of several tensors at once, of both precisions, one of them shorter than a
+        // block and one not a whole number of 8-element groups.
+        let (g1, c1) = self.either(true, n)?;
+        let (g2, c2) = self.either(false, 3 * n + 5)?;
+        let (g3, c3) = self.either(false, 100)?;
+        let gs = self.gpu.sum_squares(&[&g1, &g2, &g3])?;
+        let cs = self.cpu.sum_squares(&[&c1, &c2, &c3])?;
+        self.verdict(
+            "sum_squares of three tensors",
+            (gs - cs).abs() / cs,
+            F32_TOL,
+        );
         // Row blocks (the MLP's): copies, so exact in either precision.
         let (width, rows) = (96, 37);
         for h in [true, false] {
@@ -867,6 +870,11 @@ impl Checker {
     fn adamw(&mut self) -> Result<()> {
         let n = 10_007;
         let hp = ADAMW;
+        // A clipped step: the gradient's scale is applied inside the update.
+        let at = AdamStep {
+            step: 3,
+            grad_scale: 0.37,
+        };
         for h in [false, true] {
             let (mut p, mut cp) = self.either(h, n)?;
             let before = self.gpu.download(&p)?;
@@ -878,13 +886,13 @@ impl Checker {
                 v: &mut v,
                 master: None,
             };
-            self.gpu.adamw(&mut p, &g, state, &hp, 3, true)?;
+            self.gpu.adamw(&mut p, &g, state, &hp, at, true)?;
             let state = AdamState {
                 m: &mut cm,
                 v: &mut cv,
                 master: None,
             };
-            self.cpu.adamw(&mut cp, &cg, state, &hp, 3, true)?;
+            self.cpu.adamw(&mut cp, &cg, state, &hp, at, true)?;
             self.report("adamw m", &m, &cm, F32_TOL)?;
             self.report("adamw v", &v, &cv, F32_TOL)?;
             if h {
@@ -1158,13 +1166,21 @@ impl Checker {
                 v: &mut v1,
                 master: Some(&mut master),
             };
-            self.gpu.adamw(&mut exact, &gt, state, &hp, step, true)?;
+            self.gpu
+                .adamw(&mut exact, &gt, state, &hp, AdamStep::unscaled(step), true)?;
             let state = AdamState {
                 m: &mut m2,
                 v: &mut v2,
                 master: None,
             };
-            self.gpu.adamw(&mut in_place, &gt, state, &hp, step, true)?;
+            self.gpu.adamw(
+                &mut in_place,
+                &gt,
+                state,
+                &hp,
+                AdamStep::unscaled(step),
+                true,
+            )?;
             common::adamw_f64(&mut p, &g, (&mut m, &mut v), &hp, step);
         }
         let u = match self.dtype {
@@ -1246,7 +1262,14 @@ impl Checker {
                 let mut params = w.tensors_mut();
                 moments.update_each(gpu, |k, state| {
                     let decay = specs[k].decays();
-                    gpu.adamw(params[k], &grads[k], state, &hp, step as u64 + 1, decay)
+                    gpu.adamw(
+                        params[k],
+                        &grads[k],
+                        state,
+                        &hp,
+                        AdamStep::unscaled(step as u64 + 1),
+                        decay,
+                    )
                 })?;
             }
             let weights = w.tensors().into_iter().map(|t| gpu.download(t));

@@ -8,7 +8,7 @@ use common::{distflash, sharded, temp_dir, tiny_options, tiny_options_with};
 use common::{train_on_threads, train_returning};
 use distflash::model::config::Config;
 use distflash::model::cpu::Cpu;
-use distflash::model::ops::{AdamState, AdamW, Ops};
+use distflash::model::ops::{AdamState, AdamStep, AdamW, Ops};
 use distflash::plan::Schedule;
 use distflash::train::documents::{Packing, Positions};
 use distflash::train::step_plan::Asked;
@@ -482,16 +482,37 @@ fn a_thousand_small_adamw_steps_track_f64_and_a_16_bit_weight_needs_a_master() {
             .iter()
             .map(|s| s * rng.random_range(0.5f32..1.5))
             .collect();
-        cpu.adamw(&mut exact, &g, state(&mut s1), &hp, step, true)
-            .unwrap();
+        cpu.adamw(
+            &mut exact,
+            &g,
+            state(&mut s1),
+            &hp,
+            AdamStep::unscaled(step),
+            true,
+        )
+        .unwrap();
         let through_master = AdamState {
             master: Some(&mut master),
             ..state(&mut s2)
         };
-        cpu.adamw(&mut with_master, &g, through_master, &hp, step, true)
-            .unwrap();
-        cpu.adamw(&mut in_place, &g, state(&mut s3), &hp, step, true)
-            .unwrap();
+        cpu.adamw(
+            &mut with_master,
+            &g,
+            through_master,
+            &hp,
+            AdamStep::unscaled(step),
+            true,
+        )
+        .unwrap();
+        cpu.adamw(
+            &mut in_place,
+            &g,
+            state(&mut s3),
+            &hp,
+            AdamStep::unscaled(step),
+            true,
+        )
+        .unwrap();
         // The 16-bit store.
         for w in with_master.iter_mut().chain(&mut in_place) {
             *w = bf16(*w);
@@ -526,4 +547,70 @@ fn a_thousand_small_adamw_steps_track_f64_and_a_16_bit_weight_needs_a_master() {
         stuck > 2.0,
         "the in-place update must show its drift: {stuck}"
     );
+}
+
+/// The global-norm clip rides inside AdamW ([`AdamStep::clipped`]): gradients of norm (one
+/// `sum_squares` over every tensor) above the clip update the moments and the weights as the f64
+/// update of the gradients scaled to the clip does; below the clip, or with none, they are taken
+/// as they are. The moments start away from zero, so the weights depend on the scale too.
+#[test]
+fn a_clipped_update_is_the_update_of_the_gradients_scaled_to_the_clip() {
+    let hp = AdamW {
+        lr: 1e-2,
+        beta1: 0.9,
+        beta2: 0.95,
+        eps: 1e-8,
+        weight_decay: 0.1,
+    };
+    let mut rng = StdRng::seed_from_u64(5);
+    let mut draw = |n: usize, lo: f32, hi: f32| -> Vec<f32> {
+        (0..n).map(|_| rng.random_range(lo..hi)).collect()
+    };
+    let grads = [draw(37, -1.0, 1.0), draw(11, -1.0, 1.0)];
+    let cpu = Cpu::<f32>::new();
+    let squares: f64 = grads.iter().flatten().map(|&g| f64::from(g).powi(2)).sum();
+    let summed = cpu.sum_squares(&[&grads[0], &grads[1]]).unwrap();
+    assert!(
+        (summed - squares).abs() <= 1e-12 * squares,
+        "{summed} vs {squares}"
+    );
+    let norm = squares.sqrt();
+    for (clip, scale) in [(norm / 4.0, 0.25), (norm * 2.0, 1.0), (0.0, 1.0)] {
+        let at = AdamStep::clipped(3, clip, norm);
+        assert!(
+            (at.grad_scale - scale).abs() <= 1e-15,
+            "{at:?} for clip {clip}"
+        );
+        for g in &grads {
+            let n = g.len();
+            let (p0, m0, v0) = (draw(n, -1.0, 1.0), draw(n, -0.1, 0.1), draw(n, 0.0, 0.01));
+            let (mut p, mut m, mut v) = (p0.clone(), m0.clone(), v0.clone());
+            let state = AdamState {
+                m: &mut m,
+                v: &mut v,
+                master: None,
+            };
+            cpu.adamw(&mut p, g, state, &hp, at, true).unwrap();
+            let widen = |x: &[f32]| x.iter().map(|&x| f64::from(x)).collect::<Vec<f64>>();
+            let (mut rp, mut rm, mut rv) = (widen(&p0), widen(&m0), widen(&v0));
+            let scaled: Vec<f32> = g.iter().map(|&x| x * at.grad_scale as f32).collect();
+            common::adamw_f64(&mut rp, &scaled, (&mut rm, &mut rv), &hp, 3);
+            // Each is a few f32 operations from the same f32 inputs, so within a few roundings
+            // of its operands' size (the weights ~1, the moments' starts ~0.1 and ~0.01, and
+            // the new gradient's share, up to 0.1 and 0.05); a
+            // moment from the unscaled gradient is off by 75% of its gradient's share.
+            let sizes = [
+                ("p", &p, &rp, 1.0f64),
+                ("m", &m, &rm, 0.1),
+                ("v", &v, &rv, 0.01),
+            ];
+            for (name, got, want, size) in sizes {
+                for (&x, &r) in got.iter().zip(want.iter()) {
+                    let err = (f64::from(x) - r).abs();
+                    let bound = 1e-6 * size.max(r.abs());
+                    assert!(err <= bound, "{name}: {x} vs {r} at clip {clip}");
+                }
+            }
+        }
+    }
 }

@@ -5,8 +5,8 @@
 use super::float::Float;
 use super::init;
 use super::ops::{
-    AdamState, AdamW, LinearBackward, LossInput, LossOut, NormBackward, Ops, RopeCall, Rows,
-    check_rows, row_positions,
+    AdamState, AdamStep, AdamW, LinearBackward, LossInput, LossOut, NormBackward, Ops, RopeCall,
+    Rows, check_rows, row_positions,
 };
 use anyhow::{Result, bail};
 use ndarray::linalg::general_mat_mul;
@@ -176,14 +176,12 @@ impl<F: Float> Ops for Cpu<F> {
         Ok(())
     }
 
-    fn sum_squares(&self, t: &Vec<F>) -> Result<f64> {
-        Ok(t.iter().map(|x| x.f64() * x.f64()).sum())
-    }
-
-    fn scale(&self, t: &mut Vec<F>, s: f64) -> Result<()> {
-        let s = F::of(s);
-        t.par_iter_mut().for_each(|x| *x *= s);
-        Ok(())
+    fn sum_squares(&self, ts: &[&Vec<F>]) -> Result<f64> {
+        Ok(ts
+            .iter()
+            .flat_map(|t| t.iter())
+            .map(|x| x.f64() * x.f64())
+            .sum())
     }
 
     fn embed(&self, table: &Vec<F>, tokens: &[u32], dim: usize) -> Result<Vec<F>> {
@@ -485,10 +483,10 @@ impl<F: Float> Ops for Cpu<F> {
         grad: &Vec<F>,
         state: AdamState<&mut Vec<F>>,
         hp: &AdamW,
-        step: u64,
+        at: AdamStep,
         decay: bool,
     ) -> Result<()> {
-        let len = param.len();
+        let (len, step) = (param.len(), at.step);
         check_len("a gradient", grad, len)?;
         check_len("AdamW's first moment", state.m, len)?;
         check_len("AdamW's second moment", state.v, len)?;
@@ -496,7 +494,8 @@ impl<F: Float> Ops for Cpu<F> {
         let c1 = 1.0 - b1.powi(step as i32);
         let c2 = 1.0 - b2.powi(step as i32);
         let wd = if decay { hp.weight_decay } else { 0.0 };
-        let [b1, b2, c1, c2, lr, eps, wd] = [b1, b2, c1, c2, hp.lr, hp.eps, wd].map(F::of);
+        let [b1, b2, c1, c2, lr, eps, wd, scale] =
+            [b1, b2, c1, c2, hp.lr, hp.eps, wd, at.grad_scale].map(F::of);
         // With a master the update is the master's and the parameter its copy (the CPU's
         // parameters are already exact, so the rounding is the identity).
         let (updated, copy) = match state.master {
@@ -511,6 +510,7 @@ impl<F: Float> Ops for Cpu<F> {
             .zip(grad)
             .zip(state.m.par_iter_mut().zip(state.v.par_iter_mut()))
             .for_each(|((p, &g), (m, v))| {
+                let g = g * scale;
                 *m = b1 * *m + (F::one() - b1) * g;
                 *v = b2 * *v + (F::one() - b2) * g * g;
                 let update = (*m / c1) / ((*v / c2).sqrt() + eps);

@@ -6,7 +6,8 @@
 
 use super::attention_api::Attention;
 use super::ops::{
-    AdamState, AdamW, LinearBackward, LossInput, LossOut, NormBackward, Ops, RopeCall, Rows,
+    AdamState, AdamStep, AdamW, LinearBackward, LossInput, LossOut, NormBackward, Ops, RopeCall,
+    Rows,
 };
 use anyhow::Result;
 use std::borrow::Cow;
@@ -156,12 +157,9 @@ impl<O: Ops, I: Instrument<O>> Ops for Instrumented<'_, O, I> {
         })
     }
 
-    fn sum_squares(&self, t: &I::T) -> Result<f64> {
-        self.call("sum_squares", || self.inner.sum_squares(I::tensor(t)))
-    }
-
-    fn scale(&self, t: &mut I::T, s: f64) -> Result<()> {
-        self.call("scale", || self.inner.scale(I::tensor_mut(t), s))
+    fn sum_squares(&self, ts: &[&I::T]) -> Result<f64> {
+        let ts: Vec<_> = ts.iter().map(|t| I::tensor(t)).collect();
+        self.call("sum_squares", || self.inner.sum_squares(&ts))
     }
 
     fn embed(&self, table: &I::T, tokens: &[u32], dim: usize) -> Result<I::T> {
@@ -303,13 +301,13 @@ impl<O: Ops, I: Instrument<O>> Ops for Instrumented<'_, O, I> {
         grad: &I::T,
         state: AdamState<&mut I::T>,
         hp: &AdamW,
-        step: u64,
+        at: AdamStep,
         decay: bool,
     ) -> Result<()> {
         self.call("adamw", || {
             let (param, grad) = (I::tensor_mut(param), I::tensor(grad));
             let state = state.try_map(|t| Ok(I::tensor_mut(t)))?;
-            self.inner.adamw(param, grad, state, hp, step, decay)
+            self.inner.adamw(param, grad, state, hp, at, decay)
         })
     }
 }

@@ -561,10 +561,8 @@ fn run_steps<D: ModelDevice, C: Communicator<D::Tensor>, F: Fn(&StepReport) + Sy
     if !o.final_weights {
         // Each worker checks the pieces it holds (a sum of squares of f32 values is finite
         // exactly when every value is).
-        for t in held.w.tensors() {
-            if !ops.sum_squares(t)?.is_finite() {
-                return Err(diverged(o, o.steps, saved.as_ref(), what));
-            }
+        if !ops.sum_squares(&held.w.tensors())?.is_finite() {
+            return Err(diverged(o, o.steps, saved.as_ref(), what));
         }
         return Ok(None);
     }

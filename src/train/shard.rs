@@ -22,7 +22,7 @@ use super::step_plan::{Shard, StepPlan};
 use super::tally::{Tally, all_reduce, all_reduce_tally, collectives};
 use crate::comm::{Buffer, Communicator, Shared, Solo, shard_span, shard_spans};
 use crate::model::config::Config;
-use crate::model::ops::{AdamState, AdamW, Ops};
+use crate::model::ops::{AdamState, AdamStep, AdamW, Ops};
 use crate::model::weights::{LayerWeights, Weights, specs};
 use crate::model::{Head, Params};
 use crate::runtime::ModelDevice;
@@ -528,22 +528,18 @@ where
         Ok((grads, norm))
     }
 
-    /// The second half: `grads` (of global norm `norm`) scaled down to `update.clip` when
-    /// larger, then AdamW on the weights `w` ([`Optimizer::update`]).
+    /// The second half: AdamW on the weights `w` ([`Optimizer::update`]) from `grads` (of
+    /// global norm `norm`) scaled down to `update.clip` when larger.
     pub fn apply(
         &mut self,
         ops: &O,
         comm: &mut dyn Communicator<O::T>,
         w: &mut Weights<O::T>,
-        (mut grads, norm): (Vec<O::T>, f64),
+        (grads, norm): (Vec<O::T>, f64),
         update: &Update,
     ) -> Result<()> {
-        if update.clip > 0.0 && norm > update.clip {
-            for g in &mut grads {
-                ops.scale(g, update.clip / norm)?;
-            }
-        }
-        self.update(ops, comm, w, &grads, &update.adamw, update.step)
+        let at = AdamStep::clipped(update.step, update.clip, norm);
+        self.update(ops, comm, w, &grads, &update.adamw, at)
     }
 
     /// The gradients this worker updates from: `reduce_grads`'s whole tensors cut to its pieces.
@@ -564,10 +560,7 @@ where
     /// The global gradient norm of `grads` (this worker's pieces, or whole tensors unsharded):
     /// sharded, each worker's sum of squares all-reduced as an f32 scalar.
     fn norm(&self, ops: &O, comm: &mut dyn Communicator<O::T>, grads: &[O::T]) -> Result<f64> {
-        let squares = grads
-            .iter()
-            .map(|g| ops.sum_squares(g))
-            .sum::<Result<f64>>()?;
+        let squares = ops.sum_squares(&grads.iter().collect::<Vec<_>>())?;
         if !self.shard.shards_optimizer() {
             return Ok(squares.sqrt());
         }
@@ -586,17 +579,17 @@ where
         w: &mut Weights<O::T>,
         grads: &[O::T],
         hp: &AdamW,
-        step: u64,
+        at: AdamStep,
     ) -> Result<()> {
         let mut tensors = w.tensors_mut();
         let (shard, spans, decays, lens) = (self.shard, &self.spans, &self.decays, &self.lens);
         self.moments.update_each(ops, |i, state| {
             let (p, span, decay, g) = (&mut *tensors[i], spans[i], decays[i], &grads[i]);
             if shard.updates_in_place() {
-                return ops.adamw(p, g, state, hp, step, decay);
+                return ops.adamw(p, g, state, hp, at, decay);
             }
             let mut piece = ops.rows(p, 1, span.start, span.len)?;
-            ops.adamw(&mut piece, g, state, hp, step, decay)?;
+            ops.adamw(&mut piece, g, state, hp, at, decay)?;
             let world = comm.world();
             let all = comm.all_gather(piece, lens[i])?;
             for (s, part) in shard_spans(lens[i], world).iter().zip(&all) {

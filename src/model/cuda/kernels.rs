@@ -14,7 +14,6 @@ const SOURCE: &str = include_str!("../../../kernels/model.cu");
 pub(crate) enum Kernel {
     CastToHalf,
     AddAssign,
-    Scale,
     SumSquares,
     Swiglu,
     SwigluBackward,
@@ -33,10 +32,9 @@ pub(crate) enum Kernel {
 
 impl Kernel {
     /// Every kernel, in declaration order (so `k as usize` indexes this array).
-    pub(crate) const ALL: [Kernel; 17] = [
+    pub(crate) const ALL: [Kernel; 16] = [
         Kernel::CastToHalf,
         Kernel::AddAssign,
-        Kernel::Scale,
         Kernel::SumSquares,
         Kernel::Swiglu,
         Kernel::SwigluBackward,
@@ -58,7 +56,6 @@ impl Kernel {
         match self {
             Kernel::CastToHalf => "cast_to_half",
             Kernel::AddAssign => "add_assign",
-            Kernel::Scale => "scale",
             Kernel::SumSquares => "sum_squares",
             Kernel::Swiglu => "swiglu",
             Kernel::SwigluBackward => "swiglu_backward",

@@ -8,7 +8,7 @@
 //! - `zeros` and `scratch` give f32 (`Tensor::F32`): the model takes them for weight gradients,
 //!   AdamW moments and activation gradients (dm, dh: `scratch`, which their first product
 //!   writes), so gradients accumulate in f32; the rmsnorm rstd and the loss's dh are f32 too;
-//! - every op reads either variant wherever it reads, and in-place ops (`add_assign`, `scale`,
+//! - every op reads either variant wherever it reads, and in-place ops (`add_assign`,
 //!   `rope`, the dx and dW accumulators) keep the variant they find. Matrix products take 16-bit
 //!   A and B (f32 compute, C in either variant): an f32 operand, such as a gradient arriving from
 //!   an f32 accumulator, is rounded into a scratch 16-bit copy first, as autocast would.
@@ -33,8 +33,8 @@ pub mod whole_sequence;
 use super::cost::{loss_chunk_rows, loss_chunks};
 use super::init;
 use super::ops::{
-    AdamState, AdamW, LinearBackward, LossInput, LossOut, NormBackward, Ops, RopeCall, Rows,
-    check_positions, check_rows,
+    AdamState, AdamStep, AdamW, LinearBackward, LossInput, LossOut, NormBackward, Ops, RopeCall,
+    Rows, check_positions, check_rows,
 };
 use crate::backend::Backend;
 use crate::backend::cuda::{
@@ -333,30 +333,26 @@ impl Ops for CudaOps {
         self.kernels.run(Kernel::AddAssign, b, shapes::vector(len))
     }
 
-    fn sum_squares(&self, t: &Tensor) -> Result<f64> {
-        check(t, self.dtype(), t.len(), "a summed tensor")?;
-        let cfg = shapes::reduce(t.len());
-        let mut partial = self.output::<f64>(cfg.grid_dim.0 as usize)?;
-        let n = t.len() as i64;
-        let mut b = self.kernels.builder(Kernel::SumSquares);
-        push(&mut b, t);
-        b.arg(&n).arg(&mut partial);
-        self.kernels.run(Kernel::SumSquares, b, cfg)?;
+    fn sum_squares(&self, ts: &[&Tensor]) -> Result<f64> {
+        // Each tensor's blocks write their partial sums into its own stretch of one buffer,
+        // which comes back in one copy: the step waits for the device once.
+        let blocks = shapes::REDUCE_BLOCKS;
+        let mut partial = self.zeroed::<f64>(ts.len().max(1) * blocks)?;
+        for (k, t) in ts.iter().enumerate() {
+            check(t, self.dtype(), t.len(), "a summed tensor")?;
+            let n = t.len() as i64;
+            let mut part = partial.slice_mut(k * blocks..(k + 1) * blocks);
+            let mut b = self.kernels.builder(Kernel::SumSquares);
+            push(&mut b, t);
+            b.arg(&n).arg(&mut part);
+            self.kernels
+                .run(Kernel::SumSquares, b, shapes::reduce(t.len()))?;
+        }
         let host = self
             .stream()
             .clone_dtoh(&partial)
             .map_err(|e| anyhow!("copy from the GPU failed: {e:?}"))?;
         Ok(host.iter().sum())
-    }
-
-    fn scale(&self, t: &mut Tensor, s: f64) -> Result<()> {
-        let len = t.len();
-        check(t, self.dtype(), len, "a scaled tensor")?;
-        let (s, n) = (s as f32, len as i64);
-        let mut b = self.kernels.builder(Kernel::Scale);
-        push_mut(&mut b, t);
-        b.arg(&s).arg(&n);
-        self.kernels.run(Kernel::Scale, b, shapes::vector(len))
     }
 
     fn embed(&self, table: &Tensor, tokens: &[u32], dim: usize) -> Result<Tensor> {
@@ -715,10 +711,10 @@ impl Ops for CudaOps {
         grad: &Tensor,
         state: AdamState<&mut Tensor>,
         hp: &AdamW,
-        step: u64,
+        at: AdamStep,
         decay: bool,
     ) -> Result<()> {
-        let len = param.len();
+        let (len, step) = (param.len(), at.step);
         check(param, self.dtype(), len, "a parameter")?;
         check(grad, self.dtype(), len, "a gradient")?;
         let m = f32_mut(state.m, len, "AdamW's first moment")?;
@@ -730,7 +726,8 @@ impl Ops for CudaOps {
         let c1 = 1.0 - hp.beta1.powi(step as i32);
         let c2 = 1.0 - hp.beta2.powi(step as i32);
         let wd = if decay { hp.weight_decay } else { 0.0 };
-        let scalars = [hp.beta1, hp.beta2, c1, c2, hp.lr, hp.eps, wd].map(|x| x as f32);
+        let scalars =
+            [hp.beta1, hp.beta2, c1, c2, hp.lr, hp.eps, wd, at.grad_scale].map(|x| x as f32);
         let n = len as i64;
         let mut b = self.kernels.builder(Kernel::Adamw);
         push_mut(&mut b, param);

@@ -10,7 +10,7 @@ use cudarc::driver::LaunchConfig;
 /// Threads per block of the per-row loss kernel and the reductions.
 const BLOCK: u32 = 256;
 /// Blocks of the gradient-norm reduction (one f64 partial each, summed on the host).
-const REDUCE_BLOCKS: usize = 1024;
+pub(crate) const REDUCE_BLOCKS: usize = 1024;
 /// Row groups of the norm-gain gradient: each adds every `ROW_GROUPS`-th row of its columns.
 const ROW_GROUPS: usize = 64;
 

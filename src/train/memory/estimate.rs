@@ -14,7 +14,7 @@ use crate::model::attention_api::Attention;
 use crate::model::config::Config;
 use crate::model::cost::{RESERVE_BYTES, StepMemory};
 use crate::model::instrument::InstrumentedAttention;
-use crate::model::ops::{AdamW, Ops};
+use crate::model::ops::{AdamStep, AdamW, Ops};
 use crate::model::weights;
 use crate::model::{AtHead, Chunk, Keep, Whole, forward_backward_with};
 use crate::plan::Partition;
@@ -111,7 +111,14 @@ pub fn step_peak<O: Ops, A: Attention<O::T>>(
         let (mut p, g) = (w.tensors_mut(), grads.tensors());
         counter.set_kind(Kind::Optimizer);
         moments.update_each(ops, |k, state| {
-            ops.adamw(p[k], g[k], state, &COUNTED_ADAMW, 1, specs[k].decays())
+            ops.adamw(
+                p[k],
+                g[k],
+                state,
+                &COUNTED_ADAMW,
+                AdamStep::unscaled(1),
+                specs[k].decays(),
+            )
         })?;
     }
     Ok(Peaks::of(counter))

@@ -13,8 +13,8 @@ use crate::model::attention_api::Attention;
 use crate::model::cost::loss_chunk_rows;
 use crate::model::cuda::whole_sequence::{Call, moments};
 use crate::model::ops::{
-    AdamState, AdamW, LinearBackward, LossInput, LossOut, NormBackward, Ops, RopeCall, Rows,
-    check_positions, check_rows,
+    AdamState, AdamStep, AdamW, LinearBackward, LossInput, LossOut, NormBackward, Ops, RopeCall,
+    Rows, check_positions, check_rows,
 };
 use crate::shape::Dims;
 use anyhow::{Result, bail};
@@ -216,12 +216,8 @@ impl Ops for Lengths {
         check_len("an added tensor", src.len, dst.len)
     }
 
-    fn sum_squares(&self, _: &Shape) -> Result<f64> {
+    fn sum_squares(&self, _: &[&Shape]) -> Result<f64> {
         Ok(0.0)
-    }
-
-    fn scale(&self, _: &mut Shape, _: f64) -> Result<()> {
-        Ok(())
     }
 
     fn embed(&self, table: &Shape, tokens: &[u32], dim: usize) -> Result<Shape> {
@@ -420,7 +416,7 @@ impl Ops for Lengths {
         grad: &Shape,
         state: AdamState<&mut Shape>,
         _: &AdamW,
-        _: u64,
+        _: AdamStep,
         _: bool,
     ) -> Result<()> {
         check_len("a gradient", grad.len, param.len)?;
