@@ -80,6 +80,28 @@ fn invalid_hyper_parameters_are_refused_up_front() {
         reason,
     );
     refused_flag(&["train", "--clip=-1"], "--clip", reason);
+    refused_flag(
+        &["train", "--whole-layers", "some"],
+        "--whole-layers",
+        "'some' is not a number of layers: use auto or a whole number such as 4",
+    );
+    let out = distflash(&[
+        "train",
+        "--preset",
+        "tiny",
+        "--steps",
+        "1",
+        "--whole-layers",
+        "99",
+    ]);
+    fails(
+        &out,
+        1,
+        &[
+            "--whole-layers 99 is more layers than the model's",
+            "give at most",
+        ],
+    );
     refused_flag(&["train", "--lr", "inf"], "--lr", reason);
     let count = "is not a whole number of 1 or more";
     refused_flag(&["train", "--save-every", "0"], "--save-every", count);

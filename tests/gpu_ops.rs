@@ -183,6 +183,7 @@ fn the_counted_estimate_is_the_gpus_own_peak() -> Result<()> {
             let keep = Keep {
                 checkpoint,
                 offload,
+                whole_layers: 0,
             };
             let ops = CudaOps::new(gpu.open(InputDtype::Bf16)?)?;
             ops.backend().synchronize()?;
@@ -1083,6 +1084,7 @@ impl Checker {
             let offloaded = run(Keep {
                 checkpoint,
                 offload: Offload::ACTIVATIONS,
+                whole_layers: 0,
             })?;
             let what = format!("5 layers, {checkpoint}, offloaded");
             let spread = (again.0 - plain.0).abs();

@@ -15,7 +15,7 @@ use distflash::shape::Span;
 use distflash::train::documents::{Packing, Positions, restarted};
 use distflash::train::memory::{HostState, MemoryCheck};
 use distflash::train::step_plan::Shard;
-use distflash::train::step_plan::{Asked, Purpose, StepPlan};
+use distflash::train::step_plan::{Asked, Purpose, StepPlan, WholeLayers};
 use distflash::train::{Gradients, SequenceDocuments};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
@@ -50,6 +50,7 @@ fn gradients_of(
         checkpoint: keep.checkpoint,
         offload: keep.offload,
         shard: Some(Shard::None),
+        whole_layers: WholeLayers::Exactly(keep.whole_layers),
     };
     let plan = StepPlan::resolve(asked, Purpose::Gradients, workers, c, Device::Cpu)?.plan;
     let memory = MemoryCheck {
@@ -545,6 +546,7 @@ fn offloaded_checkpoints_give_the_same_bits_and_a_lower_peak() {
                     let keep = Keep {
                         checkpoint,
                         offload,
+                        whole_layers: 0,
                     };
                     gradients(
                         &c,
@@ -580,6 +582,67 @@ fn offloaded_checkpoints_give_the_same_bits_and_a_lower_peak() {
     }
 }
 
+/// Whole layers (`--whole-layers`) keep every activation of the last layers so that their
+/// backward recomputes nothing: the same arithmetic, so no bit of the loss or of any gradient
+/// changes, under `layer` and `remat`, with and without offloaded checkpoints, on 1 to 3
+/// workers; the peak of kept activations grows with each whole layer after the first, up to what
+/// `none` keeps when every layer is whole; under `layer`, the whole layers' attention runs once.
+#[test]
+fn whole_layers_give_the_same_bits_and_hold_more() {
+    let c = Config {
+        num_hidden_layers: 4,
+        ..small(false)
+    };
+    let host = host_weights(&c, 8);
+    let toks = tokens(&c, 21, 9);
+    for checkpoint in [Checkpoint::Layer, Checkpoint::Remat] {
+        for offload in [Offload::NONE, Offload::ACTIVATIONS] {
+            for workers in 1..=3 {
+                let run = |whole_layers, checkpoint| {
+                    let keep = Keep {
+                        checkpoint,
+                        offload,
+                        whole_layers,
+                    };
+                    let schedule = Schedule::Balanced;
+                    let timeout = Duration::from_secs(60);
+                    gradients(&c, &host, &toks, workers, schedule, keep, timeout).unwrap()
+                };
+                let what = format!("{checkpoint}, {offload}, {workers} workers");
+                let none = run(0, checkpoint);
+                let mut peak = none.peak_activation_bytes;
+                for whole in 1..=4 {
+                    let got = run(whole, checkpoint);
+                    let what = format!("{what}, {whole} whole");
+                    assert_eq!(got.loss.to_bits(), none.loss.to_bits(), "{what}: loss");
+                    assert_eq!(got.grads, none.grads, "{what}: gradients");
+                    let forwards: Vec<u32> = (0..4)
+                        .map(|l| match checkpoint == Checkpoint::Layer && l + whole < 4 {
+                            true => 2,
+                            false => 1,
+                        })
+                        .collect();
+                    assert_eq!(got.attention_forwards_per_layer, forwards, "{what}");
+                    // The last layer's backward comes first and would recompute all of it at
+                    // once: keeping it whole costs no peak; each one after it does.
+                    let grew = got.peak_activation_bytes > peak;
+                    let free = whole == 1 && got.peak_activation_bytes == peak;
+                    assert!(
+                        grew || free,
+                        "{what}: peak {} after {peak}",
+                        got.peak_activation_bytes
+                    );
+                    peak = got.peak_activation_bytes;
+                }
+                if offload == Offload::NONE {
+                    let all = run(0, Checkpoint::None);
+                    assert_eq!(peak, all.peak_activation_bytes, "{what}: all whole is none");
+                }
+            }
+        }
+    }
+}
+
 /// The meter's peak with offload is what the estimate's accounting says: three of five layers'
 /// checkpoints fewer than keeping them all (the backward of the last layer holds its own and the
 /// one fetched for the next layer).
@@ -593,6 +656,7 @@ fn offload_leaves_two_layers_checkpoints_on_the_device() {
         let keep = Keep {
             checkpoint: Checkpoint::Remat,
             offload,
+            whole_layers: 0,
         };
         let host = host_weights(&c, 8);
         let toks = tokens(&c, 21, 9);

@@ -33,7 +33,8 @@ small Qwen3s do); its gradient is then the embedding's.
 
     python3 bench/peers/hf_parity.py --bin .dev/distflash --out OUTDIR --device cuda
 
-runs distflash on the GPU in bf16 (one worker under every checkpoint policy, then 2 and 3
+runs distflash on the GPU in bf16 (one worker under every checkpoint policy on every layer, then
+with the last layer whole above remat ones, then 2 and 3
 virtual workers sharing the GPU) on a model with head dim
 64 (the CUDA kernels' smallest) and a length that is not a multiple of 128, and compares with
 transformers run in bf16 on the same weights: our error against the float64 reference must be
@@ -190,10 +191,10 @@ def reference(model, tokens):
     return loss.item(), grads
 
 
-def ours(binary, model_dir, tokens_file, out_file, workers, checkpoint, device):
+def ours(binary, model_dir, tokens_file, out_file, workers, checkpoint, whole, device):
     cmd = [binary, "grads", "--init-from", str(model_dir), "--tokens", str(tokens_file),
            "--out", str(out_file), "--workers", str(workers), "--checkpoint", checkpoint,
-           "--device", device]
+           "--whole-layers", whole, "--device", device]
     if device == "cuda":
         cmd += ["--dtype", "bf16"]
     done = subprocess.run(cmd, capture_output=True, text=True)
@@ -236,15 +237,19 @@ def main():
     loss_ref, grads_ref = reference(model, tokens)
     if args.device == "cpu":
         loss_tol = grad_tol = TOLERANCE
-        cases = [(1, "remat"), (4, "remat"), (4, "layer"), (3, "none")]
+        cases = [(1, "remat", "0"), (4, "remat", "0"), (4, "layer", "0"), (3, "none", "0"),
+                 (1, "layer", "1")]
         bar = {"tolerance": TOLERANCE}
     else:
         hf_loss_err, hf_grad_err = transformers_bf16(model, tokens, loss_ref, grads_ref)
         # The loss is one number whose bf16 error can land near zero by chance: floor its bar at
         # half a bf16 unit in the last place.
         loss_tol, grad_tol = max(2 * hf_loss_err, 2.0**-9), 2 * hf_grad_err
-        # Several workers on one GPU are virtual (threads, distflash between them).
-        cases = [(1, "remat"), (1, "layer"), (1, "none"), (2, "remat"), (3, "layer")]
+        # Several workers on one GPU are virtual (threads, distflash between them). Each policy
+        # on every layer (--whole-layers 0: on one GPU `auto` keeps this small model whole),
+        # then the last layer whole above remat ones.
+        cases = [(1, "remat", "0"), (1, "layer", "0"), (1, "none", "0"), (2, "remat", "0"),
+                 (3, "layer", "0"), (1, "remat", "1")]
         bar = {"transformers_bf16_loss_relative_error": hf_loss_err,
                "transformers_bf16_max_gradient_relative_error": hf_grad_err,
                "tolerance": "2x transformers' bf16 error"}
@@ -252,9 +257,9 @@ def main():
               f"{hf_grad_err:.2e}")
 
     runs = []
-    for workers, checkpoint in cases:
+    for workers, checkpoint, whole in cases:
         report, grads = ours(args.bin, model_dir, tokens_file, out / "grads.safetensors",
-                             workers, checkpoint, args.device)
+                             workers, checkpoint, whole, args.device)
         missing = sorted(set(grads_ref) - set(grads))
         if missing:
             sys.exit(f"distflash returned no gradient for {missing}")
@@ -264,6 +269,7 @@ def main():
         runs.append({
             "workers": workers,
             "checkpoint": checkpoint,
+            "whole_layers": whole,
             "loss": report["loss"],
             "loss_relative_error": loss_err,
             "max_gradient_relative_error": errors[worst],
@@ -271,7 +277,8 @@ def main():
             "gradient_relative_error": errors,
             "passed": loss_err <= loss_tol and errors[worst] <= grad_tol,
         })
-        print(f"workers {workers} checkpoint {checkpoint}: loss {report['loss']:.8f} vs "
+        print(f"workers {workers} checkpoint {checkpoint} whole layers {whole}: "
+              f"loss {report['loss']:.8f} vs "
               f"{loss_ref:.8f} (rel {loss_err:.2e}), worst gradient rel error "
               f"{errors[worst]:.2e} ({worst})")
     result = {

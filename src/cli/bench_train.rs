@@ -85,6 +85,8 @@ struct Report {
     /// Workers the sequence is split across: devices (processes), or virtual workers on one.
     workers: usize,
     checkpoint: Checkpoint,
+    /// The last layers that kept every activation (`--whole-layers`, as decided).
+    whole_layers: usize,
     offload: Offload,
     shard: Shard,
     /// Whether each step ended with AdamW's update.
@@ -211,9 +213,12 @@ pub fn run(args: Args) -> Result<()> {
     let Some(steps) = time_steps(&cfg, seq, &plan, runs, &memory, &rt)? else {
         return Ok(()); // a rank other than 0: rank 0 reports its own times
     };
+    // The plan as it ran: its whole layers decided by the device's memory.
+    let plan = steps.plan;
     let peak = steps.peak_bytes.map(|b| gib(b as f64));
+    let ran = MemoryCheck { plan, ..memory };
     let estimate = match rt.device {
-        Device::Cuda => Some(gib(memory.gpu_estimate(&rt)?.total())),
+        Device::Cuda => Some(gib(ran.gpu_estimate(&rt)?.total())),
         Device::Cpu => None,
     };
     let flops = cost::step_flops(&cfg, seq);
@@ -227,6 +232,7 @@ pub fn run(args: Args) -> Result<()> {
         seq,
         workers,
         checkpoint: plan.checkpoint(),
+        whole_layers: plan.whole_layers(),
         offload: plan.offload(),
         shard: plan.shard(),
         optimizer: plan.has_optimizer(),
@@ -234,7 +240,7 @@ pub fn run(args: Args) -> Result<()> {
         repeats: args.repeats,
         step_secs: steps.step_secs,
         ideal_step_secs: matches!(rt.device, Device::Cuda).then(|| {
-            let one = cost::ideal_step_secs(&cfg, seq, plan.checkpoint(), plan.has_optimizer());
+            let one = cost::ideal_step_secs(&cfg, seq, plan.keep(), plan.has_optimizer());
             one / workers as f64
         }),
         all_secs: steps.all_secs,
@@ -262,8 +268,12 @@ pub fn run(args: Args) -> Result<()> {
 fn print(r: &Report) {
     let device = r.device.name();
     let adamw = if r.optimizer { ", AdamW" } else { "" };
+    let whole = match r.whole_layers {
+        0 => String::new(),
+        n => format!(" (the last {n} layers whole)"),
+    };
     println!(
-        "{}, {} layers, {} tokens, checkpoint {}, offload {}{adamw}, {device} {}",
+        "{}, {} layers, {} tokens, checkpoint {}{whole}, offload {}{adamw}, {device} {}",
         r.preset, r.layers, r.seq, r.checkpoint, r.offload, r.dtype
     );
     println!(

@@ -8,7 +8,7 @@ use distflash::model::{Checkpoint, Offload};
 use distflash::plan::Schedule;
 use distflash::runtime::Device;
 use distflash::train::step_plan::Shard;
-use distflash::train::step_plan::{Asked, Purpose, StepPlan};
+use distflash::train::step_plan::{Asked, Purpose, StepPlan, WholeLayers};
 
 #[derive(clap::Args, Clone, Copy, Debug)]
 pub struct StepArgs {
@@ -38,6 +38,12 @@ pub struct StepArgs {
     /// none, the step the recorded tables and the peers' benchmarks measure].
     #[arg(long)]
     shard: Option<Shard>,
+    /// How many of the model's last layers keep every activation on the GPU, so that their
+    /// backward recomputes nothing: auto (as many as the GPU's free memory holds beside the
+    /// step, with 2.5 GiB to spare; none on the CPU and over several workers) or a number (0:
+    /// every layer as --checkpoint says). The same arithmetic, so the same losses and gradients.
+    #[arg(long, default_value = "auto")]
+    whole_layers: WholeLayers,
 }
 
 impl StepArgs {
@@ -56,6 +62,7 @@ impl StepArgs {
             checkpoint: self.checkpoint,
             offload: self.offload,
             shard: self.shard,
+            whole_layers: self.whole_layers,
         };
         let resolved = StepPlan::resolve(asked, purpose, workers, config, device)?;
         if reporter {

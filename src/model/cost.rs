@@ -4,8 +4,8 @@
 //! counted from the code (`train::memory::estimate`: one GPU's step, or one rank's), so that a run that
 //! would not fit is refused with the numbers instead of dying mid-step.
 
-use super::Checkpoint;
 use super::config::Config;
+use super::{Checkpoint, Keep};
 use crate::error::Error;
 use anyhow::Result;
 use serde::Serialize;
@@ -57,27 +57,29 @@ pub const H200_HBM_TBPS: f64 = 4.8;
 /// The step a GPU could take at the measured rates ([`H200_GEMM_TFLOPS`] and the rest): every
 /// matrix product at the GEMM rate, forward and backward, plus the layers' forward again where
 /// the checkpoint re-runs it (`layer` and `remat`: the linears; `layer`: attention's forward
-/// too; the output projection is never re-run); attention's kernels at their rate (the
+/// too; the output projection and the whole layers of `keep` are never re-run); attention's kernels at their rate (the
 /// backward 2.5 times the forward's FLOPs, as FlashAttention counts them; causal: half the
 /// square); and, with the optimizer, AdamW's pass over the state at HBM's bandwidth (f32
 /// gradients read, both f32 moments and the f32 master read and written, 16-bit weights
 /// written: 30 bytes a parameter). Memory-bound ops between them (norms, activations, the loss) are left out: the
 /// ideal is what the step's arithmetic costs, and a measured step's distance from it is what
 /// fusion and overlap can still win.
-pub fn ideal_step_secs(c: &Config, seq: usize, checkpoint: Checkpoint, optimizer: bool) -> f64 {
+pub fn ideal_step_secs(c: &Config, seq: usize, keep: Keep, optimizer: bool) -> f64 {
     let t = seq as f64;
     let head = c.vocab_size as f64 * c.hidden_size as f64;
     let layers = matmul_params(c) - head;
-    let rerun = match checkpoint {
+    // The share of the layers that recompute (none of the whole ones).
+    let n = c.num_hidden_layers;
+    let recomputing = n.saturating_sub(keep.whole_layers) as f64 / n.max(1) as f64;
+    let rerun = match keep.checkpoint {
         Checkpoint::None => 0.0,
-        Checkpoint::Layer | Checkpoint::Remat => 1.0,
+        Checkpoint::Layer | Checkpoint::Remat => recomputing,
     };
     let gemm = 2.0 * t * (3.0 * head + (3.0 + rerun) * layers);
     let forward = 2.0 * c.num_hidden_layers as f64 * t * t * c.q_width() as f64;
-    let attention_forwards = if checkpoint == Checkpoint::Layer {
-        2.0
-    } else {
-        1.0
+    let attention_forwards = match keep.checkpoint {
+        Checkpoint::Layer => 1.0 + recomputing,
+        Checkpoint::None | Checkpoint::Remat => 1.0,
     };
     let attention = forward * (attention_forwards + 2.5);
     let update = if optimizer {
@@ -227,17 +229,34 @@ mod tests {
     fn the_ideal_step_counts_each_part_at_its_rate() {
         let c = llama7b(16);
         let t = 65536;
-        let remat = ideal_step_secs(&c, t, Checkpoint::Remat, false);
+        let keep = Keep::on_device;
+        let remat = ideal_step_secs(&c, t, keep(Checkpoint::Remat), false);
         assert!((remat - 5.783).abs() < 2e-3, "{remat}");
         // `none` runs the layers' linears once less; `layer` attention's forward once more.
         let linears = 2.0 * t as f64 * (matmul_params(&c) - 32000.0 * 4096.0) / 700e12;
-        let none = ideal_step_secs(&c, t, Checkpoint::None, false);
+        let none = ideal_step_secs(&c, t, keep(Checkpoint::None), false);
         assert!((remat - none - linears).abs() < 1e-9, "{none}");
         let attention_forward = 2.0 * 16.0 * (t as f64).powi(2) * 4096.0 / 600e12;
-        let layer = ideal_step_secs(&c, t, Checkpoint::Layer, false);
+        let layer = ideal_step_secs(&c, t, keep(Checkpoint::Layer), false);
         assert!((layer - remat - attention_forward).abs() < 1e-9, "{layer}");
+        // Whole layers re-run nothing: a quarter of them whole, a quarter of the re-run less.
+        for (checkpoint, rerun) in [
+            (Checkpoint::Remat, linears),
+            (Checkpoint::Layer, linears + attention_forward),
+        ] {
+            let quarter = Keep {
+                whole_layers: 4,
+                ..keep(checkpoint)
+            };
+            let full = ideal_step_secs(&c, t, keep(checkpoint), false);
+            let some_whole = ideal_step_secs(&c, t, quarter, false);
+            assert!(
+                (full - some_whole - rerun / 4.0).abs() < 1e-9,
+                "{some_whole}"
+            );
+        }
         // The update reads and writes 30 bytes a parameter at 4.8 TB/s.
-        let update = ideal_step_secs(&c, t, Checkpoint::Remat, true) - remat;
+        let update = ideal_step_secs(&c, t, keep(Checkpoint::Remat), true) - remat;
         let params = super::super::weights::parameters(&c) as f64;
         assert!((update - 30.0 * params / 4.8e12).abs() < 1e-12, "{update}");
     }

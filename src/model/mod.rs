@@ -254,13 +254,15 @@ pub fn forward_backward_with<O: Ops, A: Attention<O::T>>(
     let mut meter = Meter::default();
 
     let mut x = params.with_embed(attn, |table| ops.embed(table, chunk.tokens, d))?;
-    let mut kept = offload::Checkpoints::new(ops, keep.offload, cfg.num_hidden_layers);
+    let layers = cfg.num_hidden_layers;
+    let mut kept = offload::Checkpoints::new(ops, keep.offload, layers);
     for (l, count) in forwards.iter_mut().enumerate() {
+        let policy = keep.policy(l, layers);
         let (out, k) = params.with_layer(attn, l, |lw, attn| {
-            layer.forward(lw, x, keep.checkpoint, attn, count, &mut meter)
+            layer.forward(lw, x, policy, attn, count, &mut meter)
         })?;
         let bytes = layer.kept_bytes(&k);
-        kept.push(k, bytes, &mut meter)?;
+        kept.push(k, bytes, keep.whole(l, layers), &mut meter)?;
         x = out;
     }
     let (loss, dx) = params.with_head(attn, |head| {

@@ -116,6 +116,11 @@ impl serde::Serialize for Offload {
 pub struct Keep {
     pub checkpoint: Checkpoint,
     pub offload: Offload,
+    /// The last `whole_layers` layers keep every activation, on the device, whatever
+    /// `checkpoint` and `offload` say: their backward recomputes nothing. Memory the step
+    /// leaves free, spent on speed (the step plan's choice); the last layers, because their
+    /// backward comes first and frees it soonest.
+    pub whole_layers: usize,
 }
 
 impl Keep {
@@ -124,6 +129,20 @@ impl Keep {
         Keep {
             checkpoint,
             offload: Offload::NONE,
+            whole_layers: 0,
+        }
+    }
+
+    /// Whether layer `l` of `layers` keeps every activation on the device.
+    pub fn whole(&self, l: usize, layers: usize) -> bool {
+        l + self.whole_layers >= layers
+    }
+
+    /// What layer `l` of `layers` keeps for its backward.
+    pub fn policy(&self, l: usize, layers: usize) -> Checkpoint {
+        match self.whole(l, layers) {
+            true => Checkpoint::None,
+            false => self.checkpoint,
         }
     }
 }
@@ -167,9 +186,16 @@ impl<'a, O: Ops> Checkpoints<'a, O> {
     }
 
     /// The next layer's checkpoint (`bytes` of it, held on the meter), its copy to the host
-    /// issued when offloading; the previous layer's device copy is dropped then.
-    pub(super) fn push(&mut self, kept: Kept<O::T>, bytes: usize, meter: &mut Meter) -> Result<()> {
-        if !self.offload.activations() {
+    /// issued when offloading, unless it stays (`on_device`: a whole layer); the previous
+    /// layer's device copy is dropped then.
+    pub(super) fn push(
+        &mut self,
+        kept: Kept<O::T>,
+        bytes: usize,
+        on_device: bool,
+        meter: &mut Meter,
+    ) -> Result<()> {
+        if !self.offload.activations() || on_device {
             self.layers.push(Slot::Device(kept));
             return Ok(());
         }

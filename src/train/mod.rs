@@ -22,6 +22,7 @@ mod tally;
 pub mod tokens;
 
 use crate::comm::{Communicator, Solo};
+use crate::model::Keep;
 use crate::model::config::Config;
 use crate::model::cpu::Cpu;
 use crate::model::hf_weights::{self, HfWeights};
@@ -237,7 +238,7 @@ pub fn gradients(
     plan.ensure_workers(runtime.workers())?;
     let partition = model_partition(cfg, tokens.len() - 1, plan.schedule(), runtime)?;
     let opened = runtime.open()?;
-    memory.check(runtime, opened.gpu())?;
+    let plan = &memory.check(runtime, opened.gpu())?;
     let job = GradientsJob {
         cfg,
         weights,
@@ -325,10 +326,11 @@ pub fn train(
         }
     }
     let opened = runtime.open()?;
-    memory.check(runtime, opened.gpu())?;
+    let plan = memory.check(runtime, opened.gpu())?;
     let (start, key) = prepare(o)?;
     let job = TrainJob {
         o,
+        plan,
         key,
         start,
         partition,
@@ -341,6 +343,8 @@ pub fn train(
 /// summed over them after each step.
 struct TrainJob<'a, F> {
     o: &'a Options,
+    /// `o.plan` as the memory check left it (with the whole layers decided).
+    plan: StepPlan,
     key: RunKey,
     start: Start,
     partition: Partition,
@@ -437,7 +441,7 @@ fn run_steps<D: ModelDevice, C: Communicator<D::Tensor>, F: Fn(&StepReport) + Sy
         on_step,
         ..
     } = job;
-    let (cfg, plan) = (&o.config, &o.plan);
+    let (cfg, plan) = (&o.config, &job.plan);
     let reporter = rank == 0;
     let mut held = match start {
         Start::Fresh(source) => Held::drawn(cfg, plan, rank, |spans| source.draw(ops, cfg, spans))?,
@@ -531,12 +535,13 @@ fn run_steps<D: ModelDevice, C: Communicator<D::Tensor>, F: Fn(&StepReport) + Sy
             let what = "its update made weights non-finite";
             return Err(diverged(o, step, saved.as_ref(), what));
         }
-        let eval_loss = match &o.eval {
-            Some(e) if step.is_multiple_of(e.every.max(1)) || step == o.steps => {
-                Some(evaluate(ops, &held, attn, &mut solo, mine, e, o)?)
-            }
-            _ => None,
-        };
+        let eval_loss =
+            match &o.eval {
+                Some(e) if step.is_multiple_of(e.every.max(1)) || step == o.steps => Some(
+                    evaluate(ops, &held, attn, &mut solo, mine, (e, plan.keep()), o)?,
+                ),
+                _ => None,
+            };
         if !reporter {
             continue;
         }
@@ -582,7 +587,7 @@ fn evaluate<D: ModelDevice, C: Communicator<D::Tensor>>(
     attn: &mut ModelAttention<'_, D, C>,
     solo: &mut Solo,
     mine: &[Span],
-    eval: &Eval,
+    (eval, keep): (&Eval, Keep),
     o: &Options,
 ) -> Result<f64> {
     let cfg = &o.config;
@@ -594,7 +599,7 @@ fn evaluate<D: ModelDevice, C: Communicator<D::Tensor>>(
             sample: &sample,
             mine,
             packing: o.packing,
-            keep: o.plan.keep(),
+            keep,
             scale: 1.0,
             at_head: None,
         };

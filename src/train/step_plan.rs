@@ -109,6 +109,39 @@ impl Shard {
     }
 }
 
+/// How many of the model's last layers keep every activation on the device, so that their
+/// backward recomputes nothing (`--whole-layers`): the memory a step leaves free, spent on speed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WholeLayers {
+    /// As many as one GPU's free memory holds beside the step, decided once the device is open
+    /// (`train::memory::MemoryCheck::check`); none on the CPU, where a run is a reference rather
+    /// than a race, and none over several workers.
+    Auto,
+    /// Exactly this many.
+    Exactly(usize),
+}
+
+impl std::str::FromStr for WholeLayers {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(WholeLayers::Auto),
+            n => n.parse().map(WholeLayers::Exactly).map_err(|_| {
+                format!("'{n}' is not a number of layers: use auto or a whole number such as 4")
+            }),
+        }
+    }
+}
+
+impl fmt::Display for WholeLayers {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            WholeLayers::Auto => f.write_str("auto"),
+            WholeLayers::Exactly(n) => write!(f, "{n}"),
+        }
+    }
+}
+
 /// The step's choices as a command was given them: `shard` is `None` where it was not, and the
 /// plan then takes the default of the command's [`Purpose`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -117,16 +150,19 @@ pub struct Asked {
     pub checkpoint: Checkpoint,
     pub offload: Offload,
     pub shard: Option<Shard>,
+    pub whole_layers: WholeLayers,
 }
 
 impl Default for Asked {
-    /// The flags' defaults: balanced, remat, nothing offloaded, the purpose's sharding.
+    /// The flags' defaults: balanced, remat, nothing offloaded, the purpose's sharding, as many
+    /// whole layers as fit.
     fn default() -> Asked {
         Asked {
             schedule: Schedule::Balanced,
             checkpoint: Checkpoint::Remat,
             offload: Offload::NONE,
             shard: None,
+            whole_layers: WholeLayers::Auto,
         }
     }
 }
@@ -189,6 +225,8 @@ pub struct StepPlan {
     workers: usize,
     /// Whether AdamW's moments exist and an update follows the backward.
     optimizer: bool,
+    /// The last layers that keep every activation: `Auto` until the device's memory decides.
+    whole_layers: WholeLayers,
 }
 
 /// A resolved plan, and the warnings of settings that are valid but change nothing here (for
@@ -240,6 +278,19 @@ impl StepPlan {
             Some(shard) => shard,
             None => purpose.default_shard(workers, config),
         };
+        let layers = config.num_hidden_layers;
+        if let WholeLayers::Exactly(n) = asked.whole_layers {
+            if n > layers {
+                bail!(
+                    "--whole-layers {n} is more layers than the model's {layers}: give at most {layers}, or auto"
+                );
+            }
+            if n > 0 && asked.checkpoint == Checkpoint::None {
+                warnings.push(format!(
+                    "--whole-layers {n} keeps every activation of the last layers, which --checkpoint none does for all of them: it changes nothing here"
+                ));
+            }
+        }
         let plan = StepPlan {
             schedule: asked.schedule,
             checkpoint: asked.checkpoint,
@@ -247,8 +298,33 @@ impl StepPlan {
             shard,
             workers,
             optimizer,
+            whole_layers: asked.whole_layers,
         };
         Ok(Resolved { plan, warnings })
+    }
+
+    /// This plan with its last `n` layers whole: what the memory check decides for `Auto`.
+    pub fn with_whole_layers(&self, n: usize) -> StepPlan {
+        StepPlan {
+            whole_layers: WholeLayers::Exactly(n),
+            ..*self
+        }
+    }
+
+    /// Whether the number of whole layers is still for the device's memory to decide: one
+    /// worker recomputing something, with `Auto` asked.
+    pub fn decides_whole_layers(&self) -> bool {
+        self.whole_layers == WholeLayers::Auto
+            && self.workers == 1
+            && self.checkpoint != Checkpoint::None
+    }
+
+    /// The last layers that keep every activation (none while `Auto` is undecided).
+    pub fn whole_layers(&self) -> usize {
+        match self.whole_layers {
+            WholeLayers::Auto => 0,
+            WholeLayers::Exactly(n) => n,
+        }
     }
 
     /// This plan keeping `checkpoint` and moving `offload` instead: what a refusal for memory
@@ -311,6 +387,7 @@ impl StepPlan {
         Keep {
             checkpoint: self.checkpoint,
             offload: self.offload,
+            whole_layers: self.whole_layers(),
         }
     }
 
@@ -347,6 +424,9 @@ impl StepPlan {
 impl fmt::Display for StepPlan {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "checkpoint {}", self.checkpoint)?;
+        if self.whole_layers() > 0 && self.checkpoint != Checkpoint::None {
+            write!(f, " (the last {} layers whole)", self.whole_layers())?;
+        }
         if self.offload.any() {
             write!(f, ", offload {}", self.offload)?;
         }
@@ -473,6 +553,48 @@ mod tests {
         let config = Config::preset("tiny").unwrap();
         let gpu = StepPlan::resolve(asked, Purpose::Train, 1, &config, Device::Cuda).unwrap();
         assert!(gpu.warnings.is_empty());
+    }
+
+    #[test]
+    fn whole_layers_are_at_most_the_models_and_change_nothing_under_none() {
+        let asked = |n, checkpoint| Asked {
+            whole_layers: WholeLayers::Exactly(n),
+            checkpoint,
+            ..Asked::default()
+        };
+        let tiny = Config::preset("tiny").unwrap().num_hidden_layers;
+        let e = resolve(
+            asked(tiny + 1, Checkpoint::Remat),
+            Purpose::Train,
+            1,
+            "tiny",
+        )
+        .unwrap_err()
+        .to_string();
+        assert_eq!(
+            e,
+            format!(
+                "--whole-layers {} is more layers than the model's {tiny}: give at most {tiny}, or auto",
+                tiny + 1
+            )
+        );
+        let all = resolve(asked(tiny, Checkpoint::Remat), Purpose::Train, 1, "tiny").unwrap();
+        assert!(all.warnings.is_empty());
+        assert_eq!(all.plan.keep().whole_layers, tiny);
+        assert!(!all.plan.decides_whole_layers());
+        let none = resolve(asked(1, Checkpoint::None), Purpose::Train, 1, "tiny").unwrap();
+        assert!(
+            none.warnings[0].contains("changes nothing here"),
+            "{:?}",
+            none.warnings
+        );
+        assert_eq!("auto".parse(), Ok(WholeLayers::Auto));
+        assert_eq!("3".parse(), Ok(WholeLayers::Exactly(3)));
+        let e = "-1".parse::<WholeLayers>().unwrap_err();
+        assert_eq!(
+            e,
+            "'-1' is not a number of layers: use auto or a whole number such as 4"
+        );
     }
 
     #[test]

@@ -53,6 +53,10 @@ pub struct Runs {
 /// What a timed run measured.
 #[derive(Clone, Debug, Serialize)]
 pub struct StepTiming {
+    /// The plan the steps ran (the asked one with its whole layers decided by the device's
+    /// memory).
+    #[serde(skip)]
+    pub plan: StepPlan,
     /// Median seconds of one step (forward and backward, and the AdamW update where the plan
     /// has it) over the timed steps.
     pub step_secs: f64,
@@ -135,7 +139,7 @@ pub fn time_steps(
     plan.ensure_workers(runtime.workers())?;
     let partition = super::step::model_partition(cfg, seq, plan.schedule(), runtime)?;
     let opened = runtime.open()?;
-    memory.check(runtime, opened.gpu())?;
+    let plan = &memory.check(runtime, opened.gpu())?;
     let job = StepBench {
         cfg,
         partition,
@@ -222,6 +226,7 @@ impl Job for StepBench<'_> {
             None
         };
         Ok(StepTiming {
+            plan: *self.plan,
             step_secs: median(&all_secs),
             all_secs,
             loss: tally.loss_sum / seq as f64,

@@ -270,7 +270,7 @@ mod tests {
     use crate::plan::Schedule;
     use crate::runtime::Device;
     use crate::shape::Mask;
-    use crate::train::step_plan::{Asked, Purpose, Shard};
+    use crate::train::step_plan::{Asked, Purpose, Shard, WholeLayers};
     use std::sync::Arc;
 
     /// The estimated peak GPU memory of `step` on one GPU (the CUDA backend, one worker).
@@ -314,6 +314,7 @@ mod tests {
                     let keep = Keep {
                         checkpoint,
                         offload,
+                        whole_layers: 0,
                     };
                     let step = Step {
                         cfg: &cfg,
@@ -413,6 +414,7 @@ mod tests {
                 keep: Keep {
                     checkpoint,
                     offload,
+                    whole_layers: 0,
                 },
                 optimizer: false,
             };
@@ -437,6 +439,7 @@ mod tests {
             keep: Keep {
                 checkpoint: Checkpoint::Layer,
                 offload: Offload::ALL,
+                whole_layers: 0,
             },
             optimizer: true,
         };
@@ -456,6 +459,7 @@ mod tests {
             keep: Keep {
                 checkpoint: Checkpoint::Remat,
                 offload: Offload::ALL,
+                whole_layers: 0,
             },
             optimizer: true,
         };
@@ -482,6 +486,7 @@ mod tests {
         let keep = Keep {
             checkpoint: Checkpoint::Layer,
             offload: Offload::ALL,
+            whole_layers: 0,
         };
         let step = Step {
             cfg: &cfg,
@@ -529,6 +534,7 @@ mod tests {
             checkpoint: Checkpoint::Remat,
             offload,
             shard: Some(shard),
+            whole_layers: WholeLayers::Auto,
         }
     }
 

@@ -21,6 +21,11 @@ use crate::train::step_plan::StepPlan;
 use anyhow::{Result, bail};
 use lengths::Precision;
 
+/// Memory beyond the estimate that whole layers chosen for a step (`--whole-layers auto`) leave
+/// free: memory the run did not ask to use, so a step that fits without them must not fail
+/// with them. The estimate's own allowance (1.5 GiB) is inside it; this is on top.
+pub const WHOLE_LAYERS_MARGIN: f64 = 2.5 * (1u64 << 30) as f64;
+
 /// What a model job is about to run, for its memory estimate.
 #[derive(Clone, Debug)]
 pub struct MemoryCheck {
@@ -227,20 +232,60 @@ impl MemoryCheck {
         Ok(None)
     }
 
+    /// The most whole layers ([`StepPlan::with_whole_layers`]) whose step still fits `free`
+    /// bytes of the GPU with [`WHOLE_LAYERS_MARGIN`] to spare, with that step's estimate; none
+    /// (and `need`, the estimate without them) when even one does not.
+    fn with_whole_layers(
+        &self,
+        runtime: &Runtime,
+        free: usize,
+        need: cost::StepMemory,
+    ) -> Result<(StepPlan, cost::StepMemory)> {
+        let with = |n| -> Result<(StepPlan, cost::StepMemory)> {
+            let plan = self.plan.with_whole_layers(n);
+            let check = MemoryCheck {
+                plan,
+                ..self.clone()
+            };
+            Ok((plan, check.gpu_estimate(runtime)?))
+        };
+        let fits = |m: &cost::StepMemory| m.total() + WHOLE_LAYERS_MARGIN <= free as f64;
+        // Each whole layer holds more than the one before it, so the estimate grows with n:
+        // bisect for the last n that fits (`best`) below the first that does not (`over`).
+        let mut best = (self.plan.with_whole_layers(0), need);
+        let mut over = self.config.num_hidden_layers + 1;
+        if !fits(&need) {
+            return Ok(best);
+        }
+        let mut low = 0;
+        while over - low > 1 {
+            let mid = (low + over) / 2;
+            let (plan, m) = with(mid)?;
+            if fits(&m) {
+                (low, best) = (mid, (plan, m));
+            } else {
+                over = mid;
+            }
+        }
+        Ok(best)
+    }
+
     /// Refuses the job on `runtime` if it would not fit; on a GPU says the estimate on standard
-    /// error first.
-    pub fn check(&self, runtime: &Runtime, gpu: Option<&OpenedGpu>) -> Result<()> {
+    /// error first. Returns the plan to run: this one, with the number of whole layers decided
+    /// where it was left to the device's memory (one GPU: as many as fit).
+    pub fn check(&self, runtime: &Runtime, gpu: Option<&OpenedGpu>) -> Result<StepPlan> {
         let Some(gpu) = gpu else {
-            return match runtime.device {
+            match runtime.device {
                 Device::Cpu => CpuStep {
                     config: &self.config,
                     seq: self.seq,
                     plan: &self.plan,
                     workers_here: runtime.workers_per_device(),
                 }
-                .ensure_fits(),
-                Device::Cuda => Ok(()),
+                .ensure_fits()?,
+                Device::Cuda => {}
             };
+            return Ok(self.plan);
         };
         let head_dim = self.config.head_dim;
         if !gpu.head_dims.contains(&head_dim) {
@@ -255,10 +300,12 @@ impl MemoryCheck {
             Some((workers, schedule)) => format!(" over {workers} GPUs ({schedule}), one rank"),
             None => String::new(),
         };
-        let what = format!(
-            "{} ({} layers) at {} tokens{share}, {}",
-            self.model, self.config.num_hidden_layers, self.seq, self.plan
-        );
+        let what = |plan: &StepPlan| {
+            format!(
+                "{} ({} layers) at {} tokens{share}, {plan}",
+                self.model, self.config.num_hidden_layers, self.seq
+            )
+        };
         let fix = match need.total() > gpu.free_bytes as f64 {
             true => {
                 let host = resources::available().unwrap_or(f64::INFINITY);
@@ -266,22 +313,32 @@ impl MemoryCheck {
             }
             false => String::new(),
         };
-        match cost::check_fits(&need, gpu.free_bytes, &what, &fix) {
-            Ok(()) => eprintln!(
-                "GPU {}: {what} needs {} of {:.1} GiB free",
-                gpu.ordinal,
-                need.describe(),
-                cost::gib(gpu.free_bytes as f64)
-            ),
+        let (plan, need) = match cost::check_fits(&need, gpu.free_bytes, &what(&self.plan), &fix) {
+            Ok(()) => {
+                let (plan, need) = match self.plan.decides_whole_layers() {
+                    true => self.with_whole_layers(runtime, gpu.free_bytes, need)?,
+                    false => (self.plan, need),
+                };
+                eprintln!(
+                    "GPU {}: {} needs {} of {:.1} GiB free",
+                    gpu.ordinal,
+                    what(&plan),
+                    need.describe(),
+                    cost::gib(gpu.free_bytes as f64)
+                );
+                (plan, need)
+            }
             Err(e) if self.ignore_estimate => {
-                eprintln!("note: {e:#}; starting anyway (--ignore-memory-estimate)")
+                eprintln!("note: {e:#}; starting anyway (--ignore-memory-estimate)");
+                (self.plan, need)
             }
             Err(e) => {
                 return Err(Error::out_of_memory(format!(
                     "{e:#} (the estimate is the step's tensors plus 1.5 GiB for cuBLAS, kernel modules and fragmentation: --ignore-memory-estimate starts anyway)"
                 )));
             }
-        }
+        };
+        let what = what(&plan);
         let state = self.host_state.bytes(parameters(&self.config));
         if need.pinned() + state > 0.0 {
             let (holding, fix) = match (need.pinned() > 0.0, self.host_state) {
@@ -309,7 +366,7 @@ impl MemoryCheck {
                 "note: {n} virtual workers share GPU 0 (exact, not fast); for one process per GPU start `distflash launch --nproc-per-node {n} -- ...`"
             );
         }
-        Ok(())
+        Ok(plan)
     }
 }
 
@@ -432,7 +489,7 @@ mod tests {
     use crate::model::{Checkpoint, Keep, Offload};
     use crate::resources;
     use crate::train::step_plan::Shard;
-    use crate::train::step_plan::{Asked, Purpose};
+    use crate::train::step_plan::{Asked, Purpose, WholeLayers};
     use std::time::Duration;
 
     /// A training step's plan over `workers` GPUs with `offload` and `shard` asked for.
@@ -445,6 +502,79 @@ mod tests {
         StepPlan::resolve(asked, Purpose::Train, workers, config, Device::Cuda)
             .unwrap()
             .plan
+    }
+
+    /// With `--whole-layers auto` one GPU keeps as many of the last layers whole as its free
+    /// memory holds beside the step with the margin to spare, and says so; a number asked is
+    /// kept, and several workers, the CPU and `--checkpoint none` decide none.
+    #[test]
+    fn whole_layers_fill_the_free_memory_less_the_margin() {
+        let config = Config::preset("llama2-7b").unwrap();
+        let runtime = Runtime {
+            device: Device::Cuda,
+            ..Runtime::cpu_threads(1, Duration::from_secs(1))
+        };
+        let check = |plan| MemoryCheck {
+            config: config.clone(),
+            model: "llama2-7b".into(),
+            seq: 16384,
+            plan,
+            host_state: HostState::None,
+            ignore_estimate: false,
+        };
+        let auto = plan(&config, Offload::NONE, Shard::None, 1);
+        assert!(auto.decides_whole_layers());
+        let need = |n: usize| {
+            check(auto.with_whole_layers(n))
+                .gpu_estimate(&runtime)
+                .unwrap()
+                .total()
+        };
+        // Room for exactly 5 whole layers and the margin (a byte short of a sixth).
+        let free = |n: usize| (need(n) + WHOLE_LAYERS_MARGIN) as usize;
+        let gpu = |free_bytes| OpenedGpu {
+            ordinal: 0,
+            free_bytes,
+            head_dims: &[128],
+        };
+        assert!(need(6) > need(5) && need(5) > need(1));
+        for (room, whole) in [
+            (free(5), 5),
+            (free(6) - 1, 5),
+            (free(0) - 1, 0),
+            (free(32), 32),
+        ] {
+            let chosen = check(auto).check(&runtime, Some(&gpu(room))).unwrap();
+            assert_eq!(chosen.whole_layers(), whole, "{room} bytes free");
+            assert!(!chosen.decides_whole_layers());
+            if whole > 0 {
+                let said = chosen.to_string();
+                assert!(
+                    said.contains(&format!("(the last {whole} layers whole)")),
+                    "{said}"
+                );
+            }
+        }
+        // Asked for a number, or not one GPU's single worker, or nothing to recompute: kept.
+        let asked = StepPlan::resolve(
+            Asked {
+                whole_layers: WholeLayers::Exactly(2),
+                ..Asked::default()
+            },
+            Purpose::Train,
+            1,
+            &config,
+            Device::Cuda,
+        )
+        .unwrap()
+        .plan;
+        let none =
+            plan(&config, Offload::NONE, Shard::None, 1).with(Checkpoint::None, Offload::NONE);
+        for kept in [asked, none] {
+            let chosen = check(kept).check(&runtime, Some(&gpu(free(32)))).unwrap();
+            assert_eq!(chosen, kept);
+        }
+        assert!(!plan(&config, Offload::NONE, Shard::None, 2).decides_whole_layers());
     }
 
     /// A GPU run whose host copies of the state cannot fit this machine's memory is refused
