@@ -235,7 +235,7 @@ impl MemoryCheck {
     /// The most whole layers ([`StepPlan::with_whole_layers`]) whose step still fits `free`
     /// bytes of the GPU with [`WHOLE_LAYERS_MARGIN`] to spare, with that step's estimate; none
     /// (and `need`, the estimate without them) when even one does not.
-    fn with_whole_layers(
+    fn most_whole_layers(
         &self,
         runtime: &Runtime,
         free: usize,
@@ -316,7 +316,7 @@ impl MemoryCheck {
         let (plan, need) = match cost::check_fits(&need, gpu.free_bytes, &what(&self.plan), &fix) {
             Ok(()) => {
                 let (plan, need) = match self.plan.decides_whole_layers() {
-                    true => self.with_whole_layers(runtime, gpu.free_bytes, need)?,
+                    true => self.most_whole_layers(runtime, gpu.free_bytes, need)?,
                     false => (self.plan, need),
                 };
                 eprintln!(
