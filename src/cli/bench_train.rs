@@ -15,8 +15,8 @@ use distflash::resources;
 use distflash::runtime::Device;
 use distflash::train::memory::count::Part;
 use distflash::train::memory::{GpuStep, HostState, MemoryCheck, Placement, gpu_estimate};
-use distflash::train::step_plan::Purpose;
 use distflash::train::step_plan::Shard;
+use distflash::train::step_plan::{Purpose, whole_layers_said};
 use distflash::train::step_timing::{Runs, time_steps};
 use serde::Serialize;
 use serde_json::Value;
@@ -268,10 +268,7 @@ pub fn run(args: Args) -> Result<()> {
 fn print(r: &Report) {
     let device = r.device.name();
     let adamw = if r.optimizer { ", AdamW" } else { "" };
-    let whole = match r.whole_layers {
-        0 => String::new(),
-        n => format!(" (the last {n} layers whole)"),
-    };
+    let whole = whole_layers_said(r.whole_layers);
     println!(
         "{}, {} layers, {} tokens, checkpoint {}{whole}, offload {}{adamw}, {device} {}",
         r.preset, r.layers, r.seq, r.checkpoint, r.offload, r.dtype

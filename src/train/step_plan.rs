@@ -142,6 +142,16 @@ impl fmt::Display for WholeLayers {
     }
 }
 
+/// How a plan's whole layers are said after its checkpoint policy: nothing for none, else
+/// " (the last layer whole)" or " (the last 7 layers whole)".
+pub fn whole_layers_said(n: usize) -> String {
+    match n {
+        0 => String::new(),
+        1 => " (the last layer whole)".to_string(),
+        n => format!(" (the last {n} layers whole)"),
+    }
+}
+
 /// The step's choices as a command was given them: `shard` is `None` where it was not, and the
 /// plan then takes the default of the command's [`Purpose`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -424,8 +434,8 @@ impl StepPlan {
 impl fmt::Display for StepPlan {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "checkpoint {}", self.checkpoint)?;
-        if self.whole_layers() > 0 && self.checkpoint != Checkpoint::None {
-            write!(f, " (the last {} layers whole)", self.whole_layers())?;
+        if self.checkpoint != Checkpoint::None {
+            f.write_str(&whole_layers_said(self.whole_layers()))?;
         }
         if self.offload.any() {
             write!(f, ", offload {}", self.offload)?;
@@ -588,6 +598,9 @@ mod tests {
             "{:?}",
             none.warnings
         );
+        assert_eq!(whole_layers_said(0), "");
+        assert_eq!(whole_layers_said(1), " (the last layer whole)");
+        assert_eq!(whole_layers_said(7), " (the last 7 layers whole)");
         assert_eq!("auto".parse(), Ok(WholeLayers::Auto));
         assert_eq!("3".parse(), Ok(WholeLayers::Exactly(3)));
         let e = "-1".parse::<WholeLayers>().unwrap_err();

@@ -550,7 +550,7 @@ mod tests {
             if whole > 0 {
                 let said = chosen.to_string();
                 assert!(
-                    said.contains(&format!("(the last {whole} layers whole)")),
+                    said.contains(&crate::train::step_plan::whole_layers_said(whole)),
                     "{said}"
                 );
             }
