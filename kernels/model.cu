@@ -178,16 +178,18 @@ extern "C" __global__ void uniform(u16* dst, long n, unsigned long long key, uns
     }
 }
 
-// One f64 partial sum of squares per block (8 elements a thread where aligned); the host adds
-// the partials of every tensor of the norm after one copy.
-template <int N>
-__device__ __forceinline__ void squares_at(const void* x, int x_half, long i, double& acc) {
+// acc += Σ x² over elements i..i+N, squared and added in acc's precision (f32 for a norm's
+// row, f64 for the gradient norm).
+template <int N, typename A>
+__device__ __forceinline__ void squares_at(const void* x, int x_half, long i, A& acc) {
     float v[N];
     ldn<N>(x, x_half, i, v);
 #pragma unroll
-    for (int k = 0; k < N; k++) acc += (double)v[k] * v[k];
+    for (int k = 0; k < N; k++) acc += (A)v[k] * v[k];
 }
 
+// One f64 partial sum of squares per block (8 elements a thread where aligned); the host adds
+// the partials of every tensor of the norm after one copy.
 extern "C" __global__ void sum_squares(const void* x, int x_half, long n, double* partial) {
     double acc = 0.0;
 #define AT(N, i) squares_at<N>(x, x_half, i, acc)
@@ -310,8 +312,6 @@ extern "C" __global__ void embed_backward(float* dtable, const u32* tokens, cons
     }
 }
 
-// ---- RMSNorm: one warp per row ----
-
 // ---- RMS norm: one block per row ----
 // A row's elements go 8 to a thread (16-byte accesses) where the width is a multiple of 8 and
 // every pointer is aligned, else one at a time. The one-at-a-time loop reached about a third of
@@ -334,14 +334,6 @@ __device__ __forceinline__ bool rows_of_8(int dim, const void* a, const void* b,
 }
 
 template <int N>
-__device__ __forceinline__ void sum_squares_at(const void* x, int x_half, long i, float& ss) {
-    float v[N];
-    ldn<N>(x, x_half, i, v);
-#pragma unroll
-    for (int k = 0; k < N; k++) ss += v[k] * v[k];
-}
-
-template <int N>
 __device__ __forceinline__ void norm_at(const void* x, int x_half, const void* w, int w_half, u16* y,
                                         long base, int c, float s) {
     float v[N], g[N];
@@ -361,7 +353,7 @@ extern "C" __global__ void rmsnorm(const void* x, int x_half, const void* w, int
     const long base = row * dim;
     const bool vec = rows_of_8(dim, x, w, y, y);
     float ss = 0.f;
-#define AT(N, c) sum_squares_at<N>(x, x_half, base + c, ss)
+#define AT(N, c) squares_at<N>(x, x_half, base + c, ss)
     ROW_EACH(dim, vec, AT);
 #undef AT
     const float s = 1.f / sqrtf(block_sum(ss) / dim + eps);
