@@ -55,32 +55,29 @@ pub const H200_ATTENTION_TFLOPS: f64 = 600.0;
 pub const H200_HBM_TBPS: f64 = 4.8;
 
 /// The step a GPU could take at the measured rates ([`H200_GEMM_TFLOPS`] and the rest): every
-/// matrix product at the GEMM rate, forward and backward, plus the layers' forward again where
-/// the checkpoint re-runs it (`layer` and `remat`: the linears; `layer`: attention's forward
-/// too; the output projection and the whole layers of `keep` are never re-run); attention's kernels at their rate (the
-/// backward 2.5 times the forward's FLOPs, as FlashAttention counts them; causal: half the
-/// square); and, with the optimizer, AdamW's pass over the state at HBM's bandwidth (f32
-/// gradients read, both f32 moments and the f32 master read and written, 16-bit weights
-/// written: 30 bytes a parameter). Memory-bound ops between them (norms, activations, the loss) are left out: the
-/// ideal is what the step's arithmetic costs, and a measured step's distance from it is what
-/// fusion and overlap can still win.
+/// matrix product at the GEMM rate, forward and backward, plus each layer's forward again where
+/// its policy under `keep` re-runs it (`layer` and `remat`: the linears; `layer`: attention's
+/// forward too; never the output projection, nor the whole layers); attention's kernels at
+/// their rate (the backward 2.5 times the forward's FLOPs, as FlashAttention counts them;
+/// causal: half the square); and, with the optimizer, AdamW's pass over the state at HBM's
+/// bandwidth (f32 gradients read, both f32 moments and the f32 master read and written, 16-bit
+/// weights written: 30 bytes a parameter). Memory-bound ops between them (norms, activations,
+/// the loss) are left out: the ideal is what the step's arithmetic costs, and a measured step's
+/// distance from it is what fusion and overlap can still win.
 pub fn ideal_step_secs(c: &Config, seq: usize, keep: Keep, optimizer: bool) -> f64 {
     let t = seq as f64;
     let head = c.vocab_size as f64 * c.hidden_size as f64;
     let layers = matmul_params(c) - head;
-    // The share of the layers that recompute (none of the whole ones).
+    // The share of the layers whose policy (`Keep::policy`) is among `policies`.
     let n = c.num_hidden_layers;
-    let recomputing = n.saturating_sub(keep.whole_layers) as f64 / n.max(1) as f64;
-    let rerun = match keep.checkpoint {
-        Checkpoint::None => 0.0,
-        Checkpoint::Layer | Checkpoint::Remat => recomputing,
+    let share = |policies: &[Checkpoint]| {
+        let of = (0..n).filter(|&l| policies.contains(&keep.policy(l, n)));
+        of.count() as f64 / n.max(1) as f64
     };
+    let rerun = share(&[Checkpoint::Layer, Checkpoint::Remat]);
     let gemm = 2.0 * t * (3.0 * head + (3.0 + rerun) * layers);
     let forward = 2.0 * c.num_hidden_layers as f64 * t * t * c.q_width() as f64;
-    let attention_forwards = match keep.checkpoint {
-        Checkpoint::Layer => 1.0 + recomputing,
-        Checkpoint::None | Checkpoint::Remat => 1.0,
-    };
+    let attention_forwards = 1.0 + share(&[Checkpoint::Layer]);
     let attention = forward * (attention_forwards + 2.5);
     let update = if optimizer {
         30.0 * super::weights::parameters(c) as f64 / (H200_HBM_TBPS * 1e12)
