@@ -133,15 +133,6 @@ impl std::str::FromStr for WholeLayers {
     }
 }
 
-impl fmt::Display for WholeLayers {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            WholeLayers::Auto => f.write_str("auto"),
-            WholeLayers::Exactly(n) => write!(f, "{n}"),
-        }
-    }
-}
-
 /// How a plan's whole layers are said after its checkpoint policy: nothing for none, else
 /// " (the last layer whole)" or " (the last 7 layers whole)".
 pub fn whole_layers_said(n: usize) -> String {
