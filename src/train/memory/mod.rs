@@ -492,6 +492,26 @@ mod tests {
     use crate::train::step_plan::{Asked, Purpose, WholeLayers};
     use std::time::Duration;
 
+    /// `workers` threads sharing one GPU (the runtime a memory check sees; nothing is opened).
+    fn gpu_threads(workers: usize) -> Runtime {
+        Runtime {
+            device: Device::Cuda,
+            ..Runtime::cpu_threads(workers, Duration::from_secs(1))
+        }
+    }
+
+    /// llama2-7b's check at `seq` tokens under `plan`, nothing brought to the host.
+    fn llama7b_check(config: &Config, seq: usize, plan: StepPlan) -> MemoryCheck {
+        MemoryCheck {
+            config: config.clone(),
+            model: "llama2-7b".into(),
+            seq,
+            plan,
+            host_state: HostState::None,
+            ignore_estimate: false,
+        }
+    }
+
     /// A training step's plan over `workers` GPUs with `offload` and `shard` asked for.
     fn plan(config: &Config, offload: Offload, shard: Shard, workers: usize) -> StepPlan {
         let asked = Asked {
@@ -510,18 +530,8 @@ mod tests {
     #[test]
     fn whole_layers_fill_the_free_memory_less_the_margin() {
         let config = Config::preset("llama2-7b").unwrap();
-        let runtime = Runtime {
-            device: Device::Cuda,
-            ..Runtime::cpu_threads(1, Duration::from_secs(1))
-        };
-        let check = |plan| MemoryCheck {
-            config: config.clone(),
-            model: "llama2-7b".into(),
-            seq: 16384,
-            plan,
-            host_state: HostState::None,
-            ignore_estimate: false,
-        };
+        let runtime = gpu_threads(1);
+        let check = |plan| llama7b_check(&config, 16384, plan);
         let auto = plan(&config, Offload::NONE, Shard::None, 1);
         assert!(auto.decides_whole_layers());
         let need = |n: usize| {
@@ -592,10 +602,7 @@ mod tests {
             free_bytes: usize::MAX / 4,
             head_dims: &[128],
         };
-        let runtime = Runtime {
-            device: Device::Cuda,
-            ..Runtime::cpu_threads(1, Duration::from_secs(1))
-        };
+        let runtime = gpu_threads(1);
         let check = |host_state| MemoryCheck {
             config: config.clone(),
             model: "big".into(),
@@ -654,10 +661,7 @@ mod tests {
         // virtual workers on the GPU are each counted and held beside each other: each pins
         // its own state (its shard, if sharded).
         assert_eq!(need.staging, 0.0);
-        let two = Runtime {
-            device: Device::Cuda,
-            ..Runtime::cpu_threads(2, Duration::from_secs(1))
-        };
+        let two = gpu_threads(2);
         let whole = offloaded(Shard::None, 2).gpu_estimate(&two).unwrap();
         assert_eq!(whole.pinned_optimizer, 2.0 * moments);
         let halves = offloaded(Shard::Optimizer, 2).gpu_estimate(&two).unwrap();
@@ -804,18 +808,8 @@ mod tests {
     #[test]
     fn a_refusal_proposes_the_plan_that_fits() {
         let config = Config::preset("llama2-7b").unwrap();
-        let runtime = Runtime {
-            device: Device::Cuda,
-            ..Runtime::cpu_threads(1, Duration::from_secs(1))
-        };
-        let at = |seq| MemoryCheck {
-            config: config.clone(),
-            model: "llama2-7b".into(),
-            seq,
-            plan: plan(&config, Offload::NONE, Shard::None, 1),
-            host_state: HostState::None,
-            ignore_estimate: false,
-        };
+        let runtime = gpu_threads(1);
+        let at = |seq| llama7b_check(&config, seq, plan(&config, Offload::NONE, Shard::None, 1));
         let (free, host) = (139usize << 30, 128.0 * (1u64 << 30) as f64);
         let fix = at(65536).fix_for(&runtime, free, host).unwrap();
         assert!(
