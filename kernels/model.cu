@@ -252,23 +252,72 @@ struct Adam {
     float b1, b2, c1, c2, lr, eps, wd, gs;
 };
 
+// Elements i..i+N of a 16-bit tensor as raw bits (N = 8: one 16-byte access).
+template <int N>
+__device__ __forceinline__ void ld_bits(const u16* p, long i, u16* b) {
+    if (N == 8) {
+        const uint4 raw = *(const uint4*)(p + i);
+#pragma unroll
+        for (int k = 0; k < 8; k++) b[k] = ((const u16*)&raw)[k];
+    } else {
+#pragma unroll
+        for (int k = 0; k < N; k++) b[k] = p[i + k];
+    }
+}
+
+template <int N>
+__device__ __forceinline__ void st_bits(u16* p, long i, const u16* b) {
+    if (N == 8) {
+        uint4 raw;
+#pragma unroll
+        for (int k = 0; k < 8; k++) ((u16*)&raw)[k] = b[k];
+        *(uint4*)(p + i) = raw;
+    } else {
+#pragma unroll
+        for (int k = 0; k < N; k++) p[i + k] = b[k];
+    }
+}
+
+// A bf16 weight's f32 master kept as its low half: the weight holds the upper 16 bits of the
+// master's bits rounded to nearest (ties away from zero), the low half the lower 16 bits, so
+// the two give the f32 back exactly (`backend::cuda::master_split`/`master_join` on the host,
+// which the tests hold these to). bf16 has f32's exponent, so the upper half is the weight.
+__device__ __forceinline__ float master_joined(u16 hi, u16 lo) {
+    return __uint_as_float(((u32)hi << 16) + (u32)(int)(short)lo);
+}
+
+__device__ __forceinline__ void master_split(float x, u16& hi, u16& lo) {
+    const u32 b = __float_as_uint(x);
+    // A NaN's rounded bits could carry into the sign; it stays a NaN (the finite check sees it).
+    hi = isnan(x) ? (u16)0x7fc0 : (u16)((b + 0x8000u) >> 16);
+    lo = (u16)b;
+}
+
 // One AdamW step (bias-corrected moments, decoupled decay); m and v are f32, the parameter is
-// either representation. With a master (f32, non-null) the master is updated and the parameter
-// becomes its rounding, so updates below half a 16-bit step accumulate; with none, the parameter
-// is updated in place (exact only where it is f32).
+// either representation. With a master (non-null) the master is updated and the parameter
+// becomes its rounding, so updates below half a 16-bit step accumulate; the master is either
+// an f32 copy or, `master_lo` set (bf16 parameters), the low halves above. With none, the
+// parameter is updated in place (exact only where it is f32).
 template <int N>
 __device__ __forceinline__ void adamw_at(void* p, int p_half, const void* g, int g_half, float* m,
-                                         float* v, float* master, const Adam& a, long i) {
+                                         float* v, void* master, int master_lo, const Adam& a, long i) {
     float gi[N], mi[N], vi[N], pi[N];
+    u16 hi[N], lo[N];
     ldn<N>(g, g_half, i, gi);
 #pragma unroll
     for (int k = 0; k < N; k++) gi[k] *= a.gs;
     ldn<N>(m, 0, i, mi);
     ldn<N>(v, 0, i, vi);
-    if (master)
+    if (master_lo) {
+        ld_bits<N>((const u16*)p, i, hi);
+        ld_bits<N>((const u16*)master, i, lo);
+#pragma unroll
+        for (int k = 0; k < N; k++) pi[k] = master_joined(hi[k], lo[k]);
+    } else if (master) {
         ldn<N>(master, 0, i, pi);
-    else
+    } else {
         ldn<N>(p, p_half, i, pi);
+    }
 #pragma unroll
     for (int k = 0; k < N; k++) {
         mi[k] = a.b1 * mi[k] + (1.f - a.b1) * gi[k];
@@ -278,18 +327,30 @@ __device__ __forceinline__ void adamw_at(void* p, int p_half, const void* g, int
     }
     stn<N>(m, 0, i, mi);
     stn<N>(v, 0, i, vi);
+    if (master_lo) {
+#pragma unroll
+        for (int k = 0; k < N; k++) master_split(pi[k], hi[k], lo[k]);
+        st_bits<N>((u16*)p, i, hi);
+        st_bits<N>((u16*)master, i, lo);
+        return;
+    }
     if (master) stn<N>(master, 0, i, pi);
     stn<N>(p, p_half, i, pi);
 }
 
 extern "C" __global__ void adamw(void* p, int p_half, const void* g, int g_half, float* m, float* v,
-                                 float* master, long n, float b1, float b2, float c1, float c2,
-                                 float lr, float eps, float wd, float gs) {
+                                 void* master, int master_lo, long n, float b1, float b2, float c1,
+                                 float c2, float lr, float eps, float wd, float gs) {
     const Adam a = {b1, b2, c1, c2, lr, eps, wd, gs};
     const bool vec = aligned16(p) && aligned16(g) && aligned16(m) && aligned16(v) && aligned16(master);
-#define AT(N, i) adamw_at<N>(p, p_half, g, g_half, m, v, master, a, i)
+#define AT(N, i) adamw_at<N>(p, p_half, g, g_half, m, v, master, master_lo, a, i)
     ELEMENTWISE(n, vec, AT);
 #undef AT
+}
+
+// The exact f32 value of bf16 weights whose masters are their low halves.
+extern "C" __global__ void master_join(const u16* p, const u16* lo, float* out, long n) {
+    GRID_STRIDE(i, n) out[i] = master_joined(p[i], lo[i]);
 }
 
 // ---- embedding ----

@@ -1103,7 +1103,7 @@ fn gpu_tests_are_listed_as_ignored_without_a_gpu() {
             ignored += 1;
         }
     }
-    assert_eq!(ignored, 25);
+    assert_eq!(ignored, 26);
     let script = std::fs::read_to_string(root.join("bench/peers/gpu_tests.sh")).unwrap();
     assert!(
         script.contains("--include-ignored"),

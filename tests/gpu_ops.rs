@@ -22,7 +22,7 @@ mod common;
 mod gpu_common;
 
 use anyhow::{Context, Result, ensure};
-use distflash::backend::cuda::{InputDtype, Tensor};
+use distflash::backend::cuda::{InputDtype, Tensor, master_split};
 use distflash::comm::{
     Buffer, Communicator, LocalComm, all_gather_bytes, reduce_scatter_bytes, shard_span,
     shard_spans,
@@ -43,7 +43,7 @@ use distflash::runtime::{collect_results, run_workers};
 use distflash::shape::Span;
 use distflash::train::memory::estimate;
 use distflash::train::memory::lengths::Precision;
-use distflash::train::moments::{Moments, fresh_state, master_of, needs_master};
+use distflash::train::moments::{Moments, fresh_state, needs_master};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 
@@ -143,6 +143,12 @@ fn a_thousand_small_adamw_steps_track_f64_with_a_master_and_drift_without() -> R
 
 #[test]
 #[ignore = "needs an NVIDIA GPU: set DISTFLASH_GPU_TESTS=1 and pass --include-ignored"]
+fn a_bf16_weights_low_half_master_updates_as_its_f32_copy_does() -> Result<()> {
+    check(Checker::low_half_master)
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: set DISTFLASH_GPU_TESTS=1 and pass --include-ignored"]
 fn tiny_models_loss_and_gradients_match_the_cpu_under_every_checkpoint_policy() -> Result<()> {
     check(Checker::model)
 }
@@ -205,7 +211,14 @@ fn the_counted_estimate_is_the_gpus_own_peak() -> Result<()> {
                 keep,
                 optimizer: false,
             };
-            let counted = estimate::estimate(step, Precision::Cuda)?.device.total();
+            let counted = estimate::estimate(
+                step,
+                Precision::Cuda {
+                    master_bytes: InputDtype::Bf16.master_bytes(),
+                },
+            )?
+            .device
+            .total();
             let err = measured.abs_diff(counted);
             let pass = err <= 4096;
             println!(
@@ -1142,7 +1155,7 @@ impl Checker {
             .map(|_| if self.rng.random_bool(0.5) { 1.0 } else { -1.0 })
             .collect();
         let (mut exact, mut in_place) = (self.gpu.upload(&start)?, self.gpu.upload(&start)?);
-        let mut master = master_of(&self.gpu, &exact)?;
+        let mut master = self.gpu.master_of(&exact)?;
         ensure!(
             needs_master(&self.gpu, &exact),
             "a 16-bit weight needs a master"
@@ -1198,7 +1211,8 @@ impl Checker {
                 .fold(0.0, f64::max))
         };
         let f32_drift = steps as f64 * 2f64.powi(-24);
-        let master_err = units(&master)? * u;
+        let joined = self.gpu.exact_of(&exact, &master)?;
+        let master_err = units(joined.as_ref().unwrap_or(&master))? * u;
         let (exact_units, in_place_units) = (units(&exact)?, units(&in_place)?);
         let moved = p
             .iter()
@@ -1227,6 +1241,111 @@ impl Checker {
                 "{dtype} adamw 1000 steps in place: {in_place_units:.2} units, no drift shown"
             ));
         }
+        Ok(())
+    }
+
+    /// A bf16 weight's master as its low half (`Ops::master_of` on the GPU) against an f32
+    /// copy, from the same weights and gradients over five AdamW steps, one clipped: the
+    /// arithmetic is the same f32, so the joined master (`exact_of`) must be the f32 copy's bits,
+    /// and the weight the copy's upper half rounded as `master_split` rounds it (ties away from
+    /// zero; the f32 copy's weight rounds them to even). Errors are counts of elements whose
+    /// bits differ, bound 0. Then a resumed run's weights and masters (`upload_exact`,
+    /// `upload_master`) from f32 values that include ties must join back to those values. An
+    /// fp16 weight's master is an f32 copy, which needs no joining.
+    fn low_half_master(&mut self) -> Result<()> {
+        let n = 10_007;
+        let (w, _) = self.half(n, -1.0, 1.0)?;
+        let master = self.gpu.master_of(&w)?;
+        if self.dtype != InputDtype::Bf16 {
+            let copy =
+                matches!(master, Tensor::F32(_)) && self.gpu.exact_of(&w, &master)?.is_none();
+            self.verdict(
+                "master is an f32 copy (elements not one)",
+                f64::from(u8::from(!copy)),
+                0.0,
+            );
+            return Ok(());
+        }
+        let mut low = (w.clone(), master);
+        let mut copy = (
+            w.clone(),
+            self.gpu.backend().upload_f32(&self.gpu.download(&w)?)?,
+        );
+        let mut moments = [
+            self.gpu.zeros(n)?,
+            self.gpu.zeros(n)?,
+            self.gpu.zeros(n)?,
+            self.gpu.zeros(n)?,
+        ];
+        let hp = AdamW { lr: 1e-3, ..ADAMW };
+        for step in 1..=5u64 {
+            let (g, _) = self.full(n, -1.0, 1.0)?;
+            let at = AdamStep {
+                step,
+                grad_scale: if step == 3 { 0.37 } else { 1.0 },
+            };
+            let [m1, v1, m2, v2] = &mut moments;
+            let state = AdamState {
+                m: m1,
+                v: v1,
+                master: Some(&mut low.1),
+            };
+            self.gpu.adamw(&mut low.0, &g, state, &hp, at, true)?;
+            let state = AdamState {
+                m: m2,
+                v: v2,
+                master: Some(&mut copy.1),
+            };
+            self.gpu.adamw(&mut copy.0, &g, state, &hp, at, true)?;
+        }
+        let f32_copy = self.gpu.download(&copy.1)?;
+        let joined = self
+            .gpu
+            .exact_of(&low.0, &low.1)?
+            .context("a bf16 master is a low half")?;
+        let joined = self.gpu.download(&joined)?;
+        let weights = self.gpu.download(&low.0)?;
+        let rounded = |x: f32| f32::from_bits(u32::from(master_split(x).0) << 16);
+        let differ = |a: &[f32], b: &[f32]| {
+            a.iter()
+                .zip(b)
+                .filter(|(x, y)| x.to_bits() != y.to_bits())
+                .count() as f64
+        };
+        let upper: Vec<f32> = f32_copy.iter().map(|&x| rounded(x)).collect();
+        self.verdict(
+            "low-half master joined vs f32 copy, bits differ",
+            differ(&joined, &f32_copy),
+            0.0,
+        );
+        self.verdict(
+            "its weight vs the copy's upper half, bits differ",
+            differ(&weights, &upper),
+            0.0,
+        );
+        // A resumed run's exact values, with ties (low half 0x8000) of either sign.
+        let mut exact = self.random(n, -1.0, 1.0);
+        for (i, x) in exact.iter_mut().enumerate().step_by(7) {
+            *x = f32::from_bits((x.to_bits() & 0xffff_0000) | 0x8000 | (i as u32 & 1) << 31);
+        }
+        let w = self.gpu.upload_exact(&exact)?;
+        let master = self.gpu.upload_master(&exact)?;
+        let back = self
+            .gpu
+            .exact_of(&w, &master)?
+            .context("a bf16 master is a low half")?;
+        let (back, w) = (self.gpu.download(&back)?, self.gpu.download(&w)?);
+        let upper: Vec<f32> = exact.iter().map(|&x| rounded(x)).collect();
+        self.verdict(
+            "resumed master joined vs exact values, bits differ",
+            differ(&back, &exact),
+            0.0,
+        );
+        self.verdict(
+            "resumed weight vs their upper half, bits differ",
+            differ(&w, &upper),
+            0.0,
+        );
         Ok(())
     }
 

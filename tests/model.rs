@@ -520,7 +520,10 @@ fn the_memory_count_holds_qwen3s_normed_heads() {
                 keep: Keep::on_device(Checkpoint::None),
                 optimizer: false,
             };
-            estimate(step, Precision::Cuda).unwrap().step_memory().kept
+            estimate(step, Precision::Cuda { master_bytes: 2 })
+                .unwrap()
+                .step_memory()
+                .kept
         };
         let normed = 2.0 * (seq * (2 * (qw + kw) + 4 * (16 + 8))) as f64;
         assert_eq!(kept(&cfg) - kept(&plain), normed, "{seq}");

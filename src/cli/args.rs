@@ -68,6 +68,11 @@ pub struct DeviceArgs {
 }
 
 impl DeviceArgs {
+    /// The 16-bit format a GPU would compute in (`--dtype`, bf16 unless asked).
+    pub fn gpu_dtype(&self) -> InputDtype {
+        self.dtype.gpu()
+    }
+
     /// The runtime of this command: `workers` as asked, the command's `default_workers` when
     /// not (both under the one rule of [`Runtime::resolve`]).
     pub fn runtime(

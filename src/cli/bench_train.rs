@@ -142,6 +142,7 @@ pub fn run(args: Args) -> Result<()> {
             seq,
             plan,
             placement,
+            master_bytes: args.place.gpu_dtype().master_bytes(),
         })?;
         let m = estimated.memory;
         let working = estimated.peaks.as_ref().map_or(&[][..], |p| &p.working[..]);

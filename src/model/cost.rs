@@ -60,8 +60,8 @@ pub const H200_HBM_TBPS: f64 = 4.8;
 /// forward too; never the output projection, nor the whole layers); attention's kernels at
 /// their rate (the backward 2.5 times the forward's FLOPs, as FlashAttention counts them;
 /// causal: half the square); and, with the optimizer, AdamW's pass over the state at HBM's
-/// bandwidth (f32 gradients read, both f32 moments and the f32 master read and written, 16-bit
-/// weights written: 30 bytes a parameter). Memory-bound ops between them (norms, activations,
+/// bandwidth (f32 gradients read; both f32 moments, the bf16 weights and their masters' low
+/// halves read and written: 28 bytes a parameter). Memory-bound ops between them (norms, activations,
 /// the loss) are left out: the ideal is what the step's arithmetic costs, and a measured step's
 /// distance from it is what fusion and overlap can still win.
 pub fn ideal_step_secs(c: &Config, seq: usize, keep: Keep, optimizer: bool) -> f64 {
@@ -80,7 +80,7 @@ pub fn ideal_step_secs(c: &Config, seq: usize, keep: Keep, optimizer: bool) -> f
     let attention_forwards = 1.0 + share(&[Checkpoint::Layer]);
     let attention = forward * (attention_forwards + 2.5);
     let update = if optimizer {
-        30.0 * super::weights::parameters(c) as f64 / (H200_HBM_TBPS * 1e12)
+        28.0 * super::weights::parameters(c) as f64 / (H200_HBM_TBPS * 1e12)
     } else {
         0.0
     };
@@ -112,8 +112,9 @@ pub struct StepMemory {
     pub weights: f64,
     /// f32 weight gradients.
     pub grads: f64,
-    /// AdamW's state (0 without an optimizer step): its two f32 moments and the f32 master
-    /// copy of the 16-bit weights, which the update applies to (`model::ops::AdamState`).
+    /// AdamW's state (0 without an optimizer step): its two f32 moments and the master of the
+    /// 16-bit weights, which the update applies to (`model::ops::AdamState`; for bf16 the
+    /// f32's low half, for fp16 an f32 copy).
     pub optimizer: f64,
     /// What the checkpoint policy keeps of every layer between forward and backward.
     pub kept: f64,
@@ -255,7 +256,7 @@ mod tests {
         // The update reads and writes 30 bytes a parameter at 4.8 TB/s.
         let update = ideal_step_secs(&c, t, keep(Checkpoint::Remat), true) - remat;
         let params = super::super::weights::parameters(&c) as f64;
-        assert!((update - 30.0 * params / 4.8e12).abs() < 1e-12, "{update}");
+        assert!((update - 28.0 * params / 4.8e12).abs() < 1e-12, "{update}");
     }
 
     #[test]

@@ -84,6 +84,25 @@ impl<O: Ops, I: Instrument<O>> Ops for Instrumented<'_, O, I> {
         self.call("download", || self.inner.download(I::tensor(t)))
     }
 
+    fn master_of(&self, param: &I::T) -> Result<I::T> {
+        self.make("master_of", || self.inner.master_of(I::tensor(param)))
+    }
+
+    fn upload_master(&self, exact: &[f32]) -> Result<I::T> {
+        self.make("upload_master", || self.inner.upload_master(exact))
+    }
+
+    fn upload_exact(&self, exact: &[f32]) -> Result<I::T> {
+        self.make("upload_exact", || self.inner.upload_exact(exact))
+    }
+
+    fn exact_of(&self, param: &I::T, master: &I::T) -> Result<Option<I::T>> {
+        let t = self.call("exact_of", || {
+            self.inner.exact_of(I::tensor(param), I::tensor(master))
+        })?;
+        Ok(t.map(|t| self.made(t, "exact_of")))
+    }
+
     type Host = I::Host;
 
     fn stash(&self, t: &I::T) -> Result<I::Host> {

@@ -52,7 +52,8 @@ impl AdamStep {
 }
 
 /// One parameter tensor's AdamW state: its two f32 moments and, where the parameter is held in
-/// 16 bits, its f32 master copy. Without a master, an update smaller than half a 16-bit step
+/// 16 bits, its master: the f32 value the update applies to, kept as the device chooses
+/// ([`Ops::master_of`]: an f32 copy, or a bf16 weight's low half). Without a master, an update smaller than half a 16-bit step
 /// (at lr 1e-5, every update of a weight above about 0.005 in bf16) is rounded away each step
 /// and lost; with it, AdamW updates the master and the parameter is its rounding, so small
 /// updates accumulate as they would in f32. `T` is a tensor, a host copy of one, or a
@@ -271,6 +272,32 @@ pub trait Ops: Sync {
     }
     /// Copies a tensor back to the host as f32.
     fn download(&self, t: &Self::T) -> Result<Vec<f32>>;
+
+    /// AdamW's master of a 16-bit `param` as a fresh run starts it (the weights are exact
+    /// then). Its form is the device's: an f32 copy here; where the 16-bit format shares
+    /// f32's exponent (bf16), the CUDA device keeps only the f32's low half, the weight being
+    /// its upper half (`backend::cuda::master_split`), so the master costs 2 bytes, not 4.
+    fn master_of(&self, param: &Self::T) -> Result<Self::T> {
+        let mut master = self.zeros(self.len(param))?;
+        self.add_assign(&mut master, param)?;
+        Ok(master)
+    }
+    /// The master of weights whose exact values are `exact` (a resumed run's), in
+    /// [`Ops::master_of`]'s form, for weights uploaded by [`Ops::upload_exact`].
+    fn upload_master(&self, exact: &[f32]) -> Result<Self::T> {
+        self.upload_state(exact)
+    }
+    /// Weights from their exact values (a resumed run's), rounded as AdamW rounds a master
+    /// into its weight, so that they and [`Ops::upload_master`]'s master give the exact
+    /// values back.
+    fn upload_exact(&self, exact: &[f32]) -> Result<Self::T> {
+        self.upload(exact)
+    }
+    /// The exact (f32) values of `param` from its master, where the master alone does not
+    /// hold them (`None`: it is an f32 copy): what a checkpoint saves.
+    fn exact_of(&self, _param: &Self::T, _master: &Self::T) -> Result<Option<Self::T>> {
+        Ok(None)
+    }
 
     /// A tensor's exact copy in host memory, apart from the device's working tensors: where an
     /// offloaded checkpoint waits for the backward (`offload`), and offloaded AdamW moments wait

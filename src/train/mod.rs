@@ -447,7 +447,7 @@ fn run_steps<D: ModelDevice, C: Communicator<D::Tensor>, F: Fn(&StepReport) + Sy
         Start::Fresh(source) => Held::drawn(cfg, plan, rank, |spans| source.draw(ops, cfg, spans))?,
         Start::Resumed(saved) => Held::drawn(cfg, plan, rank, |spans| {
             Weights::build_pieces(cfg, spans, |k, _, span| {
-                ops.upload(&saved.piece(Part::Weights, k, span)?)
+                ops.upload_exact(&saved.piece(Part::Weights, k, span)?)
             })
         })?,
     };

@@ -1,19 +1,20 @@
-//! Where AdamW's state waits between updates (its two f32 moments, and the f32 master copy of
-//! 16-bit weights, `model::ops::AdamState`): on the device beside the weights, or
+//! Where AdamW's state waits between updates (its two f32 moments, and the master of 16-bit
+//! weights, `model::ops::AdamState`): on the device beside the weights, or
 //! (`--offload optimizer`) in host memory, streamed through the device a tensor at a time by
 //! the update. Offloaded, tensor k + 1's state is fetched ([`Ops::fetch`], on a GPU the copy
 //! stream) while tensor k's is updated by the device's one `adamw`, and tensor k's goes back
 //! into its own host buffers ([`Ops::stash_into`], on a GPU a second copy stream, so the link
 //! carries k's down while k + 1's comes up; the host memory is the state's, once) as soon as
 //! its update is issued, so the device holds two tensors' state at once instead of all of it:
-//! for llama2-7b that is 1.5 GiB of staging for 75.3 GiB of state (counted where it happens:
+//! for llama2-7b that is 1.2 GiB of staging for 62.8 GiB of state (counted where it happens:
 //! `train::memory::estimate`).
 //!
 //! Why stream through the device rather than update on the host: one AdamW implementation (the
 //! device's, so an offloaded run computes the same bits as one that is not), for about the same
-//! time. For llama2-7b the state is 3 × 25.1 GiB of f32; streamed, each update moves it up and
-//! back, 75 GiB each way over PCIe at about 50 GB/s a direction: 1.5 s a step with both
-//! directions at once, 3 s if they took turns, beside the ~250 s of a 256K-token step (about
+//! time. For llama2-7b the state is 2 × 25.1 GiB of f32 moments and 12.6 GiB of masters (the
+//! bf16 weights' low halves); streamed, each update moves it up and back, 63 GiB each way over
+//! PCIe at about 50 GB/s a direction: 1.3 s a step with both directions at once, 2.6 s if they
+//! took turns, beside the ~250 s of a 256K-token step (about
 //! 1%) or the ~15 s of a 64K one. On the host, the f32 gradients (25.1 GiB) would come down and
 //! the 16-bit weights (12.6 GiB) go back up, 0.8 s of link, and the state be read and written
 //! in host memory (150 GiB at ~100 GB/s with all cores, 1.5 s): no gain worth a second AdamW
@@ -37,21 +38,13 @@ pub fn needs_master<O: Ops>(ops: &O, param: &O::T) -> bool {
     ops.bytes(param) < size_of::<f32>() * ops.len(param)
 }
 
-/// The master copy of `param` as a fresh run starts it: its f32 copy, made on the device (the
-/// 16-bit values widen exactly).
-pub fn master_of<O: Ops>(ops: &O, param: &O::T) -> Result<O::T> {
-    let mut master = ops.zeros(ops.len(param))?;
-    ops.add_assign(&mut master, param)?;
-    Ok(master)
-}
-
 /// A whole parameter's state as a fresh run starts it: zero moments and, for a 16-bit
-/// parameter, its master ([`master_of`]).
+/// parameter, its master (`Ops::master_of`).
 pub fn fresh_state<O: Ops>(ops: &O, param: &O::T) -> Result<AdamState<O::T>> {
     let len = ops.len(param);
     let (m, v) = (ops.zeros(len)?, ops.zeros(len)?);
     let master = match needs_master(ops, param) {
-        true => Some(master_of(ops, param)?),
+        true => Some(ops.master_of(param)?),
         false => None,
     };
     Ok(AdamState { m, v, master })

@@ -16,7 +16,7 @@
 //! values: the bits differ only where the sum is `-0`).
 
 use super::model_attention::ModelAttention;
-use super::moments::{Moments, master_of, needs_master};
+use super::moments::{Moments, needs_master};
 use super::state::{Part, Saved};
 use super::step_plan::{Shard, StepPlan};
 use super::tally::{Tally, all_reduce, all_reduce_tally, collectives};
@@ -130,10 +130,16 @@ impl<T: Buffer + Clone> Held<T> {
         tensors.iter().map(|t| ops.download(t)).collect()
     }
 
-    /// The f32 copy of elements `span` of tensor `k` (whole-tensor positions, inside the part
-    /// this worker holds), made on the device: a 16-bit parameter's master as a fresh run
-    /// starts it.
-    fn widened<O: Ops<T = T>>(&self, ops: &O, k: usize, span: Span) -> Result<T> {
+    /// `f` of elements `span` of tensor `k` (whole-tensor positions, inside the part this
+    /// worker holds): the tensor itself when this worker holds just that span, else a device
+    /// copy of those elements (a sharded optimizer's piece of a whole weight).
+    fn with_piece<O: Ops<T = T>, R>(
+        &self,
+        ops: &O,
+        k: usize,
+        span: Span,
+        f: impl FnOnce(&T) -> Result<R>,
+    ) -> Result<R> {
         let t = self.w.tensors()[k];
         let start = span.start.checked_sub(self.spans[k].start);
         let Some(start) = start.filter(|s| s + span.len <= self.spans[k].len) else {
@@ -143,9 +149,9 @@ impl<T: Buffer + Clone> Held<T> {
             );
         };
         if span == self.spans[k] {
-            return master_of(ops, t);
+            return f(t);
         }
-        master_of(ops, &ops.rows(t, 1, start, span.len)?)
+        f(&ops.rows(t, 1, start, span.len)?)
     }
 }
 
@@ -492,14 +498,20 @@ where
                 StateFrom::Fresh => Ok(AdamState {
                     m: ops.zeros(span.len)?,
                     v: ops.zeros(span.len)?,
-                    master: rounded.then(|| held.widened(ops, k, span)).transpose()?,
+                    master: (rounded.then(|| held.with_piece(ops, k, span, |p| ops.master_of(p))))
+                        .transpose()?,
                 }),
                 StateFrom::Saved(saved) => {
                     let load = |part| ops.upload_state(&saved.piece(part, k, span)?);
+                    // The weights were uploaded from the same exact values by `upload_exact`.
+                    let master = match rounded {
+                        true => Some(ops.upload_master(&saved.piece(Part::Weights, k, span)?)?),
+                        false => None,
+                    };
                     Ok(AdamState {
                         m: load(Part::FirstMoment)?,
                         v: load(Part::SecondMoment)?,
-                        master: rounded.then(|| load(Part::Weights)).transpose()?,
+                        master,
                     })
                 }
             }
@@ -624,7 +636,16 @@ where
                     host.m.extend(whole(state.m)?);
                     host.v.extend(whole(state.v)?);
                 }
-                masters.push(state.master.map(&mut whole).transpose()?.flatten());
+                // The master's exact values (where it holds only a part of them, joined with
+                // this worker's piece of the weight).
+                let exact = match state.master {
+                    Some(master) => {
+                        held.with_piece(ops, k, self.spans[k], |p| ops.exact_of(p, master))?
+                    }
+                    None => None,
+                };
+                let master = exact.as_ref().or(state.master);
+                masters.push(master.map(&mut whole).transpose()?.flatten());
                 Ok(())
             })?;
         }

@@ -72,7 +72,7 @@ pub use launch::{HEAD_DIMS, Tuning};
 pub use memory::DeviceMemory;
 pub use sequence::{SequenceCall, sequence_kv_grads_half};
 pub use strides::{CallStrides, Strides};
-pub use tensor::{InputDtype, Tensor};
+pub use tensor::{InputDtype, Tensor, master_join, master_split};
 pub use timing::{
     AttentionTiming, BlockKind, median_ms, run_times_ms, time_attention, time_block, upload_random,
 };

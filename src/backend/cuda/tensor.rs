@@ -34,6 +34,20 @@ impl InputDtype {
         self.decode(self.encode(x))
     }
 
+    /// Whether AdamW's master of a weight in this format is only the f32's low half
+    /// ([`master_split`]): bf16 has f32's exponent, so the weight is the f32's upper half,
+    /// rounded, and the low half completes it. An fp16 weight's rounding leaves a remainder no
+    /// 16 bits hold exactly (its exponent range is f32's narrow part), so its master is an f32
+    /// copy.
+    pub fn master_is_low_half(self) -> bool {
+        self == InputDtype::Bf16
+    }
+
+    /// Bytes per element of AdamW's master of a weight in this format.
+    pub fn master_bytes(self) -> usize {
+        if self.master_is_low_half() { 2 } else { 4 }
+    }
+
     /// Name as written on the command line and in reports.
     pub fn name(self) -> &'static str {
         match self {
@@ -52,6 +66,27 @@ impl std::str::FromStr for InputDtype {
             _ => bail!("unknown input dtype {s:?}: use bf16 or fp16"),
         }
     }
+}
+
+/// An f32 master as a bf16 weight and the master's low half: the weight is the upper 16 bits
+/// of `x`'s bits rounded to nearest, ties away from zero (round to nearest even could not be
+/// undone: at a tie both neighbours are even), and the low half is `x`'s lower 16 bits, so
+/// [`master_join`] gives `x` back bit for bit. A NaN's weight is a NaN. `kernels/model.cu`'s
+/// `master_split` is this, run by AdamW on the device.
+pub fn master_split(x: f32) -> (u16, u16) {
+    let bits = x.to_bits();
+    let hi = match x.is_nan() {
+        true => 0x7fc0,
+        false => (bits.wrapping_add(0x8000) >> 16) as u16,
+    };
+    (hi, bits as u16)
+}
+
+/// The f32 master of a bf16 weight `hi` with low half `lo` ([`master_split`]'s inverse): a
+/// weight rounded up carries one too many in its upper half, which the low half, read as
+/// signed, takes back.
+pub fn master_join(hi: u16, lo: u16) -> f32 {
+    f32::from_bits((u32::from(hi) << 16).wrapping_add(lo as i16 as i32 as u32))
 }
 
 /// A tensor on the GPU: 16-bit inputs (raw bits, tagged with their format) or f32 statistics,
@@ -209,6 +244,38 @@ mod tests {
             1.0
         );
         assert!(InputDtype::F16.decode(InputDtype::F16.encode(1.0 + 1.0 / 512.0)) > 1.0);
+    }
+
+    /// Every low half, above and below zero, across exponents: the split joins back to the
+    /// same bits, its weight is the f32's nearest bf16 (ties away from zero, where round to
+    /// nearest even may differ), and infinities and NaN stay what they are.
+    #[test]
+    fn a_master_splits_into_its_nearest_bf16_and_a_low_half_that_joins_back() {
+        let dt = InputDtype::Bf16;
+        for upper in [
+            0x0000u32, 0x0001, 0x3f80, 0x3f81, 0x4049, 0x7f7f, 0x8000, 0xbf80, 0xff7f,
+        ] {
+            for low in 0..=0xffffu32 {
+                let x = f32::from_bits(upper << 16 | low);
+                let (hi, lo) = master_split(x);
+                assert_eq!(master_join(hi, lo).to_bits(), x.to_bits(), "{x:e}");
+                let w = dt.decode(hi);
+                let (err, rne) = ((w - x).abs(), (dt.round(x) - x).abs());
+                assert!(err == rne || w.is_infinite(), "{x:e}: {w:e}");
+                if low == 0x8000 {
+                    assert!(w.abs() > x.abs(), "{x:e}: a tie goes away from zero");
+                }
+            }
+        }
+        for x in [f32::INFINITY, f32::NEG_INFINITY, 0.0, -0.0] {
+            let (hi, lo) = master_split(x);
+            assert_eq!((dt.decode(hi).to_bits(), lo), (x.to_bits(), 0));
+        }
+        for bits in [0x7fc0_0000u32, 0x7fff_ffff, 0xffff_ffff, 0x7f80_0001] {
+            let (hi, _) = master_split(f32::from_bits(bits));
+            assert!(dt.decode(hi).is_nan(), "{bits:#x}");
+        }
+        assert_eq!((dt.master_bytes(), InputDtype::F16.master_bytes()), (2, 4));
     }
 
     #[test]

@@ -18,6 +18,7 @@ pub(crate) enum Kernel {
     Swiglu,
     SwigluBackward,
     Adamw,
+    MasterJoin,
     Embed,
     EmbedBackward,
     Rmsnorm,
@@ -32,13 +33,14 @@ pub(crate) enum Kernel {
 
 impl Kernel {
     /// Every kernel, in declaration order (so `k as usize` indexes this array).
-    pub(crate) const ALL: [Kernel; 16] = [
+    pub(crate) const ALL: [Kernel; 17] = [
         Kernel::CastToHalf,
         Kernel::AddAssign,
         Kernel::SumSquares,
         Kernel::Swiglu,
         Kernel::SwigluBackward,
         Kernel::Adamw,
+        Kernel::MasterJoin,
         Kernel::Embed,
         Kernel::EmbedBackward,
         Kernel::Rmsnorm,
@@ -60,6 +62,7 @@ impl Kernel {
             Kernel::Swiglu => "swiglu",
             Kernel::SwigluBackward => "swiglu_backward",
             Kernel::Adamw => "adamw",
+            Kernel::MasterJoin => "master_join",
             Kernel::Embed => "embed",
             Kernel::EmbedBackward => "embed_backward",
             Kernel::Rmsnorm => "rmsnorm",

@@ -13,9 +13,12 @@
 //!   A and B (f32 compute, C in either variant): an f32 operand, such as a gradient arriving from
 //!   an f32 accumulator, is rounded into a scratch 16-bit copy first, as autocast would.
 //!   Atomically accumulated gradients (embedding, norm gains) and AdamW moments must be f32.
-//! - AdamW updates f32 moments from the gradient and, for a 16-bit parameter, its f32 master
-//!   copy, writing the parameter back as the master's rounding, so updates smaller than half a
-//!   16-bit step accumulate (without a master it updates the parameter in place).
+//! - AdamW updates f32 moments from the gradient and, for a 16-bit parameter, its f32 master,
+//!   writing the parameter back as the master's rounding, so updates smaller than half a
+//!   16-bit step accumulate (without a master it updates the parameter in place). A bf16
+//!   weight's master is only the f32's low half, the weight being its upper half rounded
+//!   (`backend::cuda::master_split`: 2 bytes an element instead of 4, the same f32 values);
+//!   an fp16 weight's is an f32 copy.
 //! - fp16 has bf16's precision ×8 but not its range: gradients scaled by 1/tokens underflow when
 //!   rounded to fp16 for a GEMM, so fp16 training wants a larger `loss_scale` (scaled back before
 //!   the update). The loss's own dlogits avoid this: the scale is the GEMMs' alpha.
@@ -38,13 +41,14 @@ use super::ops::{
 };
 use crate::backend::Backend;
 use crate::backend::cuda::{
-    CudaBackend, InputDtype, Tensor, allocation_failed, elementwise_config,
+    CudaBackend, InputDtype, Tensor, allocation_failed, elementwise_config, master_split,
 };
 use anyhow::{Result, anyhow, bail};
 use args::{check, check_format, f32_mut, f32_ref, int, push, push_mut};
 use cudarc::driver::{CudaSlice, CudaStream, CudaView, DeviceRepr, PushKernelArg, ValidAsZeroBits};
 use gemm::{Blas, GemmShape};
 use kernels::{Kernel, Kernels};
+use rayon::prelude::*;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
@@ -165,6 +169,14 @@ impl CudaOps {
         })
     }
 
+    /// A 16-bit tensor of the bits `bits` makes of each of `host` (a master's halves).
+    fn upload_bits(&self, host: &[f32], bits: impl Fn(f32) -> u16 + Sync) -> Result<Tensor> {
+        let bits: Vec<u16> = host.par_iter().map(|&x| bits(x)).collect();
+        let data = (self.stream().clone_htod(&bits))
+            .map_err(|e| anyhow!("copy to the GPU failed: {e:?}"))?;
+        Ok(self.half(data))
+    }
+
     fn half(&self, data: CudaSlice<u16>) -> Tensor {
         Tensor::Half {
             dtype: self.dtype(),
@@ -248,6 +260,53 @@ impl Ops for CudaOps {
 
     fn download(&self, t: &Tensor) -> Result<Vec<f32>> {
         Backend::download(&self.backend, t)
+    }
+
+    fn master_of(&self, param: &Tensor) -> Result<Tensor> {
+        if !self.dtype().master_is_low_half() {
+            let mut master = self.zeros(param.len())?;
+            self.add_assign(&mut master, param)?;
+            return Ok(master);
+        }
+        // The weights are exact: their low halves are zero.
+        Ok(self.half(self.zeroed::<u16>(param.len())?))
+    }
+
+    fn upload_master(&self, exact: &[f32]) -> Result<Tensor> {
+        if !self.dtype().master_is_low_half() {
+            return self.upload_state(exact);
+        }
+        self.upload_bits(exact, |x| master_split(x).1)
+    }
+
+    fn upload_exact(&self, exact: &[f32]) -> Result<Tensor> {
+        if !self.dtype().master_is_low_half() {
+            return self.upload(exact);
+        }
+        self.upload_bits(exact, |x| master_split(x).0)
+    }
+
+    fn exact_of(&self, param: &Tensor, master: &Tensor) -> Result<Option<Tensor>> {
+        let Tensor::Half { data: low, .. } = master else {
+            return Ok(None);
+        };
+        let len = param.len();
+        let Tensor::Half { data: hi, .. } = param else {
+            bail!("a weight with a 16-bit master must be bf16, not f32");
+        };
+        if low.len() != len {
+            bail!(
+                "the master's low half has {} elements where {len} were expected",
+                low.len()
+            );
+        }
+        let mut out = self.output::<f32>(len)?;
+        let n = len as i64;
+        let mut b = self.kernels.builder(Kernel::MasterJoin);
+        b.arg(hi).arg(low).arg(&mut out).arg(&n);
+        self.kernels
+            .run(Kernel::MasterJoin, b, elementwise_config(len))?;
+        Ok(Some(Tensor::F32(out)))
     }
 
     type Host = offload::HostTensor;
@@ -714,15 +773,30 @@ impl Ops for CudaOps {
         at: AdamStep,
         decay: bool,
     ) -> Result<()> {
-        let (len, step) = (param.len(), at.step);
-        check(param, self.dtype(), len, "a parameter")?;
-        check(grad, self.dtype(), len, "a gradient")?;
+        let (len, step, dtype) = (param.len(), at.step, self.dtype());
+        check(param, dtype, len, "a parameter")?;
+        check(grad, dtype, len, "a gradient")?;
         let m = f32_mut(state.m, len, "AdamW's first moment")?;
         let v = f32_mut(state.v, len, "AdamW's second moment")?;
-        let master = state
-            .master
-            .map(|t| f32_mut(t, len, "the master copy"))
-            .transpose()?;
+        // A 16-bit master is the low half of a bf16 weight's f32 (`Ops::master_of`).
+        let master = match state.master {
+            Some(Tensor::Half { data, .. }) => {
+                if !dtype.master_is_low_half() || !matches!(param, Tensor::Half { .. }) {
+                    bail!(
+                        "a 16-bit master is the low half of a bf16 weight's f32, and this weight is not bf16"
+                    );
+                }
+                if data.len() != len {
+                    bail!(
+                        "the master's low half has {} elements where {len} were expected",
+                        data.len()
+                    );
+                }
+                Some(MasterArg::LowHalf(data))
+            }
+            Some(t) => Some(MasterArg::Copy(f32_mut(t, len, "the master copy")?)),
+            None => None,
+        };
         let c1 = 1.0 - hp.beta1.powi(step as i32);
         let c2 = 1.0 - hp.beta2.powi(step as i32);
         let wd = if decay { hp.weight_decay } else { 0.0 };
@@ -734,10 +808,11 @@ impl Ops for CudaOps {
         push(&mut b, grad);
         b.arg(m).arg(v);
         // The kernel reads a null master as none: the parameter is updated in place.
-        let null = 0u64;
+        let (null, low_half, copy) = (0u64, 1i32, 0i32);
         match master {
-            Some(master) => b.arg(master),
-            None => b.arg(&null),
+            Some(MasterArg::LowHalf(low)) => b.arg(low).arg(&low_half),
+            Some(MasterArg::Copy(f32_copy)) => b.arg(f32_copy).arg(&copy),
+            None => b.arg(&null).arg(&copy),
         };
         b.arg(&n);
         for s in &scalars {
@@ -745,6 +820,14 @@ impl Ops for CudaOps {
         }
         self.kernels.run(Kernel::Adamw, b, shapes::vector(len))
     }
+}
+
+/// The master `adamw` updates, as the kernel takes it.
+enum MasterArg<'a> {
+    /// A bf16 weight's low halves (`backend::cuda::master_split`).
+    LowHalf(&'a mut CudaSlice<u16>),
+    /// An f32 copy.
+    Copy(&'a mut CudaSlice<f32>),
 }
 
 #[cfg(test)]

@@ -263,6 +263,9 @@ impl Peaks {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The CUDA device in bf16, whose masters are the f32's low halves.
+    const BF16: Precision = Precision::Cuda { master_bytes: 2 };
     use crate::model::Offload;
     use crate::model::attention_api::Dense;
     use crate::model::cpu::Cpu;
@@ -275,7 +278,7 @@ mod tests {
 
     /// The estimated peak GPU memory of `step` on one GPU (the CUDA backend, one worker).
     fn gpu_step_memory(step: Step<'_>) -> Result<StepMemory> {
-        Ok(estimate(step, Precision::Cuda)?.step_memory())
+        Ok(estimate(step, BF16)?.step_memory())
     }
 
     const POLICIES: [Checkpoint; 3] = [Checkpoint::None, Checkpoint::Remat, Checkpoint::Layer];
@@ -418,7 +421,7 @@ mod tests {
                 },
                 optimizer: false,
             };
-            let counted = estimate(step, Precision::Cuda).unwrap().device.total() as f64;
+            let counted = estimate(step, BF16).unwrap().device.total() as f64;
             let measured = measured * (1u64 << 30) as f64;
             assert!(
                 (counted - measured).abs() < 1024.0,
@@ -470,8 +473,9 @@ mod tests {
             m.pinned_host,
             (32usize << 20) as f64 * (2.0 * 8192.0 + 128.0)
         );
-        // Both moments and the master, f32 as the gradients are.
-        assert_eq!(m.pinned_optimizer, 3.0 * m.grads);
+        // Both moments, f32 as the gradients are, and the bf16 weights' masters, their low
+        // halves (2 bytes).
+        assert_eq!(m.pinned_optimizer, 2.5 * m.grads);
     }
 
     /// The working set at the peak, told by what made it, adds up to the counted step bytes;
@@ -494,7 +498,7 @@ mod tests {
             keep,
             optimizer: true,
         };
-        let peaks = estimate(step, Precision::Cuda).unwrap();
+        let peaks = estimate(step, BF16).unwrap();
         let told: usize = peaks.working.iter().map(|(_, p)| p.bytes).sum();
         assert_eq!(told, peaks.device.step);
         let (what, largest) = peaks.working[0];
@@ -525,7 +529,7 @@ mod tests {
             .unwrap()
             .plan;
         let partition = Partition::new(seq, workers, plan.schedule()).unwrap();
-        rank_estimate(&cfg, &plan, &partition, rank, Precision::Cuda).unwrap()
+        rank_estimate(&cfg, &plan, &partition, rank, BF16).unwrap()
     }
 
     fn asked(schedule: Schedule, offload: Offload, shard: Shard) -> Asked {
@@ -540,7 +544,7 @@ mod tests {
 
     /// Each rank holds what the plan's sharding gives it, counted from training's own code:
     /// 16-bit weights and f32 gradients of the part it holds (whole, or its pieces under
-    /// `full`), and 12 bytes of AdamW state (two moments, the master) for each element of
+    /// `full`), and 10 bytes of AdamW state (two f32 moments, the bf16 master's low half) for each element of
     /// its pieces (the whole model unsharded), the shard rule's pieces summed.
     #[test]
     fn each_rank_holds_its_shard_of_the_state() {
@@ -566,7 +570,7 @@ mod tests {
                 } else {
                     params
                 };
-                assert_eq!(p.optimizer, 12 * state, "{shard:?} rank {rank}");
+                assert_eq!(p.optimizer, 10 * state, "{shard:?} rank {rank}");
                 assert_eq!(p.weights, 2 * held, "{shard:?} rank {rank}");
                 assert_eq!(p.grads, 4 * held, "{shard:?} rank {rank}");
             }
@@ -589,8 +593,9 @@ mod tests {
             } else {
                 params
             };
+            // Two f32 moments and a bf16 master's low half: 10 bytes an element.
             assert!(
-                (m.pinned_optimizer - 12.0 * state as f64).abs() <= 12.0 * 300.0,
+                (m.pinned_optimizer - 10.0 * state as f64).abs() <= 10.0 * 300.0,
                 "{shard:?}"
             );
             assert_eq!(m.optimizer, 0.0, "{shard:?}");

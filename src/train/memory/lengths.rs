@@ -28,8 +28,10 @@ pub enum Precision {
     /// 4), whose own peak (`Metered<Cpu>`) this must equal.
     Uniform(usize),
     /// The CUDA backend (`model::cuda`): 16-bit weights and activations, f32 `zeros`, norm
-    /// statistics, LSE and the loss's dh, and the buffers its ops allocate inside.
-    Cuda,
+    /// statistics, LSE and the loss's dh, the buffers its ops allocate inside, and AdamW's
+    /// masters of `master_bytes` an element (its 16-bit format's, `InputDtype::master_bytes`:
+    /// 2 for bf16, whose master is the f32's low half; 4 for fp16).
+    Cuda { master_bytes: usize },
 }
 
 /// A tensor of the counting device: its length and bytes per element, nothing else.
@@ -76,7 +78,7 @@ impl Lengths {
     }
 
     fn cuda(&self) -> bool {
-        self.precision == Precision::Cuda
+        matches!(self.precision, Precision::Cuda { .. })
     }
 
     /// A tensor of `len` elements as this device makes it: f32 when `wide` (statistics,
@@ -84,8 +86,8 @@ impl Lengths {
     pub fn shape_of(&self, len: usize, wide: bool) -> Shape {
         let elem = match self.precision {
             Precision::Uniform(n) => n,
-            Precision::Cuda if wide => F32,
-            Precision::Cuda => HALF,
+            Precision::Cuda { .. } if wide => F32,
+            Precision::Cuda { .. } => HALF,
         };
         Shape { len, elem }
     }
@@ -101,6 +103,17 @@ impl Lengths {
     }
 
     /// The CUDA backend's 16-bit copy of an f32 GEMM operand (`CudaOps::operand`).
+    /// AdamW's master of `len` 16-bit weights, as the device keeps it (`Ops::master_of`).
+    fn master(&self, len: usize) -> Shape {
+        match self.precision {
+            Precision::Uniform(n) => Shape { len, elem: n },
+            Precision::Cuda { master_bytes } => Shape {
+                len,
+                elem: master_bytes,
+            },
+        }
+    }
+
     fn cast(&self, t: &Shape) -> usize {
         self.cast_part(t, t.len)
     }
@@ -132,6 +145,18 @@ impl Ops for Lengths {
 
     fn upload_state(&self, host: &[f32]) -> Result<Shape> {
         Ok(self.wide(host.len()))
+    }
+
+    fn master_of(&self, param: &Shape) -> Result<Shape> {
+        Ok(self.master(param.len))
+    }
+
+    fn upload_master(&self, exact: &[f32]) -> Result<Shape> {
+        Ok(self.master(exact.len()))
+    }
+
+    fn exact_of(&self, param: &Shape, master: &Shape) -> Result<Option<Shape>> {
+        Ok((master.elem < F32).then(|| self.wide(param.len)))
     }
 
     /// Zeros: nothing was computed.
@@ -182,7 +207,7 @@ impl Ops for Lengths {
     fn elem_bytes(&self) -> usize {
         match self.precision {
             Precision::Uniform(n) => n,
-            Precision::Cuda => HALF,
+            Precision::Cuda { .. } => HALF,
         }
     }
 

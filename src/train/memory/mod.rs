@@ -120,6 +120,9 @@ pub struct GpuStep<'a> {
     pub seq: usize,
     pub plan: StepPlan,
     pub placement: Placement,
+    /// Bytes an element of AdamW's master of a 16-bit weight: its format's
+    /// (`InputDtype::master_bytes`).
+    pub master_bytes: usize,
 }
 
 /// The estimated peak GPU memory of a step, and, when it was counted from the code, the count
@@ -148,14 +151,23 @@ pub fn gpu_estimate(step: GpuStep<'_>) -> Result<GpuEstimate> {
                 keep: plan.keep(),
                 optimizer: plan.has_optimizer(),
             },
-            Precision::Cuda,
+            Precision::Cuda {
+                master_bytes: step.master_bytes,
+            },
         )?;
         return Ok(GpuEstimate {
             memory: peaks.step_memory(),
             peaks: Some(peaks),
         });
     }
-    let ranks = estimate::every_rank(cfg, &plan, step.seq, Precision::Cuda)?;
+    let ranks = estimate::every_rank(
+        cfg,
+        &plan,
+        step.seq,
+        Precision::Cuda {
+            master_bytes: step.master_bytes,
+        },
+    )?;
     if let Placement::OneGpu(_) = step.placement {
         let memory = ranks
             .iter()
@@ -185,6 +197,7 @@ impl MemoryCheck {
             seq: self.seq,
             plan: self.plan,
             placement: Placement::of(runtime, self.plan.schedule()),
+            master_bytes: runtime.dtype.master_bytes(),
         })?
         .memory)
     }
@@ -652,8 +665,8 @@ mod tests {
             e.ends_with("run without --offload, or with a shorter sequence"),
             "{e}"
         );
-        // Both moments and the master, f32.
-        let moments = 12.0 * parameters(&config) as f64;
+        // Both moments, f32, and the bf16 weights' masters, their low halves.
+        let moments = 10.0 * parameters(&config) as f64;
         let need = offloaded(Shard::None, 1).gpu_estimate(&runtime).unwrap();
         assert_eq!((need.optimizer, need.pinned_optimizer), (0.0, moments));
         // Every estimate is a counted step, whose peak (in the backward) holds none of the
@@ -684,6 +697,7 @@ mod tests {
             seq: 256,
             plan: plan(&cfg, Offload::NONE, Shard::Optimizer, placement.workers()),
             placement,
+            master_bytes: 2,
         };
         let counted = estimate::estimate(
             estimate::Step {
@@ -692,7 +706,7 @@ mod tests {
                 keep: Keep::on_device(Checkpoint::Remat),
                 optimizer: true,
             },
-            Precision::Cuda,
+            Precision::Cuda { master_bytes: 2 },
         )
         .unwrap();
         let one_rank = Placement::Ranks {
@@ -821,14 +835,14 @@ mod tests {
         let fix = at(196608).fix_for(&runtime, free, host).unwrap();
         assert!(
             fix.starts_with(
-                "it would fit as --checkpoint remat --offload activations (about 138.5"
+                "it would fit as --checkpoint remat --offload activations (about 126.0"
             ),
             "{fix}"
         );
         // Too little host memory to pin anything: only the policy can change.
         let fix = at(65536).fix_for(&runtime, free, 0.0).unwrap();
         assert!(
-            fix.starts_with("it would fit as --checkpoint layer (about 137.0"),
+            fix.starts_with("it would fit as --checkpoint layer (about 124.4"),
             "{fix}"
         );
         let fix = at(65536).fix_for(&runtime, 1 << 30, host).unwrap();
