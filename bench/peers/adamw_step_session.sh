@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # One device call: the whole LLaMA-7B training step with AdamW, batch 1, on three stacks at the
 # same lengths and layer count (issue 49's measurement):
-#   distflash  `train --device cuda` (remat; remat + --offload activations where the estimate
-#              says remat alone does not fit), median of its steps after the first;
+#   distflash  `train --device cuda` (remat, `--whole-layers auto`, `--offload activations`:
+#              the checkpoints of the layers not kept whole wait in host memory, which leaves
+#              room for more whole layers, 0.8–1.5% faster at 16K–64K on an H100,
+#              bench/results/low-half-master-2026-12-06), median of its steps after the first;
 #   transformers  bench/peers/hf_train_bench.py (gradient checkpointing, SDPA, fused AdamW);
 #   transformers + Liger  the same with --liger (liger-kernel carried as a wheel in .dev/wheels).
 # Then distflash's per-op profile (`bench train --profile`, no optimizer) at PROFILE_SEQS and the
@@ -10,8 +12,9 @@
 # Run from the repository root, with carry [".dev"] (the binary built here into .dev/distflash):
 #   SEQS="16384 32768 65536 131072" STACKS="ours hf" bash bench/peers/adamw_step_session.sh
 # (LAYERS: all 32 on a card of over 120 GB, else 16; STACKS: any of ours hf liger profile gemm;
-# OFFLOAD: distflash's --offload, by default none where the estimate fits the card, else
-# activations; `all` for the longest lengths, where AdamW's moments wait in host memory too.)
+# OFFLOAD: distflash's --offload, by default activations; `auto`: none where the estimate fits
+# the card, else activations; `all` for the longest lengths, where AdamW's moments wait in host
+# memory too.)
 # Writes ours.jsonl, hf.jsonl, profile.log, gemm.jsonl and session.log to $OUT.
 set -u
 BIN=${BIN:-.dev/distflash}
@@ -22,7 +25,7 @@ SEQS=${SEQS:-16384 32768 65536 131072}
 PROFILE_SEQS=${PROFILE_SEQS:-65536 131072}
 STEPS=${STEPS:-3}
 STACKS=${STACKS:-ours hf liger profile gemm}
-OFFLOAD=${OFFLOAD:-auto}
+OFFLOAD=${OFFLOAD:-activations}
 PEERS=$(dirname "$0")
 LOG="$OUT/session.log"
 export PATH=/opt/torch/.venv/bin:$PATH DISTFLASH_CACHE_DIR=${DISTFLASH_CACHE_DIR:-/tmp/distflash-cache}
