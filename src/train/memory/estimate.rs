@@ -283,6 +283,26 @@ mod tests {
 
     const POLICIES: [Checkpoint; 3] = [Checkpoint::None, Checkpoint::Remat, Checkpoint::Layer];
 
+    /// AdamW's state is two f32 moments and each 16-bit weight's master as the device's format
+    /// keeps it: bf16's low half (10 bytes a parameter in all), fp16's f32 copy (12).
+    #[test]
+    fn the_optimizer_state_counts_the_masters_format() {
+        let cfg = Config::preset("tiny").unwrap();
+        let params = weights::parameters(&cfg) as f64;
+        for (master_bytes, per_parameter) in [(2, 10.0), (4, 12.0)] {
+            let step = Step {
+                cfg: &cfg,
+                seq: 64,
+                keep: Keep::on_device(Checkpoint::Remat),
+                optimizer: true,
+            };
+            let m = estimate(step, Precision::Cuda { master_bytes })
+                .unwrap()
+                .step_memory();
+            assert_eq!(m.optimizer, per_parameter * params, "{master_bytes}");
+        }
+    }
+
     /// The CPU backend's own peak of `step`: its tensors counted as it makes and drops them.
     fn cpu_peak(step: Step<'_>) -> Peaks {
         let ops = Metered {
