@@ -53,9 +53,9 @@ impl AdamStep {
 
 /// One parameter tensor's AdamW state: its two f32 moments and, where the parameter is held in
 /// 16 bits, its master: the f32 value the update applies to, kept as the device chooses
-/// ([`Ops::master_of`]: an f32 copy, or a bf16 weight's low half). Without a master, an update smaller than half a 16-bit step
-/// (at lr 1e-5, every update of a weight above about 0.005 in bf16) is rounded away each step
-/// and lost; with it, AdamW updates the master and the parameter is its rounding, so small
+/// ([`Ops::master_of`]: an f32 copy, or a bf16 weight's low half). Without a master, an update
+/// smaller than half a 16-bit step (at lr 1e-5, every update of a weight above about 0.005 in
+/// bf16) is rounded away each step and lost; with it, AdamW updates the master and the parameter is its rounding, so small
 /// updates accumulate as they would in f32. `T` is a tensor, a host copy of one, or a
 /// reference to either (what [`Ops::adamw`] takes).
 #[derive(Clone, Debug, PartialEq)]

@@ -564,8 +564,8 @@ mod tests {
 
     /// Each rank holds what the plan's sharding gives it, counted from training's own code:
     /// 16-bit weights and f32 gradients of the part it holds (whole, or its pieces under
-    /// `full`), and 10 bytes of AdamW state (two f32 moments, the bf16 master's low half) for each element of
-    /// its pieces (the whole model unsharded), the shard rule's pieces summed.
+    /// `full`), and 10 bytes of AdamW state (two f32 moments, the bf16 master's low half) for
+    /// each element of its pieces (the whole model unsharded), the shard rule's pieces summed.
     #[test]
     fn each_rank_holds_its_shard_of_the_state() {
         let cfg = Config::preset("llama2-7b").unwrap();

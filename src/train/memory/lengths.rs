@@ -102,7 +102,6 @@ impl Lengths {
         self.shape_of(len, true)
     }
 
-    /// The CUDA backend's 16-bit copy of an f32 GEMM operand (`CudaOps::operand`).
     /// AdamW's master of `len` 16-bit weights, as the device keeps it (`Ops::master_of`).
     fn master(&self, len: usize) -> Shape {
         match self.precision {
@@ -114,6 +113,7 @@ impl Lengths {
         }
     }
 
+    /// The CUDA backend's 16-bit copy of an f32 GEMM operand (`CudaOps::operand`).
     fn cast(&self, t: &Shape) -> usize {
         self.cast_part(t, t.len)
     }
