@@ -224,12 +224,7 @@ impl Backend for CudaBackend {
 
     fn upload(&self, host: &[f32]) -> Result<Tensor> {
         let dtype = self.dtype;
-        let bits: Vec<u16> = host.par_iter().map(|&x| dtype.encode(x)).collect();
-        let data = self
-            .stream
-            .clone_htod(&bits)
-            .map_err(|e| anyhow::anyhow!("copy to the GPU failed: {e:?}"))?;
-        Ok(Tensor::Half { dtype, data })
+        self.upload_bits(host, |x| dtype.encode(x))
     }
 
     fn download(&self, tensor: &Tensor) -> Result<Vec<f32>> {

@@ -12,6 +12,7 @@ use crate::shape::Mask;
 use anyhow::Result;
 use cudarc::driver::sys::{CUdevice_attribute, CUresult};
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DriverError, LaunchArgs, LaunchConfig};
+use rayon::prelude::*;
 use std::fmt;
 use std::sync::Arc;
 
@@ -161,6 +162,21 @@ impl CudaBackend {
     /// The stream every kernel of this backend runs on (for events and timing).
     pub fn stream(&self) -> &Arc<CudaStream> {
         &self.stream
+    }
+
+    /// Copies host f32 data to the device as a 16-bit tensor of the bits `bits` makes of each
+    /// value: [`Backend::upload`](crate::backend::Backend::upload)'s rounding to the input
+    /// dtype, or another split of an f32 into 16-bit halves (`master_split`).
+    pub fn upload_bits(&self, host: &[f32], bits: impl Fn(f32) -> u16 + Sync) -> Result<Tensor> {
+        let bits: Vec<u16> = host.par_iter().map(|&x| bits(x)).collect();
+        let data = self
+            .stream
+            .clone_htod(&bits)
+            .map_err(|e| anyhow::anyhow!("copy to the GPU failed: {e:?}"))?;
+        Ok(Tensor::Half {
+            dtype: self.dtype,
+            data,
+        })
     }
 
     /// Copies host f32 data to the device as an f32 tensor (statistics, accumulators), where

@@ -48,7 +48,6 @@ use args::{check, check_format, f32_mut, f32_ref, int, push, push_mut};
 use cudarc::driver::{CudaSlice, CudaStream, CudaView, DeviceRepr, PushKernelArg, ValidAsZeroBits};
 use gemm::{Blas, GemmShape};
 use kernels::{Kernel, Kernels};
-use rayon::prelude::*;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
@@ -169,14 +168,6 @@ impl CudaOps {
         })
     }
 
-    /// A 16-bit tensor of the bits `bits` makes of each of `host` (a master's halves).
-    fn upload_bits(&self, host: &[f32], bits: impl Fn(f32) -> u16 + Sync) -> Result<Tensor> {
-        let bits: Vec<u16> = host.par_iter().map(|&x| bits(x)).collect();
-        let data = (self.stream().clone_htod(&bits))
-            .map_err(|e| anyhow!("copy to the GPU failed: {e:?}"))?;
-        Ok(self.half(data))
-    }
-
     fn half(&self, data: CudaSlice<u16>) -> Tensor {
         Tensor::Half {
             dtype: self.dtype(),
@@ -276,14 +267,14 @@ impl Ops for CudaOps {
         if !self.dtype().master_is_low_half() {
             return self.upload_state(exact);
         }
-        self.upload_bits(exact, |x| master_split(x).1)
+        self.backend.upload_bits(exact, |x| master_split(x).1)
     }
 
     fn upload_exact(&self, exact: &[f32]) -> Result<Tensor> {
         if !self.dtype().master_is_low_half() {
             return self.upload(exact);
         }
-        self.upload_bits(exact, |x| master_split(x).0)
+        self.backend.upload_bits(exact, |x| master_split(x).0)
     }
 
     fn exact_of(&self, param: &Tensor, master: &Tensor) -> Result<Option<Tensor>> {
@@ -294,12 +285,7 @@ impl Ops for CudaOps {
         let Tensor::Half { data: hi, .. } = param else {
             bail!("a weight with a 16-bit master must be bf16, not f32");
         };
-        if low.len() != len {
-            bail!(
-                "the master's low half has {} elements where {len} were expected",
-                low.len()
-            );
-        }
+        check_low_half(low, len)?;
         let mut out = self.output::<f32>(len)?;
         let n = len as i64;
         let mut b = self.kernels.builder(Kernel::MasterJoin);
@@ -786,12 +772,7 @@ impl Ops for CudaOps {
                         "a 16-bit master is the low half of a bf16 weight's f32, and this weight is not bf16"
                     );
                 }
-                if data.len() != len {
-                    bail!(
-                        "the master's low half has {} elements where {len} were expected",
-                        data.len()
-                    );
-                }
+                check_low_half(data, len)?;
                 Some(MasterArg::LowHalf(data))
             }
             Some(t) => Some(MasterArg::Copy(f32_mut(t, len, "the master copy")?)),
@@ -820,6 +801,17 @@ impl Ops for CudaOps {
         }
         self.kernels.run(Kernel::Adamw, b, shapes::vector(len))
     }
+}
+
+/// A bf16 weight's master low halves (`Ops::master_of`) have one element per weight.
+fn check_low_half(low: &CudaSlice<u16>, len: usize) -> Result<()> {
+    if low.len() != len {
+        bail!(
+            "the master's low half has {} elements where {len} were expected",
+            low.len()
+        );
+    }
+    Ok(())
 }
 
 /// The master `adamw` updates, as the kernel takes it.
