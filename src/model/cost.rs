@@ -61,9 +61,9 @@ pub const H200_HBM_TBPS: f64 = 4.8;
 /// their rate (the backward 2.5 times the forward's FLOPs, as FlashAttention counts them;
 /// causal: half the square); and, with the optimizer, AdamW's pass over the state at HBM's
 /// bandwidth (f32 gradients read; both f32 moments, the bf16 weights and their masters' low
-/// halves read and written: 28 bytes a parameter). Memory-bound ops between them (norms, activations,
-/// the loss) are left out: the ideal is what the step's arithmetic costs, and a measured step's
-/// distance from it is what fusion and overlap can still win.
+/// halves read and written: 28 bytes a parameter). Memory-bound ops between them (norms,
+/// activations, the loss) are left out: the ideal is what the step's arithmetic costs, and a
+/// measured step's distance from it is what fusion and overlap can still win.
 pub fn ideal_step_secs(c: &Config, seq: usize, keep: Keep, optimizer: bool) -> f64 {
     let t = seq as f64;
     let head = c.vocab_size as f64 * c.hidden_size as f64;
@@ -253,7 +253,7 @@ mod tests {
                 "{some_whole}"
             );
         }
-        // The update reads and writes 30 bytes a parameter at 4.8 TB/s.
+        // The update reads and writes 28 bytes a parameter at 4.8 TB/s.
         let update = ideal_step_secs(&c, t, keep(Checkpoint::Remat), true) - remat;
         let params = super::super::weights::parameters(&c) as f64;
         assert!((update - 28.0 * params / 4.8e12).abs() < 1e-12, "{update}");

@@ -142,6 +142,9 @@ pub struct GpuEstimate {
 /// every worker's tensors beside each other's, with one allowance.
 pub fn gpu_estimate(step: GpuStep<'_>) -> Result<GpuEstimate> {
     let (cfg, plan) = (step.cfg, step.plan);
+    let precision = Precision::Cuda {
+        master_bytes: step.master_bytes,
+    };
     plan.ensure_workers(step.placement.workers())?;
     if plan.workers() == 1 {
         let peaks = estimate::estimate(
@@ -151,23 +154,14 @@ pub fn gpu_estimate(step: GpuStep<'_>) -> Result<GpuEstimate> {
                 keep: plan.keep(),
                 optimizer: plan.has_optimizer(),
             },
-            Precision::Cuda {
-                master_bytes: step.master_bytes,
-            },
+            precision,
         )?;
         return Ok(GpuEstimate {
             memory: peaks.step_memory(),
             peaks: Some(peaks),
         });
     }
-    let ranks = estimate::every_rank(
-        cfg,
-        &plan,
-        step.seq,
-        Precision::Cuda {
-            master_bytes: step.master_bytes,
-        },
-    )?;
+    let ranks = estimate::every_rank(cfg, &plan, step.seq, precision)?;
     if let Placement::OneGpu(_) = step.placement {
         let memory = ranks
             .iter()
