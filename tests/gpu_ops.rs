@@ -1305,23 +1305,15 @@ impl Checker {
             .context("a bf16 master is a low half")?;
         let joined = self.gpu.download(&joined)?;
         let weights = self.gpu.download(&low.0)?;
-        let rounded = |x: f32| f32::from_bits(u32::from(master_split(x).0) << 16);
-        let differ = |a: &[f32], b: &[f32]| {
-            a.iter()
-                .zip(b)
-                .filter(|(x, y)| x.to_bits() != y.to_bits())
-                .count() as f64
+        let upper = |xs: &[f32]| -> Vec<f32> {
+            let rounded = |x: f32| f32::from_bits(u32::from(master_split(x).0) << 16);
+            xs.iter().map(|&x| rounded(x)).collect()
         };
-        let upper: Vec<f32> = f32_copy.iter().map(|&x| rounded(x)).collect();
-        self.verdict(
-            "low-half master joined vs f32 copy, bits differ",
-            differ(&joined, &f32_copy),
-            0.0,
-        );
-        self.verdict(
-            "its weight vs the copy's upper half, bits differ",
-            differ(&weights, &upper),
-            0.0,
+        self.same_bits("low-half master joined vs f32 copy", &joined, &f32_copy);
+        self.same_bits(
+            "its weight vs the copy's upper half",
+            &weights,
+            &upper(&f32_copy),
         );
         // A resumed run's exact values, with ties (low half 0x8000) of either sign.
         let mut exact = self.random(n, -1.0, 1.0);
@@ -1335,18 +1327,23 @@ impl Checker {
             .exact_of(&w, &master)?
             .context("a bf16 master is a low half")?;
         let (back, w) = (self.gpu.download(&back)?, self.gpu.download(&w)?);
-        let upper: Vec<f32> = exact.iter().map(|&x| rounded(x)).collect();
-        self.verdict(
-            "resumed master joined vs exact values, bits differ",
-            differ(&back, &exact),
-            0.0,
-        );
-        self.verdict(
-            "resumed weight vs their upper half, bits differ",
-            differ(&w, &upper),
-            0.0,
-        );
+        self.same_bits("resumed master joined vs exact values", &back, &exact);
+        self.same_bits("resumed weight vs their upper half", &w, &upper(&exact));
         Ok(())
+    }
+
+    /// A verdict on the count of elements whose bits differ between `got` and `want` (infinite
+    /// when their lengths differ), bound 0.
+    fn same_bits(&mut self, what: &str, got: &[f32], want: &[f32]) {
+        let differ = got
+            .iter()
+            .zip(want)
+            .filter(|(x, y)| x.to_bits() != y.to_bits());
+        let err = match got.len() == want.len() {
+            true => differ.count() as f64,
+            false => f64::INFINITY,
+        };
+        self.verdict(&format!("{what}, bits differ"), err, 0.0);
     }
 
     /// Three AdamW steps of every tensor of a 3-layer model (64 to 131072 elements a tensor)
@@ -1398,6 +1395,9 @@ impl Checker {
             let mut out = Vec::new();
             moments.read_each(gpu, |k, s| {
                 let master = s.master.context("every 16-bit weight has a master")?;
+                // Its exact values, as a checkpoint reads them.
+                let exact = gpu.exact_of(w.tensors()[k], master)?;
+                let master = exact.as_ref().unwrap_or(master);
                 out.push([
                     weights[k].clone(),
                     gpu.download(s.m)?,
@@ -1409,22 +1409,12 @@ impl Checker {
             Ok(out)
         };
         let (kept, offloaded) = (run(false)?, run(true)?);
-        let differing = |a: &[f32], b: &[f32]| -> f64 {
-            let same = a.len() == b.len();
-            let n = a
-                .iter()
-                .zip(b)
-                .filter(|(x, y)| x.to_bits() != y.to_bits())
-                .count();
-            if same { n as f64 } else { f64::INFINITY }
-        };
         for (s, (off, on)) in specs.iter().zip(offloaded.iter().zip(&kept)) {
             for (part, (a, b)) in ["weight", "m", "v", "master"]
                 .iter()
                 .zip(off.iter().zip(on))
             {
-                let name = format!("offloaded moments, {part} {}", s.name);
-                self.verdict(&name, differing(a, b), 0.0);
+                self.same_bits(&format!("offloaded moments, {part} {}", s.name), a, b);
             }
         }
         let moved = kept.iter().any(|t| t[1].iter().any(|&x| x != 0.0));
