@@ -358,11 +358,15 @@ fn offload_optimizer_moves_the_moments_to_the_host() {
     };
     refused(
         &["train", "--offload", "activations,moments", "--steps", "1"],
-        "unknown offload 'moments' in 'activations,moments': use none, activations, optimizer, activations,optimizer or all",
+        "unknown offload 'moments' in 'activations,moments': use auto, none, activations, optimizer, activations,optimizer or all",
     );
     refused(
         &["train", "--offload", "none,optimizer", "--steps", "1"],
         "unknown offload 'none'",
+    );
+    refused(
+        &["train", "--offload", "auto,optimizer", "--steps", "1"],
+        "unknown offload 'auto'",
     );
     refused(
         &["bench", "train", "--offload", "optimizer"],

@@ -48,7 +48,7 @@ fn gradients_of(
     let asked = Asked {
         schedule,
         checkpoint: keep.checkpoint,
-        offload: keep.offload,
+        offload: keep.offload.into(),
         shard: Some(Shard::None),
         whole_layers: WholeLayers::Exactly(keep.whole_layers),
     };

@@ -743,10 +743,10 @@ fn offloaded_training_follows_the_same_trajectory_bit_for_bit() {
         }
     }
     for (shard, checkpoint, workers, offloads) in cases {
-        let o = |offload| {
+        let o = |offload: Offload| {
             let asked = Asked {
                 checkpoint,
-                offload,
+                offload: offload.into(),
                 ..sharded(shard)
             };
             options_with(asked, workers, 3, None, None)
@@ -777,9 +777,9 @@ fn offloaded_moments_are_saved_and_resumed() {
         batch: 2,
     };
     for (workers, shard) in [(1, Shard::None), (2, Shard::Optimizer)] {
-        let o = |offload, steps, save: Option<&Path>, resume: Option<&Path>| {
+        let o = |offload: Offload, steps, save: Option<&Path>, resume: Option<&Path>| {
             let asked = Asked {
-                offload,
+                offload: offload.into(),
                 ..sharded(shard)
             };
             options_with(asked, workers, steps, save, resume)

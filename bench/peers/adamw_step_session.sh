@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # One device call: the whole LLaMA-7B training step with AdamW, batch 1, on three stacks at the
 # same lengths and layer count (issue 49's measurement):
-#   distflash  `train --device cuda` (remat, `--whole-layers auto`, `--offload activations`:
-#              the checkpoints of the layers not kept whole wait in host memory, which leaves
-#              room for more whole layers, 0.8–1.5% faster at 16K–64K on an H100,
-#              bench/results/low-half-master-2026-12-06), median of its steps after the first;
+#   distflash  `train --device cuda` with its defaults (remat, `--whole-layers auto`,
+#              `--offload auto`: the checkpoints wait in host memory where that leaves room for
+#              more whole layers, 0.8–1.5% faster at 16K–64K on an H100,
+#              bench/results/low-half-master-2026-12-06, or where the step fits only so),
+#              median of its steps after the first;
 #   transformers  bench/peers/hf_train_bench.py (gradient checkpointing, SDPA, fused AdamW);
 #   transformers + Liger  the same with --liger (liger-kernel carried as a wheel in .dev/wheels).
 # Then distflash's per-op profile (`bench train --profile`, no optimizer) at PROFILE_SEQS and the
@@ -12,9 +13,8 @@
 # Run from the repository root, with carry [".dev"] (the binary built here into .dev/distflash):
 #   SEQS="16384 32768 65536 131072" STACKS="ours hf" bash bench/peers/adamw_step_session.sh
 # (LAYERS: all 32 on a card of over 120 GB, else 16; STACKS: any of ours hf liger profile gemm;
-# OFFLOAD: distflash's --offload, by default activations; `auto`: none where the estimate fits
-# the card, else activations; `all` for the longest lengths, where AdamW's moments wait in host
-# memory too.)
+# OFFLOAD: distflash's --offload, by default auto; `all` for the longest lengths, where AdamW's
+# moments wait in host memory too.)
 # Writes ours.jsonl, hf.jsonl, profile.log, gemm.jsonl and session.log to $OUT.
 set -u
 BIN=${BIN:-.dev/distflash}
@@ -25,7 +25,7 @@ SEQS=${SEQS:-16384 32768 65536 131072}
 PROFILE_SEQS=${PROFILE_SEQS:-65536 131072}
 STEPS=${STEPS:-3}
 STACKS=${STACKS:-ours hf liger profile gemm}
-OFFLOAD=${OFFLOAD:-activations}
+OFFLOAD=${OFFLOAD:-auto}
 PEERS=$(dirname "$0")
 LOG="$OUT/session.log"
 export PATH=/opt/torch/.venv/bin:$PATH DISTFLASH_CACHE_DIR=${DISTFLASH_CACHE_DIR:-/tmp/distflash-cache}
@@ -42,20 +42,13 @@ JSON
 has() { case " $STACKS " in *" $1 "*) return 0;; esac; return 1; }
 if has ours; then
   for n in $SEQS; do
-    offload=$([ "$OFFLOAD" = auto ] && echo none || echo "$OFFLOAD")
-    "$BIN" bench train --estimate --optimizer --layers "$LAYERS" --seq-len "$n" --offload "$offload" --json \
-        > /tmp/est.json 2>> "$LOG"
-    # Free memory as the CUDA context leaves it: the device's total less ~1.5 GiB.
-    free=$(nvidia-smi --query-gpu=memory.free --format=csv,noheader,nounits | head -n 1)
-    need=$(python3 -c "import json;print(int(json.load(open('/tmp/est.json'))['estimated_gib']*1024))" 2>/dev/null || echo 0)
-    [ "$OFFLOAD" = auto ] && [ "$need" -gt $((free - 1536)) ] && offload=activations
-    echo "=== distflash seq $n layers $LAYERS remat offload $offload (estimate $need MiB, free $free MiB)" | tee -a "$LOG"
+    echo "=== distflash seq $n layers $LAYERS remat offload $OFFLOAD" | tee -a "$LOG"
     began=$(date +%s.%N)
     timeout "${RUN_TIMEOUT:-300}" "$BIN" train --device cuda --config "$CFG" --seq-len "$n" --batch 1 \
-        --steps "$STEPS" --lr 1e-5 --warmup 1 --checkpoint remat --offload "$offload" --json \
+        --steps "$STEPS" --lr 1e-5 --warmup 1 --checkpoint remat --offload "$OFFLOAD" --json \
         > /tmp/ours.jsonl 2>> "$LOG"
     echo "exit $? in $(python3 -c "import time;print(round(time.time()-$began,1))") s" | tee -a "$LOG"
-    sed "s/^{/{\"seq\":$n,\"layers\":$LAYERS,\"offload_asked\":\"$offload\",/" /tmp/ours.jsonl >> "$OUT/ours.jsonl"
+    sed "s/^{/{\"seq\":$n,\"layers\":$LAYERS,\"offload_asked\":\"$OFFLOAD\",/" /tmp/ours.jsonl >> "$OUT/ours.jsonl"
   done
 fi
 hf_run() {

@@ -3,12 +3,12 @@
 //! an optimizer refuses), so each flag means the same in every command.
 
 use anyhow::Result;
+use distflash::model::Checkpoint;
 use distflash::model::config::Config;
-use distflash::model::{Checkpoint, Offload};
 use distflash::plan::Schedule;
 use distflash::runtime::Device;
 use distflash::train::step_plan::Shard;
-use distflash::train::step_plan::{Asked, Purpose, StepPlan, WholeLayers};
+use distflash::train::step_plan::{Asked, AskedOffload, Purpose, StepPlan, WholeLayers};
 
 #[derive(clap::Args, Clone, Copy, Debug)]
 pub struct StepArgs {
@@ -21,15 +21,17 @@ pub struct StepArgs {
     /// or remat (keep the attention output: attention's forward runs once).
     #[arg(long, default_value = "remat")]
     checkpoint: Checkpoint,
-    /// What waits in host memory during a step: none; activations (each layer's checkpoint
-    /// goes to pinned host memory as its forward ends and comes back one layer ahead of its
-    /// backward, so the device holds two layers' instead of all); optimizer (AdamW's two f32
-    /// moments live in pinned host memory and the update streams them through the device a
-    /// tensor at a time; steps with AdamW only: `train`, `bench train --optimizer`);
-    /// or both, activations,optimizer (or all). The same losses, gradients and weights, bit for
-    /// bit.
-    #[arg(long, default_value = "none")]
-    offload: Offload,
+    /// What waits in host memory during a step: auto (on one GPU, each layer's checkpoint where
+    /// that lets more of the last layers stay whole, or where the step fits the GPU only so;
+    /// otherwise, and on the CPU and over several workers, none); none; activations (each
+    /// layer's checkpoint goes to pinned host memory as its forward ends and comes back one
+    /// layer ahead of its backward, so the device holds two layers' instead of all); optimizer
+    /// (AdamW's two f32 moments and the weights' masters live in pinned host memory and the
+    /// update streams them through the device a tensor at a time; steps with AdamW only:
+    /// `train`, `bench train --optimizer`); or both, activations,optimizer (or all). The same
+    /// losses, gradients and weights, bit for bit.
+    #[arg(long, default_value = "auto")]
+    offload: AskedOffload,
     /// Model state each worker keeps only its 1/workers piece of: none, optimizer (ZeRO-1: the
     /// AdamW moments), grads (ZeRO-2: also the gradients after the backward, reduce-scattered
     /// instead of all-reduced) or full (ZeRO-3: also the weights, each layer's gathered for its

@@ -19,7 +19,7 @@ use distflash::train::data::Data;
 use distflash::train::documents::{Documents, Packing, Positions};
 use distflash::train::lr::Decay;
 use distflash::train::memory::{HostState, MemoryCheck};
-use distflash::train::step_plan::Purpose;
+use distflash::train::step_plan::{Purpose, whole_layers_said};
 use distflash::train::tokens::TokenFile;
 use distflash::train::{self, Eval, Init, Options, StepReport, state, svg};
 use metrics::Metrics;
@@ -298,6 +298,8 @@ struct Summary {
     seq_len: usize,
     batch: usize,
     checkpoint: Checkpoint,
+    /// The last layers that kept every activation (`--whole-layers`, as decided).
+    whole_layers: usize,
     offload: Offload,
     loss_first: f64,
     loss_last: f64,
@@ -480,9 +482,11 @@ pub fn run(args: Args) -> Result<()> {
             let _ = write_curve(dir, list);
         }
     };
-    let Some(weights) = train::train(&opts, &memory, &rt, on_step)? else {
+    let Some(trained) = train::train(&opts, &memory, &rt, on_step)? else {
         return Ok(()); // a rank other than 0: rank 0 reports and saves
     };
+    // The plan as it ran: whole layers and `--offload auto` decided by the device's memory.
+    let (plan, weights) = (trained.plan, trained.weights);
     if let Some(p) = &progress {
         p.finish();
     }
@@ -515,6 +519,7 @@ pub fn run(args: Args) -> Result<()> {
         seq_len: args.seq_len,
         batch: args.batch,
         checkpoint: plan.checkpoint(),
+        whole_layers: plan.whole_layers(),
         offload: plan.offload(),
         loss_first: mean(list.iter().take(window).map(|r| r.loss)),
         loss_last: mean(tail.iter().map(|r| r.loss)),
@@ -539,9 +544,19 @@ fn print_summary(s: &Summary, window: usize) {
         Some(from) => format!(" (resumed at step {from}, now at step {})", s.steps),
         None => String::new(),
     };
+    let offload = match s.offload.any() {
+        true => format!(", offload {}", s.offload),
+        false => String::new(),
+    };
     println!(
-        "trained {} steps{resumed} in {:.1} s: {} workers, {} tokens/sequence, {} sequences/step, checkpoint {}",
-        s.steps_this_run, s.wall_secs, s.workers, s.seq_len, s.batch, s.checkpoint
+        "trained {} steps{resumed} in {:.1} s: {} workers, {} tokens/sequence, {} sequences/step, checkpoint {}{}{offload}",
+        s.steps_this_run,
+        s.wall_secs,
+        s.workers,
+        s.seq_len,
+        s.batch,
+        s.checkpoint,
+        whole_layers_said(s.whole_layers)
     );
     if let Some(secs) = s.startup_secs {
         println!("start-up (to the first step) {secs:.1} s");

@@ -13,12 +13,10 @@ use super::meter::Meter;
 use super::ops::Ops;
 use anyhow::{Result, bail};
 use std::fmt;
-use std::str::FromStr;
 
 /// What goes to host memory during a step (`--offload`): each layer's checkpoint
 /// (`activations`, this module), AdamW's moments (`optimizer`, `train::moments`), or both.
-/// Spelled `none`, `activations`, `optimizer`, or a comma-separated set of the two (`all` for
-/// both).
+/// Spelled as `--offload` takes it (`train::step_plan::AskedOffload`, which also takes `auto`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Offload {
     activations: bool,
@@ -69,27 +67,6 @@ impl Offload {
             activations: self.activations || other.activations,
             optimizer: self.optimizer || other.optimizer,
         }
-    }
-}
-
-impl FromStr for Offload {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        let mut out = Offload::NONE;
-        for part in s.split(',').map(str::trim) {
-            match part {
-                "none" if !s.contains(',') => {}
-                "activations" => out.activations = true,
-                "optimizer" => out.optimizer = true,
-                "all" if !s.contains(',') => out = Offload::ALL,
-                other => {
-                    return Err(format!(
-                        "unknown offload '{other}' in '{s}': use none, activations, optimizer, activations,optimizer or all"
-                    ));
-                }
-            }
-        }
-        Ok(out)
     }
 }
 

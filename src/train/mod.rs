@@ -307,16 +307,25 @@ impl Job for GradientsJob<'_> {
     }
 }
 
+/// What a training run returns on its reporter.
+#[derive(Debug)]
+pub struct Trained {
+    /// The plan the steps ran: `o.plan` with what the device's memory decided (whole layers,
+    /// `--offload auto`).
+    pub plan: StepPlan,
+    /// The final host weights (`specs` order) when `Options::final_weights` asks for them.
+    pub weights: Option<Vec<Vec<f32>>>,
+}
+
 /// Trains as `o` says on `runtime`'s workers, calling `on_step` (from the reporter) after every
-/// step. Returns, on the reporter, the final host weights (`specs` order) when
-/// `o.final_weights` asks for them; `None` on the other ranks of a launched job (their weights
-/// are the same).
+/// step. Returns, on the reporter, the plan run and the final weights asked for; `None` on the
+/// other ranks of a launched job (their weights are the same).
 pub fn train(
     o: &Options,
     memory: &MemoryCheck,
     runtime: &Runtime,
     on_step: impl Fn(&StepReport) + Sync,
-) -> Result<Option<Option<Vec<Vec<f32>>>>> {
+) -> Result<Option<Trained>> {
     o.plan.ensure_workers(runtime.workers())?;
     let partition = model_partition(&o.config, o.seq_len, o.plan.schedule(), runtime)?;
     if let Some(e) = &o.eval {
@@ -336,7 +345,8 @@ pub fn train(
         partition,
         on_step,
     };
-    opened.run_reporter(&job)
+    let weights = opened.run_reporter(&job)?;
+    Ok(weights.map(|weights| Trained { plan, weights }))
 }
 
 /// One worker's run: its rows of every sequence, attention across the workers, gradients

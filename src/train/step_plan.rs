@@ -133,6 +133,50 @@ impl std::str::FromStr for WholeLayers {
     }
 }
 
+/// What goes to host memory, as `--offload` asks it: `auto` (the default) or a set of places.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AskedOffload {
+    /// Each layer's checkpoint to pinned host memory where that lets more layers stay whole, or
+    /// where the step fits the GPU only so; otherwise nothing. Decided once the device is open
+    /// (`train::memory::MemoryCheck::check`), on one GPU with one worker; nothing on the CPU,
+    /// whose activations are in host memory already, and nothing over several workers.
+    Auto,
+    /// Exactly this.
+    Exactly(Offload),
+}
+
+impl From<Offload> for AskedOffload {
+    fn from(offload: Offload) -> AskedOffload {
+        AskedOffload::Exactly(offload)
+    }
+}
+
+impl std::str::FromStr for AskedOffload {
+    type Err = String;
+    /// `auto`, `none`, `activations`, `optimizer`, a comma-separated set of the last two, or
+    /// `all` for both.
+    fn from_str(s: &str) -> Result<Self, String> {
+        if s == "auto" {
+            return Ok(AskedOffload::Auto);
+        }
+        let mut out = Offload::NONE;
+        for part in s.split(',').map(str::trim) {
+            out = match part {
+                "none" if !s.contains(',') => out,
+                "activations" => out.and(Offload::ACTIVATIONS),
+                "optimizer" => out.and(Offload::OPTIMIZER),
+                "all" if !s.contains(',') => Offload::ALL,
+                other => {
+                    return Err(format!(
+                        "unknown offload '{other}' in '{s}': use auto, none, activations, optimizer, activations,optimizer or all"
+                    ));
+                }
+            }
+        }
+        Ok(AskedOffload::Exactly(out))
+    }
+}
+
 /// How a plan's whole layers are said after its checkpoint policy: nothing for none, else
 /// " (the last layer whole)" or " (the last 7 layers whole)".
 pub fn whole_layers_said(n: usize) -> String {
@@ -149,19 +193,19 @@ pub fn whole_layers_said(n: usize) -> String {
 pub struct Asked {
     pub schedule: Schedule,
     pub checkpoint: Checkpoint,
-    pub offload: Offload,
+    pub offload: AskedOffload,
     pub shard: Option<Shard>,
     pub whole_layers: WholeLayers,
 }
 
 impl Default for Asked {
-    /// The flags' defaults: balanced, remat, nothing offloaded, the purpose's sharding, as many
-    /// whole layers as fit.
+    /// The flags' defaults: balanced, remat, offloaded where that helps, the purpose's sharding,
+    /// as many whole layers as fit.
     fn default() -> Asked {
         Asked {
             schedule: Schedule::Balanced,
             checkpoint: Checkpoint::Remat,
-            offload: Offload::NONE,
+            offload: AskedOffload::Auto,
             shard: None,
             whole_layers: WholeLayers::Auto,
         }
@@ -219,7 +263,10 @@ impl Purpose {
 pub struct StepPlan {
     schedule: Schedule,
     checkpoint: Checkpoint,
+    /// What goes to host memory: nothing while `auto` is undecided.
     offload: Offload,
+    /// Whether `--offload auto` is still for the device's memory to decide.
+    decides_offload: bool,
     /// The sharding in effect: `none` for one worker, who holds every piece.
     shard: Shard,
     /// Workers the sequence is split across.
@@ -242,8 +289,9 @@ impl StepPlan {
     /// The plan for `purpose` over `workers` workers on `device`, from what was asked: the
     /// purpose's default sharding where none was asked, sharding collapsed to `none` for one
     /// worker (with a warning if it was asked for), an optimizer offload refused where no
-    /// optimizer runs, and a warning for offloaded activations on the CPU, whose activations are
-    /// in host memory already.
+    /// optimizer runs, a warning for offloaded activations on the CPU, whose activations are
+    /// in host memory already, and `--offload auto` left to the device's memory only where it
+    /// can help: one worker on a GPU that recomputes something.
     pub fn resolve(
         asked: Asked,
         purpose: Purpose,
@@ -255,15 +303,19 @@ impl StepPlan {
             bail!("a step needs at least 1 worker");
         }
         let optimizer = purpose.optimizer();
-        if asked.offload.optimizer() && !optimizer {
+        let offload = match asked.offload {
+            AskedOffload::Auto => Offload::NONE,
+            AskedOffload::Exactly(offload) => offload,
+        };
+        if offload.optimizer() && !optimizer {
             bail!(
                 "--offload {} moves AdamW's moments, which {}",
-                asked.offload,
+                offload,
                 purpose.without_optimizer()
             );
         }
         let mut warnings = Vec::new();
-        if device == Device::Cpu && asked.offload.activations() {
+        if device == Device::Cpu && offload.activations() {
             warnings.push(
                 "--offload activations moves checkpoints to host memory, where the CPU's already are: here it only adds copies (it saves GPU memory with --device cuda)".to_string(),
             );
@@ -295,7 +347,11 @@ impl StepPlan {
         let plan = StepPlan {
             schedule: asked.schedule,
             checkpoint: asked.checkpoint,
-            offload: asked.offload,
+            offload,
+            decides_offload: asked.offload == AskedOffload::Auto
+                && device == Device::Cuda
+                && workers == 1
+                && asked.checkpoint != Checkpoint::None,
             shard,
             workers,
             optimizer,
@@ -339,8 +395,15 @@ impl StepPlan {
         StepPlan {
             checkpoint,
             offload,
+            decides_offload: false,
             ..*self
         }
+    }
+
+    /// Whether `--offload auto` is still for the device's memory to decide: between nothing
+    /// and the checkpoints (`train::memory::MemoryCheck::check`).
+    pub fn decides_offload(&self) -> bool {
+        self.decides_offload
     }
 
     /// How the sequence is split across the workers.
@@ -515,7 +578,7 @@ mod tests {
     #[test]
     fn an_optimizer_offload_needs_an_optimizer() {
         let asked = Asked {
-            offload: Offload::ALL,
+            offload: Offload::ALL.into(),
             ..Asked::default()
         };
         let e = resolve(asked, Purpose::Gradients, 2, "tiny")
@@ -604,7 +667,7 @@ mod tests {
     #[test]
     fn the_plan_says_itself_and_its_workers() {
         let asked = Asked {
-            offload: Offload::ACTIVATIONS,
+            offload: Offload::ACTIVATIONS.into(),
             shard: Some(Shard::Full),
             ..Asked::default()
         };

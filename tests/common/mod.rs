@@ -138,8 +138,8 @@ pub fn train_returning(
         ignore_estimate: false,
     };
     let rt = Runtime::cpu_threads(o.plan.workers(), Duration::from_secs(60));
-    let w = distflash::train::train(o, &memory, &rt, on_step)?;
-    Ok(w.expect("worker threads report"))
+    let trained = distflash::train::train(o, &memory, &rt, on_step)?;
+    Ok(trained.expect("worker threads report").weights)
 }
 
 /// AdamW in f64, written from the formula (bias-corrected moments, decoupled decay), on `p`

@@ -556,7 +556,7 @@ mod tests {
         Asked {
             schedule,
             checkpoint: Checkpoint::Remat,
-            offload,
+            offload: offload.into(),
             shard: Some(shard),
             whole_layers: WholeLayers::Auto,
         }

@@ -26,6 +26,11 @@ use lengths::Precision;
 /// with them. The estimate's own allowance (1.5 GiB) is inside it; this is on top.
 pub const WHOLE_LAYERS_MARGIN: f64 = 2.5 * (1u64 << 30) as f64;
 
+/// The most of this machine's available memory `--offload auto` pins for checkpoints (beside
+/// the host copies of the state a run brings back): what it was not asked to take, so it leaves
+/// a quarter to the data, the tokenizer and whatever else the machine runs.
+pub const AUTO_PIN_SHARE: f64 = 0.75;
+
 /// What a model job is about to run, for its memory estimate.
 #[derive(Clone, Debug)]
 pub struct MemoryCheck {
@@ -277,6 +282,63 @@ impl MemoryCheck {
         Ok(best)
     }
 
+    /// Where `--offload auto` puts the layers' checkpoints on a GPU with `free` bytes, and why
+    /// when it moves them: to pinned host memory where the step fits only so, or where that
+    /// leaves room for more whole layers ([`MemoryCheck::most_whole_layers`]; the copies run
+    /// beside the layers' compute, so each whole layer gained is recomputation saved: 0.8–1.5%
+    /// of the step at 16K–64K on an H100, `bench/results/low-half-master-2026-12-06`); else
+    /// nothing. Never where the pinned checkpoints and the host copies of the state would take
+    /// more than `host` bytes ([`AUTO_PIN_SHARE`] of this machine's available memory, none where
+    /// that cannot be read).
+    fn decide_offload(
+        &self,
+        runtime: &Runtime,
+        free: usize,
+        host: f64,
+    ) -> Result<(StepPlan, Option<String>)> {
+        let plan = &self.plan;
+        let kept = plan.with(plan.checkpoint(), Offload::NONE);
+        let moved = plan.with(plan.checkpoint(), Offload::ACTIVATIONS);
+        let check = |plan| MemoryCheck {
+            plan,
+            ..self.clone()
+        };
+        let (need_kept, need_moved) = (
+            check(kept).gpu_estimate(runtime)?,
+            check(moved).gpu_estimate(runtime)?,
+        );
+        let state = self.host_state.bytes(parameters(&self.config));
+        if need_moved.total() > free as f64 || need_moved.pinned() + state > host {
+            return Ok((kept, None));
+        }
+        let pinned = cost::gib(need_moved.pinned());
+        if need_kept.total() > free as f64 {
+            let why = format!(
+                "the step fits the GPU only with its checkpoints in host memory ({pinned:.1} GiB pinned)"
+            );
+            return Ok((moved, Some(why)));
+        }
+        if !kept.decides_whole_layers() {
+            return Ok((kept, None));
+        }
+        let whole = |plan, need| -> Result<usize> {
+            Ok(check(plan)
+                .most_whole_layers(runtime, free, need)?
+                .0
+                .whole_layers())
+        };
+        let (stay, more) = (whole(kept, need_kept)?, whole(moved, need_moved)?);
+        Ok(match more > stay {
+            true => {
+                let why = format!(
+                    "with the checkpoints in host memory ({pinned:.1} GiB pinned) {more} layers stay whole instead of {stay}"
+                );
+                (moved, Some(why))
+            }
+            false => (kept, None),
+        })
+    }
+
     /// Refuses the job on `runtime` if it would not fit; on a GPU says the estimate on standard
     /// error first. Returns the plan to run: this one, with the number of whole layers decided
     /// where it was left to the device's memory (one GPU: as many as fit).
@@ -301,6 +363,20 @@ impl MemoryCheck {
                 self.model,
                 gpu.head_dims
             );
+        }
+        if self.plan.decides_offload() {
+            let host = resources::available().unwrap_or(0.0) * AUTO_PIN_SHARE;
+            let (plan, why) = self.decide_offload(runtime, gpu.free_bytes, host)?;
+            if let Some(why) = why {
+                eprintln!(
+                    "note: --offload auto moves each layer's checkpoint to host memory: {why}"
+                );
+            }
+            let decided = MemoryCheck {
+                plan,
+                ..self.clone()
+            };
+            return decided.check(runtime, Some(gpu));
         }
         let need = self.gpu_estimate(runtime)?;
         let share = match Placement::of(runtime, self.plan.schedule()).ranks() {
@@ -507,6 +583,15 @@ mod tests {
         }
     }
 
+    /// GPU 0 opened with `free_bytes` free, its kernels taking head dim 128.
+    fn gpu(free_bytes: usize) -> OpenedGpu {
+        OpenedGpu {
+            ordinal: 0,
+            free_bytes,
+            head_dims: &[128],
+        }
+    }
+
     /// llama2-7b's check at `seq` tokens under `plan`, nothing brought to the host.
     fn llama7b_check(config: &Config, seq: usize, plan: StepPlan) -> MemoryCheck {
         MemoryCheck {
@@ -522,7 +607,7 @@ mod tests {
     /// A training step's plan over `workers` GPUs with `offload` and `shard` asked for.
     fn plan(config: &Config, offload: Offload, shard: Shard, workers: usize) -> StepPlan {
         let asked = Asked {
-            offload,
+            offload: offload.into(),
             shard: Some(shard),
             ..Asked::default()
         };
@@ -549,11 +634,6 @@ mod tests {
         };
         // Room for exactly 5 whole layers and the margin (a byte short of a sixth).
         let free = |n: usize| (need(n) + WHOLE_LAYERS_MARGIN) as usize;
-        let gpu = |free_bytes| OpenedGpu {
-            ordinal: 0,
-            free_bytes,
-            head_dims: &[128],
-        };
         assert!(need(6) > need(5) && need(5) > need(1));
         for (room, whole) in [
             (free(5), 5),
@@ -576,6 +656,7 @@ mod tests {
         let asked = StepPlan::resolve(
             Asked {
                 whole_layers: WholeLayers::Exactly(2),
+                offload: Offload::NONE.into(),
                 ..Asked::default()
             },
             Purpose::Train,
@@ -592,6 +673,74 @@ mod tests {
             assert_eq!(chosen, kept);
         }
         assert!(!plan(&config, Offload::NONE, Shard::None, 2).decides_whole_layers());
+    }
+
+    /// `--offload auto` on one GPU moves the checkpoints to host memory where the step fits only
+    /// so, or where that keeps more layers whole, and says why; nothing where neither, where the
+    /// host cannot pin them, or where it is not for the device to decide (asked for, the CPU,
+    /// several workers, `--checkpoint none`).
+    #[test]
+    fn offload_auto_moves_the_checkpoints_only_where_that_helps() {
+        let config = Config::preset("llama2-7b").unwrap();
+        let runtime = gpu_threads(1);
+        let resolve = |asked: Asked, workers, device| {
+            StepPlan::resolve(asked, Purpose::Train, workers, &config, device)
+                .unwrap()
+                .plan
+        };
+        let auto = resolve(Asked::default(), 1, Device::Cuda);
+        assert!(auto.decides_offload() && auto.decides_whole_layers());
+        assert_eq!(auto.offload(), Offload::NONE);
+        let check = |plan| llama7b_check(&config, 16384, plan);
+        let need = |offload, whole: usize| {
+            let plan = auto
+                .with(Checkpoint::Remat, offload)
+                .with_whole_layers(whole);
+            check(plan).gpu_estimate(&runtime).unwrap()
+        };
+        let (kept, moved) = (need(Offload::NONE, 0), need(Offload::ACTIVATIONS, 0));
+        assert!(moved.total() < kept.total() && moved.pinned() > 0.0);
+        let host = 2.0 * moved.pinned();
+        let decide = |free: f64, host| check(auto).decide_offload(&runtime, free as usize, host);
+        // Fits only moved: moved, and said so.
+        let (plan, why) = decide(kept.total() - 1.0, host).unwrap();
+        assert_eq!(plan.offload(), Offload::ACTIVATIONS);
+        assert!(!plan.decides_offload());
+        let why = why.unwrap();
+        assert!(
+            why.starts_with("the step fits the GPU only with its checkpoints"),
+            "{why}"
+        );
+        // ... but not where the host cannot pin them: kept, for the refusal to say.
+        let (plan, why) = decide(kept.total() - 1.0, moved.pinned() - 1.0).unwrap();
+        assert_eq!((plan.offload(), why), (Offload::NONE, None));
+        // Room for 5 whole layers kept: moved holds more of them.
+        let five = need(Offload::NONE, 5).total() + WHOLE_LAYERS_MARGIN;
+        let (plan, why) = decide(five, host).unwrap();
+        assert_eq!(plan.offload(), Offload::ACTIVATIONS);
+        let why = why.unwrap();
+        assert!(why.ends_with("layers stay whole instead of 5"), "{why}");
+        let chosen = check(auto)
+            .check(&runtime, Some(&gpu(five as usize)))
+            .unwrap();
+        assert!(chosen.whole_layers() > 5 && !chosen.decides_whole_layers());
+        // Room for every layer whole either way: nothing to gain, nothing moved.
+        let all = need(Offload::NONE, 32).total() + WHOLE_LAYERS_MARGIN;
+        let (plan, why) = decide(all, host).unwrap();
+        assert_eq!((plan.offload(), why), (Offload::NONE, None));
+        // Not the device's to decide.
+        let none = Asked {
+            checkpoint: Checkpoint::None,
+            ..Asked::default()
+        };
+        let asked = Asked {
+            offload: Offload::NONE.into(),
+            ..Asked::default()
+        };
+        assert!(!resolve(Asked::default(), 1, Device::Cpu).decides_offload());
+        assert!(!resolve(Asked::default(), 2, Device::Cuda).decides_offload());
+        assert!(!resolve(none, 1, Device::Cuda).decides_offload());
+        assert!(!resolve(asked, 1, Device::Cuda).decides_offload());
     }
 
     /// A GPU run whose host copies of the state cannot fit this machine's memory is refused
@@ -776,7 +925,7 @@ mod tests {
         assert!(none > cpu(4096, 4, policy(Checkpoint::Layer), train).step);
         // Offloaded, each layer's checkpoint has a host copy beside the ones fetched back.
         let offloaded = Asked {
-            offload: Offload::ACTIVATIONS,
+            offload: Offload::ACTIVATIONS.into(),
             ..remat
         };
         assert!(cpu(1024, 4, offloaded, train).step > four.step);
