@@ -60,8 +60,13 @@ enum Cli {
         #[arg(long, default_value_t = 16384)]
         seq: usize,
     },
-    /// GEMMs, the loss and RMSNorm of `model::cuda::CudaOps` at LLaMA-7B sizes, 4096 rows.
-    Ops,
+    /// GEMMs, the loss and RMSNorm of `model::cuda::CudaOps` at LLaMA-7B sizes: the linear
+    /// layers' three shapes forward and backward (the weight gradient in f32, as a step keeps
+    /// it, and in 16 bits, to tell its f32 output's cost from its layout's).
+    Ops {
+        #[arg(long, default_value_t = 4096)]
+        rows: usize,
+    },
     /// Each causal backward's time alone (d128, 32 heads, bf16), `reps` in a row on the same
     /// tensors, for `rounds` rounds of freshly allocated and uploaded inputs: whether a slow
     /// run is a property of the process, of the allocation or of the moment.
@@ -110,9 +115,9 @@ fn main() -> Result<()> {
             reps,
             back_to_back,
         } => spread(&open(InputDtype::Bf16)?, seq, rounds, reps, back_to_back),
-        Cli::Ops => {
+        Cli::Ops { rows } => {
             for dtype in [InputDtype::Bf16, InputDtype::F16] {
-                ops(&CudaOps::new(open(dtype)?)?)?;
+                ops(&CudaOps::new(open(dtype)?)?, rows)?;
             }
             Ok(())
         }
@@ -274,22 +279,18 @@ fn layout_cost(be: &CudaBackend, seq: usize) -> Result<()> {
 
 /// Prints the mean time of a few ops over 10 runs after one warm-up (host clock around
 /// `synchronize`), and TFLOP/s where the op's FLOPs are known.
-fn ops(gpu: &CudaOps) -> Result<()> {
-    let (rows, d, i, vocab) = (4096, 4096, 11008, 32000);
+fn ops(gpu: &CudaOps, rows: usize) -> Result<()> {
+    let (d, i, vocab) = (4096, 11008, 32000);
     let mut rng = StdRng::seed_from_u64(7);
     let mut half = |len: usize, lo: f32, hi: f32| {
         let host: Vec<f32> = (0..len).map(|_| rng.random_range(lo..hi)).collect();
         gpu.upload(&host)
     };
     let x = half(rows * d, -1.0, 1.0)?;
-    let w = half(i * d, -0.02, 0.02)?;
-    let dy = half(rows * i, -1.0, 1.0)?;
     let head = half(vocab * d, -0.02, 0.02)?;
     let gain = half(d, 0.5, 1.5)?;
     let targets: Vec<u32> = (0..rows as u32).map(|r| r * 7 % vocab as u32).collect();
-    let (mut dx, mut dw) = (gpu.zeros(rows * d)?, gpu.zeros(i * d)?);
     let mut dhead = gpu.zeros(vocab * d)?;
-    let gemm = 2.0 * (rows * d * i) as f64;
     let time = |name: &str, flops: f64, f: &mut dyn FnMut() -> Result<()>| -> Result<()> {
         f()?;
         gpu.backend().synchronize()?;
@@ -306,28 +307,42 @@ fn ops(gpu: &CudaOps) -> Result<()> {
             String::new()
         };
         let dtype = gpu.backend().dtype().name();
-        println!("{dtype} time {name:<44} {:8.3} ms {rate}", s * 1e3);
+        println!("{dtype} time {name:<52} {:8.3} ms {rate}", s * 1e3);
         Ok(())
     };
-    time("linear 4096x4096 -> 11008", gemm, &mut || {
-        gpu.linear(Rows::whole(&x), &w, rows, d, i).map(drop)
-    })?;
-    time(
-        "linear_backward 4096x4096 -> 11008",
-        2.0 * gemm,
-        &mut || {
-            let operands = LinearBackward {
-                dy: Rows::whole(&dy),
-                x: Rows::whole(&x),
-                w: &w,
-                rows,
-                inp: d,
-                out: i,
-                dx_empty: false,
-            };
-            gpu.linear_backward(operands, Rows::whole(&mut dx), &mut dw)
-        },
-    )?;
+    // q/k/v/o, gate/up and down: x [rows, inp] times Wᵀ, W [out, inp].
+    for (inp, out) in [(d, d), (d, i), (i, d)] {
+        let x = half(rows * inp, -1.0, 1.0)?;
+        let dy = half(rows * out, -1.0, 1.0)?;
+        let w = half(out * inp, -0.02, 0.02)?;
+        let gemm = 2.0 * (rows * inp * out) as f64;
+        let shape = format!("{rows}x{inp} -> {out}");
+        time(&format!("linear {shape}"), gemm, &mut || {
+            gpu.linear(Rows::whole(&x), &w, rows, inp, out).map(drop)
+        })?;
+        let mut dx = gpu.zeros(rows * inp)?;
+        for (dw_kind, mut dw) in [
+            ("f32", gpu.zeros(out * inp)?),
+            ("16-bit", gpu.upload(&vec![0.0; out * inp])?),
+        ] {
+            time(
+                &format!("linear_backward {shape}, dW {dw_kind}"),
+                2.0 * gemm,
+                &mut || {
+                    let operands = LinearBackward {
+                        dy: Rows::whole(&dy),
+                        x: Rows::whole(&x),
+                        w: &w,
+                        rows,
+                        inp,
+                        out,
+                        dx_empty: false,
+                    };
+                    gpu.linear_backward(operands, Rows::whole(&mut dx), &mut dw)
+                },
+            )?;
+        }
+    }
     let loss = 6.0 * (rows * d * vocab) as f64;
     time("cross_entropy 4096 rows, 4096 -> 32000", loss, &mut || {
         let input = LossInput {
