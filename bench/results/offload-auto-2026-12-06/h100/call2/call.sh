@@ -1,0 +1,1 @@
+export DISTFLASH_CACHE_DIR=/tmp/distflash-cache; for n in 16384 65536; do timeout 150 .dev/distflash bench train --device cuda --preset llama2-7b --layers 16 --seq-len $n --optimizer --warmup 1 --repeats 2 --profile > $OUT/profile$n.log 2>&1; tail -32 $OUT/profile$n.log; done
