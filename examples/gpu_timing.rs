@@ -62,7 +62,8 @@ enum Cli {
     },
     /// GEMMs, the loss and RMSNorm of `model::cuda::CudaOps` at LLaMA-7B sizes: the linear
     /// layers' three shapes forward and backward (the weight gradient in f32, as a step keeps
-    /// it, and in 16 bits, to tell its f32 output's cost from its layout's).
+    /// it, added to or written, and in 16 bits, to tell its f32 output's cost from its
+    /// layout's).
     Ops {
         #[arg(long, default_value_t = 4096)]
         rows: usize,
@@ -321,9 +322,14 @@ fn ops(gpu: &CudaOps, rows: usize) -> Result<()> {
             gpu.linear(Rows::whole(&x), &w, rows, inp, out).map(drop)
         })?;
         let mut dx = gpu.zeros(rows * inp)?;
-        for (dw_kind, mut dw) in [
-            ("f32", gpu.zeros(out * inp)?),
-            ("16-bit", gpu.upload(&vec![0.0; out * inp])?),
+        for (dw_kind, mut dw, dw_empty) in [
+            ("f32, added to", gpu.zeros(out * inp)?, false),
+            ("f32, written", gpu.zeros(out * inp)?, true),
+            (
+                "16-bit, added to",
+                gpu.upload(&vec![0.0; out * inp])?,
+                false,
+            ),
         ] {
             time(
                 &format!("linear_backward {shape}, dW {dw_kind}"),
@@ -337,6 +343,7 @@ fn ops(gpu: &CudaOps, rows: usize) -> Result<()> {
                         inp,
                         out,
                         dx_empty: false,
+                        dw_empty,
                     };
                     gpu.linear_backward(operands, Rows::whole(&mut dx), &mut dw)
                 },

@@ -638,6 +638,7 @@ impl Checker {
                 inp,
                 out,
                 dx_empty: false,
+                dw_empty: false,
             };
             self.gpu
                 .linear_backward(operands, Rows::whole(&mut dx), &mut dw)?;
@@ -649,6 +650,7 @@ impl Checker {
                 inp,
                 out,
                 dx_empty: false,
+                dw_empty: false,
             };
             self.cpu
                 .linear_backward(operands, Rows::whole(&mut cdx), &mut cdw)?;
@@ -693,8 +695,9 @@ impl Checker {
             let what = format!("linear_add into rows of a {} stream", kind(y_half));
             self.report(&what, &y, &cy, bound)?;
         }
-        // dx_empty: the window's rows are written, not added to (the rows outside keep theirs).
-        for (dy_half, dx_empty) in [(true, false), (false, false), (true, true)] {
+        // Empty: the window's rows of dx are written, not added to (the rows outside keep
+        // theirs), and dW is written, its values before ignored.
+        for (dy_half, empty) in [(true, false), (false, false), (true, true)] {
             let (dy, cdy) = self.either(dy_half, tall * out)?;
             let (mut dx, mut cdx) = self.full(tall * inp, -1.0, 1.0)?;
             let (mut dw, mut cdw) = self.full(out * inp, -1.0, 1.0)?;
@@ -705,7 +708,8 @@ impl Checker {
                 rows,
                 inp,
                 out,
-                dx_empty,
+                dx_empty: empty,
+                dw_empty: empty,
             };
             let into = Rows::window(&mut dx, 3);
             self.gpu.linear_backward(operands, into, &mut dw)?;
@@ -716,15 +720,16 @@ impl Checker {
                 rows,
                 inp,
                 out,
-                dx_empty,
+                dx_empty: empty,
+                dw_empty: empty,
             };
             let into = Rows::window(&mut cdx, 3);
             self.cpu.linear_backward(operands, into, &mut cdw)?;
             let bound = if dy_half { F32_TOL } else { HALF_TOL };
             let what = format!("linear_backward on rows, {} dy", kind(dy_half));
-            let op = if dx_empty { "=" } else { "+=" };
+            let op = if empty { "=" } else { "+=" };
             self.report(&format!("{what}: dx {op}"), &dx, &cdx, bound)?;
-            self.report(&format!("{what}: dW +="), &dw, &cdw, bound)?;
+            self.report(&format!("{what}: dW {op}"), &dw, &cdw, bound)?;
         }
         Ok(())
     }

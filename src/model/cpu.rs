@@ -57,13 +57,12 @@ fn gemm_rows<F: Float>(a: &[F], b: ArrayView2<'_, F>, rows: usize, beta: F, out:
     debug_assert_eq!(out.len(), rows * n);
 }
 
-/// dw (`[out, inp]`) += dyᵀ x, split over blocks of output rows.
+/// dw (`[out, inp]`) = dyᵀ x + beta·dw, split over blocks of output rows.
 fn gemm_weight_grad<F: Float>(
     dy: &[F],
     x: &[F],
-    rows: usize,
-    inp: usize,
-    out: usize,
+    (rows, inp, out): (usize, usize, usize),
+    beta: F,
     dw: &mut [F],
 ) {
     let dy = view(dy, rows, out);
@@ -74,7 +73,7 @@ fn gemm_weight_grad<F: Float>(
             let o0 = i * ROW_BLOCK;
             let n = w.len() / inp;
             let dyt = dy.slice(s![.., o0..o0 + n]);
-            general_mat_mul(F::one(), &dyt.t(), &x, F::one(), &mut view_mut(w, n, inp));
+            general_mat_mul(F::one(), &dyt.t(), &x, beta, &mut view_mut(w, n, inp));
         });
 }
 
@@ -259,6 +258,7 @@ impl<F: Float> Ops for Cpu<F> {
             inp,
             out,
             dx_empty,
+            dw_empty,
         } = operands;
         let dy = &dy.t[dy.range(dy.t.len(), rows, out, "a linear layer's output gradient")?];
         let x = &x.t[x.range(x.t.len(), rows, inp, "a linear layer's input")?];
@@ -267,7 +267,8 @@ impl<F: Float> Ops for Cpu<F> {
         check_len("a linear layer's weight gradient", dw, out * inp)?;
         let beta = if dx_empty { F::zero() } else { F::one() };
         gemm_rows(dy, view(w, out, inp), rows, beta, &mut dx.t[range]);
-        gemm_weight_grad(dy, x, rows, inp, out, dw);
+        let beta = if dw_empty { F::zero() } else { F::one() };
+        gemm_weight_grad(dy, x, (rows, inp, out), beta, dw);
         Ok(())
     }
 
@@ -468,7 +469,7 @@ impl<F: Float> Ops for Cpu<F> {
                 argmax.push(a);
             }
             gemm_rows(lg, wt, n, F::zero(), &mut dh[r0 * dim..(r0 + n) * dim]);
-            gemm_weight_grad(lg, hc, n, dim, vocab, dw);
+            gemm_weight_grad(lg, hc, (n, dim, vocab), F::one(), dw);
         }
         Ok(LossOut {
             loss_sum,

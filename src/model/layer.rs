@@ -199,6 +199,15 @@ pub fn mlp_block_rows(c: &Config) -> usize {
     (MLP_BLOCK_ELEMENTS / c.intermediate_size.max(1)).max(1)
 }
 
+/// A layer's gradient accumulators, lent for its backward.
+pub struct LayerGrads<'a, T> {
+    pub grads: &'a mut LayerWeights<T>,
+    /// The projections' gradients hold nothing yet (scratch: `train::shard::Held::step_grads`,
+    /// a sequence's first backward in a step): the layer's first product into each writes it
+    /// (`LinearBackward::dw_empty`). The norms' and biases' hold zeros or sums either way.
+    pub projections_empty: bool,
+}
+
 /// A layer's setting: the device, the shape, and this worker's rows (`positions`: where they sit
 /// in the sequence, for rotary embeddings, `rotary` the run's table; `mlp_rows`: the MLP's block,
 /// `mlp_block_rows`).
@@ -369,7 +378,7 @@ impl<O: Ops> Layer<'_, O> {
         input: Input,
         mut dy: O::T,
         pre: Option<PreNorm<O::T>>,
-        (grads, dh1, dh1_empty): (&mut LayerWeights<O::T>, &mut O::T, bool),
+        (grads, dh1, dh1_empty): (&mut LayerGrads<'_, O::T>, &mut O::T, bool),
     ) -> Result<()> {
         let (ops, c, n, hd) = (self.ops, self.cfg, self.rows, self.cfg.head_dim);
         let width = input.heads * hd;
@@ -389,10 +398,10 @@ impl<O: Ops> Layer<'_, O> {
                 rows,
                 dim: hd,
             };
-            ops.rmsnorm_backward(operands, &mut dx, &mut grads[norm])?;
+            ops.rmsnorm_backward(operands, &mut dx, &mut grads.grads[norm])?;
             dy = dx;
         }
-        self.bias_grad(&dy, width, grads.get_mut(input.bias))?;
+        self.bias_grad(&dy, width, grads.grads.get_mut(input.bias))?;
         let (d, wt) = (c.hidden_size, input.weight);
         let operands = LinearBackward {
             dy: Rows::whole(&dy),
@@ -402,8 +411,9 @@ impl<O: Ops> Layer<'_, O> {
             inp: d,
             out: width,
             dx_empty: dh1_empty,
+            dw_empty: grads.projections_empty,
         };
-        ops.linear_backward(operands, Rows::whole(dh1), &mut grads[wt])
+        ops.linear_backward(operands, Rows::whole(dh1), &mut grads.grads[wt])
     }
 
     /// y = x Wᵀ + b (the bias where the layer has one) for this worker's rows.
@@ -487,7 +497,7 @@ impl<O: Ops> Layer<'_, O> {
         a: &Acts<O::T>,
         kept: Option<&[MlpActs<O::T>]>,
         dout: &O::T,
-        grads: &mut LayerWeights<O::T>,
+        grads: &mut LayerGrads<'_, O::T>,
         meter: &mut Meter,
     ) -> Result<O::T> {
         let (ops, d, i) = (self.ops, self.cfg.hidden_size, self.cfg.intermediate_size);
@@ -505,6 +515,8 @@ impl<O: Ops> Layer<'_, O> {
                 }
             };
             // out = x2 + m Wdᵀ;  m = silu(g)∘u;  g, u = h2 Wgᵀ, h2 Wuᵀ
+            // The first block's products write empty weight gradients, the others add to them.
+            let dw_empty = grads.projections_empty && n == 0;
             let mut dm = ops.scratch(len * i)?;
             let down = LinearBackward {
                 dy: Rows::window(dout, start),
@@ -514,8 +526,9 @@ impl<O: Ops> Layer<'_, O> {
                 inp: i,
                 out: d,
                 dx_empty: true,
+                dw_empty,
             };
-            let dw = &mut grads[LayerTensor::WDown];
+            let dw = &mut grads.grads[LayerTensor::WDown];
             ops.linear_backward(down, Rows::whole(&mut dm), dw)?;
             let (dg, du) = ops.swiglu_backward(&mlp.g, &mlp.u, &dm)?;
             // The gate and up projections read the same block of h2; their gradients add into
@@ -532,8 +545,10 @@ impl<O: Ops> Layer<'_, O> {
                     inp: d,
                     out: i,
                     dx_empty,
+                    dw_empty,
                 };
-                ops.linear_backward(operands, Rows::window(&mut dh2, start), &mut grads[t])?;
+                let (dh2, dw) = (Rows::window(&mut dh2, start), &mut grads.grads[t]);
+                ops.linear_backward(operands, dh2, dw)?;
             }
             if kept.is_none() {
                 meter.release(self.mlp_bytes(mlp));
@@ -586,7 +601,7 @@ impl<O: Ops> Layer<'_, O> {
         kept: Kept<O::T>,
         dout: O::T,
         attn: &mut impl Attention<O::T>,
-        grads: &mut LayerWeights<O::T>,
+        mut grads: LayerGrads<'_, O::T>,
         (forwards, meter): (&mut u32, &mut Meter),
     ) -> Result<O::T> {
         let (ops, c, n) = (self.ops, self.cfg, self.rows);
@@ -606,7 +621,7 @@ impl<O: Ops> Layer<'_, O> {
         // h2 = rmsnorm(x2)·g2, and the MLP above it. The residual's gradient dout becomes dx2
         // (moved, not copied), and what only the MLP's backward reads is dropped before the
         // attention's backward, the step's peak.
-        let dh2 = self.mlp_backward(w, &a, mlp.as_deref(), &dout, grads, meter)?;
+        let dh2 = self.mlp_backward(w, &a, mlp.as_deref(), &dout, &mut grads, meter)?;
         drop(mlp);
         let mut dx2 = dout;
         let mlp_norm = NormBackward {
@@ -617,7 +632,7 @@ impl<O: Ops> Layer<'_, O> {
             rows: n,
             dim: d,
         };
-        ops.rmsnorm_backward(mlp_norm, &mut dx2, &mut grads[LayerTensor::MlpNorm])?;
+        ops.rmsnorm_backward(mlp_norm, &mut dx2, &mut grads.grads[LayerTensor::MlpNorm])?;
         drop(dh2);
         let Acts {
             x,
@@ -637,7 +652,7 @@ impl<O: Ops> Layer<'_, O> {
         drop((x2, h2, rstd2));
 
         // x2 = x + o Woᵀ + bo;  o = attention(q, k, v), backward from the saved o and lse
-        self.bias_grad(&dx2, d, grads.get_mut(LayerTensor::Bo))?;
+        self.bias_grad(&dx2, d, grads.grads.get_mut(LayerTensor::Bo))?;
         // dO in the activations' precision: one product writes it whole and the attention's
         // 16-bit kernel reads it next.
         let mut dout_attn = ops.activation_zeros(n * qw)?;
@@ -649,8 +664,9 @@ impl<O: Ops> Layer<'_, O> {
             inp: qw,
             out: d,
             dx_empty: true,
+            dw_empty: grads.projections_empty,
         };
-        let dw = &mut grads[LayerTensor::Wo];
+        let dw = &mut grads.grads[LayerTensor::Wo];
         ops.linear_backward(wo, Rows::whole(&mut dout_attn), dw)?;
         let (dq, dk, dv) = attn.backward(&q, &k, &v, &o, &lse, &dout_attn)?;
         drop((q, k, v, o, lse, dout_attn));
@@ -662,7 +678,7 @@ impl<O: Ops> Layer<'_, O> {
         let firsts = [true, false, false];
         for (((input, dy), pre), first) in inputs.into_iter().zip([dq, dk, dv]).zip(pre).zip(firsts)
         {
-            self.input_backward(w, &h1, input, dy, pre, (grads, &mut dh1, first))?;
+            self.input_backward(w, &h1, input, dy, pre, (&mut grads, &mut dh1, first))?;
         }
         drop(h1);
         let mut dx = dx2;
@@ -674,7 +690,7 @@ impl<O: Ops> Layer<'_, O> {
             rows: n,
             dim: d,
         };
-        ops.rmsnorm_backward(attn_norm, &mut dx, &mut grads[LayerTensor::AttnNorm])?;
+        ops.rmsnorm_backward(attn_norm, &mut dx, &mut grads.grads[LayerTensor::AttnNorm])?;
         meter.release(all);
         Ok(dx)
     }
@@ -689,7 +705,13 @@ mod tests {
 
     /// One layer's output, input gradient and weight gradients under `policy` with the MLP run
     /// over blocks of `mlp_rows` rows.
-    fn layer_run(mlp_rows: usize, policy: Checkpoint) -> (Vec<f64>, Vec<f64>, Vec<Vec<f64>>) {
+    /// With `empty`, the projections' gradients start as scratch (NaN here) that their first
+    /// products must write, as a step's first sequence leaves them (`LayerGrads`).
+    fn layer_run(
+        mlp_rows: usize,
+        policy: Checkpoint,
+        empty: bool,
+    ) -> (Vec<f64>, Vec<f64>, Vec<Vec<f64>>) {
         let cfg = Config {
             intermediate_size: 24,
             ..Config::preset("tiny").unwrap()
@@ -698,6 +720,12 @@ mod tests {
         let rows = 13;
         let w: Weights<Vec<f64>> = weights::random(&ops, &cfg, 5).unwrap();
         let mut grads = weights::zeros(&ops, &cfg).unwrap();
+        if empty {
+            for t in LayerTensor::of(&cfg).filter(|t| t.is_projection()) {
+                let g = &mut grads.layers[0][t];
+                *g = ops.scratch(g.len()).unwrap();
+            }
+        }
         let positions = [Span {
             start: 0,
             len: rows,
@@ -727,8 +755,12 @@ mod tests {
         let (out, kept) = layer
             .forward(lw, x, policy, &mut attn, &mut forwards, &mut meter)
             .unwrap();
+        let lent = LayerGrads {
+            grads: &mut *gw,
+            projections_empty: empty,
+        };
         let dx = layer
-            .backward(lw, kept, dout, &mut attn, gw, (&mut forwards, &mut meter))
+            .backward(lw, kept, dout, &mut attn, lent, (&mut forwards, &mut meter))
             .unwrap();
         let g = [
             LayerTensor::WGate,
@@ -736,6 +768,8 @@ mod tests {
             LayerTensor::WDown,
             LayerTensor::MlpNorm,
             LayerTensor::Wq,
+            LayerTensor::Wo,
+            LayerTensor::AttnNorm,
         ]
         .map(|t| &gw[t]);
         (out, dx, g.iter().map(|t| t.to_vec()).collect())
@@ -744,10 +778,10 @@ mod tests {
     #[test]
     fn mlp_blocks_of_rows_change_nothing_but_rounding() {
         for policy in [Checkpoint::None, Checkpoint::Layer, Checkpoint::Remat] {
-            let (out, dx, grads) = layer_run(1000, policy);
+            let (out, dx, grads) = layer_run(1000, policy, false);
             // Uneven blocks (13 rows in 5, 5, 3) and single rows.
             for mlp_rows in [5, 1] {
-                let (o, d, g) = layer_run(mlp_rows, policy);
+                let (o, d, g) = layer_run(mlp_rows, policy, false);
                 let close = |a: &[f64], b: &[f64]| {
                     a.len() == b.len() && a.iter().zip(b).all(|(x, y)| (x - y).abs() <= 1e-12)
                 };
@@ -762,5 +796,19 @@ mod tests {
             }
         }
         assert_eq!(mlp_block_rows(&Config::preset("llama2-7b").unwrap()), 6096);
+    }
+
+    /// Projections' gradients that hold nothing yet (scratch, NaN on the CPU) are written by
+    /// their first products, the first MLP block's among several, and come out as sums into
+    /// zeros do: the same values, whatever the blocks and the policy.
+    #[test]
+    fn empty_projection_gradients_are_written_by_their_first_products() {
+        for policy in [Checkpoint::None, Checkpoint::Remat] {
+            for mlp_rows in [1000, 5, 1] {
+                let added = layer_run(mlp_rows, policy, false);
+                let written = layer_run(mlp_rows, policy, true);
+                assert_eq!(written, added, "{policy}, blocks of {mlp_rows}");
+            }
+        }
     }
 }

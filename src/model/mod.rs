@@ -25,7 +25,7 @@ pub mod profile;
 pub mod rope;
 pub mod weights;
 
-pub use layer::{Checkpoint, Kept, Layer, mlp_block_rows};
+pub use layer::{Checkpoint, Kept, Layer, LayerGrads, mlp_block_rows};
 pub use meter::Meter;
 pub use offload::{Keep, Offload};
 
@@ -99,7 +99,7 @@ pub trait Params<T, A> {
         &mut self,
         attn: &mut A,
         l: usize,
-        f: impl FnOnce(&LayerWeights<T>, &mut LayerWeights<T>, &mut A) -> Result<R>,
+        f: impl FnOnce(&LayerWeights<T>, LayerGrads<'_, T>, &mut A) -> Result<R>,
     ) -> Result<R>;
 
     /// The embedding table's gradient accumulator, for the lookup's backward.
@@ -114,6 +114,10 @@ pub trait Params<T, A> {
 pub struct Whole<'a, T> {
     pub w: &'a Weights<T>,
     pub grads: &'a mut Weights<T>,
+    /// `grads` are as `train::shard::Held::step_grads` makes them, nothing accumulated yet: the
+    /// projections' scratch, which their first products write ([`LayerGrads`]), the rest zeros.
+    /// Otherwise every gradient is added to.
+    pub fresh: bool,
 }
 
 impl<T, A> Params<T, A> for Whole<'_, T> {
@@ -147,9 +151,13 @@ impl<T, A> Params<T, A> for Whole<'_, T> {
         &mut self,
         attn: &mut A,
         l: usize,
-        f: impl FnOnce(&LayerWeights<T>, &mut LayerWeights<T>, &mut A) -> Result<R>,
+        f: impl FnOnce(&LayerWeights<T>, LayerGrads<'_, T>, &mut A) -> Result<R>,
     ) -> Result<R> {
-        f(&self.w.layers[l], &mut self.grads.layers[l], attn)
+        let grads = LayerGrads {
+            grads: &mut self.grads.layers[l],
+            projections_empty: self.fresh,
+        };
+        f(&self.w.layers[l], grads, attn)
     }
 
     fn with_embed_grad<R>(&mut self, _: &mut A, f: impl FnOnce(&mut T) -> Result<R>) -> Result<R> {
@@ -192,7 +200,7 @@ impl<T, A, P: Params<T, A>, F: Fn()> Params<T, A> for AtHead<'_, P, F> {
         &mut self,
         attn: &mut A,
         l: usize,
-        f: impl FnOnce(&LayerWeights<T>, &mut LayerWeights<T>, &mut A) -> Result<R>,
+        f: impl FnOnce(&LayerWeights<T>, LayerGrads<'_, T>, &mut A) -> Result<R>,
     ) -> Result<R> {
         self.params.with_layer_grads(attn, l, f)
     }
@@ -217,7 +225,11 @@ pub fn forward_backward<O: Ops, A: Attention<O::T>>(
     keep: Keep,
     loss_scale: f64,
 ) -> Result<Outcome> {
-    let mut whole = Whole { w, grads };
+    let mut whole = Whole {
+        w,
+        grads,
+        fresh: false,
+    };
     forward_backward_with(ops, cfg, &mut whole, attn, chunk, keep, loss_scale)
 }
 

@@ -168,6 +168,10 @@ pub struct LinearBackward<'a, T> {
     /// written): the product writes them instead of adding to them, so no zeros are written
     /// first and none are read back.
     pub dx_empty: bool,
+    /// dW holds nothing yet (a [`Ops::scratch`] buffer of a step's gradients, whose first
+    /// product this is: `train::shard::Held::step_grads`): the product writes it instead of
+    /// adding to it, so the step's gradients need no zeros, and none are read back.
+    pub dw_empty: bool,
 }
 
 impl<'a, T> LinearBackward<'a, T> {
@@ -181,6 +185,7 @@ impl<'a, T> LinearBackward<'a, T> {
             inp: self.inp,
             out: self.out,
             dx_empty: self.dx_empty,
+            dw_empty: self.dw_empty,
         }
     }
 }
@@ -319,7 +324,7 @@ pub trait Ops: Sync {
     fn await_fetches(&self) -> Result<()>;
     fn zeros(&self, len: usize) -> Result<Self::T>;
     /// `len` f32 elements whose values are unspecified, for a gradient whose first write
-    /// overwrites it (`LinearBackward::dx_empty`): on the GPU, the memory as the allocator finds
+    /// overwrites it (`LinearBackward::dx_empty`, `dw_empty`): on the GPU, the memory as the allocator finds
     /// it (zero-filling the MLP's wide gradients cost 1% of a step); on the CPU, NaN.
     fn scratch(&self, len: usize) -> Result<Self::T>;
     /// Zeros in the precision of activations (`upload`'s: 16-bit on the GPU), for a gradient
@@ -390,8 +395,9 @@ pub trait Ops: Sync {
         inp: usize,
         out: usize,
     ) -> Result<()>;
-    /// dx += dy W and dW += dyᵀ x (accumulating, so branches that share an input add up), from
-    /// `operands`' dy, x and W.
+    /// dx += dy W and dW += dyᵀ x (accumulating, so branches that share an input add up; each
+    /// written instead where `operands` says it holds nothing yet), from `operands`' dy, x and
+    /// W.
     fn linear_backward(
         &self,
         operands: LinearBackward<'_, Self::T>,

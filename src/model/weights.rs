@@ -93,6 +93,22 @@ impl LayerTensor {
         }
     }
 
+    /// Whether the tensor is a projection's weight, whose gradient one product of the layer's
+    /// backward (`Ops::linear_backward`) adds to: or writes, where it holds nothing yet
+    /// (`LinearBackward::dw_empty`). Norm gains and biases are summed over rows into theirs.
+    pub fn is_projection(self) -> bool {
+        matches!(
+            self,
+            LayerTensor::Wq
+                | LayerTensor::Wk
+                | LayerTensor::Wv
+                | LayerTensor::Wo
+                | LayerTensor::WGate
+                | LayerTensor::WUp
+                | LayerTensor::WDown
+        )
+    }
+
     /// Whether a layer of `c` has the tensor: the projections' biases where its family and
     /// `attention_bias` put them (`Config::qkv_bias`, `Config::o_bias`), the per-head query and
     /// key norms' gains where its family norms them, the rest always.
@@ -198,6 +214,14 @@ impl<T> LayerWeights<T> {
         self.tensors.into_iter().flatten().collect()
     }
 
+    /// A layer of `f` of each tensor's name and value, in order.
+    pub fn try_map<U>(
+        &self,
+        mut f: impl FnMut(LayerTensor, &T) -> Result<U>,
+    ) -> Result<LayerWeights<U>> {
+        LayerWeights::try_build(|t| self.has(t), |t| f(t, &self[t]))
+    }
+
     /// A layer of `f` of each tensor and its companion in `other` (a shard and its whole
     /// length, say), in order. Both have the tensors of one config.
     pub fn try_map_with<V, U>(
@@ -234,6 +258,8 @@ pub fn parameters(c: &Config) -> usize {
 pub struct Spec {
     pub name: String,
     pub shape: Vec<usize>,
+    /// Which of a layer's tensors it is; `None` outside the layers.
+    pub layer: Option<LayerTensor>,
 }
 
 impl Spec {
@@ -247,6 +273,11 @@ impl Spec {
         self.shape.len() > 1
     }
 
+    /// Whether this is a layer's projection weight ([`LayerTensor::is_projection`]).
+    pub fn is_projection(&self) -> bool {
+        self.layer.is_some_and(LayerTensor::is_projection)
+    }
+
     /// Whether this is a projection's bias (initialized to zero, as Hugging Face does).
     pub fn is_bias(&self) -> bool {
         self.name.ends_with(".bias")
@@ -258,6 +289,7 @@ pub fn specs(c: &Config) -> Vec<Spec> {
     let spec = |name: String, shape: &[usize]| Spec {
         name,
         shape: shape.to_vec(),
+        layer: None,
     };
     let d = c.hidden_size;
     let mut out = vec![spec("model.embed_tokens.weight".into(), &[c.vocab_size, d])];
@@ -265,6 +297,7 @@ pub fn specs(c: &Config) -> Vec<Spec> {
         out.extend(LayerTensor::of(c).map(|t| Spec {
             name: format!("model.layers.{l}.{}", t.name()),
             shape: t.shape(c),
+            layer: Some(t),
         }));
     }
     out.push(spec("model.norm.weight".into(), &[d]));

@@ -473,7 +473,7 @@ fn run_steps<D: ModelDevice, C: Communicator<D::Tensor>, F: Fn(&StepReport) + Sy
     let mut saved = o.resume.as_ref().map(|path| (path.clone(), first));
     for step in first + 1..=o.steps {
         let began = Instant::now();
-        let mut grads = held.zero_grads(ops, cfg)?;
+        let mut grads = held.step_grads(ops, cfg)?;
         let mut tally = Tally::default();
         let mut last = None;
         for b in 0..o.batch {
@@ -602,7 +602,7 @@ fn evaluate<D: ModelDevice, C: Communicator<D::Tensor>>(
 ) -> Result<f64> {
     let cfg = &o.config;
     let mut tally = Tally::default();
-    let mut scratch = held.zero_grads(ops, cfg)?;
+    let mut scratch = held.step_grads(ops, cfg)?;
     for i in 0..eval.sequences {
         let sample = eval.data.sample(i, o.seq_len, cfg.vocab_size);
         let pass = Pass {

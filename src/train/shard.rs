@@ -24,7 +24,7 @@ use crate::comm::{Buffer, Communicator, Shared, Solo, shard_span, shard_spans};
 use crate::model::config::Config;
 use crate::model::ops::{AdamState, AdamStep, AdamW, Ops};
 use crate::model::weights::{LayerWeights, Weights, specs};
-use crate::model::{Head, Params};
+use crate::model::{Head, LayerGrads, Params};
 use crate::runtime::ModelDevice;
 use crate::shape::Span;
 use anyhow::{Context, Result, bail};
@@ -99,16 +99,21 @@ impl<T: Buffer + Clone> Held<T> {
         })
     }
 
-    /// Zero f32 gradients shaped as the weights are held (pieces under `full`).
-    pub fn zero_grads<O: Ops<T = T>>(&self, ops: &O, c: &Config) -> Result<Weights<T>> {
+    /// The f32 gradients a step accumulates into, shaped as the weights are held: zeros, but
+    /// for whole weights the layers' projections' are scratch ([`fresh_grad`]), which the
+    /// step's first backward writes (`model::Whole::fresh`: its first sequence's pass must say
+    /// so). Under `full` every piece is zeros: the backward's reduce-scatter writes them.
+    pub fn step_grads<O: Ops<T = T>>(&self, ops: &O, c: &Config) -> Result<Weights<T>> {
         let mut spans = self.spans.iter();
-        Weights::build(c, |_| {
-            ops.zeros(spans.next().expect("a span per tensor").len)
+        let pieces = self.shard.gathers_weights();
+        Weights::build(c, |s| {
+            let len = spans.next().expect("a span per tensor").len;
+            fresh_grad(ops, s.is_projection() && !pieces, len)
         })
     }
 
     /// Whole host tensors (`specs` order) from tensors held as the weights are (the weights, or
-    /// gradients from [`Held::zero_grads`], or pieces of the reduce-scatter, which `full` holds
+    /// gradients from [`Held::step_grads`], or pieces of the reduce-scatter, which `full` holds
     /// alike): gathered when they are pieces (a collective every worker calls), downloaded
     /// otherwise; empty except on the reporter.
     pub fn host<O: Ops<T = T>>(
@@ -157,6 +162,17 @@ impl<T: Buffer + Clone> Held<T> {
 
 /// This worker's span of each tensor (`specs` order) when a tensor is cut into `pieces`: the
 /// whole tensor for one piece.
+/// A step's f32 gradient of `len` elements: scratch for a projection's, which its first product
+/// writes (`LinearBackward::dw_empty`), so no zeros are written and none read back (a memset and
+/// a read of most of the gradients, about 0.6% of a 16K step); zeros for the rest, which are
+/// summed into.
+fn fresh_grad<O: Ops>(ops: &O, projection: bool, len: usize) -> Result<O::T> {
+    match projection {
+        true => ops.scratch(len),
+        false => ops.zeros(len),
+    }
+}
+
 fn own_spans(c: &Config, pieces: usize, rank: usize) -> Vec<Span> {
     specs(c)
         .iter()
@@ -232,7 +248,7 @@ pub(super) struct Gathered<'a, O: Ops> {
     pub grads: &'a mut Weights<O::T>,
     /// Elements of each whole tensor.
     pub lens: &'a Weights<usize>,
-    /// Whether `grads` hold the zeros of [`Held::zero_grads`] (the first sequence of a step):
+    /// Whether `grads` hold [`Held::step_grads`]'s zeros (the first sequence of a step):
     /// then each part's first reduce-scatter writes its sum over them
     /// ([`Communicator::reduce_scatter_into`]) instead of summing into a temporary and adding
     /// that to zeros, which passes over the gradients twice more. The sums differ from `0 +
@@ -326,7 +342,7 @@ impl<'m, D: ModelDevice, C: Communicator<D::Tensor>> Params<D::Tensor, ModelAtte
         l: usize,
         f: impl FnOnce(
             &LayerWeights<D::Tensor>,
-            &mut LayerWeights<D::Tensor>,
+            LayerGrads<'_, D::Tensor>,
             &mut ModelAttention<'m, D, C>,
         ) -> Result<R>,
     ) -> Result<R> {
@@ -334,8 +350,12 @@ impl<'m, D: ModelDevice, C: Communicator<D::Tensor>> Params<D::Tensor, ModelAtte
         let lens = &self.lens.layers[l];
         let mut solo = Solo;
         let whole = gather_layer(collectives(attn, &mut solo), &self.w.layers[l], lens)?;
-        let mut grads = lens.try_map_with(lens, |&len, _| ops.zeros(len))?;
-        let out = f(whole.get(), &mut grads, attn)?;
+        let mut grads = lens.try_map(|t, &len| fresh_grad(ops, t.is_projection(), len))?;
+        let lent = LayerGrads {
+            grads: &mut grads,
+            projections_empty: true,
+        };
+        let out = f(whole.get(), lent, attn)?;
         release_layer(collectives(attn, &mut solo), whole)?;
         let comm = collectives(attn, &mut solo);
         for (g, acc) in grads

@@ -119,8 +119,9 @@ pub(super) fn plan_documents<D: ModelDevice, C: Communicator<D::Tensor>>(
 /// This worker's weights as `held` (whole, or its pieces under `full`, each part gathered for its
 /// use) in the forward and backward of `pass` (its documents as its packing says), the gradients
 /// (alike: whole, or the pieces, reduced as the backward goes) into `grads`; `fresh` when they
-/// hold [`Held::zero_grads`]'s zeros (nothing accumulated into them yet this step), which lets
-/// `full` write its first sums over them ([`shard::Gathered::fresh`]).
+/// are as [`Held::step_grads`] made them (nothing accumulated into them yet this step), which
+/// lets the projections' first products write theirs (`model::Whole::fresh`) and `full` write its
+/// first sums over its zeros ([`shard::Gathered::fresh`]).
 pub(super) fn accumulate_held<D: ModelDevice, C: Communicator<D::Tensor>>(
     ops: &D::Ops,
     cfg: &Config,
@@ -143,7 +144,7 @@ pub(super) fn accumulate_held<D: ModelDevice, C: Communicator<D::Tensor>>(
         };
         return accumulate(ops, cfg, &mut params, attn, pass, &positions, tally);
     }
-    let mut params = Whole { w, grads };
+    let mut params = Whole { w, grads, fresh };
     accumulate(ops, cfg, &mut params, attn, pass, &positions, tally)
 }
 
@@ -163,7 +164,7 @@ pub(super) fn reduced_sequence<D: ModelDevice, C: Communicator<D::Tensor>>(
     pass: &Pass<'_>,
 ) -> Result<Reduced<D::Tensor>> {
     let mut tally = Tally::default();
-    let mut grads = held.zero_grads(ops, cfg)?;
+    let mut grads = held.step_grads(ops, cfg)?;
     let sent = |attn: &mut ModelAttention<'_, D, C>| attn.comm().map_or(0, |c| c.bytes_sent());
     let before = sent(attn);
     let out = accumulate_held(ops, cfg, held, (&mut grads, true), attn, pass, &mut tally)?;

@@ -213,7 +213,7 @@ impl Job for StepBench<'_> {
             Ok((out, tally))
         })?;
         let profile = if self.runs.profile {
-            let mut grads = weights::zeros(ops, cfg)?;
+            let mut grads = held.step_grads(ops, cfg)?;
             let step = OneStep {
                 cfg,
                 w: &held.w,
@@ -270,7 +270,11 @@ fn profile_step<O: Ops>(
     super::step::accumulate(
         &timed,
         step.cfg,
-        &mut Whole { w: step.w, grads },
+        &mut Whole {
+            w: step.w,
+            grads,
+            fresh: true,
+        },
         &mut timed_attn,
         &pass,
         step.mine,

@@ -485,6 +485,7 @@ impl Ops for CudaOps {
             inp,
             out,
             dx_empty,
+            dw_empty,
         } = operands;
         let what = "a linear layer's input gradient";
         check_format(dx.t, self.dtype(), what)?;
@@ -505,7 +506,9 @@ impl Ops for CudaOps {
             .gemm_into(shape, &w, &dy, (dx.t, dx_rows), [1.0, beta])?;
         let shape = GemmShape::weight_grad(rows, inp, out);
         let whole = 0..dw.len();
-        self.blas.gemm_into(shape, &x, &dy, (dw, whole), [1.0, 1.0])
+        let beta = if dw_empty { 0.0 } else { 1.0 };
+        self.blas
+            .gemm_into(shape, &x, &dy, (dw, whole), [1.0, beta])
     }
 
     fn rmsnorm(

@@ -97,9 +97,11 @@ pub fn step_peak<O: Ops, A: Attention<O::T>>(
     };
     // The step's tensors alive when the forward ends (the head is asked for) are the kept
     // activations: the layers' checkpoints on the device and the last layer's output.
+    // Zeros and scratch (`Held::step_grads`) count alike: the gradients are added to here.
     let mut whole = Whole {
         w: &w,
         grads: &mut grads,
+        fresh: false,
     };
     let mut params = AtHead {
         params: &mut whole,
@@ -156,7 +158,7 @@ pub fn rank_estimate(
         false => None,
     };
     counter.set_kind(Kind::Grads);
-    let mut grads = held.zero_grads(ops, cfg)?;
+    let mut grads = held.step_grads(ops, cfg)?;
     counter.set_kind(Kind::Step);
     let sample = Sample {
         tokens: vec![1; partition.seq() + 1],

@@ -316,6 +316,7 @@ impl Ops for Lengths {
             inp,
             out,
             dx_empty: _,
+            dw_empty: _,
         } = operands;
         let dys = dy.range(dy.t.len, rows, out, "a linear layer's output gradient")?;
         let xs = x.range(x.t.len, rows, inp, "a linear layer's input")?;
