@@ -247,6 +247,9 @@ fn train_writes_metrics_curve_and_model_and_grads_reads_it() {
         serde_json::json!([1, 1])
     );
     assert!(summary["recall_accuracy_last"].is_number());
+    // The plan as it ran: `--offload auto` and `--whole-layers auto` decide nothing on the CPU.
+    assert_eq!(summary["offload"], "none");
+    assert_eq!(summary["whole_layers"], 0);
     let metrics = std::fs::read_to_string(dir.join("metrics.jsonl")).unwrap();
     assert_eq!(metrics.lines().count(), 3);
     assert!(
