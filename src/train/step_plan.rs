@@ -665,6 +665,21 @@ mod tests {
     }
 
     #[test]
+    fn offload_is_auto_or_a_set_of_places() {
+        assert_eq!("auto".parse(), Ok(AskedOffload::Auto));
+        assert_eq!(
+            "activations, optimizer".parse(),
+            Ok(AskedOffload::Exactly(Offload::ALL))
+        );
+        assert_eq!("none".parse(), Ok(AskedOffload::Exactly(Offload::NONE)));
+        assert_eq!(
+            "optimizer".parse(),
+            Ok(AskedOffload::Exactly(Offload::OPTIMIZER))
+        );
+        assert!("all,optimizer".parse::<AskedOffload>().is_err());
+    }
+
+    #[test]
     fn the_plan_says_itself_and_its_workers() {
         let asked = Asked {
             offload: Offload::ACTIVATIONS.into(),
