@@ -594,7 +594,8 @@ impl<O: Ops> Layer<'_, O> {
         Ok((out, kept))
     }
 
-    /// dx from dout (the gradient of the layer's output); weight gradients accumulate in `grads`.
+    /// dx from dout (the gradient of the layer's output); weight gradients accumulate in `grads`
+    /// (the projections' written by their first products where `grads` says they are empty).
     pub fn backward(
         &self,
         w: &LayerWeights<O::T>,
