@@ -55,9 +55,9 @@ impl AdamStep {
 /// 16 bits, its master: the f32 value the update applies to, kept as the device chooses
 /// ([`Ops::master_of`]: an f32 copy, or a bf16 weight's low half). Without a master, an update
 /// smaller than half a 16-bit step (at lr 1e-5, every update of a weight above about 0.005 in
-/// bf16) is rounded away each step and lost; with it, AdamW updates the master and the parameter is its rounding, so small
-/// updates accumulate as they would in f32. `T` is a tensor, a host copy of one, or a
-/// reference to either (what [`Ops::adamw`] takes).
+/// bf16) is rounded away each step and lost; with it, AdamW updates the master and the
+/// parameter is its rounding, so small updates accumulate as they would in f32. `T` is a
+/// tensor, a host copy of one, or a reference to either (what [`Ops::adamw`] takes).
 #[derive(Clone, Debug, PartialEq)]
 pub struct AdamState<T> {
     pub m: T,
@@ -324,8 +324,9 @@ pub trait Ops: Sync {
     fn await_fetches(&self) -> Result<()>;
     fn zeros(&self, len: usize) -> Result<Self::T>;
     /// `len` f32 elements whose values are unspecified, for a gradient whose first write
-    /// overwrites it (`LinearBackward::dx_empty`, `dw_empty`): on the GPU, the memory as the allocator finds
-    /// it (zero-filling the MLP's wide gradients cost 1% of a step); on the CPU, NaN.
+    /// overwrites it (`LinearBackward::dx_empty`, `dw_empty`): on the GPU, the memory as the
+    /// allocator finds it (zero-filling the MLP's wide gradients cost 1% of a step); on the
+    /// CPU, NaN.
     fn scratch(&self, len: usize) -> Result<Self::T>;
     /// Zeros in the precision of activations (`upload`'s: 16-bit on the GPU), for a gradient
     /// one product writes whole and a 16-bit kernel reads next (attention's dO from the output

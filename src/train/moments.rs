@@ -14,11 +14,11 @@
 //! time. For llama2-7b the state is 2 × 25.1 GiB of f32 moments and 12.6 GiB of masters (the
 //! bf16 weights' low halves); streamed, each update moves it up and back, 63 GiB each way over
 //! PCIe at about 50 GB/s a direction: 1.3 s a step with both directions at once, 2.6 s if they
-//! took turns, beside the ~250 s of a 256K-token step (about
-//! 1%) or the ~15 s of a 64K one. On the host, the f32 gradients (25.1 GiB) would come down and
-//! the 16-bit weights (12.6 GiB) go back up, 0.8 s of link, and the state be read and written
-//! in host memory (150 GiB at ~100 GB/s with all cores, 1.5 s): no gain worth a second AdamW
-//! that must round as the kernel does, run on cores the step's data loading shares.
+//! took turns, beside the ~250 s of a 256K-token step (about 1%) or the ~15 s of a 64K one. On
+//! the host, the f32 gradients (25.1 GiB) would come down and the 16-bit weights (12.6 GiB) go
+//! back up, 0.8 s of link, and the state be read and written in host memory (126 GiB at
+//! ~100 GB/s with all cores, 1.3 s): no gain worth a second AdamW that must round as the
+//! kernel does, run on cores the step's data loading shares.
 //!
 //! The copies are exact, so the update's arithmetic is the device-resident update's.
 

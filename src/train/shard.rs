@@ -518,7 +518,8 @@ where
                 StateFrom::Fresh => Ok(AdamState {
                     m: ops.zeros(span.len)?,
                     v: ops.zeros(span.len)?,
-                    master: (rounded.then(|| held.with_piece(ops, k, span, |p| ops.master_of(p))))
+                    master: rounded
+                        .then(|| held.with_piece(ops, k, span, |p| ops.master_of(p)))
                         .transpose()?,
                 }),
                 StateFrom::Saved(saved) => {

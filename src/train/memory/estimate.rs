@@ -265,9 +265,6 @@ impl Peaks {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// The CUDA device in bf16, whose masters are the f32's low halves.
-    const BF16: Precision = Precision::Cuda { master_bytes: 2 };
     use crate::model::Offload;
     use crate::model::attention_api::Dense;
     use crate::model::cpu::Cpu;
@@ -277,6 +274,9 @@ mod tests {
     use crate::shape::Mask;
     use crate::train::step_plan::{Asked, Purpose, Shard, WholeLayers};
     use std::sync::Arc;
+
+    /// The CUDA device in bf16, whose masters are the f32's low halves.
+    const BF16: Precision = Precision::Cuda { master_bytes: 2 };
 
     /// The estimated peak GPU memory of `step` on one GPU (the CUDA backend, one worker).
     fn gpu_step_memory(step: Step<'_>) -> Result<StepMemory> {
