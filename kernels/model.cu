@@ -424,59 +424,84 @@ extern "C" __global__ void rmsnorm(const void* x, int x_half, const void* w, int
     if (threadIdx.x == 0) rstd[row] = s;
 }
 
-template <int N>
-__device__ __forceinline__ void norm_dot_at(const void* x, int x_half, const void* w, int w_half,
-                                            const void* dy, int dy_half, long base, int c, float& dot) {
-    float xv[N], wv[N], dv[N];
-    ldn<N>(x, x_half, base + c, xv);
-    ldn<N>(w, w_half, c, wv);
-    ldn<N>(dy, dy_half, base + c, dv);
+// Columns c..c+8 of the row at element `base` of a row-major tensor of `dim` columns: 8 at a
+// time where `vec` (then dim is a multiple of 8), else one by one, the columns past the row's
+// end read as 0 and left unwritten.
+__device__ __forceinline__ void ld_row8(const void* p, int half, long base, int c, int dim, bool vec,
+                                        float* v) {
+    if (vec) {
+        ldn<8>(p, half, base + c, v);
+        return;
+    }
 #pragma unroll
-    for (int k = 0; k < N; k++) dot += dv[k] * wv[k] * xv[k];
+    for (int k = 0; k < 8; k++) v[k] = c + k < dim ? ld(p, half, base + c + k) : 0.f;
 }
 
-template <int N>
-__device__ __forceinline__ void norm_dx_at(const void* x, int x_half, const void* w, int w_half,
-                                           const void* dy, int dy_half, void* dx, int dx_half, long base,
-                                           int c, float s, float kk) {
-    float xv[N], wv[N], dv[N], out[N];
-    ldn<N>(x, x_half, base + c, xv);
-    ldn<N>(w, w_half, c, wv);
-    ldn<N>(dy, dy_half, base + c, dv);
-    ldn<N>(dx, dx_half, base + c, out);
+__device__ __forceinline__ void st_row8(void* p, int half, long base, int c, int dim, bool vec,
+                                        const float* v) {
+    if (vec) {
+        stn<8>(p, half, base + c, v);
+        return;
+    }
 #pragma unroll
-    for (int k = 0; k < N; k++) out[k] = out[k] + s * (dv[k] * wv[k] - xv[k] * kk);
-    stn<N>(dx, dx_half, base + c, out);
+    for (int k = 0; k < 8; k++)
+        if (c + k < dim) st(p, half, base + c + k, v[k]);
 }
 
-// dx += rstd·(g − x·rstd²·mean(g∘x)), g = dy∘w.
+// Runs of 8 columns one thread of the norm's backward holds, 8·blockDim apart:
+// `shapes::norm_backward` sizes the block so that they cover a row (`MAX_HIDDEN_SIZE`).
+#define NORM_RUNS 4
+
+// dx += rstd·(g − x·rstd²·mean(g∘x)), g = dy∘w, and dw += Σ_rows dy∘x·rstd, in one pass: each
+// block takes every gridDim.x-th row and each thread the same columns of every row, so the
+// gain's gradient sums in registers and leaves by one atomic a column a block. (A separate
+// column-sum kernel read x and dy a second time.)
 extern "C" __global__ void rmsnorm_backward(const void* x, int x_half, const void* w, int w_half,
                                             const float* rstd, const void* dy, int dy_half, void* dx,
-                                            int dx_half, long rows, int dim) {
-    const long row = blockIdx.x;
-    if (row >= rows) return;
-    const long base = row * dim;
+                                            int dx_half, float* dw, long rows, int dim) {
     const bool vec = rows_of_8(dim, x, w, dy, dx);
-    float dot = 0.f;
-#define AT(N, c) norm_dot_at<N>(x, x_half, w, w_half, dy, dy_half, base, c, dot)
-    ROW_EACH(dim, vec, AT);
-#undef AT
-    const float s = rstd[row];
-    const float kk = s * s * block_sum(dot) / dim;
-#define AT(N, c) norm_dx_at<N>(x, x_half, w, w_half, dy, dy_half, dx, dx_half, base, c, s, kk)
-    ROW_EACH(dim, vec, AT);
-#undef AT
-}
-
-// dw += Σ_rows dy∘x·rstd: a thread per column sums every gridDim.y-th row, then one atomic.
-extern "C" __global__ void rmsnorm_dw(const void* x, int x_half, const float* rstd, const void* dy,
-                                      int dy_half, float* dw, long rows, int dim) {
-    const int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= dim) return;
-    float acc = 0.f;
-    for (long r = blockIdx.y; r < rows; r += gridDim.y)
-        acc += ld(dy, dy_half, r * dim + c) * ld(x, x_half, r * dim + c) * rstd[r];
-    atomicAdd(dw + c, acc);
+    const int first = 8 * threadIdx.x, stride = 8 * blockDim.x;
+    float acc[NORM_RUNS][8] = {};
+    for (long row = blockIdx.x; row < rows; row += gridDim.x) {
+        const long base = row * dim;
+        float dot = 0.f;
+#pragma unroll
+        for (int j = 0; j < NORM_RUNS; j++) {
+            const int c = first + j * stride;
+            if (c >= dim) continue;
+            float xv[8], wv[8], dv[8];
+            ld_row8(x, x_half, base, c, dim, vec, xv);
+            ld_row8(w, w_half, 0, c, dim, vec, wv);
+            ld_row8(dy, dy_half, base, c, dim, vec, dv);
+#pragma unroll
+            for (int k = 0; k < 8; k++) dot += dv[k] * wv[k] * xv[k];
+        }
+        const float s = rstd[row];
+        const float kk = s * s * block_sum(dot) / dim;
+#pragma unroll
+        for (int j = 0; j < NORM_RUNS; j++) {
+            const int c = first + j * stride;
+            if (c >= dim) continue;
+            float xv[8], wv[8], dv[8], out[8];
+            ld_row8(x, x_half, base, c, dim, vec, xv);
+            ld_row8(w, w_half, 0, c, dim, vec, wv);
+            ld_row8(dy, dy_half, base, c, dim, vec, dv);
+            ld_row8(dx, dx_half, base, c, dim, vec, out);
+#pragma unroll
+            for (int k = 0; k < 8; k++) {
+                out[k] += s * (dv[k] * wv[k] - xv[k] * kk);
+                acc[j][k] += dv[k] * xv[k] * s;
+            }
+            st_row8(dx, dx_half, base, c, dim, vec, out);
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < NORM_RUNS; j++)
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            const int c = first + j * stride + k;
+            if (c < dim) atomicAdd(dw + c, acc[j][k]);
+        }
 }
 
 // ---- projection biases ----

@@ -734,37 +734,52 @@ impl Checker {
         Ok(())
     }
 
+    /// The norm and its backward over shapes that take each of the backward's paths: rows of
+    /// 8-column runs (4096: two runs a thread), rows of single columns (130), more rows than
+    /// its grid has blocks (9000 of 64), a block wider than 256 threads (12288), and 16-bit and
+    /// f32 gradients.
     fn norm(&mut self) -> Result<()> {
-        let (rows, dim, eps) = (300, 512, 1e-5);
-        let (x, cx) = self.half(rows * dim, -2.0, 2.0)?;
-        let (w, cw) = self.half(dim, 0.5, 1.5)?;
-        let (y, rstd) = self.gpu.rmsnorm(&x, &w, rows, dim, eps)?;
-        let (cy, crstd) = self.cpu.rmsnorm(&cx, &cw, rows, dim, eps)?;
-        self.report("rmsnorm y", &y, &cy, HALF_TOL)?;
-        self.report("rmsnorm rstd", &rstd, &crstd, F32_TOL)?;
-        let (dy, cdy) = self.full(rows * dim, -1.0, 1.0)?;
-        let (mut dx, mut cdx) = self.full(rows * dim, -1.0, 1.0)?;
-        let (mut dw, mut cdw) = self.full(dim, -1.0, 1.0)?;
-        let operands = NormBackward {
-            x: &x,
-            w: &w,
-            rstd: &rstd,
-            dy: &dy,
-            rows,
-            dim,
-        };
-        self.gpu.rmsnorm_backward(operands, &mut dx, &mut dw)?;
-        let operands = NormBackward {
-            x: &cx,
-            w: &cw,
-            rstd: &crstd,
-            dy: &cdy,
-            rows,
-            dim,
-        };
-        self.cpu.rmsnorm_backward(operands, &mut cdx, &mut cdw)?;
-        self.report("rmsnorm_backward dx +=", &dx, &cdx, F32_TOL)?;
-        self.report("rmsnorm_backward dw +=", &dw, &cdw, F32_TOL)
+        let eps = 1e-5;
+        for (rows, dim, dy_half, dx_half) in [
+            (300, 512, false, false),
+            (40, 4096, true, true),
+            (301, 130, true, false),
+            (9000, 64, false, true),
+            (20, 12288, true, true),
+        ] {
+            let (x, cx) = self.half(rows * dim, -2.0, 2.0)?;
+            let (w, cw) = self.half(dim, 0.5, 1.5)?;
+            let (y, rstd) = self.gpu.rmsnorm(&x, &w, rows, dim, eps)?;
+            let (cy, crstd) = self.cpu.rmsnorm(&cx, &cw, rows, dim, eps)?;
+            let shape = format!("{rows}x{dim}");
+            self.report(&format!("rmsnorm y {shape}"), &y, &cy, HALF_TOL)?;
+            self.report(&format!("rmsnorm rstd {shape}"), &rstd, &crstd, F32_TOL)?;
+            let (dy, cdy) = self.either(dy_half, rows * dim)?;
+            let (mut dx, mut cdx) = self.either(dx_half, rows * dim)?;
+            let (mut dw, mut cdw) = self.full(dim, -1.0, 1.0)?;
+            let operands = NormBackward {
+                x: &x,
+                w: &w,
+                rstd: &rstd,
+                dy: &dy,
+                rows,
+                dim,
+            };
+            self.gpu.rmsnorm_backward(operands, &mut dx, &mut dw)?;
+            let operands = NormBackward {
+                x: &cx,
+                w: &cw,
+                rstd: &crstd,
+                dy: &cdy,
+                rows,
+                dim,
+            };
+            self.cpu.rmsnorm_backward(operands, &mut cdx, &mut cdw)?;
+            let what = format!("rmsnorm_backward {shape}, {} dy", kind(dy_half));
+            self.report(&format!("{what}: dx +="), &dx, &cdx, tol(dx_half))?;
+            self.report(&format!("{what}: dw +="), &dw, &cdw, F32_TOL)?;
+        }
+        Ok(())
     }
 
     fn bias(&mut self) -> Result<()> {

@@ -34,6 +34,11 @@ pub struct Config {
     pub tie_word_embeddings: bool,
 }
 
+/// The widest hidden size distflash trains: the GPU's norm backward holds a row's columns in
+/// its threads' registers, 32 a thread over at most 1024 (`model::cuda::shapes::norm_backward`).
+/// Published models stay far below it (LLaMA-3-405B's is 16384).
+pub const MAX_HIDDEN_SIZE: usize = 32768;
+
 /// Names accepted by `--preset`, with what each is for.
 pub const PRESETS: &[(&str, &str)] = &[
     (
@@ -286,6 +291,12 @@ impl Config {
                 "num_attention_heads ({}) must be a multiple of num_key_value_heads ({}): each KV head serves an equal group of query heads",
                 self.num_attention_heads,
                 self.num_key_value_heads
+            );
+        }
+        if self.hidden_size > MAX_HIDDEN_SIZE {
+            bail!(
+                "hidden_size {} is unsupported: at most {MAX_HIDDEN_SIZE}",
+                self.hidden_size
             );
         }
         if self.head_dim == 0 || self.head_dim > MAX_HEAD_DIM || !self.head_dim.is_multiple_of(2) {
@@ -588,6 +599,11 @@ mod tests {
             "attention_dropout",
             json!(0.1),
             "attention_dropout 0.1 is unsupported",
+        );
+        refused(
+            "hidden_size",
+            json!(MAX_HIDDEN_SIZE + 64),
+            "hidden_size 32832 is unsupported: at most 32768",
         );
         refused(
             "partial_rotary_factor",

@@ -23,7 +23,6 @@ pub(crate) enum Kernel {
     EmbedBackward,
     Rmsnorm,
     RmsnormBackward,
-    RmsnormDw,
     BiasAdd,
     BiasDw,
     Rope,
@@ -33,7 +32,7 @@ pub(crate) enum Kernel {
 
 impl Kernel {
     /// Every kernel, in declaration order (so `k as usize` indexes this array).
-    pub(crate) const ALL: [Kernel; 17] = [
+    pub(crate) const ALL: [Kernel; 16] = [
         Kernel::CastToHalf,
         Kernel::AddAssign,
         Kernel::SumSquares,
@@ -45,7 +44,6 @@ impl Kernel {
         Kernel::EmbedBackward,
         Kernel::Rmsnorm,
         Kernel::RmsnormBackward,
-        Kernel::RmsnormDw,
         Kernel::BiasAdd,
         Kernel::BiasDw,
         Kernel::Rope,
@@ -67,7 +65,6 @@ impl Kernel {
             Kernel::EmbedBackward => "embed_backward",
             Kernel::Rmsnorm => "rmsnorm",
             Kernel::RmsnormBackward => "rmsnorm_backward",
-            Kernel::RmsnormDw => "rmsnorm_dw",
             Kernel::BiasAdd => "bias_add",
             Kernel::BiasDw => "bias_dw",
             Kernel::Rope => "rope",

@@ -560,16 +560,12 @@ impl Ops for CudaOps {
         b.arg(rstd);
         push(&mut b, dy);
         push_mut(&mut b, dx);
-        b.arg(&n).arg(&d);
-        self.kernels
-            .run(Kernel::RmsnormBackward, b, shapes::block_per_row(rows)?)?;
-        let mut b = self.kernels.builder(Kernel::RmsnormDw);
-        push(&mut b, x);
-        b.arg(rstd);
-        push(&mut b, dy);
         b.arg(dw).arg(&n).arg(&d);
-        self.kernels
-            .run(Kernel::RmsnormDw, b, shapes::column_sums(dim, rows)?)
+        self.kernels.run(
+            Kernel::RmsnormBackward,
+            b,
+            shapes::norm_backward(rows, dim)?,
+        )
     }
 
     fn bias_add(&self, y: &mut Tensor, b: &Tensor, rows: usize, width: usize) -> Result<()> {
