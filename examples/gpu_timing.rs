@@ -2,7 +2,7 @@
 //!
 //!   gpu_timing attention --seqs 16384,65536 --head-dims 128   # a kernel variant's TFLOP/s
 //!   gpu_timing layout --seq 16384      # the model adapter (in place, its roundings) vs the fast path
-//!   gpu_timing ops                     # a few model ops at LLaMA-7B sizes, bf16 and fp16
+//!   gpu_timing ops --rows 16384        # the model's largest ops at LLaMA-7B sizes, bf16
 //!   gpu_timing spread --seq 131072     # each backward's time, over fresh allocations
 //!
 //! `attention` is `distflash bench attention` (same JSON lines, for `distflash bench report`)
@@ -11,8 +11,8 @@
 //! variable) and the variant recorded in each line. `layout` times forward+backward through
 //! `model::cuda::whole_sequence::CudaAttention` against the fast path alone at LLaMA-7B's attention
 //! shape, the cost a training step pays per layer, with the memory figures `bench train`
-//! reports. `ops` times the largest model ops alone (4096 rows; `bench train --profile` gives
-//! every op's share of a whole step, with the device waited for after each). Needs a GPU; without one it says so and exits non-zero.
+//! reports. `ops` times the largest model ops alone, in turn over rounds (`bench train --profile`
+//! gives every op's share of a whole step, with the device waited for after each). Needs a GPU; without one it says so and exits non-zero.
 
 #[path = "../tests/gpu_common/tuning.rs"]
 mod tuning;
@@ -29,7 +29,7 @@ use distflash::inputs::Inputs;
 use distflash::model::attention_api::Attention;
 use distflash::model::cuda::CudaOps;
 use distflash::model::cuda::whole_sequence::CudaAttention;
-use distflash::model::ops::{LinearBackward, LossInput, Ops, Rows};
+use distflash::model::ops::{LinearBackward, LossInput, NormBackward, Ops, Rows};
 use distflash::shape::{Dims, Mask};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
@@ -60,13 +60,18 @@ enum Cli {
         #[arg(long, default_value_t = 16384)]
         seq: usize,
     },
-    /// GEMMs, the loss and RMSNorm of `model::cuda::CudaOps` at LLaMA-7B sizes: the linear
-    /// layers' three shapes forward and backward (the weight gradient in f32, as a step keeps
-    /// it, added to or written, and in 16 bits, to tell its f32 output's cost from its
-    /// layout's).
+    /// GEMMs, the loss and RMSNorm of `model::cuda::CudaOps` at LLaMA-7B sizes, bf16: the
+    /// linear layers' three shapes forward and backward (the weight gradient in f32, as a step
+    /// keeps it, added to or written, and in 16 bits, to tell its f32 output's cost from its
+    /// layout's), the MLP's products over the rows whole and in blocks, the norm and its
+    /// backward. Each case's median of 9 rounds taken in turn (CUDA events).
     Ops {
         #[arg(long, default_value_t = 4096)]
         rows: usize,
+        /// The MLP's products are also timed over blocks of this many rows (a step's
+        /// `model::mlp_block_rows`, LLaMA-7B's 6096) beside the rows whole.
+        #[arg(long, default_value_t = 6096)]
+        mlp_block: usize,
     },
     /// Each causal backward's time alone (d128, 32 heads, bf16), `reps` in a row on the same
     /// tensors, for `rounds` rounds of freshly allocated and uploaded inputs: whether a slow
@@ -116,11 +121,8 @@ fn main() -> Result<()> {
             reps,
             back_to_back,
         } => spread(&open(InputDtype::Bf16)?, seq, rounds, reps, back_to_back),
-        Cli::Ops { rows } => {
-            for dtype in [InputDtype::Bf16, InputDtype::F16] {
-                ops(&CudaOps::new(open(dtype)?)?, rows)?;
-            }
-            Ok(())
+        Cli::Ops { rows, mlp_block } => {
+            ops(&CudaOps::new(open(InputDtype::Bf16)?)?, rows, mlp_block)
         }
     }
 }
@@ -280,7 +282,53 @@ fn layout_cost(be: &CudaBackend, seq: usize) -> Result<()> {
 
 /// Prints the mean time of a few ops over 10 runs after one warm-up (host clock around
 /// `synchronize`), and TFLOP/s where the op's FLOPs are known.
-fn ops(gpu: &CudaOps, rows: usize) -> Result<()> {
+/// A timed case of `ops`: its name, its FLOPs (0: not counted) and its work.
+struct Case<'a> {
+    name: String,
+    flops: f64,
+    run: Box<dyn FnMut() -> Result<()> + 'a>,
+}
+
+impl<'a> Case<'a> {
+    fn new(name: String, flops: f64, run: impl FnMut() -> Result<()> + 'a) -> Self {
+        Case {
+            name,
+            flops,
+            run: Box::new(run),
+        }
+    }
+}
+
+/// Every case once to warm up, then `rounds` rounds of each in turn, each timed by CUDA events:
+/// a card whose clock falls under sustained load slows every case alike instead of the last
+/// ones (a case after case timing once ranked its variants by their order). Prints each case's
+/// median.
+fn interleaved(gpu: &CudaOps, rounds: usize, cases: &mut [Case<'_>]) -> Result<()> {
+    let be = gpu.backend();
+    let mut times = vec![Vec::new(); cases.len()];
+    for round in 0..=rounds {
+        for (case, t) in cases.iter_mut().zip(&mut times) {
+            let ms = run_times_ms(be, 1, &mut case.run)?[0];
+            if round > 0 {
+                t.push(ms);
+            }
+        }
+    }
+    let dtype = be.dtype().name();
+    for (case, mut t) in cases.iter().zip(times) {
+        t.sort_by(f64::total_cmp);
+        let ms = t[t.len() / 2];
+        let rate = if case.flops > 0.0 {
+            format!("{:6.1} TFLOP/s", case.flops / ms / 1e9)
+        } else {
+            String::new()
+        };
+        println!("{dtype} time {:<60} {ms:8.3} ms {rate}", case.name);
+    }
+    Ok(())
+}
+
+fn ops(gpu: &CudaOps, rows: usize, mlp_block: usize) -> Result<()> {
     let (d, i, vocab) = (4096, 11008, 32000);
     let mut rng = StdRng::seed_from_u64(7);
     let mut half = |len: usize, lo: f32, hi: f32| {
@@ -291,37 +339,26 @@ fn ops(gpu: &CudaOps, rows: usize) -> Result<()> {
     let head = half(vocab * d, -0.02, 0.02)?;
     let gain = half(d, 0.5, 1.5)?;
     let targets: Vec<u32> = (0..rows as u32).map(|r| r * 7 % vocab as u32).collect();
-    let mut dhead = gpu.zeros(vocab * d)?;
-    let time = |name: &str, flops: f64, f: &mut dyn FnMut() -> Result<()>| -> Result<()> {
-        f()?;
-        gpu.backend().synchronize()?;
-        let reps = 10;
-        let start = std::time::Instant::now();
-        for _ in 0..reps {
-            f()?;
-        }
-        gpu.backend().synchronize()?;
-        let s = start.elapsed().as_secs_f64() / reps as f64;
-        let rate = if flops > 0.0 {
-            format!("{:6.1} TFLOP/s", flops / s / 1e12)
-        } else {
-            String::new()
-        };
-        let dtype = gpu.backend().dtype().name();
-        println!("{dtype} time {name:<52} {:8.3} ms {rate}", s * 1e3);
-        Ok(())
-    };
+    let mut cases = Vec::new();
     // q/k/v/o, gate/up and down: x [rows, inp] times Wᵀ, W [out, inp].
+    let mut weights = Vec::new();
     for (inp, out) in [(d, d), (d, i), (i, d)] {
         let x = half(rows * inp, -1.0, 1.0)?;
         let dy = half(rows * out, -1.0, 1.0)?;
         let w = half(out * inp, -0.02, 0.02)?;
+        weights.push(half(out * inp, -0.02, 0.02)?);
         let gemm = 2.0 * (rows * inp * out) as f64;
         let shape = format!("{rows}x{inp} -> {out}");
-        time(&format!("linear {shape}"), gemm, &mut || {
-            gpu.linear(Rows::whole(&x), &w, rows, inp, out).map(drop)
-        })?;
-        let mut dx = gpu.zeros(rows * inp)?;
+        let (x, dy, w) = (
+            std::rc::Rc::new(x),
+            std::rc::Rc::new(dy),
+            std::rc::Rc::new(w),
+        );
+        let forward = (x.clone(), w.clone());
+        cases.push(Case::new(format!("linear {shape}"), gemm, move || {
+            gpu.linear(Rows::whole(&*forward.0), &forward.1, rows, inp, out)
+                .map(drop)
+        }));
         for (dw_kind, mut dw, dw_empty) in [
             ("f32, added to", gpu.zeros(out * inp)?, false),
             ("f32, written", gpu.zeros(out * inp)?, true),
@@ -331,38 +368,115 @@ fn ops(gpu: &CudaOps, rows: usize) -> Result<()> {
                 false,
             ),
         ] {
-            time(
-                &format!("linear_backward {shape}, dW {dw_kind}"),
-                2.0 * gemm,
-                &mut || {
-                    let operands = LinearBackward {
-                        dy: Rows::whole(&dy),
-                        x: Rows::whole(&x),
-                        w: &w,
-                        rows,
-                        inp,
-                        out,
-                        dx_empty: false,
-                        dw_empty,
-                    };
-                    gpu.linear_backward(operands, Rows::whole(&mut dx), &mut dw)
-                },
-            )?;
+            let (x, dy, w) = (x.clone(), dy.clone(), w.clone());
+            let mut dx = gpu.zeros(rows * inp)?;
+            let name = format!("linear_backward {shape}, dW {dw_kind}");
+            cases.push(Case::new(name, 2.0 * gemm, move || {
+                let operands = LinearBackward {
+                    dy: Rows::whole(&*dy),
+                    x: Rows::whole(&*x),
+                    w: &w,
+                    rows,
+                    inp,
+                    out,
+                    dx_empty: false,
+                    dw_empty,
+                };
+                gpu.linear_backward(operands, Rows::whole(&mut dx), &mut dw)
+            }));
         }
     }
+    // The MLP's six products forward and backward over the rows whole and in `mlp_block`s, as
+    // a layer runs them (`model::mlp_block_rows`): whether the blocks cost the GEMMs rate.
+    let weights = std::rc::Rc::new(weights);
+    let dy = std::rc::Rc::new(half(rows * d, -1.0, 1.0)?);
+    for block in [rows, mlp_block.min(rows)] {
+        let (weights, dy, x) = (weights.clone(), dy.clone(), &x);
+        let mut grads = [gpu.zeros(i * d)?, gpu.zeros(i * d)?, gpu.zeros(d * i)?];
+        let mut dh = gpu.zeros(rows * d)?;
+        let flops = 3.0 * 3.0 * 2.0 * (rows * d * i) as f64;
+        let name = format!("MLP products, {rows} rows in blocks of {block}");
+        cases.push(Case::new(name, flops, move || {
+            // The gate and up products share one weight here: the timing is the same.
+            let [_, wide, wdown] = &weights[..] else {
+                unreachable!("three shapes")
+            };
+            for (n, start) in (0..rows).step_by(block).enumerate() {
+                let len = block.min(rows - start);
+                let h = Rows::window(x, start);
+                let g = gpu.linear(h, wide, len, d, i)?;
+                drop(gpu.linear(h, wide, len, d, i)?);
+                drop(gpu.linear(Rows::whole(&g), wdown, len, i, d)?);
+                let mut dm = gpu.scratch(len * i)?;
+                let [dgate, dup, ddown] = &mut grads;
+                let down = LinearBackward {
+                    dy: Rows::window(&*dy, start),
+                    x: Rows::whole(&g),
+                    w: wdown,
+                    rows: len,
+                    inp: i,
+                    out: d,
+                    dx_empty: true,
+                    dw_empty: n == 0,
+                };
+                gpu.linear_backward(down, Rows::whole(&mut dm), ddown)?;
+                for (dw, dx_empty) in [(dgate, true), (dup, false)] {
+                    let operands = LinearBackward {
+                        dy: Rows::whole(&dm),
+                        x: h,
+                        w: wide,
+                        rows: len,
+                        inp: d,
+                        out: i,
+                        dx_empty,
+                        dw_empty: n == 0,
+                    };
+                    gpu.linear_backward(operands, Rows::window(&mut dh, start), dw)?;
+                }
+            }
+            Ok(())
+        }));
+    }
+    let mut dhead = gpu.zeros(vocab * d)?;
     let loss = 6.0 * (rows * d * vocab) as f64;
-    time("cross_entropy 4096 rows, 4096 -> 32000", loss, &mut || {
-        let input = LossInput {
-            h: &x,
-            w: &head,
-            targets: &targets,
-            dim: d,
-            vocab,
-            scale: 1.0 / rows as f64,
-        };
-        gpu.cross_entropy(input, &mut dhead).map(drop)
-    })?;
-    time("rmsnorm 4096x4096", 0.0, &mut || {
-        gpu.rmsnorm(&x, &gain, rows, d, 1e-5).map(drop)
-    })
+    let (xr, targets) = (&x, &targets);
+    cases.push(Case::new(
+        format!("cross_entropy {rows} rows, {d} -> {vocab}"),
+        loss,
+        move || {
+            let input = LossInput {
+                h: xr,
+                w: &head,
+                targets,
+                dim: d,
+                vocab,
+                scale: 1.0 / rows as f64,
+            };
+            gpu.cross_entropy(input, &mut dhead).map(drop)
+        },
+    ));
+    let (_, rstd) = gpu.rmsnorm(&x, &gain, rows, d, 1e-5)?;
+    let mut norm_dx = half(rows * d, -1.0, 1.0)?;
+    let mut norm_dw = gpu.zeros(d)?;
+    let norm_dy = half(rows * d, -1.0, 1.0)?;
+    let gain = &gain;
+    cases.push(Case::new(format!("rmsnorm {rows}x{d}"), 0.0, move || {
+        gpu.rmsnorm(xr, gain, rows, d, 1e-5).map(drop)
+    }));
+    cases.push(Case::new(
+        format!("rmsnorm_backward {rows}x{d}, dx and dw"),
+        0.0,
+        move || {
+            let operands = NormBackward {
+                x: xr,
+                w: gain,
+                rstd: &rstd,
+                dy: &norm_dy,
+                rows,
+                dim: d,
+            };
+            gpu.rmsnorm_backward(operands, &mut norm_dx, &mut norm_dw)
+        },
+    ));
+    interleaved(gpu, 9, &mut cases)
 }
