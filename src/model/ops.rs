@@ -111,6 +111,13 @@ pub struct Rows<R> {
     first: Option<usize>,
 }
 
+/// An f32 copy of `t` (zeros with `t` added): a master that is a whole f32 ([`Ops::master_of`]).
+pub fn f32_copy<O: Ops + ?Sized>(ops: &O, t: &O::T) -> Result<O::T> {
+    let mut copy = ops.zeros(ops.len(t))?;
+    ops.add_assign(&mut copy, t)?;
+    Ok(copy)
+}
+
 impl<R> Rows<R> {
     /// All of `t`: exactly the call's rows.
     pub fn whole(t: R) -> Self {
@@ -283,9 +290,7 @@ pub trait Ops: Sync {
     /// f32's exponent (bf16), the CUDA device keeps only the f32's low half, the weight being
     /// its upper half (`backend::cuda::master_split`), so the master costs 2 bytes, not 4.
     fn master_of(&self, param: &Self::T) -> Result<Self::T> {
-        let mut master = self.zeros(self.len(param))?;
-        self.add_assign(&mut master, param)?;
-        Ok(master)
+        f32_copy(self, param)
     }
     /// The master of weights whose exact values are `exact` (a resumed run's), in
     /// [`Ops::master_of`]'s form, for weights uploaded by [`Ops::upload_exact`].

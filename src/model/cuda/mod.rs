@@ -37,7 +37,7 @@ use super::cost::{loss_chunk_rows, loss_chunks};
 use super::init;
 use super::ops::{
     AdamState, AdamStep, AdamW, LinearBackward, LossInput, LossOut, NormBackward, Ops, RopeCall,
-    Rows, check_positions, check_rows,
+    Rows, check_positions, check_rows, f32_copy,
 };
 use crate::backend::Backend;
 use crate::backend::cuda::{
@@ -255,9 +255,7 @@ impl Ops for CudaOps {
 
     fn master_of(&self, param: &Tensor) -> Result<Tensor> {
         if !self.dtype().master_is_low_half() {
-            let mut master = self.zeros(param.len())?;
-            self.add_assign(&mut master, param)?;
-            return Ok(master);
+            return f32_copy(self, param);
         }
         // The weights are exact: their low halves are zero.
         Ok(self.half(self.zeroed::<u16>(param.len())?))
