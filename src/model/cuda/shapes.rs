@@ -99,7 +99,7 @@ mod tests {
     }
 
     #[test]
-    fn the_norm_backward_covers_every_column_of_a_row_once() {
+    fn the_norm_backward_block_covers_a_row_and_no_more() {
         for dim in [
             1,
             8,
