@@ -346,7 +346,6 @@ fn ops(gpu: &CudaOps, rows: usize, mlp_block: usize) -> Result<()> {
         let x = half(rows * inp, -1.0, 1.0)?;
         let dy = half(rows * out, -1.0, 1.0)?;
         let w = half(out * inp, -0.02, 0.02)?;
-        weights.push(half(out * inp, -0.02, 0.02)?);
         let gemm = 2.0 * (rows * inp * out) as f64;
         let shape = format!("{rows}x{inp} -> {out}");
         let (x, dy, w) = (
@@ -354,6 +353,7 @@ fn ops(gpu: &CudaOps, rows: usize, mlp_block: usize) -> Result<()> {
             std::rc::Rc::new(dy),
             std::rc::Rc::new(w),
         );
+        weights.push(w.clone());
         let forward = (x.clone(), w.clone());
         cases.push(Case::new(format!("linear {shape}"), gemm, move || {
             gpu.linear(Rows::whole(&*forward.0), &forward.1, rows, inp, out)
