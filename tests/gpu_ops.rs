@@ -187,9 +187,8 @@ fn the_counted_estimate_is_the_gpus_own_peak() -> Result<()> {
     for checkpoint in [Checkpoint::None, Checkpoint::Remat, Checkpoint::Layer] {
         for offload in [Offload::NONE, Offload::ACTIVATIONS] {
             let keep = Keep {
-                checkpoint,
                 offload,
-                whole_layers: 0,
+                ..Keep::on_device(checkpoint)
             };
             let ops = CudaOps::new(gpu.open(InputDtype::Bf16)?)?;
             ops.backend().synchronize()?;
@@ -1115,9 +1114,8 @@ impl Checker {
             let plain = run(Keep::on_device(checkpoint))?;
             let again = run(Keep::on_device(checkpoint))?;
             let offloaded = run(Keep {
-                checkpoint,
                 offload: Offload::ACTIVATIONS,
-                whole_layers: 0,
+                ..Keep::on_device(checkpoint)
             })?;
             let what = format!("5 layers, {checkpoint}, offloaded");
             let spread = (again.0 - plain.0).abs();

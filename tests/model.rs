@@ -547,9 +547,8 @@ fn offloaded_checkpoints_give_the_same_bits_and_a_lower_peak() {
             for schedule in [Schedule::Balanced, Schedule::Unbalanced, Schedule::Zigzag] {
                 let run = |offload| {
                     let keep = Keep {
-                        checkpoint,
                         offload,
-                        whole_layers: 0,
+                        ..Keep::on_device(checkpoint)
                     };
                     gradients(
                         &c,
@@ -603,9 +602,9 @@ fn whole_layers_give_the_same_bits_and_hold_more() {
             for workers in 1..=3 {
                 let run = |whole_layers, checkpoint| {
                     let keep = Keep {
-                        checkpoint,
                         offload,
                         whole_layers,
+                        ..Keep::on_device(checkpoint)
                     };
                     let schedule = Schedule::Balanced;
                     let timeout = Duration::from_secs(60);
@@ -657,9 +656,8 @@ fn offload_leaves_two_layers_checkpoints_on_the_device() {
             ..small(false)
         };
         let keep = Keep {
-            checkpoint: Checkpoint::Remat,
             offload,
-            whole_layers: 0,
+            ..Keep::on_device(Checkpoint::Remat)
         };
         let host = host_weights(&c, 8);
         let toks = tokens(&c, 21, 9);

@@ -16,7 +16,7 @@ use distflash::runtime::Device;
 use distflash::train::memory::count::Part;
 use distflash::train::memory::{GpuStep, HostState, MemoryCheck, Placement, gpu_estimate};
 use distflash::train::step_plan::Shard;
-use distflash::train::step_plan::{Purpose, whole_layers_said};
+use distflash::train::step_plan::{Purpose, whole_layers_said, whole_mlp_said};
 use distflash::train::step_timing::{Runs, time_steps};
 use serde::Serialize;
 use serde_json::Value;
@@ -87,6 +87,8 @@ struct Report {
     checkpoint: Checkpoint,
     /// The last layers that kept every activation (`--whole-layers`, as decided).
     whole_layers: usize,
+    /// Whether the MLP ran over whole rows (the memory check's choice beside the whole layers).
+    whole_mlp: bool,
     offload: Offload,
     shard: Shard,
     /// Whether each step ended with AdamW's update.
@@ -234,6 +236,7 @@ pub fn run(args: Args) -> Result<()> {
         workers,
         checkpoint: plan.checkpoint(),
         whole_layers: plan.whole_layers(),
+        whole_mlp: plan.keep().whole_mlp,
         offload: plan.offload(),
         shard: plan.shard(),
         optimizer: plan.has_optimizer(),
@@ -269,7 +272,7 @@ pub fn run(args: Args) -> Result<()> {
 fn print(r: &Report) {
     let device = r.device.name();
     let adamw = if r.optimizer { ", AdamW" } else { "" };
-    let whole = whole_layers_said(r.whole_layers);
+    let whole = whole_layers_said(r.whole_layers) + whole_mlp_said(r.whole_mlp);
     println!(
         "{}, {} layers, {} tokens, checkpoint {}{whole}, offload {}{adamw}, {device} {}",
         r.preset, r.layers, r.seq, r.checkpoint, r.offload, r.dtype

@@ -19,7 +19,7 @@ use distflash::train::data::Data;
 use distflash::train::documents::{Documents, Packing, Positions};
 use distflash::train::lr::Decay;
 use distflash::train::memory::{HostState, MemoryCheck};
-use distflash::train::step_plan::{Purpose, whole_layers_said};
+use distflash::train::step_plan::{Purpose, whole_layers_said, whole_mlp_said};
 use distflash::train::tokens::TokenFile;
 use distflash::train::{self, Eval, Init, Options, StepReport, state, svg};
 use metrics::Metrics;
@@ -300,6 +300,8 @@ struct Summary {
     checkpoint: Checkpoint,
     /// The last layers that kept every activation (`--whole-layers`, as decided).
     whole_layers: usize,
+    /// Whether the MLP ran over whole rows (the memory check's choice beside the whole layers).
+    whole_mlp: bool,
     offload: Offload,
     loss_first: f64,
     loss_last: f64,
@@ -520,6 +522,7 @@ pub fn run(args: Args) -> Result<()> {
         batch: args.batch,
         checkpoint: plan.checkpoint(),
         whole_layers: plan.whole_layers(),
+        whole_mlp: plan.keep().whole_mlp,
         offload: plan.offload(),
         loss_first: mean(list.iter().take(window).map(|r| r.loss)),
         loss_last: mean(tail.iter().map(|r| r.loss)),
@@ -549,14 +552,15 @@ fn print_summary(s: &Summary, window: usize) {
         false => String::new(),
     };
     println!(
-        "trained {} steps{resumed} in {:.1} s: {} workers, {} tokens/sequence, {} sequences/step, checkpoint {}{}{offload}",
+        "trained {} steps{resumed} in {:.1} s: {} workers, {} tokens/sequence, {} sequences/step, checkpoint {}{}{}{offload}",
         s.steps_this_run,
         s.wall_secs,
         s.workers,
         s.seq_len,
         s.batch,
         s.checkpoint,
-        whole_layers_said(s.whole_layers)
+        whole_layers_said(s.whole_layers),
+        whole_mlp_said(s.whole_mlp)
     );
     if let Some(secs) = s.startup_secs {
         println!("start-up (to the first step) {secs:.1} s");

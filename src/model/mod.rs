@@ -260,7 +260,7 @@ pub fn forward_backward_with<O: Ops, A: Attention<O::T>>(
         rows,
         positions: chunk.positions,
         rotary: &rotary,
-        mlp_rows: layer::mlp_block_rows(cfg),
+        mlp_rows: keep.mlp_rows(cfg, rows),
     };
     let mut forwards = vec![0u32; cfg.num_hidden_layers];
     let mut meter = Meter::default();

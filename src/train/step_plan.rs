@@ -187,6 +187,15 @@ pub fn whole_layers_said(n: usize) -> String {
     }
 }
 
+/// How a plan's MLP is said after its whole layers: nothing for blocks of rows, ", the MLP over
+/// whole rows" where the memory check chose that ([`StepPlan::with_whole_mlp`]).
+pub fn whole_mlp_said(whole: bool) -> &'static str {
+    match whole {
+        true => ", the MLP over whole rows",
+        false => "",
+    }
+}
+
 /// The step's choices as a command was given them: `shard` is `None` where it was not, and the
 /// plan then takes the default of the command's [`Purpose`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -275,6 +284,9 @@ pub struct StepPlan {
     optimizer: bool,
     /// The last layers that keep every activation: `Auto` until the device's memory decides.
     whole_layers: WholeLayers,
+    /// Whether the MLP runs over every row at once (`model::Keep::whole_mlp`): chosen with the
+    /// whole layers, where the device's memory holds it.
+    whole_mlp: bool,
 }
 
 /// A resolved plan, and the warnings of settings that are valid but change nothing here (for
@@ -356,6 +368,7 @@ impl StepPlan {
             workers,
             optimizer,
             whole_layers: asked.whole_layers,
+            whole_mlp: false,
         };
         Ok(Resolved { plan, warnings })
     }
@@ -364,6 +377,15 @@ impl StepPlan {
     pub fn with_whole_layers(&self, n: usize) -> StepPlan {
         StepPlan {
             whole_layers: WholeLayers::Exactly(n),
+            ..*self
+        }
+    }
+
+    /// This plan with the MLP over whole rows: what the memory check decides, after the whole
+    /// layers, where the device's memory holds it.
+    pub fn with_whole_mlp(&self) -> StepPlan {
+        StepPlan {
+            whole_mlp: true,
             ..*self
         }
     }
@@ -452,6 +474,7 @@ impl StepPlan {
             checkpoint: self.checkpoint,
             offload: self.offload,
             whole_layers: self.whole_layers(),
+            whole_mlp: self.whole_mlp,
         }
     }
 
@@ -491,6 +514,7 @@ impl fmt::Display for StepPlan {
         if self.checkpoint != Checkpoint::None {
             f.write_str(&whole_layers_said(self.whole_layers()))?;
         }
+        f.write_str(whole_mlp_said(self.whole_mlp))?;
         if self.offload.any() {
             write!(f, ", offload {}", self.offload)?;
         }

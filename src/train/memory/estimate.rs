@@ -337,9 +337,8 @@ mod tests {
             for offload in OFFLOADS {
                 for optimizer in [false, true] {
                     let keep = Keep {
-                        checkpoint,
                         offload,
-                        whole_layers: 0,
+                        ..Keep::on_device(checkpoint)
                     };
                     let step = Step {
                         cfg: &cfg,
@@ -437,9 +436,8 @@ mod tests {
                 cfg: &cfg,
                 seq,
                 keep: Keep {
-                    checkpoint,
                     offload,
-                    whole_layers: 0,
+                    ..Keep::on_device(checkpoint)
                 },
                 optimizer: false,
             };
@@ -462,9 +460,8 @@ mod tests {
             cfg: &cfg,
             seq: 524288,
             keep: Keep {
-                checkpoint: Checkpoint::Layer,
                 offload: Offload::ALL,
-                whole_layers: 0,
+                ..Keep::on_device(Checkpoint::Layer)
             },
             optimizer: true,
         };
@@ -482,9 +479,8 @@ mod tests {
             cfg: &cfg,
             seq: 1 << 20,
             keep: Keep {
-                checkpoint: Checkpoint::Remat,
                 offload: Offload::ALL,
-                whole_layers: 0,
+                ..Keep::on_device(Checkpoint::Remat)
             },
             optimizer: true,
         };
@@ -510,9 +506,8 @@ mod tests {
         let cfg = Config::preset("llama2-7b").unwrap();
         let seq = 131072;
         let keep = Keep {
-            checkpoint: Checkpoint::Layer,
             offload: Offload::ALL,
-            whole_layers: 0,
+            ..Keep::on_device(Checkpoint::Layer)
         };
         let step = Step {
             cfg: &cfg,
