@@ -99,11 +99,11 @@ pub struct Keep {
     /// leaves free, spent on speed (the step plan's choice); the last layers, because their
     /// backward comes first and frees it soonest.
     pub whole_layers: usize,
-    /// The MLP runs over every row at once instead of in blocks of [`mlp_block_rows`]: each
-    /// block after the first adds its products' f32 weight gradients to, about 0.3 ms a block a
-    /// layer at LLaMA-7B's shape, so whole rows run its products 4% faster at 16K on an H100
-    /// (`bench/results/norm-one-pass-2026-12-06`), at the cost of wide tensors as long as the
-    /// sequence. Memory the step leaves free, spent on speed (the step plan's choice).
+    /// The MLP runs over every row at once instead of in blocks of [`mlp_block_rows`]: its six
+    /// products over 16K rows of LLaMA-7B's shape took 20.15 ms whole against 20.98 ms in
+    /// blocks on an H100 (`gpu_timing ops`, `bench/results/norm-one-pass-2026-12-06`), at the
+    /// cost of wide tensors as long as the sequence. Memory the step leaves free, spent on
+    /// speed (the step plan's choice).
     pub whole_mlp: bool,
 }
 
