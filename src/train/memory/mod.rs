@@ -248,10 +248,11 @@ impl MemoryCheck {
     /// estimate as planned), less [`WHOLE_LAYERS_MARGIN`], on speed, with that plan's estimate:
     /// first the most whole layers that fit ([`MemoryCheck::most_whole_layers`]), then the MLP
     /// over whole rows ([`StepPlan::with_whole_mlp`]) where what is left still holds it. The
-    /// layers first, because each one saves its whole re-run (about 1.4% of the step at 16K on
-    /// an H100, 16 layers) where the MLP's rows save 0.4–0.7% in all
-    /// (`bench/results/norm-one-pass-2026-12-06`); the rows then take what is left, which is
-    /// often less than a layer (at 16K 0.7 GiB beside 10 whole layers there).
+    /// layers first, so that the rows never cost one: a whole layer measured about 0.8% of the
+    /// 16K step on an H100 (16 layers, `bench/results/low-half-master-2026-12-06`), the rows
+    /// 0.7% there and 1.3% on an H200 (32 layers, `bench/results/h200-step-2026-12-06`), each
+    /// beside the same whole layers. Whether a layer should give way to the rows is not settled:
+    /// at 32K on the H100, 4 whole layers with them beat 5 without by 0.4%.
     fn spend_spare_memory(
         &self,
         runtime: &Runtime,
