@@ -14,7 +14,12 @@
 #   SEQS="16384 32768 65536 131072" STACKS="ours hf" bash bench/peers/adamw_step_session.sh
 # (LAYERS: all 32 on a card of over 120 GB, else 16; STACKS: any of ours hf liger profile gemm;
 # OFFLOAD: distflash's --offload, by default auto; `all` for the longest lengths, where AdamW's
-# moments wait in host memory too.)
+# moments wait in host memory too; CHECKPOINT: distflash's --checkpoint, by default remat, `layer`
+# for the longest lengths, whose checkpoints then take half the host memory; STEPS=1 times each
+# stack's first step alone, for lengths where two steps would not fit the call.)
+# The longest lengths on one H200 (128 GiB host), one step each:
+#   STACKS=ours SEQS=294912 CHECKPOINT=layer OFFLOAD=activations STEPS=1 RUN_TIMEOUT=260 bash bench/peers/adamw_step_session.sh
+#   STACKS=liger SEQS=229376 STEPS=1 HF_TIMEOUT=200 bash bench/peers/adamw_step_session.sh
 # Writes ours.jsonl, hf.jsonl, profile.log, gemm.jsonl and session.log to $OUT.
 set -u
 BIN=${BIN:-.dev/distflash}
@@ -26,6 +31,7 @@ PROFILE_SEQS=${PROFILE_SEQS:-65536 131072}
 STEPS=${STEPS:-3}
 STACKS=${STACKS:-ours hf liger profile gemm}
 OFFLOAD=${OFFLOAD:-auto}
+CHECKPOINT=${CHECKPOINT:-remat}
 PEERS=$(dirname "$0")
 LOG="$OUT/session.log"
 export PATH=/opt/torch/.venv/bin:$PATH DISTFLASH_CACHE_DIR=${DISTFLASH_CACHE_DIR:-/tmp/distflash-cache}
@@ -42,10 +48,10 @@ JSON
 has() { case " $STACKS " in *" $1 "*) return 0;; esac; return 1; }
 if has ours; then
   for n in $SEQS; do
-    echo "=== distflash seq $n layers $LAYERS remat offload $OFFLOAD" | tee -a "$LOG"
+    echo "=== distflash seq $n layers $LAYERS checkpoint $CHECKPOINT offload $OFFLOAD" | tee -a "$LOG"
     began=$(date +%s.%N)
     timeout "${RUN_TIMEOUT:-300}" "$BIN" train --device cuda --config "$CFG" --seq-len "$n" --batch 1 \
-        --steps "$STEPS" --lr 1e-5 --warmup 1 --checkpoint remat --offload "$OFFLOAD" --json \
+        --steps "$STEPS" --lr 1e-5 --warmup 1 --checkpoint "$CHECKPOINT" --offload "$OFFLOAD" --json \
         > /tmp/ours.jsonl 2>> "$LOG"
     echo "exit $? in $(python3 -c "import time;print(round(time.time()-$began,1))") s" | tee -a "$LOG"
     sed "s/^{/{\"seq\":$n,\"layers\":$LAYERS,\"offload_asked\":\"$OFFLOAD\",/" /tmp/ours.jsonl >> "$OUT/ours.jsonl"
@@ -54,7 +60,7 @@ fi
 hf_run() {
   echo "=== transformers $* seqs $SEQS layers $LAYERS" | tee -a "$LOG"
   timeout "${HF_TIMEOUT:-400}" python3 "$PEERS/hf_train_bench.py" --seq "$(echo $SEQS | tr ' ' ',')" \
-    --layers "$LAYERS" --optimizer adamw --warmup 1 --repeats $((STEPS - 1)) "$@" \
+    --layers "$LAYERS" --optimizer adamw --warmup $((STEPS > 1)) --repeats $((STEPS > 1 ? STEPS - 1 : 1)) "$@" \
     --out "$OUT/hf.jsonl" >> "$LOG" 2>&1 || echo "transformers $* failed: $(tail -n 3 "$LOG")"
 }
 has hf && hf_run
