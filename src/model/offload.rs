@@ -121,7 +121,7 @@ impl Keep {
     /// Rows the MLP of a pass over `rows` rows of `cfg` handles at once.
     pub fn mlp_rows(&self, cfg: &Config, rows: usize) -> usize {
         match self.whole_mlp {
-            true => rows.max(1),
+            true => rows,
             false => mlp_block_rows(cfg),
         }
     }

@@ -26,6 +26,12 @@ use lengths::Precision;
 /// with them. The estimate's own allowance (1.5 GiB) is inside it; this is on top.
 pub const WHOLE_LAYERS_MARGIN: f64 = 2.5 * (1u64 << 30) as f64;
 
+/// Whether a step needing `need` leaves [`WHOLE_LAYERS_MARGIN`] of `free` bytes: the test every
+/// use of spare memory on speed (whole layers, the MLP's whole rows) must pass.
+fn spares_margin(need: &cost::StepMemory, free: usize) -> bool {
+    need.total() + WHOLE_LAYERS_MARGIN <= free as f64
+}
+
 /// The most of this machine's available memory `--offload auto` pins for checkpoints (beside
 /// the host copies of the state a run brings back): what it was not asked to take, so it leaves
 /// a quarter to the data, the tokenizer and whatever else the machine runs.
@@ -266,12 +272,10 @@ impl MemoryCheck {
             ..self.clone()
         }
         .gpu_estimate(runtime)?;
-        Ok(
-            match with_mlp.total() + WHOLE_LAYERS_MARGIN <= free as f64 {
-                true => (whole_mlp, with_mlp),
-                false => (plan, need),
-            },
-        )
+        Ok(match spares_margin(&with_mlp, free) {
+            true => (whole_mlp, with_mlp),
+            false => (plan, need),
+        })
     }
 
     /// The most whole layers ([`StepPlan::with_whole_layers`]) whose step still fits `free`
@@ -291,19 +295,18 @@ impl MemoryCheck {
             };
             Ok((plan, check.gpu_estimate(runtime)?))
         };
-        let fits = |m: &cost::StepMemory| m.total() + WHOLE_LAYERS_MARGIN <= free as f64;
         // Each whole layer holds more than the one before it, so the estimate grows with n:
         // bisect for the last n that fits (`best`) below the first that does not (`over`).
         let mut best = (self.plan.with_whole_layers(0), need);
         let mut over = self.config.num_hidden_layers + 1;
-        if !fits(&need) {
+        if !spares_margin(&need, free) {
             return Ok(best);
         }
         let mut low = 0;
         while over - low > 1 {
             let mid = (low + over) / 2;
             let (plan, m) = with(mid)?;
-            if fits(&m) {
+            if spares_margin(&m, free) {
                 (low, best) = (mid, (plan, m));
             } else {
                 over = mid;
@@ -353,7 +356,7 @@ impl MemoryCheck {
         }
         let whole = |plan, need| -> Result<usize> {
             Ok(check(plan)
-                .spend_spare_memory(runtime, free, need)?
+                .most_whole_layers(runtime, free, need)?
                 .0
                 .whole_layers())
         };
