@@ -18,8 +18,8 @@
 # for the longest lengths, whose checkpoints then take half the host memory; STEPS=1 times each
 # stack's first step alone, for lengths where two steps would not fit the call.)
 # The longest lengths on one H200 (128 GiB host), one step each:
-#   STACKS=ours SEQS=294912 CHECKPOINT=layer OFFLOAD=activations STEPS=1 RUN_TIMEOUT=260 bash bench/peers/adamw_step_session.sh
-#   STACKS=liger SEQS=229376 STEPS=1 HF_TIMEOUT=200 bash bench/peers/adamw_step_session.sh
+#   STACKS=ours SEQS=294912 CHECKPOINT=layer OFFLOAD=activations STEPS=1 RUN_TIMEOUT=300 bash bench/peers/adamw_step_session.sh
+#   STACKS=liger SEQS=229376 STEPS=1 HF_TIMEOUT=220 bash bench/peers/adamw_step_session.sh
 # Writes ours.jsonl, hf.jsonl, profile.log, gemm.jsonl and session.log to $OUT.
 set -u
 BIN=${BIN:-.dev/distflash}
